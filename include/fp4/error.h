@@ -1,0 +1,12 @@
+// Typed error for bad user input (config, data, CLI values). The CLI prints what() and
+// exits non-zero; library code throws it with a message naming the file, field and the
+// expected value.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace fp4 {
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+}  // namespace fp4

@@ -1,0 +1,59 @@
+// Layers of the Llama-style decoder as plain forward/backward functions over row-major
+// FP32 arrays (llm.c style). Linear layers live in fp4/nn/linear.h; this file has
+// everything else. Conventions:
+//  * BT = batch · seq_len tokens; C = d_model; H heads of size hd = C / H.
+//  * Backward functions ACCUMULATE (+=) into every gradient they produce (inputs and
+//    parameters), so residual branches and shared weights add up naturally.
+//  * All reductions over tokens are done in a fixed order independent of thread count.
+#pragma once
+#include <cstdint>
+
+namespace fp4::nn {
+
+/// out[BT, C] = wte[tokens[t], :]. tokens in [0, V). Throws std::out_of_range on a bad id.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t BT,
+                       int64_t C, int64_t V);
+/// dwte[tokens[t], :] += dout[t, :].
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t BT,
+                        int64_t C);
+
+/// RMSNorm: out = x / sqrt(mean(x²) + eps) ⊙ weight; rstd[BT] saved for backward.
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight,
+                     int64_t BT, int64_t C, float eps);
+void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
+                      const float* weight, const float* rstd, int64_t BT, int64_t C);
+
+/// Rotary position embedding applied in place to x [B, T, H, hd] (hd even), pairs
+/// (x[2i], x[2i+1]) rotated by angle pos · theta^(−2i/hd). backward applies the inverse
+/// rotation to the gradient in place (dx = Rᵀ dout).
+void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
+void rope_backward(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
+
+/// Causal multi-head attention: q, k, v, out are [B, T, C] (head h occupies columns
+/// h·hd..(h+1)·hd). att [B, H, T, T] stores the softmax probabilities (row i, cols ≤ i;
+/// the masked upper triangle is written as 0) for backward. Scale 1/sqrt(hd).
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+                       int64_t B, int64_t T, int64_t C, int64_t H);
+/// Accumulates into dq, dk, dv [B, T, C]. `scratch` must hold B·H·T·T floats.
+void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
+                        const float* q, const float* k, const float* v, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t H);
+
+/// Squared ReLU (Nemotron-H MLP): out = max(x, 0)², n elements.
+void squared_relu_forward(float* out, const float* x, int64_t n);
+void squared_relu_backward(float* dx, const float* dout, const float* x, int64_t n);
+
+/// SwiGLU: x is [BT, 2F] = [gate | up]; out [BT, F] = silu(gate) ⊙ up.
+void swiglu_forward(float* out, const float* x, int64_t BT, int64_t F);
+void swiglu_backward(float* dx, const float* dout, const float* x, int64_t BT, int64_t F);
+
+/// Mean softmax cross-entropy over BT rows of logits [BT, V] with targets in [0, V).
+/// Returns the mean loss (nats) and writes per-row losses to `losses` (may be null).
+double cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
+                             int64_t BT, int64_t V);
+/// dlogits[BT, V] = (softmax(logits) − onehot(target)) · scale (overwrites, not accumulate;
+/// scale is usually 1/BT).
+void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
+                            int64_t BT, int64_t V, float scale);
+
+}  // namespace fp4::nn

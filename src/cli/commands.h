@@ -1,0 +1,9 @@
+// Subcommands of the fp4train program. Each registers itself on the CLI11 app and
+// runs through the callback it installs; errors are thrown as fp4::UserError.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace fp4::cli {
+void register_quant(CLI::App& app);
+void register_train(CLI::App& app);
+}  // namespace fp4::cli

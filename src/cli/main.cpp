@@ -1,0 +1,27 @@
+// fp4train: pretrain language models with FP4 block-scaled linear layers and compare recipes.
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "fp4/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
+      "compare recipes (ue5m3-b16, nvfp4-te, bf16, fp32). See README.md."};
+  app.require_subcommand(1);
+  fp4::cli::register_train(app);
+  fp4::cli::register_quant(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const fp4::UserError& e) {
+    std::fprintf(stderr, "fp4train: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp4train: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
