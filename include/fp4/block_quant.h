@@ -37,23 +37,30 @@ struct QuantizedTensor {
   std::vector<uint8_t> codes;        ///< E2M1 codes, [rows, cols]
 };
 
-/// max |x_i| over n FP32 values. Throws std::invalid_argument if any value is NaN or Inf
-/// (the message gives the index).
+/// max |x_i| over n FP32 values (0 for n == 0). Throws std::invalid_argument if any value is
+/// NaN or Inf (the message gives the first such index) or n < 0.
 float tensor_amax(const float* x, int64_t n);
 
 /// Quantize x [rows, cols] (row-major FP32) with tensor reference g ≥ 0 (finite).
 /// `sr` supplies random bytes when spec.rounding == SR8: element (i, j) uses
 /// sr_byte(*sr, i·cols + j). `sr` may be null for RNE.
-/// Throws std::invalid_argument on block ≤ 0, negative/non-finite g, null sr with SR8,
-/// or non-finite x.
+/// Throws std::invalid_argument on block ≤ 0, negative shape, negative/non-finite g,
+/// target T ≤ 0 or non-finite, null sr with SR8, or non-finite x (the message gives the
+/// first bad index). Scales are always RNE; UE8M0 goes through the same steps (RNE power-of-two
+/// scale, tensor scale kept) — the MXFP4-specific scale rules are not implemented here.
+/// Edge case: if e_b = 1/d_b overflows to +Inf (tiny g and tiny blocks), x·e_b saturates to
+/// ±6 and 0·Inf is taken as 0. Parallel over block-rows (OpenMP); bits do not depend on the
+/// thread count.
 QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
                                 const BlockQuantSpec& spec, float g, const SrKey* sr);
 
 /// x̂ = q · d_b with d_b = c_b · gd, written to out [rows, cols].
+/// Throws std::invalid_argument if the QuantizedTensor's vectors/shapes are inconsistent.
 void dequantize(const QuantizedTensor& q, float* out);
 
 /// Fused quantize → dequantize into out [rows, cols] (may alias x). Bit-identical to
-/// dequantize(quantize_blocks(x, ...)), without materialising codes. Same errors.
+/// dequantize(quantize_blocks(x, ...)), without materialising codes. Same errors; out may
+/// alias x exactly (not partially). If it throws, out is left partly written.
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                          float g, const SrKey* sr, float* out);
 
@@ -62,6 +69,7 @@ void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const Block
 /// the cache is empty or t − t_last ≥ D; several calls within one step reuse that step's value.
 class TensorReference {
  public:
+  /// Throws std::invalid_argument if interval < 1.
   explicit TensorReference(int interval = 1);
   /// The reference for step t; calls `current_amax` only when refreshing.
   float get(int64_t step, const std::function<float()>& current_amax);

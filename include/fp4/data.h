@@ -32,6 +32,17 @@ struct TokenData {
   bool from_cache = false;
 };
 
+/// Special token ids of the tokenizer that prepare_tokens trains: 0 = <unk> (not produced:
+/// byte fallback encodes any UTF-8), 1 = <s> (unused), 2 = </s>, written after every
+/// document in the train/held-out streams. There is no padding id. Ids 3..258 are the 256
+/// byte-fallback pieces <0x00>..<0xFF>.
+inline constexpr int kTokenUnk = 0, kTokenBos = 1, kTokenEos = 2;
+
+/// Output `index` (0-based) of the SplitMix64 generator seeded with `seed`:
+/// z = seed + (index + 1)·0x9E3779B97F4A7C15, then the SplitMix64 finalizer. Used by
+/// BatchSampler; splitmix64(0, 0) == 0xE220A8397B1DCDAF.
+uint64_t splitmix64(uint64_t seed, uint64_t index);
+
 /// Train (or load from cache) a SentencePiece BPE tokenizer of `vocab_size` pieces on the
 /// training split only, encode both splits and write token shards (`train.bin`,
 /// `heldout.bin`, little-endian uint16 with a small header) under

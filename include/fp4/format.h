@@ -2,6 +2,7 @@
 // formats UE5M3 (paper and PTX conventions), E4M3 (fn) and UE8M0.
 // Contract: shared/NUMERICS.md, sections "Formats" and "Rounding a magnitude".
 #pragma once
+#include <bit>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -50,25 +51,92 @@ const char* scale_format_name(ScaleFormat f);
 /// Round a magnitude a ≥ 0 (finite) onto the grid of `fmt` in FP32 arithmetic exactly as
 /// NUMERICS.md "Rounding a magnitude": subnormal floor, RNE or SR8 with random byte `r`,
 /// saturation to fmt.max_finite. Returns the rounded value (≥ 0). For UE8M0 (no fraction
-/// bits, no subnormals) the result is a power of two in [2^-127, 2^127] or 0.
+/// bits, no subnormals) the result is a power of two in [2^-127, 2^127] or 0: its exponent
+/// floor is −bias = −127 (field 0 is the normal 2^-127), not 1 − bias, and its RNE tie
+/// 1.5·2^k rounds up to 2^(k+1) (lo = 1 is odd). +Inf saturates to max_finite.
+/// Throws std::invalid_argument if `a` is negative or NaN (−0 is treated as 0).
 float round_magnitude(float a, const FloatFormat& fmt, Rounding mode, uint8_t r = 0);
 
 /// E2M1 decode: code 0..15 → value; 0..7 = {0, .5, 1, 1.5, 2, 3, 4, 6}, 8..15 negatives
 /// (8 is −0). Only the low 4 bits of `code` are used.
 float e2m1_decode(uint8_t code);
 /// E2M1 encode of any finite FP32 `x`: round |x| (RNE or SR8 with byte r), saturate to ±6,
-/// reapply sign. Returns the 4-bit code (sign in bit 3; −0 for negative values rounding to 0).
+/// reapply sign. Returns the 4-bit code (sign in bit 3; −0 for negative values rounding to 0,
+/// including x = −0). ±Inf saturates to ±6; throws std::invalid_argument for NaN.
 uint8_t e2m1_encode(float x, Rounding mode, uint8_t r = 0);
 
 /// Scale-format encode of a magnitude a ≥ 0 already rounded onto the format's grid
 /// (i.e. a == round_magnitude(a, fmt, ...)). Returns the 8-bit code.
-/// Throws std::invalid_argument if `a` is not representable.
+/// Throws std::invalid_argument if `a` is not representable (off the grid, above max_finite,
+/// negative, NaN/Inf, or 0 in UE8M0, which has no zero).
 uint8_t scale_encode(float a, ScaleFormat f);
-/// Scale-format decode of an 8-bit code. Throws std::invalid_argument for reserved/NaN codes.
+/// Scale-format decode of an 8-bit code. Throws std::invalid_argument for reserved/NaN codes
+/// (UE5M3 0xF8..0xFF, UE5M3_PTX 0xFF, UE8M0 0xFF, E4M3 0x7F and every code with the sign bit
+/// 0x80 set: block scales are unsigned).
 float scale_decode(uint8_t code, ScaleFormat f);
 
 /// BF16 round-to-nearest-even of an FP32 value, returned as FP32 (low 16 bits zero).
 /// NaN stays NaN; overflow rounds to ±Inf as in IEEE.
 float round_bf16(float x);
+
+namespace detail {
+
+/// 2^k as an FP32 value, for k in [-149, 127] (built from the bit pattern, so exact and
+/// cheaper than ldexpf; k < -126 gives the subnormal power of two).
+inline float pow2f(int k) {
+  const uint32_t bits = k >= -126 ? static_cast<uint32_t>(k + 127) << 23 : 1u << (k + 149);
+  return std::bit_cast<float>(bits);
+}
+
+/// Exponent floor of the rounding rule for `fmt`: 1 − bias (NUMERICS.md's subnormal floor)
+/// for formats with subnormals; −bias for UE8M0, whose exponent field 0 is the normal value
+/// 2^−127 (no fraction bits, no subnormals), so that its whole range [2^−127, 2^127] is reachable.
+inline int rounding_emin(const FloatFormat& fmt) { return fmt.subnormals ? 1 - fmt.bias : -fmt.bias; }
+
+/// (2r+1)/512 for r in 0..255: the SR8 offsets (exact in FP32).
+inline float sr8_offset(uint8_t r) { return static_cast<float>(2 * int(r) + 1) * (1.0f / 512.0f); }
+
+/// The algorithm of NUMERICS.md "Rounding a magnitude", spelled out for the hot paths;
+/// fp4::round_magnitude is this function with the parameters of a FloatFormat.
+///   a          value whose magnitude |a| is rounded (the sign bit is ignored, so callers
+///              may pass x·e_b directly); ±Inf saturates like any value ≥ max_finite
+///   frac_bits  fraction bits of the format (0..3 for every format here)
+///   emin       exponent floor: 1 − bias (subnormal floor), or −bias for UE8M0 whose
+///              exponent field 0 is the normal 2^−127 (no subnormals)
+///   max_finite saturation value
+/// Every step is exact in FP32 except the SR sum, which the contract defines in FP32:
+///  * floor(log2 a) is read from the exponent field. A zero or FP32-subnormal `a` is below
+///    2^−126 ≤ 2^emin for every format here, so its e is emin without needing its log.
+///  * s = a·2^−q is a scaling by a power of two whose result lies in [0, 2^(frac+1)):
+///    exact (it is a normal number or zero, or an exact upward scaling of a subnormal).
+///  * lo = floor(s): s ≥ 0 and s < 16, so truncation to int is floor, and exact.
+///  * δ = s − lo is exact (the fractional bits of s).
+///  * (lo + up)·2^q ≤ 2^(e+1): a small integer times a power of two, exact (a < max_finite
+///    ≤ 2^127 after the early return, so e ≤ 126 and nothing overflows); then min.
+/// Values ≥ max_finite return max_finite early: rounding is monotone and max_finite is on
+/// the grid, so the contract's min(…, max_finite) gives the same.
+inline float round_magnitude_params(float a, int frac_bits, int emin, float max_finite,
+                                    Rounding mode, uint8_t r) {
+  const uint32_t bits = std::bit_cast<uint32_t>(a) & 0x7FFFFFFFu;  // |a| (−0 → +0)
+  a = std::bit_cast<float>(bits);
+  if (!(a < max_finite)) return max_finite;  // saturate (also Inf; NaN must be excluded by callers)
+  const int biased = static_cast<int>(bits >> 23);
+  int e = biased - 127;                             // floor(log2 a) for a normal FP32 a
+  if (biased == 0 || e < emin) e = emin;            // subnormal floor (and a == 0)
+  const int q = e - frac_bits;
+  const float s = a * pow2f(-q);
+  const int loi = static_cast<int>(s);
+  const float delta = s - static_cast<float>(loi);
+  bool up;
+  if (mode == Rounding::RNE) {
+    up = delta > 0.5f || (delta == 0.5f && (loi & 1));
+  } else {
+    up = delta + sr8_offset(r) >= 1.0f;
+  }
+  const float res = static_cast<float>(loi + (up ? 1 : 0)) * pow2f(q);
+  return res < max_finite ? res : max_finite;
+}
+
+}  // namespace detail
 
 }  // namespace fp4

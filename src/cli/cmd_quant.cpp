@@ -1,4 +1,231 @@
+// `fp4train quant [FILE]`: quantize a small matrix read as text and print every step of
+// NUMERICS.md "Quantizing one operand" as JSON (tensor scales, block scales, E2M1 codes,
+// dequantized values). Meant for inspecting and cross-checking the numerics by hand.
+#include <cctype>
+#include <cfloat>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "fp4/block_quant.h"
+#include "fp4/error.h"
+#include "fp4/format.h"
+#include "fp4/philox.h"
+
 namespace fp4::cli {
-void register_quant(CLI::App& app) { app.add_subcommand("quant", "Inspect block quantization (not yet implemented)"); }
+
+namespace {
+
+struct QuantOptions {
+  std::string file = "-";
+  std::string scale_format = "ue5m3";
+  int block = 16;
+  bool two_d = false;
+  float target = 448.f;
+  double reference = -1.0;  // < 0 in the default: "not given" is tracked by the Option*
+  std::string rounding = "rne";
+  uint64_t seed = 0;
+};
+
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> data;
+};
+
+/// Parse one whitespace-separated token as a finite FP32 number; `where` names the position.
+float parse_number(const std::string& tok, const std::string& where) {
+  const char* first = tok.data();
+  const char* last = tok.data() + tok.size();
+  if (first != last && *first == '+') ++first;  // from_chars does not take a leading '+'
+  double d = 0.0;
+  const auto [ptr, ec] = std::from_chars(first, last, d, std::chars_format::general);
+  if (ec == std::errc::result_out_of_range) {
+    throw UserError(where + ": '" + tok + "' is out of the FP32 range");
+  }
+  if (ec != std::errc() || ptr != last || first == last || (first != tok.data() && *first == '-')) {
+    throw UserError(where + ": '" + tok + "' is not a number");
+  }
+  if (std::isnan(d) || std::isinf(d)) {
+    throw UserError(where + ": '" + tok + "' is NaN or Inf; inputs must be finite");
+  }
+  const float f = static_cast<float>(d);
+  if (std::isinf(f)) throw UserError(where + ": '" + tok + "' is out of the FP32 range");
+  return f;
+}
+
+/// Rows of numbers, one row per line, whitespace separated; blank lines are skipped.
+Matrix read_matrix(std::istream& in, const std::string& name) {
+  Matrix m;
+  std::string line;
+  int64_t lineno = 0, first_row_line = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::vector<float> row;
+    size_t i = 0;
+    while (i < line.size()) {
+      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+      if (i >= line.size()) break;
+      size_t j = i;
+      while (j < line.size() && !std::isspace(static_cast<unsigned char>(line[j]))) ++j;
+      const std::string where = name + ": line " + std::to_string(lineno) + ", column " +
+                                std::to_string(i + 1) + " (value " +
+                                std::to_string(row.size() + 1) + ")";
+      row.push_back(parse_number(line.substr(i, j - i), where));
+      i = j;
+    }
+    if (row.empty()) continue;
+    if (m.rows == 0) {
+      m.cols = static_cast<int64_t>(row.size());
+      first_row_line = lineno;
+    } else if (static_cast<int64_t>(row.size()) != m.cols) {
+      throw UserError(name + ": line " + std::to_string(lineno) + ", column 1: ragged rows: " +
+                      std::to_string(row.size()) + " values, but line " +
+                      std::to_string(first_row_line) + " has " + std::to_string(m.cols));
+    }
+    m.data.insert(m.data.end(), row.begin(), row.end());
+    ++m.rows;
+  }
+  if (in.bad()) throw UserError(name + ": read error");
+  if (m.rows == 0) throw UserError(name + ": empty input (expected numbers, one row per line)");
+  return m;
+}
+
+Rounding parse_rounding(const std::string& s) {
+  if (s == "rne") return Rounding::RNE;
+  if (s == "sr8") return Rounding::SR8;
+  throw UserError("--rounding: unknown value '" + s + "' (valid choices: rne, sr8)");
+}
+
+void run_quant(const QuantOptions& o, bool reference_given) {
+  BlockQuantSpec spec;
+  try {
+    spec.scale_format = parse_scale_format(o.scale_format);
+  } catch (const std::invalid_argument& e) {
+    throw UserError(std::string("--scale-format: ") + e.what());
+  }
+  if (o.block <= 0) throw UserError("--block must be a positive integer, got " + std::to_string(o.block));
+  spec.block = o.block;
+  spec.two_d = o.two_d;
+  if (!(o.target > 0.f) || std::isinf(o.target)) {
+    throw UserError("--target must be finite and > 0, got " + std::to_string(o.target));
+  }
+  spec.target = o.target;
+  spec.rounding = parse_rounding(o.rounding);
+  if (reference_given &&
+      (!(o.reference >= 0.0) || std::isinf(o.reference) || o.reference > FLT_MAX)) {
+    throw UserError("--reference must be finite and >= 0, got " + std::to_string(o.reference));
+  }
+
+  Matrix m;
+  if (o.file == "-") {
+    m = read_matrix(std::cin, "<stdin>");
+  } else {
+    std::ifstream f(o.file);
+    if (!f) throw UserError("cannot open input file '" + o.file + "'");
+    m = read_matrix(f, o.file);
+  }
+
+  const float g = reference_given ? static_cast<float>(o.reference)
+                                  : tensor_amax(m.data.data(), static_cast<int64_t>(m.data.size()));
+  SrKey key;
+  key.seed = o.seed;
+  key.step = 1;
+  key.layer = 0;
+  key.operand = 2;
+  key.gemm = 0;
+  QuantizedTensor q;
+  std::vector<float> deq(m.data.size());
+  try {
+    q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
+    dequantize(q, deq.data());
+  } catch (const std::invalid_argument& e) {
+    throw UserError(e.what());
+  }
+
+  nlohmann::ordered_json out;
+  out["rows"] = m.rows;
+  out["cols"] = m.cols;
+  nlohmann::ordered_json js;
+  js["scale_format"] = scale_format_name(spec.scale_format);
+  js["block"] = spec.block;
+  js["two_d"] = spec.two_d;
+  js["target"] = spec.target;
+  js["rounding"] = o.rounding;
+  if (spec.rounding == Rounding::SR8) {
+    js["seed"] = o.seed;
+    js["sr_key"] = {{"step", key.step}, {"layer", key.layer}, {"operand", key.operand},
+                    {"gemm", key.gemm}};
+  }
+  out["spec"] = js;
+  out["g"] = q.g;
+  out["reference_given"] = reference_given;
+  out["ge"] = q.ge;
+  out["gd"] = q.gd;
+  out["block_rows"] = q.block_rows;
+  out["block_cols"] = q.block_cols;
+  nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
+  for (int64_t br = 0; br < q.block_rows; ++br) {
+    for (int64_t bc = 0; bc < q.block_cols; ++bc) {
+      const size_t b = static_cast<size_t>(br * q.block_cols + bc);
+      nlohmann::ordered_json jb;
+      jb["row"] = br;  // block-grid indices; element origin below
+      jb["col"] = bc;
+      jb["first_row"] = spec.two_d ? br * spec.block : br;
+      jb["first_col"] = bc * spec.block;
+      jb["amax"] = q.block_amax[b];
+      jb["scale_code"] = q.scale_codes[b];
+      jb["scale"] = q.scales[b];
+      jb["decode_scale"] = q.scales[b] * q.gd;
+      blocks.push_back(jb);
+    }
+  }
+  out["blocks"] = blocks;
+  nlohmann::ordered_json elems = nlohmann::ordered_json::array();
+  for (int64_t r = 0; r < m.rows; ++r) {
+    nlohmann::ordered_json codes = nlohmann::ordered_json::array();
+    nlohmann::ordered_json values = nlohmann::ordered_json::array();
+    for (int64_t c = 0; c < m.cols; ++c) {
+      codes.push_back(q.codes[static_cast<size_t>(r * m.cols + c)]);
+      values.push_back(deq[static_cast<size_t>(r * m.cols + c)]);
+    }
+    elems.push_back({{"codes", codes}, {"values", values}});
+  }
+  out["elements"] = elems;
+  std::cout << out.dump(2) << "\n";
+}
+
+}  // namespace
+
+void register_quant(CLI::App& app) {
+  auto opts = std::make_shared<QuantOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "quant",
+      "Quantize a matrix (text: one row per line, whitespace-separated numbers) with block-scaled\n"
+      "FP4 and print tensor scales, block scales, E2M1 codes and dequantized values as JSON.\n"
+      "Block \"row\"/\"col\" are block-grid indices. Contract: NUMERICS.md \"Quantizing one operand\".");
+  sub->add_option("file", opts->file, "Input file ('-' or omitted: stdin)");
+  sub->add_option("--scale-format", opts->scale_format,
+                  "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0")
+      ->capture_default_str();
+  sub->add_option("--block", opts->block, "Block length along the last dim (tile side with --2d)")
+      ->capture_default_str();
+  sub->add_flag("--2d", opts->two_d, "block x block tiles (weights) instead of 1 x block");
+  sub->add_option("--target", opts->target, "Scale target T")->capture_default_str();
+  CLI::Option* ref = sub->add_option("--reference", opts->reference,
+                                     "Tensor reference amax g (default: current max|x| of the input)");
+  sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8")->capture_default_str();
+  sub->add_option("--seed", opts->seed,
+                  "SR key seed (key: step 1, layer 0, operand 2 = dY, gemm 0)")
+      ->capture_default_str();
+  sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
+}
+
 }  // namespace fp4::cli

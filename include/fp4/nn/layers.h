@@ -13,7 +13,7 @@ namespace fp4::nn {
 /// out[BT, C] = wte[tokens[t], :]. tokens in [0, V). Throws std::out_of_range on a bad id.
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t BT,
                        int64_t C, int64_t V);
-/// dwte[tokens[t], :] += dout[t, :].
+/// dwte[tokens[t], :] += dout[t, :]. Throws std::out_of_range on a negative id.
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t BT,
                         int64_t C);
 
@@ -25,16 +25,20 @@ void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float*
 
 /// Rotary position embedding applied in place to x [B, T, H, hd] (hd even), pairs
 /// (x[2i], x[2i+1]) rotated by angle pos · theta^(−2i/hd). backward applies the inverse
-/// rotation to the gradient in place (dx = Rᵀ dout).
+/// rotation to the gradient in place (dx = Rᵀ dout). Throws std::invalid_argument if hd is
+/// odd.
 void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 
 /// Causal multi-head attention: q, k, v, out are [B, T, C] (head h occupies columns
 /// h·hd..(h+1)·hd). att [B, H, T, T] stores the softmax probabilities (row i, cols ≤ i;
 /// the masked upper triangle is written as 0) for backward. Scale 1/sqrt(hd).
+/// Throws std::invalid_argument unless C % H == 0.
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        int64_t B, int64_t T, int64_t C, int64_t H);
-/// Accumulates into dq, dk, dv [B, T, C]. `scratch` must hold B·H·T·T floats.
+/// Accumulates into dq, dk, dv [B, T, C]. `scratch` must hold B·H·T·T floats; it receives
+/// ∂L/∂(q_i·k_j), the gradient w.r.t. the raw dot products (softmax gradient times
+/// 1/sqrt(hd)), [B, H, T, T] with zeros above the diagonal.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* q, const float* k, const float* v, const float* att,
                         int64_t B, int64_t T, int64_t C, int64_t H);
@@ -49,6 +53,7 @@ void swiglu_backward(float* dx, const float* dout, const float* x, int64_t BT, i
 
 /// Mean softmax cross-entropy over BT rows of logits [BT, V] with targets in [0, V).
 /// Returns the mean loss (nats) and writes per-row losses to `losses` (may be null).
+/// Throws std::out_of_range on a target outside [0, V) (also in backward).
 double cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
                              int64_t BT, int64_t V);
 /// dlogits[BT, V] = (softmax(logits) − onehot(target)) · scale (overwrites, not accumulate;

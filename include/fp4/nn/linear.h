@@ -1,0 +1,76 @@
+// The quantized Linear layer: Y = X·Wᵀ with its three GEMMs (fprop, dgrad, wgrad) run in
+// FP32, BF16 or block-scaled FP4 per the recipe (NUMERICS.md "Notation", "Quantizing one
+// operand", "Tensor reference g", "Random Hadamard transform", "GEMM emulation: decoded").
+// The only place in the model that knows about FP4.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "fp4/block_quant.h"
+#include "fp4/recipe.h"
+
+namespace fp4::nn {
+
+/// Per-step context handed to every Linear.
+struct StepContext {
+  int64_t step = 1;        ///< 1-based optimizer step (keys SR bits and held references)
+  uint64_t seed = 0;       ///< run seed (keys SR bits)
+  bool training = true;    ///< false: inference, no held-reference updates, no backward
+  bool quantize = true;    ///< false: run FP32 whatever the recipe (unquantized evaluation)
+};
+
+/// Operand roles of the tensor references (one cache per (layer, role)). XT_RHT and DYT_RHT
+/// are the RHT-transformed wgrad operands, whose amax differs from the untransformed tensor's.
+enum class Role { X = 0, W = 1, DY = 2, XT_RHT = 3, DYT_RHT = 4 };
+
+/// Telemetry of the last GEMM calls (references used this step).
+struct LinearRefs {
+  float g_x = 0, g_w = 0, g_dy = 0;
+};
+
+class Linear {
+ public:
+  /// A linear of `in` (K) inputs and `out` (N) outputs whose weight W [N, K] and gradient
+  /// dW [N, K] live in buffers owned by the model. `id` is the layer index used in SR keys.
+  /// In FP4 mode with recipe.rht_wgrad, the token count M of every call must be a multiple of 16.
+  Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe);
+
+  /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
+  void bind(float* W, float* dW) { W_ = W; dW_ = dW; }
+
+  /// fprop: Y [M, N] = quant(X [M, K]) · quant(W)ᵀ (overwrites Y). X must stay alive and
+  /// unchanged until backward(). Throws std::invalid_argument on a non-finite X or W.
+  void forward(const float* X, float* Y, int64_t M, const StepContext& ctx);
+
+  /// dgrad: dX [M, K] += quant(dY) · quant(W); wgrad: dW [N, K] += quant(dYᵀ) · quant(Xᵀ)ᵀ,
+  /// dY [M, N] from the matching forward() call. dX may be null (input needs no gradient).
+  void backward(const float* dY, float* dX, int64_t M, const StepContext& ctx);
+
+  int id() const { return id_; }
+  int64_t in() const { return K_; }
+  int64_t out() const { return N_; }
+  LinearMode mode() const { return mode_; }
+  const LinearRefs& refs() const { return refs_; }
+  const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
+
+ private:
+  // Quantize a [rows, cols] operand into `out` per this layer's mode.
+  void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+            const SrKey* key, float* out) const;
+  float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
+
+  int id_;
+  int64_t K_, N_;
+  LinearMode mode_;
+  Recipe recipe_;
+  float* W_ = nullptr;
+  float* dW_ = nullptr;
+  const float* X_ = nullptr;  // input of the last forward
+  int64_t M_ = 0;
+  bool quantized_ = false;    // whether the last forward quantized (ctx.quantize)
+  TensorReference ref_[5];
+  LinearRefs refs_;
+  std::vector<float> xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
+};
+
+}  // namespace fp4::nn

@@ -1,0 +1,77 @@
+// Llama-style decoder: token embedding; L blocks of pre-RMSNorm causal multi-head attention
+// with RoPE (q, k, v, o projections, no biases) and an MLP (squared ReLU or SwiGLU); final
+// RMSNorm; untied FP32 LM head. Every linear except the LM head is an fp4::nn::Linear.
+// Parameters and their gradients each live in one contiguous FP32 buffer (llm.c style).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fp4/config.h"
+#include "fp4/nn/linear.h"
+#include "fp4/recipe.h"
+
+namespace fp4::nn {
+
+/// One named parameter tensor: a slice [offset, offset + size) of the parameter buffer.
+struct ParamInfo {
+  std::string name;
+  int64_t offset = 0, size = 0;
+  int64_t rows = 0, cols = 0;
+  bool weight_decay = true;  ///< false for norm weights
+};
+
+class Model {
+ public:
+  /// Builds the model for `batch` sequences of `seq_len` tokens (activation buffers are sized
+  /// for that). Throws fp4::UserError on inconsistent config.
+  Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len);
+
+  /// Initialise parameters: N(0, init_std) for matrices, output projections (o, down) scaled
+  /// by 1/sqrt(2L), norm weights 1. Deterministic in `seed`.
+  void init(uint64_t seed);
+
+  /// Forward pass over tokens [B, T] (B ≤ batch). If targets is non-null returns the mean
+  /// cross-entropy (nats/token), else 0. Logits stay in logits() for inspection.
+  double forward(const int32_t* tokens, const int32_t* targets, int B, const StepContext& ctx);
+
+  /// Backward of the last forward (which must have had targets); ACCUMULATES into grads().
+  void backward(const StepContext& ctx);
+
+  void zero_grad();
+
+  std::vector<float>& params() { return params_; }
+  std::vector<float>& grads() { return grads_; }
+  const std::vector<ParamInfo>& param_infos() const { return infos_; }
+  const std::vector<Linear>& linears() const { return linears_; }
+  const float* logits() const { return logits_.data(); }
+  int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
+  /// Parameters excluding the token embedding and the LM head.
+  int64_t num_body_params() const;
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  struct BlockActs;
+  BlockActs block(int l, int64_t BT);
+  int64_t add_param(const std::string& name, int64_t rows, int64_t cols, bool decay);
+  void bind_linears();
+
+  ModelConfig cfg_;
+  Recipe recipe_;
+  int batch_, seq_len_;
+  std::vector<ParamInfo> infos_;
+  std::vector<float> params_, grads_;
+  std::vector<Linear> linears_;  // 6 per block: q, k, v, o, up, down
+  // parameter offsets
+  int64_t off_wte_, off_lnf_, off_head_;
+  std::vector<int64_t> off_ln1_, off_ln2_, off_lin_;  // off_lin_[6·l + j]
+  // activations
+  std::vector<std::vector<float>> acts_;  // per block, see model.cpp for layout
+  std::vector<float> x0_, lnf_, lnf_rstd_, xL_, logits_, dbuf_, dln_, dq_, dk_, dv_, datt_,
+      dh_, dact_, scratch_;
+  std::vector<int32_t> tokens_, targets_;
+  int B_ = 0;
+};
+
+}  // namespace fp4::nn

@@ -1,0 +1,67 @@
+// Optimiser, LR schedule, evaluation and the training loop.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fp4/config.h"
+#include "fp4/data.h"
+#include "fp4/nn/model.h"
+#include "fp4/recipe.h"
+
+namespace fp4 {
+
+/// Warmup-stable-decay LR at 1-based step t of `steps`: linear warmup from lr/warmup to lr
+/// over warmup_steps, constant, then linear decay over the final ceil(decay_fraction·steps)
+/// steps reaching min_lr_ratio·lr at the last step.
+double wsd_lr(const TrainConfig& c, int step);
+
+/// Global L2 norm of g[0..n) (double accumulation in fixed-size chunks, fixed order, so it
+/// does not depend on thread count). If max_norm > 0 and the norm exceeds it, scales g by
+/// max_norm / norm. Returns the norm before clipping.
+double clip_grad_norm(float* g, int64_t n, double max_norm);
+
+/// AdamW (decoupled weight decay, bias-corrected moments) over a flat parameter buffer;
+/// parameters whose ParamInfo::weight_decay is false (norms) get no decay.
+class AdamW {
+ public:
+  AdamW(int64_t n, const TrainConfig& c) : m_(n, 0.f), v_(n, 0.f), c_(c) {}
+  /// One update at 1-based step t with learning rate lr.
+  void step(float* params, const float* grads, const std::vector<nn::ParamInfo>& infos,
+            double lr, int t);
+
+ private:
+  std::vector<float> m_, v_;
+  TrainConfig c_;
+};
+
+/// Mean held-out NLL (nats/token) of the model over windows of seq_len + 1 tokens starting at
+/// `starts`, processed `batch` at a time; quantize = apply the recipe's forward quantization
+/// with current tensor scaling (inference), else FP32.
+double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
+                   const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize);
+
+struct TrainOptions {
+  std::filesystem::path out_dir;   ///< run directory (created; must not hold a previous run)
+  std::string config_name = "run";
+  bool quiet = false;              ///< no progress lines (tests)
+};
+
+struct TrainSummary {
+  int steps = 0;
+  double final_window_loss = 0;    ///< mean training loss over the last 10% of steps
+  double heldout_nll = 0;          ///< final held-out NLL, unquantized (FP32 inference)
+  double heldout_nll_quant = 0;    ///< final held-out NLL under the recipe's quantized inference
+  double tokens_per_s = 0;         ///< training throughput over the whole run (excl. evaluation)
+  double first_loss = 0;
+  std::vector<double> losses;      ///< per-step training loss
+};
+
+/// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml and,
+/// on success, summary.json into opt.out_dir. Throws fp4::UserError on a non-finite loss
+/// (message names the step) after writing error.txt; metrics up to that step are kept.
+TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                   const TrainOptions& opt);
+
+}  // namespace fp4

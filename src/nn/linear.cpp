@@ -1,0 +1,135 @@
+// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md, decoded-operand FP32 GEMMs.
+#include "fp4/nn/linear.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "fp4/gemm.h"
+#include "fp4/hadamard.h"
+
+namespace fp4::nn {
+namespace {
+// out [cols, rows] = inᵀ for in [rows, cols]; cache-blocked, any thread count gives the same bits.
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t B = 32;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i0 = 0; i0 < rows; i0 += B)
+    for (int64_t j0 = 0; j0 < cols; j0 += B) {
+      const int64_t i1 = std::min(rows, i0 + B), j1 = std::min(cols, j0 + B);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
+    }
+}
+void to_bf16(const float* in, int64_t n, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(in[i]);
+}
+constexpr uint32_t kOpX = 0, kOpW = 1, kOpDY = 2;
+constexpr uint32_t kFprop = 0, kDgrad = 1, kWgrad = 2;
+}  // namespace
+
+Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe)
+    : id_(id), K_(in), N_(out), mode_(mode), recipe_(recipe) {
+  const int D = mode == LinearMode::FP4 ? recipe.amax_interval : 1;
+  for (auto& r : ref_) r = TensorReference(D);
+}
+
+float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
+  // Inference uses current tensor scaling and never touches the held caches.
+  if (!ctx.training) return tensor_amax(x, n);
+  return ref_[static_cast<int>(r)].get(ctx.step, [&] { return tensor_amax(x, n); });
+}
+
+void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                  float g, const SrKey* key, float* out) const {
+  if (mode_ == LinearMode::BF16)
+    to_bf16(src, rows * cols, out);
+  else
+    quantize_dequantize(src, rows, cols, spec, g, spec.rounding == Rounding::SR8 ? key : nullptr,
+                        out);
+}
+
+void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
+  if (!W_) throw std::logic_error("Linear::forward: weights not bound");
+  X_ = X;
+  M_ = M;
+  quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
+  if (!quantized_) {
+    sgemm(false, true, M, N_, K_, 1.f, X, K_, W_, K_, 0.f, Y, N_);
+    return;
+  }
+  xq_.resize(M * K_);
+  wq_.resize(N_ * K_);
+  float gx = 0, gw = 0;
+  if (mode_ == LinearMode::FP4) {
+    refs_.g_x = gx = reference_for(Role::X, X, M * K_, ctx);
+    refs_.g_w = gw = reference_for(Role::W, W_, N_ * K_, ctx);
+  }
+  const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop};
+  const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop};
+  prep(X, M, K_, recipe_.spec_x(), gx, &kx, xq_.data());   // X blocks along K
+  prep(W_, N_, K_, recipe_.spec_w(), gw, &kw, wq_.data()); // W tiles (or blocks along K)
+  sgemm(false, true, M, N_, K_, 1.f, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
+}
+
+void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
+  if (M != M_ || !X_) throw std::logic_error("Linear::backward without matching forward");
+  if (!quantized_) {
+    if (dX) sgemm(false, false, M, K_, N_, 1.f, dY, N_, W_, K_, 1.f, dX, K_);
+    sgemm(true, false, N_, K_, M, 1.f, dY, N_, X_, K_, 1.f, dW_, K_);
+    return;
+  }
+  dyq_.resize(M * N_);
+  if (mode_ == LinearMode::BF16) {
+    to_bf16(dY, M * N_, dyq_.data());
+    if (dX) sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wq_.data(), K_, 1.f, dX, K_);
+    sgemm(true, false, N_, K_, M, 1.f, dyq_.data(), N_, xq_.data(), K_, 1.f, dW_, K_);
+    return;
+  }
+  // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
+  const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
+  const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_);
+
+  // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
+  if (dX) {
+    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
+    quantize_dequantize(dY, M, N_, recipe_.spec_dy(), gdy, &k, dyq_.data());
+    const float* wd = wq_.data();
+    if (!recipe_.weight_2d) {
+      // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
+      // [K, N] along N from the high-precision weight, never from the fprop copy.
+      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
+      t0_.resize(N_ * K_);
+      wqd_.resize(N_ * K_);
+      transpose(W_, N_, K_, t0_.data());
+      quantize_dequantize(t0_.data(), K_, N_, recipe_.spec_w(), refs_.g_w, &kw, t0_.data());
+      transpose(t0_.data(), K_, N_, wqd_.data());
+      wd = wqd_.data();
+    }
+    sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wd, K_, 1.f, dX, K_);
+  }
+
+  // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ.
+  t0_.resize(N_ * M);
+  t1_.resize(K_ * M);
+  transpose(dY, M, N_, t0_.data());
+  transpose(X_, M, K_, t1_.data());
+  float g_dyt = gdy, g_xt = refs_.g_x;
+  if (recipe_.rht_wgrad) {
+    if (M % 16 != 0)
+      throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
+                                  std::to_string(M) + " to be a multiple of 16");
+    rht16_rows(t0_.data(), N_, M);
+    rht16_rows(t1_.data(), K_, M);
+    g_dyt = reference_for(Role::DYT_RHT, t0_.data(), N_ * M, ctx);
+    g_xt = reference_for(Role::XT_RHT, t1_.data(), K_ * M, ctx);
+  }
+  const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad};
+  const SrKey kx{ctx.seed, step, id, kOpX, kWgrad};
+  quantize_dequantize(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd, t0_.data());
+  quantize_dequantize(t1_.data(), K_, M, recipe_.spec_x(), g_xt,
+                      recipe_.round_x == Rounding::SR8 ? &kx : nullptr, t1_.data());
+  sgemm(false, true, N_, K_, M, 1.f, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
+}
+
+}  // namespace fp4::nn

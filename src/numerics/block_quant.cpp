@@ -1,0 +1,319 @@
+// Block-scaled FP4 quantization of one GEMM operand.
+// Contract: shared/NUMERICS.md "Quantizing one operand" (exact FP32 operation order) and
+// "Tensor reference g". Both quantize_blocks and the fused quantize_dequantize go through the
+// same inline helpers below (tensor_scales, block_scale, quant_mag), which is what makes the
+// fused path bit-identical to dequantize(quantize_blocks(...)).
+//
+// Scale formats: UE5M3 (paper / PTX), E4M3 (NVFP4, scale_max = 448) and UE8M0 all go through
+// the same steps, with the scale rounded RNE onto the format's grid. For UE8M0 this is a
+// plain RNE power-of-two scale with the tensor scale kept; the MXFP4 rules of NUMERICS.md
+// (no tensor scale, TE's round-up 2^ceil(log2(a_b/6)) or OCP's 2^(floor(log2 a_b) − 2)) are
+// separate options still to be added. The zero guard sets c_b = 1 for every format; 1 = 2^0 is
+// representable in UE8M0 (code 127), so no other fallback is needed there.
+#include "fp4/block_quant.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace fp4 {
+
+namespace {
+
+/// Minimum number of elements before the loops go parallel (results never depend on it).
+constexpr int64_t kParallelMin = int64_t{1} << 14;
+
+struct TensorScales {
+  float ge;    ///< (T·6)/g, 1 if g == 0, capped at FLT_MAX
+  float gd;    ///< 1/ge
+  float mult;  ///< ge·fl(1/6): the multiplier of a_b, computed first
+};
+
+TensorScales tensor_scales(float g, float target) {
+  TensorScales t;
+  t.ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
+  t.ge = std::min(t.ge, FLT_MAX);
+  t.gd = 1.0f / t.ge;
+  t.mult = t.ge * (1.0f / 6.0f);
+  return t;
+}
+
+struct ScaleParams {
+  int frac, emin;
+  float max;
+};
+
+ScaleParams scale_params(ScaleFormat f) {
+  const FloatFormat& fmt = scale_format_desc(f);
+  return {fmt.frac_bits, detail::rounding_emin(fmt), fmt.max_finite};
+}
+
+/// c_b = round_scale(min(a_b·mult, scale_max)) RNE; 0 → 1 (zero-block / underflow guard).
+/// a_b·mult may overflow to +Inf; the min then saturates it.
+inline float block_scale(float a_b, float mult, const ScaleParams& sp) {
+  float c = a_b * mult;
+  c = std::min(c, sp.max);
+  c = detail::round_magnitude_params(c, sp.frac, sp.emin, sp.max, Rounding::RNE, 0);
+  return c == 0.0f ? 1.0f : c;
+}
+
+/// Rounded E2M1 magnitude of x·e_b (the sign is that of x and is reapplied by the caller).
+/// Edge case beyond the contract: when d_b underflows enough that e_b = 1/d_b is +Inf (tiny g
+/// with tiny blocks), x·e_b is ±Inf and saturates to ±6, and 0·Inf = NaN is taken as 0.
+inline float quant_mag(float x, float e_b, Rounding mode, uint8_t r) {
+  float y = x * e_b;
+  if (y != y) y = 0.0f;  // only 0·Inf can produce NaN here (x finite, e_b > 0)
+  return detail::round_magnitude_params(y, kE2M1.frac_bits, 1 - kE2M1.bias, kE2M1.max_finite,
+                                        mode, r);
+}
+
+/// E2M1 code of the magnitude v ∈ {0, .5, 1, 1.5, 2, 3, 4, 6} (indexed by 2v) and sign of x.
+inline uint8_t e2m1_code(float v, float x) {
+  static constexpr uint8_t kCodeOfTwiceValue[13] = {0, 1, 2, 3, 4, 0, 5, 0, 6, 0, 0, 0, 7};
+  return static_cast<uint8_t>(kCodeOfTwiceValue[static_cast<int>(v * 2.0f)] |
+                              (std::signbit(x) ? 0x8 : 0x0));
+}
+
+/// max |x| over [x, x+n) as the bit pattern of |x| (order-preserving for non-negative floats);
+/// a result > 0x7F7FFFFF means some element was Inf or NaN.
+inline uint32_t amax_bits(const float* x, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return m;
+}
+constexpr uint32_t kMaxFiniteBits = 0x7F7FFFFFu;
+
+[[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n) {
+  int64_t i = 0;
+  while (i < n && std::isfinite(x[i])) ++i;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
+                static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
+  throw std::invalid_argument(buf);
+}
+
+void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+              const SrKey* sr) {
+  const std::string w = where;
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  }
+  if (spec.block <= 0) {
+    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
+  }
+  if (!(g >= 0.0f) || std::isinf(g)) {
+    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
+                                std::to_string(g));
+  }
+  if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
+    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
+                                std::to_string(spec.target));
+  }
+  if (spec.rounding == Rounding::SR8 && sr == nullptr) {
+    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
+  }
+  (void)scale_format_desc(spec.scale_format);  // throws on an invalid enum value
+}
+
+/// Everything both paths need about one call.
+struct Plan {
+  int64_t rows, cols, B, block_rows, block_cols;
+  bool two_d;
+  TensorScales ts;
+  ScaleParams sp;
+  Rounding mode;
+  const SrKey* sr;
+};
+
+Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, const SrKey* sr) {
+  Plan p;
+  p.rows = rows;
+  p.cols = cols;
+  p.B = spec.block;
+  p.two_d = spec.two_d;
+  p.block_cols = (cols + p.B - 1) / p.B;
+  p.block_rows = spec.two_d ? (rows + p.B - 1) / p.B : rows;
+  p.ts = tensor_scales(g, spec.target);
+  p.sp = scale_params(spec.scale_format);
+  p.mode = spec.rounding;
+  p.sr = sr;
+  return p;
+}
+
+/// The one kernel behind both entry points. Processes block-row `br` (one row for 1-D blocks,
+/// `B` rows for 2-D tiles): amax of every block, c_b, then every element. Reads all of the
+/// block-row's inputs before writing any of its outputs, so `out` may alias `x`.
+/// Sink receives per block (br, bc, a_b, c_b) and per element (index, magnitude v, x).
+/// Returns false (and writes nothing) if the block-row holds a non-finite value.
+template <class BlockSink, class ElemSink>
+bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_buf,
+                       float* scale_buf, uint8_t* sr_buf, BlockSink&& on_block,
+                       ElemSink&& on_elem) {
+  const int64_t r0 = p.two_d ? br * p.B : br;
+  const int64_t r1 = p.two_d ? std::min(p.rows, r0 + p.B) : br + 1;
+  // 1. block amax (zero padding does not change a max of magnitudes)
+  for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+    const int64_t c0 = bc * p.B, c1 = std::min(p.cols, c0 + p.B);
+    uint32_t m = 0;
+    for (int64_t r = r0; r < r1; ++r) m = std::max(m, amax_bits(x + r * p.cols + c0, c1 - c0));
+    if (m > kMaxFiniteBits) return false;
+    amax_buf[bc] = std::bit_cast<float>(m);
+  }
+  // 2. block scales
+  for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+    scale_buf[bc] = block_scale(amax_buf[bc], p.ts.mult, p.sp);
+    on_block(br, bc, amax_buf[bc], scale_buf[bc]);
+  }
+  // 3. elements
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t base = r * p.cols;
+    if (p.mode == Rounding::SR8) sr_bytes(*p.sr, static_cast<uint64_t>(base), p.cols, sr_buf);
+    for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+      const int64_t c0 = bc * p.B, c1 = std::min(p.cols, c0 + p.B);
+      const float d = scale_buf[bc] * p.ts.gd;  // d_b = c_b·gd
+      const float e = 1.0f / d;                 // e_b = 1/d_b, then multiply
+      if (p.mode == Rounding::SR8) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const float xv = x[base + c];
+          on_elem(base + c, quant_mag(xv, e, Rounding::SR8, sr_buf[c]), xv, d);
+        }
+      } else {
+        for (int64_t c = c0; c < c1; ++c) {
+          const float xv = x[base + c];
+          on_elem(base + c, quant_mag(xv, e, Rounding::RNE, 0), xv, d);
+        }
+      }
+    }
+  }
+  return true;
+}
+
+/// Run process_block_row over all block-rows, in parallel, with per-thread buffers.
+/// Throws (after the parallel region) if any input was non-finite.
+template <class BlockSink, class ElemSink>
+void run_all(const char* where, const float* x, const Plan& p, BlockSink on_block,
+             ElemSink on_elem) {
+  std::atomic<bool> bad{false};
+  const bool par = p.rows * p.cols >= kParallelMin && p.block_rows > 1;
+#pragma omp parallel if (par)
+  {
+    std::vector<float> amax_buf(static_cast<size_t>(p.block_cols));
+    std::vector<float> scale_buf(static_cast<size_t>(p.block_cols));
+    std::vector<uint8_t> sr_buf(p.mode == Rounding::SR8 ? static_cast<size_t>(p.cols) : 0);
+#pragma omp for schedule(static)
+    for (int64_t br = 0; br < p.block_rows; ++br) {
+      if (!process_block_row(x, p, br, amax_buf.data(), scale_buf.data(), sr_buf.data(),
+                             on_block, on_elem)) {
+        bad.store(true, std::memory_order_relaxed);
+      }
+    }
+  }
+  // A block-row with a non-finite value is never written, so every non-finite input is still
+  // in x (even when out aliases x) and the scan finds the first one.
+  if (bad.load()) throw_non_finite(where, x, p.rows * p.cols);
+}
+
+}  // namespace
+
+float tensor_amax(const float* x, int64_t n) {
+  if (n < 0) throw std::invalid_argument("tensor_amax: negative length");
+  uint32_t m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  if (m > kMaxFiniteBits) throw_non_finite("tensor_amax", x, n);
+  return std::bit_cast<float>(m);
+}
+
+QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr) {
+  validate("quantize_blocks", rows, cols, spec, g, sr);
+  const Plan p = make_plan(rows, cols, spec, g, sr);
+  QuantizedTensor q;
+  q.rows = rows;
+  q.cols = cols;
+  q.spec = spec;
+  q.g = g;
+  q.ge = p.ts.ge;
+  q.gd = p.ts.gd;
+  q.block_rows = p.block_rows;
+  q.block_cols = p.block_cols;
+  const size_t nb = static_cast<size_t>(p.block_rows * p.block_cols);
+  q.block_amax.assign(nb, 0.0f);
+  q.scales.assign(nb, 1.0f);
+  q.scale_codes.assign(nb, 0);
+  q.codes.assign(static_cast<size_t>(rows * cols), 0);
+  float* amax = q.block_amax.data();
+  float* scales = q.scales.data();
+  uint8_t* codes = q.codes.data();
+  const int64_t bcols = p.block_cols;
+  run_all(
+      "quantize_blocks", x, p,
+      [=](int64_t br, int64_t bc, float a_b, float c_b) {
+        amax[br * bcols + bc] = a_b;
+        scales[br * bcols + bc] = c_b;
+      },
+      [=](int64_t idx, float v, float xv, float) { codes[idx] = e2m1_code(v, xv); });
+  for (size_t b = 0; b < nb; ++b) q.scale_codes[b] = scale_encode(q.scales[b], spec.scale_format);
+  return q;
+}
+
+void dequantize(const QuantizedTensor& q, float* out) {
+  const int64_t B = q.spec.block;
+  if (B <= 0 || q.rows < 0 || q.cols < 0 ||
+      q.codes.size() != static_cast<size_t>(q.rows * q.cols) ||
+      q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols) ||
+      q.block_cols != (q.cols + B - 1) / B ||
+      q.block_rows != (q.spec.two_d ? (q.rows + B - 1) / B : q.rows)) {
+    throw std::invalid_argument("dequantize: inconsistent QuantizedTensor shapes");
+  }
+  const bool par = q.rows * q.cols >= kParallelMin;
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const int64_t br = q.spec.two_d ? r / B : r;
+    for (int64_t bc = 0; bc < q.block_cols; ++bc) {
+      const float d = q.scales[static_cast<size_t>(br * q.block_cols + bc)] * q.gd;
+      const int64_t c1 = std::min(q.cols, (bc + 1) * B);
+      for (int64_t c = bc * B; c < c1; ++c) {
+        out[r * q.cols + c] = e2m1_decode(q.codes[static_cast<size_t>(r * q.cols + c)]) * d;
+      }
+    }
+  }
+}
+
+void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                         float g, const SrKey* sr, float* out) {
+  validate("quantize_dequantize", rows, cols, spec, g, sr);
+  const Plan p = make_plan(rows, cols, spec, g, sr);
+  run_all(
+      "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
+      [=](int64_t idx, float v, float xv, float d) {
+        // ±v is exactly e2m1_decode(e2m1_code(v, xv)); then x̂ = q·d_b as in dequantize.
+        out[idx] = std::copysign(v, xv) * d;
+      });
+}
+
+TensorReference::TensorReference(int interval) : interval_(interval) {
+  if (interval < 1) {
+    throw std::invalid_argument("TensorReference: interval D must be >= 1, got " +
+                                std::to_string(interval));
+  }
+}
+
+float TensorReference::get(int64_t step, const std::function<float()>& current_amax) {
+  if (!has_ || step - t_last_ >= interval_) {
+    g_ = current_amax();
+    t_last_ = step;
+    has_ = true;
+  }
+  return g_;
+}
+
+}  // namespace fp4

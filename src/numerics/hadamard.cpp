@@ -1,0 +1,50 @@
+// 16-point random Hadamard transform of the NVFP4 recipe's wgrad operands.
+// Contract: shared/NUMERICS.md "Random Hadamard transform (RHT), NVFP4 recipe only".
+#include "fp4/hadamard.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace fp4 {
+
+const float kRhtSigns[16] = {+1.f, +1.f, +1.f, -1.f, +1.f, -1.f, -1.f, -1.f,
+                             -1.f, -1.f, -1.f, +1.f, -1.f, +1.f, -1.f, -1.f};
+
+namespace {
+
+/// One chunk: y = (x ⊙ s)·H16 / 4. The product with the Sylvester matrix is computed by the
+/// four-stage fast Walsh–Hadamard butterfly (a, b) → (a + b, a − b), which yields the natural
+/// (Sylvester) order H[i][j] = (−1)^popcount(i & j); H16 is symmetric, so row-vector times H
+/// equals H times column vector. The final /4 is an exact scaling by 0.25. NUMERICS.md does not
+/// fix an FP32 summation order for the transform; this order is the reference one.
+inline void rht16_chunk(float* x) {
+  float y[16];
+  for (int i = 0; i < 16; ++i) y[i] = x[i] * kRhtSigns[i];
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = a + b;
+        y[j + h] = a - b;
+      }
+    }
+  }
+  for (int i = 0; i < 16; ++i) x[i] = y[i] * 0.25f;
+}
+
+}  // namespace
+
+void rht16_rows(float* x, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("rht16_rows: negative shape");
+  if (cols % 16 != 0) {
+    throw std::invalid_argument("rht16_rows: cols = " + std::to_string(cols) +
+                                " is not a multiple of 16 (the RHT works on 16-long chunks)");
+  }
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * cols;
+    for (int64_t c = 0; c < cols; c += 16) rht16_chunk(row + c);
+  }
+}
+
+}  // namespace fp4

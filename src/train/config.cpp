@@ -1,0 +1,84 @@
+// Run configs: TOML → fp4::RunConfig, strictly validated.
+#include "fp4/config.h"
+
+#include <sstream>
+
+#include "fp4/error.h"
+#include "toml_reader.h"
+
+namespace fp4 {
+
+RunConfig load_run_config(const std::filesystem::path& file) {
+  detail::TomlReader r(file);
+  RunConfig c;
+  auto& m = c.model;
+  r.get("model.vocab_size", m.vocab_size);   r.range("model.vocab_size", m.vocab_size, 256, 65535);
+  r.get("model.d_model", m.d_model);         r.range("model.d_model", m.d_model, 8, 16384);
+  r.get("model.n_layers", m.n_layers);       r.range("model.n_layers", m.n_layers, 1, 512);
+  r.get("model.n_heads", m.n_heads);         r.range("model.n_heads", m.n_heads, 1, 512);
+  r.get("model.mlp", m.mlp);                 r.choice("model.mlp", m.mlp, {"squared_relu", "swiglu"});
+  r.get("model.mlp_hidden", m.mlp_hidden);   r.range("model.mlp_hidden", m.mlp_hidden, 1, 1 << 17);
+  r.get("model.rope_theta", m.rope_theta);   r.range("model.rope_theta", m.rope_theta, 1.f, 1e9f);
+  r.get("model.norm_eps", m.norm_eps);       r.range("model.norm_eps", m.norm_eps, 0.f, 1.f);
+  r.get("model.init_std", m.init_std);       r.range("model.init_std", m.init_std, 1e-6f, 1.f);
+  auto& t = c.train;
+  r.get("train.seq_len", t.seq_len);         r.range("train.seq_len", t.seq_len, 2, 1 << 16);
+  r.get("train.batch_size", t.batch_size);   r.range("train.batch_size", t.batch_size, 1, 1 << 16);
+  r.get("train.steps", t.steps);             r.range("train.steps", t.steps, 1, 1 << 30);
+  r.get("train.lr", t.lr);                   r.range("train.lr", t.lr, 0.0, 1e9);
+  r.get("train.warmup_steps", t.warmup_steps); r.range("train.warmup_steps", t.warmup_steps, 0, 1 << 30);
+  r.get("train.decay_fraction", t.decay_fraction); r.range("train.decay_fraction", t.decay_fraction, 0.0, 1.0);
+  r.get("train.min_lr_ratio", t.min_lr_ratio); r.range("train.min_lr_ratio", t.min_lr_ratio, 0.0, 1.0);
+  r.get("train.weight_decay", t.weight_decay); r.range("train.weight_decay", t.weight_decay, 0.0, 10.0);
+  r.get("train.beta1", t.beta1);             r.range("train.beta1", t.beta1, 0.0, 0.999999);
+  r.get("train.beta2", t.beta2);             r.range("train.beta2", t.beta2, 0.0, 0.999999);
+  r.get("train.eps", t.eps);                 r.range("train.eps", t.eps, 0.0, 1.0);
+  r.get("train.grad_clip", t.grad_clip);     r.range("train.grad_clip", t.grad_clip, 0.0, 1e30);
+  int64_t seed = static_cast<int64_t>(t.seed);
+  r.get("train.seed", seed);                 r.range<int64_t>("train.seed", seed, 0, INT64_MAX);
+  t.seed = static_cast<uint64_t>(seed);
+  r.get("data.path", c.data.path);
+  r.get("data.cache", c.data.cache);
+  r.get("eval.interval", c.eval.interval);   r.range("eval.interval", c.eval.interval, 1, 1 << 30);
+  r.get("eval.windows", c.eval.windows);     r.range("eval.windows", c.eval.windows, 1, 1 << 20);
+  r.get("log.progress_seconds", c.progress_seconds);
+  r.range("log.progress_seconds", c.progress_seconds, 0.0, 3600.0);
+  r.reject_unknown();
+  validate(c, r.file());
+  return c;
+}
+
+void validate(const RunConfig& c, const std::string& where) {
+  const auto& m = c.model;
+  if (m.d_model % m.n_heads != 0)
+    throw UserError(where + ": model.d_model (" + std::to_string(m.d_model) +
+                    ") must be divisible by model.n_heads (" + std::to_string(m.n_heads) + ")");
+  if ((m.d_model / m.n_heads) % 2 != 0)
+    throw UserError(where + ": head dimension d_model/n_heads = " +
+                    std::to_string(m.d_model / m.n_heads) + " must be even for RoPE");
+  if (c.train.warmup_steps >= c.train.steps && c.train.steps > 1)
+    throw UserError(where + ": train.warmup_steps (" + std::to_string(c.train.warmup_steps) +
+                    ") must be smaller than train.steps (" + std::to_string(c.train.steps) + ")");
+}
+
+std::string run_config_to_toml(const RunConfig& c) {
+  std::ostringstream o;
+  o.precision(10);
+  const auto& m = c.model;
+  const auto& t = c.train;
+  o << "[model]\nvocab_size = " << m.vocab_size << "\nd_model = " << m.d_model
+    << "\nn_layers = " << m.n_layers << "\nn_heads = " << m.n_heads << "\nmlp = \"" << m.mlp
+    << "\"\nmlp_hidden = " << m.mlp_hidden << "\nrope_theta = " << m.rope_theta
+    << "\nnorm_eps = " << m.norm_eps << "\ninit_std = " << m.init_std << "\n\n";
+  o << "[train]\nseq_len = " << t.seq_len << "\nbatch_size = " << t.batch_size
+    << "\nsteps = " << t.steps << "\nlr = " << t.lr << "\nwarmup_steps = " << t.warmup_steps
+    << "\ndecay_fraction = " << t.decay_fraction << "\nmin_lr_ratio = " << t.min_lr_ratio
+    << "\nweight_decay = " << t.weight_decay << "\nbeta1 = " << t.beta1 << "\nbeta2 = " << t.beta2
+    << "\neps = " << t.eps << "\ngrad_clip = " << t.grad_clip << "\nseed = " << t.seed << "\n\n";
+  o << "[data]\npath = \"" << c.data.path << "\"\ncache = \"" << c.data.cache << "\"\n\n";
+  o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";
+  o << "[log]\nprogress_seconds = " << c.progress_seconds << "\n";
+  return o.str();
+}
+
+}  // namespace fp4

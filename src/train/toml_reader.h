@@ -1,0 +1,106 @@
+// Strict TOML reading: every key must be known, of the right type and in range; errors
+// name the file, the dotted key and what was expected.
+#pragma once
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fp4/error.h"
+
+namespace fp4::detail {
+
+class TomlReader {
+ public:
+  explicit TomlReader(const std::filesystem::path& file) : file_(file.string()) {
+    if (!std::filesystem::exists(file)) throw UserError(file_ + ": file not found");
+    try {
+      tbl_ = toml::parse_file(file_);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream m;
+      m << file_ << ":" << e.source().begin.line << ":" << e.source().begin.column
+        << ": malformed TOML: " << e.description();
+      throw UserError(m.str());
+    }
+  }
+
+  const std::string& file() const { return file_; }
+
+  template <class T>
+  void get(const std::string& key, T& out) {
+    seen_.insert(key);
+    auto node = tbl_.at_path(key);
+    if (!node) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!node.is_boolean()) fail(key, "a boolean (true/false)");
+      out = *node.value<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!node.is_integer()) fail(key, "an integer");
+      out = static_cast<T>(*node.value<int64_t>());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!node.is_number()) fail(key, "a number");
+      out = static_cast<T>(*node.value<double>());
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!node.is_string()) fail(key, "a string");
+      out = *node.value<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      auto* arr = node.as_array();
+      if (!arr) fail(key, "an array of integers");
+      out.clear();
+      for (auto& e : *arr) {
+        if (!e.is_integer()) fail(key, "an array of integers");
+        out.push_back(static_cast<int>(*e.value<int64_t>()));
+      }
+    }
+  }
+
+  template <class T>
+  void range(const std::string& key, T v, T lo, T hi) {
+    if (!(v >= lo && v <= hi)) {
+      std::ostringstream m;
+      m << "a value in [" << lo << ", " << hi << "], got " << v;
+      fail(key, m.str());
+    }
+  }
+
+  void choice(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+    for (auto* o : ok)
+      if (v == o) return;
+    std::string list;
+    for (auto* o : ok) list += std::string(list.empty() ? "" : ", ") + "\"" + o + "\"";
+    fail(key, "one of " + list + ", got \"" + v + "\"");
+  }
+
+  /// After all get() calls: every key in the file must have been read.
+  void reject_unknown() const { walk(tbl_, ""); }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& expected) const {
+    throw UserError(file_ + ": key '" + key + "': expected " + expected);
+  }
+
+ private:
+  void walk(const toml::table& t, const std::string& prefix) const {
+    for (auto&& [k, v] : t) {
+      const std::string full = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+      if (auto* sub = v.as_table()) {
+        bool any = false;
+        for (auto& s : seen_)
+          if (s.rfind(full + ".", 0) == 0) any = true;
+        if (!any) throw UserError(file_ + ": unknown section [" + full + "]");
+        walk(*sub, full);
+      } else if (!seen_.count(full)) {
+        throw UserError(file_ + ": unknown key '" + full + "'");
+      }
+    }
+  }
+
+  std::string file_;
+  toml::table tbl_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace fp4::detail

@@ -1,0 +1,215 @@
+// The training loop: batches → forward → loss → backward → clip → AdamW, with progress
+// lines, metrics.jsonl, periodic held-out evaluation and a final summary.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fp4/error.h"
+#include "fp4/train.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+void write_atomic(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw UserError("cannot write " + tmp.string());
+    f << text;
+    f.flush();
+    if (!f) throw UserError("write failed: " + tmp.string());
+  }
+  fs::rename(tmp, p);
+}
+
+std::string fmt_duration(double s) {
+  char b[32];
+  if (s < 0 || !std::isfinite(s)) return "?";
+  const int t = static_cast<int>(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(b, sizeof b, "%dh%02dm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(b, sizeof b, "%dm%02ds", t / 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%ds", t);
+  return b;
+}
+}  // namespace
+
+double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
+                   const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize) {
+  if (starts.empty()) throw UserError("held-out split has fewer than seq_len + 1 tokens");
+  std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
+  nn::StepContext ctx;
+  ctx.training = false;
+  ctx.quantize = quantize;
+  double sum = 0;
+  int64_t n = 0;
+  for (size_t w0 = 0; w0 < starts.size(); w0 += batch) {
+    const int B = static_cast<int>(std::min<size_t>(batch, starts.size() - w0));
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < seq_len; ++t) {
+        in[int64_t(b) * seq_len + t] = tokens[starts[w0 + b] + t];
+        tg[int64_t(b) * seq_len + t] = tokens[starts[w0 + b] + t + 1];
+      }
+    sum += model.forward(in.data(), tg.data(), B, ctx) * B;
+    n += B;
+  }
+  return sum / double(n);
+}
+
+TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                   const TrainOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  const auto& tc = cfg.train;
+  if (data.vocab_size > cfg.model.vocab_size)
+    throw UserError("tokenizer vocab (" + std::to_string(data.vocab_size) +
+                    ") exceeds model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ")");
+  fs::create_directories(opt.out_dir);
+  write_atomic(opt.out_dir / "config.toml", run_config_to_toml(cfg));
+  write_atomic(opt.out_dir / "recipe.toml", recipe_to_toml(recipe));
+  std::ofstream metrics(opt.out_dir / "metrics.jsonl", std::ios::trunc);
+  if (!metrics) throw UserError("cannot write " + (opt.out_dir / "metrics.jsonl").string());
+
+  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
+  model.init(tc.seed);
+  AdamW opt_state(model.num_params(), tc);
+  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
+  const auto eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
+                                           cfg.eval.windows);
+  std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
+  const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
+
+  auto log = [&](const std::string& s) {
+    if (!opt.quiet) {
+      std::printf("%s\n", s.c_str());
+      std::fflush(stdout);
+    }
+  };
+  {
+    std::ostringstream o;
+    o << "model: " << model.num_params() << " parameters (" << model.num_body_params()
+      << " in blocks), " << cfg.model.n_layers << " layers, d_model " << cfg.model.d_model
+      << "; recipe " << recipe.name << " (";
+    for (int l = 0; l < cfg.model.n_layers; ++l)
+      o << (l ? "," : "") << linear_mode_name(recipe.block_mode(l, cfg.model.n_layers));
+    o << " per block); " << tokens_per_step << " tokens/step, " << tc.steps << " steps";
+    log(o.str());
+  }
+
+  TrainSummary sum;
+  double train_seconds = 0, window_seconds = 0;
+  int64_t window_tokens = 0;
+  auto last_print = clock::now();
+  const auto t_start = clock::now();
+
+  auto evaluate = [&](int step, json& rec) {
+    const double nll = heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, false);
+    double nllq = nll;
+    if (recipe.mode != LinearMode::FP32)
+      nllq = heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, true);
+    rec["val_nll"] = nll;
+    rec["val_nll_quant"] = nllq;
+    char b[160];
+    std::snprintf(b, sizeof b, "eval step %d | held-out NLL %.4f (FP32 inference) | %.4f (%s inference, current scaling)",
+                  step, nll, nllq, recipe.name.c_str());
+    log(b);
+    sum.heldout_nll = nll;
+    sum.heldout_nll_quant = nllq;
+  };
+
+  for (int step = 1; step <= tc.steps; ++step) {
+    const auto t0 = clock::now();
+    sampler.next(inputs.data(), targets.data());
+    nn::StepContext ctx;
+    ctx.step = step;
+    ctx.seed = tc.seed;
+    model.zero_grad();
+    const double loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
+    if (!std::isfinite(loss)) {
+      const std::string msg = "non-finite training loss (" + std::to_string(loss) + ") at step " +
+                              std::to_string(step) + " with recipe " + recipe.name +
+                              "; the run diverged. Metrics up to step " +
+                              std::to_string(step - 1) + " are in " +
+                              (opt.out_dir / "metrics.jsonl").string();
+      write_atomic(opt.out_dir / "error.txt", msg + "\n");
+      throw UserError(msg);
+    }
+    model.backward(ctx);
+    const double gnorm = clip_grad_norm(model.grads().data(), model.num_params(), tc.grad_clip);
+    const double lr = wsd_lr(tc, step);
+    if (!std::isfinite(gnorm)) {
+      const std::string msg = "non-finite gradient norm at step " + std::to_string(step) +
+                              " with recipe " + recipe.name + "; the run diverged. Metrics up to step " +
+                              std::to_string(step - 1) + " are in " +
+                              (opt.out_dir / "metrics.jsonl").string();
+      write_atomic(opt.out_dir / "error.txt", msg + "\n");
+      throw UserError(msg);
+    }
+    opt_state.step(model.params().data(), model.grads().data(), model.param_infos(), lr, step);
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    train_seconds += dt;
+    window_seconds += dt;
+    window_tokens += tokens_per_step;
+    sum.losses.push_back(loss);
+    if (step == 1) sum.first_loss = loss;
+
+    json rec = {{"step", step},
+                {"tokens", int64_t(step) * tokens_per_step},
+                {"loss", loss},
+                {"lr", lr},
+                {"grad_norm", gnorm},
+                {"tokens_per_s", tokens_per_step / dt},
+                {"step_ms", dt * 1e3}};
+    const bool do_eval = step % cfg.eval.interval == 0 || step == tc.steps;
+    if (do_eval) evaluate(step, rec);
+    metrics << rec.dump() << "\n";
+    metrics.flush();
+
+    const double since = std::chrono::duration<double>(clock::now() - last_print).count();
+    if (since >= cfg.progress_seconds || step == 1 || step == tc.steps) {
+      const double tps = window_tokens / std::max(window_seconds, 1e-9);
+      const double eta = (tc.steps - step) * (train_seconds / step);
+      char b[200];
+      std::snprintf(b, sizeof b,
+                    "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
+                    int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps,
+                    fmt_duration(eta).c_str());
+      log(b);
+      last_print = clock::now();
+      window_seconds = 0;
+      window_tokens = 0;
+    }
+  }
+
+  const int n = tc.steps, w = std::max(1, n / 10);
+  double s = 0;
+  for (int i = n - w; i < n; ++i) s += sum.losses[i];
+  sum.steps = n;
+  sum.final_window_loss = s / w;
+  sum.tokens_per_s = double(n) * tokens_per_step / std::max(train_seconds, 1e-9);
+  json js = {{"status", "completed"},
+             {"recipe", recipe.name},
+             {"config", opt.config_name},
+             {"steps", n},
+             {"seed", tc.seed},
+             {"tokens", int64_t(n) * tokens_per_step},
+             {"parameters", model.num_params()},
+             {"first_loss", sum.first_loss},
+             {"final_window_loss", sum.final_window_loss},
+             {"final_window_steps", w},
+             {"heldout_nll", sum.heldout_nll},
+             {"heldout_nll_quant", sum.heldout_nll_quant},
+             {"heldout_tokens", int64_t(eval_starts.size()) * tc.seq_len},
+             {"tokens_per_s", sum.tokens_per_s},
+             {"wall_seconds", std::chrono::duration<double>(clock::now() - t_start).count()}};
+  write_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
+  return sum;
+}
+
+}  // namespace fp4

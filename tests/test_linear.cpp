@@ -1,0 +1,233 @@
+// The quantized Linear's three GEMMs (fprop, dgrad, wgrad) against a naive reference that
+// quantizes each operand along its GEMM's contraction dimension (NUMERICS.md "Notation")
+// with the reference quantizer and multiplies in double; plus FD gradients in FP32 mode
+// and the held tensor reference inside a layer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "fp4/hadamard.h"
+#include "fp4/nn/linear.h"
+#include "fp4/recipe.h"
+
+using namespace fp4;
+
+namespace {
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+std::vector<float> transpose(const std::vector<float>& a, int64_t r, int64_t c) {
+  std::vector<float> t(a.size());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) t[j * r + i] = a[i * c + j];
+  return t;
+}
+float amax(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+// Reference quantize-dequantize through the unpacked QuantizedTensor path.
+std::vector<float> qdq(const std::vector<float>& x, int64_t r, int64_t c, const BlockQuantSpec& s,
+                       float g, const SrKey* key) {
+  auto q = quantize_blocks(x.data(), r, c, s, g, s.rounding == Rounding::SR8 ? key : nullptr);
+  std::vector<float> out(x.size());
+  dequantize(q, out.data());
+  return out;
+}
+// C [m,n] = A [m,k] · B[n,k]ᵀ in double; also returns Σ|a||b| per element for tolerances.
+void matmul_nt(const std::vector<float>& A, const std::vector<float>& B, int64_t m, int64_t n,
+               int64_t k, std::vector<double>& C, std::vector<double>& mag) {
+  C.assign(m * n, 0);
+  mag.assign(m * n, 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) {
+        C[i * n + j] += double(A[i * k + p]) * B[j * k + p];
+        mag[i * n + j] += std::fabs(double(A[i * k + p]) * B[j * k + p]);
+      }
+}
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
+                  const std::vector<double>& mag, const char* what) {
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], ref[i], 1e-6 * mag[i] + 1e-30) << what << " element " << i;
+}
+
+Recipe fp4_recipe(ScaleFormat sf, bool rht, bool w2d, int D) {
+  Recipe r;
+  r.name = "test";
+  r.mode = LinearMode::FP4;
+  r.scale_format = sf;
+  r.block = 16;
+  r.weight_2d = w2d;
+  r.amax_interval = D;
+  r.rht_wgrad = rht;
+  r.round_dy = Rounding::SR8;
+  return r;
+}
+
+struct Case {
+  ScaleFormat sf;
+  bool rht, w2d;
+};
+
+class LinearGemms : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LinearGemms, ThreeGemmsMatchNaiveQuantizedReference) {
+  const Case c = GetParam();
+  const int64_t M = 48, K = 40, N = 24;  // K, N not multiples of 16: padded tails
+  const Recipe r = fp4_recipe(c.sf, c.rht, c.w2d, 1);
+  auto X = randn(M * K, 1), W = randn(N * K, 2, 0.1f), dY = randn(M * N, 3, 1e-3f);
+  X[5] = 30.f;  // an outlier block
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(7, K, N, LinearMode::FP4, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  ctx.step = 3;
+  ctx.seed = 99;
+  lin.forward(X.data(), Y.data(), M, ctx);
+  lin.backward(dY.data(), dX.data(), M, ctx);
+
+  // fprop: X blocks along K, W 16x16 tiles (or 1x16 along K).
+  const auto Xq = qdq(X, M, K, r.spec_x(), amax(X), nullptr);
+  const auto Wq = qdq(W, N, K, r.spec_w(), amax(W), nullptr);
+  std::vector<double> ref, mag;
+  matmul_nt(Xq, Wq, M, N, K, ref, mag);
+  expect_close(Y, ref, mag, "fprop");
+
+  // dgrad: dY blocks along N with SR (operand 2, GEMM 1); W contracted over N.
+  const SrKey kd{99, 3, 7, 2, 1};
+  const auto dYq = qdq(dY, M, N, r.spec_dy(), amax(dY), &kd);
+  std::vector<float> Wd;  // W as used by dgrad, laid out [K, N] so matmul_nt contracts over N
+  if (c.w2d) {
+    Wd = transpose(Wq, N, K);
+  } else {
+    Wd = qdq(transpose(W, N, K), K, N, r.spec_w(), amax(W), nullptr);
+  }
+  matmul_nt(dYq, Wd, M, K, N, ref, mag);
+  expect_close(dX, ref, mag, "dgrad");
+
+  // wgrad: dYᵀ [N, M] and Xᵀ [K, M], blocks along tokens, RHT first if the recipe says so.
+  auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
+  float gdy = amax(dY), gx = amax(X);
+  if (c.rht) {
+    rht16_rows(dYt.data(), N, M);
+    rht16_rows(Xt.data(), K, M);
+    gdy = amax(dYt);
+    gx = amax(Xt);
+  }
+  const SrKey kw{99, 3, 7, 2, 2};
+  const auto dYtq = qdq(dYt, N, M, r.spec_dy(), gdy, &kw);
+  const auto Xtq = qdq(Xt, K, M, r.spec_x(), gx, nullptr);
+  matmul_nt(dYtq, Xtq, N, K, M, ref, mag);
+  expect_close(dW, ref, mag, "wgrad");
+
+  // The quantized product differs from the FP32 one (the test would catch a bypass).
+  std::vector<double> exact, m2;
+  matmul_nt(X, W, M, N, K, exact, m2);
+  double diff = 0;
+  for (size_t i = 0; i < exact.size(); ++i) diff = std::max(diff, std::fabs(exact[i] - Y[i]));
+  EXPECT_GT(diff, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, LinearGemms,
+                         ::testing::Values(Case{ScaleFormat::UE5M3, false, true},
+                                           Case{ScaleFormat::E4M3, true, true},
+                                           Case{ScaleFormat::UE5M3, false, false}));
+
+TEST(Linear, SrDrawsDifferBetweenDgradAndWgrad) {
+  // Independent SR draws: the dgrad and wgrad keys differ only in the GEMM field.
+  const SrKey a{1, 1, 0, 2, 1}, b{1, 1, 0, 2, 2};
+  std::vector<uint8_t> ba(64), bb(64);
+  sr_bytes(a, 0, 64, ba.data());
+  sr_bytes(b, 0, 64, bb.data());
+  EXPECT_NE(ba, bb);
+}
+
+TEST(Linear, Bf16ModeRoundsEveryOperand) {
+  const int64_t M = 8, K = 12, N = 5;
+  Recipe r;
+  r.mode = LinearMode::BF16;
+  auto X = randn(M * K, 4), W = randn(N * K, 5), dY = randn(M * N, 6);
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(0, K, N, LinearMode::BF16, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  lin.forward(X.data(), Y.data(), M, ctx);
+  lin.backward(dY.data(), dX.data(), M, ctx);
+  auto bf = [](std::vector<float> v) { for (auto& x : v) x = round_bf16(x); return v; };
+  std::vector<double> ref, mag;
+  matmul_nt(bf(X), bf(W), M, N, K, ref, mag);
+  expect_close(Y, ref, mag, "fprop");
+  matmul_nt(bf(dY), transpose(bf(W), N, K), M, K, N, ref, mag);
+  expect_close(dX, ref, mag, "dgrad");
+  matmul_nt(transpose(bf(dY), M, N), transpose(bf(X), M, K), N, K, M, ref, mag);
+  expect_close(dW, ref, mag, "wgrad");
+}
+
+TEST(Linear, Fp32GradientsMatchFiniteDifferences) {
+  const int64_t M = 6, K = 7, N = 5;
+  Recipe r;
+  auto X = randn(M * K, 7), W = randn(N * K, 8), R = randn(M * N, 9);
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(0, K, N, LinearMode::FP32, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  auto loss = [&] {  // L = Σ Y ⊙ R, in double
+    lin.forward(X.data(), Y.data(), M, ctx);
+    double s = 0;
+    for (int64_t i = 0; i < M * N; ++i) s += double(Y[i]) * R[i];
+    return s;
+  };
+  loss();
+  lin.backward(R.data(), dX.data(), M, ctx);
+  const float h = 1e-2f;
+  for (auto [v, g] : {std::pair{&X, &dX}, std::pair{&W, &dW}})
+    for (size_t i = 0; i < v->size(); ++i) {
+      const float s = (*v)[i];
+      (*v)[i] = s + h;
+      const double lp = loss();
+      (*v)[i] = s - h;
+      const double lm = loss();
+      (*v)[i] = s;
+      EXPECT_NEAR((lp - lm) / (2 * h), (*g)[i], 2e-3 * (1 + std::fabs((*g)[i]))) << i;
+    }
+}
+
+TEST(Linear, HeldReferenceRefreshesEvery50StepsInsideTheLayer) {
+  const int64_t M = 16, K = 16, N = 16;
+  Recipe r = fp4_recipe(ScaleFormat::UE5M3, false, true, 50);
+  auto X = randn(M * K, 10), W = randn(N * K, 11);
+  std::vector<float> dW(N * K), Y(M * N);
+  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  const float g1 = amax(X);
+  for (int step = 1; step <= 120; ++step) {
+    ctx.step = step;
+    std::vector<float> Xs = X;
+    for (auto& x : Xs) x *= 1.f + 0.01f * step;  // the activation grows every step
+    lin.forward(Xs.data(), Y.data(), M, ctx);
+    if (step == 1 || step == 51 || step == 101) {
+      EXPECT_EQ(lin.refs().g_x, amax(Xs)) << "refresh at step " << step;
+      EXPECT_EQ(lin.reference(nn::Role::X).last_refresh(), step);
+    } else {
+      EXPECT_LT(lin.refs().g_x, amax(Xs)) << "held (stale) value at step " << step;
+    }
+  }
+  (void)g1;
+  // Inference (training = false) uses current scaling and leaves the cache alone.
+  ctx.training = false;
+  ctx.step = 121;
+  lin.forward(X.data(), Y.data(), M, ctx);
+  EXPECT_EQ(lin.refs().g_x, amax(X));
+  EXPECT_EQ(lin.reference(nn::Role::X).last_refresh(), 101);
+}
+}  // namespace

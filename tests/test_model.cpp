@@ -1,0 +1,244 @@
+// Whole-model checks: finite-difference gradients of the full decoder (fp32 recipe) for
+// every parameter tensor, both MLP types; thread-count independence of a training step;
+// config and recipe parsing with clear errors.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <random>
+
+#include "fp4/config.h"
+#include "fp4/error.h"
+#include "fp4/nn/model.h"
+#include "fp4/recipe.h"
+#include "fp4/train.h"
+
+using namespace fp4;
+namespace fs = std::filesystem;
+
+namespace {
+ModelConfig tiny_model(const std::string& mlp) {
+  ModelConfig m;
+  m.vocab_size = 37;
+  m.d_model = 16;
+  m.n_layers = 2;
+  m.n_heads = 2;
+  m.mlp = mlp;
+  m.mlp_hidden = 24;
+  m.init_std = 0.3f;  // large enough that gradients dominate FD noise
+  return m;
+}
+
+void fill_tokens(std::vector<int32_t>& t, int V, uint32_t seed) {
+  std::mt19937 g(seed);
+  for (auto& x : t) x = static_cast<int32_t>(g() % V);
+}
+
+class ModelGrad : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelGrad, WholeModelMatchesFiniteDifferences) {
+  const ModelConfig mc = tiny_model(GetParam());
+  Recipe fp32;
+  const int B = 2, T = 6;
+  nn::Model model(mc, fp32, B, T);
+  model.init(3);
+  std::vector<int32_t> in(B * T), tg(B * T);
+  fill_tokens(in, mc.vocab_size, 1);
+  fill_tokens(tg, mc.vocab_size, 2);
+  nn::StepContext ctx;
+  model.zero_grad();
+  model.forward(in.data(), tg.data(), B, ctx);
+  model.backward(ctx);
+  const std::vector<float> g = model.grads();
+  auto& p = model.params();
+  // In each parameter tensor, check the 3 entries with the largest gradient.
+  for (const auto& info : model.param_infos()) {
+    std::vector<int64_t> idx(info.size);
+    for (int64_t i = 0; i < info.size; ++i) idx[i] = info.offset + i;
+    std::partial_sort(idx.begin(), idx.begin() + 3, idx.end(),
+                      [&](int64_t a, int64_t b) { return std::fabs(g[a]) > std::fabs(g[b]); });
+    for (int k = 0; k < 3; ++k) {
+      const int64_t i = idx[k];
+      const float s = p[i], h = 1e-2f;
+      p[i] = s + h;
+      const double lp = model.forward(in.data(), tg.data(), B, ctx);
+      p[i] = s - h;
+      const double lm = model.forward(in.data(), tg.data(), B, ctx);
+      p[i] = s;
+      const double fd = (lp - lm) / (2.0 * h);
+      EXPECT_NEAR(fd, g[i], 2e-2 * std::fabs(g[i]) + 2e-4)
+          << info.name << " element " << (i - info.offset);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mlp, ModelGrad, ::testing::Values("squared_relu", "swiglu"));
+
+TEST(Model, ParameterCountOfTinyConfig) {
+  // Hand count: V·C (wte) + V·C (head) + C (ln_f) + L·(2C + 4C² + 2·C·F).
+  RunConfig cfg = load_run_config(fs::path(FP4_SOURCE_DIR) / "configs/tiny.toml");
+  const auto& m = cfg.model;
+  Recipe r;
+  nn::Model model(m, r, 1, 8);
+  const int64_t C = m.d_model, V = m.vocab_size, F = m.mlp_hidden, L = m.n_layers;
+  EXPECT_EQ(model.num_params(), 2 * V * C + C + L * (2 * C + 4 * C * C + 2 * C * F));
+  EXPECT_GE(model.num_body_params(), 3'000'000);
+  EXPECT_LE(model.num_body_params(), 5'000'000);
+}
+
+TEST(Model, Fp4TrainingStepIsBitIdenticalForOneAndTwoThreads) {
+  ModelConfig mc = tiny_model("squared_relu");
+  mc.d_model = 32;
+  const Recipe r = load_recipe("nvfp4-te", fs::path(FP4_SOURCE_DIR) / "configs/recipes");
+  const int B = 2, T = 16;  // 32 tokens: multiple of 16 for the RHT
+  std::vector<int32_t> in(B * T), tg(B * T);
+  fill_tokens(in, mc.vocab_size, 5);
+  fill_tokens(tg, mc.vocab_size, 6);
+  std::vector<float> grads[2];
+  double loss[2];
+  const int saved = omp_get_max_threads();
+  for (int t = 0; t < 2; ++t) {
+    omp_set_num_threads(t + 1);
+    nn::Model model(mc, r, B, T);
+    model.init(4);
+    nn::StepContext ctx;
+    ctx.step = 1;
+    ctx.seed = 8;
+    model.zero_grad();
+    loss[t] = model.forward(in.data(), tg.data(), B, ctx);
+    model.backward(ctx);
+    grads[t] = model.grads();
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(loss[0], loss[1]);
+  ASSERT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
+}
+
+TEST(Schedule, WarmupStableDecay) {
+  TrainConfig c;
+  c.lr = 1.0;
+  c.steps = 100;
+  c.warmup_steps = 10;
+  c.decay_fraction = 0.15;
+  c.min_lr_ratio = 0.01;
+  EXPECT_DOUBLE_EQ(wsd_lr(c, 1), 0.1);
+  EXPECT_DOUBLE_EQ(wsd_lr(c, 10), 1.0);
+  EXPECT_DOUBLE_EQ(wsd_lr(c, 85), 1.0);  // decay covers steps 86..100
+  EXPECT_NEAR(wsd_lr(c, 100), 0.01, 1e-12);
+  EXPECT_LT(wsd_lr(c, 86), 1.0);
+}
+
+TEST(Optim, ClipGradNorm) {
+  std::vector<float> g = {3.f, 4.f};
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
+  EXPECT_FLOAT_EQ(g[0], 0.6f);
+  EXPECT_FLOAT_EQ(g[1], 0.8f);
+}
+
+TEST(Optim, AdamWFirstStepMovesByLrTimesSign) {
+  // Step 1 with bias correction: m̂ = g, v̂ = g², update = lr·(g/(|g|+eps) + wd·w).
+  TrainConfig c;
+  c.weight_decay = 0.1;
+  std::vector<nn::ParamInfo> infos(2);
+  infos[0] = {"w", 0, 2, 1, 2, true};
+  infos[1] = {"norm", 2, 1, 1, 1, false};
+  std::vector<float> p = {1.f, -2.f, 1.f}, g = {0.5f, -0.25f, 2.f};
+  AdamW opt(3, c);
+  opt.step(p.data(), g.data(), infos, 0.01, 1);
+  EXPECT_NEAR(p[0], 1.f - 0.01f * (1.f + 0.1f * 1.f), 1e-6);
+  EXPECT_NEAR(p[1], -2.f - 0.01f * (-1.f + 0.1f * -2.f), 1e-6);
+  EXPECT_NEAR(p[2], 1.f - 0.01f * 1.f, 1e-6);  // no decay on norms
+}
+
+// ---- configs and recipes ----
+fs::path write_tmp(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("fp4test_" + name);
+  std::ofstream(p) << text;
+  return p;
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Recipes, ShippedRecipesParseWithTheirTableValues) {
+  const fs::path dir = fs::path(FP4_SOURCE_DIR) / "configs/recipes";
+  const Recipe u = load_recipe("ue5m3-b16", dir);
+  EXPECT_EQ(u.mode, LinearMode::FP4);
+  EXPECT_EQ(u.scale_format, ScaleFormat::UE5M3);
+  EXPECT_EQ(u.block, 16);
+  EXPECT_EQ(u.amax_interval, 50);
+  EXPECT_FALSE(u.rht_wgrad);
+  EXPECT_TRUE(u.weight_2d);
+  EXPECT_EQ(u.round_dy, Rounding::SR8);
+  EXPECT_EQ(u.round_x, Rounding::RNE);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(u.block_mode(b, 4), LinearMode::FP4);
+  const Recipe n = load_recipe("nvfp4-te", dir);
+  EXPECT_EQ(n.scale_format, ScaleFormat::E4M3);
+  EXPECT_EQ(n.amax_interval, 1);
+  EXPECT_TRUE(n.rht_wgrad);
+  EXPECT_EQ(n.block_mode(3, 4), LinearMode::BF16);  // final ~15% of 4 blocks = 1
+  EXPECT_EQ(n.block_mode(2, 4), LinearMode::FP4);
+  EXPECT_EQ(n.block_mode(30, 32), LinearMode::BF16);  // round(4.8) = 5 of 32
+  EXPECT_EQ(n.block_mode(26, 32), LinearMode::FP4);
+  EXPECT_EQ(load_recipe("fp32", dir).mode, LinearMode::FP32);
+  EXPECT_EQ(load_recipe("bf16", dir).mode, LinearMode::BF16);
+  // Round trip through the resolved-recipe writer.
+  const auto p = write_tmp("rt.toml", recipe_to_toml(n));
+  const Recipe n2 = load_recipe_file(p);
+  EXPECT_EQ(n2.scale_format, n.scale_format);
+  EXPECT_EQ(n2.final_blocks_fraction, n.final_blocks_fraction);
+  EXPECT_EQ(n2.rht_wgrad, n.rht_wgrad);
+}
+
+TEST(Recipes, BadRecipesNameTheProblem) {
+  const fs::path dir = fs::path(FP4_SOURCE_DIR) / "configs/recipes";
+  EXPECT_NE(error_of([&] { load_recipe("nope", dir); }).find("ue5m3-b16"), std::string::npos);
+}
+}  // namespace
+
+namespace {
+TEST(Recipes, MalformedUnknownAndOutOfRange) {
+  std::string e = error_of([] { load_recipe_file(write_tmp("a.toml", "name = \"x\"\n[fp4\nblock=1")); });
+  EXPECT_NE(e.find("malformed TOML"), std::string::npos) << e;
+  e = error_of([] { load_recipe_file(write_tmp("b.toml", "[fp4]\nblok = 16\n")); });
+  EXPECT_NE(e.find("unknown key 'fp4.blok'"), std::string::npos) << e;
+  e = error_of([] { load_recipe_file(write_tmp("c.toml", "[fp4]\nblock = 0\n")); });
+  EXPECT_NE(e.find("fp4.block"), std::string::npos) << e;
+  e = error_of([] { load_recipe_file(write_tmp("d.toml", "[fp4]\nscale_format = \"e5m2\"\n")); });
+  EXPECT_NE(e.find("e5m2"), std::string::npos) << e;
+  e = error_of([] { load_recipe_file(write_tmp("e.toml", "[rounding]\ndy = 3\n")); });
+  EXPECT_NE(e.find("rounding.dy"), std::string::npos) << e;
+  e = error_of([] { load_recipe_file(write_tmp("f.toml", "[extra]\nx = 1\n")); });
+  EXPECT_NE(e.find("unknown section [extra]"), std::string::npos) << e;
+}
+
+TEST(Config, TinyConfigAndErrors) {
+  const RunConfig c = load_run_config(fs::path(FP4_SOURCE_DIR) / "configs/tiny.toml");
+  EXPECT_EQ(c.model.d_model, 256);
+  EXPECT_EQ(c.model.n_layers, 4);
+  EXPECT_EQ(c.train.seq_len, 256);
+  EXPECT_EQ(c.train.batch_size, 16);
+  std::string e = error_of([] { load_run_config(write_tmp("g.toml", "[model]\nd_model = 30\nn_heads = 4\n")); });
+  EXPECT_NE(e.find("divisible"), std::string::npos) << e;
+  e = error_of([] { load_run_config(write_tmp("h.toml", "[train]\nlr = -1.0\n")); });
+  EXPECT_NE(e.find("train.lr"), std::string::npos) << e;
+  e = error_of([] { load_run_config(write_tmp("i.toml", "[train]\nstep = 5\n")); });
+  EXPECT_NE(e.find("unknown key 'train.step'"), std::string::npos) << e;
+  e = error_of([] { load_run_config("/nonexistent/x.toml"); });
+  EXPECT_NE(e.find("not found"), std::string::npos) << e;
+  // The resolved config round-trips.
+  const RunConfig c2 = load_run_config(write_tmp("j.toml", run_config_to_toml(c)));
+  EXPECT_EQ(c2.train.lr, c.train.lr);
+  EXPECT_EQ(c2.model.norm_eps, c.model.norm_eps);
+}
+}  // namespace
