@@ -82,10 +82,12 @@ float round_bf16(float x);
 namespace detail {
 
 /// 2^k as an FP32 value, for k in [-149, 127] (built from the bit pattern, so exact and
-/// cheaper than ldexpf; k < -126 gives the subnormal power of two).
+/// cheaper than ldexpf; k < -126 gives the subnormal power of two). Both patterns are computed
+/// and one is selected, so no branch is needed.
 inline float pow2f(int k) {
-  const uint32_t bits = k >= -126 ? static_cast<uint32_t>(k + 127) << 23 : 1u << (k + 149);
-  return std::bit_cast<float>(bits);
+  const uint32_t normal = static_cast<uint32_t>(k + 127) << 23;
+  const uint32_t subnormal = 1u << ((k + 149) & 31);
+  return std::bit_cast<float>(k >= -126 ? normal : subnormal);
 }
 
 /// Exponent floor of the rounding rule for `fmt`: 1 − bias (NUMERICS.md's subnormal floor)
@@ -99,41 +101,43 @@ inline float sr8_offset(uint8_t r) { return static_cast<float>(2 * int(r) + 1) *
 /// The algorithm of NUMERICS.md "Rounding a magnitude", spelled out for the hot paths;
 /// fp4::round_magnitude is this function with the parameters of a FloatFormat.
 ///   a          value whose magnitude |a| is rounded (the sign bit is ignored, so callers
-///              may pass x·e_b directly); ±Inf saturates like any value ≥ max_finite
+///              may pass x·e_b directly); ±Inf saturates like any value ≥ max_finite.
+///              NaN returns max_finite: callers must exclude it.
 ///   frac_bits  fraction bits of the format (0..3 for every format here)
-///   emin       exponent floor: 1 − bias (subnormal floor), or −bias for UE8M0 whose
-///              exponent field 0 is the normal 2^−127 (no subnormals)
-///   max_finite saturation value
+///   emin       exponent floor (rounding_emin): 1 − bias, or −bias for UE8M0
+///   max_finite saturation value (on the grid, ≤ 2^127)
 /// Every step is exact in FP32 except the SR sum, which the contract defines in FP32:
-///  * floor(log2 a) is read from the exponent field. A zero or FP32-subnormal `a` is below
-///    2^−126 ≤ 2^emin for every format here, so its e is emin without needing its log.
+///  * |a| is first clamped to max_finite. Rounding is monotone and max_finite is on the grid
+///    (it rounds to itself: δ = 0), so this gives exactly the contract's final
+///    min(…, max_finite) for every a, and keeps the steps below in range.
+///  * floor(log2 a) is the unbiased exponent field for a normal FP32 a. A zero or FP32-subnormal
+///    a (field 0) is below 2^−126 ≤ 2^emin for every format here, and field 0 gives −127 ≤ emin,
+///    so e = max(field − 127, emin) is exactly max(floor(log2 a), emin).
 ///  * s = a·2^−q is a scaling by a power of two whose result lies in [0, 2^(frac+1)):
-///    exact (it is a normal number or zero, or an exact upward scaling of a subnormal).
-///  * lo = floor(s): s ≥ 0 and s < 16, so truncation to int is floor, and exact.
+///    exact (a normal number or zero, or an exact upward scaling of a subnormal).
+///  * lo = floor(s): 0 ≤ s < 16, so truncation to int is floor, and exact.
 ///  * δ = s − lo is exact (the fractional bits of s).
-///  * (lo + up)·2^q ≤ 2^(e+1): a small integer times a power of two, exact (a < max_finite
-///    ≤ 2^127 after the early return, so e ≤ 126 and nothing overflows); then min.
-/// Values ≥ max_finite return max_finite early: rounding is monotone and max_finite is on
-/// the grid, so the contract's min(…, max_finite) gives the same.
+///  * (lo + up)·2^q: a small integer times a power of two, exact; it is ≤ max_finite ≤ 2^127
+///    (a ≤ max_finite, which is on the grid, and rounding is monotone), so nothing overflows;
+///    the final min is the contract's and is kept for clarity.
+/// The RNE/SR conditions use non-short-circuit operators so the compiler emits no branches.
 inline float round_magnitude_params(float a, int frac_bits, int emin, float max_finite,
                                     Rounding mode, uint8_t r) {
-  const uint32_t bits = std::bit_cast<uint32_t>(a) & 0x7FFFFFFFu;  // |a| (−0 → +0)
-  a = std::bit_cast<float>(bits);
-  if (!(a < max_finite)) return max_finite;  // saturate (also Inf; NaN must be excluded by callers)
-  const int biased = static_cast<int>(bits >> 23);
-  int e = biased - 127;                             // floor(log2 a) for a normal FP32 a
-  if (biased == 0 || e < emin) e = emin;            // subnormal floor (and a == 0)
+  a = std::bit_cast<float>(std::bit_cast<uint32_t>(a) & 0x7FFFFFFFu);  // |a| (−0 → +0)
+  a = a < max_finite ? a : max_finite;                                  // saturate (Inf, NaN too)
+  const int field = static_cast<int>(std::bit_cast<uint32_t>(a) >> 23);
+  const int e = field - 127 > emin ? field - 127 : emin;  // max(floor(log2 a), emin)
   const int q = e - frac_bits;
   const float s = a * pow2f(-q);
   const int loi = static_cast<int>(s);
   const float delta = s - static_cast<float>(loi);
-  bool up;
+  int up;
   if (mode == Rounding::RNE) {
-    up = delta > 0.5f || (delta == 0.5f && (loi & 1));
+    up = static_cast<int>(delta > 0.5f) | (static_cast<int>(delta == 0.5f) & (loi & 1));
   } else {
-    up = delta + sr8_offset(r) >= 1.0f;
+    up = static_cast<int>(delta + sr8_offset(r) >= 1.0f);
   }
-  const float res = static_cast<float>(loi + (up ? 1 : 0)) * pow2f(q);
+  const float res = static_cast<float>(loi + up) * pow2f(q);
   return res < max_finite ? res : max_finite;
 }
 

@@ -98,6 +98,12 @@ Matrix read_matrix(std::istream& in, const std::string& name) {
   return m;
 }
 
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 Rounding parse_rounding(const std::string& s) {
   if (s == "rne") return Rounding::RNE;
   if (s == "sr8") return Rounding::SR8;
@@ -115,13 +121,13 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   spec.block = o.block;
   spec.two_d = o.two_d;
   if (!(o.target > 0.f) || std::isinf(o.target)) {
-    throw UserError("--target must be finite and > 0, got " + std::to_string(o.target));
+    throw UserError("--target must be finite and > 0, got " + num(o.target));
   }
   spec.target = o.target;
   spec.rounding = parse_rounding(o.rounding);
   if (reference_given &&
       (!(o.reference >= 0.0) || std::isinf(o.reference) || o.reference > FLT_MAX)) {
-    throw UserError("--reference must be finite and >= 0, got " + std::to_string(o.reference));
+    throw UserError("--reference must be finite and >= 0, got " + num(o.reference));
   }
 
   Matrix m;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# CLI checks of `fp4train quant`: valid JSON on good input, a non-zero exit with a message
+# naming the problem on bad input. Usage: quant_errors.sh <path-to-fp4train> <source-dir>
+set -u
+BIN="$1"
+fail=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+ok() {  # ok <name> <stdin> <args...>: must exit 0 and print JSON that python3 parses
+  local name="$1" input="$2"; shift 2
+  if ! printf '%b' "$input" | "$BIN" quant "$@" >"$tmp/out" 2>"$tmp/err"; then
+    echo "FAIL [$name]: exit $? ; stderr: $(cat "$tmp/err")"; fail=1; return
+  fi
+  if ! python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/out"; then
+    echo "FAIL [$name]: output is not valid JSON"; fail=1; return
+  fi
+  echo "ok   [$name]"
+}
+
+bad() {  # bad <name> <stdin> <expected message fragment> <args...>: must exit non-zero
+  local name="$1" input="$2" want="$3"; shift 3
+  printf '%b' "$input" | "$BIN" quant "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -eq 0 ]; then echo "FAIL [$name]: exit 0"; fail=1; return; fi
+  if ! grep -qi -- "$want" "$tmp/err"; then
+    echo "FAIL [$name]: stderr lacks '$want': $(cat "$tmp/err")"; fail=1; return
+  fi
+  echo "ok   [$name] (exit $rc: $(head -c 200 "$tmp/err"))"
+}
+
+ok  "good input"            '1 2 3 40\n-0.5 0.25 7 8\n'  --block 4
+ok  "good input, 2d, sr8"   '1 2 3\n4 5 6\n7 8 9\n'      --block 2 --2d --rounding sr8 --seed 7
+ok  "e4m3, reference"       '1 2 3 40\n'                 --scale-format e4m3 --reference 4
+ok  "ue8m0, target 2048"    '1e-3 2e5\n'                 --scale-format ue8m0 --target 2048
+ok  "ue5m3-ptx"             '1e-3 2e5\n'                 --scale-format ue5m3-ptx --reference 1
+ok  "blank lines skipped"   '\n1 2\n\n3 4\n'
+
+# Content checks on one hand-computed case (see test_numerics HandComputed):
+# T = 448, g = 448 → ge = 6; block amax 3 → scale 3 (UE5M3 code 0x84 = 132); x̂ = [3, 1, −.25, .75].
+printf '3 1.25 -0.3 0.7\n' | "$BIN" quant --block 4 --reference 448 >"$tmp/hc" 2>"$tmp/err" || {
+  echo "FAIL [hand-computed]: $(cat "$tmp/err")"; fail=1; }
+python3 - "$tmp/hc" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["rows"] == 1 and j["cols"] == 4, j
+assert j["ge"] == 6.0, j["ge"]
+b = j["blocks"][0]
+assert (b["row"], b["col"], b["amax"], b["scale_code"], b["scale"]) == (0, 0, 3.0, 132, 3.0), b
+e = j["elements"][0]
+assert e["codes"] == [7, 4, 9, 3], e
+assert e["values"] == [3.0, 1.0, -0.25, 0.75], e
+print("ok   [hand-computed content]")
+PY
+
+# Same input from a file argument
+printf '1 2\n3 4\n' >"$tmp/in.txt"
+if "$BIN" quant "$tmp/in.txt" --block 2 | python3 -c 'import json,sys; json.load(sys.stdin)'; then
+  echo "ok   [file argument]"
+else
+  echo "FAIL [file argument]"; fail=1
+fi
+
+bad "non-numeric token"  '1 2\n3 abc\n'  "line 2, column 3"
+bad "ragged rows"        '1 2 3\n4 5\n'  "ragged"
+bad "nan"                '1 nan\n'       "nan"
+bad "inf"                '-inf 1\n'      "inf"
+bad "block -1"           '1 2\n'         "block"        --block -1
+bad "block 0"            '1 2\n'         "block"        --block 0
+bad "empty input"        ''              "empty"
+bad "only blank lines"   '\n  \n'        "empty"
+bad "target 0"           '1 2\n'         "target"       --target 0
+bad "negative reference" '1 2\n'         "reference"    --reference -1
+bad "bad scale format"   '1 2\n'         "ue5m3-ptx"    --scale-format fp8
+bad "bad rounding"       '1 2\n'         "sr8"          --rounding sr
+bad "missing file"       ''              "cannot open"  "$tmp/does-not-exist"
+
+exit $fail
