@@ -16,7 +16,10 @@
 // (MR rows × 16 columns, k ascending, separate multiply and add since the project builds
 // with -ffp-contract=off). The kernel uses GCC vector extensions; it is compiled for AVX-512,
 // AVX2 and baseline x86-64 and picked at run time. Because every lane does the same scalar
-// multiply-then-add sequence, all three variants give bit-identical results.
+// multiply-then-add sequence, all three variants give bit-identical results, and they match
+// the plain scalar twin in attention_ref.cpp (detail::attention_*_ref) bit for bit
+// (tests/test_attention_twin.cpp). Sums over the causal range never include the masked
+// zeros above the diagonal (see Tri below), so the zero padding cannot change a bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -59,13 +62,25 @@ struct Vec<4> {
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// C[r, 0:16] = Σ_{k=k0}^{k1−1} A(r, k) · B[k, 0:16] for r < kMR, k ascending, where
-// A(r, k) = A[r·sr + k·sk] (sr/sk select A or Aᵀ) and B rows have stride ldb.
-// Accumulators are kMR × (16 / VW) native vectors of VW lanes.
-template <int VW>
+// Which k each micro-kernel row r sums over (diag is the block's first row index):
+//   kFull:  k0 ≤ k < k1                        (S = Q Kᵀ, dP = dO Vᵀ)
+//   kLower: k0 ≤ k < k1 and k ≤ diag + r       (O = P V, dQ = dS K: j ≤ i)
+//   kUpper: k0 ≤ k < k1 and k ≥ diag + r       (dK = dSᵀ Q, dV = Pᵀ dO: i ≥ j)
+// The triangular modes skip the masked terms instead of multiplying the zeros stored above
+// the diagonal. For finite inputs that changes no bit (an accumulator that starts at +0 is
+// never −0, so adding 0·x = ±0 leaves it unchanged), but 0·inf = NaN would leak a
+// non-finite value from token j into rows i < j; skipping keeps the kernel causal for any
+// input and makes it a plain causal sum, as in the scalar twin (attention_ref.cpp).
+enum Tri { kFull, kLower, kUpper };
+
+// C[r, 0:16] = Σ_k A(r, k) · B[k, 0:16] for r < kMR, k ascending over the range selected by
+// Tri (above), where A(r, k) = A[r·sr + k·sk] (sr/sk select A or Aᵀ) and B rows have stride
+// ldb. Accumulators are kMR × (16 / VW) native vectors of VW lanes, starting at +0.
+// kLower needs k0 ≤ diag < k1 ≤ diag + kMR; kUpper needs k0 == diag.
+template <int VW, int Tri = kFull>
 [[gnu::always_inline]] inline void micro(int64_t k0, int64_t k1, const float* A, int64_t sr,
                                          int64_t sk, const float* B, int64_t ldb, float* C,
-                                         int64_t ldc) {
+                                         int64_t ldc, int64_t diag = 0) {
   typedef typename Vec<VW>::type V;
   typedef typename Vec<VW>::unaligned U;  // for loads/stores straight from float arrays
   constexpr int NV = kNR / VW;
@@ -74,7 +89,35 @@ template <int VW>
   for (int r = 0; r < kMR; ++r)
 #pragma GCC unroll 4
     for (int n = 0; n < NV; ++n) acc[r][n] = V{};
-  for (int64_t k = k0; k < k1; ++k) {
+  // Triangular head (kUpper) / tail (kLower): steps k = diag + t, t < kMR, k < k1, where
+  // row r takes part iff r ≥ t (kLower) or r ≤ t (kUpper). Fully unrolled, so the row masks
+  // are compile-time constants.
+  auto tri_steps = [&]() __attribute__((always_inline)) {
+#pragma GCC unroll 16
+    for (int t = 0; t < kMR; ++t) {
+      const int64_t k = diag + t;
+      if (k >= k1) break;
+      V b[NV];
+#pragma GCC unroll 4
+      for (int n = 0; n < NV; ++n) b[n] = *reinterpret_cast<const U*>(B + k * ldb + n * VW);
+      const float* a = A + k * sk;
+#pragma GCC unroll 16
+      for (int r = 0; r < kMR; ++r) {
+        if (Tri == kLower ? r < t : r > t) continue;
+        const float ar = a[r * sr];
+#pragma GCC unroll 4
+        for (int n = 0; n < NV; ++n) acc[r][n] += ar * b[n];
+      }
+    }
+  };
+  int64_t kmain0 = k0, kmain1 = k1;
+  if constexpr (Tri == kUpper) {
+    tri_steps();
+    kmain0 = std::min(k1, diag + kMR);
+  } else if constexpr (Tri == kLower) {
+    kmain1 = diag;
+  }
+  for (int64_t k = kmain0; k < kmain1; ++k) {
     V b[NV];
 #pragma GCC unroll 4
     for (int n = 0; n < NV; ++n) b[n] = *reinterpret_cast<const U*>(B + k * ldb + n * VW);
@@ -86,6 +129,7 @@ template <int VW>
       for (int n = 0; n < NV; ++n) acc[r][n] += ar * b[n];
     }
   }
+  if constexpr (Tri == kLower) tri_steps();
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r)
 #pragma GCC unroll 4
@@ -169,7 +213,7 @@ template <int VW>
   for (int64_t i0 = 0; i0 < T; i0 += kMR) {
     const int64_t k1 = std::min(i0 + kMR, T);
     for (int64_t n0 = 0; n0 < d.hd; n0 += kNR) {
-      micro<VW>(0, k1, S + i0 * Tp, Tp, 1, V + n0, hdp, tile, kNR);
+      micro<VW, kLower>(0, k1, S + i0 * Tp, Tp, 1, V + n0, hdp, tile, kNR, i0);
       for (int64_t r = 0; r < kMR && i0 + r < T; ++r)
         for (int64_t c = 0; c < kNR && n0 + c < d.hd; ++c)
           out[(i0 + r) * d.C + n0 + c] = tile[r * kNR + c];
@@ -229,7 +273,7 @@ template <int VW>
   for (int64_t i0 = 0; i0 < T; i0 += kMR) {
     const int64_t k1 = std::min(i0 + kMR, T);
     for (int64_t n0 = 0; n0 < d.hd; n0 += kNR) {
-      micro<VW>(0, k1, D + i0 * Tp, Tp, 1, K + n0, hdp, tile, kNR);
+      micro<VW, kLower>(0, k1, D + i0 * Tp, Tp, 1, K + n0, hdp, tile, kNR, i0);
       for (int64_t r = 0; r < kMR && i0 + r < T; ++r)
         for (int64_t c = 0; c < kNR && n0 + c < d.hd; ++c)
           dq[(i0 + r) * d.C + n0 + c] += tile[r * kNR + c];
@@ -238,11 +282,11 @@ template <int VW>
   // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only (A read transposed: sr = 1).
   for (int64_t j0 = 0; j0 < T; j0 += kMR) {
     for (int64_t n0 = 0; n0 < d.hd; n0 += kNR) {
-      micro<VW>(j0, T, D + j0, 1, Tp, Q + n0, hdp, tile, kNR);
+      micro<VW, kUpper>(j0, T, D + j0, 1, Tp, Q + n0, hdp, tile, kNR, j0);
       for (int64_t r = 0; r < kMR && j0 + r < T; ++r)
         for (int64_t c = 0; c < kNR && n0 + c < d.hd; ++c)
           dk[(j0 + r) * d.C + n0 + c] += tile[r * kNR + c];
-      micro<VW>(j0, T, P + j0, 1, Tp, dO + n0, hdp, tile, kNR);
+      micro<VW, kUpper>(j0, T, P + j0, 1, Tp, dO + n0, hdp, tile, kNR, j0);
       for (int64_t r = 0; r < kMR && j0 + r < T; ++r)
         for (int64_t c = 0; c < kNR && n0 + c < d.hd; ++c)
           dv[(j0 + r) * d.C + n0 + c] += tile[r * kNR + c];
@@ -279,17 +323,17 @@ Isa detect_isa() {
   if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
   return Isa::kBase;
 }
+// The variant in use: the best the CPU supports, unless a test forced another one.
+Isa g_isa = detect_isa();
 FwdFn pick_forward() {
-  static const Isa isa = detect_isa();
-  return isa == Isa::kAvx512 ? head_forward_avx512
-         : isa == Isa::kAvx2 ? head_forward_avx2
-                             : head_forward_base;
+  return g_isa == Isa::kAvx512 ? head_forward_avx512
+         : g_isa == Isa::kAvx2 ? head_forward_avx2
+                               : head_forward_base;
 }
 BwdFn pick_backward() {
-  static const Isa isa = detect_isa();
-  return isa == Isa::kAvx512 ? head_backward_avx512
-         : isa == Isa::kAvx2 ? head_backward_avx2
-                             : head_backward_base;
+  return g_isa == Isa::kAvx512 ? head_backward_avx512
+         : g_isa == Isa::kAvx2 ? head_backward_avx2
+                               : head_backward_base;
 }
 
 struct AlignedFree {
@@ -353,5 +397,22 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
     }
   }
 }
+
+namespace detail {
+bool set_attention_isa(AttentionIsa isa) {
+  const Isa best = detect_isa();
+  Isa want = best;
+  switch (isa) {
+    case AttentionIsa::kAuto: want = best; break;
+    case AttentionIsa::kAvx512: want = Isa::kAvx512; break;
+    case AttentionIsa::kAvx2: want = Isa::kAvx2; break;
+    case AttentionIsa::kScalarTwin: want = Isa::kBase; break;
+  }
+  const bool ok = want == Isa::kBase || (want == Isa::kAvx2 && best != Isa::kBase) ||
+                  (want == Isa::kAvx512 && best == Isa::kAvx512);
+  if (ok) g_isa = want;
+  return ok;
+}
+}  // namespace detail
 
 }  // namespace fp4::nn

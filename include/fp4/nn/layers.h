@@ -61,4 +61,37 @@ double cross_entropy_forward(float* losses, const float* logits, const int32_t* 
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             int64_t BT, int64_t V, float scale);
 
+namespace detail {
+/// Attention micro-kernel variants. kScalarTwin is the baseline x86-64 build of the same
+/// kernel (4-lane SSE2 vectors, same per-lane multiply-then-add order) that the AVX2 and
+/// AVX-512 builds must match bit for bit.
+enum class AttentionIsa { kAuto, kAvx512, kAvx2, kScalarTwin };
+/// For tests and benchmarks: force a variant (not thread-safe; call between layer calls).
+/// Returns false, changing nothing, if this CPU cannot run it.
+bool set_attention_isa(AttentionIsa isa);
+
+/// Plain scalar reference twin of attention_forward (same contract and exceptions): one
+/// (b, h, i) row at a time, no vectors, no threads, no padding. It performs exactly the
+/// FP32 operations of the vector kernels in the same order, so every variant must match it
+/// bit for bit:
+///   s[j] = (Σ_{c=0}^{hd−1} q_i[c]·k_j[c]) · (1/sqrt(hd))  (sum from +0, c ascending,
+///          separate multiply and add), j ≤ i;
+///   m = max_j s[j] (std::max, j ascending, from −inf); e[j] = exp(s[j] − m);
+///   sum = Σ_j e[j] (from +0, j ascending); p[j] = e[j] · (1/sum);
+///   out_i[c] = Σ_{j=0}^{i} p[j]·v_j[c] (from +0, j ascending). att is 0 above the diagonal.
+void attention_forward_ref(float* out, float* att, const float* q, const float* k,
+                           const float* v, int64_t B, int64_t T, int64_t C, int64_t H);
+/// Plain scalar reference twin of attention_backward (same contract: accumulates into dq,
+/// dk, dv, overwrites scratch). Per row i: dp[j] = Σ_c dout_i[c]·v_j[c] (from +0, c
+/// ascending); dot = Σ_{j≤i} p[j]·dp[j] (from +0, j ascending); ds[j] = p[j]·(dp[j] − dot)
+/// · (1/sqrt(hd)). Then, each sum from +0 with its index ascending and added once to the
+/// gradient: dq_i += Σ_{j=0}^{i} ds[i,j]·k_j, dk_j += Σ_{i=j}^{T−1} ds[i,j]·q_i,
+/// dv_j += Σ_{i=j}^{T−1} p[i,j]·dout_i.
+void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
+                            const float* dout, const float* q, const float* k,
+                            const float* v, const float* att, int64_t B, int64_t T, int64_t C,
+                            int64_t H);
+}  // namespace detail
+
 }  // namespace fp4::nn
+
