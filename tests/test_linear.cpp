@@ -231,3 +231,47 @@ TEST(Linear, HeldReferenceRefreshesEvery50StepsInsideTheLayer) {
   EXPECT_EQ(lin.reference(nn::Role::X).last_refresh(), 101);
 }
 }  // namespace
+
+namespace {
+TEST(Linear, HeldReferencesFeedAllThreeGemmsAtAHoldStep) {
+  // D = 50: at step 2 every GEMM must use the step-1 amax of X, W and dY, although all three
+  // tensors have grown; wgrad's Xᵀ shares the fprop reference and dYᵀ the dgrad reference.
+  const int64_t M = 32, K = 24, N = 20;
+  const Recipe r = fp4_recipe(ScaleFormat::UE5M3, false, true, 50);
+  auto X1 = randn(M * K, 21), W = randn(N * K, 22, 0.1f), dY1 = randn(M * N, 23, 1e-3f);
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(3, K, N, LinearMode::FP4, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  ctx.seed = 5;
+  ctx.step = 1;
+  lin.forward(X1.data(), Y.data(), M, ctx);
+  lin.backward(dY1.data(), dX.data(), M, ctx);
+  const float gx = amax(X1), gw0 = amax(W), gdy = amax(dY1);
+
+  auto X2 = X1, dY2 = dY1;
+  for (auto& x : X2) x *= 3.f;
+  for (auto& x : dY2) x *= 5.f;
+  for (auto& w : W) w *= 2.f;
+  std::fill(dW.begin(), dW.end(), 0.f);
+  std::fill(dX.begin(), dX.end(), 0.f);
+  ctx.step = 2;
+  lin.forward(X2.data(), Y.data(), M, ctx);
+  lin.backward(dY2.data(), dX.data(), M, ctx);
+  EXPECT_EQ(lin.refs().g_x, gx);
+  EXPECT_EQ(lin.refs().g_w, gw0);
+  EXPECT_EQ(lin.refs().g_dy, gdy);
+
+  std::vector<double> ref, mag;
+  const auto Xq = qdq(X2, M, K, r.spec_x(), gx, nullptr);
+  const auto Wq = qdq(W, N, K, r.spec_w(), gw0, nullptr);
+  matmul_nt(Xq, Wq, M, N, K, ref, mag);
+  expect_close(Y, ref, mag, "fprop at hold step");
+  const SrKey kd{5, 2, 3, 2, 1}, kw{5, 2, 3, 2, 2};
+  matmul_nt(qdq(dY2, M, N, r.spec_dy(), gdy, &kd), transpose(Wq, N, K), M, K, N, ref, mag);
+  expect_close(dX, ref, mag, "dgrad at hold step");
+  matmul_nt(qdq(transpose(dY2, M, N), N, M, r.spec_dy(), gdy, &kw),
+            qdq(transpose(X2, M, K), K, M, r.spec_x(), gx, nullptr), N, K, M, ref, mag);
+  expect_close(dW, ref, mag, "wgrad at hold step");
+}
+}  // namespace

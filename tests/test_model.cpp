@@ -11,6 +11,7 @@
 #include <functional>
 #include <fstream>
 #include <random>
+#include <unistd.h>
 
 #include "fp4/config.h"
 #include "fp4/error.h"
@@ -156,8 +157,15 @@ TEST(Optim, AdamWFirstStepMovesByLrTimesSign) {
 }
 
 // ---- configs and recipes ----
+// A per-process scratch directory, removed at exit.
+struct ScratchDir {
+  fs::path dir = fs::temp_directory_path() / ("fp4test_model_" + std::to_string(::getpid()));
+  ScratchDir() { fs::create_directories(dir); }
+  ~ScratchDir() { std::error_code ec; fs::remove_all(dir, ec); }
+};
+ScratchDir g_scratch;
 fs::path write_tmp(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / ("fp4test_" + name);
+  const fs::path p = g_scratch.dir / name;
   std::ofstream(p) << text;
   return p;
 }
@@ -181,11 +189,22 @@ TEST(Recipes, ShippedRecipesParseWithTheirTableValues) {
   EXPECT_TRUE(u.weight_2d);
   EXPECT_EQ(u.round_dy, Rounding::SR8);
   EXPECT_EQ(u.round_x, Rounding::RNE);
+  EXPECT_EQ(u.scale_target, 448.f);
+  EXPECT_EQ(u.round_w, Rounding::RNE);
+  EXPECT_EQ(u.element_format, "e2m1");
+  EXPECT_EQ(u.gemm, "decoded");
   for (int b = 0; b < 4; ++b) EXPECT_EQ(u.block_mode(b, 4), LinearMode::FP4);
   const Recipe n = load_recipe("nvfp4-te", dir);
   EXPECT_EQ(n.scale_format, ScaleFormat::E4M3);
   EXPECT_EQ(n.amax_interval, 1);
   EXPECT_TRUE(n.rht_wgrad);
+  EXPECT_TRUE(n.weight_2d);
+  EXPECT_EQ(n.block, 16);
+  EXPECT_EQ(n.scale_target, 448.f);
+  EXPECT_EQ(n.round_x, Rounding::RNE);
+  EXPECT_EQ(n.round_w, Rounding::RNE);
+  EXPECT_EQ(n.round_dy, Rounding::SR8);
+  EXPECT_EQ(n.high_precision_mode, LinearMode::BF16);
   EXPECT_EQ(n.block_mode(3, 4), LinearMode::BF16);  // final ~15% of 4 blocks = 1
   EXPECT_EQ(n.block_mode(2, 4), LinearMode::FP4);
   EXPECT_EQ(n.block_mode(30, 32), LinearMode::BF16);  // round(4.8) = 5 of 32
@@ -198,6 +217,7 @@ TEST(Recipes, ShippedRecipesParseWithTheirTableValues) {
   EXPECT_EQ(n2.scale_format, n.scale_format);
   EXPECT_EQ(n2.final_blocks_fraction, n.final_blocks_fraction);
   EXPECT_EQ(n2.rht_wgrad, n.rht_wgrad);
+  EXPECT_EQ(n2.description, n.description);
 }
 
 TEST(Recipes, BadRecipesNameTheProblem) {
@@ -240,5 +260,20 @@ TEST(Config, TinyConfigAndErrors) {
   const RunConfig c2 = load_run_config(write_tmp("j.toml", run_config_to_toml(c)));
   EXPECT_EQ(c2.train.lr, c.train.lr);
   EXPECT_EQ(c2.model.norm_eps, c.model.norm_eps);
+}
+}  // namespace
+
+namespace {
+TEST(Model, NanReachingAQuantizerIsANonFiniteError) {
+  // The trainer turns this typed error into "the run diverged at step N".
+  const Recipe r = load_recipe("ue5m3-b16", fs::path(FP4_SOURCE_DIR) / "configs/recipes");
+  const ModelConfig mc = tiny_model("squared_relu");
+  nn::Model model(mc, r, 1, 4);
+  model.init(1);
+  std::vector<int32_t> in = {1, 2, 3, 4}, tg = {2, 3, 4, 5};
+  for (const auto& p : model.param_infos())
+    if (p.name == "blocks.0.attn.q") model.params()[p.offset] = std::nanf("");
+  nn::StepContext ctx;
+  EXPECT_THROW(model.forward(in.data(), tg.data(), 1, ctx), NonFiniteError);
 }
 }  // namespace

@@ -42,6 +42,10 @@ class AdamW {
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize);
 
+/// Check that a recipe can run on a config (high_precision.blocks inside the model; tokens
+/// per step a multiple of 16 when the RHT is used). Throws fp4::UserError naming the keys.
+void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
+
 struct TrainOptions {
   std::filesystem::path out_dir;   ///< run directory (created; must not hold a previous run)
   std::string config_name = "run";

@@ -1,5 +1,7 @@
 // `fp4train train`: pretrain one model with one recipe and print a summary.
+#include <cstdint>
 #include <cstdio>
+#include <new>
 #include <filesystem>
 #include <memory>
 
@@ -16,25 +18,40 @@ struct TrainArgs {
   std::string config = "configs/tiny.toml";
   std::string recipe = "ue5m3-b16";
   int steps = 0;
-  int64_t seed = -1;
+  uint64_t seed = 0;
+  bool seed_given = false;
   std::string data, out;
   bool quiet = false;
 };
 
 void run_train(const TrainArgs& a) {
-  RunConfig cfg = load_run_config(resolve(a.config));
+  const fs::path config_file = resolve(a.config);
+  RunConfig cfg = load_run_config(config_file);
+  const RunConfig file_cfg = cfg;
   if (a.steps > 0) cfg.train.steps = a.steps;
-  if (a.seed >= 0) cfg.train.seed = static_cast<uint64_t>(a.seed);
+  if (a.seed_given) cfg.train.seed = a.seed;
   if (!a.data.empty()) cfg.data.path = a.data;
-  if (cfg.train.warmup_steps >= cfg.train.steps)
-    cfg.train.warmup_steps = std::max(0, cfg.train.steps / 10);
+  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
+    cfg.train.warmup_steps = cfg.train.steps / 10;
+    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
+                cfg.train.steps, file_cfg.train.warmup_steps, cfg.train.warmup_steps);
+  }
   validate(cfg, a.config);
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
+  check_recipe_fits(recipe, cfg);
 
-  fs::path data_path = a.data.empty() ? resolve(cfg.data.path) : fs::path(cfg.data.path);
+  // data.path from a config: relative to the working directory, else to the config file's
+  // directory, else to the source tree (for the default corpus); --data: as given.
+  fs::path data_path = cfg.data.path;
+  if (a.data.empty() && data_path.is_relative() && !fs::exists(data_path)) {
+    const fs::path beside = config_file.parent_path() / data_path;
+    data_path = fs::exists(beside) ? beside : resolve(cfg.data.path);
+  }
   if (!fs::exists(data_path)) {
-    std::string hint = a.data.empty() ? " (the default Brown corpus: run scripts/setup first)" : "";
-    throw UserError("data path " + data_path.string() + " does not exist" + hint);
+    const bool is_default = a.data.empty() && cfg.data.path == DataConfig{}.path;
+    throw UserError("data path " + data_path.string() + " does not exist" +
+                    (is_default ? " (the default Brown corpus: run scripts/setup first)"
+                                : a.data.empty() ? " (data.path in " + a.config + ")" : ""));
   }
   const std::string cfg_name = fs::path(a.config).stem().string();
   fs::path out;
@@ -96,15 +113,25 @@ void register_train(CLI::App& app) {
   c->add_option("--recipe", a->recipe,
                 "Recipe name in configs/recipes/ (fp32, bf16, ue5m3-b16, nvfp4-te) or a .toml path")
       ->capture_default_str();
-  c->add_option("--steps", a->steps, "Override train.steps")->check(CLI::PositiveNumber);
-  c->add_option("--seed", a->seed, "Override train.seed (init, batches, SR bits)")
-      ->check(CLI::NonNegativeNumber);
+  c->add_option("--steps", a->steps, "Override train.steps")->check(CLI::Range(1, 1 << 30));
+  c->add_option_function<uint64_t>(
+      "--seed", [a](const uint64_t& s) { a->seed = s, a->seed_given = true; },
+      "Override train.seed (init, batches, SR bits), 0 .. 2^63-1")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}));
   c->add_option("--data", a->data,
                 "UTF-8 text file or directory instead of the config's data.path (default: the "
                 "Brown corpus installed by scripts/setup)");
   c->add_option("--out", a->out, "Run directory (default runs/<config>-<recipe>-s<seed>[-N])");
   c->add_flag("--quiet", a->quiet, "No progress lines, only the summary");
-  c->callback([a] { run_train(*a); });
+  c->callback([a] {
+    try {
+      run_train(*a);
+    } catch (const std::bad_alloc&) {
+      throw UserError(
+          "out of memory allocating the model, optimizer state and activations; reduce "
+          "model size, train.batch_size or train.seq_len in " + a->config);
+    }
+  });
 }
 
 }  // namespace fp4::cli

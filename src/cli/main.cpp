@@ -1,6 +1,7 @@
 // fp4train: pretrain language models with FP4 block-scaled linear layers and compare recipes.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 #include "fp4/error.h"
@@ -12,6 +13,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   fp4::cli::register_train(app);
   fp4::cli::register_quant(app);
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    bool known = false;
+    std::string names;
+    for (auto* s : app.get_subcommands({})) {
+      known |= s->get_name() == cmd;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "fp4train: error: unknown command '%s' (commands: %s; see --help)\n",
+                   cmd.c_str(), names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

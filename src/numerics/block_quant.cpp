@@ -12,6 +12,8 @@
 // representable in UE8M0 (code 127), so no other fallback is needed there.
 #include "fp4/block_quant.h"
 
+#include "fp4/error.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -96,7 +98,7 @@ constexpr uint32_t kMaxFiniteBits = 0x7F7FFFFFu;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
                 static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
-  throw std::invalid_argument(buf);
+  throw NonFiniteError(buf);
 }
 
 void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,

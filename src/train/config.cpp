@@ -75,7 +75,8 @@ std::string run_config_to_toml(const RunConfig& c) {
     << "\ndecay_fraction = " << t.decay_fraction << "\nmin_lr_ratio = " << t.min_lr_ratio
     << "\nweight_decay = " << t.weight_decay << "\nbeta1 = " << t.beta1 << "\nbeta2 = " << t.beta2
     << "\neps = " << t.eps << "\ngrad_clip = " << t.grad_clip << "\nseed = " << t.seed << "\n\n";
-  o << "[data]\npath = \"" << c.data.path << "\"\ncache = \"" << c.data.cache << "\"\n\n";
+  o << "[data]\npath = " << detail::toml_quote(c.data.path)
+    << "\ncache = " << detail::toml_quote(c.data.cache) << "\n\n";
   o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";
   o << "[log]\nprogress_seconds = " << c.progress_seconds << "\n";
   return o.str();

@@ -120,7 +120,8 @@ Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path&
 std::string recipe_to_toml(const Recipe& r) {
   std::ostringstream o;
   o.precision(10);
-  o << "name = \"" << r.name << "\"\n";
+  o << "name = " << detail::toml_quote(r.name) << "\n";
+  o << "description = " << detail::toml_quote(r.description) << "\n";
   o << "[linear]\nmode = \"" << linear_mode_name(r.mode) << "\"\ngemm = \"" << r.gemm << "\"\n";
   o << "[fp4]\nelement_format = \"" << r.element_format << "\"\nscale_format = \""
     << scale_format_name(r.scale_format) << "\"\nblock = " << r.block

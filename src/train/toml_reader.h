@@ -4,6 +4,8 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -14,10 +16,31 @@
 
 namespace fp4::detail {
 
+/// A TOML basic string literal for `s` (quotes, backslashes and control characters escaped).
+inline std::string toml_quote(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
 class TomlReader {
  public:
   explicit TomlReader(const std::filesystem::path& file) : file_(file.string()) {
     if (!std::filesystem::exists(file)) throw UserError(file_ + ": file not found");
+    if (!std::filesystem::is_regular_file(file))
+      throw UserError(file_ + ": not a regular file (expected a TOML file)");
+    if (std::filesystem::file_size(file) == 0) throw UserError(file_ + ": empty file");
     try {
       tbl_ = toml::parse_file(file_);
     } catch (const toml::parse_error& e) {
@@ -40,7 +63,13 @@ class TomlReader {
       out = *node.value<bool>();
     } else if constexpr (std::is_integral_v<T>) {
       if (!node.is_integer()) fail(key, "an integer");
-      out = static_cast<T>(*node.value<int64_t>());
+      const int64_t v = *node.value<int64_t>();
+      if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          (std::numeric_limits<T>::max() < std::numeric_limits<int64_t>::max() &&
+           v > static_cast<int64_t>(std::numeric_limits<T>::max())))
+        fail(key, "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                      std::to_string(std::numeric_limits<T>::max()) + "], got " + std::to_string(v));
+      out = static_cast<T>(v);
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!node.is_number()) fail(key, "a number");
       out = static_cast<T>(*node.value<double>());

@@ -1,6 +1,7 @@
 // The training loop: batches → forward → loss → backward → clip → AdamW, with progress
 // lines, metrics.jsonl, periodic held-out evaluation and a final summary.
 #include <chrono>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -41,6 +42,23 @@ std::string fmt_duration(double s) {
 }
 }  // namespace
 
+void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
+  const int L = cfg.model.n_layers;
+  for (int b : recipe.blocks)
+    if (b >= L)
+      throw UserError("recipe " + recipe.name + ": high_precision.blocks holds block " +
+                      std::to_string(b) + " but the model has " + std::to_string(L) +
+                      " blocks (0.." + std::to_string(L - 1) + ")");
+  bool fp4_rht = false;
+  for (int b = 0; b < L; ++b)
+    fp4_rht |= recipe.rht_wgrad && recipe.block_mode(b, L) == LinearMode::FP4;
+  const int64_t tokens = int64_t(cfg.train.batch_size) * cfg.train.seq_len;
+  if (fp4_rht && tokens % 16 != 0)
+    throw UserError("recipe " + recipe.name + " applies the 16-point RHT along tokens: " +
+                    "train.batch_size × train.seq_len = " + std::to_string(tokens) +
+                    " must be a multiple of 16");
+}
+
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize) {
   if (starts.empty()) throw UserError("held-out split has fewer than seq_len + 1 tokens");
@@ -67,21 +85,27 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                    const TrainOptions& opt) {
   using clock = std::chrono::steady_clock;
   const auto& tc = cfg.train;
+  // Everything that can be checked is checked before a file is written.
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab (" + std::to_string(data.vocab_size) +
                     ") exceeds model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ")");
+  check_recipe_fits(recipe, cfg);
+  const auto eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
+                                           cfg.eval.windows);
+  if (eval_starts.empty())
+    throw UserError("the held-out split has " + std::to_string(data.heldout.size()) +
+                    " tokens, fewer than train.seq_len + 1 = " + std::to_string(tc.seq_len + 1) +
+                    "; use more held-out text or a shorter seq_len");
+  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
+  model.init(tc.seed);
+  AdamW opt_state(model.num_params(), tc);
+  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
+
   fs::create_directories(opt.out_dir);
   write_atomic(opt.out_dir / "config.toml", run_config_to_toml(cfg));
   write_atomic(opt.out_dir / "recipe.toml", recipe_to_toml(recipe));
   std::ofstream metrics(opt.out_dir / "metrics.jsonl", std::ios::trunc);
   if (!metrics) throw UserError("cannot write " + (opt.out_dir / "metrics.jsonl").string());
-
-  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
-  model.init(tc.seed);
-  AdamW opt_state(model.num_params(), tc);
-  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
-  const auto eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
-                                           cfg.eval.windows);
   std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
 
@@ -108,11 +132,20 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
   auto last_print = clock::now();
   const auto t_start = clock::now();
 
+  // A NaN/Inf met inside an evaluation (e.g. a quantized forward overflowing in a diverging
+  // run) makes that NLL NaN (JSON null) instead of stopping the run; training itself stops
+  // on its own non-finite checks.
+  auto safe_nll = [&](bool quantize) {
+    try {
+      return heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, quantize);
+    } catch (const NonFiniteError&) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+  };
   auto evaluate = [&](int step, json& rec) {
-    const double nll = heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, false);
+    const double nll = safe_nll(false);
     double nllq = nll;
-    if (recipe.mode != LinearMode::FP32)
-      nllq = heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, true);
+    if (recipe.mode != LinearMode::FP32) nllq = safe_nll(true);
     rec["val_nll"] = nll;
     rec["val_nll_quant"] = nllq;
     char b[160];
@@ -129,28 +162,28 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     nn::StepContext ctx;
     ctx.step = step;
     ctx.seed = tc.seed;
-    model.zero_grad();
-    const double loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
-    if (!std::isfinite(loss)) {
-      const std::string msg = "non-finite training loss (" + std::to_string(loss) + ") at step " +
-                              std::to_string(step) + " with recipe " + recipe.name +
-                              "; the run diverged. Metrics up to step " +
+    // A diverged run stops with the step named; metrics so far are kept, no summary written.
+    auto diverged = [&](const std::string& what) {
+      const std::string msg = what + " at step " + std::to_string(step) + " with recipe " +
+                              recipe.name + "; the run diverged. Metrics up to step " +
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
       write_atomic(opt.out_dir / "error.txt", msg + "\n");
       throw UserError(msg);
+    };
+    model.zero_grad();
+    double loss = 0;
+    try {
+      loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
+      if (!std::isfinite(loss)) diverged("non-finite training loss (" + std::to_string(loss) + ")");
+      model.backward(ctx);
+    } catch (const NonFiniteError& e) {
+      // A quantizer met NaN/Inf activations or gradients before the loss showed it.
+      diverged(std::string("non-finite tensor (") + e.what() + ")");
     }
-    model.backward(ctx);
     const double gnorm = clip_grad_norm(model.grads().data(), model.num_params(), tc.grad_clip);
     const double lr = wsd_lr(tc, step);
-    if (!std::isfinite(gnorm)) {
-      const std::string msg = "non-finite gradient norm at step " + std::to_string(step) +
-                              " with recipe " + recipe.name + "; the run diverged. Metrics up to step " +
-                              std::to_string(step - 1) + " are in " +
-                              (opt.out_dir / "metrics.jsonl").string();
-      write_atomic(opt.out_dir / "error.txt", msg + "\n");
-      throw UserError(msg);
-    }
+    if (!std::isfinite(gnorm)) diverged("non-finite gradient norm");
     opt_state.step(model.params().data(), model.grads().data(), model.param_infos(), lr, step);
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += dt;
@@ -166,11 +199,6 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                 {"grad_norm", gnorm},
                 {"tokens_per_s", tokens_per_step / dt},
                 {"step_ms", dt * 1e3}};
-    const bool do_eval = step % cfg.eval.interval == 0 || step == tc.steps;
-    if (do_eval) evaluate(step, rec);
-    metrics << rec.dump() << "\n";
-    metrics.flush();
-
     const double since = std::chrono::duration<double>(clock::now() - last_print).count();
     if (since >= cfg.progress_seconds || step == 1 || step == tc.steps) {
       const double tps = window_tokens / std::max(window_seconds, 1e-9);
@@ -185,6 +213,9 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
       window_seconds = 0;
       window_tokens = 0;
     }
+    if (step % cfg.eval.interval == 0 || step == tc.steps) evaluate(step, rec);
+    metrics << rec.dump() << "\n";
+    metrics.flush();
   }
 
   const int n = tc.steps, w = std::max(1, n / 10);
