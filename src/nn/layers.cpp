@@ -143,11 +143,17 @@ void rope_table(std::vector<float>& cs, std::vector<float>& sn, int64_t T, int64
 }
 }  // namespace
 
-// (x0, x1) ← (x0 cos − x1 sin, x0 sin + x1 cos)
-void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta) {
-  check_rope(hd, "rope_forward");
+namespace {
+// Rotate every pair (x0, x1) by +angle (forward) or −angle (backward, the transpose):
+// (x0, x1) ← (x0 cos − x1 sin', x0 sin' + x1 cos) with sin' = ±sin. Negating sin is exact,
+// so backward equals (d0 cos + d1 sin, d1 cos − d0 sin) bit for bit.
+void rope_rotate(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta,
+                 bool inverse, const char* fn) {
+  check_rope(hd, fn);
   std::vector<float> cs, sn;
   rope_table(cs, sn, T, hd, theta);
+  if (inverse)
+    for (float& v : sn) v = -v;
   const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static) if (B * T * H * hd >= kParallelMin)
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -164,27 +170,14 @@ void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float t
     }
   }
 }
+}  // namespace
 
-// Transposed rotation: (d0, d1) ← (d0 cos + d1 sin, −d0 sin + d1 cos)
+void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta) {
+  rope_rotate(x, B, T, H, hd, theta, false, "rope_forward");
+}
+
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta) {
-  check_rope(hd, "rope_backward");
-  std::vector<float> cs, sn;
-  rope_table(cs, sn, T, hd, theta);
-  const int64_t half = hd / 2;
-#pragma omp parallel for schedule(static) if (B * T * H * hd >= kParallelMin)
-  for (int64_t bt = 0; bt < B * T; ++bt) {
-    const int64_t t = bt % T;
-    const float* c = cs.data() + t * half;
-    const float* s = sn.data() + t * half;
-    for (int64_t h = 0; h < H; ++h) {
-      float* p = dx + (bt * H + h) * hd;
-      for (int64_t i = 0; i < half; ++i) {
-        const float d0 = p[2 * i], d1 = p[2 * i + 1];
-        p[2 * i] = d0 * c[i] + d1 * s[i];
-        p[2 * i + 1] = d1 * c[i] - d0 * s[i];
-      }
-    }
-  }
+  rope_rotate(dx, B, T, H, hd, theta, true, "rope_backward");
 }
 
 // ---------------------------------------------------------------- squared ReLU

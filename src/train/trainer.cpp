@@ -148,9 +148,14 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     if (recipe.mode != LinearMode::FP32) nllq = safe_nll(true);
     rec["val_nll"] = nll;
     rec["val_nll_quant"] = nllq;
-    char b[160];
-    std::snprintf(b, sizeof b, "eval step %d | held-out NLL %.4f (FP32 inference) | %.4f (%s inference, current scaling)",
-                  step, nll, nllq, recipe.name.c_str());
+    char b[200];
+    if (recipe.mode == LinearMode::FP32)
+      std::snprintf(b, sizeof b, "eval step %d | held-out NLL %.4f", step, nll);
+    else
+      std::snprintf(b, sizeof b,
+                    "eval step %d | held-out NLL %.4f (FP32 inference) | %.4f (%s inference, "
+                    "current scaling)",
+                    step, nll, nllq, recipe.name.c_str());
     log(b);
     sum.heldout_nll = nll;
     sum.heldout_nll_quant = nllq;
