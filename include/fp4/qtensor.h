@@ -1,0 +1,58 @@
+// Packed FP4 tensors: two E2M1 codes per byte (even element in the low nibble), one 8-bit
+// scale code per block, one FP32 tensor decode scale; saved as safetensors so Python tools
+// can open them. Storage is 4.5 bits per element for block 16 (plus 4 bytes per tensor).
+// Contract: NUMERICS.md "Formats" (packing) and "Quantizing one operand" (x̂ = q · c_b · gd).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fp4/block_quant.h"
+
+namespace fp4 {
+
+struct QTensor {
+  int64_t rows = 0, cols = 0;   ///< logical shape [rows, cols], row-major
+  int block = 16;               ///< block length (1-D along cols) or tile side (2-D)
+  bool two_d = false;           ///< block × block tiles instead of 1 × block
+  ScaleFormat scale_format = ScaleFormat::UE5M3;
+  std::string element_format = "e2m1";
+  float decode_scale = 1.f;     ///< gd = 1/ge, the tensor decode scale
+  float reference = 0.f;        ///< tensor reference amax g that produced it
+  float target = 448.f;         ///< scale target T
+  std::vector<uint8_t> packed;       ///< ceil(rows·cols / 2) bytes of E2M1 codes
+  std::vector<uint8_t> scale_codes;  ///< [block_rows, block_cols] scale codes
+  std::map<std::string, std::string> facts;  ///< recipe facts (recipe, layer, role, gemm, ...)
+
+  int64_t block_rows() const { return two_d ? (rows + block - 1) / block : rows; }
+  int64_t block_cols() const { return (cols + block - 1) / block; }
+  /// E2M1 code of row-major element i.
+  uint8_t code(int64_t i) const { return (packed[i >> 1] >> ((i & 1) * 4)) & 0xF; }
+  /// Bytes of codes + scale codes + the FP32 decode scale.
+  int64_t storage_bytes() const;
+  /// (codes + scale codes) bits per element, excluding the per-tensor FP32.
+  double bits_per_element() const;
+};
+
+/// Pack an unpacked QuantizedTensor (one code per byte). Throws std::invalid_argument on
+/// inconsistent shapes or codes above 15.
+QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts = {});
+
+/// x̂ [rows, cols] = e2m1_decode(code) · (scale_decode(scale code) · decode_scale); bit-identical
+/// to fp4::dequantize of the QuantizedTensor it was packed from.
+void dequantize(const QTensor& t, float* out);
+
+/// Write `t` as a safetensors file: tensors "codes" (U8 [ceil(n/2)]), "scales" (U8
+/// [block_rows, block_cols]), "decode_scale" (F32 [1]); the layout (shape, block, 2-D,
+/// formats, reference, target, packing) and the facts in "__metadata__". Atomic (temporary
+/// file, then rename). Throws fp4::UserError if the file cannot be written.
+void save_safetensors(const QTensor& t, const std::filesystem::path& file);
+
+/// Read a file written by save_safetensors. Throws fp4::UserError naming the file and what
+/// is wrong (truncated, header not JSON, missing tensor or metadata key, sizes that do not
+/// match the layout, unknown format names).
+QTensor load_safetensors(const std::filesystem::path& file);
+
+}  // namespace fp4

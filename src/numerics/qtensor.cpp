@@ -1,0 +1,203 @@
+// Packed FP4 tensors and their safetensors files.
+#include "fp4/qtensor.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "fp4/error.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+int64_t QTensor::storage_bytes() const {
+  return static_cast<int64_t>(packed.size() + scale_codes.size()) + 4;
+}
+
+double QTensor::bits_per_element() const {
+  const int64_t n = rows * cols;
+  return n == 0 ? 0.0 : 8.0 * double(packed.size() + scale_codes.size()) / double(n);
+}
+
+QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts) {
+  const int64_t n = q.rows * q.cols;
+  if (q.codes.size() != static_cast<size_t>(n) ||
+      q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols))
+    throw std::invalid_argument("pack: inconsistent QuantizedTensor shapes");
+  QTensor t;
+  t.rows = q.rows;
+  t.cols = q.cols;
+  t.block = q.spec.block;
+  t.two_d = q.spec.two_d;
+  t.scale_format = q.spec.scale_format;
+  t.decode_scale = q.gd;
+  t.reference = q.g;
+  t.target = q.spec.target;
+  t.facts = std::move(facts);
+  t.packed.assign(static_cast<size_t>((n + 1) / 2), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t c = q.codes[static_cast<size_t>(i)];
+    if (c > 15) throw std::invalid_argument("pack: code above 15 at element " + std::to_string(i));
+    t.packed[static_cast<size_t>(i >> 1)] |= static_cast<uint8_t>(c << ((i & 1) * 4));
+  }
+  t.scale_codes.resize(q.scales.size());
+  for (size_t b = 0; b < q.scales.size(); ++b)
+    t.scale_codes[b] = scale_encode(q.scales[b], q.spec.scale_format);
+  return t;
+}
+
+void dequantize(const QTensor& t, float* out) {
+  const int64_t bc = t.block_cols();
+  std::vector<float> d(t.scale_codes.size());
+  for (size_t b = 0; b < d.size(); ++b) d[b] = scale_decode(t.scale_codes[b], t.scale_format) * t.decode_scale;
+#pragma omp parallel for schedule(static) if (t.rows * t.cols >= (1 << 16))
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t br = t.two_d ? r / t.block : r;
+    for (int64_t c = 0; c < t.cols; ++c) {
+      const int64_t i = r * t.cols + c;
+      out[i] = e2m1_decode(t.code(i)) * d[static_cast<size_t>(br * bc + c / t.block)];
+    }
+  }
+}
+
+namespace {
+// Shortest-enough decimal that reads back to the same float (%.9g round-trips FP32).
+std::string float_repr(float f) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%.9g", static_cast<double>(f));
+  return b;
+}
+}  // namespace
+
+void save_safetensors(const QTensor& t, const fs::path& file) {
+  const int64_t n_codes = static_cast<int64_t>(t.packed.size());
+  const int64_t n_scales = static_cast<int64_t>(t.scale_codes.size());
+  json h;
+  h["codes"] = {{"dtype", "U8"}, {"shape", {n_codes}}, {"data_offsets", {0, n_codes}}};
+  h["scales"] = {{"dtype", "U8"},
+                 {"shape", {t.block_rows(), t.block_cols()}},
+                 {"data_offsets", {n_codes, n_codes + n_scales}}};
+  h["decode_scale"] = {{"dtype", "F32"},
+                       {"shape", {1}},
+                       {"data_offsets", {n_codes + n_scales, n_codes + n_scales + 4}}};
+  json meta = {{"format", "fp4train.qtensor.v1"},
+               {"rows", std::to_string(t.rows)},
+               {"cols", std::to_string(t.cols)},
+               {"block", std::to_string(t.block)},
+               {"layout", t.two_d ? "2d-tile" : "1d-row"},
+               {"element_format", t.element_format},
+               {"scale_format", scale_format_name(t.scale_format)},
+               {"packing", "two codes per byte, even element in the low nibble, row-major"},
+               {"reference_amax", float_repr(t.reference)},
+               {"scale_target", float_repr(t.target)}};
+  for (const auto& [k, v] : t.facts) meta["fact." + k] = v;
+  h["__metadata__"] = meta;
+  std::string header = h.dump();
+  while ((header.size() + 8) % 8 != 0) header += ' ';  // align the data to 8 bytes
+  const uint64_t hn = header.size();
+
+  const fs::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw UserError("cannot write " + tmp.string());
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hn >> (8 * i));
+    f.write(reinterpret_cast<const char*>(len), 8);
+    f.write(header.data(), static_cast<std::streamsize>(hn));
+    f.write(reinterpret_cast<const char*>(t.packed.data()), n_codes);
+    f.write(reinterpret_cast<const char*>(t.scale_codes.data()), n_scales);
+    unsigned char ds[4];
+    uint32_t u;
+    std::memcpy(&u, &t.decode_scale, 4);
+    for (int i = 0; i < 4; ++i) ds[i] = static_cast<unsigned char>(u >> (8 * i));
+    f.write(reinterpret_cast<const char*>(ds), 4);
+    f.flush();
+    if (!f) throw UserError("write failed: " + tmp.string());
+  }
+  fs::rename(tmp, file);
+}
+
+QTensor load_safetensors(const fs::path& file) {
+  const std::string name = file.string();
+  auto bad = [&](const std::string& what) -> UserError {
+    return UserError(name + ": not a valid fp4train QTensor safetensors file: " + what);
+  };
+  std::ifstream f(file, std::ios::binary);
+  if (!f) throw UserError(name + ": cannot open");
+  const auto size = static_cast<uint64_t>(fs::file_size(file));
+  unsigned char len[8];
+  if (size < 8 || !f.read(reinterpret_cast<char*>(len), 8)) throw bad("shorter than 8 bytes");
+  uint64_t hn = 0;
+  for (int i = 0; i < 8; ++i) hn |= uint64_t(len[i]) << (8 * i);
+  if (hn > size - 8) throw bad("header length " + std::to_string(hn) + " exceeds the file");
+  std::string header(hn, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(hn));
+  json h;
+  try {
+    h = json::parse(header);
+  } catch (const json::exception& e) {
+    throw bad(std::string("header is not JSON (") + e.what() + ")");
+  }
+  const uint64_t data_size = size - 8 - hn;
+  std::vector<uint8_t> data(data_size);
+  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data_size));
+
+  QTensor t;
+  try {
+    const json& m = h.at("__metadata__");
+    if (m.at("format") != "fp4train.qtensor.v1") throw bad("unknown format " + m.at("format").dump());
+    t.rows = std::stoll(m.at("rows").get<std::string>());
+    t.cols = std::stoll(m.at("cols").get<std::string>());
+    t.block = std::stoi(m.at("block").get<std::string>());
+    const std::string layout = m.at("layout");
+    if (layout != "1d-row" && layout != "2d-tile") throw bad("unknown layout '" + layout + "'");
+    t.two_d = layout == "2d-tile";
+    t.element_format = m.at("element_format");
+    if (t.element_format != "e2m1") throw bad("unsupported element format '" + t.element_format + "'");
+    try {
+      t.scale_format = parse_scale_format(m.at("scale_format"));
+    } catch (const std::invalid_argument& e) {
+      throw bad(e.what());
+    }
+    t.reference = std::stof(m.at("reference_amax").get<std::string>());
+    t.target = std::stof(m.at("scale_target").get<std::string>());
+    for (auto it = m.begin(); it != m.end(); ++it)
+      if (it.key().rfind("fact.", 0) == 0) t.facts[it.key().substr(5)] = it.value();
+    if (t.rows < 0 || t.cols < 0 || t.block <= 0) throw bad("negative shape or block <= 0");
+
+    auto slice = [&](const char* key, uint64_t expect_bytes) {
+      const json& e = h.at(key);
+      const uint64_t b = e.at("data_offsets").at(0), en = e.at("data_offsets").at(1);
+      if (b > en || en > data_size)
+        throw bad(std::string("tensor '") + key + "' lies outside the file (truncated?)");
+      if (en - b != expect_bytes)
+        throw bad(std::string("tensor '") + key + "' has " + std::to_string(en - b) +
+                  " bytes, the layout needs " + std::to_string(expect_bytes));
+      return std::vector<uint8_t>(data.begin() + static_cast<int64_t>(b),
+                                  data.begin() + static_cast<int64_t>(en));
+    };
+    t.packed = slice("codes", static_cast<uint64_t>((t.rows * t.cols + 1) / 2));
+    t.scale_codes = slice("scales", static_cast<uint64_t>(t.block_rows() * t.block_cols()));
+    const auto ds = slice("decode_scale", 4);
+    uint32_t u = 0;
+    for (int i = 0; i < 4; ++i) u |= uint32_t(ds[i]) << (8 * i);
+    std::memcpy(&t.decode_scale, &u, 4);
+  } catch (const json::exception& e) {
+    throw bad(std::string("missing or mistyped entry (") + e.what() + ")");
+  } catch (const std::logic_error& e) {  // std::stoll / stof on a malformed number
+    throw bad(std::string("malformed number in metadata (") + e.what() + ")");
+  }
+  for (uint8_t c : t.scale_codes) {
+    try {
+      (void)scale_decode(c, t.scale_format);
+    } catch (const std::invalid_argument&) {
+      throw bad("scale code " + std::to_string(c) + " is not a finite " +
+                scale_format_name(t.scale_format) + " value");
+    }
+  }
+  return t;
+}
+
+}  // namespace fp4

@@ -1,0 +1,128 @@
+// Packed FP4 tensors: packing layout, storage size, dequantize equality and safetensors
+// round trip with clear errors on damaged files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "fp4/error.h"
+#include "fp4/qtensor.h"
+
+using namespace fp4;
+namespace fs = std::filesystem;
+
+namespace {
+struct Scratch {
+  fs::path dir = fs::temp_directory_path() / ("fp4test_qt_" + std::to_string(::getpid()));
+  Scratch() { fs::create_directories(dir); }
+  ~Scratch() { std::error_code ec; fs::remove_all(dir, ec); }
+} g_scratch;
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+QuantizedTensor make(int64_t rows, int64_t cols, bool two_d, ScaleFormat sf = ScaleFormat::UE5M3) {
+  auto x = randn(static_cast<size_t>(rows * cols), 7);
+  BlockQuantSpec s;
+  s.scale_format = sf;
+  s.two_d = two_d;
+  return quantize_blocks(x.data(), rows, cols, s, tensor_amax(x.data(), rows * cols), nullptr);
+}
+
+TEST(QTensor, PackingIsTwoCodesPerByteLowNibbleFirst) {
+  QuantizedTensor q = make(1, 3, false);
+  q.codes = {0x3, 0xA, 0x7};  // 1.5, −1, 6
+  const QTensor t = pack(q);
+  ASSERT_EQ(t.packed.size(), 2u);
+  EXPECT_EQ(t.packed[0], 0xA3);  // element 0 low nibble, element 1 high nibble
+  EXPECT_EQ(t.packed[1], 0x07);
+  EXPECT_EQ(t.code(0), 0x3);
+  EXPECT_EQ(t.code(1), 0xA);
+  EXPECT_EQ(t.code(2), 0x7);
+}
+
+TEST(QTensor, StorageIsFourAndAHalfBitsPerElementAtBlock16) {
+  const QTensor t = pack(make(64, 64, false));
+  // 4096 elements: 2048 bytes of codes + 256 scale bytes = 4.5 bits/element, + one FP32.
+  EXPECT_EQ(t.packed.size(), 2048u);
+  EXPECT_EQ(t.scale_codes.size(), 256u);
+  EXPECT_DOUBLE_EQ(t.bits_per_element(), 4.5);
+  EXPECT_EQ(t.storage_bytes(), 2048 + 256 + 4);
+}
+
+TEST(QTensor, DequantizeEqualsUnpackedDequantizeBitForBit) {
+  for (bool two_d : {false, true})
+    for (ScaleFormat sf : {ScaleFormat::UE5M3, ScaleFormat::E4M3, ScaleFormat::UE5M3_PTX}) {
+      const QuantizedTensor q = make(37, 45, two_d, sf);
+      std::vector<float> a(37 * 45), b(37 * 45);
+      dequantize(q, a.data());
+      dequantize(pack(q), b.data());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << two_d;
+    }
+}
+
+TEST(QTensor, SafetensorsRoundTripAndReadableHeader) {
+  const QTensor t = pack(make(19, 33, true), {{"recipe", "ue5m3-b16"}, {"role", "W"}});
+  const fs::path p = g_scratch.dir / "w.safetensors";
+  save_safetensors(t, p);
+  const QTensor u = load_safetensors(p);
+  EXPECT_EQ(u.rows, 19);
+  EXPECT_EQ(u.cols, 33);
+  EXPECT_TRUE(u.two_d);
+  EXPECT_EQ(u.packed, t.packed);
+  EXPECT_EQ(u.scale_codes, t.scale_codes);
+  EXPECT_EQ(std::memcmp(&u.decode_scale, &t.decode_scale, 4), 0);
+  EXPECT_EQ(u.reference, t.reference);
+  EXPECT_EQ(u.facts.at("recipe"), "ue5m3-b16");
+  // The file follows the safetensors layout: u64 LE header length, JSON header, data.
+  std::ifstream f(p, std::ios::binary);
+  unsigned char len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  const auto h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["codes"]["dtype"], "U8");
+  EXPECT_EQ(h["scales"]["shape"], nlohmann::json({2, 3}));  // ceil(19/16) × ceil(33/16)
+  EXPECT_EQ(h["decode_scale"]["dtype"], "F32");
+  EXPECT_EQ(h["__metadata__"]["scale_format"], "ue5m3");
+  EXPECT_EQ(fs::file_size(p), 8 + n + t.packed.size() + t.scale_codes.size() + 4);
+}
+
+std::string load_error(const fs::path& p) {
+  try {
+    load_safetensors(p);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(QTensor, DamagedFilesAreRejectedWithTheReason) {
+  const fs::path p = g_scratch.dir / "x.safetensors";
+  save_safetensors(pack(make(8, 40, false)), p);
+  const auto full = fs::file_size(p);
+  fs::resize_file(p, full - 3);
+  EXPECT_NE(load_error(p).find("truncated"), std::string::npos) << load_error(p);
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << "abc";
+  EXPECT_NE(load_error(p).find("shorter than 8 bytes"), std::string::npos);
+  {
+    std::ofstream o(p, std::ios::binary | std::ios::trunc);
+    const char len[8] = {4, 0, 0, 0, 0, 0, 0, 0};
+    o.write(len, 8);
+    o << "{no}";
+  }
+  EXPECT_NE(load_error(p).find("not JSON"), std::string::npos) << load_error(p);
+  EXPECT_NE(load_error(g_scratch.dir / "missing").find("cannot open"), std::string::npos);
+}
+}  // namespace
