@@ -48,6 +48,7 @@ struct RunConfig {
   DataConfig data;
   EvalConfig eval;
   double progress_seconds = 2.0;  ///< [log] progress_seconds
+  int telemetry_interval = 50;    ///< [log] numerics telemetry every N steps (and step 1); 0 = off
 };
 
 /// Parse and validate a run config. Unknown sections/keys, wrong types and out-of-range

@@ -67,6 +67,11 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   }
   const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop};
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop};
+  tel_.valid = false;
+  if (ctx.telemetry && ctx.training && mode_ == LinearMode::FP4) {
+    tel_.op[0] = quant_stats(X, M, K_, recipe_.spec_x(), gx, &kx);
+    tel_.op[1] = quant_stats(W_, N_, K_, recipe_.spec_w(), gw, &kw);
+  }
   prep(X, M, K_, recipe_.spec_x(), gx, &kx, xq_.data());   // X blocks along K
   prep(W_, N_, K_, recipe_.spec_w(), gw, &kw, wq_.data()); // W tiles (or blocks along K)
   sgemm(false, true, M, N_, K_, 1.f, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
@@ -91,6 +96,11 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_);
 
   // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
+  const bool tel = ctx.telemetry && ctx.training;
+  if (tel) {
+    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
+    tel_.op[2] = quant_stats(dY, M, N_, recipe_.spec_dy(), gdy, &k);
+  }
   if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
     quantize_dequantize(dY, M, N_, recipe_.spec_dy(), gdy, &k, dyq_.data());
@@ -126,6 +136,11 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   }
   const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad};
   const SrKey kx{ctx.seed, step, id, kOpX, kWgrad};
+  if (tel) {
+    tel_.op[3] = quant_stats(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd);
+    tel_.op[4] = quant_stats(t1_.data(), K_, M, recipe_.spec_x(), g_xt, &kx);
+    tel_.valid = true;
+  }
   quantize_dequantize(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd, t0_.data());
   quantize_dequantize(t1_.data(), K_, M, recipe_.spec_x(), g_xt,
                       recipe_.round_x == Rounding::SR8 ? &kx : nullptr, t1_.data());

@@ -110,6 +110,10 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   targets_.resize(BT);
 }
 
+std::string Model::linear_name(size_t i) const {
+  return "blocks." + std::to_string(i / kLinearsPerBlock) + "." + kLinearNames[i % kLinearsPerBlock];
+}
+
 void Model::bind_linears() {
   for (size_t i = 0; i < linears_.size(); ++i)
     linears_[i].bind(params_.data() + off_lin_[i], grads_.data() + off_lin_[i]);

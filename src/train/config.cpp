@@ -43,6 +43,8 @@ RunConfig load_run_config(const std::filesystem::path& file) {
   r.get("eval.windows", c.eval.windows);     r.range("eval.windows", c.eval.windows, 1, 1 << 20);
   r.get("log.progress_seconds", c.progress_seconds);
   r.range("log.progress_seconds", c.progress_seconds, 0.0, 3600.0);
+  r.get("log.telemetry_interval", c.telemetry_interval);
+  r.range("log.telemetry_interval", c.telemetry_interval, 0, 1 << 30);
   r.reject_unknown();
   validate(c, r.file());
   return c;
@@ -78,7 +80,8 @@ std::string run_config_to_toml(const RunConfig& c) {
   o << "[data]\npath = " << detail::toml_quote(c.data.path)
     << "\ncache = " << detail::toml_quote(c.data.cache) << "\n\n";
   o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";
-  o << "[log]\nprogress_seconds = " << c.progress_seconds << "\n";
+  o << "[log]\nprogress_seconds = " << c.progress_seconds
+    << "\ntelemetry_interval = " << c.telemetry_interval << "\n";
   return o.str();
 }
 

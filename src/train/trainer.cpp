@@ -42,6 +42,52 @@ std::string fmt_duration(double s) {
 }
 }  // namespace
 
+namespace {
+// {"blocks.0.attn.q": {"x": {...}, "w": ..., "dy": ..., "dyt": ..., "xt": ...}, ...} for every
+// FP4 linear, and a digest line naming the worst layer/operand for each statistic.
+json telemetry_record(const nn::Model& model, std::string& digest) {
+  json t = json::object();
+  struct Worst {
+    double v = -1;
+    std::string where;
+  } err, sat, guard, zeroed, stale;
+  auto upd = [](Worst& w, double v, const std::string& where) {
+    if (v > w.v) w = {v, where};
+  };
+  for (size_t i = 0; i < model.linears().size(); ++i) {
+    const auto& tel = model.linears()[i].telemetry();
+    if (!tel.valid) continue;
+    const std::string name = model.linear_name(i);
+    json layer;
+    for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
+      const QuantStats& s = tel.op[o];
+      const std::string where = name + " " + nn::LinearTelemetry::kNames[o];
+      layer[nn::LinearTelemetry::kNames[o]] = {{"saturated_blocks", s.saturated_blocks},
+                                               {"zero_guard_blocks", s.zero_guard_blocks},
+                                               {"zeroed_nonzeros", s.zeroed_nonzeros},
+                                               {"rel_error", s.rel_error},
+                                               {"staleness", s.staleness}};
+      upd(err, s.rel_error, where);
+      upd(sat, s.saturated_blocks, where);
+      upd(guard, s.zero_guard_blocks, where);
+      upd(zeroed, s.zeroed_nonzeros, where);
+      upd(stale, s.staleness, where);
+    }
+    t[name] = layer;
+  }
+  if (err.v >= 0) {
+    char b[512];
+    std::snprintf(b, sizeof b,
+                  "numerics | worst rel. error %.4f (%s) | saturated scales %.2f%% (%s) | "
+                  "zero-guard %.2f%% | nonzeros to 0 %.1f%% (%s) | amax/held %.2f (%s)",
+                  err.v, err.where.c_str(), 100 * sat.v, sat.where.c_str(), 100 * guard.v,
+                  100 * zeroed.v, zeroed.where.c_str(), stale.v, stale.where.c_str());
+    digest = b;
+  }
+  return t;
+}
+}  // namespace
+
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   const int L = cfg.model.n_layers;
   for (int b : recipe.blocks)
@@ -161,12 +207,15 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     sum.heldout_nll_quant = nllq;
   };
 
+  std::string digest;  // one line on the worst layer at the latest telemetry step
   for (int step = 1; step <= tc.steps; ++step) {
     const auto t0 = clock::now();
     sampler.next(inputs.data(), targets.data());
     nn::StepContext ctx;
     ctx.step = step;
     ctx.seed = tc.seed;
+    ctx.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
+                    (step == 1 || step % cfg.telemetry_interval == 0);
     // A diverged run stops with the step named; metrics so far are kept, no summary written.
     auto diverged = [&](const std::string& what) {
       const std::string msg = what + " at step " + std::to_string(step) + " with recipe " +
@@ -218,7 +267,11 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
       window_seconds = 0;
       window_tokens = 0;
     }
-    if (step % cfg.eval.interval == 0 || step == tc.steps) evaluate(step, rec);
+    if (ctx.telemetry) rec["telemetry"] = telemetry_record(model, digest);
+    if (step % cfg.eval.interval == 0 || step == tc.steps) {
+      evaluate(step, rec);
+      if (!digest.empty()) log(digest);
+    }
     metrics << rec.dump() << "\n";
     metrics.flush();
   }

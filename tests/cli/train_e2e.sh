@@ -32,6 +32,7 @@ interval = 20
 windows = 8
 [log]
 progress_seconds = 0.0
+telemetry_interval = 10
 TOML
 sed -i "s#CACHE#$work/cache#" "$work/micro.toml"
 
@@ -55,6 +56,14 @@ for k in ("tokens", "loss", "lr", "grad_norm", "tokens_per_s"):
 assert abs(m[0]["loss"] - math.log(512)) < 0.5, m[0]["loss"]          # starts near ln(vocab)
 assert s["final_window_loss"] < m[0]["loss"] - 1.0, (r, s["final_window_loss"])  # it learns
 assert math.isfinite(s["heldout_nll"]) and math.isfinite(s["heldout_nll_quant"])
+tel = [x["step"] for x in m if "telemetry" in x]
+if r in ("ue5m3-b16", "nvfp4-te"):
+    assert tel == [1, 10, 20, 30, 40], tel
+    layer = m[0]["telemetry"]["blocks.0.attn.q"]
+    assert set(layer) == {"x", "w", "dy", "dyt", "xt"}, layer
+    assert 0 < layer["x"]["rel_error"] < 1, layer
+else:
+    assert tel == [], (r, tel)
 if r == "fp32":
     assert s["heldout_nll"] == s["heldout_nll_quant"]
 else:

@@ -8,6 +8,7 @@
 
 #include "fp4/block_quant.h"
 #include "fp4/recipe.h"
+#include "fp4/telemetry.h"
 
 namespace fp4::nn {
 
@@ -17,6 +18,17 @@ struct StepContext {
   uint64_t seed = 0;       ///< run seed (keys SR bits)
   bool training = true;    ///< false: inference, no held-reference updates, no backward
   bool quantize = true;    ///< false: run FP32 whatever the recipe (unquantized evaluation)
+  bool telemetry = false;  ///< training step whose FP4 operands get numerics statistics
+};
+
+/// Numerics telemetry of the five quantized operands of one FP4 Linear on a telemetry step:
+/// fprop X (blocks along K), W, dgrad dY (blocks along N), wgrad dYᵀ and Xᵀ (blocks along
+/// tokens, after the RHT when the recipe has it).
+struct LinearTelemetry {
+  static constexpr int kOperands = 5;
+  static constexpr const char* kNames[kOperands] = {"x", "w", "dy", "dyt", "xt"};
+  bool valid = false;  ///< set on a telemetry step of an FP4 layer
+  QuantStats op[kOperands];
 };
 
 /// Operand roles of the tensor references (one cache per (layer, role)). XT_RHT and DYT_RHT
@@ -51,6 +63,8 @@ class Linear {
   int64_t out() const { return N_; }
   LinearMode mode() const { return mode_; }
   const LinearRefs& refs() const { return refs_; }
+  /// Statistics of the last telemetry step (valid == false if none yet or not FP4).
+  const LinearTelemetry& telemetry() const { return tel_; }
   const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
 
  private:
@@ -70,6 +84,7 @@ class Linear {
   bool quantized_ = false;    // whether the last forward quantized (ctx.quantize)
   TensorReference ref_[5];
   LinearRefs refs_;
+  LinearTelemetry tel_;
   std::vector<float> xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
 };
 

@@ -45,6 +45,8 @@ class Model {
   std::vector<float>& grads() { return grads_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const std::vector<Linear>& linears() const { return linears_; }
+  /// Name of linears()[i], e.g. "blocks.2.mlp.down".
+  std::string linear_name(size_t i) const;
   const float* logits() const { return logits_.data(); }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   /// Parameters excluding the token embedding and the LM head.

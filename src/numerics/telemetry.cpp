@@ -1,0 +1,47 @@
+// Numerics telemetry (see fp4/telemetry.h).
+#include "fp4/telemetry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace fp4 {
+
+QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                       float g, const SrKey* sr) {
+  const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
+  QuantStats s;
+  const FloatFormat& sf = scale_format_desc(spec.scale_format);
+  const float mult = q.ge * (1.0f / 6.0f);  // the block-scale multiplier of E2M1 elements
+  const size_t nb = q.scales.size();
+  int64_t sat = 0, guard = 0;
+  for (size_t b = 0; b < nb; ++b) {
+    if (q.scales[b] >= sf.max_finite) ++sat;
+    const float a = q.block_amax[b];
+    if (a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
+      ++guard;
+  }
+  std::vector<float> xh(static_cast<size_t>(rows * cols));
+  dequantize(q, xh.data());
+  int64_t nonzero = 0, zeroed = 0;
+  double err = 0, norm = 0;
+  float amax = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const double d = double(x[i]) - xh[static_cast<size_t>(i)];
+    err += d * d;
+    norm += double(x[i]) * x[i];
+    amax = std::max(amax, std::fabs(x[i]));
+    if (x[i] != 0) {
+      ++nonzero;
+      if ((q.codes[static_cast<size_t>(i)] & 7) == 0) ++zeroed;
+    }
+  }
+  s.saturated_blocks = nb ? double(sat) / nb : 0;
+  s.zero_guard_blocks = nb ? double(guard) / nb : 0;
+  s.zeroed_nonzeros = nonzero ? double(zeroed) / nonzero : 0;
+  s.rel_error = norm > 0 ? std::sqrt(err / norm) : 0;
+  s.staleness = g > 0 ? double(amax) / g : (amax > 0 ? INFINITY : 1.0);
+  return s;
+}
+
+}  // namespace fp4
