@@ -37,7 +37,8 @@ struct QTensor {
 };
 
 /// Pack an unpacked QuantizedTensor (one code per byte). Throws std::invalid_argument on
-/// inconsistent shapes or codes above 15.
+/// inconsistent shapes, codes above 15, or a spec other than E2M1 elements with a
+/// tensor-scaled block-scale format of the ScaleFormat enum (other formats: not yet).
 QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts = {});
 
 /// x̂ [rows, cols] = e2m1_decode(code) · (scale_decode(scale code) · decode_scale); bit-identical

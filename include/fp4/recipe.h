@@ -25,9 +25,18 @@ struct Recipe {
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
   std::string gemm = "decoded";        ///< [linear] gemm; only "decoded" is implemented yet
 
-  // [fp4] block-scaled format, used when mode == FP4.
-  std::string element_format = "e2m1";        ///< element format (only e2m1 so far)
+  // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
+  /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
+  /// e<E>m<M>, int4, int4-sym (parse_element_format); stored in canonical lower case.
+  std::string element_format = "e2m1";
+  /// [fp4] scale_format when it is one of the four conventions of ScaleFormat.
   ScaleFormat scale_format = ScaleFormat::UE5M3;
+  /// [fp4] scale_format naming any other block-scale format (ue4m3, ue6m2, ...): set, it
+  /// overrides scale_format (see BlockQuantSpec::scale_desc); null for the four.
+  const FloatFormat* scale_desc = nullptr;
+  /// [fp4] scale_rule = "tensor-scaled" (default) | "mx-te" | "mx-ocp" (ScaleRule); the MX
+  /// rules need a power-of-two scale format (ue8m0).
+  ScaleRule scale_rule = ScaleRule::TensorScaled;
   int block = 16;              ///< block length along the contraction dim
   bool weight_2d = true;       ///< weights in block × block tiles (else 1-D along K)
   float scale_target = 448.f;  ///< T
@@ -44,7 +53,11 @@ struct Recipe {
 
   /// Mode of the linears of transformer block `b` in a model of `n_blocks` blocks.
   LinearMode block_mode(int b, int n_blocks) const;
-  /// The block-quantization spec of a role (X, W or dY) for one GEMM.
+  /// Name of the block-scale format (scale_desc's if set, else scale_format's).
+  std::string scale_format_str() const;
+  /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block,
+  /// 2-D (W), target, rounding of the role, element format, scale rule. Throws
+  /// std::invalid_argument if element_format is not a valid element format name.
   BlockQuantSpec spec_x() const;
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;

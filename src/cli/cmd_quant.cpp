@@ -1,6 +1,7 @@
 // `fp4train quant [FILE]`: quantize a small matrix read as text and print every step of
-// NUMERICS.md "Quantizing one operand" as JSON (tensor scales, block scales, E2M1 codes,
+// NUMERICS.md "Quantizing one operand" as JSON (tensor scales, block scales, element codes,
 // dequantized values). Meant for inspecting and cross-checking the numerics by hand.
+// Element formats, scale formats and scale rules are chosen by name (docs/formats.md).
 #include <cctype>
 #include <cfloat>
 #include <charconv>
@@ -27,6 +28,8 @@ namespace {
 struct QuantOptions {
   std::string file = "-";
   std::string scale_format = "ue5m3";
+  std::string element_format = "e2m1";
+  std::string scale_rule = "tensor-scaled";
   int block = 16;
   bool two_d = false;
   float target = 448.f;
@@ -113,9 +116,24 @@ Rounding parse_rounding(const std::string& s) {
 void run_quant(const QuantOptions& o, bool reference_given) {
   BlockQuantSpec spec;
   try {
-    spec.scale_format = parse_scale_format(o.scale_format);
+    set_scale_format(spec, o.scale_format);
   } catch (const std::invalid_argument& e) {
     throw UserError(std::string("--scale-format: ") + e.what());
+  }
+  try {
+    spec.element = parse_element_format(o.element_format);
+  } catch (const std::invalid_argument& e) {
+    throw UserError(std::string("--element-format: ") + e.what());
+  }
+  try {
+    spec.scale_rule = parse_scale_rule(o.scale_rule);
+  } catch (const std::invalid_argument& e) {
+    throw UserError(std::string("--scale-rule: ") + e.what());
+  }
+  if (spec.scale_rule != ScaleRule::TensorScaled && spec_scale_format(spec).frac_bits != 0) {
+    throw UserError(std::string("--scale-rule ") + scale_rule_name(spec.scale_rule) +
+                    " needs a power-of-two scale format: add --scale-format ue8m0 (got " +
+                    spec_scale_format(spec).name + ")");
   }
   if (o.block <= 0) throw UserError("--block must be a positive integer, got " + std::to_string(o.block));
   spec.block = o.block;
@@ -160,7 +178,9 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   out["rows"] = m.rows;
   out["cols"] = m.cols;
   nlohmann::ordered_json js;
-  js["scale_format"] = scale_format_name(spec.scale_format);
+  js["element_format"] = spec.element.name();
+  js["scale_format"] = spec_scale_format(spec).name;
+  js["scale_rule"] = scale_rule_name(spec.scale_rule);
   js["block"] = spec.block;
   js["two_d"] = spec.two_d;
   js["target"] = spec.target;
@@ -215,11 +235,21 @@ void register_quant(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "quant",
       "Quantize a matrix (text: one row per line, whitespace-separated numbers) with block-scaled\n"
-      "FP4 and print tensor scales, block scales, E2M1 codes and dequantized values as JSON.\n"
+      "FP4 and print tensor scales, block scales, element codes and dequantized values as JSON.\n"
       "Block \"row\"/\"col\" are block-grid indices. Contract: NUMERICS.md \"Quantizing one operand\".");
   sub->add_option("file", opts->file, "Input file ('-' or omitted: stdin)");
   sub->add_option("--scale-format", opts->scale_format,
-                  "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0")
+                  "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0, ue4m3, or a spelled "
+                  "ue<E>m<M> (docs/formats.md)")
+      ->capture_default_str();
+  sub->add_option("--element-format", opts->element_format,
+                  "Element format: e2m1, e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled e<E>m<M>, "
+                  "int4, int4-sym (docs/formats.md)")
+      ->capture_default_str();
+  sub->add_option("--scale-rule", opts->scale_rule,
+                  "Block-scale rule: tensor-scaled (T, g), mx-te (2^ceil(log2(amax/emax)), no "
+                  "tensor scale) or mx-ocp (2^(floor(log2 amax) - emax_exp), saturating); the "
+                  "mx rules need --scale-format ue8m0")
       ->capture_default_str();
   sub->add_option("--block", opts->block, "Block length along the last dim (tile side with --2d)")
       ->capture_default_str();

@@ -4,12 +4,17 @@
 // same inline helpers below (tensor_scales, block_scale, quant_mag), which is what makes the
 // fused path bit-identical to dequantize(quantize_blocks(...)).
 //
-// Scale formats: UE5M3 (paper / PTX), E4M3 (NVFP4, scale_max = 448) and UE8M0 all go through
-// the same steps, with the scale rounded RNE onto the format's grid. For UE8M0 this is a
-// plain RNE power-of-two scale with the tensor scale kept; the MXFP4 rules of NUMERICS.md
-// (no tensor scale, TE's round-up 2^ceil(log2(a_b/6)) or OCP's 2^(floor(log2 a_b) − 2)) are
-// separate options still to be added. The zero guard sets c_b = 1 for every format; 1 = 2^0 is
-// representable in UE8M0 (code 127), so no other fallback is needed there.
+// Scale formats: UE5M3 (paper / PTX), E4M3 (NVFP4, scale_max = 448), UE8M0 and any other
+// block-scale format (spec.scale_desc) all go through the same steps under the tensor-scaled
+// rule, with the scale rounded RNE onto the format's grid. For UE8M0 this is a plain RNE
+// power-of-two scale with the tensor scale kept. The MXFP4 rules of NUMERICS.md (no tensor
+// scale, TE's round-up 2^ceil(log2(a_b/emax)) or OCP's 2^(floor(log2 a_b) − emax_exp)) are
+// ScaleRule::MxTe / MxOcp (mx_block_scale). The zero guard sets c_b = 1 for every format and
+// rule; validate() checks that 1 is representable (UE8M0: code 127).
+//
+// Element formats: E2M1 (the contract), any signed small float, or a uniform integer grid.
+// emax = the element format's max replaces the 6 of the contract's formulas; for E2M1 every
+// FP32 operation is the one NUMERICS.md spells out (ge = (T·6)/g, mult = ge·fl(1/6)).
 #include "fp4/block_quant.h"
 
 #include "fp4/error.h"
@@ -38,23 +43,59 @@ struct TensorScales {
   float mult;  ///< ge·fl(1/6): the multiplier of a_b, computed first
 };
 
-TensorScales tensor_scales(float g, float target) {
+/// ge = (T·emax)/g (1 if g == 0, capped at FLT_MAX), gd = 1/ge, mult = ge·fl(1/emax).
+/// With emax = 6 (E2M1) these are exactly the contract's operations.
+TensorScales tensor_scales(float g, float target, float emax) {
   TensorScales t;
-  t.ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
+  t.ge = g == 0.0f ? 1.0f : (target * emax) / g;
   t.ge = std::min(t.ge, FLT_MAX);
   t.gd = 1.0f / t.ge;
-  t.mult = t.ge * (1.0f / 6.0f);
+  t.mult = t.ge * (1.0f / emax);
   return t;
 }
 
 struct ScaleParams {
   int frac, emin;
   float max;
+  int kmin, kmax;  ///< power-of-two formats (MX rules): exponents of the smallest and largest value
 };
 
-ScaleParams scale_params(ScaleFormat f) {
-  const FloatFormat& fmt = scale_format_desc(f);
-  return {fmt.frac_bits, detail::rounding_emin(fmt), fmt.max_finite};
+ScaleParams scale_params(const FloatFormat& fmt) {
+  return {fmt.frac_bits, detail::rounding_emin(fmt), fmt.max_finite, detail::rounding_emin(fmt),
+          std::ilogb(fmt.max_finite)};
+}
+
+/// Element format parameters of the hot loops.
+struct ElemParams {
+  enum Kind { kE2M1Kind, kFloatKind, kIntKind } kind;
+  int frac, emin, bias;  ///< rounding parameters (integers: q = 0 via kIntFrac)
+  float max_pos, max_neg;  ///< saturation of x ≥ 0 / x < 0 (differ only for int4-style grids)
+  float emax;              ///< element max of the scale formulas (E2M1: 6)
+  int emax_exp;            ///< floor(log2 emax) (E2M1: 2), the OCP MX rule's emax_elem
+  uint32_t sign_bit;       ///< floats: the code's sign bit
+  uint32_t int_mask;       ///< integers: two's-complement code mask
+};
+
+ElemParams elem_params(const ElementFormat& ef) {
+  ElemParams e{};
+  if (ef.kind == ElementKind::Float) {
+    const FloatFormat& f = *ef.fp;
+    e.kind = ef.is_e2m1() ? ElemParams::kE2M1Kind : ElemParams::kFloatKind;
+    e.frac = f.frac_bits;
+    e.emin = detail::rounding_emin(f);
+    e.bias = f.bias;
+    e.max_pos = e.max_neg = f.max_finite;
+    e.sign_bit = 1u << (f.exp_bits + f.frac_bits);
+  } else {
+    e.kind = ElemParams::kIntKind;
+    e.frac = e.emin = detail::kIntFrac;
+    e.max_pos = static_cast<float>(ef.int_max);
+    e.max_neg = static_cast<float>(-ef.int_min);
+    e.int_mask = (1u << ef.bits()) - 1u;
+  }
+  e.emax = ef.max();
+  e.emax_exp = std::ilogb(e.emax);
+  return e;
 }
 
 /// c_b = round_scale(min(a_b·mult, scale_max)) RNE; 0 → 1 (zero-block / underflow guard).
@@ -66,14 +107,33 @@ inline float block_scale(float a_b, float mult, const ScaleParams& sp) {
   return c == 0.0f ? 1.0f : c;
 }
 
-/// Rounded E2M1 magnitude of x·e_b (the sign is that of x and is reapplied by the caller).
+/// MXFP4 block scale (ScaleRule::MxTe / MxOcp), exact: a power of two 2^k with
+///  MxTe:  k = ceil(log2(a_b/emax)), the smallest k with emax·2^k ≥ a_b — found from the
+///         exponents and settled by exact comparisons in double (emax·2^k is exact there);
+///  MxOcp: k = floor(log2 a_b) − emax_exp, floor(log2 a_b) = ilogb (exact, also subnormals);
+/// clamped to the scale format's exponent range [kmin, kmax]. a_b = 0 gives 1 (zero guard).
+inline float mx_block_scale(float a_b, ScaleRule rule, const ElemParams& ep, const ScaleParams& sp) {
+  if (a_b == 0.0f) return 1.0f;
+  int k = std::ilogb(a_b) - ep.emax_exp;
+  if (rule == ScaleRule::MxTe) {
+    // a_b ∈ [2^A, 2^(A+1)), emax ∈ [2^B, 2^(B+1)) ⇒ ceil(log2(a_b/emax)) ∈ {A−B, A−B+1}.
+    const double a = a_b, m = ep.emax;
+    while (std::ldexp(m, k) < a) ++k;
+    while (std::ldexp(m, k - 1) >= a) --k;
+  }
+  k = std::clamp(k, sp.kmin, sp.kmax);
+  return detail::pow2f(k);
+}
+
+/// Rounded element magnitude of x·e_b (the sign is that of x and is reapplied by the caller),
+/// saturating to ep.max_pos (x ≥ 0) or ep.max_neg (x < 0); for E2M1 both are 6.
 /// Edge case beyond the contract: when d_b underflows enough that e_b = 1/d_b is +Inf (tiny g
-/// with tiny blocks), x·e_b is ±Inf and saturates to ±6, and 0·Inf = NaN is taken as 0.
-inline float quant_mag(float x, float e_b, Rounding mode, uint8_t r) {
+/// with tiny blocks), x·e_b is ±Inf and saturates to ±emax, and 0·Inf = NaN is taken as 0.
+inline float quant_mag(float x, float e_b, const ElemParams& ep, Rounding mode, uint8_t r) {
   float y = x * e_b;
   if (y != y) y = 0.0f;  // only 0·Inf can produce NaN here (x finite, e_b > 0)
-  return detail::round_magnitude_params(y, kE2M1.frac_bits, 1 - kE2M1.bias, kE2M1.max_finite,
-                                        mode, r);
+  const float mx = std::signbit(x) ? ep.max_neg : ep.max_pos;
+  return detail::round_magnitude_params(y, ep.frac, ep.emin, mx, mode, r);
 }
 
 /// E2M1 code of the magnitude v ∈ {0, .5, 1, 1.5, 2, 3, 4, 6} (indexed by 2v) and sign of x.
@@ -81,6 +141,28 @@ inline uint8_t e2m1_code(float v, float x) {
   static constexpr uint8_t kCodeOfTwiceValue[13] = {0, 1, 2, 3, 4, 0, 5, 0, 6, 0, 0, 0, 7};
   return static_cast<uint8_t>(kCodeOfTwiceValue[static_cast<int>(v * 2.0f)] |
                               (std::signbit(x) ? 0x8 : 0x0));
+}
+
+/// Element code of the rounded magnitude v and the sign of x, for any element format.
+inline uint8_t elem_code(float v, float x, const ElemParams& ep) {
+  switch (ep.kind) {
+    case ElemParams::kE2M1Kind: return e2m1_code(v, x);
+    case ElemParams::kFloatKind:
+      return static_cast<uint8_t>(detail::grid_magnitude_code(v, ep.frac, ep.bias, ep.emin) |
+                                  (std::signbit(x) ? ep.sign_bit : 0u));
+    case ElemParams::kIntKind: {
+      const int q = static_cast<int>(v);
+      return static_cast<uint8_t>(static_cast<uint32_t>(std::signbit(x) ? -q : q) & ep.int_mask);
+    }
+  }
+  return 0;
+}
+
+/// Signed element value of the rounded magnitude v: exactly the decode of elem_code(v, x).
+/// Floats keep −0 (their codes have one); integers have no −0.
+inline float elem_value(float v, float x, const ElemParams& ep) {
+  if (ep.kind == ElemParams::kIntKind && v == 0.0f) return 0.0f;
+  return std::copysign(v, x);
 }
 
 /// max |x| over [x, x+n) as the bit pattern of |x| (order-preserving for non-negative floats);
@@ -122,7 +204,38 @@ void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpe
   if (spec.rounding == Rounding::SR8 && sr == nullptr) {
     throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
   }
-  (void)scale_format_desc(spec.scale_format);  // throws on an invalid enum value
+  const ElementFormat& ef = spec.element;
+  if (ef.kind == ElementKind::Float) {
+    if (ef.fp == nullptr || !ef.fp->has_sign || ef.fp->bits() > 8) {
+      throw std::invalid_argument(w + ": element format must be a signed float format of at most "
+                                  "8 bits (got " + (ef.fp ? std::string(ef.fp->name) : "null") + ")");
+    }
+  } else if (ef.kind == ElementKind::Int) {
+    if (!(ef.int_min >= -128 && ef.int_min < 0 && ef.int_max > 0 && ef.int_max <= 127)) {
+      throw std::invalid_argument(w + ": integer element grid must have -128 <= int_min < 0 < "
+                                  "int_max <= 127, got [" + std::to_string(ef.int_min) + ", " +
+                                  std::to_string(ef.int_max) + "]");
+    }
+  } else {
+    throw std::invalid_argument(w + ": invalid ElementKind value");
+  }
+  const FloatFormat& sf = spec_scale_format(spec);  // throws on an invalid enum value
+  if (round_magnitude(1.0f, sf, Rounding::RNE) != 1.0f) {
+    throw std::invalid_argument(w + ": scale format " + sf.name +
+                                " cannot represent 1.0 (needed by the zero-block guard)");
+  }
+  switch (spec.scale_rule) {
+    case ScaleRule::TensorScaled: break;
+    case ScaleRule::MxTe:
+    case ScaleRule::MxOcp:
+      if (sf.frac_bits != 0) {
+        throw std::invalid_argument(w + ": scale rule " + scale_rule_name(spec.scale_rule) +
+                                    " needs a power-of-two scale format (ue8m0 or ue<E>m0), got " +
+                                    sf.name);
+      }
+      break;
+    default: throw std::invalid_argument(w + ": invalid ScaleRule value");
+  }
 }
 
 /// Everything both paths need about one call.
@@ -131,6 +244,8 @@ struct Plan {
   bool two_d;
   TensorScales ts;
   ScaleParams sp;
+  ElemParams ep;
+  ScaleRule rule;
   Rounding mode;
   const SrKey* sr;
 };
@@ -143,8 +258,11 @@ Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, 
   p.two_d = spec.two_d;
   p.block_cols = (cols + p.B - 1) / p.B;
   p.block_rows = spec.two_d ? (rows + p.B - 1) / p.B : rows;
-  p.ts = tensor_scales(g, spec.target);
-  p.sp = scale_params(spec.scale_format);
+  p.ep = elem_params(spec.element);
+  p.rule = spec.scale_rule;
+  p.ts = p.rule == ScaleRule::TensorScaled ? tensor_scales(g, spec.target, p.ep.emax)
+                                           : TensorScales{1.0f, 1.0f, 1.0f};  // no tensor scale
+  p.sp = scale_params(spec_scale_format(spec));
   p.mode = spec.rounding;
   p.sr = sr;
   return p;
@@ -171,7 +289,9 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
   }
   // 2. block scales
   for (int64_t bc = 0; bc < p.block_cols; ++bc) {
-    scale_buf[bc] = block_scale(amax_buf[bc], p.ts.mult, p.sp);
+    scale_buf[bc] = p.rule == ScaleRule::TensorScaled
+                        ? block_scale(amax_buf[bc], p.ts.mult, p.sp)
+                        : mx_block_scale(amax_buf[bc], p.rule, p.ep, p.sp);
     on_block(br, bc, amax_buf[bc], scale_buf[bc]);
   }
   // 3. elements
@@ -185,12 +305,12 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
       if (p.mode == Rounding::SR8) {
         for (int64_t c = c0; c < c1; ++c) {
           const float xv = x[base + c];
-          on_elem(base + c, quant_mag(xv, e, Rounding::SR8, sr_buf[c]), xv, d);
+          on_elem(base + c, quant_mag(xv, e, p.ep, Rounding::SR8, sr_buf[c]), xv, d);
         }
       } else {
         for (int64_t c = c0; c < c1; ++c) {
           const float xv = x[base + c];
-          on_elem(base + c, quant_mag(xv, e, Rounding::RNE, 0), xv, d);
+          on_elem(base + c, quant_mag(xv, e, p.ep, Rounding::RNE, 0), xv, d);
         }
       }
     }
@@ -225,6 +345,38 @@ void run_all(const char* where, const float* x, const Plan& p, BlockSink on_bloc
 
 }  // namespace
 
+ScaleRule parse_scale_rule(const std::string& s) {
+  if (s == "tensor-scaled") return ScaleRule::TensorScaled;
+  if (s == "mx-te") return ScaleRule::MxTe;
+  if (s == "mx-ocp") return ScaleRule::MxOcp;
+  throw std::invalid_argument("unknown scale rule '" + s +
+                              "' (valid choices: tensor-scaled, mx-te, mx-ocp)");
+}
+
+const char* scale_rule_name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::TensorScaled: return "tensor-scaled";
+    case ScaleRule::MxTe: return "mx-te";
+    case ScaleRule::MxOcp: return "mx-ocp";
+  }
+  return "?";
+}
+
+const FloatFormat& spec_scale_format(const BlockQuantSpec& spec) {
+  return spec.scale_desc ? *spec.scale_desc : scale_format_desc(spec.scale_format);
+}
+
+void set_scale_format(BlockQuantSpec& spec, const std::string& name) {
+  const FloatFormat& f = parse_block_scale_format(name);
+  ScaleFormat e;
+  if (scale_format_of(f, &e)) {
+    spec.scale_format = e;
+    spec.scale_desc = nullptr;
+  } else {
+    spec.scale_desc = &f;
+  }
+}
+
 float tensor_amax(const float* x, int64_t n) {
   if (n < 0) throw std::invalid_argument("tensor_amax: negative length");
   uint32_t m = 0;
@@ -256,14 +408,23 @@ QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
   float* scales = q.scales.data();
   uint8_t* codes = q.codes.data();
   const int64_t bcols = p.block_cols;
-  run_all(
-      "quantize_blocks", x, p,
-      [=](int64_t br, int64_t bc, float a_b, float c_b) {
-        amax[br * bcols + bc] = a_b;
-        scales[br * bcols + bc] = c_b;
-      },
-      [=](int64_t idx, float v, float xv, float) { codes[idx] = e2m1_code(v, xv); });
-  for (size_t b = 0; b < nb; ++b) q.scale_codes[b] = scale_encode(q.scales[b], spec.scale_format);
+  const ElemParams ep = p.ep;
+  auto on_block = [=](int64_t br, int64_t bc, float a_b, float c_b) {
+    amax[br * bcols + bc] = a_b;
+    scales[br * bcols + bc] = c_b;
+  };
+  if (ep.kind == ElemParams::kE2M1Kind) {
+    run_all("quantize_blocks", x, p, on_block,
+            [=](int64_t idx, float v, float xv, float) { codes[idx] = e2m1_code(v, xv); });
+  } else {
+    run_all("quantize_blocks", x, p, on_block,
+            [=](int64_t idx, float v, float xv, float) { codes[idx] = elem_code(v, xv, ep); });
+  }
+  if (spec.scale_desc) {
+    for (size_t b = 0; b < nb; ++b) q.scale_codes[b] = format_code_of(q.scales[b], *spec.scale_desc);
+  } else {
+    for (size_t b = 0; b < nb; ++b) q.scale_codes[b] = scale_encode(q.scales[b], spec.scale_format);
+  }
   return q;
 }
 
@@ -276,6 +437,38 @@ void dequantize(const QuantizedTensor& q, float* out) {
       q.block_rows != (q.spec.two_d ? (q.rows + B - 1) / B : q.rows)) {
     throw std::invalid_argument("dequantize: inconsistent QuantizedTensor shapes");
   }
+  // Element decode table: E2M1 keeps e2m1_decode (low 4 bits); other formats decode through
+  // a table of their valid codes, and any other code is an error.
+  const bool e2m1 = q.spec.element.is_e2m1();
+  float lut[256];
+  if (!e2m1) {
+    const ElementFormat& ef = q.spec.element;
+    if (ef.kind == ElementKind::Float ? ef.fp == nullptr || ef.fp->bits() > 8
+                                      : !(ef.int_min < 0 && ef.int_max > 0 && ef.int_min >= -128 &&
+                                          ef.int_max <= 127)) {
+      throw std::invalid_argument("dequantize: invalid element format in the QuantizedTensor");
+    }
+    const int nb = ef.bits();
+    bool valid[256];
+    for (int c = 0; c < 256; ++c) {
+      bool ok = c < (1 << nb);
+      if (ok && ef.kind == ElementKind::Float) {
+        ok = (c & ((1 << (ef.fp->exp_bits + ef.fp->frac_bits)) - 1)) <= ef.fp->max_code();
+      } else if (ok) {
+        const int v = (c & (1 << (nb - 1))) ? c - (1 << nb) : c;
+        ok = v >= ef.int_min && v <= ef.int_max;
+      }
+      valid[c] = ok;
+      lut[c] = ok ? element_decode(static_cast<uint8_t>(c), ef) : 0.0f;
+    }
+    for (size_t i = 0; i < q.codes.size(); ++i) {
+      if (!valid[q.codes[i]]) {
+        throw std::invalid_argument("dequantize: element " + std::to_string(i) + " has code " +
+                                    std::to_string(q.codes[i]) + ", not a valid " +
+                                    q.spec.element.name() + " code");
+      }
+    }
+  }
   const bool par = q.rows * q.cols >= kParallelMin;
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t r = 0; r < q.rows; ++r) {
@@ -283,8 +476,14 @@ void dequantize(const QuantizedTensor& q, float* out) {
     for (int64_t bc = 0; bc < q.block_cols; ++bc) {
       const float d = q.scales[static_cast<size_t>(br * q.block_cols + bc)] * q.gd;
       const int64_t c1 = std::min(q.cols, (bc + 1) * B);
-      for (int64_t c = bc * B; c < c1; ++c) {
-        out[r * q.cols + c] = e2m1_decode(q.codes[static_cast<size_t>(r * q.cols + c)]) * d;
+      if (e2m1) {
+        for (int64_t c = bc * B; c < c1; ++c) {
+          out[r * q.cols + c] = e2m1_decode(q.codes[static_cast<size_t>(r * q.cols + c)]) * d;
+        }
+      } else {
+        for (int64_t c = bc * B; c < c1; ++c) {
+          out[r * q.cols + c] = lut[q.codes[static_cast<size_t>(r * q.cols + c)]] * d;
+        }
       }
     }
   }
@@ -294,12 +493,22 @@ void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const Block
                          float g, const SrKey* sr, float* out) {
   validate("quantize_dequantize", rows, cols, spec, g, sr);
   const Plan p = make_plan(rows, cols, spec, g, sr);
-  run_all(
-      "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
-      [=](int64_t idx, float v, float xv, float d) {
-        // ±v is exactly e2m1_decode(e2m1_code(v, xv)); then x̂ = q·d_b as in dequantize.
-        out[idx] = std::copysign(v, xv) * d;
-      });
+  if (p.ep.kind == ElemParams::kE2M1Kind) {
+    run_all(
+        "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
+        [=](int64_t idx, float v, float xv, float d) {
+          // ±v is exactly e2m1_decode(e2m1_code(v, xv)); then x̂ = q·d_b as in dequantize.
+          out[idx] = std::copysign(v, xv) * d;
+        });
+  } else {
+    const ElemParams ep = p.ep;
+    run_all(
+        "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
+        [=](int64_t idx, float v, float xv, float d) {
+          // elem_value is exactly element_decode(elem_code(v, xv)).
+          out[idx] = elem_value(v, xv, ep) * d;
+        });
+  }
 }
 
 TensorReference::TensorReference(int interval) : interval_(interval) {

@@ -23,6 +23,12 @@ double QTensor::bits_per_element() const {
 
 QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts) {
   const int64_t n = q.rows * q.cols;
+  if (!q.spec.element.is_e2m1() || q.spec.scale_desc != nullptr ||
+      q.spec.scale_rule != ScaleRule::TensorScaled)
+    throw std::invalid_argument(
+        "pack: QTensor holds E2M1 elements with tensor-scaled ue5m3/ue5m3-ptx/e4m3/ue8m0 block "
+        "scales; got element " + q.spec.element.name() + ", scale rule " +
+        scale_rule_name(q.spec.scale_rule));
   if (q.codes.size() != static_cast<size_t>(n) ||
       q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols))
     throw std::invalid_argument("pack: inconsistent QuantizedTensor shapes");

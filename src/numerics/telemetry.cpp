@@ -11,8 +11,8 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
                        float g, const SrKey* sr) {
   const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
   QuantStats s;
-  const FloatFormat& sf = scale_format_desc(spec.scale_format);
-  const float mult = q.ge * (1.0f / 6.0f);  // the block-scale multiplier of E2M1 elements
+  const FloatFormat& sf = spec_scale_format(spec);
+  const float mult = q.ge * (1.0f / spec.element.max());  // the block-scale multiplier
   const size_t nb = q.scales.size();
   int64_t sat = 0, guard = 0;
   for (size_t b = 0; b < nb; ++b) {

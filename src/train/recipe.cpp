@@ -41,15 +41,23 @@ LinearMode Recipe::block_mode(int b, int n_blocks) const {
   return LinearMode::FP4;
 }
 
-BlockQuantSpec Recipe::spec_x() const {
-  return BlockQuantSpec{scale_format, block, false, scale_target, round_x};
+std::string Recipe::scale_format_str() const {
+  return scale_desc ? scale_desc->name : scale_format_name(scale_format);
 }
-BlockQuantSpec Recipe::spec_w() const {
-  return BlockQuantSpec{scale_format, block, weight_2d, scale_target, round_w};
+
+namespace {
+BlockQuantSpec make_spec(const Recipe& r, bool two_d, Rounding rounding) {
+  BlockQuantSpec s{r.scale_format, r.block, two_d, r.scale_target, rounding};
+  s.element = parse_element_format(r.element_format);
+  s.scale_rule = r.scale_rule;
+  s.scale_desc = r.scale_desc;
+  return s;
 }
-BlockQuantSpec Recipe::spec_dy() const {
-  return BlockQuantSpec{scale_format, block, false, scale_target, round_dy};
-}
+}  // namespace
+
+BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, false, round_x); }
+BlockQuantSpec Recipe::spec_w() const { return make_spec(*this, weight_2d, round_w); }
+BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, false, round_dy); }
 
 Recipe load_recipe_file(const std::filesystem::path& file) {
   detail::TomlReader r(file);
@@ -65,11 +73,37 @@ Recipe load_recipe_file(const std::filesystem::path& file) {
   r.choice("linear.gemm", rc.gemm, {"decoded"});
 
   r.get("fp4.element_format", rc.element_format);
-  r.choice("fp4.element_format", rc.element_format, {"e2m1"});
-  s = scale_format_name(rc.scale_format);
+  try {
+    rc.element_format = parse_element_format(rc.element_format).name();
+  } catch (const std::invalid_argument& e) {
+    r.fail("fp4.element_format",
+           "an element format (e2m1, e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, e<E>m<M>, int4, "
+           "int4-sym), got \"" + rc.element_format + "\": " + e.what());
+  }
+  s = rc.scale_format_str();
   r.get("fp4.scale_format", s);
-  r.choice("fp4.scale_format", s, {"ue5m3", "ue5m3-ptx", "e4m3", "ue8m0"});
-  rc.scale_format = parse_scale_format(s);
+  try {
+    BlockQuantSpec tmp;
+    set_scale_format(tmp, s);
+    rc.scale_format = tmp.scale_format;
+    rc.scale_desc = tmp.scale_desc;
+  } catch (const std::invalid_argument& e) {
+    r.fail("fp4.scale_format",
+           "a block-scale format (ue5m3, ue5m3-ptx, e4m3, ue8m0, ue4m3, ue<E>m<M>), got \"" + s +
+               "\": " + e.what());
+  }
+  s = scale_rule_name(rc.scale_rule);
+  r.get("fp4.scale_rule", s);
+  r.choice("fp4.scale_rule", s, {"tensor-scaled", "mx-te", "mx-ocp"});
+  rc.scale_rule = parse_scale_rule(s);
+  if (rc.scale_rule != ScaleRule::TensorScaled) {
+    const FloatFormat& sf = rc.scale_desc ? *rc.scale_desc : scale_format_desc(rc.scale_format);
+    if (sf.frac_bits != 0) {
+      r.fail("fp4.scale_rule", std::string("a power-of-two scale_format (ue8m0) with \"") +
+                                   scale_rule_name(rc.scale_rule) + "\", got scale_format = \"" +
+                                   sf.name + "\"");
+    }
+  }
   r.get("fp4.block", rc.block);
   r.range("fp4.block", rc.block, 1, 256);
   r.get("fp4.weight_2d", rc.weight_2d);
@@ -124,7 +158,8 @@ std::string recipe_to_toml(const Recipe& r) {
   o << "description = " << detail::toml_quote(r.description) << "\n";
   o << "[linear]\nmode = \"" << linear_mode_name(r.mode) << "\"\ngemm = \"" << r.gemm << "\"\n";
   o << "[fp4]\nelement_format = \"" << r.element_format << "\"\nscale_format = \""
-    << scale_format_name(r.scale_format) << "\"\nblock = " << r.block
+    << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
+    << "\"\nblock = " << r.block
     << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << r.scale_target
     << "\namax_interval = " << r.amax_interval << "\nrht_wgrad = " << (r.rht_wgrad ? "true" : "false")
     << "\n";
