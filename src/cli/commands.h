@@ -5,5 +5,6 @@
 
 namespace fp4::cli {
 void register_quant(CLI::App& app);
+void register_gemm(CLI::App& app);
 void register_train(CLI::App& app);
 }  // namespace fp4::cli

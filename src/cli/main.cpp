@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   fp4::cli::register_train(app);
   fp4::cli::register_quant(app);
+  fp4::cli::register_gemm(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

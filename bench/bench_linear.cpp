@@ -1,0 +1,59 @@
+// One training step of a Linear (fprop + dgrad + wgrad) at M = 4096 tokens, K = N = 1024:
+// FP32 (the three oneDNN GEMMs alone) versus the FP4 recipes in decoded-GEMM mode
+// (quantize every operand, then the same three GEMMs). Issue 3 target: FP4 ≤ 1.25× FP32.
+// Run: ./build/bench_linear --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+// and compare the medians (the ratio is what matters on a shared, noisy machine).
+#include <benchmark/benchmark.h>
+
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "fp4/nn/linear.h"
+#include "fp4/recipe.h"
+
+namespace {
+constexpr int64_t kM = 4096, kK = 1024, kN = 1024;
+
+struct Fixture {
+  std::vector<float> X, W, dY, Y, dX, dW;
+  Fixture() : X(kM * kK), W(kN * kK), dY(kM * kN), Y(kM * kN), dX(kM * kK), dW(kN * kK) {
+    std::mt19937 g(1);
+    std::normal_distribution<float> d;
+    for (auto& v : X) v = d(g);
+    for (auto& v : W) v = 0.02f * d(g);
+    for (auto& v : dY) v = 1e-4f * d(g);
+  }
+};
+
+void run(benchmark::State& state, const fp4::Recipe& r) {
+  static Fixture f;
+  fp4::nn::Linear lin(0, kK, kN, r.block_mode(0, 1), r);
+  lin.bind(f.W.data(), f.dW.data());
+  fp4::nn::StepContext ctx;
+  int64_t step = 1;
+  for (auto _ : state) {
+    ctx.step = step++;
+    lin.forward(f.X.data(), f.Y.data(), kM, ctx);
+    lin.backward(f.dY.data(), f.dX.data(), kM, ctx);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(6.0 * kM * kN * kK * state.iterations(),
+                                                 benchmark::Counter::kIsRate);
+}
+
+fp4::Recipe recipe(const char* name) {
+  return fp4::load_recipe(name, std::filesystem::path(FP4_BENCH_SOURCE_DIR) / "configs/recipes");
+}
+
+void BM_LinearStep_fp32(benchmark::State& s) { run(s, recipe("fp32")); }
+void BM_LinearStep_bf16(benchmark::State& s) { run(s, recipe("bf16")); }
+void BM_LinearStep_ue5m3_b16(benchmark::State& s) { run(s, recipe("ue5m3-b16")); }
+void BM_LinearStep_nvfp4_te(benchmark::State& s) { run(s, recipe("nvfp4-te")); }
+BENCHMARK(BM_LinearStep_fp32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_bf16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_ue5m3_b16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_nvfp4_te)->Unit(benchmark::kMillisecond)->UseRealTime();
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,93 @@
+// Quantized GEMM emulation: C [M, N] = A [M, K] · B [N, K]ᵀ for two block-scaled FP4 operands
+// quantized along K (the contraction dim), in the two modes of shared/NUMERICS.md
+// "GEMM emulation":
+//
+//  * decoded (training default): dequantize both operands to FP32 (x̂ = q·d_b, d_b = c_b·gd)
+//    and run the FP32 GEMM fp4::sgemm.
+//  * probe-matched (fidelity mode): the native Blackwell FP4 GEMM's arithmetic as probed in
+//    the paper (arXiv 2609.02846): operands held as q·c_b (E2M1 value times decoded block
+//    scale, no tensor scale); each output is a sum over K-chunks of 64 products [k0, k0 + 64)
+//    (the last chunk shorter when K % 64 != 0); each chunk's sum is computed exactly and
+//    rounded ONCE to FP32 (round to nearest even); the chunk sums are accumulated in K order
+//    starting from +0 with FP32 round-toward-zero additions; the accumulator is snapped to the
+//    1/1024 grid with round to nearest even; the result is multiplied (FP32, RNE) by
+//    α = fl(gd_a · gd_b), the product of the two tensor decode scales.
+//
+// The probe-matched result is bit-exact by construction (see docs/gemm.md for the
+// arguments): every intermediate is computed exactly and rounded exactly once per rule, so
+// the bits do not depend on the kernel (AVX-512 VNNI or portable), the thread count or the
+// tiling.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "fp4/block_quant.h"
+
+namespace fp4 {
+
+/// How a quantized GEMM is emulated (recipe field `[linear] gemm`).
+enum class GemmMode { Decoded, ProbeMatched };
+
+/// Parse "decoded" or "probe-matched". Throws std::invalid_argument naming the value and the
+/// valid choices.
+GemmMode parse_gemm_mode(const std::string& s);
+/// Canonical name, inverse of parse_gemm_mode: "decoded", "probe-matched".
+const char* gemm_mode_name(GemmMode m);
+
+/// Products per K-chunk of the probe-matched mode.
+inline constexpr int kProbeChunk = 64;
+/// The accumulator is snapped to multiples of 2^-kProbeSnapBits (1/1024).
+inline constexpr int kProbeSnapBits = 10;
+
+/// Which probe-matched kernel runs. Both give identical bits; Portable exists for CPUs
+/// without AVX-512 VNNI and so tests can compare the two.
+enum class ProbeKernel {
+  Auto,        ///< AVX-512 VNNI when the CPU has it, else Portable
+  Portable,    ///< plain C++ (OpenMP over rows)
+  Avx512Vnni,  ///< int8 dot products with vpdpbusd; throws std::runtime_error if unsupported
+};
+
+struct ProbeGemmOptions {
+  ProbeKernel kernel = ProbeKernel::Auto;
+};
+
+/// True if this CPU (and build) can run ProbeKernel::Avx512Vnni.
+bool probe_gemm_avx512_available();
+
+/// α = fl(gd_a · gd_b) (FP32 product of the tensor decode scales, RNE): the factor the
+/// probe-matched result is multiplied by. Equals fl(g_a·g_b / ((T_a·6)(T_b·6))) up to the
+/// roundings inside gd = 1/((T·6)/g); gd is what QuantizedTensor stores, so gd is used.
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
+
+/// Probe-matched GEMM: c [M, N] (row-major, overwritten, ldc = N) = A·Bᵀ with
+/// A = `a` [M = a.rows, K = a.cols], B = `b` [N = b.rows, K = b.cols], both quantized along K
+/// (1-D blocks of any length, or 2-D tiles; block lengths may differ between a and b) with
+/// E2M1 elements and any scale rule (MX rules have gd = 1, so α = 1).
+/// Rules in the file comment. Non-finite results: a chunk sum beyond FP32 range rounds to
+/// ±Inf (RNE overflow) and propagates (Inf − Inf = NaN); RTZ accumulation of finite chunk sums
+/// saturates at ±FLT_MAX instead. This only happens with UE8M0 scales near 2^127. An exactly
+/// zero chunk sum is +0; the snap keeps the sign, so a tiny negative accumulator gives −0.
+/// Needs the default FP environment (round to nearest, no flush-to-zero / denormals-are-zero).
+/// Throws std::invalid_argument if a.cols != b.cols, if either
+/// QuantizedTensor is inconsistent (vector sizes vs shapes and block grid, block ≤ 0, codes
+/// > 15), if its element format is not E2M1, if a block scale is not finite and > 0 or has more
+/// than 8 significant bits (every scale format here has at most 8), or if gd is not finite
+/// and > 0 (codes and scales are checked while packing, so c may be partly written when it
+/// throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni on a CPU
+/// without it. OpenMP-parallel over (64-row group, B panels) tasks, dynamically scheduled, each
+/// operand part packed once by the first task that needs it; bits do not depend on the thread
+/// count. Keeps its packing buffers (about (M + N)·K bytes plus per-segment scales) per
+/// calling thread between calls, so repeated calls reuse them.
+void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
+                const ProbeGemmOptions& options = {});
+
+/// Decoded GEMM: c [M, N] (row-major, overwritten, ldc = N) = Â·B̂ᵀ with Â, B̂ the FP32
+/// dequantized operands (fp4::dequantize: x̂ = q·(c_b·gd)) and fp4::sgemm (oneDNN, FP32
+/// accumulation, deterministic). Throws std::invalid_argument on a.cols != b.cols or an
+/// inconsistent QuantizedTensor.
+void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c);
+
+/// decoded_gemm or probe_gemm (default options) by mode.
+void quantized_gemm(GemmMode mode, const QuantizedTensor& a, const QuantizedTensor& b, float* c);
+
+}  // namespace fp4

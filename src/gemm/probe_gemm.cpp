@@ -1,0 +1,856 @@
+// Quantized GEMM emulation: decoded (dequantize + FP32 sgemm) and probe-matched (the native
+// FP4 GEMM's chunked arithmetic, bit-exact). Contract: shared/NUMERICS.md "GEMM emulation";
+// rules and exactness arguments restated in include/fp4/probe_gemm.h and docs/gemm.md.
+//
+// How the probe-matched result is computed exactly and fast
+// ---------------------------------------------------------
+// Lattice. An E2M1 value is q = n/2 with n ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}. Every block scale
+// of the four contract formats has at most 4 significant bits: c = m·2^e with an integer
+// m ∈ [8, 15] (frexp-normalised). So one operand value is q·c = n·m·2^(e−1) and one product is
+// (n_a·n_b)·(m_a·m_b)·2^(e_a+e_b−2), an integer of at most 144·225 = 32400 < 2^15 times a power
+// of two. (Spelled scale formats with up to 7 fraction bits are handled the same way with
+// m < 2^8 and a correspondingly smaller span limit, below.)
+//
+// Segments. Along K, a *segment* is a maximal run of k inside one block of A, one block of B
+// and one 64-chunk, so both scales are constant on it. Its contribution is
+//     D_s · (c_a/2)·(c_b/2)   with   D_s = Σ_{k in s} n_a[k]·n_b[k]  (an exact int32 dot),
+// |D_s| ≤ 144·64 < 2^14. D_s·(c_a/2)·(c_b/2) is exact in double (at most 14 + 8 significant
+// bits, 14 + 16 with 8-bit scale mantissas).
+//
+// Chunk sum exact in double (fast path). Within a chunk, let u_s = e_a,s + e_b,s and
+// span = max u_s − min u_s over segments whose operands are not all zero. Every term is an
+// integer multiple of 2^(min u − 2) and the whole chunk is bounded by
+//     Σ_k |n_a n_b m_a m_b| · 2^(max u − 2) ≤ 64·32400·2^span · 2^(min u − 2) < 2^(21 + span) units,
+// so every partial sum, in any order, is an integer below 2^53 units when span ≤ 32: each double
+// addition is exact, and the final conversion double → float is the single RNE rounding of the
+// exact chunk sum. (Exponents stay far inside double's range: |u| ≤ 2·160.) In general the
+// limit is 53 − bitlength(64·144·max m_a·max m_b), i.e. 32 for 4-bit scale mantissas. We bound
+// span per output by span_A(row i, chunk) + span_B(row j, chunk) (exponent ranges of the
+// nonzero segments, precomputed per row); the rare outputs where that bound exceeds the limit
+// (block scales of one row 2^16 or more apart inside one 64-chunk, on both sides) are
+// recomputed with an exact multi-word integer sum and explicit RNE (round_terms_rne).
+//
+// Kernels. Portable: per output, int32 segment dots, double chunk sums, add_rtz, finish.
+// AVX-512 VNNI: B packed in panels of 32 columns as bytes n_b + 12 (unsigned), A's n_a as the
+// broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
+// segment the 4×32 tile's D_s are converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
+// per chunk one RNE conversion to FP32 and one RTZ addition. Every step is exact or a single
+// IEEE rounding, so both kernels give the same bits; tests compare them with an independent
+// reference.
+//
+// RTZ accumulation. The SIMD kernel uses the hardware's FP32 addition with embedded
+// round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition. The portable path uses
+// add_rtz below: the double sum of two floats is NOT always exact (exponents further apart
+// than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose truncation would be
+// wrong), so it computes the TwoSum error term and corrects the truncation with it.
+//
+// Snap: 2^-10·RNE(2^10·x): exact in double (x·1024 exact, rint exact, /1024 exact, and the
+// result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the SIMD
+// kernel uses vrndscaleps with 10 fraction bits and RNE, the same function.
+#include "fp4/probe_gemm.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <array>
+#include <bit>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fp4/gemm.h"
+
+namespace fp4 {
+
+GemmMode parse_gemm_mode(const std::string& s) {
+  if (s == "decoded") return GemmMode::Decoded;
+  if (s == "probe-matched") return GemmMode::ProbeMatched;
+  throw std::invalid_argument("unknown GEMM mode '" + s +
+                              "' (valid choices: decoded, probe-matched)");
+}
+
+const char* gemm_mode_name(GemmMode m) {
+  return m == GemmMode::Decoded ? "decoded" : "probe-matched";
+}
+
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) { return a.gd * b.gd; }
+
+namespace {
+
+/// Bound on span_A + span_B under which the chunk sum in double is exact (see file comment):
+/// every chunk sum is < 2^(bitlength(64·144·max m_a·max m_b) + span) units and must stay ≤ 2^53.
+int span_limit(int mmax_a, int mmax_b) {
+  const int64_t bound = int64_t{kProbeChunk} * 144 * mmax_a * mmax_b;
+  return 53 - (64 - std::countl_zero(static_cast<uint64_t>(bound)));
+}
+/// n = 2q for each E2M1 code.
+constexpr int8_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/// Offset making B's n_b unsigned for vpdpbusd (u8 × s8); undone by −12·Σ n_a.
+constexpr int kNOffset = 12;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/// Tile shape of the AVX-512 kernel (rows of A padded to a multiple of kMR; B packed in
+/// panels of kNR columns).
+constexpr int kMR = 4;
+constexpr int kNRV = 2;  // 16-column vectors per tile
+constexpr int kNR = 16 * kNRV;
+
+/// Shapes and element format (codes are checked while packing).
+void check_tensor(const char* name, const QuantizedTensor& q) {
+  const std::string w = std::string("probe_gemm: operand ") + name;
+  const int64_t B = q.spec.block;
+  if (B <= 0) throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(B));
+  if (q.rows < 0 || q.cols < 0 || q.codes.size() != static_cast<size_t>(q.rows * q.cols) ||
+      q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols) ||
+      q.block_cols != (q.cols + B - 1) / B ||
+      q.block_rows != (q.spec.two_d ? (q.rows + B - 1) / B : q.rows)) {
+    throw std::invalid_argument(w + ": inconsistent QuantizedTensor shapes (rows " +
+                                std::to_string(q.rows) + ", cols " + std::to_string(q.cols) +
+                                ", block grid " + std::to_string(q.block_rows) + "x" +
+                                std::to_string(q.block_cols) + ")");
+  }
+  if (!q.spec.element.is_e2m1()) {
+    throw std::invalid_argument(w + ": element format " + q.spec.element.name() +
+                                " is not supported; the probe-matched GEMM models the native "
+                                "E2M1 FP4 GEMM (use the decoded mode)");
+  }
+  if (!(q.gd > 0.0f) || std::isinf(q.gd)) {
+    throw std::invalid_argument(w + ": tensor decode scale gd must be finite and > 0, got " +
+                                std::to_string(q.gd));
+  }
+}
+
+/// Along-K plan shared by both operands: segments (runs with constant scales of A and B inside
+/// one 64-chunk), each padded to a multiple of 4 in the packed layout.
+struct Segment {
+  int64_t k0, k1;   ///< [k0, k1) in K
+  int64_t p0;       ///< offset in the packed (padded) K layout, multiple of 4
+  int64_t plen;     ///< padded length, multiple of 4
+  int64_t bc[2];    ///< block column of operand A (0) and B (1)
+};
+struct Plan {
+  int64_t K = 0, Kp = 0, nchunk = 0, nseg = 0;
+  bool contiguous = true;  ///< p0 == k0 for every segment: packed layout = K layout + tail pad
+  std::vector<Segment> segs;
+  std::vector<int64_t> chunk_first;  ///< [nchunk + 1]: segments of chunk c are [first[c], first[c+1])
+};
+
+Plan make_plan(int64_t K, int64_t block_a, int64_t block_b) {
+  Plan p;
+  p.K = K;
+  p.nchunk = (K + kProbeChunk - 1) / kProbeChunk;
+  int64_t k = 0, p0 = 0;
+  p.chunk_first.push_back(0);
+  while (k < K) {
+    const int64_t k1 = std::min({K, (k / block_a + 1) * block_a, (k / block_b + 1) * block_b,
+                                 (k / kProbeChunk + 1) * kProbeChunk});
+    Segment s{k, k1, p0, round_up(k1 - k, 4), {k / block_a, k / block_b}};
+    p.contiguous &= s.p0 == s.k0;
+    p.segs.push_back(s);
+    p0 += s.plen;
+    k = k1;
+    if (k % kProbeChunk == 0 || k == K) p.chunk_first.push_back(static_cast<int64_t>(p.segs.size()));
+  }
+  p.Kp = p0;
+  p.nseg = static_cast<int64_t>(p.segs.size());
+  return p;
+}
+
+/// c = mant·2^ex exactly (mant < 2^24) for a finite c > 0; returns false otherwise.
+inline bool split_scale(float c, uint32_t& mant, int& ex) {
+  const uint32_t bits = std::bit_cast<uint32_t>(c);
+  const uint32_t field = bits >> 23;  // sign bit included: negative values fail here
+  if (!(c > 0.0f) || field >= 255) return false;
+  mant = field ? ((bits & 0x7FFFFFu) | 0x800000u) : (bits & 0x7FFFFFu);
+  ex = field ? static_cast<int>(field) - 150 : -149;
+  return true;
+}
+
+/// Fraction bits block scale c needs (0 for powers of two, 3 for the contract's formats), or
+/// 99 if c is not finite and > 0.
+inline int scale_frac_bits(float c) {
+  uint32_t mant = 0;
+  int ex = 0;
+  if (!split_scale(c, mant, ex)) return 99;
+  return 31 - std::countl_zero(mant) - std::countr_zero(mant);
+}
+
+/// One operand in lattice form: n = 2q per element in the padded K layout, and per
+/// (row, segment) its block scale (c/2 in double; m and e) and the correction −12·Σ n that
+/// undoes the AVX-512 kernel's +12 offset on the other operand.
+struct Packed {
+  int64_t rows = 0;
+  std::vector<int8_t> n;      ///< [rows_alloc][Kp], zero padded (rows_alloc ≥ rows)
+  std::vector<double> hs;     ///< [rows_alloc][nseg] c/2 (0 in padding rows)
+  std::vector<int32_t> corr;  ///< [rows_alloc][nseg] −12·Σ n over the segment (0 in padding rows)
+  std::vector<uint8_t> man;   ///< [rows][nseg] m
+  std::vector<int16_t> ex;    ///< [rows][nseg] e
+  std::vector<int16_t> span;  ///< [rows][nchunk] max e − min e over the chunk's nonzero segments
+  int max_span = 0;
+  int mmax = 15;              ///< bound on m: 2^(F+1) − 1
+};
+
+/// Size P's buffers (reusing their capacity) and zero the padding rows; rows < `rows` are
+/// written completely by pack_row.
+void init_packed(Packed& P, const Plan& pl, int64_t rows, int64_t rows_alloc, int F) {
+  P.rows = rows;
+  P.mmax = (2 << F) - 1;  // m < 2^(F+1)
+  P.n.resize(static_cast<size_t>(rows_alloc * pl.Kp));
+  P.hs.resize(static_cast<size_t>(rows_alloc * pl.nseg));
+  P.corr.resize(static_cast<size_t>(rows_alloc * pl.nseg));
+  std::fill(P.n.begin() + rows * pl.Kp, P.n.end(), int8_t{0});
+  std::fill(P.hs.begin() + rows * pl.nseg, P.hs.end(), 0.0);
+  std::fill(P.corr.begin() + rows * pl.nseg, P.corr.end(), 0);
+  P.man.resize(static_cast<size_t>(rows * pl.nseg));
+  P.ex.resize(static_cast<size_t>(rows * pl.nseg));
+  P.span.resize(static_cast<size_t>(rows * pl.nchunk));
+}
+
+/// Σ n[0..len) and whether any is nonzero: 8 bytes at a time, each biased to n + 12 ∈ [0, 24]
+/// so that one multiply sums the 8 bytes of a word (≤ 192) without carries between bytes.
+inline void seg_stats(const int8_t* n, int64_t len, int32_t& sum, bool& nz) {
+  uint64_t any = 0;
+  int32_t s = 0;
+  int64_t k = 0;
+  for (; k + 8 <= len; k += 8) {
+    uint64_t w;
+    std::memcpy(&w, n + k, 8);
+    any |= w;
+    w = ((w & 0x7F7F7F7F7F7F7F7Full) + 0x0C0C0C0C0C0C0C0Cull) ^ (w & 0x8080808080808080ull);
+    s += static_cast<int32_t>((w * 0x0101010101010101ull) >> 56) - 8 * kNOffset;
+  }
+  for (; k < len; ++k) {
+    any |= static_cast<uint8_t>(n[k]);
+    s += n[k];
+  }
+  sum = s;
+  nz = any != 0;
+}
+
+/// n[k] = 2·e2m1_decode(codes[k] & 15) for k < K; returns the OR of all codes (> 15 iff a
+/// code is out of range).
+unsigned convert_codes(const uint8_t* codes, int8_t* n, int64_t K) {
+  unsigned all = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    all |= codes[k];
+    n[k] = kTwiceE2M1[codes[k] & 15];
+  }
+  return all;
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (a self-initialised variable) as the
+// merge source of unmasked operations, which -Wuninitialized flags once inlined (here and in
+// simd_tile below).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// convert_codes with a 64-byte table shuffle (vpshufb); same results.
+__attribute__((target("avx512f,avx512bw"))) unsigned convert_codes_avx512(const uint8_t* codes,
+                                                                         int8_t* n, int64_t K) {
+  const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kTwiceE2M1)));
+  const __m512i low = _mm512_set1_epi8(15);
+  __m512i all = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    const __m512i c = _mm512_loadu_si512(codes + k);
+    all = _mm512_or_si512(all, c);
+    _mm512_storeu_si512(n + k, _mm512_shuffle_epi8(table, _mm512_and_si512(c, low)));
+  }
+  const __m512i hi = _mm512_andnot_si512(low, all);  // any bit above the low 4
+  return (_mm512_test_epi8_mask(hi, hi) ? 16u : 0u) | convert_codes(codes + k, n + k, K - k);
+}
+#pragma GCC diagnostic pop
+#endif
+
+/// Problems pack_row reports (OR-ed over rows; the caller throws or retries after packing).
+enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
+
+/// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)).
+/// Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a scale that
+/// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
+unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
+                  Packed& P, bool avx512) {
+  const int64_t K = q.cols, Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk, B = q.spec.block;
+  const uint8_t* codes = q.codes.data() + r * K;
+  int8_t* n = P.n.data() + r * Kp;
+  unsigned all = 0;
+  if (pl.contiguous) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    all = avx512 ? convert_codes_avx512(codes, n, K) : convert_codes(codes, n, K);
+#else
+    (void)avx512;
+    all = convert_codes(codes, n, K);
+#endif
+    std::fill(n + K, n + Kp, int8_t{0});
+  } else {
+    for (const Segment& sg : pl.segs)
+      for (int64_t k = sg.k0; k < sg.k1; ++k) {
+        all |= codes[k];
+        n[sg.p0 + (k - sg.k0)] = kTwiceE2M1[codes[k] & 15];
+      }
+    for (const Segment& sg : pl.segs) std::fill(n + sg.p0 + (sg.k1 - sg.k0), n + sg.p0 + sg.plen, int8_t{0});
+  }
+  unsigned flags = all > 15 ? kBadCode : 0u;
+  const int64_t br = q.spec.two_d ? r / B : r;
+  for (int64_t c = 0; c < nc; ++c) {
+    int lo = INT_MAX, hi = INT_MIN;
+    for (int64_t s = pl.chunk_first[c]; s < pl.chunk_first[c + 1]; ++s) {
+      const Segment& sg = pl.segs[static_cast<size_t>(s)];
+      int32_t sum;
+      bool nz;
+      seg_stats(n + sg.p0, sg.plen, sum, nz);
+      // Block scale c = mant·2^ex = m·2^e with m = mant·2^-sh ∈ [2^F, 2^(F+1)).
+      const float cb = q.scales[static_cast<size_t>(br * q.block_cols + sg.bc[which])];
+      uint32_t mant = 8;
+      int ex = 0;
+      if (!split_scale(cb, mant, ex)) {
+        flags |= kBadScale;
+        mant = 8;
+      }
+      const int top = 31 - std::countl_zero(mant), sh = top - F;
+      if (top - std::countr_zero(mant) > F) flags |= kWiderScale;
+      const int e = ex + sh;
+      const size_t o = static_cast<size_t>(r * ns + s);
+      P.hs[o] = static_cast<double>(cb) * 0.5;
+      P.corr[o] = -kNOffset * sum;
+      P.man[o] = static_cast<uint8_t>(sh >= 0 ? mant >> sh : mant << -sh);
+      P.ex[o] = static_cast<int16_t>(e);
+      if (nz) {
+        lo = std::min(lo, e);
+        hi = std::max(hi, e);
+      }
+    }
+    P.span[static_cast<size_t>(r * nc + c)] = static_cast<int16_t>(hi >= lo ? hi - lo : 0);
+  }
+  return flags;
+}
+
+int max_span_of(const Packed& P) {
+  int m = 0;
+  for (int16_t s : P.span) m = std::max(m, static_cast<int>(s));
+  return m;
+}
+
+[[noreturn]] void throw_bad_scale(const char* name, const QuantizedTensor& q) {
+  size_t b = 0;
+  while (b + 1 < q.scales.size() && scale_frac_bits(q.scales[b]) <= 7) ++b;
+  throw std::invalid_argument(std::string("probe_gemm: operand ") + name + ": block scale " +
+                              std::to_string(b) + " = " + std::to_string(q.scales[b]) +
+                              " must be finite, > 0 and have at most 8 significant bits");
+}
+
+/// Largest number of fraction bits any block scale of q needs (> 7: unsupported).
+int max_scale_frac_bits(const QuantizedTensor& q) {
+  int f = 0;
+  for (float c : q.scales) f = std::max(f, scale_frac_bits(c));
+  return f;
+}
+
+[[noreturn]] void throw_bad_code(const char* name, const QuantizedTensor& q) {
+  size_t i = 0;
+  while (i < q.codes.size() && q.codes[i] <= 15) ++i;
+  throw std::invalid_argument(std::string("probe_gemm: operand ") + name + ": E2M1 code " +
+                              std::to_string(i < q.codes.size() ? q.codes[i] : 0) +
+                              " at element " + std::to_string(i) + " is not in 0..15");
+}
+
+// ---- exact scalar building blocks -------------------------------------------------------
+
+/// v·2^u.
+struct Term {
+  int64_t v;
+  int u;
+};
+
+/// RNE rounding to FP32 of the exact value Σ t[i].v·2^(t[i].u), for |v| < 2^31 and n ≤ 64
+/// (any exponents): two's-complement sum on 64-bit words, then IEEE binary32 rounding with
+/// subnormals and overflow to ±Inf. An exact zero gives +0.
+float round_terms_rne(const Term* t, int n) {
+  int umin = INT_MAX, umax = INT_MIN;
+  for (int i = 0; i < n; ++i) {
+    if (t[i].v == 0) continue;
+    umin = std::min(umin, t[i].u);
+    umax = std::max(umax, t[i].u);
+  }
+  if (umin == INT_MAX) return 0.0f;
+  // |Σ| < 64·2^31·2^(umax − umin) = 2^(37 + umax − umin): width bits plus sign fit in L words.
+  const int L = (umax - umin + 38) / 64 + 2;
+  std::vector<uint64_t> w(static_cast<size_t>(L), 0);
+  for (int i = 0; i < n; ++i) {
+    const int64_t v = t[i].v;
+    if (v == 0) continue;
+    const int sh = t[i].u - umin, wi = sh / 64, b = sh % 64;
+    const uint64_t ext = v < 0 ? ~uint64_t{0} : 0;
+    const uint64_t lo = static_cast<uint64_t>(v) << b;
+    const uint64_t hi = b == 0 ? ext : static_cast<uint64_t>(v >> (64 - b));
+    uint64_t carry = 0;
+    for (int k = wi; k < L; ++k) {
+      const uint64_t add = k == wi ? lo : (k == wi + 1 ? hi : ext);
+      const uint64_t s1 = w[static_cast<size_t>(k)] + add;
+      const uint64_t c1 = s1 < add;
+      const uint64_t s2 = s1 + carry;
+      const uint64_t c2 = s2 < carry;
+      w[static_cast<size_t>(k)] = s2;
+      carry = c1 | c2;
+    }
+  }
+  const bool neg = (w[static_cast<size_t>(L - 1)] >> 63) != 0;
+  if (neg) {  // magnitude = ~w + 1
+    uint64_t carry = 1;
+    for (auto& x : w) {
+      x = ~x + carry;
+      carry = (carry && x == 0) ? 1 : 0;
+    }
+  }
+  int top = -1;
+  for (int k = L - 1; k >= 0 && top < 0; --k) {
+    if (w[static_cast<size_t>(k)]) top = 64 * k + 63 - std::countl_zero(w[static_cast<size_t>(k)]);
+  }
+  if (top < 0) return 0.0f;  // exact cancellation: +0
+  auto bit = [&](int pos) { return (w[static_cast<size_t>(pos / 64)] >> (pos % 64)) & 1u; };
+  const int etop = umin + top;
+  const int q = std::max(etop - 23, -149);  // exponent of one FP32 ulp at this magnitude
+  const int sh = q - umin;
+  uint64_t m = 0;
+  int scale_exp;
+  if (sh <= 0) {  // every bit is kept: the value is already on the FP32 grid (or overflows)
+    for (int pos = top; pos >= 0; --pos) m = (m << 1) | bit(pos);
+    scale_exp = umin;
+  } else {
+    for (int pos = top; pos >= sh; --pos) m = (m << 1) | bit(pos);
+    const bool round = bit(sh - 1) != 0;
+    bool sticky = false;
+    for (int pos = sh - 2; pos >= 0 && !sticky; --pos) sticky = bit(pos) != 0;
+    if (round && (sticky || (m & 1u))) ++m;
+    scale_exp = q;
+  }
+  // m < 2^25 and scale_exp within ±400: exact in double; the float conversion is exact, or
+  // overflows to Inf exactly when the rounded value is ≥ 2^128 (IEEE RNE overflow).
+  const float r = static_cast<float>(std::ldexp(static_cast<double>(m), scale_exp));
+  return neg ? -r : r;
+}
+
+/// FP32 addition rounded toward zero, exactly. s = fl64(a + b) may be inexact, so the TwoSum
+/// error e (a + b = s + e exactly, |e| ≤ ulp64(s)/2) decides the truncation: if s is not an
+/// FP32 value, no FP32 value lies between s and s + e (they are ≥ one ulp64 apart on the FP32
+/// grid), so trunc(s + e) = trunc(s); if s is an FP32 value, s + e truncates to s unless e
+/// points toward zero, then to the next FP32 value toward zero. Overflow gives ±FLT_MAX.
+/// Inf/NaN operands follow IEEE (the result does not depend on the rounding mode).
+inline float add_rtz(float a, float b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return a + b;
+  const double x = a, y = b;
+  const double s = x + y;
+  const double bv = s - x;
+  const double e = (x - (s - bv)) + (y - bv);
+  float t = static_cast<float>(s);
+  if (std::fabs(static_cast<double>(t)) > std::fabs(s)) {
+    t = std::nextafter(t, 0.0f);  // rounded away from zero (or to Inf): step back
+  } else if (static_cast<double>(t) == s && e != 0.0 && ((e < 0.0) != (s < 0.0))) {
+    t = std::nextafter(t, 0.0f);
+  }
+  return t;
+}
+
+/// 2^-10·RNE(2^10·x) (exact; sign of zero kept, Inf/NaN pass through), then times α (RNE).
+inline float finish(float acc, float alpha) {
+  const double s = std::nearbyint(static_cast<double>(acc) * 1024.0) / 1024.0;
+  return static_cast<float>(s) * alpha;
+}
+
+inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
+  int32_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < n; ++k) s += static_cast<int32_t>(a[k]) * static_cast<int32_t>(b[k]);
+  return s;
+}
+
+/// One output with the portable scalar path; exact double chunk sums when the span bound
+/// allows, the multi-word sum otherwise.
+float probe_output(const Plan& pl, const Packed& A, int64_t i, const Packed& B, int64_t j,
+                   float alpha, int limit) {
+  const int64_t Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk;
+  const int8_t* na = A.n.data() + i * Kp;
+  const int8_t* nb = B.n.data() + j * Kp;
+  float acc = 0.0f;
+  Term terms[kProbeChunk];
+  for (int64_t c = 0; c < nc; ++c) {
+    const bool in_double =
+        A.span[static_cast<size_t>(i * nc + c)] + B.span[static_cast<size_t>(j * nc + c)] <= limit;
+    double sum = 0.0;
+    int nt = 0;
+    for (int64_t s = pl.chunk_first[c]; s < pl.chunk_first[c + 1]; ++s) {
+      const Segment& sg = pl.segs[static_cast<size_t>(s)];
+      const int32_t D = dot_i8(na + sg.p0, nb + sg.p0, sg.plen);
+      const size_t oa = static_cast<size_t>(i * ns + s), ob = static_cast<size_t>(j * ns + s);
+      if (in_double) {
+        sum += static_cast<double>(D) * (A.hs[oa] * B.hs[ob]);
+      } else if (D != 0) {
+        terms[nt++] = {static_cast<int64_t>(D) * A.man[oa] * B.man[ob], A.ex[oa] + B.ex[ob] - 2};
+      }
+    }
+    const float chunk = in_double ? static_cast<float>(sum) : round_terms_rne(terms, nt);
+    acc = add_rtz(acc, chunk);
+  }
+  return finish(acc, alpha);
+}
+
+bool needs_fixup(const Plan& pl, const Packed& A, int64_t i, const Packed& B, int64_t j,
+                 int limit) {
+  const int64_t nc = pl.nchunk;
+  for (int64_t c = 0; c < nc; ++c) {
+    if (A.span[static_cast<size_t>(i * nc + c)] + B.span[static_cast<size_t>(j * nc + c)] > limit)
+      return true;
+  }
+  return false;
+}
+
+// ---- AVX-512 VNNI kernel ----------------------------------------------------------------
+
+/// B packed for the kernel in panels of kNR columns: [panel][Kp/4][kNR][4] bytes n_b + 12
+/// (unsigned, for vpdpbusd's u8 operand; A's signed n_a is the broadcast s8 operand), and
+/// c_b/2 per (panel, segment, column). Padding columns are 0 with scale 0.
+struct Panels {
+  int64_t npan = 0;
+  std::vector<uint8_t> bytes;
+  std::vector<double> hs;
+};
+
+void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P) {
+  const int64_t Kp = pl.Kp, ns = pl.nseg, p = j / kNR, jj = j % kNR;
+  const int8_t* n = B.n.data() + j * Kp;
+  uint8_t* dst = P.bytes.data() + p * Kp * kNR + jj * 4;
+  // Four bytes at a time: bytewise (x + 12) mod 256 without carries between bytes.
+  for (int64_t kg = 0; kg < Kp / 4; ++kg) {
+    uint32_t w;
+    std::memcpy(&w, n + kg * 4, 4);
+    w = ((w & 0x7F7F7F7Fu) + 0x01010101u * kNOffset) ^ (w & 0x80808080u);
+    std::memcpy(dst + kg * (kNR * 4), &w, 4);
+  }
+  for (int64_t s = 0; s < ns; ++s)
+    P.hs[static_cast<size_t>((p * ns + s) * kNR + jj)] = B.hs[static_cast<size_t>(j * ns + s)];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FP4_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+// See convert_codes_avx512 for why these warnings are off.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/// acc += Σ_{4 bytes} u8(b)·s8(a) per 32-bit lane, in place (the intrinsic's copy-in/copy-out
+/// of the accumulator makes GCC 12 emit a register move per instruction).
+FP4_AVX512 inline void dpbusd(__m512i& acc, __m512i b_u8, __m512i a_s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(b_u8), "v"(a_s8));
+}
+
+/// The 4 bytes at p broadcast to every 32-bit lane.
+FP4_AVX512 inline __m512i bcast4(const int8_t* p) {
+  int32_t a4;
+  std::memcpy(&a4, p, 4);
+  return _mm512_set1_epi32(a4);
+}
+
+/// One kMR × kNR output tile: rows i0.. of A, panel p of B, written to c (row stride ldc):
+/// its first `rows` rows and `cols` columns (the rest are padding).
+/// Per segment: int32 dots D by vpdpbusd (from −12·Σ n_a, undoing B's +12), then chunk += (D)·(c_a/2)·(c_b/2) in
+/// double (exact); per chunk: one RNE conversion to FP32 and an RTZ addition; at the end the
+/// 1/1024 snap and α.
+FP4_AVX512 void simd_tile(const Plan& pl, const Packed& A, const Panels& BP, int64_t i0,
+                          int64_t p, float alpha, float* c, int64_t ldc, int64_t rows,
+                          int64_t cols) {
+  const int64_t Kp = pl.Kp, ns = pl.nseg;
+  const int8_t* an = A.n.data() + i0 * Kp;
+  const double* sa = A.hs.data() + i0 * ns;
+  const int32_t* corr = A.corr.data() + i0 * ns;
+  const uint8_t* bpan = BP.bytes.data() + p * Kp * kNR;
+  const double* sb = BP.hs.data() + p * ns * kNR;
+  // Registers: 8 int32 dot accumulators (named variables below), 16 double chunk
+  // accumulators, operands. The FP32 RTZ accumulators, touched once per chunk, live in L1.
+  alignas(64) float accbuf[kMR][kNR] = {};
+  for (int64_t c = 0; c < pl.nchunk; ++c) {
+    __m512d dlo[kMR][kNRV], dhi[kMR][kNRV];
+#pragma GCC unroll 8
+    for (int r = 0; r < kMR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < kNRV; ++v) dlo[r][v] = dhi[r][v] = _mm512_setzero_pd();
+    for (int64_t s = pl.chunk_first[c]; s < pl.chunk_first[c + 1]; ++s) {
+      const Segment& sg = pl.segs[static_cast<size_t>(s)];
+      // Start from −12·Σ n_a so that the dots come out as D = Σ n_a·n_b directly. The eight
+      // accumulators are named variables: in an array GCC keeps them in memory around the asm.
+      static_assert(kMR == 4 && kNRV == 2, "the inner loop is written out for 4 x 32 tiles");
+      __m512i c00 = _mm512_set1_epi32(corr[0 * ns + s]), c01 = c00;
+      __m512i c10 = _mm512_set1_epi32(corr[1 * ns + s]), c11 = c10;
+      __m512i c20 = _mm512_set1_epi32(corr[2 * ns + s]), c21 = c20;
+      __m512i c30 = _mm512_set1_epi32(corr[3 * ns + s]), c31 = c30;
+      const uint8_t* bk = bpan + sg.p0 * kNR;
+      const int8_t* ak = an + sg.p0;
+      for (int64_t kk = 0; kk < sg.plen; kk += 4) {
+        const __m512i b0 = _mm512_loadu_si512(bk + kk * kNR);
+        const __m512i b1 = _mm512_loadu_si512(bk + kk * kNR + 64);
+        __m512i a = bcast4(ak + 0 * Kp + kk);
+        dpbusd(c00, b0, a);
+        dpbusd(c01, b1, a);
+        a = bcast4(ak + 1 * Kp + kk);
+        dpbusd(c10, b0, a);
+        dpbusd(c11, b1, a);
+        a = bcast4(ak + 2 * Kp + kk);
+        dpbusd(c20, b0, a);
+        dpbusd(c21, b1, a);
+        a = bcast4(ak + 3 * Kp + kk);
+        dpbusd(c30, b0, a);
+        dpbusd(c31, b1, a);
+      }
+      const __m512i ia[kMR][kNRV] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+      // Segment epilogue: chunk += D·(c_a/2)·(c_b/2), exact in double.
+#pragma GCC unroll 4
+      for (int v = 0; v < kNRV; ++v) {
+        const __m512d sbl = _mm512_loadu_pd(sb + s * kNR + v * 16);
+        const __m512d sbh = _mm512_loadu_pd(sb + s * kNR + v * 16 + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < kMR; ++r) {
+          const __m512d sar = _mm512_set1_pd(sa[r * ns + s]);
+          const __m512i d = ia[r][v];
+          const __m512d dl = _mm512_cvtepi32_pd(_mm512_castsi512_si256(d));
+          const __m512d dh = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1));
+          dlo[r][v] = _mm512_fmadd_pd(dl, _mm512_mul_pd(sbl, sar), dlo[r][v]);
+          dhi[r][v] = _mm512_fmadd_pd(dh, _mm512_mul_pd(sbh, sar), dhi[r][v]);
+        }
+      }
+    }
+    // Chunk epilogue: one RNE rounding to FP32, then the RTZ accumulation.
+#pragma GCC unroll 8
+    for (int r = 0; r < kMR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < kNRV; ++v) {
+        const __m256 lo = _mm512_cvt_roundpd_ps(dlo[r][v], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 hi = _mm512_cvt_roundpd_ps(dhi[r][v], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+        float* ap = &accbuf[r][v * 16];
+        _mm512_store_ps(ap, _mm512_add_round_ps(_mm512_load_ps(ap), f,
+                                                _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+      }
+  }
+  const __m512 al = _mm512_set1_ps(alpha);
+  __mmask16 mask[kNRV];
+#pragma GCC unroll 4
+  for (int v = 0; v < kNRV; ++v) {
+    const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
+    mask[v] = static_cast<__mmask16>((uint32_t{1} << left) - 1);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kMR; ++r) {
+    if (r >= rows) break;
+#pragma GCC unroll 4
+    for (int v = 0; v < kNRV; ++v) {
+      // vrndscaleps imm: bits 7:4 = 10 fraction bits kept, bit 3 = suppress precision, 1:0 = RNE.
+      const __m512 snapped =
+          _mm512_roundscale_ps(_mm512_load_ps(&accbuf[r][v * 16]), (kProbeSnapBits << 4) | 0x08);
+      const __m512 y = _mm512_mul_round_ps(snapped, al, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm512_mask_storeu_ps(c + r * ldc + v * 16, mask[v], y);
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+bool cpu_has_avx512_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+#else
+bool cpu_has_avx512_vnni() { return false; }
+void simd_tile(const Plan&, const Packed&, const Panels&, int64_t, int64_t, float, float*,
+               int64_t, int64_t, int64_t) {
+  throw std::logic_error("probe_gemm: the AVX-512 VNNI kernel is not built for this target");
+}
+#endif
+
+struct Workspace {
+  Packed a, b;
+  Panels panels;
+};
+
+/// Pack-once claim: 0 = not packed, 1 = being packed, 2 = ready. The first task to need a
+/// row group of A or a panel of B packs it; others wait (yielding) until it is ready. This
+/// replaces a barrier between packing and computing, so a thread descheduled on a busy
+/// machine holds up the others only if it is descheduled while packing.
+template <class Pack>
+void ensure_packed(std::atomic<int>& state, const Pack& pack) {
+  if (state.load(std::memory_order_acquire) == 2) return;
+  int expected = 0;
+  if (state.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    pack();
+    state.store(2, std::memory_order_release);
+    return;
+  }
+  while (state.load(std::memory_order_acquire) != 2) std::this_thread::yield();
+}
+
+/// Rows of A per row group (a multiple of kMR): the unit of A packing and of scheduling.
+constexpr int64_t kGroupRows = 64;
+
+}  // namespace
+
+bool probe_gemm_avx512_available() {
+  static const bool ok = cpu_has_avx512_vnni();
+  return ok;
+}
+
+void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
+                const ProbeGemmOptions& options) {
+  check_tensor("A", a);
+  check_tensor("B", b);
+  if (a.cols != b.cols) {
+    throw std::invalid_argument("probe_gemm: K mismatch: A is [" + std::to_string(a.rows) + ", " +
+                                std::to_string(a.cols) + "], B is [" + std::to_string(b.rows) +
+                                ", " + std::to_string(b.cols) +
+                                "] (C = A·Bᵀ needs equal column counts)");
+  }
+  bool simd = false;
+  switch (options.kernel) {
+    case ProbeKernel::Auto: simd = probe_gemm_avx512_available(); break;
+    case ProbeKernel::Portable: simd = false; break;
+    case ProbeKernel::Avx512Vnni:
+      if (!probe_gemm_avx512_available())
+        throw std::runtime_error("probe_gemm: this CPU has no AVX-512 VNNI (use kernel Auto)");
+      simd = true;
+      break;
+  }
+  const int64_t M = a.rows, N = b.rows, K = a.cols;
+  if (M == 0 || N == 0) return;
+  const Plan pl = make_plan(K, a.spec.block, b.spec.block);
+  const float alpha = probe_gemm_alpha(a, b);
+  // Packing buffers are kept per calling thread and reused (their capacity only grows), so
+  // repeated calls do not pay for fresh pages.
+  static thread_local Workspace ws;
+  Packed& A = ws.a;
+  Packed& B = ws.b;
+  Panels& BP = ws.panels;
+  const int64_t ngroups = (M + kGroupRows - 1) / kGroupRows;
+  const int64_t npan = simd ? (N + kNR - 1) / kNR : (N + kGroupRows - 1) / kGroupRows;
+  const int64_t pcols = simd ? kNR : kGroupRows;  // columns per panel
+  const bool par = M * N * std::max<int64_t>(K, 1) >= (int64_t{1} << 16);
+  const int64_t threads = par ? omp_get_max_threads() : 1;
+  // Tasks: (row group, range of panels). Whole rows of panels when there are enough groups,
+  // else each group's panels split so that every thread has work.
+  const int64_t ranges = ngroups >= 2 * threads
+                             ? 1
+                             : std::min(npan, (4 * threads + ngroups - 1) / ngroups);
+  const int64_t tasks = ngroups * ranges;
+  int Fa = 3, Fb = 3;  // scale mantissa widths (the contract's formats need 3 fraction bits)
+  for (;;) {
+    init_packed(A, pl, M, simd ? round_up(M, kMR) : M, Fa);
+    init_packed(B, pl, N, N, Fb);
+    if (simd) {
+      BP.npan = npan;
+      BP.bytes.resize(static_cast<size_t>(npan * pl.Kp * kNR));
+      BP.hs.resize(static_cast<size_t>(npan * pl.nseg * kNR));
+      // Padding columns of the last panel: scale 0 (their bytes are never used unscaled).
+      for (int64_t j = N; j < npan * kNR; ++j)
+        for (int64_t s = 0; s < pl.nseg; ++s)
+          BP.hs[static_cast<size_t>(((j / kNR) * pl.nseg + s) * kNR + j % kNR)] = 0.0;
+    }
+    const int limit = span_limit(A.mmax, B.mmax);
+    std::vector<std::atomic<int>> group_state(static_cast<size_t>(ngroups));
+    std::vector<std::atomic<int>> panel_state(static_cast<size_t>(npan));
+    std::atomic<unsigned> flags_a{0}, flags_b{0};
+    // One parallel region, no barrier inside: each task packs what it needs first (once).
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t g = t / ranges, rg = t % ranges;
+      const int64_t i0 = g * kGroupRows, i1 = std::min(M, i0 + kGroupRows);
+      ensure_packed(group_state[static_cast<size_t>(g)], [&] {
+        unsigned f = 0;
+        for (int64_t i = i0; i < i1; ++i) f |= pack_row(a, pl, 0, Fa, i, A, simd);
+        flags_a.fetch_or(f, std::memory_order_relaxed);
+      });
+      const int64_t p0 = rg * npan / ranges, p1 = (rg + 1) * npan / ranges, len = p1 - p0;
+      // Start each group at a different panel so that concurrent tasks pack different panels.
+      const int64_t start = len ? (g * len / ngroups) % len : 0;
+      for (int64_t q = 0; q < len; ++q) {
+        const int64_t p = p0 + (start + q) % len;
+        const int64_t j0 = p * pcols, j1 = std::min(N, j0 + pcols);
+        ensure_packed(panel_state[static_cast<size_t>(p)], [&] {
+          unsigned f = 0;
+          for (int64_t j = j0; j < j1; ++j) {
+            f |= pack_row(b, pl, 1, Fb, j, B, simd);
+            if (simd) pack_panel_row(pl, B, j, BP);
+          }
+          flags_b.fetch_or(f, std::memory_order_relaxed);
+        });
+        if (simd) {
+          for (int64_t r0 = i0; r0 < i1; r0 += kMR)
+            simd_tile(pl, A, BP, r0, p, alpha, c + r0 * N + j0, N, i1 - r0, j1 - j0);
+        } else {
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = j0; j < j1; ++j) c[i * N + j] = probe_output(pl, A, i, B, j, alpha, limit);
+        }
+      }
+    }
+    const unsigned fa = flags_a.load(), fb = flags_b.load();
+    if (fa & kBadCode) throw_bad_code("A", a);
+    if (fb & kBadCode) throw_bad_code("B", b);
+    if (fa & kBadScale) throw_bad_scale("A", a);
+    if (fb & kBadScale) throw_bad_scale("B", b);
+    if (!((fa | fb) & kWiderScale)) break;
+    // Some scale needs more than 3 fraction bits (a spelled format): redo with wider m.
+    const int na = max_scale_frac_bits(a), nb = max_scale_frac_bits(b);
+    if (na > 7) throw_bad_scale("A", a);
+    if (nb > 7) throw_bad_scale("B", b);
+    Fa = std::max(Fa, na);
+    Fb = std::max(Fb, nb);
+  }
+  if (!simd) return;  // the portable path already chose exact sums per chunk
+  // Outputs whose chunk sums may not be exact in double: recompute them exactly.
+  A.max_span = max_span_of(A);
+  B.max_span = max_span_of(B);
+  const int limit = span_limit(A.mmax, B.mmax);
+  if (A.max_span + B.max_span > limit) {
+#pragma omp parallel for schedule(dynamic, 4) if (par)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j)
+        if (needs_fixup(pl, A, i, B, j, limit))
+          c[i * N + j] = probe_output(pl, A, i, B, j, alpha, limit);
+  }
+}
+
+void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c) {
+  if (a.cols != b.cols) {
+    throw std::invalid_argument("decoded_gemm: K mismatch: A is [" + std::to_string(a.rows) +
+                                ", " + std::to_string(a.cols) + "], B is [" +
+                                std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+  }
+  const int64_t M = a.rows, N = b.rows, K = a.cols;
+  std::vector<float> da(static_cast<size_t>(M * K)), db(static_cast<size_t>(N * K));
+  dequantize(a, da.data());  // validates shapes
+  dequantize(b, db.data());
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    std::fill_n(c, M * N, 0.0f);
+    return;
+  }
+  sgemm(false, true, M, N, K, 1.0f, da.data(), K, db.data(), K, 0.0f, c, N);
+}
+
+void quantized_gemm(GemmMode mode, const QuantizedTensor& a, const QuantizedTensor& b, float* c) {
+  if (mode == GemmMode::Decoded) {
+    decoded_gemm(a, b, c);
+  } else {
+    probe_gemm(a, b, c);
+  }
+}
+
+}  // namespace fp4
