@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -273,5 +274,45 @@ TEST(Linear, HeldReferencesFeedAllThreeGemmsAtAHoldStep) {
   matmul_nt(qdq(transpose(dY2, M, N), N, M, r.spec_dy(), gdy, &kw),
             qdq(transpose(X2, M, K), K, M, r.spec_x(), gx, nullptr), N, K, M, ref, mag);
   expect_close(dW, ref, mag, "wgrad at hold step");
+}
+}  // namespace
+
+#include "fp4/probe_gemm.h"
+
+namespace {
+TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
+  const int64_t M = 32, K = 40, N = 24;
+  Recipe r = fp4_recipe(ScaleFormat::UE5M3, true, true, 1);
+  r.gemm = "probe-matched";
+  auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(2, K, N, LinearMode::FP4, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  ctx.step = 4;
+  ctx.seed = 7;
+  lin.forward(X.data(), Y.data(), M, ctx);
+  lin.backward(dY.data(), dX.data(), M, ctx);
+
+  auto q = [](const std::vector<float>& x, int64_t rr, int64_t cc, const BlockQuantSpec& s,
+              float g, const SrKey* k) {
+    return quantize_blocks(x.data(), rr, cc, s, g, s.rounding == Rounding::SR8 ? k : nullptr);
+  };
+  std::vector<float> ref(M * N);
+  probe_gemm(q(X, M, K, r.spec_x(), amax(X), nullptr), q(W, N, K, r.spec_w(), amax(W), nullptr),
+             ref.data());
+  EXPECT_EQ(0, std::memcmp(ref.data(), Y.data(), Y.size() * 4)) << "fprop";
+  const SrKey kd{7, 4, 2, 2, 1}, kw{7, 4, 2, 2, 2};
+  ref.assign(M * K, 0.f);
+  probe_gemm(q(dY, M, N, r.spec_dy(), amax(dY), &kd),
+             q(transpose(W, N, K), K, N, r.spec_w(), amax(W), nullptr), ref.data());
+  EXPECT_EQ(0, std::memcmp(ref.data(), dX.data(), dX.size() * 4)) << "dgrad";
+  auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
+  rht16_rows(dYt.data(), N, M);
+  rht16_rows(Xt.data(), K, M);
+  ref.assign(N * K, 0.f);
+  probe_gemm(q(dYt, N, M, r.spec_dy(), amax(dYt), &kw), q(Xt, K, M, r.spec_x(), amax(Xt), nullptr),
+             ref.data());
+  EXPECT_EQ(0, std::memcmp(ref.data(), dW.data(), dW.size() * 4)) << "wgrad";
 }
 }  // namespace

@@ -23,7 +23,7 @@ struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
-  std::string gemm = "decoded";        ///< [linear] gemm; only "decoded" is implemented yet
+  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (NUMERICS.md)
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled

@@ -6,6 +6,8 @@
 
 #include "fp4/gemm.h"
 #include "fp4/hadamard.h"
+#include "fp4/probe_gemm.h"
+#include "fp4/quant_fast.h"
 
 namespace fp4::nn {
 namespace {
@@ -24,6 +26,22 @@ void to_bf16(const float* in, int64_t n, float* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(in[i]);
 }
+// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (NUMERICS.md "GEMM emulation"): A [ra, k] and
+// B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
+void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
+                   const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
+                   const SrKey* kb, int64_t k, float* c, bool accumulate,
+                   AlignedFloats& scratch) {
+  const QuantizedTensor qa =
+      quantize_blocks(a, ra, k, sa, ga, sa.rounding == Rounding::SR8 ? ka : nullptr);
+  const QuantizedTensor qb =
+      quantize_blocks(b, rb, k, sb, gb, sb.rounding == Rounding::SR8 ? kb : nullptr);
+  if (!accumulate) return probe_gemm(qa, qb, c);
+  scratch.resize(ra * rb);
+  probe_gemm(qa, qb, scratch.data());
+  for (int64_t i = 0; i < ra * rb; ++i) c[i] += scratch[i];
+}
+
 constexpr uint32_t kOpX = 0, kOpW = 1, kOpDY = 2;
 constexpr uint32_t kFprop = 0, kDgrad = 1, kWgrad = 2;
 }  // namespace
@@ -36,8 +54,8 @@ Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& r
 
 float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
   // Inference uses current tensor scaling and never touches the held caches.
-  if (!ctx.training) return tensor_amax(x, n);
-  return ref_[static_cast<int>(r)].get(ctx.step, [&] { return tensor_amax(x, n); });
+  if (!ctx.training) return amax_fast(x, n);
+  return ref_[static_cast<int>(r)].get(ctx.step, [&] { return amax_fast(x, n); });
 }
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
@@ -45,8 +63,8 @@ void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuant
   if (mode_ == LinearMode::BF16)
     to_bf16(src, rows * cols, out);
   else
-    quantize_dequantize(src, rows, cols, spec, g, spec.rounding == Rounding::SR8 ? key : nullptr,
-                        out);
+    quantize_dequantize_fast(src, rows, cols, spec, g,
+                             spec.rounding == Rounding::SR8 ? key : nullptr, out);
 }
 
 void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
@@ -71,6 +89,11 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   if (ctx.telemetry && ctx.training && mode_ == LinearMode::FP4) {
     tel_.op[0] = quant_stats(X, M, K_, recipe_.spec_x(), gx, &kx);
     tel_.op[1] = quant_stats(W_, N_, K_, recipe_.spec_w(), gw, &kw);
+  }
+  if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
+    probe_product(X, M, recipe_.spec_x(), gx, &kx, W_, N_, recipe_.spec_w(), gw, &kw, K_, Y,
+                  false, t0_);
+    return;
   }
   prep(X, M, K_, recipe_.spec_x(), gx, &kx, xq_.data());   // X blocks along K
   prep(W_, N_, K_, recipe_.spec_w(), gw, &kw, wq_.data()); // W tiles (or blocks along K)
@@ -101,9 +124,37 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
     tel_.op[2] = quant_stats(dY, M, N_, recipe_.spec_dy(), gdy, &k);
   }
+  if (probe()) {
+    // dgrad contracts over N: dY [M,N] along N and Wᵀ [K,N] along N (tiles are symmetric).
+    // wgrad contracts over tokens: dYᵀ [N,M] and Xᵀ [K,M] along M, after the RHT if any.
+    const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad}, kw{ctx.seed, step, id, kOpW, kDgrad};
+    if (dX) {
+      t0_.resize(N_ * K_);
+      transpose(W_, N_, K_, t0_.data());
+      probe_product(dY, M, recipe_.spec_dy(), gdy, &kd, t0_.data(), K_, recipe_.spec_w(),
+                    refs_.g_w, &kw, N_, dX, true, t1_);
+    }
+    std::vector<float> dyt(N_ * M), xt(K_ * M);
+    transpose(dY, M, N_, dyt.data());
+    transpose(X_, M, K_, xt.data());
+    float g_dyt = gdy, g_xt = refs_.g_x;
+    if (recipe_.rht_wgrad) {
+      if (M % 16 != 0)
+        throw std::invalid_argument("Linear " + std::to_string(id_) +
+                                    ": RHT needs the token count to be a multiple of 16");
+      rht16_rows(dyt.data(), N_, M);
+      rht16_rows(xt.data(), K_, M);
+      g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
+      g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
+    }
+    const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad}, kxw{ctx.seed, step, id, kOpX, kWgrad};
+    probe_product(dyt.data(), N_, recipe_.spec_dy(), g_dyt, &kdw, xt.data(), K_,
+                  recipe_.spec_x(), g_xt, &kxw, M, dW_, true, t1_);
+    return;
+  }
   if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
-    quantize_dequantize(dY, M, N_, recipe_.spec_dy(), gdy, &k, dyq_.data());
+    quantize_dequantize_fast(dY, M, N_, recipe_.spec_dy(), gdy, &k, dyq_.data());
     const float* wd = wq_.data();
     if (!recipe_.weight_2d) {
       // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
@@ -112,38 +163,46 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       t0_.resize(N_ * K_);
       wqd_.resize(N_ * K_);
       transpose(W_, N_, K_, t0_.data());
-      quantize_dequantize(t0_.data(), K_, N_, recipe_.spec_w(), refs_.g_w, &kw, t0_.data());
+      quantize_dequantize_fast(t0_.data(), K_, N_, recipe_.spec_w(), refs_.g_w, &kw, t0_.data());
       transpose(t0_.data(), K_, N_, wqd_.data());
       wd = wqd_.data();
     }
     sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wd, K_, 1.f, dX, K_);
   }
 
-  // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ.
-  t0_.resize(N_ * M);
-  t1_.resize(K_ * M);
-  transpose(dY, M, N_, t0_.data());
-  transpose(X_, M, K_, t1_.data());
+  // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
+  // transposes (and the RHT) fused into the quantizer. With the RHT the references are those
+  // of the transformed tensors; without it, the fprop X and dgrad dY references are reused.
+  const bool rht = recipe_.rht_wgrad;
+  if (rht && M % 16 != 0)
+    throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
+                                std::to_string(M) + " to be a multiple of 16");
   float g_dyt = gdy, g_xt = refs_.g_x;
-  if (recipe_.rht_wgrad) {
-    if (M % 16 != 0)
-      throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
-                                  std::to_string(M) + " to be a multiple of 16");
-    rht16_rows(t0_.data(), N_, M);
-    rht16_rows(t1_.data(), K_, M);
-    g_dyt = reference_for(Role::DYT_RHT, t0_.data(), N_ * M, ctx);
-    g_xt = reference_for(Role::XT_RHT, t1_.data(), K_ * M, ctx);
+  if (rht) {
+    const float* x = X_;
+    g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_); });
+    g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_); });
   }
   const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad};
   const SrKey kx{ctx.seed, step, id, kOpX, kWgrad};
+  t0_.resize(N_ * M);
+  t1_.resize(K_ * M);
   if (tel) {
+    // Telemetry needs the operands as quantized: materialise the (transformed) transposes.
+    transpose(dY, M, N_, t0_.data());
+    transpose(X_, M, K_, t1_.data());
+    if (rht) {
+      rht16_rows(t0_.data(), N_, M);
+      rht16_rows(t1_.data(), K_, M);
+    }
     tel_.op[3] = quant_stats(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd);
     tel_.op[4] = quant_stats(t1_.data(), K_, M, recipe_.spec_x(), g_xt, &kx);
     tel_.valid = true;
   }
-  quantize_dequantize(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd, t0_.data());
-  quantize_dequantize(t1_.data(), K_, M, recipe_.spec_x(), g_xt,
-                      recipe_.round_x == Rounding::SR8 ? &kx : nullptr, t1_.data());
+  quantize_dequantize_transposed_fast(dY, M, N_, recipe_.spec_dy(), g_dyt, &kd, rht, t0_.data());
+  quantize_dequantize_transposed_fast(X_, M, K_, recipe_.spec_x(), g_xt,
+                                      recipe_.round_x == Rounding::SR8 ? &kx : nullptr, rht,
+                                      t1_.data());
   sgemm(false, true, N_, K_, M, 1.f, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
 }
 

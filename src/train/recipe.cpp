@@ -70,7 +70,7 @@ Recipe load_recipe_file(const std::filesystem::path& file) {
   r.get("linear.mode", s);
   rc.mode = parse_mode(r, "linear.mode", s);
   r.get("linear.gemm", rc.gemm);
-  r.choice("linear.gemm", rc.gemm, {"decoded"});
+  r.choice("linear.gemm", rc.gemm, {"decoded", "probe-matched"});
 
   r.get("fp4.element_format", rc.element_format);
   try {

@@ -3,7 +3,9 @@
 // operand", "Tensor reference g", "Random Hadamard transform", "GEMM emulation: decoded").
 // The only place in the model that knows about FP4.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "fp4/block_quant.h"
@@ -11,6 +13,22 @@
 #include "fp4/telemetry.h"
 
 namespace fp4::nn {
+
+/// std::allocator with 64-byte alignment: the SIMD quantizers write large outputs with
+/// streaming stores only to 64-byte-aligned buffers (see fp4/quant_fast.h).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const Aligned64&) const { return true; }
+};
+using AlignedFloats = std::vector<float, Aligned64<float>>;
 
 /// Per-step context handed to every Linear.
 struct StepContext {
@@ -72,6 +90,8 @@ class Linear {
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
+  // FP4 with recipe gemm = "probe-matched" (fidelity mode, slow).
+  bool probe() const { return mode_ == LinearMode::FP4 && recipe_.gemm == "probe-matched"; }
 
   int id_;
   int64_t K_, N_;
@@ -85,7 +105,7 @@ class Linear {
   TensorReference ref_[5];
   LinearRefs refs_;
   LinearTelemetry tel_;
-  std::vector<float> xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
+  AlignedFloats xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
 };
 
 }  // namespace fp4::nn

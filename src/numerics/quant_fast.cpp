@@ -1,0 +1,1201 @@
+// Fast twins of the scalar block quantizers (block_quant.cpp): Highway SIMD, several x86 targets
+// chosen at run time, OpenMP over fixed work units. Contract: quant_fast.h, shared/NUMERICS.md
+// "Quantizing one operand", "Rounding a magnitude" and "Random Hadamard transform".
+//
+// Why the bits match the scalar reference. Every FP32 operation of the reference is done here
+// as the same IEEE operation, in the same order, on the same operands, just in vector lanes:
+//  * tensor scales ge, gd, mult: computed once, by the same scalar expressions;
+//  * block amax: max of |x| bit patterns (exact, order-free);
+//  * block scale: c = a_b·mult, min(c, scale_max), detail::round_magnitude_params (RNE) written
+//    lane-wise (RoundMag below: the same clamp, exponent field, power-of-two scalings — built
+//    from bit patterns, subnormal powers included for UE8M0 — truncation, δ, tie/SR test),
+//    zero guard, d_b = c_b·gd, e_b = 1/d_b (a true IEEE division, never a reciprocal estimate);
+//  * element: y = x·e_b, NaN (0·Inf) → 0, E2M1 rounding (SR8: RoundMag; RNE: an IEEE add of a
+//    magic constant whose spacing is the grid's, proven equal in RoundE2M1Rne), copysign, ·d_b;
+//  * RHT: the same sign multiply, the same four butterfly stages (a + b, a − b) in the same
+//    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row;
+//  * SR bytes: Philox4x32-10 lane-wise (32×32→64-bit products via MulEven), same counters and
+//    keys as philox.cpp, bytes stored in the same little-endian order.
+// No multiply-add is ever fused: the project compiles with -ffp-contract=off and this file uses
+// Mul and Add separately (never MulAdd), also on the FMA-capable targets.
+//
+// Speed. The row kernel is one pass per block-row (amax, Lanes block scales at a time, elements).
+// The quantize-transpose works on tiles of one block of rows × Lanes columns: vertical loads
+// (and the RHT as vertical butterflies), one block per lane for amax and scales, a gather per
+// output vector. Its output lines are scattered (one per column), so for large outputs it uses
+// streaming stores, which skip reading every output line first (3× faster here at 64 MiB);
+// tests force every store mode on every target (quant_fast_stream_min_bytes).
+//
+// Dispatch: foreach_target.h compiles the kernels below once per target in HWY_TARGETS. The
+// project does not link libhwy (whose hwy::GetChosenTarget backs HWY_DYNAMIC_DISPATCH), so the
+// HWY_ONCE section picks the best target itself from the CPU's features (the same feature sets
+// Highway's targets are compiled for); quant_fast_use_target() lets tests run every target.
+
+// ------------------------------------------------------------------------------------------
+// Shared declarations (compiled once; this file is re-included once per target).
+#ifndef FP4_NUMERICS_QUANT_FAST_SHARED_
+#define FP4_NUMERICS_QUANT_FAST_SHARED_
+
+// GCC 12's avx512fintrin.h builds masked intrinsics on _mm512_undefined_*() and then warns that
+// the "undefined" source is used uninitialized once they are inlined here (a known false
+// positive of those headers, not of this code).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "fp4/quant_fast.h"
+
+#include <cpuid.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp4/error.h"
+#include "fp4/format.h"
+#include "fp4/hadamard.h"
+
+namespace fp4::qf {
+
+/// Upper bound on the FP32 lanes of any x86 target (AVX-512: 16); buffers are sized with it.
+constexpr int64_t kMaxLanes = 64;
+
+/// Everything a kernel needs about one call (plain data, shared by all targets).
+struct Plan {
+  const float* x = nullptr;
+  float* out = nullptr;
+  int64_t rows = 0, cols = 0;  ///< shape of x
+  int64_t B = 16;              ///< block length (or tile side for two_d)
+  bool two_d = false;
+  int64_t block_rows = 0, block_cols = 0;  ///< row kernel's block grid
+  float mult = 1.f, gd = 1.f;              ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
+  int sfrac = 0, semin = 0;                ///< scale format's fraction bits and exponent floor
+  float smax = 0.f;                        ///< scale format's max finite
+  bool sub_pow2 = false;  ///< scale rounding needs subnormal powers of two (UE8M0)
+  bool sr = false;        ///< SR8 elements
+  SrKey key{};
+  bool rht = false;  ///< transposed kernel: RHT16 along rows first
+  int64_t panel_rows = 16, panel_cols = 64;  ///< transposed kernel: work unit (panel) of x
+  /// Write whole 64-byte output lines with non-temporal (streaming) stores where the kernel can
+  /// (aligned, complete lines); set by the driver for large outputs. Never changes values.
+  bool stream = false;
+  int64_t out_mis = 0;  ///< (address of out mod 64) / 4: output misalignment in floats
+};
+
+/// Per-thread buffers of one call, sized for the largest target.
+struct Scratch {
+  std::vector<float> amax, d, e;  ///< per block of one block-row (row kernel) or tile
+  std::vector<uint64_t> sr;       ///< SR bytes, 8 per word (Philox output, 16 bytes per block)
+  std::vector<uint64_t> sr2;      ///< second SR buffer (unaligned column runs)
+  std::vector<uint32_t> ctr;      ///< Philox counters of a tile
+  std::vector<float> tile;        ///< transposed kernel: [B][lanes] tile
+  std::vector<float> carry;       ///< transposed kernel, misaligned streaming: 16 per column
+  std::vector<float> pad;         ///< 2·kMaxLanes: a zero-padded vector and its result
+  std::vector<uint8_t> padsr;     ///< kMaxLanes SR bytes of the padded vector
+
+  void for_rows(const Plan& p) {
+    const size_t nb = static_cast<size_t>(p.block_cols + kMaxLanes);
+    amax.assign(nb, 0.f);
+    d.assign(nb, 0.f);
+    e.assign(nb, 0.f);
+    if (p.sr) sr.assign(static_cast<size_t>(2 * (p.cols / 16 + 2 + kMaxLanes)), 0);
+    common();
+  }
+  void for_cols(const Plan& p) {
+    amax.assign(kMaxLanes, 0.f);
+    d.assign(kMaxLanes, 0.f);
+    e.assign(kMaxLanes, 0.f);
+    if (p.sr) {
+      const size_t inst = static_cast<size_t>(kMaxLanes * (p.B / 16 + 2) + kMaxLanes);
+      sr.assign(2 * inst, 0);
+      sr2.assign(static_cast<size_t>(2 * (p.B / 16 + 2 + kMaxLanes)), 0);
+      ctr.assign(inst, 0);
+    }
+    tile.assign(static_cast<size_t>(std::max<int64_t>(p.B, 16) * kMaxLanes), 0.f);
+    if (p.stream) carry.assign(static_cast<size_t>(p.panel_cols * 16), 0.f);
+    common();
+  }
+  void for_rht_amax() {
+    tile.assign(static_cast<size_t>(16 * kMaxLanes), 0.f);
+    common();
+  }
+  void common() {
+    pad.assign(2 * kMaxLanes, 0.f);
+    padsr.assign(kMaxLanes, 0);
+  }
+};
+
+/// The kernels of one SIMD target.
+struct Kernels {
+  const char* name;
+  /// Row kernel: block-row `br` of p (1-D: one row; 2-D: B rows). False (nothing written) if
+  /// the block-row holds a non-finite value.
+  bool (*rows)(const Plan& p, int64_t br, Scratch& s);
+  /// Transposed kernel: work unit `unit` (panel unit / ncp, unit % ncp of x, ncp the number of
+  /// column panels) of the quantize-transpose. False if the unit (after the RHT) holds a
+  /// non-finite value; earlier tiles may be written.
+  bool (*cols)(const Plan& p, int64_t unit, Scratch& s);
+  /// max |x| bit pattern over x[0..n).
+  uint32_t (*amax)(const float* x, int64_t n);
+  /// max |RHT| bit pattern over x rows [16·strip, 16·strip + 16), all columns.
+  uint32_t (*amax_rht)(const float* x, int64_t rows, int64_t cols, int64_t strip, Scratch& s);
+  /// 16·n_inst SR bytes of the Philox blocks b0 .. b0 + n_inst − 1 into out, which must have room
+  /// for kMaxLanes extra blocks.
+  void (*philox)(const SrKey& key, uint64_t b0, int64_t n_inst, uint64_t* out);
+};
+
+}  // namespace fp4::qf
+
+#endif  // FP4_NUMERICS_QUANT_FAST_SHARED_
+
+// ------------------------------------------------------------------------------------------
+// Per-target kernels.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/numerics/quant_fast.cpp"  // found via the include/ dir
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4::qf::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+
+/// 2^k lane-wise for k in [−149, 127], as detail::pow2f: normal pattern, or (kSub) the
+/// subnormal 1 << (k + 149) for k < −126.
+template <bool kSub>
+HWY_INLINE VF Pow2(VI k) {
+  const DF df;
+  const DI di;
+  const VI normal = hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127)));
+  if constexpr (!kSub) {
+    return hn::BitCast(df, normal);
+  } else {
+    const VI sh = hn::And(hn::Add(k, hn::Set(di, 149)), hn::Set(di, 31));
+    const VI sub = hn::Set(di, 1) << sh;
+    return hn::BitCast(df, hn::IfThenElse(hn::Gt(k, hn::Set(di, -127)), normal, sub));
+  }
+}
+
+/// detail::round_magnitude_params lane-wise (see format.h for why each step is exact):
+/// |a|, clamp to maxf, e = max(field − 127, emin), q = e − frac, s = a·2^−q, lo = trunc(s),
+/// δ = s − lo, up (RNE: δ > .5 or δ == .5 and lo odd; SR: δ + off ≥ 1), (lo + up)·2^q, clamp.
+template <bool kSR, bool kSub>
+HWY_INLINE VF RoundMag(VF a, int frac, int emin, float maxf, VF sroff) {
+  const DF df;
+  const DI di;
+  const VF maxv = hn::Set(df, maxf);
+  a = hn::Abs(a);
+  a = hn::IfThenElse(hn::Lt(a, maxv), a, maxv);
+  const VI field = hn::ShiftRight<23>(hn::BitCast(di, a));
+  const VI e = hn::Max(hn::Sub(field, hn::Set(di, 127)), hn::Set(di, emin));
+  const VI q = hn::Sub(e, hn::Set(di, frac));
+  const VF s = hn::Mul(a, Pow2<kSub>(hn::Neg(q)));
+  const VI loi = hn::ConvertTo(di, s);
+  const VF delta = hn::Sub(s, hn::ConvertTo(df, loi));
+  VI up;
+  if constexpr (kSR) {
+    up = hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(hn::Add(delta, sroff), hn::Set(df, 1.0f))),
+                            hn::Set(di, 1));
+  } else {
+    (void)sroff;
+    const VF half = hn::Set(df, 0.5f);
+    const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
+    const auto tie_odd =
+        hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
+    up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
+  }
+  const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
+  return hn::IfThenElse(hn::Lt(res, maxv), res, maxv);
+}
+
+/// Block scales of the amax lanes: d_b (decode) and e_b = 1/d_b (encode), as block_quant.cpp's
+/// block_scale then `d = c_b·gd; e = 1/d`.
+template <bool kSub>
+HWY_INLINE void BlockScales(VF amax, const Plan& p, VF& dv, VF& ev) {
+  const DF df;
+  const VF maxv = hn::Set(df, p.smax);
+  VF c = hn::Mul(amax, hn::Set(df, p.mult));
+  c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
+  c = RoundMag<false, kSub>(c, p.sfrac, p.semin, p.smax, hn::Zero(df));
+  c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
+  dv = hn::Mul(c, hn::Set(df, p.gd));
+  ev = hn::Div(hn::Set(df, 1.0f), dv);
+}
+
+/// (2r+1)/512 for the next Lanes() SR bytes, as detail::sr8_offset.
+HWY_INLINE VF SrOffsets(const uint8_t* r) {
+  const DF df;
+  const DI di;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint8_t, DF> d8;
+  const VI v = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(d8, r)));
+  const VI t = hn::Or(hn::ShiftLeft<1>(v), hn::Set(di, 1));
+  return hn::Mul(hn::ConvertTo(df, t), hn::Set(df, 1.0f / 512.0f));
+}
+
+/// RNE of |y| (not NaN) onto the E2M1 grid, equal to RoundMag<false, false>(y, 1, 0, 6, ·) but
+/// cheaper: after the clamp a = min(|y|, 6), the exponent e = max(floor(log2 a), 0) ∈ {0, 1, 2}
+/// gives the grid spacing u = 2^(e−1), and with M = 1.5·2^(22+e) = 3·2^22·u the FP32 sum a + M
+/// lies in [2^(22+e), 2^(23+e)), whose spacing is exactly u: the IEEE add rounds a to the
+/// nearest multiple of u, ties to an even multiple (M/u = 3·2^22 is even, so the parity is that
+/// of lo + up in the reference), which is the reference's RNE; (a + M) − M is then exact. The
+/// largest result is 6 (a ≤ 6 = 3·u for e = 2), so no final clamp is needed.
+HWY_INLINE VF RoundE2M1Rne(VF y) {
+  const DF df;
+  const DI di;
+  const VF six = hn::Set(df, 6.0f);
+  VF a = hn::Abs(y);
+  a = hn::IfThenElse(hn::Lt(a, six), a, six);
+  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
+                       hn::Zero(di));
+  const VF m = hn::BitCast(df, hn::Add(hn::Set(di, 0x4AC00000), hn::ShiftLeft<23>(e)));  // 3·2^21·2^e
+  return hn::Sub(hn::Add(a, m), m);
+}
+
+/// SR8 of |y| (not NaN) onto the E2M1 grid with offsets off = (2r+1)/512, equal to
+/// RoundMag<true, false>(y, 1, 0, 6, off) but cheaper. With a = min(|y|, 6), e ∈ {0, 1, 2} and
+/// spacing u = 2^(e−1) as above, s = a/u < 4 is exact and the reference computes lo = ⌊s⌋,
+/// δ = s − lo, up = fl(δ + off) ≥ 1, result (lo + up)·u. Here: t = fl(s + off), result ⌊t⌋·u.
+/// Same decision: if lo = 0 then δ = s and t is the reference's sum itself. If lo ≥ 1, s is a
+/// multiple of 2^−23 (s ∈ [1, 2)) or 2^−22 (s ∈ [2, 4)) and off of 2^−9, so δ + off (< 2) is
+/// exact in FP32, and s + off is exact too unless it is ≥ 2 with s < 2 or ≥ 4 with s ≥ 3 — cases
+/// where s + off ≥ lo + 1 already holds and RNE cannot take it below the integer lo + 1. So
+/// ⌊t⌋ = lo + up (off < 1), and ⌊t⌋·u ≤ 3·2 = 6 needs no clamp.
+HWY_INLINE VF RoundE2M1Sr(VF y, VF off) {
+  const DF df;
+  const DI di;
+  const VF six = hn::Set(df, 6.0f);
+  VF a = hn::Abs(y);
+  a = hn::IfThenElse(hn::Lt(a, six), a, six);
+  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
+                       hn::Zero(di));
+  const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
+  const VF u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(e, hn::Set(di, 126))));      // 2^(e−1)
+  const VF t = hn::Add(hn::Mul(a, inv_u), off);
+  return hn::Mul(hn::ConvertTo(df, hn::ConvertTo(di, t)), u);
+}
+
+/// x̂ = copysign(round_E2M1(x·e_b), x)·d_b, as block_quant.cpp's quant_mag + copysign·d.
+template <bool kSR>
+HWY_INLINE VF QdqVec(VF x, VF ev, VF dv, VF sroff) {
+  VF y = hn::Mul(x, ev);
+  y = hn::IfThenZeroElse(hn::IsNaN(y), y);  // 0·Inf (e_b overflowed) is taken as 0
+  // E2M1 (kE2M1): 1 fraction bit, exponent floor 1 − bias = 0, max 6; powers of two 2^±1 only.
+  VF v;
+  if constexpr (kSR) {
+    v = RoundE2M1Sr(y, sroff);
+  } else {
+    (void)sroff;
+    v = RoundE2M1Rne(y);
+  }
+  return hn::Mul(hn::CopySignToAbs(v, x), dv);
+}
+
+HWY_INLINE VI AbsBits(VF v) {
+  const DI di;
+  return hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF));
+}
+
+/// Store v at p: a non-temporal store if `stream` (p then must be vector-aligned), else StoreU.
+HWY_INLINE void Put(VF v, float* p, bool stream) {
+  const DF df;
+  if (stream) {
+    hn::Stream(v, df, p);
+  } else {
+    hn::StoreU(v, df, p);
+  }
+}
+
+// ---------------------------------------------------------------- Philox4x32-10 (SR bytes)
+
+#if HWY_TARGET == HWY_SCALAR
+// One-lane target (the generic x86-64 baseline with GCC < 12.3, where Highway's EMU128 is off):
+// 64-bit lanes cannot be split into 32-bit halves, so Philox runs as plain integer code.
+HWY_INLINE void PhiloxOne(const SrKey& key, uint32_t c0, uint64_t* out) {
+  uint32_t c1 = key.step, c2 = (key.layer << 8) + (key.operand << 4) + key.gemm, c3 = 0x5352u;
+  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t{0xD2511F53u} * c0, p1 = uint64_t{0xCD9E8D57u} * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = c0 | (uint64_t{c1} << 32);
+  out[1] = c2 | (uint64_t{c3} << 32);
+}
+
+void PhiloxContig(const SrKey& key, uint64_t b0, int64_t n_inst, uint64_t* out) {
+  for (int64_t i = 0; i < n_inst; ++i) {
+    PhiloxOne(key, static_cast<uint32_t>(b0 + static_cast<uint64_t>(i)), out + 2 * i);
+  }
+}
+
+HWY_INLINE void PhiloxCounters(const SrKey& key, const uint32_t* ctr, int64_t n_inst,
+                               uint64_t* out) {
+  for (int64_t i = 0; i < n_inst; ++i) PhiloxOne(key, ctr[i], out + 2 * i);
+}
+
+HWY_INLINE void PhiloxStrided(const SrKey& key, uint64_t first, uint64_t stride, int64_t per,
+                              int64_t n_inst, uint32_t* /*ctr*/, uint64_t* out) {
+  for (int64_t t = 0; t < n_inst; ++t) {
+    const uint64_t b = first + static_cast<uint64_t>(t / per) * stride + static_cast<uint64_t>(t % per);
+    PhiloxOne(key, static_cast<uint32_t>(b), out + 2 * t);
+  }
+}
+#else
+/// Philox4x32-10 of the counters (c0 lanes, step, layer/operand/gemm word, 0x5352) under the
+/// key, in 64-bit lanes holding 32-bit words; stores 16 bytes per lane (v0 | v1 << 32 then
+/// v2 | v3 << 32, little-endian: byte b of the block is word b/4 >> 8·(b%4), as philox.cpp).
+HWY_INLINE void PhiloxStore(const SrKey& key, hn::Vec<hn::ScalableTag<uint64_t>> c0,
+                            uint64_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::Repartition<uint32_t, decltype(d64)> d32;
+  using V64 = hn::Vec<decltype(d64)>;
+  const V64 lo_mask = hn::Set(d64, 0xFFFFFFFFull);
+  const auto m0 = hn::BitCast(d32, hn::Set(d64, 0xD2511F53ull));
+  const auto m1 = hn::BitCast(d32, hn::Set(d64, 0xCD9E8D57ull));
+  V64 c1 = hn::Set(d64, static_cast<uint64_t>(key.step));
+  V64 c2 = hn::Set(d64, static_cast<uint64_t>(
+                            static_cast<uint32_t>((key.layer << 8) + (key.operand << 4) + key.gemm)));
+  V64 c3 = hn::Set(d64, 0x5352ull);
+  uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const V64 p0 = hn::MulEven(hn::BitCast(d32, c0), m0);  // M0·ctr0, full 64-bit product
+    const V64 p1 = hn::MulEven(hn::BitCast(d32, c2), m1);  // M1·ctr2
+    const V64 n0 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p1), c1), hn::Set(d64, uint64_t{k0}));
+    const V64 n1 = hn::And(p1, lo_mask);
+    const V64 n2 = hn::Xor(hn::Xor(hn::ShiftRight<32>(p0), c3), hn::Set(d64, uint64_t{k1}));
+    const V64 n3 = hn::And(p0, lo_mask);
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += 0x9E3779B9u;  // key bump between rounds (the last bump is unused)
+    k1 += 0xBB67AE85u;
+  }
+  const V64 lo = hn::Or(c0, hn::ShiftLeft<32>(c1));
+  const V64 hi = hn::Or(c2, hn::ShiftLeft<32>(c3));
+  hn::StoreInterleaved2(lo, hi, d64, out);
+}
+
+/// Blocks b0 .. b0 + n_inst − 1 (counter word 0 = low 32 bits of the block index); writes whole
+/// vectors, i.e. up to Lanes − 1 extra blocks.
+void PhiloxContig(const SrKey& key, uint64_t b0, int64_t n_inst, uint64_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+  const auto lo_mask = hn::Set(d64, 0xFFFFFFFFull);
+  for (int64_t i = 0; i < n_inst; i += N) {
+    const auto c0 = hn::And(hn::Iota(d64, b0 + static_cast<uint64_t>(i)), lo_mask);
+    PhiloxStore(key, c0, out + 2 * i);
+  }
+}
+
+/// Blocks with the given counter words ctr[0..n_inst) (ctr padded to whole vectors).
+HWY_INLINE void PhiloxCounters(const SrKey& key, const uint32_t* ctr, int64_t n_inst,
+                               uint64_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::Rebind<uint32_t, decltype(d64)> d32h;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+  for (int64_t i = 0; i < n_inst; i += N) {
+    PhiloxStore(key, hn::PromoteTo(d64, hn::LoadU(d32h, ctr + i)), out + 2 * i);
+  }
+}
+
+/// Blocks first + (t / per)·stride + t % per for t < n_inst (the column runs of a transposed
+/// tile: per blocks per column, columns `stride` blocks apart). Counters are computed in
+/// registers when per is a power of two (stride < 2^32); otherwise through ctr (scratch).
+HWY_INLINE void PhiloxStrided(const SrKey& key, uint64_t first, uint64_t stride, int64_t per,
+                              int64_t n_inst, uint32_t* ctr, uint64_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const hn::Repartition<uint32_t, decltype(d64)> d32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d64));
+  if ((per & (per - 1)) == 0 && stride < (uint64_t{1} << 32)) {
+    const int shift = std::countr_zero(static_cast<uint64_t>(per));
+    const auto lo_mask = hn::Set(d64, 0xFFFFFFFFull);
+    const auto kmask = hn::Set(d64, static_cast<uint64_t>(per - 1));
+    const auto sv = hn::BitCast(d32, hn::Set(d64, stride));
+    const auto fv = hn::Set(d64, first);
+    for (int64_t i = 0; i < n_inst; i += N) {
+      const auto t = hn::Iota(d64, static_cast<uint64_t>(i));
+      const auto col = hn::ShiftRightSame(t, shift);
+      const auto b = hn::Add(hn::Add(fv, hn::MulEven(hn::BitCast(d32, col), sv)), hn::And(t, kmask));
+      PhiloxStore(key, hn::And(b, lo_mask), out + 2 * i);
+    }
+    return;
+  }
+  for (int64_t t = 0; t < n_inst; ++t) {
+    ctr[t] = static_cast<uint32_t>(first + static_cast<uint64_t>(t / per) * stride +
+                                   static_cast<uint64_t>(t % per));
+  }
+  PhiloxCounters(key, ctr, n_inst, out);
+}
+#endif  // HWY_TARGET == HWY_SCALAR
+
+/// SR bytes of elements first .. first + n − 1 of the operand: returns a pointer into buf
+/// (which needs 2·(n/16 + 2 + kMaxLanes) words).
+HWY_INLINE const uint8_t* SrRun(const SrKey& key, uint64_t first, int64_t n, uint64_t* buf) {
+  const uint64_t b0 = first / 16, b1 = (first + static_cast<uint64_t>(n) - 1) / 16;
+  PhiloxContig(key, b0, static_cast<int64_t>(b1 - b0 + 1), buf);
+  return reinterpret_cast<const uint8_t*>(buf) + (first % 16);
+}
+
+// ---------------------------------------------------------------- tensor amax
+
+uint32_t AmaxBits(const float* x, int64_t n) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VI m0 = hn::Zero(di), m1 = hn::Zero(di), m2 = hn::Zero(di), m3 = hn::Zero(di);
+  int64_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    m0 = hn::Max(m0, AbsBits(hn::LoadU(df, x + i)));
+    m1 = hn::Max(m1, AbsBits(hn::LoadU(df, x + i + N)));
+    m2 = hn::Max(m2, AbsBits(hn::LoadU(df, x + i + 2 * N)));
+    m3 = hn::Max(m3, AbsBits(hn::LoadU(df, x + i + 3 * N)));
+  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, AbsBits(hn::LoadU(df, x + i)));
+  const VI m = hn::Max(hn::Max(m0, m1), hn::Max(m2, m3));
+  uint32_t r = static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m)));
+  for (; i < n; ++i) r = std::max(r, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return r;
+}
+
+// ---------------------------------------------------------------- row kernel
+
+/// One vector of a block: out[0..k) = QdqVec(x[0..k)) for k < Lanes, through a zero-padded copy
+/// (so partial vectors run the same lane code as full ones).
+template <bool kSR>
+HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, VF dv,
+                           Scratch& s, float* out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  float* px = s.pad.data();
+  float* po = px + kMaxLanes;
+  uint8_t* psr = s.padsr.data();
+  for (int64_t t = 0; t < N; ++t) {
+    px[t] = t < k ? x[t] : 0.0f;
+    if constexpr (kSR) psr[t] = t < k ? sr[t] : 0;
+  }
+  const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
+  hn::StoreU(QdqVec<kSR>(hn::LoadU(df, px), ev, dv, off), df, po);
+  for (int64_t t = 0; t < k; ++t) out[t] = po[t];
+}
+
+template <bool kSR, bool kSub>
+bool RowsT(const Plan& p, int64_t br, Scratch& s) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
+  const int64_t r0 = p.two_d ? br * B : br;
+  const int64_t r1 = p.two_d ? std::min(p.rows, r0 + B) : br + 1;
+  // Streaming stores write whole 64-byte lines: with cols % 16 == 0 and blocks of multiples of
+  // 16 every vector of a row is a whole line if out is 64-byte aligned (mis == 0). Otherwise
+  // (16-lane targets only) each line is the previous vector's last `mis` values and this one's
+  // first 16 − mis, assembled in registers; a row's first and last lines are shared with the
+  // neighbouring rows and written with masked plain stores.
+  bool stream = p.stream && cols % 16 == 0 && B % 16 == 0;
+  if (stream && p.out_mis != 0 && N != 16) stream = false;
+  const int64_t mis = stream ? p.out_mis : 0;
+  const auto keep_first = hn::FirstN(df, static_cast<size_t>(mis));  // lanes t < mis
+  alignas(64) int32_t rot_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) rot_arr[t] = static_cast<int32_t>((t - mis + N) % N);
+  const auto rot = hn::SetTableIndices(df, rot_arr);  // Rot(v)[t] = v[(t − mis) mod 16]
+  float* am = s.amax.data();
+  // 1. block amax over the whole block-row (read everything before writing: out may alias x)
+  for (int64_t bc = 0; bc < nbc; ++bc) {
+    const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+    VI m = hn::Zero(di);
+    uint32_t mt = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = p.x + r * cols + c0;
+      int64_t j = 0;
+      for (; j + N <= len; j += N) m = hn::Max(m, AbsBits(hn::LoadU(df, xr + j)));
+      for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
+    }
+    const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
+    if (a > 0x7F7FFFFFu) return false;
+    am[bc] = std::bit_cast<float>(a);
+  }
+  for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+  // 2. block scales, Lanes blocks at a time
+  for (int64_t bc = 0; bc < nbc; bc += N) {
+    VF dv, ev;
+    BlockScales<kSub>(hn::LoadU(df, am + bc), p, dv, ev);
+    hn::StoreU(dv, df, s.d.data() + bc);
+    hn::StoreU(ev, df, s.e.data() + bc);
+  }
+  // 3. elements
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = p.x + r * cols;
+    float* orow = p.out + r * cols;
+    const uint8_t* srp = nullptr;
+    if constexpr (kSR) srp = SrRun(p.key, static_cast<uint64_t>(r * cols), cols, s.sr.data());
+    VF prev = hn::Zero(df);  // misaligned streaming: Rot of the previous vector
+    for (int64_t bc = 0; bc < nbc; ++bc) {
+      const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+      const VF dv = hn::Set(df, s.d[bc]);
+      const VF ev = hn::Set(df, s.e[bc]);
+      int64_t j = c0;
+      const int64_t c1 = c0 + len;
+      for (; j + N <= c1; j += N) {
+        const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
+        const VF v = QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off);
+        if (mis == 0) {
+          Put(v, orow + j, stream);
+        } else {
+          const VF rv = hn::TableLookupLanes(v, rot);
+          if (j == 0) {
+            hn::BlendedStore(rv, hn::Not(keep_first), df, orow - mis);  // orow[0, 16 − mis)
+          } else {
+            hn::Stream(hn::IfThenElse(keep_first, prev, rv), df, orow + j - mis);
+          }
+          prev = rv;
+        }
+      }
+      if (j < c1) QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, c1 - j, ev, dv, s, orow + j);
+    }
+    if (mis != 0) hn::BlendedStore(prev, keep_first, df, orow + cols - mis);  // last mis values
+  }
+  if (stream) hwy::FlushStream();
+  return true;
+}
+
+bool Rows(const Plan& p, int64_t br, Scratch& s) {
+  if (p.sr) return p.sub_pow2 ? RowsT<true, true>(p, br, s) : RowsT<true, false>(p, br, s);
+  return p.sub_pow2 ? RowsT<false, true>(p, br, s) : RowsT<false, false>(p, br, s);
+}
+
+// ---------------------------------------------------------------- RHT16 (vertical)
+
+/// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
+/// column: (x ⊙ s)·H16/4 with hadamard.cpp's butterfly order, lane-wise.
+HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v) {
+  const DF df;
+  for (int i = 0; i < 16; ++i) v[i] = hn::Mul(hn::LoadU(df, src + i * stride), hn::Set(df, kRhtSigns[i]));
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const VF a = v[j], b = v[j + h];
+        v[j] = hn::Add(a, b);
+        v[j + h] = hn::Sub(a, b);
+      }
+    }
+  }
+  for (int i = 0; i < 16; ++i) v[i] = hn::Mul(v[i], hn::Set(df, 0.25f));
+}
+
+/// Copy rows [r0, r0 + h) × cols [c0, c0 + w) of x into the tile T [h][Lanes], zero-padding
+/// columns w..Lanes.
+HWY_INLINE void LoadTile(const float* x, int64_t cols, int64_t r0, int64_t h, int64_t c0,
+                         int64_t w, float* T) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  if (w == N) {
+    for (int64_t i = 0; i < h; ++i) hn::StoreU(hn::LoadU(df, x + (r0 + i) * cols + c0), df, T + i * N);
+  } else {
+    for (int64_t i = 0; i < h; ++i) {
+      const float* xr = x + (r0 + i) * cols + c0;
+      for (int64_t j = 0; j < N; ++j) T[i * N + j] = j < w ? xr[j] : 0.0f;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- transposed kernel
+
+template <bool kSR, bool kSub, bool kRht>
+bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t rows = p.rows, cols = p.cols, B = p.B;
+  // A unit is a panel of x: rows [pr0, pr1) (whole blocks) × columns [pc0, pc1).
+  const int64_t ncp = (cols + p.panel_cols - 1) / p.panel_cols;
+  const int64_t pr0 = (unit / ncp) * p.panel_rows, pr1 = std::min(rows, pr0 + p.panel_rows);
+  const int64_t pc0 = (unit % ncp) * p.panel_cols, pc1 = std::min(cols, pc0 + p.panel_cols);
+  float* T = s.tile.data();
+  alignas(64) int32_t idx_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * N);
+  const VI gidx = hn::LoadU(di, idx_arr);
+  uint8_t* srb = reinterpret_cast<uint8_t*>(s.sr.data());
+
+  // Streaming stores write whole 64-byte lines of the output rows. With rows % 16 == 0 and
+  // blocks of multiples of 16, every output row starts at the same offset `mis` (floats) from a
+  // line boundary. mis == 0: each block's vectors are whole aligned lines. mis != 0 (e.g. the
+  // 16-byte alignment of glibc's large allocations), 16-lane targets only: the line ending in
+  // this block is the previous block's last `mis` values (kept per column in s.carry, already
+  // rotated) followed by this block's first 16 − mis, assembled in registers; the unit's first
+  // and last partial lines (shared with the neighbouring unit) use masked plain stores.
+  bool stream = p.stream && rows % 16 == 0 && B % 16 == 0;
+  if (stream && p.out_mis != 0 && N != 16) stream = false;
+  const int64_t mis = stream ? p.out_mis : 0;
+  const auto keep_first = hn::FirstN(df, static_cast<size_t>(mis));  // lanes t < mis
+  alignas(64) int32_t rot_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) rot_arr[t] = static_cast<int32_t>((t - mis + N) % N);
+  const auto rot = hn::SetTableIndices(df, rot_arr);  // Rot(v)[t] = v[(t − mis) mod 16]
+
+  auto tile = [&](int64_t r0, int64_t c0) -> bool {
+    const int64_t h = std::min(B, rows - r0);
+    // SR bytes of a column run are whole Philox blocks when the runs start and end on
+    // multiples of 16 of the operand's flat index c·rows + r.
+    const bool sr_aligned = rows % 16 == 0 && r0 % 16 == 0 && h % 16 == 0;
+    const int64_t w = std::min(N, pc1 - c0);
+    // 1. tile [h][N] (columns ≥ w zero), RHT applied per 16 rows
+    if constexpr (kRht) {
+      if (w == N) {
+        for (int64_t g = 0; g < h; g += 16) {
+          VF v[16];
+          Rht16Load(p.x + (r0 + g) * cols + c0, cols, v);
+          for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
+        }
+      } else {
+        LoadTile(p.x, cols, r0, h, c0, w, T);
+        for (int64_t g = 0; g < h; g += 16) {
+          VF v[16];
+          Rht16Load(T + g * N, N, v);
+          for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
+        }
+      }
+    } else {
+      LoadTile(p.x, cols, r0, h, c0, w, T);
+    }
+    // 2. block amax of each column (one block per lane), block scales
+    VI m = hn::Zero(di);
+    for (int64_t i = 0; i < h; ++i) m = hn::Max(m, AbsBits(hn::LoadU(df, T + i * N)));
+    if (!hn::AllFalse(di, hn::Gt(m, hn::Set(di, 0x7F7FFFFF)))) return false;
+    {
+      VF dv, ev;
+      BlockScales<kSub>(hn::BitCast(df, m), p, dv, ev);
+      hn::StoreU(dv, df, s.d.data());
+      hn::StoreU(ev, df, s.e.data());
+    }
+    // 3. SR bytes of the w column runs: srb[j·h + i] is the byte of element (c0 + j, r0 + i)
+    if constexpr (kSR) {
+      if (sr_aligned) {
+        // Philox blocks (c·rows + r0)/16 + k, k < h/16, for columns c = c0 + j, in that order.
+        const int64_t per = h / 16;
+        const uint64_t first = (static_cast<uint64_t>(c0) * static_cast<uint64_t>(rows) +
+                                static_cast<uint64_t>(r0)) / 16;
+        PhiloxStrided(p.key, first, static_cast<uint64_t>(rows / 16), per, w * per, s.ctr.data(),
+                      s.sr.data());
+      } else {
+        for (int64_t j = 0; j < w; ++j) {
+          const uint64_t first = static_cast<uint64_t>(c0 + j) * static_cast<uint64_t>(rows) +
+                                 static_cast<uint64_t>(r0);
+          std::memcpy(srb + j * h, SrRun(p.key, first, h, s.sr2.data()), static_cast<size_t>(h));
+        }
+      }
+    }
+    // 4. each column of the tile is one output row segment out[c, r0 .. r0 + h)
+    for (int64_t j = 0; j < w; ++j) {
+      const VF dv = hn::Set(df, s.d[j]);
+      const VF ev = hn::Set(df, s.e[j]);
+      float* o = p.out + (c0 + j) * rows + r0;
+      const uint8_t* sj = kSR ? srb + j * h : nullptr;
+      if (mis == 0) {
+        int64_t i = 0;
+        for (; i + N <= h; i += N) {
+          const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
+          const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
+          Put(QdqVec<kSR>(xv, ev, dv, off), o + i, stream);
+        }
+        if (i < h) {
+          float col[kMaxLanes];
+          for (int64_t t = 0; t < h - i; ++t) col[t] = T[(i + t) * N + j];
+          QdqPartial<kSR>(col, kSR ? sj + i : nullptr, h - i, ev, dv, s, o + i);
+        }
+      } else {
+        // Misaligned streaming (N == 16, h % 16 == 0): vector k covers o[16k, 16k + 16); the
+        // aligned line starting at o + 16k − mis is Rot(prev)[t < mis] | Rot(v_k)[t ≥ mis].
+        float* carry = s.carry.data() + (c0 + j - pc0) * 16;
+        VF prev = hn::LoadU(df, carry);  // Rot of the previous block's last vector
+        for (int64_t i = 0; i < h; i += 16) {
+          const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
+          const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
+          const VF r = hn::TableLookupLanes(QdqVec<kSR>(xv, ev, dv, off), rot);
+          if (i == 0 && r0 == pr0) {
+            // the unit's first line is shared with the previous unit: plain masked store of
+            // this block's part, o[0, 16 − mis) (lanes mis.. of the line)
+            hn::BlendedStore(r, hn::Not(keep_first), df, o - mis);
+          } else {
+            hn::Stream(hn::IfThenElse(keep_first, prev, r), df, o + i - mis);
+          }
+          prev = r;
+        }
+        hn::StoreU(prev, df, carry);
+        if (r0 + B >= pr1) {
+          // the unit's last line is shared with the next unit: o[h − mis, h) (lanes < mis)
+          hn::BlendedStore(prev, keep_first, df, o + h - mis);
+        }
+      }
+    }
+    return true;
+  };
+
+  if (stream) {
+    // Streaming: strip by strip (x read sequentially along its rows), all columns per strip.
+    for (int64_t r0 = pr0; r0 < pr1; r0 += B)
+      for (int64_t c0 = pc0; c0 < pc1; c0 += N)
+        if (!tile(r0, c0)) return false;
+    hwy::FlushStream();
+  } else {
+    // Plain stores: down the rows for each column tile, so every output row receives pr1 − pr0
+    // contiguous floats per visit and the unit touches few enough 4 KiB pages for the TLB.
+    for (int64_t c0 = pc0; c0 < pc1; c0 += N)
+      for (int64_t r0 = pr0; r0 < pr1; r0 += B)
+        if (!tile(r0, c0)) return false;
+  }
+  return true;
+}
+
+bool Cols(const Plan& p, int64_t unit, Scratch& s) {
+  if (p.rht) {
+    if (p.sr) return p.sub_pow2 ? ColsT<true, true, true>(p, unit, s) : ColsT<true, false, true>(p, unit, s);
+    return p.sub_pow2 ? ColsT<false, true, true>(p, unit, s) : ColsT<false, false, true>(p, unit, s);
+  }
+  if (p.sr) return p.sub_pow2 ? ColsT<true, true, false>(p, unit, s) : ColsT<true, false, false>(p, unit, s);
+  return p.sub_pow2 ? ColsT<false, true, false>(p, unit, s) : ColsT<false, false, false>(p, unit, s);
+}
+
+uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, Scratch& s) {
+  (void)rows;
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t r0 = strip * 16;
+  VI m = hn::Zero(di);
+  for (int64_t c0 = 0; c0 < cols; c0 += N) {
+    const int64_t w = std::min(N, cols - c0);
+    VF v[16];
+    if (w == N) {
+      Rht16Load(x + r0 * cols + c0, cols, v);
+    } else {
+      LoadTile(x, cols, r0, 16, c0, w, s.tile.data());
+      Rht16Load(s.tile.data(), N, v);
+    }
+    for (int i = 0; i < 16; ++i) m = hn::Max(m, AbsBits(v[i]));
+  }
+  return static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m)));
+}
+
+}  // namespace fp4::qf::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+// ------------------------------------------------------------------------------------------
+// Dispatch and public API (compiled once).
+#if HWY_ONCE
+namespace fp4 {
+namespace qf {
+namespace {
+
+constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
+/// Work unit (panel of x) of the transposed kernel: rows (rounded down to whole blocks, at
+/// least one) × columns (a multiple of every target's lane count).
+constexpr int64_t kPanelRows = 128;
+constexpr int64_t kPanelCols = 128;
+
+/// Outputs of at least this many bytes are written with streaming (non-temporal) stores when
+/// their address allows it (64-byte aligned): they would not stay in a core's caches anyway, and
+/// skipping the read-for-ownership of every output line is what lets the quantize-transpose
+/// (whose output lines are scattered) run near copy speed. Smaller outputs stay in the caches
+/// for the GEMM that consumes them. Measured here (bench_quant): the transposed kernel gains
+/// from 16 MiB up (1.6× at [4096, 1024]); the row kernel, whose stores are sequential, loses
+/// ~10% at 16 MiB and gains ~25% at 64 MiB.
+constexpr int64_t kStreamMinBytesRows = int64_t{32} << 20;
+constexpr int64_t kStreamMinBytesTransposed = int64_t{16} << 20;
+/// Test/benchmark override of both thresholds (quant_fast_stream_min_bytes); < 0: defaults.
+std::atomic<int64_t> g_stream_min_bytes{-1};
+
+/// Work unit of the streaming transposed kernel: rows of x (whole blocks, at least one) ×
+/// columns (a multiple of every target's lane count). Tall units keep the partial output lines
+/// at unit edges (misaligned out: masked plain stores, each costing a line read) rare; measured
+/// at [4096, 4096]: 256 × 4096 and 1024 × 1024 are equally fast aligned, 1024 × 1024 is
+/// faster misaligned, 64-row units are 2× slower misaligned.
+constexpr int64_t kStreamUnitRows = 1024;
+constexpr int64_t kStreamUnitCols = 1024;
+
+/// Whether an output of n floats at `out` is written with streaming stores (the kernels handle
+/// any float-aligned out; see Plan::out_mis).
+bool use_stream(const float* out, int64_t n, int64_t default_min_bytes) {
+  const int64_t o = g_stream_min_bytes.load(std::memory_order_relaxed);
+  return n * int64_t{sizeof(float)} >= (o >= 0 ? o : default_min_bytes) &&
+         reinterpret_cast<uintptr_t>(out) % sizeof(float) == 0;
+}
+
+#define FP4_QF_KERNELS(NS, NAME) \
+  Kernels { NAME, &NS::Rows, &NS::Cols, &NS::AmaxBits, &NS::AmaxRht, &NS::PhiloxContig }
+
+bool cpu_avx3() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+}
+bool cpu_avx2() {
+  unsigned a, b, c, d;
+  bool f16c = false;
+  if (__get_cpuid(1, &a, &b, &c, &d)) f16c = (c >> 29) & 1;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && f16c;
+}
+bool cpu_sse4() {
+  return __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("sse4.2") &&
+         __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("aes");
+}
+bool cpu_ssse3() { return __builtin_cpu_supports("ssse3"); }
+
+/// Targets compiled in and supported by this CPU, best first.
+const std::vector<Kernels>& available() {
+  static const std::vector<Kernels> v = [] {
+    __builtin_cpu_init();
+    std::vector<Kernels> k;
+#if HWY_TARGETS & HWY_AVX3
+    if (cpu_avx3() && cpu_avx2() && cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_AVX3, "AVX3"));
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    if (cpu_avx2() && cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_AVX2, "AVX2"));
+#endif
+#if HWY_TARGETS & HWY_SSE4
+    if (cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_SSE4, "SSE4"));
+#endif
+#if HWY_TARGETS & HWY_SSSE3
+    if (cpu_ssse3()) k.push_back(FP4_QF_KERNELS(N_SSSE3, "SSSE3"));
+#endif
+#if HWY_TARGETS & HWY_EMU128
+    k.push_back(FP4_QF_KERNELS(N_EMU128, "EMU128"));
+#endif
+#if HWY_TARGETS & HWY_SCALAR
+    k.push_back(FP4_QF_KERNELS(N_SCALAR, "SCALAR"));
+#endif
+    return k;
+  }();
+  return v;
+}
+
+std::atomic<const Kernels*> g_active{nullptr};
+
+const Kernels& active() {
+  const Kernels* k = g_active.load(std::memory_order_acquire);
+  if (k == nullptr) {
+    k = &available().front();
+    g_active.store(k, std::memory_order_release);
+  }
+  return *k;
+}
+
+#undef FP4_QF_KERNELS
+
+struct TensorScales {
+  float ge, gd, mult;
+};
+/// Exactly block_quant.cpp's tensor_scales.
+TensorScales tensor_scales(float g, float target) {
+  TensorScales t;
+  t.ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
+  t.ge = std::min(t.ge, FLT_MAX);
+  t.gd = 1.0f / t.ge;
+  t.mult = t.ge * (1.0f / 6.0f);
+  return t;
+}
+
+/// The checks (and messages) of block_quant.cpp's validate.
+void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+              const SrKey* sr) {
+  const std::string w = where;
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  }
+  if (spec.block <= 0) {
+    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
+  }
+  if (!(g >= 0.0f) || std::isinf(g)) {
+    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
+                                std::to_string(g));
+  }
+  if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
+    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
+                                std::to_string(spec.target));
+  }
+  if (spec.rounding == Rounding::SR8 && sr == nullptr) {
+    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
+  }
+  (void)scale_format_desc(spec.scale_format);  // throws on an invalid enum value
+}
+
+[[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n) {
+  int64_t i = 0;
+  while (i < n && std::isfinite(x[i])) ++i;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
+                static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
+  throw NonFiniteError(buf);
+}
+
+/// For the transposed kernels: name the first non-finite element of x [rows, cols], or say that
+/// only the RHT of x overflowed.
+[[noreturn]] void throw_non_finite_2d(const char* where, const float* x, int64_t rows,
+                                      int64_t cols) {
+  const int64_t n = rows * cols;
+  int64_t i = 0;
+  while (i < n && std::isfinite(x[i])) ++i;
+  char buf[200];
+  if (i < n) {
+    std::snprintf(buf, sizeof buf, "%s: element (%lld, %lld) of x is %s (inputs must be finite)",
+                  where, static_cast<long long>(i / cols), static_cast<long long>(i % cols),
+                  std::isnan(x[i]) ? "NaN" : "Inf");
+  } else {
+    std::snprintf(buf, sizeof buf,
+                  "%s: the 16-point RHT of x overflows FP32 (inputs must transform to finite "
+                  "values)",
+                  where);
+  }
+  throw NonFiniteError(buf);
+}
+
+bool known_scale_format(ScaleFormat f) {
+  return f == ScaleFormat::UE5M3 || f == ScaleFormat::UE5M3_PTX || f == ScaleFormat::E4M3 ||
+         f == ScaleFormat::UE8M0;
+}
+
+Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+               float g, const SrKey* sr) {
+  Plan p;
+  p.x = x;
+  p.out = out;
+  p.rows = rows;
+  p.cols = cols;
+  p.B = spec.block;
+  p.two_d = spec.two_d;
+  p.block_cols = (cols + p.B - 1) / p.B;
+  p.block_rows = spec.two_d ? (rows + p.B - 1) / p.B : rows;
+  const TensorScales ts = tensor_scales(g, spec.target);
+  p.mult = ts.mult;
+  p.gd = ts.gd;
+  const FloatFormat& fmt = scale_format_desc(spec.scale_format);
+  p.sfrac = fmt.frac_bits;
+  p.semin = detail::rounding_emin(fmt);
+  p.smax = fmt.max_finite;
+  // q = e − frac ranges over [emin − frac, floor(log2 max) − frac]; 2^q and 2^−q must be normal
+  // for the cheap power-of-two path.
+  const int emax = std::ilogb(fmt.max_finite);
+  p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
+  p.sr = spec.rounding == Rounding::SR8;
+  if (p.sr) p.key = *sr;
+  return p;
+}
+
+/// out [cols, rows] = xᵀ, cache-blocked (any thread count, same bits: it only copies).
+void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t T = 32;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t i0 = 0; i0 < rows; i0 += T)
+    for (int64_t j0 = 0; j0 < cols; j0 += T) {
+      const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = x[i * cols + j];
+    }
+}
+
+}  // namespace
+}  // namespace qf
+
+bool quant_fast_supports(const BlockQuantSpec& spec) {
+  // The SIMD kernels implement E2M1 elements with tensor-scaled block scales of the
+  // ScaleFormat enum; other element formats, spelled scale formats and the MX rules run the
+  // scalar reference.
+  return qf::known_scale_format(spec.scale_format) && spec.block > 0 && spec.element.is_e2m1() &&
+         spec.scale_desc == nullptr && spec.scale_rule == ScaleRule::TensorScaled;
+}
+
+float amax_fast(const float* x, int64_t n) {
+  if (n < 0) throw std::invalid_argument("amax_fast: negative length");
+  constexpr int64_t kChunk = int64_t{1} << 15;
+  const int64_t nch = (n + kChunk - 1) / kChunk;
+  const qf::Kernels& k = qf::active();
+  uint32_t m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static) if (n >= qf::kParallelMin)
+  for (int64_t ch = 0; ch < nch; ++ch) {
+    const int64_t i0 = ch * kChunk;
+    m = std::max(m, k.amax(x + i0, std::min(kChunk, n - i0)));
+  }
+  if (m > 0x7F7FFFFFu) qf::throw_non_finite("amax_fast", x, n);
+  return std::bit_cast<float>(m);
+}
+
+void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
+                              const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
+  qf::validate("quantize_dequantize_fast", rows, cols, spec, g, sr);
+  if (!quant_fast_supports(spec)) {
+    quantize_dequantize(x, rows, cols, spec, g, sr, out);
+    return;
+  }
+  if (rows == 0 || cols == 0) return;
+  qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
+  p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesRows);
+  p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
+  const qf::Kernels& k = qf::active();
+  std::atomic<bool> bad{false};
+  const bool par = rows * cols >= qf::kParallelMin && p.block_rows > 1;
+#pragma omp parallel if (par)
+  {
+    qf::Scratch s;
+    s.for_rows(p);
+#pragma omp for schedule(static)
+    for (int64_t br = 0; br < p.block_rows; ++br) {
+      if (!k.rows(p, br, s)) bad.store(true, std::memory_order_relaxed);
+    }
+  }
+  // A block-row with a non-finite value is never written, so every non-finite input is still
+  // in x (even when out aliases x) and the scan finds the first one.
+  if (bad.load()) qf::throw_non_finite("quantize_dequantize_fast", x, rows * cols);
+}
+
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, float* out) {
+  const char* where = "quantize_dequantize_transposed_fast";
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
+                                ", " + std::to_string(cols) + "]");
+  }
+  if (rht && rows % 16 != 0) {
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of 16 (the RHT works on 16-long chunks "
+                                "along the rows of x)");
+  }
+  qf::validate(where, cols, rows, spec, g, sr);
+  if (rows == 0 || cols == 0) return;
+  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && spec.block % 16 != 0);
+  if (!fast) {
+    // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling blocks).
+    qf::transpose(x, rows, cols, out);
+    if (rht) rht16_rows(out, cols, rows);
+    quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
+    return;
+  }
+  qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
+  p.rht = rht;
+  p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
+  p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
+  if (p.stream) {
+    // With streaming stores the output's scattered lines cost no reads, and walking strips of
+    // one block of rows across the unit's columns reads x in long runs: the fastest order
+    // measured.
+    p.panel_rows = std::max<int64_t>(1, qf::kStreamUnitRows / p.B) * p.B;
+    p.panel_cols = qf::kStreamUnitCols;
+  } else {
+    p.panel_rows = std::max<int64_t>(1, qf::kPanelRows / p.B) * p.B;
+    p.panel_cols = qf::kPanelCols;
+  }
+  const int64_t units = ((rows + p.panel_rows - 1) / p.panel_rows) *
+                        ((cols + p.panel_cols - 1) / p.panel_cols);
+  const qf::Kernels& k = qf::active();
+  std::atomic<bool> bad{false};
+  const bool par = rows * cols >= qf::kParallelMin && units > 1;
+#pragma omp parallel if (par)
+  {
+    qf::Scratch s;
+    s.for_cols(p);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      if (!k.cols(p, u, s)) bad.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (bad.load()) qf::throw_non_finite_2d(where, x, rows, cols);
+}
+
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
+  const char* where = "amax_rht16_transposed";
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
+                                ", " + std::to_string(cols) + "]");
+  }
+  if (rows % 16 != 0) {
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of 16 (the RHT works on 16-long chunks "
+                                "along the rows of x)");
+  }
+  if (rows == 0 || cols == 0) return 0.0f;
+  const int64_t strips = rows / 16;
+  const qf::Kernels& k = qf::active();
+  uint32_t m = 0;
+#pragma omp parallel if (rows * cols >= qf::kParallelMin && strips > 1)
+  {
+    qf::Scratch s;
+    s.for_rht_amax();
+#pragma omp for reduction(max : m) schedule(static)
+    for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, s));
+  }
+  if (m > 0x7F7FFFFFu) qf::throw_non_finite_2d(where, x, rows, cols);
+  return std::bit_cast<float>(m);
+}
+
+void sr_bytes_fast(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out) {
+  if (n == 0) return;
+  constexpr uint64_t kChunkBlocks = 1024;
+  std::vector<uint64_t> buf(2 * (kChunkBlocks + qf::kMaxLanes));
+  const qf::Kernels& k = qf::active();
+  uint64_t i = first;
+  const uint64_t end = first + n;
+  while (i < end) {
+    const uint64_t b0 = i / 16;
+    const uint64_t b1 = std::min((end - 1) / 16 + 1, b0 + kChunkBlocks);  // one past last block
+    k.philox(key, b0, static_cast<int64_t>(b1 - b0), buf.data());
+    const uint64_t stop = std::min(end, b1 * 16);
+    std::memcpy(out + (i - first), reinterpret_cast<const uint8_t*>(buf.data()) + (i - b0 * 16),
+                static_cast<size_t>(stop - i));
+    i = stop;
+  }
+}
+
+std::vector<std::string> quant_fast_targets() {
+  std::vector<std::string> names;
+  for (const qf::Kernels& k : qf::available()) names.emplace_back(k.name);
+  return names;
+}
+
+std::string quant_fast_target() { return qf::active().name; }
+
+int64_t quant_fast_stream_min_bytes(int64_t bytes) {
+  return qf::g_stream_min_bytes.exchange(bytes < 0 ? -1 : bytes);
+}
+
+void quant_fast_use_target(const std::string& name) {
+  const auto& av = qf::available();
+  if (name.empty()) {
+    qf::g_active.store(&av.front(), std::memory_order_release);
+    return;
+  }
+  std::string list;
+  for (const qf::Kernels& k : av) {
+    if (name == k.name) {
+      qf::g_active.store(&k, std::memory_order_release);
+      return;
+    }
+    list += list.empty() ? "" : ", ";
+    list += k.name;
+  }
+  throw std::invalid_argument("quant_fast_use_target: unknown or unsupported SIMD target '" +
+                              name + "' (available: " + list + ")");
+}
+
+}  // namespace fp4
+#endif  // HWY_ONCE
