@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "matrix_text.h"
 #include "fp4/block_quant.h"
 #include "fp4/error.h"
 #include "fp4/format.h"
@@ -38,80 +39,6 @@ struct QuantOptions {
   uint64_t seed = 0;
 };
 
-struct Matrix {
-  int64_t rows = 0, cols = 0;
-  std::vector<float> data;
-};
-
-/// Parse one whitespace-separated token as a finite FP32 number; `where` names the position.
-float parse_number(const std::string& tok, const std::string& where) {
-  const char* first = tok.data();
-  const char* last = tok.data() + tok.size();
-  if (first != last && *first == '+') ++first;  // from_chars does not take a leading '+'
-  double d = 0.0;
-  const auto [ptr, ec] = std::from_chars(first, last, d, std::chars_format::general);
-  if (ec == std::errc::result_out_of_range) {
-    throw UserError(where + ": '" + tok + "' is out of the FP32 range");
-  }
-  if (ec != std::errc() || ptr != last || first == last || (first != tok.data() && *first == '-')) {
-    throw UserError(where + ": '" + tok + "' is not a number");
-  }
-  if (std::isnan(d) || std::isinf(d)) {
-    throw UserError(where + ": '" + tok + "' is NaN or Inf; inputs must be finite");
-  }
-  const float f = static_cast<float>(d);
-  if (std::isinf(f)) throw UserError(where + ": '" + tok + "' is out of the FP32 range");
-  return f;
-}
-
-/// Rows of numbers, one row per line, whitespace separated; blank lines are skipped.
-Matrix read_matrix(std::istream& in, const std::string& name) {
-  Matrix m;
-  std::string line;
-  int64_t lineno = 0, first_row_line = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    std::vector<float> row;
-    size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      if (i >= line.size()) break;
-      size_t j = i;
-      while (j < line.size() && !std::isspace(static_cast<unsigned char>(line[j]))) ++j;
-      const std::string where = name + ": line " + std::to_string(lineno) + ", column " +
-                                std::to_string(i + 1) + " (value " +
-                                std::to_string(row.size() + 1) + ")";
-      row.push_back(parse_number(line.substr(i, j - i), where));
-      i = j;
-    }
-    if (row.empty()) continue;
-    if (m.rows == 0) {
-      m.cols = static_cast<int64_t>(row.size());
-      first_row_line = lineno;
-    } else if (static_cast<int64_t>(row.size()) != m.cols) {
-      throw UserError(name + ": line " + std::to_string(lineno) + ", column 1: ragged rows: " +
-                      std::to_string(row.size()) + " values, but line " +
-                      std::to_string(first_row_line) + " has " + std::to_string(m.cols));
-    }
-    m.data.insert(m.data.end(), row.begin(), row.end());
-    ++m.rows;
-  }
-  if (in.bad()) throw UserError(name + ": read error");
-  if (m.rows == 0) throw UserError(name + ": empty input (expected numbers, one row per line)");
-  return m;
-}
-
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-Rounding parse_rounding(const std::string& s) {
-  if (s == "rne") return Rounding::RNE;
-  if (s == "sr8") return Rounding::SR8;
-  throw UserError("--rounding: unknown value '" + s + "' (valid choices: rne, sr8)");
-}
 
 void run_quant(const QuantOptions& o, bool reference_given) {
   BlockQuantSpec spec;
