@@ -126,3 +126,33 @@ TEST(QTensor, DamagedFilesAreRejectedWithTheReason) {
   EXPECT_NE(load_error(g_scratch.dir / "missing").find("cannot open"), std::string::npos);
 }
 }  // namespace
+
+namespace {
+TEST(QTensor, SubnormalReferenceRoundTrips) {
+  std::vector<float> x(32, 1e-40f);  // amax is an FP32 subnormal
+  BlockQuantSpec s;
+  const QTensor t = pack(quantize_blocks(x.data(), 2, 16, s, tensor_amax(x.data(), 32), nullptr));
+  const fs::path p = g_scratch.dir / "sub.safetensors";
+  save_safetensors(t, p);
+  EXPECT_EQ(load_safetensors(p).reference, t.reference);
+}
+
+TEST(QTensor, ShapesThatWouldOverflowAreRejected) {
+  // Hand-written header: rows·cols far beyond the (empty) data; must not load.
+  const std::string header =
+      R"({"codes":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+      R"("scales":{"dtype":"U8","shape":[1,1],"data_offsets":[0,1]},)"
+      R"("decode_scale":{"dtype":"F32","shape":[1],"data_offsets":[1,5]},)"
+      R"("__metadata__":{"format":"fp4train.qtensor.v1","rows":"8589934592","cols":"2147483648",)"
+      R"("block":"1073741824","layout":"2d-tile","element_format":"e2m1","scale_format":"ue5m3",)"
+      R"("reference_amax":"1","scale_target":"448"}})";
+  const fs::path p = g_scratch.dir / "wrap.safetensors";
+  {
+    std::ofstream o(p, std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) o.put(static_cast<char>(n >> (8 * i)));
+    o << header << std::string(5, '\0');
+  }
+  EXPECT_NE(load_error(p).find("rows"), std::string::npos) << load_error(p);
+}
+}  // namespace

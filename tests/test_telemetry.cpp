@@ -57,3 +57,16 @@ TEST(Telemetry, AllZeroTensor) {
   EXPECT_EQ(s.staleness, 1.0);
 }
 }  // namespace
+
+namespace {
+TEST(Telemetry, ZeroedCountUsesDecodedValuesForAnyElementFormat) {
+  // E2M3 code 8 is +1.0, not a zero: nothing here quantizes to zero, and x̂ = x exactly
+  // (g = 7.5 = the E2M3 max, T·max/g maps the block onto the grid without rounding error).
+  BlockQuantSpec s;
+  s.element = parse_element_format("e2m3");
+  s.block = 4;
+  const float x[] = {7.5f, 1.f, -1.f, 2.f};
+  const QuantStats st = quant_stats(x, 1, 4, s, 7.5f, nullptr);
+  EXPECT_EQ(st.zeroed_nonzeros, 0.0);
+}
+}  // namespace

@@ -10,14 +10,15 @@ namespace fp4 {
 struct QuantStats {
   double saturated_blocks = 0;  ///< fraction of blocks whose scale is the scale format's max
   double zero_guard_blocks = 0; ///< fraction of blocks with a_b > 0 whose scale rounded to 0
-                                ///< and was replaced by 1 (underflow; all-zero blocks excluded)
+                                ///< and was replaced by 1 (underflow; all-zero blocks excluded;
+                                ///< always 0 under the MX scale rules, which have no guard)
   double zeroed_nonzeros = 0;   ///< fraction of nonzero inputs whose E2M1 value is ±0
   double rel_error = 0;         ///< ‖x − x̂‖₂ / ‖x‖₂ (0 for an all-zero x)
   double staleness = 1;         ///< current amax / reference g (1 under current scaling)
 };
 
 /// Statistics of quantizing x [rows, cols] with `spec` and reference g, exactly as
-/// quantize_blocks does it (same SR bytes when `sr` is given). E2M1 elements. Slow-ish
+/// quantize_blocks does it (same SR bytes when `sr` is given), any element format. Slow-ish
 /// (allocates the unpacked codes); meant for every telemetry_interval steps, not every step.
 /// Throws what quantize_blocks throws.
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,

@@ -252,7 +252,10 @@ void register_gemm(CLI::App& app) {
   sub->add_option("--target", o->target, "Scale target T")->capture_default_str();
   sub->add_option("--rounding", o->rounding, "Element rounding: rne or sr8")->capture_default_str();
   sub->add_option("--seed", o->seed, "SR key seed (key: step 1, layer 0, operand 0 = A / 1 = B)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must be >= 0") : std::string(); },
+          "NONNEGATIVE"));
   std::vector<CLI::Option*> given;  // per operand: block, target, reference
   for (char w : {'a', 'b'}) {
     OperandOptions& p = w == 'a' ? o->a : o->b;

@@ -187,7 +187,10 @@ void register_quant(CLI::App& app) {
   sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8")->capture_default_str();
   sub->add_option("--seed", opts->seed,
                   "SR key seed (key: step 1, layer 0, operand 2 = dY, gemm 0)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must be >= 0") : std::string(); },
+          "NONNEGATIVE"));
   sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
 }
 

@@ -111,7 +111,8 @@ void register_train(CLI::App& app) {
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
       ->capture_default_str();
   c->add_option("--recipe", a->recipe,
-                "Recipe name in configs/recipes/ (fp32, bf16, ue5m3-b16, nvfp4-te) or a .toml path")
+                "Recipe name in configs/recipes/ (fp32, bf16, ue5m3-b16, nvfp4-te, ue5m3-b16-probe, ...) "
+                "or the path of a recipe .toml file")
       ->capture_default_str();
   c->add_option("--steps", a->steps, "Override train.steps")->check(CLI::Range(1, 1 << 30));
   c->add_option_function<uint64_t>(

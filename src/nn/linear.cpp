@@ -115,6 +115,9 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     return;
   }
   // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
+  if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
+    throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
+                                std::to_string(M) + " to be a multiple of 16");
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_);
 
@@ -148,6 +151,11 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
     }
     const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad}, kxw{ctx.seed, step, id, kOpX, kWgrad};
+    if (tel) {
+      tel_.op[3] = quant_stats(dyt.data(), N_, M, recipe_.spec_dy(), g_dyt, &kdw);
+      tel_.op[4] = quant_stats(xt.data(), K_, M, recipe_.spec_x(), g_xt, &kxw);
+      tel_.valid = true;
+    }
     probe_product(dyt.data(), N_, recipe_.spec_dy(), g_dyt, &kdw, xt.data(), K_,
                   recipe_.spec_x(), g_xt, &kxw, M, dW_, true, t1_);
     return;

@@ -1,6 +1,9 @@
 // Packed FP4 tensors and their safetensors files.
 #include "fp4/qtensor.h"
 
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -154,9 +157,20 @@ QTensor load_safetensors(const fs::path& file) {
   try {
     const json& m = h.at("__metadata__");
     if (m.at("format") != "fp4train.qtensor.v1") throw bad("unknown format " + m.at("format").dump());
-    t.rows = std::stoll(m.at("rows").get<std::string>());
-    t.cols = std::stoll(m.at("cols").get<std::string>());
-    t.block = std::stoi(m.at("block").get<std::string>());
+    // Whole-string integers in [0, 2^31) (block in [1, 2^16]) so sizes cannot overflow.
+    auto integer = [&](const char* key, int64_t lo, int64_t hi) {
+      const std::string v = m.at(key).get<std::string>();
+      int64_t out = 0;
+      const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+      if (ec != std::errc() || p != v.data() + v.size() || v.empty() || out < lo || out > hi)
+        throw bad(std::string("metadata '") + key + "' = '" + v + "' is not an integer in [" +
+                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return out;
+    };
+    t.rows = integer("rows", 0, (int64_t{1} << 31) - 1);
+    t.cols = integer("cols", 0, (int64_t{1} << 31) - 1);
+    t.block = static_cast<int>(integer("block", 1, 1 << 16));
+    if (t.rows * t.cols > (int64_t{1} << 40)) throw bad("more than 2^40 elements");
     const std::string layout = m.at("layout");
     if (layout != "1d-row" && layout != "2d-tile") throw bad("unknown layout '" + layout + "'");
     t.two_d = layout == "2d-tile";
@@ -167,15 +181,31 @@ QTensor load_safetensors(const fs::path& file) {
     } catch (const std::invalid_argument& e) {
       throw bad(e.what());
     }
-    t.reference = std::stof(m.at("reference_amax").get<std::string>());
-    t.target = std::stof(m.at("scale_target").get<std::string>());
+    // strtof, not stof: a subnormal reference (amax ~1e-40) must read back (stof throws).
+    auto real = [&](const char* key) {
+      const std::string v = m.at(key).get<std::string>();
+      char* end = nullptr;
+      const float f = std::strtof(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(f) || f < 0)
+        throw bad(std::string("metadata '") + key + "' = '" + v + "' is not a finite number >= 0");
+      return f;
+    };
+    t.reference = real("reference_amax");
+    t.target = real("scale_target");
+    if (!(t.target > 0)) throw bad("metadata 'scale_target' must be > 0");
     for (auto it = m.begin(); it != m.end(); ++it)
       if (it.key().rfind("fact.", 0) == 0) t.facts[it.key().substr(5)] = it.value();
     if (t.rows < 0 || t.cols < 0 || t.block <= 0) throw bad("negative shape or block <= 0");
 
     auto slice = [&](const char* key, uint64_t expect_bytes) {
       const json& e = h.at(key);
-      const uint64_t b = e.at("data_offsets").at(0), en = e.at("data_offsets").at(1);
+      const json& off = e.at("data_offsets");
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+          !off[1].is_number_unsigned())
+        throw bad(std::string("tensor '") + key + "': data_offsets must be two unsigned integers");
+      if (e.at("dtype") != (std::string(key) == "decode_scale" ? "F32" : "U8"))
+        throw bad(std::string("tensor '") + key + "' has dtype " + e.at("dtype").dump());
+      const uint64_t b = off[0], en = off[1];
       if (b > en || en > data_size)
         throw bad(std::string("tensor '") + key + "' lies outside the file (truncated?)");
       if (en - b != expect_bytes)

@@ -18,7 +18,7 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   for (size_t b = 0; b < nb; ++b) {
     if (q.scales[b] >= sf.max_finite) ++sat;
     const float a = q.block_amax[b];
-    if (a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
+    if (spec.scale_rule == ScaleRule::TensorScaled && a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
       ++guard;
   }
   std::vector<float> xh(static_cast<size_t>(rows * cols));
@@ -33,7 +33,7 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
     amax = std::max(amax, std::fabs(x[i]));
     if (x[i] != 0) {
       ++nonzero;
-      if ((q.codes[static_cast<size_t>(i)] & 7) == 0) ++zeroed;
+      if (xh[static_cast<size_t>(i)] == 0.0f) ++zeroed;  // decoded value, any element format
     }
   }
   s.saturated_blocks = nb ? double(sat) / nb : 0;
