@@ -130,4 +130,12 @@ class TensorReference {
   float g_ = 0.f;
 };
 
+namespace detail {
+/// The argument checks shared by every block quantizer (scalar and SIMD), throwing
+/// std::invalid_argument prefixed with `where`: negative shape, block ≤ 0, g negative/NaN/Inf,
+/// T ≤ 0 or non-finite, SR8 without a key, unsupported element or scale format.
+void validate_block_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                          float g, const SrKey* sr);
+}  // namespace detail
+
 }  // namespace fp4

@@ -183,60 +183,6 @@ constexpr uint32_t kMaxFiniteBits = 0x7F7FFFFFu;
   throw NonFiniteError(buf);
 }
 
-void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
-              const SrKey* sr) {
-  const std::string w = where;
-  if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
-                                std::to_string(cols) + "]");
-  }
-  if (spec.block <= 0) {
-    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
-  }
-  if (!(g >= 0.0f) || std::isinf(g)) {
-    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
-                                std::to_string(g));
-  }
-  if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
-    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
-                                std::to_string(spec.target));
-  }
-  if (spec.rounding == Rounding::SR8 && sr == nullptr) {
-    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
-  }
-  const ElementFormat& ef = spec.element;
-  if (ef.kind == ElementKind::Float) {
-    if (ef.fp == nullptr || !ef.fp->has_sign || ef.fp->bits() > 8) {
-      throw std::invalid_argument(w + ": element format must be a signed float format of at most "
-                                  "8 bits (got " + (ef.fp ? std::string(ef.fp->name) : "null") + ")");
-    }
-  } else if (ef.kind == ElementKind::Int) {
-    if (!(ef.int_min >= -128 && ef.int_min < 0 && ef.int_max > 0 && ef.int_max <= 127)) {
-      throw std::invalid_argument(w + ": integer element grid must have -128 <= int_min < 0 < "
-                                  "int_max <= 127, got [" + std::to_string(ef.int_min) + ", " +
-                                  std::to_string(ef.int_max) + "]");
-    }
-  } else {
-    throw std::invalid_argument(w + ": invalid ElementKind value");
-  }
-  const FloatFormat& sf = spec_scale_format(spec);  // throws on an invalid enum value
-  if (round_magnitude(1.0f, sf, Rounding::RNE) != 1.0f) {
-    throw std::invalid_argument(w + ": scale format " + sf.name +
-                                " cannot represent 1.0 (needed by the zero-block guard)");
-  }
-  switch (spec.scale_rule) {
-    case ScaleRule::TensorScaled: break;
-    case ScaleRule::MxTe:
-    case ScaleRule::MxOcp:
-      if (sf.frac_bits != 0) {
-        throw std::invalid_argument(w + ": scale rule " + scale_rule_name(spec.scale_rule) +
-                                    " needs a power-of-two scale format (ue8m0 or ue<E>m0), got " +
-                                    sf.name);
-      }
-      break;
-    default: throw std::invalid_argument(w + ": invalid ScaleRule value");
-  }
-}
 
 /// Everything both paths need about one call.
 struct Plan {
@@ -345,6 +291,61 @@ void run_all(const char* where, const float* x, const Plan& p, BlockSink on_bloc
 
 }  // namespace
 
+void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+              const SrKey* sr) {
+  const std::string w = where;
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  }
+  if (spec.block <= 0) {
+    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
+  }
+  if (!(g >= 0.0f) || std::isinf(g)) {
+    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
+                                std::to_string(g));
+  }
+  if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
+    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
+                                std::to_string(spec.target));
+  }
+  if (spec.rounding == Rounding::SR8 && sr == nullptr) {
+    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
+  }
+  const ElementFormat& ef = spec.element;
+  if (ef.kind == ElementKind::Float) {
+    if (ef.fp == nullptr || !ef.fp->has_sign || ef.fp->bits() > 8) {
+      throw std::invalid_argument(w + ": element format must be a signed float format of at most "
+                                  "8 bits (got " + (ef.fp ? std::string(ef.fp->name) : "null") + ")");
+    }
+  } else if (ef.kind == ElementKind::Int) {
+    if (!(ef.int_min >= -128 && ef.int_min < 0 && ef.int_max > 0 && ef.int_max <= 127)) {
+      throw std::invalid_argument(w + ": integer element grid must have -128 <= int_min < 0 < "
+                                  "int_max <= 127, got [" + std::to_string(ef.int_min) + ", " +
+                                  std::to_string(ef.int_max) + "]");
+    }
+  } else {
+    throw std::invalid_argument(w + ": invalid ElementKind value");
+  }
+  const FloatFormat& sf = spec_scale_format(spec);  // throws on an invalid enum value
+  if (round_magnitude(1.0f, sf, Rounding::RNE) != 1.0f) {
+    throw std::invalid_argument(w + ": scale format " + sf.name +
+                                " cannot represent 1.0 (needed by the zero-block guard)");
+  }
+  switch (spec.scale_rule) {
+    case ScaleRule::TensorScaled: break;
+    case ScaleRule::MxTe:
+    case ScaleRule::MxOcp:
+      if (sf.frac_bits != 0) {
+        throw std::invalid_argument(w + ": scale rule " + scale_rule_name(spec.scale_rule) +
+                                    " needs a power-of-two scale format (ue8m0 or ue<E>m0), got " +
+                                    sf.name);
+      }
+      break;
+    default: throw std::invalid_argument(w + ": invalid ScaleRule value");
+  }
+}
+
 ScaleRule parse_scale_rule(const std::string& s) {
   if (s == "tensor-scaled") return ScaleRule::TensorScaled;
   if (s == "mx-te") return ScaleRule::MxTe;
@@ -388,7 +389,7 @@ float tensor_amax(const float* x, int64_t n) {
 
 QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
                                 const BlockQuantSpec& spec, float g, const SrKey* sr) {
-  validate("quantize_blocks", rows, cols, spec, g, sr);
+  detail::validate_block_quant("quantize_blocks", rows, cols, spec, g, sr);
   const Plan p = make_plan(rows, cols, spec, g, sr);
   QuantizedTensor q;
   q.rows = rows;
@@ -491,7 +492,7 @@ void dequantize(const QuantizedTensor& q, float* out) {
 
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                          float g, const SrKey* sr, float* out) {
-  validate("quantize_dequantize", rows, cols, spec, g, sr);
+  detail::validate_block_quant("quantize_dequantize", rows, cols, spec, g, sr);
   const Plan p = make_plan(rows, cols, spec, g, sr);
   if (p.ep.kind == ElemParams::kE2M1Kind) {
     run_all(

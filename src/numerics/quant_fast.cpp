@@ -915,29 +915,10 @@ TensorScales tensor_scales(float g, float target) {
   return t;
 }
 
-/// The checks (and messages) of block_quant.cpp's validate.
+/// The checks (and messages) of the scalar quantizers.
 void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
               const SrKey* sr) {
-  const std::string w = where;
-  if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
-                                std::to_string(cols) + "]");
-  }
-  if (spec.block <= 0) {
-    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
-  }
-  if (!(g >= 0.0f) || std::isinf(g)) {
-    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
-                                std::to_string(g));
-  }
-  if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
-    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
-                                std::to_string(spec.target));
-  }
-  if (spec.rounding == Rounding::SR8 && sr == nullptr) {
-    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
-  }
-  (void)scale_format_desc(spec.scale_format);  // throws on an invalid enum value
+  detail::validate_block_quant(where, rows, cols, spec, g, sr);
 }
 
 [[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n) {
