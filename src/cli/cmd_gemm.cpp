@@ -65,7 +65,6 @@ Matrix read_matrix_file(const std::string& path, const std::string& role) {
   return fp4::cli::read_matrix(in, path, role + " file");
 }
 
-
 /// The quantization of one operand: the common options overridden by the operand's own.
 struct OperandSetup {
   BlockQuantSpec spec;
