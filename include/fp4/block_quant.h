@@ -131,6 +131,10 @@ class TensorReference {
 };
 
 namespace detail {
+/// Throws NonFiniteError "<where>: element i is NaN|Inf (inputs must be finite)" for the first
+/// non-finite element of x [n]; the one message of every quantizer and amax kernel.
+[[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n);
+
 /// The argument checks shared by every block quantizer (scalar and SIMD), throwing
 /// std::invalid_argument prefixed with `where`: negative shape, block ≤ 0, g negative/NaN/Inf,
 /// T ≤ 0 or non-finite, SR8 without a key, unsupported element or scale format.

@@ -174,14 +174,6 @@ inline uint32_t amax_bits(const float* x, int64_t n) {
 }
 constexpr uint32_t kMaxFiniteBits = 0x7F7FFFFFu;
 
-[[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n) {
-  int64_t i = 0;
-  while (i < n && std::isfinite(x[i])) ++i;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
-                static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
-  throw NonFiniteError(buf);
-}
 
 
 /// Everything both paths need about one call.
@@ -286,10 +278,19 @@ void run_all(const char* where, const float* x, const Plan& p, BlockSink on_bloc
   }
   // A block-row with a non-finite value is never written, so every non-finite input is still
   // in x (even when out aliases x) and the scan finds the first one.
-  if (bad.load()) throw_non_finite(where, x, p.rows * p.cols);
+  if (bad.load()) detail::throw_non_finite(where, x, p.rows * p.cols);
 }
 
 }  // namespace
+
+void detail::throw_non_finite(const char* where, const float* x, int64_t n) {
+  int64_t i = 0;
+  while (i < n && std::isfinite(x[i])) ++i;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
+                static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
+  throw NonFiniteError(buf);
+}
 
 void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
               const SrKey* sr) {
@@ -383,7 +384,7 @@ float tensor_amax(const float* x, int64_t n) {
   uint32_t m = 0;
 #pragma omp parallel for reduction(max : m) schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
-  if (m > kMaxFiniteBits) throw_non_finite("tensor_amax", x, n);
+  if (m > kMaxFiniteBits) detail::throw_non_finite("tensor_amax", x, n);
   return std::bit_cast<float>(m);
 }
 

@@ -915,20 +915,6 @@ TensorScales tensor_scales(float g, float target) {
   return t;
 }
 
-/// The checks (and messages) of the scalar quantizers.
-void validate(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
-              const SrKey* sr) {
-  detail::validate_block_quant(where, rows, cols, spec, g, sr);
-}
-
-[[noreturn]] void throw_non_finite(const char* where, const float* x, int64_t n) {
-  int64_t i = 0;
-  while (i < n && std::isfinite(x[i])) ++i;
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%s: element %lld is %s (inputs must be finite)", where,
-                static_cast<long long>(i), i < n && std::isnan(x[i]) ? "NaN" : "Inf");
-  throw NonFiniteError(buf);
-}
 
 /// For the transposed kernels: name the first non-finite element of x [rows, cols], or say that
 /// only the RHT of x overflowed.
@@ -1017,13 +1003,13 @@ float amax_fast(const float* x, int64_t n) {
     const int64_t i0 = ch * kChunk;
     m = std::max(m, k.amax(x + i0, std::min(kChunk, n - i0)));
   }
-  if (m > 0x7F7FFFFFu) qf::throw_non_finite("amax_fast", x, n);
+  if (m > 0x7F7FFFFFu) detail::throw_non_finite("amax_fast", x, n);
   return std::bit_cast<float>(m);
 }
 
 void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
                               const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
-  qf::validate("quantize_dequantize_fast", rows, cols, spec, g, sr);
+  detail::validate_block_quant("quantize_dequantize_fast", rows, cols, spec, g, sr);
   if (!quant_fast_supports(spec)) {
     quantize_dequantize(x, rows, cols, spec, g, sr, out);
     return;
@@ -1046,7 +1032,7 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
   }
   // A block-row with a non-finite value is never written, so every non-finite input is still
   // in x (even when out aliases x) and the scan finds the first one.
-  if (bad.load()) qf::throw_non_finite("quantize_dequantize_fast", x, rows * cols);
+  if (bad.load()) detail::throw_non_finite("quantize_dequantize_fast", x, rows * cols);
 }
 
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
@@ -1062,7 +1048,7 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
                                 " is not a multiple of 16 (the RHT works on 16-long chunks "
                                 "along the rows of x)");
   }
-  qf::validate(where, cols, rows, spec, g, sr);
+  detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
   const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && spec.block % 16 != 0);
   if (!fast) {
