@@ -7,4 +7,5 @@ namespace fp4::cli {
 void register_quant(CLI::App& app);
 void register_gemm(CLI::App& app);
 void register_train(CLI::App& app);
+void register_compare(CLI::App& app);  // compare and report
 }  // namespace fp4::cli

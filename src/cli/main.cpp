@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_train(app);
   fp4::cli::register_quant(app);
   fp4::cli::register_gemm(app);
+  fp4::cli::register_compare(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

@@ -1,0 +1,89 @@
+// Recipe comparison report (issue 4 §4): reads finished run directories and condenses them
+// into the paper's side-by-side table — final-window training loss, held-out NLL under each
+// quantized-inference policy, stability (loss spikes, gradient-norm excursions) and
+// throughput — as Markdown.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fp4 {
+
+/// One finished run, as read back from its directory.
+struct RunRecord {
+  std::filesystem::path dir;
+  std::string recipe;
+  uint64_t seed = 0;
+  int steps = 0;                      ///< configured optimizer steps
+  int warmup_steps = 0;               ///< train.warmup_steps of the run's config.toml
+  double final_window_loss = 0;       ///< summary.json: mean loss over the last 10% of steps
+  double tokens_per_s = 0;            ///< summary.json: training throughput
+  std::vector<int> step;              ///< logged steps, ascending (metrics.jsonl)
+  std::vector<double> loss;           ///< training loss at step[i] (nats/token)
+  std::vector<double> grad_norm;      ///< global gradient norm before clipping at step[i]
+  std::vector<double> step_ms;        ///< wall time of step[i] (ms)
+  /// Held-out NLL (nats/token) by inference policy ("none" = FP32 inference, "current", ...).
+  std::map<std::string, double> heldout;
+  /// Held-out bits per byte by inference policy, where known.
+  std::map<std::string, double> heldout_bpb;
+};
+
+/// Read run `dir`: summary.json (must say status "completed"), metrics.jsonl, config.toml's
+/// train.warmup_steps, and eval.json if present (policy → {nll, bits_per_byte}); without
+/// eval.json the policies "none" and "current" come from summary.json. Throws fp4::UserError
+/// naming the file and line on a missing or malformed file.
+RunRecord read_run(const std::filesystem::path& dir);
+
+/// Loss spikes (issue 4 §4): the number of entries i whose loss exceeds the median of the
+/// previous `window` entries (all previous ones while fewer exist; none for i = 0) by more
+/// than `threshold`. Non-finite losses count as spikes. O(n·window·log window).
+int count_loss_spikes(const std::vector<double>& loss, int window = 100, double threshold = 0.5);
+
+/// Median of xs (mean of the two middle values for an even count); NaN for an empty input.
+double median(std::vector<double> xs);
+
+/// Mean and sample standard deviation (n − 1; 0 for a single value) of xs.
+struct MeanStd {
+  double mean = 0, std = 0;
+  int n = 0;
+};
+MeanStd mean_std(const std::vector<double>& xs);
+
+/// Aggregate of one recipe over its seeds (one row of the report).
+struct RecipeRow {
+  std::string recipe;
+  int seeds = 0;
+  MeanStd final_loss;                    ///< final-window training loss
+  double gap_to_bf16_pct = 0;            ///< (mean − bf16 mean) / bf16 mean · 100; NaN if no bf16
+  std::map<std::string, MeanStd> heldout;  ///< per inference policy
+  int spikes = 0;                        ///< loss spikes summed over seeds
+  double max_grad_norm = 0;              ///< max over seeds of max grad norm after warmup
+  double tokens_per_s = 0;               ///< mean over seeds
+  double median_step_ms = 0;             ///< median step time over all seeds' steps after 5
+  double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run
+};
+
+/// One row per recipe, in `order` (recipes without runs are skipped; runs of recipes not in
+/// `order` are appended in the order first seen).
+std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
+                                      const std::vector<std::string>& order);
+
+/// Everything the report states about how the runs were made.
+struct ReportContext {
+  std::string title = "Recipe comparison";
+  std::string config_name;   ///< e.g. "tiny"
+  std::string command;       ///< the command that reproduces the runs
+  std::string model_line;    ///< e.g. "5.2 M parameters, 4 layers, d_model 256"
+  int64_t tokens_per_run = 0;
+  std::vector<std::string> policies;  ///< inference policies to tabulate, in order
+  std::vector<std::string> plots;     ///< PNG paths relative to the report (may be empty)
+  std::string plots_note;             ///< why plots are missing, if they are
+};
+
+/// The Markdown report: main table, per-seed table, definitions and plots.
+std::string comparison_report_md(const std::vector<RecipeRow>& rows,
+                                 const std::vector<RunRecord>& runs, const ReportContext& ctx);
+
+}  // namespace fp4

@@ -1,0 +1,317 @@
+// `fp4train compare`: train every recipe × seed on one config (sequentially, resumable:
+// finished runs are reused), evaluate held-out NLL under the inference policies, and write
+// report.md with plots. `fp4train report DIR` rebuilds the report without retraining.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.h"
+#include "fp4/error.h"
+#include "fp4/report.h"
+#include "fp4/train.h"
+#include "paths.h"
+
+namespace fp4::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+std::vector<std::string> split_list(const std::string& s, const char* what) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) throw UserError(std::string(what) + ": empty entry in '" + s + "'");
+    if (std::find(out.begin(), out.end(), item) != out.end())
+      throw UserError(std::string(what) + ": '" + item + "' is listed twice");
+    out.push_back(item);
+  }
+  if (out.empty()) throw UserError(std::string(what) + " is empty");
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+void write_text_atomic(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.flush()) throw UserError("cannot write " + tmp.string());
+  }
+  fs::rename(tmp, p);
+}
+
+/// A python3 that can import matplotlib: $FP4_PYTHON, else python3 on PATH, else
+/// /usr/bin/python3 (Debian's, where python3-matplotlib installs). Empty if none.
+std::string find_plot_python() {
+  std::vector<std::string> cands;
+  if (const char* e = std::getenv("FP4_PYTHON"); e && *e) cands.push_back(e);
+  cands.push_back("python3");
+  cands.push_back("/usr/bin/python3");
+  for (const auto& c : cands)
+    if (std::system((shell_quote(c) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0)
+      return c;
+  return "";
+}
+
+/// The comparison's plan, stored as DIR/compare.json so `report` and reruns know it.
+struct Plan {
+  std::string config_name, config_toml, command;
+  std::vector<std::string> recipes, policies;
+  std::vector<uint64_t> seeds;
+  int steps = 0;
+  int64_t tokens_per_run = 0;
+  std::string model_line;
+};
+
+json plan_json(const Plan& p) {
+  return {{"config_name", p.config_name}, {"config_toml", p.config_toml},
+          {"command", p.command},         {"recipes", p.recipes},
+          {"policies", p.policies},       {"seeds", p.seeds},
+          {"steps", p.steps},             {"tokens_per_run", p.tokens_per_run},
+          {"model", p.model_line}};
+}
+
+Plan read_plan(const fs::path& dir) {
+  const fs::path f = dir / "compare.json";
+  std::ifstream in(f);
+  if (!in) throw UserError(dir.string() + " holds no compare.json (not a `fp4train compare` directory)");
+  try {
+    const json j = json::parse(in);
+    Plan p;
+    p.config_name = j.at("config_name");
+    p.config_toml = j.at("config_toml");
+    p.command = j.value("command", "");
+    p.recipes = j.at("recipes").get<std::vector<std::string>>();
+    p.policies = j.at("policies").get<std::vector<std::string>>();
+    p.seeds = j.at("seeds").get<std::vector<uint64_t>>();
+    p.steps = j.at("steps");
+    p.tokens_per_run = j.value("tokens_per_run", int64_t{0});
+    p.model_line = j.value("model", "");
+    return p;
+  } catch (const json::exception& e) {
+    throw UserError(f.string() + ": malformed (" + e.what() + ")");
+  }
+}
+
+fs::path run_dir(const fs::path& out, const std::string& recipe, uint64_t seed) {
+  return out / (recipe + "-s" + std::to_string(seed));
+}
+
+/// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan.
+void build_report(const fs::path& out, const Plan& plan, bool plots) {
+  std::vector<RunRecord> runs;
+  std::vector<std::string> missing;
+  for (const auto& r : plan.recipes)
+    for (uint64_t s : plan.seeds) {
+      const fs::path d = run_dir(out, r, s);
+      if (fs::exists(d / "summary.json"))
+        runs.push_back(read_run(d));
+      else
+        missing.push_back(d.filename().string());
+    }
+  if (runs.empty()) throw UserError("no finished runs in " + out.string() + " yet");
+  ReportContext ctx;
+  ctx.title = "Recipe comparison: " + plan.config_name;
+  ctx.config_name = plan.config_name;
+  ctx.command = plan.command;
+  ctx.model_line = plan.model_line;
+  ctx.tokens_per_run = plan.tokens_per_run;
+  ctx.policies = plan.policies;
+  if (plots) {
+    const std::string py = find_plot_python();
+    if (py.empty()) {
+      ctx.plots_note = "Plots were not made: no python3 with matplotlib (Debian: apt install "
+                       "python3-matplotlib, or set FP4_PYTHON).";
+    } else {
+      std::string cmd = shell_quote(py) + " " + shell_quote(resolve("tools/plot_runs.py").string()) +
+                        " --title " + shell_quote(plan.config_name) + " --out " +
+                        shell_quote((out / "plots").string());
+      for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
+      if (std::system(cmd.c_str()) == 0) {
+        for (const char* p : {"loss.png", "loss_vs_bf16.png", "heldout.png", "telemetry.png"})
+          ctx.plots.push_back(std::string("plots/") + p);
+      } else {
+        ctx.plots_note = "Plots failed: tools/plot_runs.py exited non-zero (see its message).";
+      }
+    }
+  }
+  std::string md = comparison_report_md(aggregate_runs(runs, plan.recipes), runs, ctx);
+  if (!missing.empty()) {
+    md += "\n## Not finished\n\n";
+    for (const auto& m : missing) md += "* `" + m + "`\n";
+  }
+  write_text_atomic(out / "report.md", md);
+  std::printf("report: %s (%zu runs%s)\n", (out / "report.md").string().c_str(), runs.size(),
+              missing.empty() ? "" : (", " + std::to_string(missing.size()) + " not finished").c_str());
+}
+
+struct CompareArgs {
+  std::string config = "configs/tiny.toml";
+  std::string recipes = "fp32,bf16,ue5m3-b16,nvfp4-te";
+  int seeds = 1;
+  uint64_t seed_base = 1;
+  int steps = 0;
+  std::string out;
+  std::string policies = "none,current";
+  bool no_plots = false;
+};
+
+void run_compare(const CompareArgs& a, const std::string& command) {
+  if (a.out.empty()) throw UserError("--out DIR is required");
+  const fs::path out = a.out;
+  const fs::path config_file = resolve(a.config);
+  RunConfig cfg = load_run_config(config_file);
+  if (a.steps > 0) cfg.train.steps = a.steps;
+  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1)
+    cfg.train.warmup_steps = cfg.train.steps / 10;
+  validate(cfg, a.config);
+
+  Plan plan;
+  plan.config_name = fs::path(a.config).stem().string();
+  plan.recipes = split_list(a.recipes, "--recipes");
+  plan.policies = split_list(a.policies, "--policies");
+  for (const auto& p : plan.policies)
+    if (p != "none" && p != "current")
+      throw UserError("--policies: unknown policy '" + p + "' (known: none, current)");
+  for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
+  plan.steps = cfg.train.steps;
+  plan.command = command;
+  plan.tokens_per_run = int64_t(cfg.train.steps) * cfg.train.batch_size * cfg.train.seq_len;
+  {
+    RunConfig c0 = cfg;
+    c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
+    plan.config_toml = run_config_to_toml(c0);
+  }
+  // Every recipe is loaded and checked before anything runs.
+  std::vector<Recipe> recipes;
+  for (const auto& name : plan.recipes) {
+    recipes.push_back(load_recipe(name, resolve("configs/recipes")));
+    check_recipe_fits(recipes.back(), cfg);
+  }
+  if (fs::exists(out / "compare.json")) {
+    const Plan old = read_plan(out);
+    if (old.config_toml != plan.config_toml)
+      throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
+                      old.config_name + ", " + std::to_string(old.steps) +
+                      " steps); choose another --out (nothing was changed)");
+    // Recipes and seeds may grow: keep the union, in first-seen order.
+    for (const auto& r : old.recipes)
+      if (std::find(plan.recipes.begin(), plan.recipes.end(), r) == plan.recipes.end()) {
+        plan.recipes.push_back(r);
+        recipes.push_back(load_recipe(r, resolve("configs/recipes")));
+      }
+    for (uint64_t s : old.seeds)
+      if (std::find(plan.seeds.begin(), plan.seeds.end(), s) == plan.seeds.end())
+        plan.seeds.push_back(s);
+  }
+
+  fs::path data_path = cfg.data.path;
+  if (data_path.is_relative() && !fs::exists(data_path)) {
+    const fs::path beside = config_file.parent_path() / data_path;
+    data_path = fs::exists(beside) ? beside : resolve(cfg.data.path);
+  }
+  if (!fs::exists(data_path))
+    throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
+                    a.config + "; the default Brown corpus is installed by scripts/setup)");
+  auto logf = [](const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); };
+  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size, resolve(cfg.data.cache), logf);
+  {
+    nn::Model probe(cfg.model, Recipe{}, 1, 1);
+    char b[160];
+    std::snprintf(b, sizeof b, "%.2f M parameters, %d layers, d_model %d, vocab %d",
+                  probe.num_params() / 1e6, cfg.model.n_layers, cfg.model.d_model,
+                  cfg.model.vocab_size);
+    plan.model_line = b;
+  }
+  fs::create_directories(out);
+  write_text_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
+
+  const size_t total = recipes.size() * plan.seeds.size();
+  size_t k = 0;
+  for (size_t ri = 0; ri < recipes.size(); ++ri)
+    for (uint64_t seed : plan.seeds) {
+      ++k;
+      const fs::path d = run_dir(out, plan.recipes[ri], seed);
+      char head[256];
+      std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
+                    plan.recipes[ri].c_str(), static_cast<unsigned long long>(seed));
+      if (fs::exists(d / "summary.json")) {
+        logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
+        continue;
+      }
+      if (fs::exists(d)) {
+        const fs::path stale = d.string() + ".incomplete";
+        fs::remove_all(stale);
+        fs::rename(d, stale);
+        logf(std::string(head) + "an unfinished run was moved to " + stale.string() +
+             "; training again");
+      }
+      logf(std::string(head) + "training into " + d.string());
+      RunConfig rc = cfg;
+      rc.train.seed = seed;
+      TrainOptions opt;
+      opt.out_dir = d;
+      opt.config_name = plan.config_name;
+      train(rc, recipes[ri], data, opt);
+    }
+  build_report(out, plan, !a.no_plots);
+}
+}  // namespace
+
+void register_compare(CLI::App& app) {
+  auto a = std::make_shared<CompareArgs>();
+  auto* c = app.add_subcommand(
+      "compare",
+      "Train every recipe x seed on one config, one after another, then write DIR/report.md\n"
+      "and DIR/plots/*.png: final-window loss (mean ± std over seeds, gap to bf16), held-out\n"
+      "NLL per inference policy, loss spikes, max grad norm after warmup, tokens/s and step\n"
+      "time vs fp32. Resumable: finished runs (DIR/<recipe>-s<seed>/summary.json) are reused.");
+  c->add_option("--config", a->config, "Run config TOML")->capture_default_str();
+  c->add_option("--recipes", a->recipes, "Comma-separated recipe names or .toml paths")
+      ->capture_default_str();
+  c->add_option("--seeds", a->seeds, "Number of seeds per recipe")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  c->add_option("--seed-base", a->seed_base, "First seed (seeds are base, base+1, ...)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX / 2}))
+      ->capture_default_str();
+  c->add_option("--steps", a->steps, "Override train.steps of every run")
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_option("--out", a->out, "Comparison directory (runs, report.md, plots/)")->required();
+  c->add_option("--policies", a->policies, "Held-out NLL inference policies to tabulate")
+      ->capture_default_str();
+  c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
+  c->callback([a, c] {
+    std::string cmd = "fp4train compare --config " + a->config + " --recipes " + a->recipes +
+                      " --seeds " + std::to_string(a->seeds);
+    if (a->seed_base != 1) cmd += " --seed-base " + std::to_string(a->seed_base);
+    if (a->steps > 0) cmd += " --steps " + std::to_string(a->steps);
+    cmd += " --policies " + a->policies + " --out " + a->out;
+    (void)c;
+    run_compare(*a, cmd);
+  });
+
+  auto dir = std::make_shared<std::string>();
+  auto no_plots = std::make_shared<bool>(false);
+  auto* r = app.add_subcommand(
+      "report",
+      "Rebuild DIR/report.md and DIR/plots/ of a `fp4train compare` directory from its finished\n"
+      "runs, without training. Unfinished runs are listed at the end of the report.");
+  r->add_option("dir", *dir, "Comparison directory")->required();
+  r->add_flag("--no-plots", *no_plots, "Skip tools/plot_runs.py");
+  r->callback([dir, no_plots] { build_report(*dir, read_plan(*dir), !*no_plots); });
+}
+
+}  // namespace fp4::cli

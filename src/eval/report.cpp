@@ -1,0 +1,274 @@
+// Recipe comparison report: run directories → aggregated rows → Markdown (issue 4 §4).
+#include "fp4/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fp4/config.h"
+#include "fp4/error.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+json read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) throw UserError("cannot read " + p.string());
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    throw UserError(p.string() + ": malformed JSON (" + e.what() + ")");
+  }
+}
+
+double num(const json& j, const char* key, const fs::path& where) {
+  if (!j.contains(key)) throw UserError(where.string() + ": missing field '" + key + "'");
+  const json& v = j.at(key);
+  if (v.is_null()) return kNaN;  // NaN is written as null
+  if (!v.is_number())
+    throw UserError(where.string() + ": field '" + key + "' is not a number");
+  return v.get<double>();
+}
+
+std::string fmt(const char* f, double v) {
+  if (!std::isfinite(v)) return "—";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+std::string fmt_ms(const MeanStd& m, const char* f = "%.4f") {
+  if (m.n == 0 || !std::isfinite(m.mean)) return "—";
+  std::string s = fmt(f, m.mean);
+  if (m.n > 1) s += " ± " + fmt(f, m.std);
+  return s;
+}
+}  // namespace
+
+double median(std::vector<double> xs) {
+  if (xs.empty()) return kNaN;
+  std::sort(xs.begin(), xs.end());
+  const size_t n = xs.size();
+  return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+}
+
+MeanStd mean_std(const std::vector<double>& xs) {
+  MeanStd m;
+  m.n = static_cast<int>(xs.size());
+  if (xs.empty()) return m;
+  double s = 0;
+  for (double x : xs) s += x;
+  m.mean = s / xs.size();
+  if (xs.size() > 1) {
+    double q = 0;
+    for (double x : xs) q += (x - m.mean) * (x - m.mean);
+    m.std = std::sqrt(q / (xs.size() - 1));
+  }
+  return m;
+}
+
+int count_loss_spikes(const std::vector<double>& loss, int window, double threshold) {
+  if (window < 1) throw std::invalid_argument("count_loss_spikes: window must be >= 1");
+  int spikes = 0;
+  std::vector<double> prev;
+  for (size_t i = 0; i < loss.size(); ++i) {
+    if (!std::isfinite(loss[i])) {
+      ++spikes;
+      continue;
+    }
+    if (i == 0) continue;
+    const size_t lo = i > size_t(window) ? i - window : 0;
+    prev.clear();
+    for (size_t j = lo; j < i; ++j)
+      if (std::isfinite(loss[j])) prev.push_back(loss[j]);
+    if (!prev.empty() && loss[i] > median(prev) + threshold) ++spikes;
+  }
+  return spikes;
+}
+
+RunRecord read_run(const fs::path& dir) {
+  RunRecord r;
+  r.dir = dir;
+  const fs::path sp = dir / "summary.json";
+  if (!fs::exists(sp))
+    throw UserError(dir.string() + " holds no summary.json: the run did not complete");
+  const json s = read_json_file(sp);
+  if (s.value("status", "") != "completed")
+    throw UserError(sp.string() + ": status is not \"completed\"");
+  r.recipe = s.value("recipe", "");
+  if (r.recipe.empty()) throw UserError(sp.string() + ": missing field 'recipe'");
+  r.seed = s.value("seed", uint64_t{0});
+  r.steps = static_cast<int>(num(s, "steps", sp));
+  r.final_window_loss = num(s, "final_window_loss", sp);
+  r.tokens_per_s = num(s, "tokens_per_s", sp);
+
+  const fs::path cp = dir / "config.toml";
+  if (fs::exists(cp)) r.warmup_steps = load_run_config(cp).train.warmup_steps;
+
+  const fs::path mp = dir / "metrics.jsonl";
+  std::ifstream mf(mp);
+  if (!mf) throw UserError("cannot read " + mp.string());
+  std::string line;
+  for (int ln = 1; std::getline(mf, line); ++ln) {
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      throw UserError(mp.string() + ":" + std::to_string(ln) + ": malformed JSON (" + e.what() + ")");
+    }
+    const fs::path where = mp.string() + ":" + std::to_string(ln);
+    const int st = static_cast<int>(num(j, "step", where));
+    if (!r.step.empty() && st <= r.step.back())
+      throw UserError(where.string() + ": steps are not increasing");
+    r.step.push_back(st);
+    r.loss.push_back(num(j, "loss", where));
+    r.grad_norm.push_back(num(j, "grad_norm", where));
+    r.step_ms.push_back(j.contains("step_ms") ? num(j, "step_ms", where) : kNaN);
+  }
+  if (r.step.empty()) throw UserError(mp.string() + " holds no steps");
+
+  const fs::path ep = dir / "eval.json";
+  if (fs::exists(ep)) {
+    const json e = read_json_file(ep);
+    if (!e.contains("policies") || !e["policies"].is_object())
+      throw UserError(ep.string() + ": missing object 'policies'");
+    for (const auto& [pol, v] : e["policies"].items()) {
+      r.heldout[pol] = num(v, "nll", ep);
+      if (v.contains("bits_per_byte")) r.heldout_bpb[pol] = num(v, "bits_per_byte", ep);
+    }
+  } else {
+    r.heldout["none"] = num(s, "heldout_nll", sp);
+    if (r.recipe != "fp32") r.heldout["current"] = num(s, "heldout_nll_quant", sp);
+  }
+  return r;
+}
+
+std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
+                                      const std::vector<std::string>& order) {
+  std::vector<std::string> names = order;
+  for (const auto& r : runs)
+    if (std::find(names.begin(), names.end(), r.recipe) == names.end()) names.push_back(r.recipe);
+  std::vector<RecipeRow> rows;
+  for (const auto& name : names) {
+    RecipeRow row;
+    row.recipe = name;
+    std::vector<double> fl, tps, ms;
+    std::map<std::string, std::vector<double>> held;
+    for (const auto& r : runs) {
+      if (r.recipe != name) continue;
+      ++row.seeds;
+      fl.push_back(r.final_window_loss);
+      tps.push_back(r.tokens_per_s);
+      for (const auto& [p, v] : r.heldout) held[p].push_back(v);
+      row.spikes += count_loss_spikes(r.loss);
+      for (size_t i = 0; i < r.step.size(); ++i) {
+        if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
+          row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
+        if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
+      }
+    }
+    if (row.seeds == 0) continue;
+    row.final_loss = mean_std(fl);
+    for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
+    row.tokens_per_s = mean_std(tps).mean;
+    row.median_step_ms = median(ms);
+    rows.push_back(row);
+  }
+  const RecipeRow *bf16 = nullptr, *fp32 = nullptr;
+  for (const auto& r : rows) {
+    if (r.recipe == "bf16") bf16 = &r;
+    if (r.recipe == "fp32") fp32 = &r;
+  }
+  for (auto& r : rows) {
+    r.gap_to_bf16_pct =
+        bf16 ? 100.0 * (r.final_loss.mean - bf16->final_loss.mean) / bf16->final_loss.mean : kNaN;
+    r.step_ratio_fp32 = fp32 ? r.median_step_ms / fp32->median_step_ms : kNaN;
+  }
+  return rows;
+}
+
+std::string comparison_report_md(const std::vector<RecipeRow>& rows,
+                                 const std::vector<RunRecord>& runs, const ReportContext& ctx) {
+  std::ostringstream o;
+  o << "# " << ctx.title << "\n\n";
+  if (!ctx.config_name.empty()) o << "Config `" << ctx.config_name << "`";
+  if (!ctx.model_line.empty()) o << " (" << ctx.model_line << ")";
+  if (ctx.tokens_per_run > 0) o << ", " << ctx.tokens_per_run << " training tokens per run";
+  o << ".\n\n";
+  if (!ctx.command.empty()) o << "Reproduce with:\n\n    " << ctx.command << "\n\n";
+
+  std::vector<std::string> policies = ctx.policies;
+  if (policies.empty())
+    for (const auto& r : rows)
+      for (const auto& [p, v] : r.heldout)
+        if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
+
+  o << "| recipe | seeds | final-window loss | vs bf16 |";
+  for (const auto& p : policies) o << " held-out NLL, " << p << " |";
+  o << " loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 |\n|---|---|---|---|";
+  for (size_t i = 0; i < policies.size(); ++i) o << "---|";
+  o << "---|---|---|---|\n";
+  for (const auto& r : rows) {
+    o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
+      << (std::isfinite(r.gap_to_bf16_pct) ? fmt("%+.2f%%", r.gap_to_bf16_pct) : "—") << " |";
+    for (const auto& p : policies) {
+      const auto it = r.heldout.find(p);
+      o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second)) << " |";
+    }
+    o << " " << r.spikes << " | " << fmt("%.3f", r.max_grad_norm) << " | "
+      << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32) << " |\n";
+  }
+  o << "\nMeans ± sample standard deviations over seeds. Held-out NLL in nats/token; policy "
+       "`none` is FP32 inference of the same weights.\n";
+
+  o << "\n## Per run\n\n| recipe | seed | final-window loss |";
+  for (const auto& p : policies) o << " held-out " << p << " |";
+  o << " spikes | median step (ms) | directory |\n|---|---|---|";
+  for (size_t i = 0; i < policies.size(); ++i) o << "---|";
+  o << "---|---|---|\n";
+  for (const auto& r : runs) {
+    std::vector<double> ms;
+    for (size_t i = 0; i < r.step.size(); ++i)
+      if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
+    o << "| " << r.recipe << " | " << r.seed << " | " << fmt("%.4f", r.final_window_loss) << " |";
+    for (const auto& p : policies) {
+      const auto it = r.heldout.find(p);
+      o << " " << (it == r.heldout.end() ? "—" : fmt("%.4f", it->second)) << " |";
+    }
+    o << " " << count_loss_spikes(r.loss) << " | " << fmt("%.1f", median(ms)) << " | `"
+      << r.dir.filename().string() << "` |\n";
+  }
+
+  if (!ctx.plots.empty() || !ctx.plots_note.empty()) {
+    o << "\n## Plots\n\n";
+    for (const auto& p : ctx.plots) o << "![" << fs::path(p).stem().string() << "](" << p << ")\n\n";
+    if (!ctx.plots_note.empty()) o << ctx.plots_note << "\n";
+  }
+
+  o << "\n## Definitions\n\n"
+       "* **Final-window loss**: mean training loss over the last 10% of steps of a run.\n"
+       "* **vs bf16**: (recipe mean − bf16 mean) / bf16 mean of the final-window loss.\n"
+       "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
+       "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
+       "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "
+       "measured on disjoint batches then frozen (README, \"Quantized inference evaluation\").\n"
+       "* **Loss spikes**: logged steps whose loss exceeds the median of the previous 100 "
+       "logged steps by more than 0.5 nats (non-finite losses count), summed over seeds.\n"
+       "* **Max grad norm after warmup**: the largest global gradient norm (before clipping) "
+       "after train.warmup_steps, over all seeds.\n"
+       "* **tokens/s**: training tokens per second of training-step time (evaluation excluded), "
+       "mean over seeds. **Step time vs fp32**: median step time (steps after the 5th, all "
+       "seeds pooled) over fp32's. Runs were sequential on one machine; shared machines are "
+       "noisy, so read ratios, not absolute times.\n";
+  return o.str();
+}
+
+}  // namespace fp4

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# `fp4train compare` and `fp4train report` on a micro model and a slice of the Brown corpus:
+# the report's table and plots, reuse of finished runs, refusal of a changed config, the
+# listing of unfinished runs, and the report rebuilt without training.
+# Usage: compare_cli.sh <fp4train binary> <source dir>
+set -uo pipefail
+bin=$1; src=$2
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+brown="$src/data/brown/text"
+[ -d "$brown" ] || fail "default corpus missing at $brown (scripts/setup installs it)"
+mkdir -p "$work/text"
+ls "$brown"/*.txt | head -30 | xargs -I{} cp {} "$work/text/"
+cat > "$work/micro.toml" <<TOML
+[model]
+vocab_size = 384
+d_model = 32
+n_layers = 2
+n_heads = 2
+mlp_hidden = 64
+[train]
+seq_len = 32
+batch_size = 2
+steps = 12
+lr = 1e-2
+warmup_steps = 2
+[data]
+path = "$work/text"
+cache = "$work/cache"
+[eval]
+interval = 6
+windows = 4
+[log]
+progress_seconds = 60.0
+telemetry_interval = 6
+TOML
+cd "$work"
+
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp 2>&1) \
+  || fail "compare failed: $out"
+echo "$out" | grep -q "\[6/6\] recipe ue5m3-b16, seed 2" || fail "no progress header for run 6/6: $out"
+for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
+  [ -f "cmp/$r/summary.json" ] || fail "cmp/$r/summary.json missing"
+done
+md=cmp/report.md
+[ -f $md ] || fail "no report.md"
+grep -q "^| fp32 | 2 | " $md || fail "no fp32 row with 2 seeds in the report"
+grep -q "^| bf16 | 2 | [0-9.]* ± [0-9.]* | +0.00% |" $md || fail "bf16 row lacks mean ± std or its 0% gap"
+grep -q "^| ue5m3-b16 | 2 | .*× |$" $md || fail "ue5m3-b16 row lacks its step-time ratio"
+# The table's fp32 final-window loss is the mean of the two runs' summary values.
+want=$(python3 - <<'PY'
+import json
+v=[json.load(open(f"cmp/fp32-s{s}/summary.json"))["final_window_loss"] for s in (1,2)]
+print(f"{sum(v)/2:.4f}")
+PY
+)
+grep -q "^| fp32 | 2 | $want ± " $md || fail "fp32 mean $want not in the table: $(grep '^| fp32 | 2' $md)"
+if [ -f cmp/plots/loss.png ]; then
+  for p in loss loss_vs_bf16 heldout telemetry; do
+    head -c 8 cmp/plots/$p.png | od -An -tx1 | grep -q "89 50 4e 47" || fail "cmp/plots/$p.png is not a PNG"
+    grep -q "plots/$p.png" $md || fail "report does not show plots/$p.png"
+  done
+else
+  grep -q "Plots were not made" $md || fail "no plots and no note saying why"
+  python3 -c 'import matplotlib' 2>/dev/null && fail "matplotlib importable but no plots"
+  /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && fail "matplotlib importable but no plots"
+fi
+
+# Rerun: every run is reused, nothing retrained.
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp 2>&1) \
+  || fail "rerun failed: $out"
+[ "$(echo "$out" | grep -c 'finished earlier, reused')" = 6 ] || fail "rerun did not reuse all 6 runs: $out"
+echo "$out" | grep -q "^step " && fail "rerun trained again: $out"
+
+# A different config (--steps) into the same directory is refused, and changes nothing.
+sum_before=$(md5sum cmp/compare.json)
+out=$("$bin" compare --config micro.toml --recipes fp32 --steps 13 --out cmp 2>&1) \
+  && fail "changed --steps was accepted"
+echo "$out" | grep -q "different config" || fail "unhelpful message for a changed config: $out"
+[ "$(md5sum cmp/compare.json)" = "$sum_before" ] || fail "refused compare changed compare.json"
+
+# Unknown policy and recipe are refused before training.
+out=$("$bin" compare --config micro.toml --recipes fp32,nope --out cmp2 2>&1) && fail "unknown recipe accepted"
+echo "$out" | grep -q "nope" || fail "unknown recipe not named: $out"
+[ -e cmp2 ] && fail "a refused compare created its directory"
+
+# report rebuilds from finished runs and lists an unfinished one.
+rm cmp/bf16-s2/summary.json
+rm cmp/report.md
+out=$("$bin" report cmp --no-plots 2>&1) || fail "report failed: $out"
+grep -q "^| bf16 | 1 | " cmp/report.md || fail "report did not drop the unfinished bf16 seed"
+grep -q "bf16-s2" cmp/report.md || fail "unfinished run not listed"
+out=$("$bin" report "$work/text" 2>&1) && fail "report on a non-compare directory succeeded"
+echo "$out" | grep -q "compare.json" || fail "unhelpful report error: $out"
+echo "PASS"

@@ -1,0 +1,114 @@
+// Comparison-report arithmetic against hand-computed values (issue 4 §4 definitions).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <unistd.h>
+
+#include "fp4/error.h"
+#include "fp4/report.h"
+
+using namespace fp4;
+namespace fs = std::filesystem;
+
+TEST(Report, MedianAndMeanStd) {
+  EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_TRUE(std::isnan(median({})));
+  const MeanStd m = mean_std({1, 2, 3, 4});
+  EXPECT_DOUBLE_EQ(m.mean, 2.5);
+  EXPECT_DOUBLE_EQ(m.std, std::sqrt(5.0 / 3));  // Σ(x−2.5)² = 5, n − 1 = 3
+  EXPECT_EQ(mean_std({7}).std, 0);
+}
+
+TEST(Report, LossSpikesAgainstTheRunningMedian) {
+  // Previous-window medians: i=1: 5 → 5.4 not > 5.5; i=2: median(5, 5.4) = 5.2 → 5.8 > 5.7 spike;
+  // i=3: median(5, 5.4, 5.8) = 5.4 → 5.0 no; i=4: NaN counts.
+  EXPECT_EQ(count_loss_spikes({5.0, 5.4, 5.8, 5.0, NAN}), 2);
+  // With a window of 1 only the previous value matters: 5.0 → 5.6 is a spike, 5.6 → 6.0 not.
+  EXPECT_EQ(count_loss_spikes({5.0, 5.6, 6.0}, 1), 1);
+  EXPECT_EQ(count_loss_spikes({5.0, 5.6, 6.0}, 100), 2);  // 6.0 vs median(5.0, 5.6) = 5.3
+  EXPECT_EQ(count_loss_spikes({}), 0);
+  // Exactly +0.5 is not "more than 0.5".
+  EXPECT_EQ(count_loss_spikes({1.0, 1.5}), 0);
+}
+
+namespace {
+RunRecord run(const std::string& recipe, double loss, double ms, double gn_late) {
+  RunRecord r;
+  r.recipe = recipe;
+  r.final_window_loss = loss;
+  r.tokens_per_s = 1000 / ms;
+  r.warmup_steps = 2;
+  for (int s = 1; s <= 10; ++s) {
+    r.step.push_back(s);
+    r.loss.push_back(6.0 - 0.1 * s);
+    r.grad_norm.push_back(s <= 2 ? 99.0 : (s == 7 ? gn_late : 0.5));  // warmup excursion ignored
+    r.step_ms.push_back(s <= 5 ? 1000.0 : ms);  // the first 5 steps are ignored
+  }
+  r.heldout["none"] = loss + 0.1;
+  return r;
+}
+}  // namespace
+
+TEST(Report, AggregateGapsRatiosAndGradNorms) {
+  const std::vector<RunRecord> runs = {run("fp32", 5.0, 10, 1), run("bf16", 4.0, 20, 2),
+                                       run("bf16", 6.0, 20, 3), run("x", 5.5, 30, 4)};
+  const auto rows = aggregate_runs(runs, {"bf16", "fp32"});
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].recipe, "bf16");
+  EXPECT_EQ(rows[2].recipe, "x");  // not in the order: appended
+  EXPECT_EQ(rows[0].seeds, 2);
+  EXPECT_DOUBLE_EQ(rows[0].final_loss.mean, 5.0);
+  EXPECT_DOUBLE_EQ(rows[0].final_loss.std, std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(rows[1].gap_to_bf16_pct, 0.0);
+  EXPECT_DOUBLE_EQ(rows[2].gap_to_bf16_pct, 10.0);  // (5.5 − 5) / 5
+  EXPECT_DOUBLE_EQ(rows[0].step_ratio_fp32, 2.0);
+  EXPECT_DOUBLE_EQ(rows[2].step_ratio_fp32, 3.0);
+  EXPECT_DOUBLE_EQ(rows[0].max_grad_norm, 3.0);
+  EXPECT_DOUBLE_EQ(rows[0].heldout.at("none").mean, 5.1);
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  EXPECT_NE(md.find("| x | 1 | 5.5000 | +10.00% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| bf16 | 2 | 5.0000 ± 1.4142 | +0.00% |"), std::string::npos) << md;
+}
+
+TEST(Report, AggregateWithoutBaselinesGivesDashes) {
+  const auto rows = aggregate_runs({run("a", 5.0, 10, 1)}, {});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_TRUE(std::isnan(rows[0].gap_to_bf16_pct));
+  EXPECT_TRUE(std::isnan(rows[0].step_ratio_fp32));
+  const std::string md = comparison_report_md(rows, {}, ReportContext{});
+  EXPECT_NE(md.find("| a | 1 | 5.0000 | — |"), std::string::npos) << md;
+}
+
+TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  auto expect_error = [&](const std::string& needle) {
+    try {
+      read_run(d);
+      ADD_FAILURE() << "no error, expected one containing " << needle;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error("did not complete");
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"fp32","seed":3,"steps":2,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6})";
+  expect_error("metrics.jsonl");
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n{\"step\":2,\"loss\":";
+  expect_error("metrics.jsonl:2");
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":2,\"loss\":6,\"grad_norm\":1}\n{\"step\":1,\"loss\":5,\"grad_norm\":1}\n";
+  expect_error("not increasing");
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n{\"step\":2,\"loss\":null,\"grad_norm\":1}\n";
+  const RunRecord r = read_run(d);
+  EXPECT_EQ(r.seed, 3u);
+  EXPECT_EQ(r.loss.size(), 2u);
+  EXPECT_TRUE(std::isnan(r.loss[1]));  // a NaN written as null is read back as NaN
+  EXPECT_EQ(r.heldout.count("current"), 0u);  // fp32 has no quantized inference
+  EXPECT_DOUBLE_EQ(r.heldout.at("none"), 5.6);
+  fs::remove_all(d);
+}

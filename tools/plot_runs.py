@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Plot fp4train runs: training loss, difference to BF16, held-out NLL and numerics telemetry.
+
+Usage:
+    python3 tools/plot_runs.py --out DIR RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR is a directory written by `fp4train train` (or `fp4train compare`): it holds
+metrics.jsonl (one JSON object per logged step: step, loss, grad_norm, optionally val_nll,
+val_nll_quant and telemetry) and recipe.toml or summary.json naming the recipe. Runs are
+grouped by recipe; the seeds of one recipe form a band (min..max over seeds) around their
+mean. Writes into DIR:
+
+    loss.png          training loss, smoothed (trailing mean over --smooth steps), seed bands
+    loss_vs_bf16.png  recipe minus bf16 smoothed mean loss over steps (needs a bf16 run)
+    heldout.png       held-out NLL at evaluation steps (solid: FP32 inference,
+                      dashed: the recipe's quantized inference with current scaling)
+    telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
+                      guard (worst operand over all layers, mean over seeds), per recipe
+
+Only the Python standard library and matplotlib (Debian python3-matplotlib) are used.
+Exits with status 2 and a message naming the file on unreadable or malformed input.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+
+def fail(msg):
+    print(f"plot_runs.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def recipe_of(run_dir):
+    """Recipe name from summary.json, else from recipe.toml's `name = "..."`."""
+    summary = os.path.join(run_dir, "summary.json")
+    if os.path.exists(summary):
+        try:
+            with open(summary, encoding="utf-8") as f:
+                name = json.load(f).get("recipe")
+            if name:
+                return name
+        except (OSError, ValueError) as e:
+            fail(f"{summary}: {e}")
+    toml = os.path.join(run_dir, "recipe.toml")
+    if os.path.exists(toml):
+        with open(toml, encoding="utf-8") as f:
+            for line in f:
+                m = re.match(r'\s*name\s*=\s*"([^"]*)"', line)
+                if m:
+                    return m.group(1)
+    fail(f"{run_dir}: no summary.json or recipe.toml naming the recipe")
+
+
+def read_metrics(run_dir):
+    """List of step records (dicts) from metrics.jsonl, sorted by step."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        fail(f"{path} does not exist (is {run_dir} a run directory?)")
+    recs = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                fail(f"{path}:{i}: not JSON ({e})")
+            if "step" not in r:
+                fail(f"{path}:{i}: record without 'step'")
+            recs.append(r)
+    recs.sort(key=lambda r: r["step"])
+    return recs
+
+
+def trailing_mean(xs, w):
+    out, s, q = [], 0.0, []
+    for x in xs:
+        q.append(x)
+        s += x
+        if len(q) > w:
+            s -= q.pop(0)
+        out.append(s / len(q))
+    return out
+
+
+def finite(x):
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def seed_stats(series_list):
+    """Mean, min and max over seeds at the steps every seed has."""
+    common = set(series_list[0])
+    for s in series_list[1:]:
+        common &= set(s)
+    steps = sorted(common)
+    mean = [sum(s[t] for s in series_list) / len(series_list) for t in steps]
+    lo = [min(s[t] for s in series_list) for t in steps]
+    hi = [max(s[t] for s in series_list) for t in steps]
+    return steps, mean, lo, hi
+
+
+def worst_telemetry(rec, key):
+    t = rec.get("telemetry")
+    if not t:
+        return None
+    vals = [op.get(key, 0.0) for layer in t.values() for op in layer.values()]
+    return max(vals) if vals else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="directory for the PNG files")
+    ap.add_argument("--smooth", type=int, default=10, help="trailing-mean window in steps")
+    ap.add_argument("--title", default="", help="prefix for plot titles")
+    ap.add_argument("runs", nargs="+", help="run directories")
+    a = ap.parse_args()
+    if a.smooth < 1:
+        fail("--smooth must be at least 1")
+
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("matplotlib is not installed for this python3 (Debian: apt install python3-matplotlib)")
+
+    groups = {}  # recipe -> list of metrics
+    for d in a.runs:
+        if not os.path.isdir(d):
+            fail(f"{d} is not a directory")
+        groups.setdefault(recipe_of(d), []).append(read_metrics(d))
+    os.makedirs(a.out, exist_ok=True)
+    order = list(groups)
+    colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(order)}
+    pre = (a.title + ": ") if a.title else ""
+
+    def smoothed_losses(runs):
+        out = []
+        for recs in runs:
+            rs = [r for r in recs if finite(r.get("loss"))]
+            sm = trailing_mean([r["loss"] for r in rs], a.smooth)
+            out.append({r["step"]: v for r, v in zip(rs, sm)})
+        return out
+
+    # 1. training loss
+    fig, ax = plt.subplots(figsize=(8, 5))
+    means = {}
+    for r in order:
+        steps, mean, lo, hi = seed_stats(smoothed_losses(groups[r]))
+        means[r] = dict(zip(steps, mean))
+        n = len(groups[r])
+        ax.plot(steps, mean, color=colors[r], label=f"{r} ({n} seed{'s' if n > 1 else ''})")
+        if n > 1:
+            ax.fill_between(steps, lo, hi, color=colors[r], alpha=0.2, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (nats/token, trailing mean of {a.smooth})")
+    ax.set_title(pre + "training loss (band: min..max over seeds)")
+    if means:
+        tail = [v for m in means.values() for t, v in m.items() if t > max(m) * 0.2]
+        if tail:
+            ax.set_ylim(min(tail) - 0.05, max(tail) + 0.1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "loss.png"), dpi=110)
+    plt.close(fig)
+
+    # 2. difference to bf16
+    fig, ax = plt.subplots(figsize=(8, 5))
+    if "bf16" in means:
+        base = means["bf16"]
+        for r in order:
+            if r == "bf16":
+                continue
+            steps = [t for t in sorted(means[r]) if t in base]
+            ax.plot(steps, [means[r][t] - base[t] for t in steps], color=colors[r], label=r)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_title(pre + "smoothed training loss minus bf16 (mean over seeds)")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no bf16 run among the inputs", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss difference (nats/token)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "loss_vs_bf16.png"), dpi=110)
+    plt.close(fig)
+
+    # 3. held-out NLL
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in order:
+        for key, style, what in (("val_nll", "-", "FP32 inference"),
+                                 ("val_nll_quant", "--", "quantized inference")):
+            series = [{x["step"]: x[key] for x in recs if finite(x.get(key))} for recs in groups[r]]
+            if not all(series) or (key == "val_nll_quant" and r == "fp32"):
+                continue
+            steps, mean, lo, hi = seed_stats(series)
+            if steps:
+                ax.plot(steps, mean, style, color=colors[r], marker="o", markersize=3,
+                        label=f"{r}, {what}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out NLL (nats/token)")
+    ax.set_title(pre + "held-out NLL (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "heldout.png"), dpi=110)
+    plt.close(fig)
+
+    # 4. telemetry
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    any_tel = False
+    for ax, key, what in ((axes[0], "saturated_blocks", "blocks with saturated scale"),
+                          (axes[1], "zero_guard_blocks", "blocks hitting the zero guard")):
+        for r in order:
+            series = []
+            for recs in groups[r]:
+                s = {x["step"]: worst_telemetry(x, key) for x in recs}
+                series.append({t: v for t, v in s.items() if v is not None})
+            if not all(series):
+                continue
+            steps, mean, lo, hi = seed_stats(series)
+            if steps:
+                any_tel = True
+                ax.plot(steps, [100 * v for v in mean], color=colors[r], marker="o",
+                        markersize=3, label=r)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"% of {what}")
+        ax.set_title(pre + f"worst operand: {what}", fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if not any_tel:
+        axes[0].text(0.5, 0.5, "no FP4 telemetry in these runs", ha="center", va="center",
+                     transform=axes[0].transAxes)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "telemetry.png"), dpi=110)
+    plt.close(fig)
+    print(f"plot_runs.py: wrote loss.png, loss_vs_bf16.png, heldout.png, telemetry.png to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
