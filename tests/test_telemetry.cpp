@@ -70,3 +70,16 @@ TEST(Telemetry, ZeroedCountUsesDecodedValuesForAnyElementFormat) {
   EXPECT_EQ(st.zeroed_nonzeros, 0.0);
 }
 }  // namespace
+
+namespace {
+TEST(Telemetry, E4M3BlockAtTheTensorAmaxIsNotSaturatedButAStaleOneIs) {
+  // E4M3, T = 448, g = 40: the needed scale is a_b·448/40. Block 0 (a_b = 40) needs exactly
+  // 448 = E4M3's max: representable, not clipped. Block 1 (a_b = 41 > g, a stale reference)
+  // needs 459.2 > 448: clipped, saturated.
+  BlockQuantSpec s = spec4();
+  s.scale_format = ScaleFormat::E4M3;
+  const float x[] = {1, 2, 3, 40, 1, 1, 1, 41};
+  const QuantStats st = quant_stats(x, 1, 8, s, 40.f, nullptr);
+  EXPECT_DOUBLE_EQ(st.saturated_blocks, 0.5);
+}
+}  // namespace

@@ -16,8 +16,13 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   const size_t nb = q.scales.size();
   int64_t sat = 0, guard = 0;
   for (size_t b = 0; b < nb; ++b) {
-    if (q.scales[b] >= sf.max_finite) ++sat;
     const float a = q.block_amax[b];
+    // Saturated = clipped: the scale the block needs, a·T/(6·g) before rounding, exceeds the
+    // format's max. The block holding the tensor amax needs exactly T (E4M3: 448 = max) and
+    // is not counted. MX rules have no tensor scale: a scale code at the format max counts.
+    if (spec.scale_rule == ScaleRule::TensorScaled ? a * mult > sf.max_finite
+                                                   : q.scales[b] >= sf.max_finite)
+      ++sat;
     if (spec.scale_rule == ScaleRule::TensorScaled && a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
       ++guard;
   }
