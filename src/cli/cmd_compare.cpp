@@ -217,11 +217,7 @@ void run_compare(const CompareArgs& a, const std::string& command) {
         plan.seeds.push_back(s);
   }
 
-  fs::path data_path = cfg.data.path;
-  if (data_path.is_relative() && !fs::exists(data_path)) {
-    const fs::path beside = config_file.parent_path() / data_path;
-    data_path = fs::exists(beside) ? beside : resolve(cfg.data.path);
-  }
+  const fs::path data_path = resolve_data_path(cfg.data.path, config_file);
   if (!fs::exists(data_path))
     throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
                     a.config + "; the default Brown corpus is installed by scripts/setup)");

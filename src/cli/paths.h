@@ -8,4 +8,10 @@ namespace fp4::cli {
 /// `rel` if it exists relative to the working directory, else FP4_SOURCE_DIR/rel if that
 /// exists, else `rel` unchanged (so the error names what the user typed).
 std::filesystem::path resolve(const std::string& rel);
+
+/// data.path of a run config: as given if absolute or existing relative to the working
+/// directory, else relative to the config file's directory if it exists there, else
+/// resolve(data_path) (the source tree, for the default corpus). Existence is the caller's check.
+std::filesystem::path resolve_data_path(const std::string& data_path,
+                                        const std::filesystem::path& config_file);
 }  // namespace fp4::cli
