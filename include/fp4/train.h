@@ -38,7 +38,9 @@ class AdamW {
 
 /// Mean held-out NLL (nats/token) of the model over windows of seq_len + 1 tokens starting at
 /// `starts`, processed `batch` at a time; quantize = apply the recipe's forward quantization
-/// with current tensor scaling (inference), else FP32.
+/// with the `current` inference policy (D = 1; fp4/eval.h), else FP32 (policy `none`). The
+/// trainer's val_nll_quant / heldout_nll_quant are this with quantize = true. A thin wrapper
+/// of evaluate_nll; throws NonFiniteError if a quantizer meets NaN/Inf.
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize);
 
@@ -56,7 +58,7 @@ struct TrainSummary {
   int steps = 0;
   double final_window_loss = 0;    ///< mean training loss over the last 10% of steps
   double heldout_nll = 0;          ///< final held-out NLL, unquantized (FP32 inference)
-  double heldout_nll_quant = 0;    ///< final held-out NLL under the recipe's quantized inference
+  double heldout_nll_quant = 0;    ///< final held-out NLL, recipe's quantized inference, policy `current`
   double tokens_per_s = 0;         ///< training throughput over the whole run (excl. evaluation)
   double first_loss = 0;
   std::vector<double> losses;      ///< per-step training loss

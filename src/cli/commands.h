@@ -7,5 +7,7 @@ namespace fp4::cli {
 void register_quant(CLI::App& app);
 void register_gemm(CLI::App& app);
 void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_sample(CLI::App& app);
 void register_compare(CLI::App& app);  // compare and report
 }  // namespace fp4::cli

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
       "compare recipes (ue5m3-b16, nvfp4-te, bf16, fp32). See README.md."};
   app.require_subcommand(1);
   fp4::cli::register_train(app);
+  fp4::cli::register_eval(app);
+  fp4::cli::register_sample(app);
   fp4::cli::register_quant(app);
   fp4::cli::register_gemm(app);
   fp4::cli::register_compare(app);

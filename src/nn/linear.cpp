@@ -52,10 +52,36 @@ Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& r
   for (auto& r : ref_) r = TensorReference(D);
 }
 
+void Linear::reset_inference(int replay_interval) {
+  inf_ = InferenceState{};
+  inf_.x = TensorReference(replay_interval);
+}
+
 float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
-  // Inference uses current tensor scaling and never touches the held caches.
-  if (!ctx.training) return amax_fast(x, n);
-  return ref_[static_cast<int>(r)].get(ctx.step, [&] { return amax_fast(x, n); });
+  if (ctx.training) return ref_[static_cast<int>(r)].get(ctx.step, [&] { return amax_fast(x, n); });
+  // Inference: its own references (InferenceRef), never the training caches ref_.
+  if (r == Role::W) {
+    if (!inf_.has_w) inf_.w = amax_fast(x, n), inf_.has_w = true;
+    return inf_.w;
+  }
+  switch (ctx.infer_ref) {
+    case InferenceRef::Current:
+      return amax_fast(x, n);
+    case InferenceRef::Replay:
+      return inf_.x.get(ctx.infer_batch, [&] { return amax_fast(x, n); });
+    case InferenceRef::Calibrate: {
+      const float g = amax_fast(x, n);
+      inf_.calibrated_x = inf_.has_calibrated ? std::max(inf_.calibrated_x, g) : g;
+      inf_.has_calibrated = true;
+      return g;
+    }
+    case InferenceRef::Frozen:
+      if (!inf_.has_calibrated)
+        throw std::logic_error("Linear " + std::to_string(id_) +
+                               ": frozen inference reference used before calibration");
+      return inf_.calibrated_x;
+  }
+  throw std::logic_error("Linear: unknown inference reference policy");
 }
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
@@ -71,6 +97,9 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   if (!W_) throw std::logic_error("Linear::forward: weights not bound");
   X_ = X;
   M_ = M;
+  // Training moves the weights: a frozen inference weight amax or calibration is stale.
+  if (ctx.training && (inf_.has_w || inf_.has_calibrated || inf_.x.has_value()))
+    reset_inference(inf_.x.interval());
   quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
   if (!quantized_) {
     sgemm(false, true, M, N_, K_, 1.f, X, K_, W_, K_, 0.f, Y, N_);

@@ -27,7 +27,7 @@ const char* kLinearNames[] = {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", 
 }  // namespace
 
 Model::BlockActs Model::block(int l, int64_t BT) {
-  const int64_t C = cfg_.d_model, F = cfg_.mlp_hidden, H = cfg_.n_heads, T = seq_len_;
+  const int64_t C = cfg_.d_model, F = cfg_.mlp_hidden, H = cfg_.n_heads, T = T_;
   const int64_t U = cfg_.mlp == "swiglu" ? 2 * F : F;
   float* p = acts_[l].data();
   BlockActs A;
@@ -61,7 +61,7 @@ int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bo
 }
 
 Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len)
-    : cfg_(cfg), recipe_(recipe), batch_(batch), seq_len_(seq_len) {
+    : cfg_(cfg), recipe_(recipe), batch_(batch), seq_len_(seq_len), T_(seq_len) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden, L = cfg.n_layers;
   const int64_t U = cfg.mlp == "swiglu" ? 2 * F : F;
   if (C % cfg.n_heads || (C / cfg.n_heads) % 2)
@@ -141,11 +141,19 @@ void Model::init(uint64_t seed) {
 
 void Model::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.f); }
 
+void Model::reset_inference(int replay_interval) {
+  for (auto& lin : linears_) lin.reset_inference(replay_interval);
+}
+
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
-                      const StepContext& ctx) {
+                      const StepContext& ctx, int T_in) {
   if (B < 1 || B > batch_) throw std::invalid_argument("Model::forward: bad batch size");
+  if (T_in < 0 || T_in > seq_len_)
+    throw std::invalid_argument("Model::forward: sequence length " + std::to_string(T_in) +
+                                " outside 1.." + std::to_string(seq_len_));
   B_ = B;
-  const int64_t T = seq_len_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
+  T_ = T_in > 0 ? T_in : seq_len_;
+  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
                 H = cfg_.n_heads, F = cfg_.mlp_hidden, L = cfg_.n_layers;
   const bool swiglu = cfg_.mlp == "swiglu";
   const int64_t U = swiglu ? 2 * F : F;
@@ -187,7 +195,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
 
 void Model::backward(const StepContext& ctx) {
   const int B = B_;
-  const int64_t T = seq_len_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
+  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
                 H = cfg_.n_heads, F = cfg_.mlp_hidden, L = cfg_.n_layers;
   const bool swiglu = cfg_.mlp == "swiglu";
   const int64_t U = swiglu ? 2 * F : F;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fp4/error.h"
+#include "fp4/eval.h"
 #include "fp4/train.h"
 
 namespace fp4 {
@@ -108,23 +109,12 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize) {
   if (starts.empty()) throw UserError("held-out split has fewer than seq_len + 1 tokens");
-  std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
-  nn::StepContext ctx;
-  ctx.training = false;
-  ctx.quantize = quantize;
-  double sum = 0;
-  int64_t n = 0;
-  for (size_t w0 = 0; w0 < starts.size(); w0 += batch) {
-    const int B = static_cast<int>(std::min<size_t>(batch, starts.size() - w0));
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < seq_len; ++t) {
-        in[int64_t(b) * seq_len + t] = tokens[starts[w0 + b] + t];
-        tg[int64_t(b) * seq_len + t] = tokens[starts[w0 + b] + t + 1];
-      }
-    sum += model.forward(in.data(), tg.data(), B, ctx) * B;
-    n += B;
-  }
-  return sum / double(n);
+  EvalPolicy policy;
+  policy.kind = quantize ? EvalPolicy::Kind::Current : EvalPolicy::Kind::None;
+  const NllResult r = evaluate_nll(model, EvalWindows{&tokens, starts}, seq_len, batch, policy);
+  // Callers decide how a non-finite tensor is reported (see safe_nll in train()).
+  if (std::isnan(r.nats_per_token)) throw NonFiniteError("held-out evaluation: non-finite tensor");
+  return r.nats_per_token;
 }
 
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,

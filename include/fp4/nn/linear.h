@@ -30,6 +30,21 @@ struct Aligned64 {
 };
 using AlignedFloats = std::vector<float, Aligned64<float>>;
 
+/// Activation tensor reference `g` of an FP4 Linear's fprop X in inference forwards
+/// (StepContext::training == false; NUMERICS.md "Tensor reference g", README "Quantized
+/// inference evaluation"). The weight reference of every inference forward is amax(W)
+/// measured at the first inference forward after Linear::reset_inference and then frozen.
+/// None of these touch the training caches (Linear::reference).
+enum class InferenceRef {
+  Current,    ///< g = max|X| of this call (D = 1)
+  Replay,     ///< sample-and-hold keyed by StepContext::infer_batch: refreshed to max|X| iff
+              ///< empty or infer_batch − last ≥ D (D of reset_inference), else held
+  Calibrate,  ///< calibration pass: current scaling, and the running max over calls of
+              ///< max|X| is recorded as the calibrated reference
+  Frozen,     ///< g = the recorded calibrated reference, whatever this call's X; throws
+              ///< std::logic_error if the layer was never calibrated since the last reset
+};
+
 /// Per-step context handed to every Linear.
 struct StepContext {
   int64_t step = 1;        ///< 1-based optimizer step (keys SR bits and held references)
@@ -37,6 +52,18 @@ struct StepContext {
   bool training = true;    ///< false: inference, no held-reference updates, no backward
   bool quantize = true;    ///< false: run FP32 whatever the recipe (unquantized evaluation)
   bool telemetry = false;  ///< training step whose FP4 operands get numerics statistics
+  InferenceRef infer_ref = InferenceRef::Current;  ///< inference only: activation reference
+  int64_t infer_batch = 1;  ///< inference only: 1-based evaluation batch (Replay's clock)
+};
+
+/// Inference-only tensor references of one Linear, kept apart from the training caches so
+/// that evaluating never changes training (README "Quantized inference evaluation").
+struct InferenceState {
+  TensorReference x{50};     ///< Replay: held activation reference, clocked by eval batch
+  bool has_w = false;        ///< weight amax measured (first inference forward since reset)
+  float w = 0.f;             ///< the frozen weight amax
+  bool has_calibrated = false;
+  float calibrated_x = 0.f;  ///< max over calibration calls of max|X|
 };
 
 /// Numerics telemetry of the five quantized operands of one FP4 Linear on a telemetry step:
@@ -85,6 +112,13 @@ class Linear {
   const LinearTelemetry& telemetry() const { return tel_; }
   const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
 
+  /// Forget every inference reference (frozen weight amax, Replay hold, calibration) and
+  /// set Replay's interval D (≥ 1, else std::invalid_argument). Call before each evaluation,
+  /// and after changing the weights outside a training forward (a training forward() resets
+  /// the inference state itself, since training moves the weights).
+  void reset_inference(int replay_interval = 50);
+  const InferenceState& inference_state() const { return inf_; }
+
  private:
   // Quantize a [rows, cols] operand into `out` per this layer's mode.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
@@ -103,6 +137,7 @@ class Linear {
   int64_t M_ = 0;
   bool quantized_ = false;    // whether the last forward quantized (ctx.quantize)
   TensorReference ref_[5];
+  InferenceState inf_;        // inference references; never read or written by training
   LinearRefs refs_;
   LinearTelemetry tel_;
   AlignedFloats xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps

@@ -32,14 +32,21 @@ class Model {
   /// by 1/sqrt(2L), norm weights 1. Deterministic in `seed`.
   void init(uint64_t seed);
 
-  /// Forward pass over tokens [B, T] (B ≤ batch). If targets is non-null returns the mean
-  /// cross-entropy (nats/token), else 0. Logits stay in logits() for inspection.
-  double forward(const int32_t* tokens, const int32_t* targets, int B, const StepContext& ctx);
+  /// Forward pass over tokens [B, T] (B ≤ batch; T = seq_len, or 1 ≤ T ≤ seq_len when given,
+  /// e.g. a sampling context shorter than seq_len). If targets is non-null returns the mean
+  /// cross-entropy (nats/token), else 0. Logits [B·T, vocab] stay in logits().
+  /// Throws std::invalid_argument on a bad B or T.
+  double forward(const int32_t* tokens, const int32_t* targets, int B, const StepContext& ctx,
+                 int T = 0);
 
   /// Backward of the last forward (which must have had targets); ACCUMULATES into grads().
   void backward(const StepContext& ctx);
 
   void zero_grad();
+
+  /// Linear::reset_inference on every linear: forget the inference references (frozen weight
+  /// amax, Replay holds of interval `replay_interval`, calibration). See fp4/eval.h.
+  void reset_inference(int replay_interval = 50);
 
   std::vector<float>& params() { return params_; }
   std::vector<float>& grads() { return grads_; }
@@ -74,6 +81,7 @@ class Model {
       dh_, dact_, scratch_;
   std::vector<int32_t> tokens_, targets_;
   int B_ = 0;
+  int T_ = 0;  // sequence length of the last forward (seq_len_ unless forward got a T)
 };
 
 }  // namespace fp4::nn

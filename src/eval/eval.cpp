@@ -1,0 +1,290 @@
+// Held-out NLL under the inference reference policies, bits per byte, sampling
+// (see include/fp4/eval.h and README "Quantized inference evaluation").
+#include "fp4/eval.h"
+
+#include <sentencepiece_processor.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include "fp4/data.h"
+#include "fp4/error.h"
+
+namespace fp4 {
+namespace {
+
+constexpr const char* kPolicyNames = "none, current, replay-d<D> (e.g. replay-d50), calibrated";
+
+nn::StepContext inference_ctx(const EvalPolicy& p) {
+  nn::StepContext ctx;
+  ctx.training = false;
+  ctx.quantize = p.kind != EvalPolicy::Kind::None;
+  switch (p.kind) {
+    case EvalPolicy::Kind::None:
+    case EvalPolicy::Kind::Current: ctx.infer_ref = nn::InferenceRef::Current; break;
+    case EvalPolicy::Kind::Replay: ctx.infer_ref = nn::InferenceRef::Replay; break;
+    case EvalPolicy::Kind::Calibrated: ctx.infer_ref = nn::InferenceRef::Frozen; break;
+  }
+  return ctx;
+}
+
+void check_windows(const EvalWindows& w, int seq_len, const char* what) {
+  if (!w.tokens) throw std::invalid_argument(std::string(what) + ": no token stream");
+  if (w.starts.empty())
+    throw UserError(std::string(what) + ": no window of seq_len + 1 = " +
+                    std::to_string(seq_len + 1) + " tokens");
+  for (int64_t s : w.starts)
+    if (s < 0 || s + seq_len + 1 > static_cast<int64_t>(w.tokens->size()))
+      throw UserError(std::string(what) + ": window at " + std::to_string(s) +
+                      " runs past the end of the " + std::to_string(w.tokens->size()) +
+                      "-token stream");
+}
+
+void check_shape(const nn::Model& model, int seq_len, int batch) {
+  (void)model;
+  if (seq_len < 1 || batch < 1)
+    throw std::invalid_argument("evaluate: seq_len and batch must be >= 1");
+}
+
+// Fill inputs (and targets if non-null) [B, seq_len] from windows w0 .. w0 + B - 1.
+void fill_batch(const EvalWindows& w, size_t w0, int B, int seq_len, int32_t* in, int32_t* tg) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < seq_len; ++t) {
+      const int64_t s = w.starts[w0 + b] + t;
+      in[int64_t(b) * seq_len + t] = (*w.tokens)[s];
+      if (tg) tg[int64_t(b) * seq_len + t] = (*w.tokens)[s + 1];
+    }
+}
+
+// Calibration pass: current scaling while each linear records the max over all calls of
+// max|X| (InferenceRef::Calibrate). Returns the input tokens seen.
+int64_t calibrate(nn::Model& model, const EvalWindows& calib, int seq_len, int batch) {
+  check_windows(calib, seq_len, "calibration");
+  nn::StepContext ctx;
+  ctx.training = false;
+  ctx.infer_ref = nn::InferenceRef::Calibrate;
+  std::vector<int32_t> in(int64_t(batch) * seq_len);
+  int64_t seen = 0;
+  for (size_t w0 = 0; w0 < calib.starts.size(); w0 += batch) {
+    const int B = static_cast<int>(std::min<size_t>(batch, calib.starts.size() - w0));
+    fill_batch(calib, w0, B, seq_len, in.data(), nullptr);
+    model.forward(in.data(), nullptr, B, ctx);
+    seen += int64_t(B) * seq_len;
+  }
+  return seen;
+}
+
+}  // namespace
+
+std::string EvalPolicy::name() const {
+  switch (kind) {
+    case Kind::None: return "none";
+    case Kind::Current: return "current";
+    case Kind::Replay: return "replay-d" + std::to_string(interval);
+    case Kind::Calibrated: return "calibrated";
+  }
+  return "?";
+}
+
+EvalPolicy parse_eval_policy(std::string_view name) {
+  EvalPolicy p;
+  if (name == "none") {
+    p.kind = EvalPolicy::Kind::None;
+  } else if (name == "current") {
+    p.kind = EvalPolicy::Kind::Current;
+  } else if (name == "calibrated") {
+    p.kind = EvalPolicy::Kind::Calibrated;
+  } else if (name.starts_with("replay-d")) {
+    const std::string_view d = name.substr(8);
+    int v = 0;
+    const auto [ptr, ec] = std::from_chars(d.data(), d.data() + d.size(), v);
+    if (d.empty() || ec != std::errc() || ptr != d.data() + d.size() || v < 1 || v > 1000000000)
+      throw UserError("policy '" + std::string(name) +
+                      "': the replay interval D must be an integer in 1..1000000000 (e.g. "
+                      "replay-d50)");
+    p.kind = EvalPolicy::Kind::Replay;
+    p.interval = v;
+  } else {
+    throw UserError("unknown policy '" + std::string(name) + "' (policies: " + kPolicyNames + ")");
+  }
+  return p;
+}
+
+std::vector<EvalPolicy> parse_eval_policies(std::string_view list) {
+  std::vector<EvalPolicy> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = list.find(',', pos);
+    const std::string_view piece =
+        list.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    if (piece.empty())
+      throw UserError("empty policy name in '" + std::string(list) + "' (policies: " +
+                      kPolicyNames + ")");
+    const EvalPolicy p = parse_eval_policy(piece);
+    if (std::none_of(out.begin(), out.end(), [&](const EvalPolicy& q) { return q.name() == p.name(); }))
+      out.push_back(p);
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::vector<EvalPolicy> default_eval_policies() {
+  return parse_eval_policies("none,current,replay-d50,calibrated");
+}
+
+int piece_utf8_bytes(std::string_view piece, bool is_byte, bool is_control_or_unknown) {
+  if (is_control_or_unknown) return 0;
+  if (is_byte) return 1;
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581 "▁"
+  int n = 0;
+  for (size_t i = 0; i < piece.size();) {
+    if (piece.substr(i, kSpace.size()) == kSpace) {
+      n += 1;
+      i += kSpace.size();
+    } else {
+      n += 1;
+      ++i;
+    }
+  }
+  return n;
+}
+
+std::vector<int> token_byte_lengths(const std::filesystem::path& tokenizer_model) {
+  sentencepiece::SentencePieceProcessor sp;
+  const auto status = sp.Load(tokenizer_model.string());
+  if (!status.ok())
+    throw UserError("cannot load tokenizer model '" + tokenizer_model.string() + "': " +
+                    status.ToString());
+  std::vector<int> len(sp.GetPieceSize());
+  for (int id = 0; id < sp.GetPieceSize(); ++id)
+    len[id] = piece_utf8_bytes(sp.IdToPiece(id), sp.IsByte(id),
+                               sp.IsControl(id) || sp.IsUnknown(id));
+  return len;
+}
+
+EvalWindows calibration_windows(const std::vector<uint16_t>& train_tokens, int seq_len,
+                                int batch, int calib_batches) {
+  if (calib_batches < 1) throw UserError("calibration batches must be >= 1");
+  EvalWindows w;
+  w.tokens = &train_tokens;
+  w.starts = heldout_windows(static_cast<int64_t>(train_tokens.size()), seq_len,
+                             calib_batches * batch);
+  if (w.starts.empty())
+    throw UserError("the training split has " + std::to_string(train_tokens.size()) +
+                    " tokens, fewer than seq_len + 1 = " + std::to_string(seq_len + 1) +
+                    ": no calibration window");
+  return w;
+}
+
+NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, int batch,
+                       const EvalPolicy& policy, const EvalWindows* calib,
+                       const std::vector<int>* byte_lengths) {
+  check_shape(model, seq_len, batch);
+  check_windows(data, seq_len, "held-out evaluation");
+  NllResult r;
+  r.policy = policy.name();
+  r.tokens = static_cast<int64_t>(data.starts.size()) * seq_len;
+  if (byte_lengths) {
+    for (int64_t s : data.starts)
+      for (int t = 1; t <= seq_len; ++t) {
+        const uint16_t id = (*data.tokens)[s + t];
+        if (id >= byte_lengths->size())
+          throw UserError("token id " + std::to_string(id) + " is outside the tokenizer's " +
+                          std::to_string(byte_lengths->size()) + " pieces");
+        r.bytes += (*byte_lengths)[id];
+      }
+  }
+  model.reset_inference(policy.kind == EvalPolicy::Kind::Replay ? policy.interval : 50);
+  if (policy.kind == EvalPolicy::Kind::Calibrated) {
+    if (!calib || calib->starts.empty())
+      throw UserError("policy calibrated needs calibration windows");
+  }
+  nn::StepContext ctx = inference_ctx(policy);
+  std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
+  double sum = 0;
+  try {
+    if (policy.kind == EvalPolicy::Kind::Calibrated)
+      r.calib_tokens = calibrate(model, *calib, seq_len, batch);
+    for (size_t w0 = 0; w0 < data.starts.size(); w0 += batch) {
+      const int B = static_cast<int>(std::min<size_t>(batch, data.starts.size() - w0));
+      fill_batch(data, w0, B, seq_len, in.data(), tg.data());
+      ctx.infer_batch = ++r.batches;
+      sum += model.forward(in.data(), tg.data(), B, ctx) * B;
+    }
+    r.nats_per_token = sum / double(data.starts.size());
+  } catch (const NonFiniteError&) {
+    r.nats_per_token = std::numeric_limits<double>::quiet_NaN();
+  }
+  model.reset_inference();
+  r.total_nats = r.nats_per_token * double(r.tokens);
+  r.bits_per_byte = byte_lengths && r.bytes > 0 ? r.total_nats / std::log(2.0) / double(r.bytes)
+                                                : std::numeric_limits<double>::quiet_NaN();
+  return r;
+}
+
+std::vector<int> sample_tokens(nn::Model& model, const std::vector<int>& prompt,
+                               const SampleOptions& opt, int seq_len, int batch,
+                               const EvalWindows* calib) {
+  const int V = model.config().vocab_size;
+  if (prompt.empty()) throw std::invalid_argument("sample_tokens: empty prompt");
+  for (int id : prompt)
+    if (id < 0 || id >= V)
+      throw std::invalid_argument("sample_tokens: prompt id " + std::to_string(id) +
+                                  " outside the vocabulary of " + std::to_string(V));
+  if (opt.temperature < 0 || !std::isfinite(opt.temperature))
+    throw UserError("temperature must be a finite number >= 0");
+  if (opt.top_k < 0) throw UserError("top-k must be >= 0");
+  model.reset_inference(opt.policy.kind == EvalPolicy::Kind::Replay ? opt.policy.interval : 50);
+  if (opt.policy.kind == EvalPolicy::Kind::Calibrated) {
+    if (!calib) throw UserError("policy calibrated needs calibration windows");
+    calibrate(model, *calib, seq_len, batch);
+  }
+  nn::StepContext ctx = inference_ctx(opt.policy);
+  std::vector<int> seq = prompt, out;
+  std::vector<int32_t> window;
+  std::vector<int> order(V);
+  std::vector<double> p;
+  for (int t = 0; t < opt.max_new_tokens; ++t) {
+    const int n = static_cast<int>(std::min<size_t>(seq.size(), size_t(seq_len)));
+    window.assign(seq.end() - n, seq.end());
+    ctx.infer_batch = t + 1;
+    model.forward(window.data(), nullptr, 1, ctx, n);
+    const float* logits = model.logits() + int64_t(n - 1) * V;
+    std::iota(order.begin(), order.end(), 0);
+    int next;
+    if (opt.temperature == 0) {
+      next = static_cast<int>(std::max_element(logits, logits + V) - logits);  // first max
+    } else {
+      const int k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      p.assign(k, 0.0);
+      const double mx = logits[order[0]];
+      double z = 0;
+      for (int i = 0; i < k; ++i) z += p[i] = std::exp((logits[order[i]] - mx) / opt.temperature);
+      const double u = double(splitmix64(opt.seed, uint64_t(t)) >> 11) * 0x1.0p-53 * z;
+      double c = 0;
+      next = order[k - 1];
+      for (int i = 0; i < k; ++i) {
+        c += p[i];
+        if (u < c) {
+          next = order[i];
+          break;
+        }
+      }
+    }
+    out.push_back(next);
+    seq.push_back(next);
+    if (opt.stop_at_eos && next == kTokenEos) break;
+  }
+  model.reset_inference();
+  return out;
+}
+
+}  // namespace fp4
