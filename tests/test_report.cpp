@@ -110,5 +110,14 @@ TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   EXPECT_TRUE(std::isnan(r.loss[1]));  // a NaN written as null is read back as NaN
   EXPECT_EQ(r.heldout.count("current"), 0u);  // fp32 has no quantized inference
   EXPECT_DOUBLE_EQ(r.heldout.at("none"), 5.6);
+  // eval.json (`fp4train eval --json`) replaces the summary's two values when present.
+  std::ofstream(d / "eval.json") << R"({"policies":["none","replay-d50"],"results":{
+    "none":{"nats_per_token":5.25,"bits_per_byte":1.5},"replay-d50":{"nats_per_token":null}}})";
+  const RunRecord e = read_run(d);
+  EXPECT_DOUBLE_EQ(e.heldout.at("none"), 5.25);
+  EXPECT_DOUBLE_EQ(e.heldout_bpb.at("none"), 1.5);
+  EXPECT_TRUE(std::isnan(e.heldout.at("replay-d50")));
+  std::ofstream(d / "eval.json") << R"({"policies":{}})";
+  expect_error("eval.json");
   fs::remove_all(d);
 }

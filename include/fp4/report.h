@@ -31,8 +31,9 @@ struct RunRecord {
 };
 
 /// Read run `dir`: summary.json (must say status "completed"), metrics.jsonl, config.toml's
-/// train.warmup_steps, and eval.json if present (policy → {nll, bits_per_byte}); without
-/// eval.json the policies "none" and "current" come from summary.json. Throws fp4::UserError
+/// train.warmup_steps, and eval.json if present (`fp4train eval --json` output: results →
+/// policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none" and
+/// "current" come from summary.json. Throws fp4::UserError
 /// naming the file and line on a missing or malformed file.
 RunRecord read_run(const std::filesystem::path& dir);
 

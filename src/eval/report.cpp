@@ -138,10 +138,10 @@ RunRecord read_run(const fs::path& dir) {
   const fs::path ep = dir / "eval.json";
   if (fs::exists(ep)) {
     const json e = read_json_file(ep);
-    if (!e.contains("policies") || !e["policies"].is_object())
-      throw UserError(ep.string() + ": missing object 'policies'");
-    for (const auto& [pol, v] : e["policies"].items()) {
-      r.heldout[pol] = num(v, "nll", ep);
+    if (!e.contains("results") || !e["results"].is_object())
+      throw UserError(ep.string() + ": missing object 'results' (expected `fp4train eval --json` output)");
+    for (const auto& [pol, v] : e["results"].items()) {
+      r.heldout[pol] = num(v, "nats_per_token", ep);
       if (v.contains("bits_per_byte")) r.heldout_bpb[pol] = num(v, "bits_per_byte", ep);
     }
   } else {
