@@ -726,7 +726,7 @@ TEST(QuantFast, ThreadCountDoesNotChangeBits) {
 }
 
 namespace {
-// Specs outside the SIMD path (other element formats, MX scale rules, spelled scale formats)
+// Specs outside the SIMD path (other element formats, MX rules on spelled formats, spelled scale formats)
 // must fall back to the scalar reference, so the fast entry points still match it bit for bit.
 TEST(QuantFast, OtherFormatsFallBackToTheScalarReference) {
   std::mt19937 gen(11);
@@ -738,8 +738,8 @@ TEST(QuantFast, OtherFormatsFallBackToTheScalarReference) {
   std::vector<fp4::BlockQuantSpec> specs(4);
   specs[0].element = fp4::parse_element_format("int4");
   specs[1].element = fp4::parse_element_format("e2m3");
-  specs[2].scale_format = fp4::ScaleFormat::UE8M0;
-  specs[2].scale_rule = fp4::ScaleRule::MxTe;
+  fp4::set_scale_format(specs[2], "ue6m0");  // MX rule on a spelled power-of-two format (MX
+  specs[2].scale_rule = fp4::ScaleRule::MxTe;  // with UE8M0 runs SIMD: MxRulesBitExact)
   fp4::set_scale_format(specs[3], "ue4m3");
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_FALSE(fp4::quant_fast_supports(specs[i])) << i;
