@@ -51,10 +51,18 @@ void BM_LinearStep_fp32(benchmark::State& s) { run(s, recipe("fp32")); }
 void BM_LinearStep_bf16(benchmark::State& s) { run(s, recipe("bf16")); }
 void BM_LinearStep_ue5m3_b16(benchmark::State& s) { run(s, recipe("ue5m3-b16")); }
 void BM_LinearStep_nvfp4_te(benchmark::State& s) { run(s, recipe("nvfp4-te")); }
+void BM_LinearStep_ue5m3_b32(benchmark::State& s) { run(s, recipe("ue5m3-b32")); }
+void BM_LinearStep_ue5m3_te(benchmark::State& s) { run(s, recipe("ue5m3-te")); }
+void BM_LinearStep_nvfp4_all(benchmark::State& s) { run(s, recipe("nvfp4-all")); }
+void BM_LinearStep_mxfp4(benchmark::State& s) { run(s, recipe("mxfp4")); }
 BENCHMARK(BM_LinearStep_fp32)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LinearStep_bf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LinearStep_ue5m3_b16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_LinearStep_nvfp4_te)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_ue5m3_b32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_ue5m3_te)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_nvfp4_all)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_LinearStep_mxfp4)->Unit(benchmark::kMillisecond)->UseRealTime();
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -726,7 +726,7 @@ TEST(QuantFast, ThreadCountDoesNotChangeBits) {
 }
 
 namespace {
-// Specs outside the SIMD path (other element formats, MX scale rules, spelled scale formats)
+// Specs outside the SIMD path (other element formats, MX rules on spelled formats, spelled scale formats)
 // must fall back to the scalar reference, so the fast entry points still match it bit for bit.
 TEST(QuantFast, OtherFormatsFallBackToTheScalarReference) {
   std::mt19937 gen(11);
@@ -738,8 +738,8 @@ TEST(QuantFast, OtherFormatsFallBackToTheScalarReference) {
   std::vector<fp4::BlockQuantSpec> specs(4);
   specs[0].element = fp4::parse_element_format("int4");
   specs[1].element = fp4::parse_element_format("e2m3");
-  specs[2].scale_format = fp4::ScaleFormat::UE8M0;
-  specs[2].scale_rule = fp4::ScaleRule::MxTe;
+  fp4::set_scale_format(specs[2], "ue6m0");  // MX rule on a spelled power-of-two format (MX
+  specs[2].scale_rule = fp4::ScaleRule::MxTe;  // with UE8M0 runs SIMD: MxRulesBitExact)
   fp4::set_scale_format(specs[3], "ue4m3");
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_FALSE(fp4::quant_fast_supports(specs[i])) << i;
@@ -756,3 +756,55 @@ TEST(QuantFast, OtherFormatsFallBackToTheScalarReference) {
   }
 }
 }  // namespace
+
+// MXFP4 (mx-te / mx-ocp with UE8M0 scales) runs the SIMD path and matches the scalar
+// mx_block_scale bit for bit: random data of every distribution, the TE boundary
+// a_b = 1.5·2^A (and its neighbours), powers of two, zero / subnormal / huge blocks, 1-D and
+// 2-D, blocks of 32 and 16 and odd ones, the quantize-transpose with and without the RHT.
+TEST(QuantFast, MxRulesBitExact) {
+  auto mx = [](ScaleRule rule, Rounding r, int block, bool two_d = false) {
+    BlockQuantSpec s = make_spec(ScaleFormat::UE8M0, r, block, two_d);
+    s.scale_rule = rule;
+    return s;
+  };
+  for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp})
+    EXPECT_TRUE(quant_fast_supports(mx(rule, Rounding::RNE, 32)));
+  BlockQuantSpec spelled = mx(ScaleRule::MxTe, Rounding::RNE, 32);
+  set_scale_format(spelled, "ue6m0");
+  EXPECT_FALSE(quant_fast_supports(spelled));  // spelled formats: scalar reference
+
+  std::vector<std::pair<std::string, std::vector<float>>> inputs;
+  for (Dist d : kDists) inputs.push_back({"dist", make_data(d, 96 * 70, 600 + int(d))});
+  {
+    // Block maxima exactly at, just below and just above 1.5·2^A, 2^A and 6·2^k, over a wide
+    // range of A (including subnormal and near-FLT_MAX blocks); one block per 32 elements.
+    std::vector<float> v(96 * 70, 0.f);
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const size_t blk = i / 32;
+      const int A = int(blk % 260) - 140;  // 2^−140 .. 2^119
+      const float base[] = {1.5f, 1.0f, 1.75f, 1.25f, 1.5f};
+      float m = std::ldexp(base[blk % 5], A);
+      if (blk % 7 == 1) m = std::nextafter(m, 0.f);
+      if (blk % 7 == 2) m = std::nextafter(m, 1e38f);
+      v[i] = i % 32 == 5 ? (blk % 2 ? -m : m) : u(rng) * m;
+    }
+    v[100] = 3.4e38f;
+    inputs.push_back({"TE boundaries", v});
+  }
+  for_each_target([&](const std::string&) {
+    for (const auto& [name, v] : inputs)
+      for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp})
+        for (Rounding r : kRoundings) {
+          const float g = tensor_amax(v.data(), int64_t(v.size()));  // unused by the MX rules
+          check_rows(v, 96, 70, mx(rule, r, 32), g, name, 1);
+          check_rows(v, 96, 70, mx(rule, r, 32, true), g, name + " 2D", 4);
+          check_rows(v, 96, 70, mx(rule, r, 16), g, name + " b16", 0);
+          check_rows(v, 96, 70, mx(rule, r, 7), g, name + " b7", 0);
+          check_transposed(v, 96, 70, mx(rule, r, 32), g, false, name + " T", 3);
+          check_transposed(v, 96, 70, mx(rule, r, 32), ref_amax_rht(v, 96, 70), true,
+                           name + " T RHT", 0);
+        }
+  });
+}

@@ -18,6 +18,49 @@ enum class LinearMode {
 };
 const char* linear_mode_name(LinearMode m);
 
+/// The three GEMMs of a linear layer (NUMERICS.md "Notation"): fprop Y = X·Wᵀ, dgrad
+/// dX = dY·W, wgrad dW = dYᵀ·X. Recipe names "fprop", "dgrad", "wgrad".
+enum class Gemm { Fprop = 0, Dgrad = 1, Wgrad = 2 };
+/// The three quantized operands: activation X, weight W, upstream gradient dY. Recipe names
+/// "x", "w", "dy". Each GEMM quantizes two of them: fprop X and W, dgrad dY and W, wgrad dY
+/// and X (gemm_uses()).
+enum class Operand { X = 0, W = 1, DY = 2 };
+const char* gemm_name(Gemm g);
+const char* operand_name(Operand o);
+/// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
+bool gemm_uses(Gemm g, Operand o);
+
+/// The linear kinds of one transformer block, in Model order: "attn.q", "attn.k", "attn.v",
+/// "attn.o", "mlp.up", "mlp.down" (SwiGLU's gate is fused into "mlp.up"). Model::linear_name(i)
+/// is "blocks.<i / 6>.<kind i % 6>". Overrides select linears by these names.
+const std::vector<std::string>& linear_kinds();
+
+/// One [[override]] of a recipe file: a change to some GEMMs/operands of some linears, applied
+/// after the recipe's own settings and its [high_precision] rules, in file order (a later
+/// override wins where two set the same knob). Never applied silently: the trainer's start-of-run
+/// line lists every override and the linears it changed; one that changes no linear is an error.
+struct LinearOverride {
+  std::vector<std::string> linears;  ///< linear kinds (linear_kinds()), at least one
+  int final_blocks = 0;              ///< the final k blocks; with `blocks`, their union
+  std::vector<int> blocks;           ///< explicit 0-based blocks; neither set = every block
+  bool has_gemm = false;             ///< gemm set: only that GEMM (else all three)
+  Gemm gemm = Gemm::Fprop;
+  bool has_role = false;             ///< role set: only that operand (else every operand)
+  Operand role = Operand::X;
+  bool has_mode = false;             ///< mode set: the whole linear's mode (no gemm/role)
+  LinearMode mode = LinearMode::FP4;
+  bool has_scale_target = false;     ///< scale_target set: T of the selected quantizations
+  float scale_target = 448.f;
+  bool has_rounding = false;         ///< rounding set: element rounding of those quantizations
+  Rounding rounding = Rounding::RNE;
+
+  /// Whether block `b` (0-based) of a model of `n_blocks` blocks is selected.
+  bool selects_block(int b, int n_blocks) const;
+  /// One line describing the override, e.g.
+  /// `linears = ["mlp.down"], final_blocks = 4, gemm = "wgrad", role = "dy": scale_target = 2048`.
+  std::string describe() const;
+};
+
 /// Recipe fields (TOML keys in brackets). See configs/recipes/*.toml and README "Recipes".
 struct Recipe {
   std::string name;         ///< [name]
@@ -48,11 +91,26 @@ struct Recipe {
 
   // [high_precision] which transformer blocks keep their linears out of FP4.
   LinearMode high_precision_mode = LinearMode::BF16;  ///< format of those linears
+  /// [high_precision] final_blocks: keep the final k blocks (0..n_blocks; check_recipe_fits).
+  int final_blocks = 0;
   double final_blocks_fraction = 0.0;  ///< keep the final round(f·L) blocks (≥1 if f>0)
   std::vector<int> blocks;             ///< explicit 0-based block indices
+  // The three rules combine as a union: a block is high precision if any rule selects it.
 
-  /// Mode of the linears of transformer block `b` in a model of `n_blocks` blocks.
+  /// [[override]] tables, in file order (LinearOverride).
+  std::vector<LinearOverride> overrides;
+  /// The file the recipe was loaded from (for error messages; not written by recipe_to_toml).
+  std::string source;
+
+  /// Mode of the linears of transformer block `b` in a model of `n_blocks` blocks, from
+  /// [linear] mode and the [high_precision] rules (before any [[override]]; see
+  /// resolve_linear_plans for the per-linear result).
   LinearMode block_mode(int b, int n_blocks) const;
+  /// Number of final blocks kept high precision by final_blocks and final_blocks_fraction
+  /// together: max(final_blocks, round(f·n_blocks) (≥ 1 if f > 0)).
+  int final_high_precision_blocks(int n_blocks) const;
+  /// "recipe NAME (FILE)" or "recipe NAME" when no file: the prefix of recipe errors.
+  std::string where() const;
   /// Name of the block-scale format (scale_desc's if set, else scale_format's).
   std::string scale_format_str() const;
   /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block,
@@ -62,6 +120,34 @@ struct Recipe {
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;
 };
+
+/// The resolved quantization of one linear layer: its mode and the block-quantization spec of
+/// every (GEMM, operand) pair it quantizes, after [high_precision] and [[override]].
+/// The dY reference g is still one per layer, shared by dgrad and wgrad (NUMERICS.md "Tensor
+/// reference"); specs may differ only in what the quantization does with it (T, rounding).
+struct LinearPlan {
+  LinearMode mode = LinearMode::FP32;
+  BlockQuantSpec specs[3][3];  ///< [Gemm][Operand]; pairs a GEMM does not use are unused
+
+  const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
+  /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
+  /// X, spec_w() for W, spec_dy() for dY, in every GEMM.
+  static LinearPlan uniform(const Recipe& r, LinearMode mode);
+};
+
+/// Per-linear plans of a recipe for a model of `n_blocks` blocks (linear i = block i / 6, kind
+/// linear_kinds()[i % 6]), and for each override the linear indices it changed.
+struct ResolvedLinears {
+  std::vector<LinearPlan> plans;                ///< [6·n_blocks]
+  std::vector<std::vector<int>> override_hits;  ///< [overrides.size()], ascending indices
+};
+
+/// Resolve [linear], [high_precision] and every [[override]] for `n_blocks` blocks. An
+/// override changes a linear when it selects it and (for scale_target/rounding) the linear is
+/// FP4 after the mode rules. Throws fp4::UserError naming the recipe file and the key when
+/// high_precision.blocks / final_blocks or an override's blocks / final_blocks do not fit the
+/// model, or when an override changes no linear.
+ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks);
 
 /// Parse a recipe file. Throws fp4::UserError naming the file, the key and the expected
 /// value for malformed TOML, unknown keys, wrong types or out-of-range values.

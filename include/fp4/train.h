@@ -44,9 +44,17 @@ class AdamW {
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize);
 
-/// Check that a recipe can run on a config (high_precision.blocks inside the model; tokens
-/// per step a multiple of 16 when the RHT is used). Throws fp4::UserError naming the keys.
+/// Check that a recipe can run on a config: high_precision.blocks and .final_blocks inside the
+/// model, every [[override]]'s blocks / final_blocks inside it and changing at least one linear
+/// (resolve_linear_plans), tokens per step a multiple of 16 when an FP4 linear uses the RHT.
+/// Throws fp4::UserError naming the recipe file and the key (e.g. `override[0].final_blocks`).
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
+
+/// The start-of-run description of a recipe on a model: "recipe NAME (m0,m1,... per block)"
+/// with each block's linear mode (modes joined by '+' where overrides mix them), then one line
+/// per [[override]]: "  override[i] <describe()> -> n linears: blocks.3.mlp.down ...".
+/// Throws what resolve_linear_plans throws.
+std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model);
 
 struct TrainOptions {
   std::filesystem::path out_dir;   ///< run directory (created; must not hold a previous run)

@@ -42,12 +42,25 @@ void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float g
   for (int64_t i = 0; i < ra * rb; ++i) c[i] += scratch[i];
 }
 
+// Whether two specs quantize identically (every field of BlockQuantSpec).
+bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
+  return a.scale_format == b.scale_format && a.block == b.block && a.two_d == b.two_d &&
+         a.target == b.target && a.rounding == b.rounding && a.element.kind == b.element.kind &&
+         a.element.fp == b.element.fp && a.element.int_min == b.element.int_min &&
+         a.element.int_max == b.element.int_max &&
+         a.scale_rule == b.scale_rule && a.scale_desc == b.scale_desc;
+}
+
 constexpr uint32_t kOpX = 0, kOpW = 1, kOpDY = 2;
 constexpr uint32_t kFprop = 0, kDgrad = 1, kWgrad = 2;
 }  // namespace
 
 Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe)
-    : id_(id), K_(in), N_(out), mode_(mode), recipe_(recipe) {
+    : Linear(id, in, out, LinearPlan::uniform(recipe, mode), recipe) {}
+
+Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe)
+    : id_(id), K_(in), N_(out), mode_(plan.mode), recipe_(recipe), plan_(plan) {
+  const LinearMode mode = plan.mode;
   const int D = mode == LinearMode::FP4 ? recipe.amax_interval : 1;
   for (auto& r : ref_) r = TensorReference(D);
 }
@@ -116,16 +129,16 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop};
   tel_.valid = false;
   if (ctx.telemetry && ctx.training && mode_ == LinearMode::FP4) {
-    tel_.op[0] = quant_stats(X, M, K_, recipe_.spec_x(), gx, &kx);
-    tel_.op[1] = quant_stats(W_, N_, K_, recipe_.spec_w(), gw, &kw);
+    tel_.op[0] = quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx);
+    tel_.op[1] = quant_stats(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw);
   }
   if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
-    probe_product(X, M, recipe_.spec_x(), gx, &kx, W_, N_, recipe_.spec_w(), gw, &kw, K_, Y,
+    probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
                   false, t0_);
     return;
   }
-  prep(X, M, K_, recipe_.spec_x(), gx, &kx, xq_.data());   // X blocks along K
-  prep(W_, N_, K_, recipe_.spec_w(), gw, &kw, wq_.data()); // W tiles (or blocks along K)
+  prep(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, xq_.data());   // X blocks along K
+  prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
   sgemm(false, true, M, N_, K_, 1.f, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
 }
 
@@ -154,7 +167,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   const bool tel = ctx.telemetry && ctx.training;
   if (tel) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
-    tel_.op[2] = quant_stats(dY, M, N_, recipe_.spec_dy(), gdy, &k);
+    tel_.op[2] = quant_stats(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k);
   }
   if (probe()) {
     // dgrad contracts over N: dY [M,N] along N and Wᵀ [K,N] along N (tiles are symmetric).
@@ -163,7 +176,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     if (dX) {
       t0_.resize(N_ * K_);
       transpose(W_, N_, K_, t0_.data());
-      probe_product(dY, M, recipe_.spec_dy(), gdy, &kd, t0_.data(), K_, recipe_.spec_w(),
+      probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, t0_.data(), K_, plan_.spec(Gemm::Dgrad, Operand::W),
                     refs_.g_w, &kw, N_, dX, true, t1_);
     }
     std::vector<float> dyt(N_ * M), xt(K_ * M);
@@ -181,26 +194,34 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     }
     const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad}, kxw{ctx.seed, step, id, kOpX, kWgrad};
     if (tel) {
-      tel_.op[3] = quant_stats(dyt.data(), N_, M, recipe_.spec_dy(), g_dyt, &kdw);
-      tel_.op[4] = quant_stats(xt.data(), K_, M, recipe_.spec_x(), g_xt, &kxw);
+      tel_.op[3] = quant_stats(dyt.data(), N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw);
+      tel_.op[4] = quant_stats(xt.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw);
       tel_.valid = true;
     }
-    probe_product(dyt.data(), N_, recipe_.spec_dy(), g_dyt, &kdw, xt.data(), K_,
-                  recipe_.spec_x(), g_xt, &kxw, M, dW_, true, t1_);
+    probe_product(dyt.data(), N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw, xt.data(), K_,
+                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, t1_);
     return;
   }
   if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
-    quantize_dequantize_fast(dY, M, N_, recipe_.spec_dy(), gdy, &k, dyq_.data());
+    quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq_.data());
+    const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
     const float* wd = wq_.data();
-    if (!recipe_.weight_2d) {
+    if (sw.two_d && !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W))) {
+      // 2-D tiles are the same for W and Wᵀ, but an override gave dgrad's W its own T or
+      // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
+      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
+      wqd_.resize(N_ * K_);
+      quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd_.data());
+      wd = wqd_.data();
+    } else if (!sw.two_d) {
       // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
       // [K, N] along N from the high-precision weight, never from the fprop copy.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
       t0_.resize(N_ * K_);
       wqd_.resize(N_ * K_);
       transpose(W_, N_, K_, t0_.data());
-      quantize_dequantize_fast(t0_.data(), K_, N_, recipe_.spec_w(), refs_.g_w, &kw, t0_.data());
+      quantize_dequantize_fast(t0_.data(), K_, N_, sw, refs_.g_w, &kw, t0_.data());
       transpose(t0_.data(), K_, N_, wqd_.data());
       wd = wqd_.data();
     }
@@ -232,13 +253,13 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       rht16_rows(t0_.data(), N_, M);
       rht16_rows(t1_.data(), K_, M);
     }
-    tel_.op[3] = quant_stats(t0_.data(), N_, M, recipe_.spec_dy(), g_dyt, &kd);
-    tel_.op[4] = quant_stats(t1_.data(), K_, M, recipe_.spec_x(), g_xt, &kx);
+    tel_.op[3] = quant_stats(t0_.data(), N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd);
+    tel_.op[4] = quant_stats(t1_.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
     tel_.valid = true;
   }
-  quantize_dequantize_transposed_fast(dY, M, N_, recipe_.spec_dy(), g_dyt, &kd, rht, t0_.data());
-  quantize_dequantize_transposed_fast(X_, M, K_, recipe_.spec_x(), g_xt,
-                                      recipe_.round_x == Rounding::SR8 ? &kx : nullptr, rht,
+  quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, t0_.data());
+  quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
+                                      plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
                                       t1_.data());
   sgemm(false, true, N_, K_, M, 1.f, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
 }

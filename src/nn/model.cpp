@@ -81,11 +81,13 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   params_.assign(infos_.back().offset + infos_.back().size, 0.f);
   grads_.assign(params_.size(), 0.f);
 
+  // Per-linear mode and specs: [high_precision] rules and [[override]]s (recipe.h).
+  const ResolvedLinears resolved = resolve_linear_plans(recipe, static_cast<int>(L));
   for (int l = 0; l < L; ++l) {
-    const LinearMode mode = recipe.block_mode(l, static_cast<int>(L));
     const int64_t shapes[kLinearsPerBlock][2] = {{C, C}, {C, C}, {C, C}, {C, C}, {C, U}, {F, C}};
     for (int j = 0; j < kLinearsPerBlock; ++j)
-      linears_.emplace_back(l * kLinearsPerBlock + j, shapes[j][0], shapes[j][1], mode, recipe);
+      linears_.emplace_back(l * kLinearsPerBlock + j, shapes[j][0], shapes[j][1],
+                            resolved.plans[l * kLinearsPerBlock + j], recipe);
   }
   bind_linears();
 

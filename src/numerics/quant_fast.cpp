@@ -81,6 +81,10 @@ struct Plan {
   int sfrac = 0, semin = 0;                ///< scale format's fraction bits and exponent floor
   float smax = 0.f;                        ///< scale format's max finite
   bool sub_pow2 = false;  ///< scale rounding needs subnormal powers of two (UE8M0)
+  /// MX scale rule (E2M1 elements, UE8M0 scales only): 0 = tensor-scaled, 1 = mx-te
+  /// (2^ceil(log2(a_b/6))), 2 = mx-ocp (2^(floor(log2 a_b) − 2)); mult = gd = 1 then.
+  int mx = 0;
+  int kmin = 0, kmax = 0;  ///< MX: the scale format's exponent range (UE8M0: −127, 127)
   bool sr = false;        ///< SR8 elements
   SrKey key{};
   bool rht = false;  ///< transposed kernel: RHT16 along rows first
@@ -227,6 +231,26 @@ HWY_INLINE VF RoundMag(VF a, int frac, int emin, float maxf, VF sroff) {
 template <bool kSub>
 HWY_INLINE void BlockScales(VF amax, const Plan& p, VF& dv, VF& ev) {
   const DF df;
+  if (p.mx != 0) {
+    // block_quant.cpp's mx_block_scale for E2M1 (emax 6, emax_exp 2), exactly: with
+    // A = floor(log2 a_b) (the exponent field − 127 for a normal a_b), OCP takes k = A − 2; TE's
+    // ceil(log2(a_b/6)) is A − 2 when a_b ≤ 6·2^(A−2) = 1.5·2^A, else A − 1, and a_b > 1.5·2^A
+    // iff its fraction field exceeds 0x400000. A subnormal a_b (field 0, A taken as −127 ≥ its
+    // true exponent) gives k ≤ −128 either way, clamped to kmin = −127 like the reference's.
+    const DI di;
+    const VI bits = hn::BitCast(di, amax);
+    VI k = hn::Sub(hn::ShiftRight<23>(bits), hn::Set(di, 127 + 2));
+    if (p.mx == 1) {
+      const auto up = hn::Gt(hn::And(bits, hn::Set(di, 0x7FFFFF)), hn::Set(di, 0x400000));
+      k = hn::Add(k, hn::IfThenElseZero(up, hn::Set(di, 1)));
+    }
+    k = hn::Min(hn::Max(k, hn::Set(di, p.kmin)), hn::Set(di, p.kmax));
+    VF c = Pow2<kSub>(k);
+    c = hn::IfThenElse(hn::Eq(amax, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
+    dv = hn::Mul(c, hn::Set(df, p.gd));
+    ev = hn::Div(hn::Set(df, 1.0f), dv);
+    return;
+  }
   const VF maxv = hn::Set(df, p.smax);
   VF c = hn::Mul(amax, hn::Set(df, p.mult));
   c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
@@ -966,6 +990,12 @@ Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const Blo
   p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
   p.sr = spec.rounding == Rounding::SR8;
   if (p.sr) p.key = *sr;
+  if (spec.scale_rule != ScaleRule::TensorScaled) {  // MX: no tensor scale (block_quant.cpp)
+    p.mx = spec.scale_rule == ScaleRule::MxTe ? 1 : 2;
+    p.mult = p.gd = 1.0f;
+    p.kmin = detail::rounding_emin(fmt);
+    p.kmax = std::ilogb(fmt.max_finite);
+  }
   return p;
 }
 
@@ -986,10 +1016,13 @@ void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
 
 bool quant_fast_supports(const BlockQuantSpec& spec) {
   // The SIMD kernels implement E2M1 elements with tensor-scaled block scales of the
-  // ScaleFormat enum; other element formats, spelled scale formats and the MX rules run the
-  // scalar reference.
+  // ScaleFormat enum, and the MX rules with UE8M0 scales (MXFP4); other element formats,
+  // spelled scale formats and MX rules on other formats run the scalar reference.
+  const bool rule_ok = spec.scale_rule == ScaleRule::TensorScaled ||
+                       ((spec.scale_rule == ScaleRule::MxTe || spec.scale_rule == ScaleRule::MxOcp) &&
+                        spec.scale_format == ScaleFormat::UE8M0);
   return qf::known_scale_format(spec.scale_format) && spec.block > 0 && spec.element.is_e2m1() &&
-         spec.scale_desc == nullptr && spec.scale_rule == ScaleRule::TensorScaled;
+         spec.scale_desc == nullptr && rule_ok;
 }
 
 float amax_fast(const float* x, int64_t n) {

@@ -1,6 +1,7 @@
 // Recipe files: TOML → fp4::Recipe, strictly validated.
 #include "fp4/recipe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -18,7 +19,75 @@ Rounding parse_rounding(detail::TomlReader& r, const std::string& key, const std
   return v == "rne" ? Rounding::RNE : Rounding::SR8;
 }
 const char* rounding_name(Rounding m) { return m == Rounding::RNE ? "rne" : "sr8"; }
+std::string int_list(const std::vector<int>& v) {
+  std::string o = "[";
+  for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
+  return o + "]";
+}
+std::string float_str(float v) {
+  std::ostringstream o;
+  o.precision(10);
+  o << v;
+  std::string s = o.str();
+  // A TOML float needs a '.', an exponent, or inf/nan.
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
 }  // namespace
+
+const char* gemm_name(Gemm g) {
+  switch (g) {
+    case Gemm::Fprop: return "fprop";
+    case Gemm::Dgrad: return "dgrad";
+    case Gemm::Wgrad: return "wgrad";
+  }
+  return "?";
+}
+const char* operand_name(Operand o) {
+  switch (o) {
+    case Operand::X: return "x";
+    case Operand::W: return "w";
+    case Operand::DY: return "dy";
+  }
+  return "?";
+}
+bool gemm_uses(Gemm g, Operand o) {
+  switch (g) {
+    case Gemm::Fprop: return o != Operand::DY;
+    case Gemm::Dgrad: return o != Operand::X;
+    case Gemm::Wgrad: return o != Operand::W;
+  }
+  return false;
+}
+
+const std::vector<std::string>& linear_kinds() {
+  static const std::vector<std::string> k = {"attn.q", "attn.k", "attn.v",
+                                             "attn.o", "mlp.up", "mlp.down"};
+  return k;
+}
+
+bool LinearOverride::selects_block(int b, int n_blocks) const {
+  if (final_blocks == 0 && blocks.empty()) return true;
+  if (b >= n_blocks - final_blocks) return true;
+  for (int x : blocks)
+    if (x == b) return true;
+  return false;
+}
+
+std::string LinearOverride::describe() const {
+  std::string o = "linears = [";
+  for (size_t i = 0; i < linears.size(); ++i) o += (i ? ", \"" : "\"") + linears[i] + "\"";
+  o += "]";
+  if (final_blocks > 0) o += ", final_blocks = " + std::to_string(final_blocks);
+  if (!blocks.empty()) o += ", blocks = " + int_list(blocks);
+  if (has_gemm) o += std::string(", gemm = \"") + gemm_name(gemm) + "\"";
+  if (has_role) o += std::string(", role = \"") + operand_name(role) + "\"";
+  o += ":";
+  if (has_mode) o += std::string(" mode = \"") + linear_mode_name(mode) + "\"";
+  if (has_scale_target) o += " scale_target = " + float_str(scale_target);
+  if (has_rounding) o += std::string(" rounding = \"") + rounding_name(rounding) + "\"";
+  return o;
+}
 
 const char* linear_mode_name(LinearMode m) {
   switch (m) {
@@ -29,16 +98,25 @@ const char* linear_mode_name(LinearMode m) {
   return "?";
 }
 
+int Recipe::final_high_precision_blocks(int n_blocks) const {
+  int keep = 0;
+  if (final_blocks_fraction > 0) {
+    keep = static_cast<int>(std::floor(final_blocks_fraction * n_blocks + 0.5));
+    if (keep < 1) keep = 1;
+  }
+  return std::max(keep, final_blocks);
+}
+
 LinearMode Recipe::block_mode(int b, int n_blocks) const {
   if (mode != LinearMode::FP4) return mode;
   for (int x : blocks)
     if (x == b) return high_precision_mode;
-  if (final_blocks_fraction > 0) {
-    int keep = static_cast<int>(std::floor(final_blocks_fraction * n_blocks + 0.5));
-    if (keep < 1) keep = 1;
-    if (b >= n_blocks - keep) return high_precision_mode;
-  }
+  if (b >= n_blocks - final_high_precision_blocks(n_blocks)) return high_precision_mode;
   return LinearMode::FP4;
+}
+
+std::string Recipe::where() const {
+  return "recipe " + name + (source.empty() ? "" : " (" + source + ")");
 }
 
 std::string Recipe::scale_format_str() const {
@@ -59,9 +137,147 @@ BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, false, round_x);
 BlockQuantSpec Recipe::spec_w() const { return make_spec(*this, weight_2d, round_w); }
 BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, false, round_dy); }
 
+LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
+  LinearPlan p;
+  p.mode = mode;
+  const BlockQuantSpec by_op[3] = {r.spec_x(), r.spec_w(), r.spec_dy()};
+  for (int g = 0; g < 3; ++g)
+    for (int o = 0; o < 3; ++o) p.specs[g][o] = by_op[o];
+  return p;
+}
+
+ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks) {
+  const int K = static_cast<int>(linear_kinds().size());
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw UserError(r.where() + ": key '" + key + "': " + what);
+  };
+  auto check_blocks = [&](const std::string& prefix, int final_blocks, const std::vector<int>& bl) {
+    for (int b : bl)
+      if (b < 0 || b >= n_blocks)
+        fail(prefix + "blocks", "holds block " + std::to_string(b) + " but the model has " +
+                                    std::to_string(n_blocks) + " blocks (0.." +
+                                    std::to_string(n_blocks - 1) + ")");
+    if (final_blocks < 0 || final_blocks > n_blocks)
+      fail(prefix + "final_blocks", "is " + std::to_string(final_blocks) +
+                                        " but the model has only " + std::to_string(n_blocks) +
+                                        " blocks");
+  };
+  check_blocks("high_precision.", r.final_blocks, r.blocks);
+  ResolvedLinears res;
+  res.plans.reserve(size_t(n_blocks) * K);
+  for (int b = 0; b < n_blocks; ++b)
+    for (int j = 0; j < K; ++j) res.plans.push_back(LinearPlan::uniform(r, r.block_mode(b, n_blocks)));
+  res.override_hits.resize(r.overrides.size());
+  for (size_t i = 0; i < r.overrides.size(); ++i) {
+    const LinearOverride& ov = r.overrides[i];
+    const std::string prefix = "override[" + std::to_string(i) + "].";
+    check_blocks(prefix, ov.final_blocks, ov.blocks);
+    for (int b = 0; b < n_blocks; ++b) {
+      if (!ov.selects_block(b, n_blocks)) continue;
+      for (int j = 0; j < K; ++j) {
+        if (std::find(ov.linears.begin(), ov.linears.end(), linear_kinds()[j]) == ov.linears.end())
+          continue;
+        LinearPlan& p = res.plans[size_t(b) * K + j];
+        bool changed = false;
+        if (ov.has_mode) {
+          p.mode = ov.mode;
+          changed = true;
+        }
+        if ((ov.has_scale_target || ov.has_rounding) && p.mode == LinearMode::FP4) {
+          for (int g = 0; g < 3; ++g)
+            for (int o = 0; o < 3; ++o) {
+              if (!gemm_uses(Gemm(g), Operand(o))) continue;
+              if (ov.has_gemm && int(ov.gemm) != g) continue;
+              if (ov.has_role && int(ov.role) != o) continue;
+              if (ov.has_scale_target) p.specs[g][o].target = ov.scale_target;
+              if (ov.has_rounding) p.specs[g][o].rounding = ov.rounding;
+              changed = true;
+            }
+        }
+        if (changed) res.override_hits[i].push_back(b * K + j);
+      }
+    }
+    if (res.override_hits[i].empty())
+      throw UserError(r.where() + ": [[override]] " + prefix.substr(0, prefix.size() - 1) + " (" +
+                      ov.describe() + ") changes no linear of this " + std::to_string(n_blocks) +
+                      "-block model" +
+                      (ov.has_mode ? "" : " (it selects only linears that are not FP4)"));
+  }
+  return res;
+}
+
+namespace {
+/// One [[override]] table (index i): see LinearOverride and docs/recipes.md "Overrides".
+LinearOverride parse_override(detail::TomlReader& r, size_t i) {
+  const std::string p = "override[" + std::to_string(i) + "].";
+  LinearOverride ov;
+  r.get(p + "linears", ov.linears);
+  if (ov.linears.empty()) {
+    std::string kinds;
+    for (auto& k : linear_kinds()) kinds += (kinds.empty() ? "\"" : ", \"") + k + "\"";
+    r.fail(p + "linears", "a non-empty array of linear kinds (" + kinds + ")");
+  }
+  for (const std::string& k : ov.linears) {
+    const auto& kinds = linear_kinds();
+    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) {
+      std::string list;
+      for (auto& x : kinds) list += (list.empty() ? "\"" : ", \"") + x + "\"";
+      r.fail(p + "linears", "linear kinds among " + list + ", got \"" + k + "\"");
+    }
+  }
+  r.get(p + "final_blocks", ov.final_blocks);
+  r.range(p + "final_blocks", ov.final_blocks, 0, 1 << 20);
+  r.get(p + "blocks", ov.blocks);
+  for (int b : ov.blocks) r.range(p + "blocks", b, 0, 1 << 20);
+  std::string s;
+  r.get(p + "gemm", s);
+  if (r.has(p + "gemm")) {
+    r.choice(p + "gemm", s, {"fprop", "dgrad", "wgrad"});
+    ov.has_gemm = true;
+    ov.gemm = s == "fprop" ? Gemm::Fprop : s == "dgrad" ? Gemm::Dgrad : Gemm::Wgrad;
+  }
+  s.clear();
+  r.get(p + "role", s);
+  if (r.has(p + "role")) {
+    r.choice(p + "role", s, {"x", "w", "dy"});
+    ov.has_role = true;
+    ov.role = s == "x" ? Operand::X : s == "w" ? Operand::W : Operand::DY;
+  }
+  if (ov.has_gemm && ov.has_role && !gemm_uses(ov.gemm, ov.role))
+    r.fail(p + "role", std::string("an operand of the ") + gemm_name(ov.gemm) + " GEMM (" +
+                           (ov.gemm == Gemm::Fprop   ? "x, w"
+                            : ov.gemm == Gemm::Dgrad ? "dy, w"
+                                                     : "dy, x") +
+                           "), got \"" + operand_name(ov.role) + "\"");
+  if (r.has(p + "mode")) {
+    s.clear();
+    r.get(p + "mode", s);
+    ov.mode = parse_mode(r, p + "mode", s);
+    ov.has_mode = true;
+    if (ov.has_gemm || ov.has_role)
+      r.fail(p + "mode", "no gemm or role in the same override: mode applies to the whole linear "
+                         "(all three GEMMs); put scale_target/rounding changes in their own "
+                         "[[override]]");
+  }
+  if (r.has(p + "scale_target")) {
+    r.get(p + "scale_target", ov.scale_target);
+    r.range(p + "scale_target", ov.scale_target, 1e-30f, 3e38f);
+    ov.has_scale_target = true;
+  }
+  if (r.has(p + "rounding")) {
+    s.clear();
+    r.get(p + "rounding", s);
+    ov.rounding = parse_rounding(r, p + "rounding", s);
+    ov.has_rounding = true;
+  }
+  return ov;
+}
+}  // namespace
+
 Recipe load_recipe_file(const std::filesystem::path& file) {
   detail::TomlReader r(file);
   Recipe rc;
+  rc.source = file.string();
   std::string s;
   r.get("name", rc.name);
   if (rc.name.empty()) rc.name = file.stem().string();
@@ -127,11 +343,21 @@ Recipe load_recipe_file(const std::filesystem::path& file) {
   r.get("high_precision.mode", s);
   r.choice("high_precision.mode", s, {"fp32", "bf16"});
   rc.high_precision_mode = parse_mode(r, "high_precision.mode", s);
+  r.get("high_precision.final_blocks", rc.final_blocks);
+  r.range("high_precision.final_blocks", rc.final_blocks, 0, 1 << 20);
   r.get("high_precision.final_blocks_fraction", rc.final_blocks_fraction);
   r.range("high_precision.final_blocks_fraction", rc.final_blocks_fraction, 0.0, 1.0);
   r.get("high_precision.blocks", rc.blocks);
   for (int b : rc.blocks) r.range("high_precision.blocks", b, 0, 1 << 20);
-  r.reject_unknown();
+  const size_t n_over = r.table_array_size("override");
+  for (size_t i = 0; i < n_over; ++i) rc.overrides.push_back(parse_override(r, i));
+  r.reject_unknown();  // before the checks below: a misspelt knob is named as such
+  for (size_t i = 0; i < rc.overrides.size(); ++i) {
+    const LinearOverride& ov = rc.overrides[i];
+    if (!ov.has_mode && !ov.has_scale_target && !ov.has_rounding)
+      r.fail("override[" + std::to_string(i) + "]",
+             "at least one knob to change: mode, scale_target or rounding");
+  }
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "a multiple of 16 when rht_wgrad = true");
   return rc;
@@ -166,9 +392,21 @@ std::string recipe_to_toml(const Recipe& r) {
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)
-    << "\"\nfinal_blocks_fraction = " << r.final_blocks_fraction << "\nblocks = [";
-  for (size_t i = 0; i < r.blocks.size(); ++i) o << (i ? ", " : "") << r.blocks[i];
-  o << "]\n";
+    << "\"\nfinal_blocks = " << r.final_blocks
+    << "\nfinal_blocks_fraction = " << r.final_blocks_fraction << "\nblocks = " << int_list(r.blocks)
+    << "\n";
+  for (const LinearOverride& ov : r.overrides) {
+    o << "\n[[override]]\nlinears = [";
+    for (size_t i = 0; i < ov.linears.size(); ++i) o << (i ? ", " : "") << detail::toml_quote(ov.linears[i]);
+    o << "]\n";
+    if (ov.final_blocks > 0) o << "final_blocks = " << ov.final_blocks << "\n";
+    if (!ov.blocks.empty()) o << "blocks = " << int_list(ov.blocks) << "\n";
+    if (ov.has_gemm) o << "gemm = \"" << gemm_name(ov.gemm) << "\"\n";
+    if (ov.has_role) o << "role = \"" << operand_name(ov.role) << "\"\n";
+    if (ov.has_mode) o << "mode = \"" << linear_mode_name(ov.mode) << "\"\n";
+    if (ov.has_scale_target) o << "scale_target = " << float_str(ov.scale_target) << "\n";
+    if (ov.has_rounding) o << "rounding = \"" << rounding_name(ov.rounding) << "\"\n";
+  }
   return o.str();
 }
 

@@ -82,9 +82,35 @@ class TomlReader {
       out.clear();
       for (auto& e : *arr) {
         if (!e.is_integer()) fail(key, "an array of integers");
-        out.push_back(static_cast<int>(*e.value<int64_t>()));
+        const int64_t v = *e.value<int64_t>();
+        if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+          fail(key, "an array of integers in int range, got " + std::to_string(v));
+        out.push_back(static_cast<int>(v));
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      auto* arr = node.as_array();
+      if (!arr) fail(key, "an array of strings");
+      out.clear();
+      for (auto& e : *arr) {
+        if (!e.is_string()) fail(key, "an array of strings");
+        out.push_back(*e.value<std::string>());
       }
     }
+  }
+
+  /// Whether `key` is present in the file (does not mark it as read).
+  bool has(const std::string& key) const { return bool(tbl_.at_path(key)); }
+
+  /// Number of tables in the array of tables `key` ([[key]] sections), 0 if absent. Throws
+  /// fp4::UserError naming the key if it is present but not an array of tables.
+  size_t table_array_size(const std::string& key) {
+    seen_.insert(key);
+    auto node = tbl_.at_path(key);
+    if (!node) return 0;
+    auto* arr = node.as_array();
+    if (!arr || !arr->is_array_of_tables())
+      fail(key, "an array of tables ([[" + key + "]] sections)");
+    return arr->size();
   }
 
   template <class T>
@@ -121,6 +147,10 @@ class TomlReader {
           if (s.rfind(full + ".", 0) == 0) any = true;
         if (!any) throw UserError(file_ + ": unknown section [" + full + "]");
         walk(*sub, full);
+      } else if (auto* arr = v.as_array(); arr && arr->is_array_of_tables() && seen_.count(full)) {
+        // [[full]] sections: every key of every table must have been read.
+        for (size_t i = 0; i < arr->size(); ++i)
+          walk(*arr->get(i)->as_table(), full + "[" + std::to_string(i) + "]");
       } else if (!seen_.count(full)) {
         throw UserError(file_ + ": unknown key '" + full + "'");
       }

@@ -91,19 +91,40 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
 
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   const int L = cfg.model.n_layers;
-  for (int b : recipe.blocks)
-    if (b >= L)
-      throw UserError("recipe " + recipe.name + ": high_precision.blocks holds block " +
-                      std::to_string(b) + " but the model has " + std::to_string(L) +
-                      " blocks (0.." + std::to_string(L - 1) + ")");
+  // Block indices, final_blocks (recipe and overrides), and overrides that change no linear.
+  const ResolvedLinears res = resolve_linear_plans(recipe, L);
   bool fp4_rht = false;
-  for (int b = 0; b < L; ++b)
-    fp4_rht |= recipe.rht_wgrad && recipe.block_mode(b, L) == LinearMode::FP4;
+  for (const LinearPlan& p : res.plans) fp4_rht |= recipe.rht_wgrad && p.mode == LinearMode::FP4;
   const int64_t tokens = int64_t(cfg.train.batch_size) * cfg.train.seq_len;
   if (fp4_rht && tokens % 16 != 0)
-    throw UserError("recipe " + recipe.name + " applies the 16-point RHT along tokens: " +
+    throw UserError(recipe.where() + " applies the 16-point RHT along tokens (fp4.rht_wgrad): " +
                     "train.batch_size × train.seq_len = " + std::to_string(tokens) +
                     " must be a multiple of 16");
+}
+
+std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
+  const int L = model.config().n_layers;
+  const ResolvedLinears res = resolve_linear_plans(recipe, L);
+  const size_t K = linear_kinds().size();
+  std::ostringstream o;
+  o << "recipe " << recipe.name << " (";
+  for (int l = 0; l < L; ++l) {
+    // A block's mode, or its linears' modes joined by '+' where overrides made them differ.
+    std::string m;
+    for (size_t j = 0; j < K; ++j) {
+      const std::string mj = linear_mode_name(res.plans[l * K + j].mode);
+      if (m.find(mj) == std::string::npos) m += (m.empty() ? "" : "+") + mj;
+    }
+    o << (l ? "," : "") << m;
+  }
+  o << " per block)";
+  for (size_t i = 0; i < recipe.overrides.size(); ++i) {
+    o << "\n  override[" << i << "] " << recipe.overrides[i].describe() << " -> "
+      << res.override_hits[i].size() << " linear" << (res.override_hits[i].size() == 1 ? "" : "s")
+      << ":";
+    for (int idx : res.override_hits[i]) o << " " << model.linear_name(size_t(idx));
+  }
+  return o.str();
 }
 
 double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
@@ -155,10 +176,12 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     std::ostringstream o;
     o << "model: " << model.num_params() << " parameters (" << model.num_body_params()
       << " in blocks), " << cfg.model.n_layers << " layers, d_model " << cfg.model.d_model
-      << "; recipe " << recipe.name << " (";
-    for (int l = 0; l < cfg.model.n_layers; ++l)
-      o << (l ? "," : "") << linear_mode_name(recipe.block_mode(l, cfg.model.n_layers));
-    o << " per block); " << tokens_per_step << " tokens/step, " << tc.steps << " steps";
+      << "; ";
+    // The recipe's per-block modes, then one line per [[override]] with the linears it hit.
+    const std::string plans = describe_linear_plans(recipe, model);
+    const size_t nl = plans.find('\n');
+    o << plans.substr(0, nl) << "; " << tokens_per_step << " tokens/step, " << tc.steps << " steps";
+    if (nl != std::string::npos) o << plans.substr(nl);
     log(o.str());
   }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end: `fp4train train` on a slice of the real Brown corpus with a micro model, for
-# all four recipes; checks outputs, learning, and the bad-input paths.
+# four recipes (40 steps), the other shipped ones (2 steps) and a copied recipe with an
+# override; checks outputs, learning, and the bad-input paths.
 # Usage: train_e2e.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2
@@ -125,4 +126,29 @@ expect_error "multiple of 16" train --config "$work/odd.toml" --recipe nvfp4-te 
 [ -e "$work/odd" ] && fail "a refused run must not create its directory"
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nblocks = [7]\n' > "$work/hp.toml"
 expect_error "high_precision.blocks" train --config "$work/micro.toml" --recipe "$work/hp.toml" --data "$work/text"
+printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nfinal_blocks = 3\n' > "$work/hp2.toml"
+expect_error "high_precision.final_blocks" train --config "$work/micro.toml" --recipe "$work/hp2.toml" --data "$work/text"
+
+# The recipes added for NUMERICS.md's table run (2 steps, finite loss, resolved recipe kept).
+for r in ue5m3-b32 ue5m3-te nvfp4-all mxfp4; do
+  "$bin" train --config "$work/micro.toml" --recipe $r --data "$work/text" --steps 2 \
+    --out "$work/new-$r" > "$work/new-$r.log" 2>&1 || { cat "$work/new-$r.log"; fail "train $r"; }
+  python3 -c "import json,math,sys; m=[json.loads(l) for l in open(sys.argv[1])]; assert len(m)==2 and all(math.isfinite(x['loss']) for x in m), m" \
+    "$work/new-$r/metrics.jsonl" || fail "$r: losses"
+  grep -q "^name = \"$r\"" "$work/new-$r/recipe.toml" || fail "$r: recipe.toml"
+done
+
+# The paper's override (final four mlp.down) does not fit the 2-block micro model: refused,
+# naming the key. Copy the recipe, change the knob, run it: the start line lists the override.
+expect_error "override[0].final_blocks" train --config "$work/micro.toml" --recipe ue5m3-b16-t2048 --data "$work/text" --out "$work/t2048"
+[ -e "$work/t2048" ] && fail "a refused run must not create its directory"
+sed 's/^final_blocks = 4 /final_blocks = 1 /' "$src/configs/recipes/ue5m3-b16-t2048.toml" > "$work/mine.toml"
+grep -q "^final_blocks = 1 " "$work/mine.toml" || fail "sed did not change the knob"
+"$bin" train --config "$work/micro.toml" --recipe "$work/mine.toml" --data "$work/text" --steps 2 \
+  --out "$work/mine" > "$work/mine.log" 2>&1 || { cat "$work/mine.log"; fail "train mine.toml"; }
+grep -q 'override\[0\] linears = \["mlp.down"\], final_blocks = 1, gemm = "wgrad", role = "dy": scale_target = 2048.0 -> 1 linear: blocks.1.mlp.down$' "$work/mine.log" \
+  || { cat "$work/mine.log"; fail "start line must list the override and the linear it hit"; }
+grep -q '^\[\[override\]\]' "$work/mine/recipe.toml" || fail "recipe.toml must keep the override"
+printf 'name = "o"\n[linear]\nmode = "fp4"\n[[override]]\nlinears = ["mlp.gate"]\nscale_target = 2.0\n' > "$work/ov.toml"
+expect_error "key 'override[0].linears'" train --config "$work/micro.toml" --recipe "$work/ov.toml" --data "$work/text"
 echo "train_e2e: all checks passed"

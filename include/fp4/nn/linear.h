@@ -91,6 +91,12 @@ class Linear {
   /// dW [N, K] live in buffers owned by the model. `id` is the layer index used in SR keys.
   /// In FP4 mode with recipe.rht_wgrad, the token count M of every call must be a multiple of 16.
   Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe);
+  /// The same with a resolved per-layer plan (resolve_linear_plans: the mode and the spec of
+  /// every GEMM × operand after [high_precision] and [[override]]); the constructor above uses
+  /// LinearPlan::uniform(recipe, mode). The recipe still supplies gemm, rht_wgrad and
+  /// amax_interval. dY keeps one reference per layer shared by dgrad and wgrad, whatever the
+  /// two specs' T or rounding (NUMERICS.md "Tensor reference g").
+  Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe);
 
   /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
   void bind(float* W, float* dW) { W_ = W; dW_ = dW; }
@@ -107,6 +113,8 @@ class Linear {
   int64_t in() const { return K_; }
   int64_t out() const { return N_; }
   LinearMode mode() const { return mode_; }
+  /// The specs this layer quantizes with, per GEMM and operand.
+  const LinearPlan& plan() const { return plan_; }
   const LinearRefs& refs() const { return refs_; }
   /// Statistics of the last telemetry step (valid == false if none yet or not FP4).
   const LinearTelemetry& telemetry() const { return tel_; }
@@ -131,6 +139,7 @@ class Linear {
   int64_t K_, N_;
   LinearMode mode_;
   Recipe recipe_;
+  LinearPlan plan_;
   float* W_ = nullptr;
   float* dW_ = nullptr;
   const float* X_ = nullptr;  // input of the last forward
