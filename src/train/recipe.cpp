@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "toml_reader.h"
 
@@ -59,12 +60,13 @@ BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, false, round_x);
 BlockQuantSpec Recipe::spec_w() const { return make_spec(*this, weight_2d, round_w); }
 BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, false, round_dy); }
 
-Recipe load_recipe_file(const std::filesystem::path& file) {
-  detail::TomlReader r(file);
+namespace {
+// `default_name`: the name of a recipe whose file sets none (the file's stem).
+Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name) {
   Recipe rc;
   std::string s;
   r.get("name", rc.name);
-  if (rc.name.empty()) rc.name = file.stem().string();
+  if (rc.name.empty()) rc.name = default_name;
   r.get("description", rc.description);
   s = linear_mode_name(rc.mode);
   r.get("linear.mode", s);
@@ -135,6 +137,18 @@ Recipe load_recipe_file(const std::filesystem::path& file) {
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "a multiple of 16 when rht_wgrad = true");
   return rc;
+}
+}  // namespace
+
+Recipe load_recipe_file(const std::filesystem::path& file) {
+  detail::TomlReader r(file);
+  return parse_recipe(r, file.stem().string());
+}
+
+// Declared in fp4/checkpoint.h.
+Recipe recipe_from_text(const std::string& toml, const std::string& where) {
+  detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
+  return parse_recipe(r, "recipe");
 }
 
 Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir) {
