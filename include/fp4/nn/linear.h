@@ -84,6 +84,7 @@ class Linear {
   /// Statistics of the last telemetry step (valid == false if none yet or not FP4).
   const LinearTelemetry& telemetry() const { return tel_; }
   const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
+  TensorReference& reference(Role r) { return ref_[static_cast<int>(r)]; }  ///< (resume)
 
  private:
   // Quantize a [rows, cols] operand into `out` per this layer's mode.
