@@ -449,7 +449,8 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
       evaluate(step, rec);
       if (!digest.empty()) log(digest);
     }
-    // The line of a step is on disk before its checkpoint, so a resume never lacks one.
+    // A step's line is flushed (to the OS) before its checkpoint is written, so a resume
+    // after a kill finds every line up to the checkpoint step.
     if (step % opt.log_every == 0 || eval_step || ctx.telemetry) {
       metrics << rec.dump() << "\n";
       metrics.flush();
