@@ -122,6 +122,10 @@ class TensorReference {
   float held() const { return g_; }
   int interval() const { return interval_; }
   void reset() { has_ = false; }
+  /// Restore a saved state (checkpoint resume): has_value(), last_refresh(), held().
+  void restore(bool has_value, int64_t last_refresh, float held) {
+    has_ = has_value, t_last_ = last_refresh, g_ = held;
+  }
 
  private:
   int interval_;

@@ -6,6 +6,7 @@
 //   <run>/tokenizer.model                                copy of the SentencePiece model
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -34,16 +35,55 @@ struct Checkpoint {
   std::vector<float> adam_v;    ///< AdamW second moments, same layout
   uint64_t sampler_draws = 0;   ///< BatchSampler::draws() after `step`
   std::vector<HeldReference> references;  ///< held amax caches (may be empty)
+
+  // Trainer state beyond the tensors above, so a resumed run can finish its summary.
+  std::vector<double> losses;   ///< training loss of steps 1..step (F64 tensor "losses";
+                                ///< empty, or exactly `step` long)
+  double train_seconds = 0;     ///< accumulated seconds of training steps (throughput)
+  double wall_seconds = 0;      ///< accumulated wall-clock seconds of the run
+  double val_nll = std::numeric_limits<double>::quiet_NaN();       ///< latest held-out NLL
+  double val_nll_quant = std::numeric_limits<double>::quiet_NaN(); ///< (NaN: none yet)
+  std::string telemetry_digest; ///< latest numerics digest line (console only)
+  std::string data_key;         ///< TokenData::cache_dir name: hash of corpus and tokenizer
+  std::string config_name;      ///< TrainOptions::config_name (summary.json "config")
+  int save_every = 0;           ///< the run's TrainOptions at save time (resume defaults)
+  int keep_checkpoints = 3;
+  int log_every = 1;
+  bool save_amax = true;
 };
 
 /// Write `c` to `file` atomically (temporary file in the same directory, fsync, rename,
-/// fsync of the directory). Tensors are named "params", "adam_m", "adam_v" (F32, 1-D); the
-/// rest is JSON in the safetensors "__metadata__" map. Throws fp4::UserError on I/O errors.
+/// fsync of the directory). Tensors are named "params", "adam_m", "adam_v" (F32, 1-D) and
+/// "losses" (F64, 1-D); the rest is in the safetensors "__metadata__" map (strings; the
+/// references and trainer state as JSON text), with "format" = "fp4train.checkpoint.v1" and
+/// "checksum", an FNV-1a 64 hash of the header without it and of the tensor bytes.
+/// Throws fp4::UserError on I/O errors, std::invalid_argument if adam_m/adam_v/losses do
+/// not match params/step in size.
 void save_checkpoint(const std::filesystem::path& file, const Checkpoint& c);
 
 /// Read and validate a checkpoint written by save_checkpoint. Throws fp4::UserError naming
-/// the file and what is wrong (truncated, bad header, sizes that disagree, wrong dtype).
+/// the file and what is wrong (truncated, bad header, sizes that disagree, wrong dtype,
+/// missing or malformed metadata, checksum mismatch).
 Checkpoint load_checkpoint(const std::filesystem::path& file);
+
+/// Checkpoint files `step_<digits>.safetensors` of a run directory (looked up in
+/// `<dir>/checkpoints`, or in `dir` itself if it has no such subdirectory), sorted by step,
+/// oldest first. Other names (temporary files, *.corrupt) are ignored; none: empty.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& run_dir);
+
+/// The file name of the checkpoint after `step` steps: "step_%08d.safetensors".
+std::string checkpoint_file_name(int64_t step);
+
+/// Delete all but the newest `keep` (>= 1) checkpoints of list_checkpoints(run_dir).
+/// Throws fp4::UserError if a file cannot be removed.
+void prune_checkpoints(const std::filesystem::path& run_dir, int keep);
+
+/// The newest checkpoint of a run directory that loads (like resolve_checkpoint, which
+/// calls it), loaded once; its path goes to `file` and skipped newer files, each with the
+/// reason, to `warn` (one line each). Throws fp4::UserError if none loads.
+Checkpoint load_newest_checkpoint(const std::filesystem::path& run_dir,
+                                  std::filesystem::path* file = nullptr,
+                                  std::string* warn = nullptr);
 
 /// A checkpoint argument: a .safetensors file, or a run directory whose newest checkpoint
 /// that loads is returned (older ones are tried when the newest is corrupt; the skipped

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4/checkpoint.h"
 #include "fp4/config.h"
 #include "fp4/data.h"
 #include "fp4/nn/model.h"
@@ -30,6 +31,12 @@ class AdamW {
   /// One update at 1-based step t with learning rate lr.
   void step(float* params, const float* grads, const std::vector<nn::ParamInfo>& infos,
             double lr, int t);
+  /// First and second moments [n] (Model::params() layout), for checkpoints; resizing them
+  /// is the caller's error.
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const std::vector<float>& m() const { return m_; }
+  const std::vector<float>& v() const { return v_; }
 
  private:
   std::vector<float> m_, v_;
@@ -60,6 +67,26 @@ struct TrainOptions {
   std::filesystem::path out_dir;   ///< run directory (created; must not hold a previous run)
   std::string config_name = "run";
   bool quiet = false;              ///< no progress lines (tests)
+  /// Checkpoint <out_dir>/checkpoints/step_%08d.safetensors every N-th step (0: none but the
+  /// final one, which is always written).
+  int save_every = 0;
+  int keep_checkpoints = 3;        ///< keep the newest K checkpoints (>= 1), delete older ones
+  /// metrics.jsonl gets a line every N-th step, and always at evaluation, telemetry and the
+  /// final step.
+  int log_every = 1;
+  /// Store the held amax caches (TensorReference of every Linear and role) in checkpoints.
+  /// Without them a resumed run starts with empty caches and refreshes them at its first
+  /// step, so with amax_interval D > 1 it is no longer bit-exact with an uninterrupted run.
+  bool save_amax = true;
+  /// Continue the run in out_dir from this checkpoint of it (load_newest_checkpoint), which
+  /// must hold cfg and recipe exactly (config_toml, recipe_toml) and the run's data
+  /// (data_key, tokenizer.model): metrics.jsonl is cut back to lines of steps <= its step,
+  /// newer (unloadable) checkpoints are renamed *.corrupt, and training continues to
+  /// cfg.train.steps bit for bit as if never stopped. Throws fp4::UserError on a mismatch.
+  const Checkpoint* resume_from = nullptr;
+  /// Testing hook: return right after this step (its metrics line and any checkpoint due at it
+  /// written), as if the process had been killed; no summary.json. 0 = off.
+  int stop_after = 0;
 };
 
 struct TrainSummary {
@@ -69,12 +96,16 @@ struct TrainSummary {
   double heldout_nll_quant = 0;    ///< final held-out NLL, recipe's quantized inference, policy `current`
   double tokens_per_s = 0;         ///< training throughput over the whole run (excl. evaluation)
   double first_loss = 0;
-  std::vector<double> losses;      ///< per-step training loss
+  std::vector<double> losses;      ///< per-step training loss (steps 1..steps, also across a resume)
+  int resumed_from = 0;            ///< checkpoint step the run continued from (0: fresh start)
+  bool stopped = false;            ///< returned early through TrainOptions::stop_after
 };
 
-/// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml and,
-/// on success, summary.json into opt.out_dir. Throws fp4::UserError on a non-finite loss
-/// (message names the step) after writing error.txt; metrics up to that step are kept.
+/// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml,
+/// tokenizer.model, checkpoints (see TrainOptions) and, on success, summary.json into
+/// opt.out_dir. With opt.resume_from, continues the run in opt.out_dir bit for bit. Throws
+/// fp4::UserError on a non-finite loss (message names the step) after writing error.txt;
+/// metrics up to that step are kept.
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                    const TrainOptions& opt);
 

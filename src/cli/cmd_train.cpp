@@ -1,11 +1,15 @@
 // `fp4train train`: pretrain one model with one recipe and print a summary.
 #include <cstdint>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <new>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "fp4/train.h"
 #include "paths.h"
@@ -22,9 +26,118 @@ struct TrainArgs {
   bool seed_given = false;
   std::string data, out;
   bool quiet = false;
+  int save_every = 0, keep_checkpoints = 3, log_every = 1;
+  bool no_save_amax = false;
+  std::string resume;
+  // Options given on the command line (resume: what may and may not be combined with it).
+  CLI::App* app = nullptr;
+  bool given(const char* name) const { return app->count(name) > 0; }
 };
 
+void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& recipe,
+                   const std::string& cfg_name, const fs::path& out) {
+  std::printf("\nsummary (%s, recipe %s, %d steps, seed %llu)\n", cfg_name.c_str(),
+              recipe.name.c_str(), s.steps, static_cast<unsigned long long>(cfg.train.seed));
+  std::printf("  first-step loss                     %.4f   (ln vocab = %.4f)\n", s.first_loss,
+              std::log(double(cfg.model.vocab_size)));
+  std::printf("  final-window training loss          %.4f   (mean of the last %d steps)\n",
+              s.final_window_loss, std::max(1, s.steps / 10));
+  std::printf("  held-out NLL, FP32 inference        %.4f nats/token\n", s.heldout_nll);
+  if (recipe.mode != LinearMode::FP32)
+    std::printf("  held-out NLL, quantized inference   %.4f nats/token   (%s, current scaling)\n",
+                s.heldout_nll_quant, recipe.name.c_str());
+  std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
+  if (s.resumed_from > 0)
+    std::printf("  resumed from the checkpoint of step %d\n", s.resumed_from);
+  std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml,checkpoints/}\n",
+              out.string().c_str());
+}
+
+TrainOptions checkpoint_options(const TrainArgs& a) {
+  TrainOptions opt;
+  opt.quiet = a.quiet;
+  opt.save_every = a.save_every;
+  opt.keep_checkpoints = a.keep_checkpoints;
+  opt.log_every = a.log_every;
+  opt.save_amax = !a.no_save_amax;
+  return opt;
+}
+
+// `train --resume runs/NAME`: continue a run from its newest checkpoint that loads, with the
+// run's stored config and recipe; only options that cannot change the results may be given.
+void run_resume(const TrainArgs& a) {
+  const fs::path dir = a.resume;
+  for (const char* o : {"--config", "--recipe", "--steps", "--seed", "--out"})
+    if (a.given(o))
+      throw UserError(std::string("--resume continues ") + dir.string() +
+                      " with its own config.toml, recipe.toml, seed and steps; " + o +
+                      " cannot be combined with it (allowed: --data with the run's corpus, "
+                      "--save-every, --keep-checkpoints, --log-every, --no-save-amax, --quiet)");
+  if (!fs::is_directory(dir)) throw UserError("--resume " + dir.string() + ": no such run directory");
+  if (fs::exists(dir / "summary.json")) {
+    std::string steps = "?";
+    try {
+      std::ifstream f(dir / "summary.json");
+      steps = std::to_string(nlohmann::json::parse(f).at("steps").get<int>());
+    } catch (const std::exception&) {
+    }
+    std::printf("run %s already completed (%s steps, %s); nothing to resume\n",
+                dir.string().c_str(), steps.c_str(), (dir / "summary.json").string().c_str());
+    return;
+  }
+  if (list_checkpoints(dir).empty())
+    throw UserError("--resume " + dir.string() + ": the run has no checkpoint to resume from (it "
+                    "stopped before its first one; --save-every N saves every N steps); start "
+                    "it again with another --out");
+  std::string warn;
+  fs::path ck_file;
+  const Checkpoint ck = load_newest_checkpoint(dir, &ck_file, &warn);
+  if (!warn.empty()) std::fprintf(stderr, "%s", warn.c_str());
+
+  // The run's config and recipe: its stored files, which must agree with the checkpoint.
+  const fs::path cfg_file = dir / "config.toml", recipe_file = dir / "recipe.toml";
+  const RunConfig cfg = fs::exists(cfg_file)
+                            ? load_run_config(cfg_file)
+                            : run_config_from_text(ck.config_toml, ck_file.string() + " (config_toml)");
+  if (run_config_to_toml(cfg) != ck.config_toml)
+    throw UserError(cfg_file.string() + " differs from the config stored in " + ck_file.string() +
+                    "; the run cannot be resumed with a changed config (restore config.toml)");
+  const Recipe recipe = fs::exists(recipe_file)
+                            ? load_recipe_file(recipe_file)
+                            : recipe_from_text(ck.recipe_toml, ck_file.string() + " (recipe_toml)");
+  if (recipe_to_toml(recipe) != ck.recipe_toml)
+    throw UserError(recipe_file.string() + " differs from the recipe stored in " + ck_file.string() +
+                    "; the run cannot be resumed with a changed recipe (restore recipe.toml)");
+
+  fs::path data_path = a.data.empty() ? fs::path(cfg.data.path) : fs::path(a.data);
+  if (a.data.empty() && data_path.is_relative() && !fs::exists(data_path))
+    data_path = resolve(cfg.data.path);
+  if (!fs::exists(data_path))
+    throw UserError("data path " + data_path.string() + " of the run does not exist; pass --data " +
+                    "with the run's corpus");
+  auto logf = [&](const std::string& s) {
+    if (!a.quiet) std::printf("%s\n", s.c_str()), std::fflush(stdout);
+  };
+  logf("resuming " + dir.string() + " from " + ck_file.string() + " (step " +
+       std::to_string(ck.step) + " of " + std::to_string(cfg.train.steps) + ")");
+  logf("data: " + data_path.string());
+  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size,
+                                        resolve(cfg.data.cache), logf);
+
+  TrainOptions opt = checkpoint_options(a);
+  if (!a.given("--save-every")) opt.save_every = ck.save_every;
+  if (!a.given("--keep-checkpoints")) opt.keep_checkpoints = ck.keep_checkpoints;
+  if (!a.given("--log-every")) opt.log_every = ck.log_every;
+  if (!a.given("--no-save-amax")) opt.save_amax = ck.save_amax;
+  opt.out_dir = dir;
+  opt.config_name = ck.config_name.empty() ? "run" : ck.config_name;
+  opt.resume_from = &ck;
+  const TrainSummary s = train(cfg, recipe, data, opt);
+  print_summary(s, cfg, recipe, opt.config_name, dir);
+}
+
 void run_train(const TrainArgs& a) {
+  if (!a.resume.empty()) return run_resume(a);
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file);
   const RunConfig file_cfg = cfg;
@@ -57,9 +170,11 @@ void run_train(const TrainArgs& a) {
   fs::path out;
   if (!a.out.empty()) {
     out = a.out;
-    if (fs::exists(out / "metrics.jsonl") || fs::exists(out / "summary.json"))
+    if (fs::exists(out / "metrics.jsonl") || fs::exists(out / "summary.json") ||
+        fs::exists(out / "checkpoints"))
       throw UserError("output directory " + out.string() +
-                      " already holds a run; choose another --out (nothing was overwritten)");
+                      " already holds a run; choose another --out, or continue it with "
+                      "--resume " + out.string() + " (nothing was overwritten)");
   } else {
     const std::string base = "runs/" + cfg_name + "-" + recipe.name + "-s" +
                              std::to_string(cfg.train.seed);
@@ -79,25 +194,11 @@ void run_train(const TrainArgs& a) {
   logf(b);
   logf("run directory: " + out.string());
 
-  TrainOptions opt;
+  TrainOptions opt = checkpoint_options(a);
   opt.out_dir = out;
   opt.config_name = cfg_name;
-  opt.quiet = a.quiet;
   const TrainSummary s = train(cfg, recipe, data, opt);
-
-  std::printf("\nsummary (%s, recipe %s, %d steps, seed %llu)\n", cfg_name.c_str(),
-              recipe.name.c_str(), s.steps, static_cast<unsigned long long>(cfg.train.seed));
-  std::printf("  first-step loss                     %.4f   (ln vocab = %.4f)\n", s.first_loss,
-              std::log(double(cfg.model.vocab_size)));
-  std::printf("  final-window training loss          %.4f   (mean of the last %d steps)\n",
-              s.final_window_loss, std::max(1, s.steps / 10));
-  std::printf("  held-out NLL, FP32 inference        %.4f nats/token\n", s.heldout_nll);
-  if (recipe.mode != LinearMode::FP32)
-    std::printf("  held-out NLL, quantized inference   %.4f nats/token   (%s, current scaling)\n",
-                s.heldout_nll_quant, recipe.name.c_str());
-  std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
-  std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml}\n",
-              out.string().c_str());
+  print_summary(s, cfg, recipe, cfg_name, out);
 }
 }  // namespace
 
@@ -107,7 +208,8 @@ void register_train(CLI::App& app) {
       "train",
       "Pretrain a Llama-style model on text with one recipe. Prints a progress line every few\n"
       "seconds, evaluates held-out NLL (FP32 and quantized inference) periodically, and writes\n"
-      "runs/NAME/{metrics.jsonl,config.toml,recipe.toml,summary.json}.");
+      "runs/NAME/{metrics.jsonl,config.toml,recipe.toml,tokenizer.model,checkpoints/,summary.json}.\n"
+      "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME");
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
       ->capture_default_str();
   c->add_option("--recipe", a->recipe,
@@ -124,6 +226,30 @@ void register_train(CLI::App& app) {
                 "Brown corpus installed by scripts/setup)");
   c->add_option("--out", a->out, "Run directory (default runs/<config>-<recipe>-s<seed>[-N])");
   c->add_flag("--quiet", a->quiet, "No progress lines, only the summary");
+  c->add_option("--save-every", a->save_every,
+                "Checkpoint every N steps into <run>/checkpoints/step_NNNNNNNN.safetensors "
+                "(weights, AdamW moments, data position, held amax caches); 0 = only the final "
+                "step, which is always saved")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  c->add_option("--keep-checkpoints", a->keep_checkpoints,
+                "Keep the newest K checkpoints, delete older ones after each save")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_option("--log-every", a->log_every,
+                "Write a metrics.jsonl line every N steps (evaluation, telemetry and final "
+                "steps always get one)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_flag("--no-save-amax", a->no_save_amax,
+              "Leave the held amax caches out of checkpoints: a resumed run then refreshes them "
+              "at its first step and is no longer bit-exact with an uninterrupted run");
+  c->add_option("--resume", a->resume,
+                "Continue runs/NAME from its newest checkpoint that loads, with the run's "
+                "config.toml and recipe.toml, to its configured steps; bit-exact with an "
+                "uninterrupted run. Cannot be combined with --config, --recipe, --steps, "
+                "--seed, --out; a completed run is reported, not retrained");
+  a->app = c;
   c->callback([a] {
     try {
       run_train(*a);

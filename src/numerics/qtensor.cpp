@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "fp4/error.h"
+#include "fp4/safetensors.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;
@@ -83,14 +83,6 @@ std::string float_repr(float f) {
 void save_safetensors(const QTensor& t, const fs::path& file) {
   const int64_t n_codes = static_cast<int64_t>(t.packed.size());
   const int64_t n_scales = static_cast<int64_t>(t.scale_codes.size());
-  json h;
-  h["codes"] = {{"dtype", "U8"}, {"shape", {n_codes}}, {"data_offsets", {0, n_codes}}};
-  h["scales"] = {{"dtype", "U8"},
-                 {"shape", {t.block_rows(), t.block_cols()}},
-                 {"data_offsets", {n_codes, n_codes + n_scales}}};
-  h["decode_scale"] = {{"dtype", "F32"},
-                       {"shape", {1}},
-                       {"data_offsets", {n_codes + n_scales, n_codes + n_scales + 4}}};
   json meta = {{"format", "fp4train.qtensor.v1"},
                {"rows", std::to_string(t.rows)},
                {"cols", std::to_string(t.cols)},
@@ -102,56 +94,18 @@ void save_safetensors(const QTensor& t, const fs::path& file) {
                {"reference_amax", float_repr(t.reference)},
                {"scale_target", float_repr(t.target)}};
   for (const auto& [k, v] : t.facts) meta["fact." + k] = v;
-  h["__metadata__"] = meta;
-  std::string header = h.dump();
-  while ((header.size() + 8) % 8 != 0) header += ' ';  // align the data to 8 bytes
-  const uint64_t hn = header.size();
-
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw UserError("cannot write " + tmp.string());
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hn >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(header.data(), static_cast<std::streamsize>(hn));
-    f.write(reinterpret_cast<const char*>(t.packed.data()), n_codes);
-    f.write(reinterpret_cast<const char*>(t.scale_codes.data()), n_scales);
-    unsigned char ds[4];
-    uint32_t u;
-    std::memcpy(&u, &t.decode_scale, 4);
-    for (int i = 0; i < 4; ++i) ds[i] = static_cast<unsigned char>(u >> (8 * i));
-    f.write(reinterpret_cast<const char*>(ds), 4);
-    f.flush();
-    if (!f) throw UserError("write failed: " + tmp.string());
-  }
-  fs::rename(tmp, file);
+  const std::vector<safetensors::TensorOut> tensors = {
+      {"codes", "U8", {n_codes}, t.packed.data(), static_cast<uint64_t>(n_codes)},
+      {"scales", "U8", {t.block_rows(), t.block_cols()}, t.scale_codes.data(),
+       static_cast<uint64_t>(n_scales)},
+      {"decode_scale", "F32", {1}, &t.decode_scale, 4}};  // little-endian host (safetensors.cpp)
+  safetensors::write_file(file, safetensors::make_header(tensors, meta), tensors);
 }
 
 QTensor load_safetensors(const fs::path& file) {
-  const std::string name = file.string();
-  auto bad = [&](const std::string& what) -> UserError {
-    return UserError(name + ": not a valid fp4train QTensor safetensors file: " + what);
-  };
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw UserError(name + ": cannot open");
-  const auto size = static_cast<uint64_t>(fs::file_size(file));
-  unsigned char len[8];
-  if (size < 8 || !f.read(reinterpret_cast<char*>(len), 8)) throw bad("shorter than 8 bytes");
-  uint64_t hn = 0;
-  for (int i = 0; i < 8; ++i) hn |= uint64_t(len[i]) << (8 * i);
-  if (hn > size - 8) throw bad("header length " + std::to_string(hn) + " exceeds the file");
-  std::string header(hn, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(hn));
-  json h;
-  try {
-    h = json::parse(header);
-  } catch (const json::exception& e) {
-    throw bad(std::string("header is not JSON (") + e.what() + ")");
-  }
-  const uint64_t data_size = size - 8 - hn;
-  std::vector<uint8_t> data(data_size);
-  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data_size));
+  const safetensors::File f(file, "fp4train QTensor");
+  auto bad = [&](const std::string& what) -> UserError { return f.error(what); };
+  const json& h = f.header();
 
   QTensor t;
   try {
@@ -198,21 +152,11 @@ QTensor load_safetensors(const fs::path& file) {
     if (t.rows < 0 || t.cols < 0 || t.block <= 0) throw bad("negative shape or block <= 0");
 
     auto slice = [&](const char* key, uint64_t expect_bytes) {
-      const json& e = h.at(key);
-      const json& off = e.at("data_offsets");
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-          !off[1].is_number_unsigned())
-        throw bad(std::string("tensor '") + key + "': data_offsets must be two unsigned integers");
-      if (e.at("dtype") != (std::string(key) == "decode_scale" ? "F32" : "U8"))
-        throw bad(std::string("tensor '") + key + "' has dtype " + e.at("dtype").dump());
-      const uint64_t b = off[0], en = off[1];
-      if (b > en || en > data_size)
-        throw bad(std::string("tensor '") + key + "' lies outside the file (truncated?)");
-      if (en - b != expect_bytes)
-        throw bad(std::string("tensor '") + key + "' has " + std::to_string(en - b) +
+      const auto bytes = f.tensor(key, std::string(key) == "decode_scale" ? "F32" : "U8");
+      if (bytes.size() != expect_bytes)
+        throw bad(std::string("tensor '") + key + "' has " + std::to_string(bytes.size()) +
                   " bytes, the layout needs " + std::to_string(expect_bytes));
-      return std::vector<uint8_t>(data.begin() + static_cast<int64_t>(b),
-                                  data.begin() + static_cast<int64_t>(en));
+      return std::vector<uint8_t>(bytes.begin(), bytes.end());
     };
     t.packed = slice("codes", static_cast<uint64_t>((t.rows * t.cols + 1) / 2));
     t.scale_codes = slice("scales", static_cast<uint64_t>(t.block_rows() * t.block_cols()));

@@ -3,13 +3,14 @@
 
 #include <sstream>
 
+#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "toml_reader.h"
 
 namespace fp4 {
 
-RunConfig load_run_config(const std::filesystem::path& file) {
-  detail::TomlReader r(file);
+namespace {
+RunConfig parse_run_config(detail::TomlReader& r) {
   RunConfig c;
   auto& m = c.model;
   r.get("model.vocab_size", m.vocab_size);   r.range("model.vocab_size", m.vocab_size, 256, 65535);
@@ -49,6 +50,18 @@ RunConfig load_run_config(const std::filesystem::path& file) {
   validate(c, r.file());
   return c;
 }
+}  // namespace
+
+RunConfig load_run_config(const std::filesystem::path& file) {
+  detail::TomlReader r(file);
+  return parse_run_config(r);
+}
+
+// Declared in fp4/checkpoint.h.
+RunConfig run_config_from_text(const std::string& toml, const std::string& where) {
+  detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
+  return parse_run_config(r);
+}
 
 void validate(const RunConfig& c, const std::string& where) {
   const auto& m = c.model;
@@ -64,23 +77,27 @@ void validate(const RunConfig& c, const std::string& where) {
 }
 
 std::string run_config_to_toml(const RunConfig& c) {
+  using detail::toml_number;  // exact: a resumed run reloads this text bit for bit
   std::ostringstream o;
-  o.precision(10);
   const auto& m = c.model;
   const auto& t = c.train;
   o << "[model]\nvocab_size = " << m.vocab_size << "\nd_model = " << m.d_model
     << "\nn_layers = " << m.n_layers << "\nn_heads = " << m.n_heads << "\nmlp = \"" << m.mlp
-    << "\"\nmlp_hidden = " << m.mlp_hidden << "\nrope_theta = " << m.rope_theta
-    << "\nnorm_eps = " << m.norm_eps << "\ninit_std = " << m.init_std << "\n\n";
+    << "\"\nmlp_hidden = " << m.mlp_hidden << "\nrope_theta = " << toml_number(m.rope_theta)
+    << "\nnorm_eps = " << toml_number(m.norm_eps) << "\ninit_std = " << toml_number(m.init_std)
+    << "\n\n";
   o << "[train]\nseq_len = " << t.seq_len << "\nbatch_size = " << t.batch_size
-    << "\nsteps = " << t.steps << "\nlr = " << t.lr << "\nwarmup_steps = " << t.warmup_steps
-    << "\ndecay_fraction = " << t.decay_fraction << "\nmin_lr_ratio = " << t.min_lr_ratio
-    << "\nweight_decay = " << t.weight_decay << "\nbeta1 = " << t.beta1 << "\nbeta2 = " << t.beta2
-    << "\neps = " << t.eps << "\ngrad_clip = " << t.grad_clip << "\nseed = " << t.seed << "\n\n";
+    << "\nsteps = " << t.steps << "\nlr = " << toml_number(t.lr)
+    << "\nwarmup_steps = " << t.warmup_steps
+    << "\ndecay_fraction = " << toml_number(t.decay_fraction)
+    << "\nmin_lr_ratio = " << toml_number(t.min_lr_ratio)
+    << "\nweight_decay = " << toml_number(t.weight_decay) << "\nbeta1 = " << toml_number(t.beta1)
+    << "\nbeta2 = " << toml_number(t.beta2) << "\neps = " << toml_number(t.eps)
+    << "\ngrad_clip = " << toml_number(t.grad_clip) << "\nseed = " << t.seed << "\n\n";
   o << "[data]\npath = " << detail::toml_quote(c.data.path)
     << "\ncache = " << detail::toml_quote(c.data.cache) << "\n\n";
   o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";
-  o << "[log]\nprogress_seconds = " << c.progress_seconds
+  o << "[log]\nprogress_seconds = " << toml_number(c.progress_seconds)
     << "\ntelemetry_interval = " << c.telemetry_interval << "\n";
   return o.str();
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "toml_reader.h"
 
@@ -24,11 +25,10 @@ std::string int_list(const std::vector<int>& v) {
   for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
   return o + "]";
 }
-std::string float_str(float v) {
-  std::ostringstream o;
-  o.precision(10);
-  o << v;
-  std::string s = o.str();
+// Shortest exact decimal (reloads bit for bit: checkpoint resume compares recipes).
+template <class T>
+std::string float_str(T v) {
+  std::string s = detail::toml_number(v);
   // A TOML float needs a '.', an exponent, or inf/nan.
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
@@ -274,13 +274,14 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
 }
 }  // namespace
 
-Recipe load_recipe_file(const std::filesystem::path& file) {
-  detail::TomlReader r(file);
+namespace {
+// `default_name`: the name of a recipe whose file sets none (the file's stem).
+Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name) {
   Recipe rc;
-  rc.source = file.string();
+  rc.source = r.where();
   std::string s;
   r.get("name", rc.name);
-  if (rc.name.empty()) rc.name = file.stem().string();
+  if (rc.name.empty()) rc.name = default_name;
   r.get("description", rc.description);
   s = linear_mode_name(rc.mode);
   r.get("linear.mode", s);
@@ -362,6 +363,18 @@ Recipe load_recipe_file(const std::filesystem::path& file) {
     r.fail("fp4.block", "a multiple of 16 when rht_wgrad = true");
   return rc;
 }
+}  // namespace
+
+Recipe load_recipe_file(const std::filesystem::path& file) {
+  detail::TomlReader r(file);
+  return parse_recipe(r, file.stem().string());
+}
+
+// Declared in fp4/checkpoint.h.
+Recipe recipe_from_text(const std::string& toml, const std::string& where) {
+  detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
+  return parse_recipe(r, "recipe");
+}
 
 Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir) {
   namespace fs = std::filesystem;
@@ -386,14 +399,14 @@ std::string recipe_to_toml(const Recipe& r) {
   o << "[fp4]\nelement_format = \"" << r.element_format << "\"\nscale_format = \""
     << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
     << "\"\nblock = " << r.block
-    << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << r.scale_target
+    << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << float_str(r.scale_target)
     << "\namax_interval = " << r.amax_interval << "\nrht_wgrad = " << (r.rht_wgrad ? "true" : "false")
     << "\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)
     << "\"\nfinal_blocks = " << r.final_blocks
-    << "\nfinal_blocks_fraction = " << r.final_blocks_fraction << "\nblocks = " << int_list(r.blocks)
+    << "\nfinal_blocks_fraction = " << float_str(r.final_blocks_fraction) << "\nblocks = " << int_list(r.blocks)
     << "\n";
   for (const LinearOverride& ov : r.overrides) {
     o << "\n[[override]]\nlinears = [";

@@ -3,6 +3,7 @@
 #pragma once
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -34,8 +35,34 @@ inline std::string toml_quote(const std::string& s) {
   return o + "\"";
 }
 
+/// The shortest decimal that reads back to exactly `v` (std::to_chars), as a TOML number:
+/// resolved configs written with it reload bit for bit (checkpoint resume).
+template <class T>
+inline std::string toml_number(T v) {
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof b, v);
+  return std::string(b, r.ptr);
+}
+
 class TomlReader {
  public:
+  struct FromText {};
+  /// Parse TOML text; `where` stands for the file name in error messages.
+  TomlReader(FromText, const std::string& text, const std::string& where) : file_(where) {
+    if (text.empty()) throw UserError(file_ + ": empty TOML text");
+    try {
+      tbl_ = toml::parse(text, file_);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream m;
+      m << file_ << ":" << e.source().begin.line << ":" << e.source().begin.column
+        << ": malformed TOML: " << e.description();
+      throw UserError(m.str());
+    }
+  }
+
+  /// The file name (or the `where` of TOML text) used in error messages.
+  const std::string& where() const { return file_; }
+
   explicit TomlReader(const std::filesystem::path& file) : file_(file.string()) {
     if (!std::filesystem::exists(file)) throw UserError(file_ + ": file not found");
     if (!std::filesystem::is_regular_file(file))

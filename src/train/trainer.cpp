@@ -10,6 +10,7 @@
 
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/safetensors.h"
 #include "fp4/train.h"
 
 namespace fp4 {
@@ -17,16 +18,53 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-void write_atomic(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw UserError("cannot write " + tmp.string());
-    f << text;
-    f.flush();
-    if (!f) throw UserError("write failed: " + tmp.string());
+std::string read_file_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw UserError("cannot read " + p.string());
+  std::ostringstream o;
+  o << f.rdbuf();
+  return o.str();
+}
+
+// Cut metrics.jsonl back to the lines of steps <= `step` (atomically), for a resume from the
+// checkpoint of that step. Only an incomplete last line (a write cut off by a kill) may be
+// dropped unread; any other unreadable line stops the resume rather than lose data.
+std::string cut_metrics(const fs::path& file, int64_t step) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return "metrics.jsonl was missing; it restarts at step " + std::to_string(step + 1);
+  const std::string text = read_file_bytes(file);
+  std::string kept;
+  int64_t n_kept = 0, n_dropped = 0, line_no = 0;
+  bool torn = false;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    const bool last = nl == std::string::npos || nl + 1 == text.size();
+    if (nl == std::string::npos) nl = text.size();
+    const std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      if (last) {
+        torn = true;
+        continue;
+      }
+      throw UserError(file.string() + ":" + std::to_string(line_no) +
+                      ": not a metrics line with an integer \"step\"; resume does not drop "
+                      "lines it cannot read: repair or remove that line");
+    }
+    if (j["step"].get<int64_t>() <= step) {
+      kept += line + "\n";
+      ++n_kept;
+    } else {
+      ++n_dropped;
+    }
   }
-  fs::rename(tmp, p);
+  write_file_atomic(file, kept);
+  return "metrics.jsonl: kept " + std::to_string(n_kept) + " lines up to step " +
+         std::to_string(step) + ", dropped " + std::to_string(n_dropped) + " of later steps" +
+         (torn ? " and an incomplete last line" : "");
 }
 
 std::string fmt_duration(double s) {
@@ -153,16 +191,96 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     throw UserError("the held-out split has " + std::to_string(data.heldout.size()) +
                     " tokens, fewer than train.seq_len + 1 = " + std::to_string(tc.seq_len + 1) +
                     "; use more held-out text or a shorter seq_len");
+  if (opt.save_every < 0 || opt.keep_checkpoints < 1 || opt.log_every < 1)
+    throw UserError("train options: save_every >= 0, keep_checkpoints >= 1 and log_every >= 1 "
+                    "required, got " + std::to_string(opt.save_every) + ", " +
+                    std::to_string(opt.keep_checkpoints) + ", " + std::to_string(opt.log_every));
   nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
   model.init(tc.seed);
   AdamW opt_state(model.num_params(), tc);
   BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
+  const std::string config_text = run_config_to_toml(cfg), recipe_text = recipe_to_toml(recipe);
+  // Checkpoints store these texts; a resume reloads them, so they must parse.
+  (void)run_config_from_text(config_text, "the run config");
+  (void)recipe_from_text(recipe_text, "the recipe " + recipe.name);
+  const std::string data_key = data.cache_dir.filename().string();
+  const fs::path ckpt_dir = opt.out_dir / "checkpoints";
+  const fs::path metrics_file = opt.out_dir / "metrics.jsonl";
+  const fs::path tokenizer_copy = opt.out_dir / "tokenizer.model";
+  std::string tokenizer_bytes;
+  if (!data.tokenizer_model.empty() && fs::exists(data.tokenizer_model))
+    tokenizer_bytes = read_file_bytes(data.tokenizer_model);
 
-  fs::create_directories(opt.out_dir);
-  write_atomic(opt.out_dir / "config.toml", run_config_to_toml(cfg));
-  write_atomic(opt.out_dir / "recipe.toml", recipe_to_toml(recipe));
-  std::ofstream metrics(opt.out_dir / "metrics.jsonl", std::ios::trunc);
-  if (!metrics) throw UserError("cannot write " + (opt.out_dir / "metrics.jsonl").string());
+  // Resume: the checkpoint must belong to this run (same config, recipe, data), then the
+  // whole training state is restored: weights, AdamW moments, data-loader position, held amax
+  // caches. SR bits are counter-based on (seed, step, ...), so they need no state.
+  const Checkpoint* ck = opt.resume_from;
+  const int start = ck ? static_cast<int>(ck->step) : 0;
+  if (ck) {
+    const std::string where = "cannot resume " + opt.out_dir.string() + " from its checkpoint at step " +
+                              std::to_string(ck->step) + ": ";
+    if (ck->config_toml != config_text)
+      throw UserError(where + "the checkpoint's run config (config_toml) differs from the config "
+                      "given; resume with the run's own config.toml, unchanged");
+    if (ck->recipe_toml != recipe_text)
+      throw UserError(where + "the checkpoint's recipe (recipe_toml) differs from the recipe "
+                      "given; resume with the run's own recipe.toml, unchanged");
+    if (ck->step > tc.steps)
+      throw UserError(where + "it is beyond train.steps = " + std::to_string(tc.steps));
+    if (static_cast<int64_t>(ck->params.size()) != model.num_params())
+      throw UserError(where + "it holds " + std::to_string(ck->params.size()) +
+                      " parameters, the model has " + std::to_string(model.num_params()));
+    if (ck->losses.size() != static_cast<size_t>(ck->step))
+      throw UserError(where + "it lacks the training losses of steps 1.." + std::to_string(ck->step));
+    if (!ck->data_key.empty() && ck->data_key != data_key)
+      throw UserError(where + "the run was trained on data with token cache key " + ck->data_key +
+                      ", the data given now has key " + data_key +
+                      " (different corpus or tokenizer); pass --data with the run's corpus");
+    if (fs::exists(tokenizer_copy) && read_file_bytes(tokenizer_copy) != tokenizer_bytes)
+      throw UserError(where + "the tokenizer of the data given now differs from the run's " +
+                      tokenizer_copy.string() + "; pass --data with the run's corpus");
+    model.params() = ck->params;
+    opt_state.m() = ck->adam_m;
+    opt_state.v() = ck->adam_v;
+    sampler.set_draws(ck->sampler_draws);
+    auto& lin = model.linears();
+    for (const HeldReference& r : ck->references) {
+      size_t i = 0;
+      while (i < lin.size() && model.linear_name(i) != r.linear) ++i;
+      if (i == lin.size())
+        throw UserError(where + "it holds a held amax for an unknown linear '" + r.linear + "'");
+      lin[i].reference(static_cast<nn::Role>(r.role)).restore(r.has_value, r.last_refresh, r.held);
+    }
+  }
+
+  if (!ck) {
+    fs::create_directories(opt.out_dir);
+  } else {
+    // Newer checkpoints than the one resumed from did not load: keep them aside, do not count
+    // them when pruning; leftovers of interrupted writes go.
+    for (const fs::path& p : list_checkpoints(opt.out_dir)) {
+      long long s = 0;
+      const std::string n = p.filename().string();
+      if (std::sscanf(n.c_str(), "step_%lld", &s) == 1 && s > ck->step) {
+        fs::rename(p, p.string() + ".corrupt");
+        std::fprintf(stderr, "warning: renamed the unusable checkpoint %s to %s.corrupt\n",
+                     p.string().c_str(), n.c_str());
+      }
+    }
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(ckpt_dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec))
+      if (it->path().extension() == ".tmp") fs::remove(it->path(), ec);
+  }
+  if (!ck || !fs::exists(opt.out_dir / "config.toml"))
+    write_file_atomic(opt.out_dir / "config.toml", config_text);
+  if (!ck || !fs::exists(opt.out_dir / "recipe.toml"))
+    write_file_atomic(opt.out_dir / "recipe.toml", recipe_text);
+  if (!tokenizer_bytes.empty() && (!ck || !fs::exists(tokenizer_copy)))
+    write_file_atomic(tokenizer_copy, tokenizer_bytes);
+  const std::string metrics_note = ck ? cut_metrics(metrics_file, ck->step) : "";
+  std::ofstream metrics(metrics_file, ck ? std::ios::app : std::ios::trunc);
+  if (!metrics) throw UserError("cannot write " + metrics_file.string());
   std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
 
@@ -185,8 +303,30 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     log(o.str());
   }
 
+  if (ck) {
+    log("resumed at step " + std::to_string(start) + " of " + std::to_string(tc.steps) + "; " +
+        metrics_note);
+    if (ck->references.empty() && recipe.mode == LinearMode::FP4 && recipe.amax_interval > 1)
+      std::fprintf(stderr,
+                   "warning: the checkpoint holds no amax caches (saved with --no-save-amax): "
+                   "they refresh at step %d, so this run is not bit-exact with an "
+                   "uninterrupted one\n", start + 1);
+  }
+
   TrainSummary sum;
-  double train_seconds = 0, window_seconds = 0;
+  sum.resumed_from = start;
+  double train_seconds = ck ? ck->train_seconds : 0, window_seconds = 0;
+  const double wall_before = ck ? ck->wall_seconds : 0;
+  bool have_eval = false;
+  if (ck) {
+    sum.losses = ck->losses;
+    if (!sum.losses.empty()) sum.first_loss = sum.losses[0];
+    have_eval = !std::isnan(ck->val_nll);
+    if (have_eval) {
+      sum.heldout_nll = ck->val_nll;
+      sum.heldout_nll_quant = ck->val_nll_quant;
+    }
+  }
   int64_t window_tokens = 0;
   auto last_print = clock::now();
   const auto t_start = clock::now();
@@ -218,10 +358,46 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     log(b);
     sum.heldout_nll = nll;
     sum.heldout_nll_quant = nllq;
+    have_eval = true;
   };
 
-  std::string digest;  // one line on the worst layer at the latest telemetry step
-  for (int step = 1; step <= tc.steps; ++step) {
+  std::string digest = ck ? ck->telemetry_digest : "";  // worst layer at the latest telemetry step
+  auto save = [&](int step) {
+    Checkpoint c;
+    c.step = step;
+    c.config_toml = config_text;
+    c.recipe_toml = recipe_text;
+    c.params = model.params();
+    c.adam_m = opt_state.m();
+    c.adam_v = opt_state.v();
+    c.sampler_draws = sampler.draws();
+    if (opt.save_amax)
+      for (size_t i = 0; i < model.linears().size(); ++i)
+        for (int r = 0; r < 5; ++r) {
+          const TensorReference& t = model.linears()[i].reference(static_cast<nn::Role>(r));
+          if (t.has_value())
+            c.references.push_back({model.linear_name(i), r, true, t.last_refresh(), t.held()});
+        }
+    c.losses = sum.losses;
+    c.train_seconds = train_seconds;
+    c.wall_seconds = wall_before + std::chrono::duration<double>(clock::now() - t_start).count();
+    if (have_eval) {
+      c.val_nll = sum.heldout_nll;
+      c.val_nll_quant = sum.heldout_nll_quant;
+    }
+    c.telemetry_digest = digest;
+    c.data_key = data_key;
+    c.config_name = opt.config_name;
+    c.save_every = opt.save_every;
+    c.keep_checkpoints = opt.keep_checkpoints;
+    c.log_every = opt.log_every;
+    c.save_amax = opt.save_amax;
+    fs::create_directories(ckpt_dir);
+    save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
+    prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
+  };
+
+  for (int step = start + 1; step <= tc.steps; ++step) {
     const auto t0 = clock::now();
     sampler.next(inputs.data(), targets.data());
     nn::StepContext ctx;
@@ -235,7 +411,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                               recipe.name + "; the run diverged. Metrics up to step " +
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
-      write_atomic(opt.out_dir / "error.txt", msg + "\n");
+      write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
       throw UserError(msg);
     };
     model.zero_grad();
@@ -267,7 +443,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                 {"tokens_per_s", tokens_per_step / dt},
                 {"step_ms", dt * 1e3}};
     const double since = std::chrono::duration<double>(clock::now() - last_print).count();
-    if (since >= cfg.progress_seconds || step == 1 || step == tc.steps) {
+    if (since >= cfg.progress_seconds || step == start + 1 || step == tc.steps) {
       const double tps = window_tokens / std::max(window_seconds, 1e-9);
       const double eta = (tc.steps - step) * (train_seconds / step);
       char b[200];
@@ -281,12 +457,24 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
       window_tokens = 0;
     }
     if (ctx.telemetry) rec["telemetry"] = telemetry_record(model, digest);
-    if (step % cfg.eval.interval == 0 || step == tc.steps) {
+    const bool eval_step = step % cfg.eval.interval == 0 || step == tc.steps;
+    if (eval_step) {
       evaluate(step, rec);
       if (!digest.empty()) log(digest);
     }
-    metrics << rec.dump() << "\n";
-    metrics.flush();
+    // A step's line is flushed (to the OS) before its checkpoint is written, so a resume
+    // after a kill finds every line up to the checkpoint step.
+    if (step % opt.log_every == 0 || eval_step || ctx.telemetry) {
+      metrics << rec.dump() << "\n";
+      metrics.flush();
+      if (!metrics) throw UserError("write failed: " + metrics_file.string());
+    }
+    if ((opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps) save(step);
+    if (step == opt.stop_after) {
+      sum.stopped = true;
+      sum.steps = step;
+      return sum;
+    }
   }
 
   const int n = tc.steps, w = std::max(1, n / 10);
@@ -309,8 +497,10 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
              {"heldout_nll_quant", sum.heldout_nll_quant},
              {"heldout_tokens", int64_t(eval_starts.size()) * tc.seq_len},
              {"tokens_per_s", sum.tokens_per_s},
-             {"wall_seconds", std::chrono::duration<double>(clock::now() - t_start).count()}};
-  write_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
+             {"wall_seconds",
+              wall_before + std::chrono::duration<double>(clock::now() - t_start).count()}};
+  if (start > 0) js["resumed_from_step"] = start;
+  write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }
 

@@ -119,6 +119,7 @@ class Linear {
   /// Statistics of the last telemetry step (valid == false if none yet or not FP4).
   const LinearTelemetry& telemetry() const { return tel_; }
   const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
+  TensorReference& reference(Role r) { return ref_[static_cast<int>(r)]; }  ///< (resume)
 
   /// Forget every inference reference (frozen weight amax, Replay hold, calibration) and
   /// set Replay's interval D (≥ 1, else std::invalid_argument). Call before each evaluation,

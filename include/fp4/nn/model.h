@@ -52,6 +52,7 @@ class Model {
   std::vector<float>& grads() { return grads_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const std::vector<Linear>& linears() const { return linears_; }
+  std::vector<Linear>& linears() { return linears_; }  ///< (checkpoint resume)
   /// Name of linears()[i], e.g. "blocks.2.mlp.down".
   std::string linear_name(size_t i) const;
   const float* logits() const { return logits_.data(); }

@@ -1,0 +1,105 @@
+// The safetensors container shared by QTensor files and training checkpoints, and durable
+// atomic file writes. Layout (https://github.com/huggingface/safetensors, "Format"): an
+// 8-byte little-endian header length N, N bytes of JSON
+//   {"<tensor>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"<key>": "<string>", ...}}
+// then the tensors' raw little-endian bytes (offsets relative to the end of the header).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fp4/error.h"
+
+namespace fp4 {
+
+/// A file written to `<file>.tmp` in the same directory and moved over `file` by commit():
+/// fsync of the data, rename, fsync of the directory, so after a crash (SIGKILL, power loss)
+/// `file` holds either its old or its complete new content. If commit() is never reached
+/// the temporary file is removed. Errors throw fp4::UserError naming the file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::filesystem::path& file);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::filesystem::path file_, tmp_;
+  int fd_ = -1;
+};
+
+/// Replace `file` by `bytes` with AtomicFile.
+void write_file_atomic(const std::filesystem::path& file, std::string_view bytes);
+
+/// 64-bit FNV-1a hash of bytes [data, data + n), continuing from `h` (start with
+/// kFnvOffset). Used as a corruption check, not as a cryptographic hash.
+inline constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnvOffset);
+
+namespace safetensors {
+
+/// One tensor to write: `bytes` raw little-endian bytes of `dtype` ("F32", "F64", "U8",
+/// "I64", ...) forming `shape`.
+struct TensorOut {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+/// Bytes per element of a safetensors dtype name (BOOL, U8, I8, F8_*, U16, I16, F16, BF16,
+/// U32, I32, F32, U64, I64, F64); 0 if unknown.
+size_t dtype_size(const std::string& dtype);
+
+/// The JSON header for `tensors` stored back to back in the given order, with `metadata`
+/// (an object of strings; omitted if empty). Throws std::invalid_argument if a tensor's
+/// byte count disagrees with its dtype and shape.
+nlohmann::json make_header(const std::vector<TensorOut>& tensors, const nlohmann::json& metadata);
+
+/// Write `header` (from make_header, possibly with metadata added) and the tensors' bytes to
+/// `file` atomically (AtomicFile). The header is padded with spaces so the data starts at a
+/// multiple of 8 bytes. Throws fp4::UserError if the file cannot be written.
+void write_file(const std::filesystem::path& file, const nlohmann::json& header,
+                const std::vector<TensorOut>& tensors);
+
+/// A safetensors file read into memory, with checked access to its parts. Every error is an
+/// fp4::UserError "<file>: not a valid <kind> safetensors file: <what>".
+class File {
+ public:
+  /// Read and parse `file`: throws (see above) if it cannot be opened ("cannot open"), is
+  /// shorter than 8 bytes, its header length exceeds the file, or the header is not a JSON
+  /// object.
+  File(const std::filesystem::path& file, std::string kind);
+
+  const nlohmann::json& header() const { return header_; }
+  const std::vector<uint8_t>& data() const { return data_; }  ///< bytes after the header
+  const std::string& name() const { return name_; }
+
+  /// The error to throw for this file: "<file>: not a valid <kind> safetensors file: <what>".
+  UserError error(const std::string& what) const;
+
+  /// Bytes of tensor `name`: it must exist, have dtype `dtype`, data_offsets [b, e] with
+  /// b <= e <= data().size() (else "... lies outside the file (truncated?)"), and a shape of
+  /// non-negative integers whose element count × dtype size is e − b.
+  std::span<const uint8_t> tensor(const std::string& name, const std::string& dtype) const;
+
+  /// "__metadata__"[key] as a string; throws if the metadata or the key is missing or not a string.
+  std::string meta(const std::string& key) const;
+
+ private:
+  std::string name_, kind_;
+  nlohmann::json header_;
+  std::vector<uint8_t> data_;
+};
+
+}  // namespace safetensors
+}  // namespace fp4

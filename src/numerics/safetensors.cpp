@@ -1,0 +1,194 @@
+// safetensors container and durable atomic writes (see include/fp4/safetensors.h).
+#include "fp4/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors tensors are little-endian; this build copies host bytes as they are");
+
+namespace {
+std::string errno_text() { return std::strerror(errno); }
+
+void fsync_dir(const fs::path& dir) {
+  const int d = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (d < 0) return;  // best effort: some file systems do not allow opening directories
+  (void)::fsync(d);
+  ::close(d);
+}
+}  // namespace
+
+AtomicFile::AtomicFile(const fs::path& file) : file_(file), tmp_(file.string() + ".tmp") {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError("cannot write " + tmp_.string() + ": " + errno_text());
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t w = ::write(fd_, p, bytes);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw UserError("write failed: " + tmp_.string() + ": " + errno_text());
+    }
+    p += w;
+    bytes -= static_cast<size_t>(w);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) throw UserError("fsync failed: " + tmp_.string() + ": " + errno_text());
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    ::unlink(tmp_.c_str());
+    throw UserError("write failed: " + tmp_.string() + ": " + errno_text());
+  }
+  if (::rename(tmp_.c_str(), file_.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp_.c_str());
+    throw UserError("cannot rename " + tmp_.string() + " to " + file_.string() + ": " + why);
+  }
+  fsync_dir(file_.parent_path());
+}
+
+void write_file_atomic(const fs::path& file, std::string_view bytes) {
+  AtomicFile f(file);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+namespace safetensors {
+
+size_t dtype_size(const std::string& d) {
+  if (d == "BOOL" || d == "U8" || d == "I8" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  if (d == "U16" || d == "I16" || d == "F16" || d == "BF16") return 2;
+  if (d == "U32" || d == "I32" || d == "F32") return 4;
+  if (d == "U64" || d == "I64" || d == "F64") return 8;
+  return 0;
+}
+
+json make_header(const std::vector<TensorOut>& tensors, const json& metadata) {
+  json h = json::object();
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    uint64_t n = 1;
+    for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
+    if (dtype_size(t.dtype) == 0 || n * dtype_size(t.dtype) != t.bytes)
+      throw std::invalid_argument("safetensors: tensor '" + t.name + "' of dtype " + t.dtype +
+                                  " has " + std::to_string(t.bytes) + " bytes for its shape");
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes}}};
+    off += t.bytes;
+  }
+  if (!metadata.is_null() && !metadata.empty()) h["__metadata__"] = metadata;
+  return h;
+}
+
+void write_file(const fs::path& file, const json& header, const std::vector<TensorOut>& tensors) {
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data to 8 bytes
+  const uint64_t hn = text.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hn >> (8 * i));
+  AtomicFile f(file);
+  f.write(len, 8);
+  f.write(text.data(), text.size());
+  for (const auto& t : tensors) f.write(t.data, t.bytes);
+  f.commit();
+}
+
+File::File(const fs::path& file, std::string kind) : name_(file.string()), kind_(std::move(kind)) {
+  std::ifstream f(file, std::ios::binary);
+  std::error_code ec;
+  if (!f || !fs::is_regular_file(file, ec)) throw UserError(name_ + ": cannot open");
+  const auto size = static_cast<uint64_t>(fs::file_size(file, ec));
+  if (ec) throw UserError(name_ + ": cannot open (" + ec.message() + ")");
+  unsigned char len[8];
+  if (size < 8 || !f.read(reinterpret_cast<char*>(len), 8)) throw error("shorter than 8 bytes");
+  uint64_t hn = 0;
+  for (int i = 0; i < 8; ++i) hn |= uint64_t(len[i]) << (8 * i);
+  if (hn > size - 8)
+    throw error("header length " + std::to_string(hn) + " exceeds the file (" +
+                std::to_string(size) + " bytes; truncated?)");
+  std::string text(hn, '\0');
+  if (!f.read(text.data(), static_cast<std::streamsize>(hn))) throw error("cannot read the header");
+  try {
+    header_ = json::parse(text);
+  } catch (const json::exception& e) {
+    throw error(std::string("header is not JSON (") + e.what() + ")");
+  }
+  if (!header_.is_object()) throw error("header is not a JSON object");
+  data_.resize(size - 8 - hn);
+  if (!f.read(reinterpret_cast<char*>(data_.data()), static_cast<std::streamsize>(data_.size())))
+    throw error("cannot read the tensor data");
+}
+
+UserError File::error(const std::string& what) const {
+  return UserError(name_ + ": not a valid " + kind_ + " safetensors file: " + what);
+}
+
+std::span<const uint8_t> File::tensor(const std::string& name, const std::string& dtype) const {
+  const auto it = header_.find(name);
+  if (it == header_.end() || !it->is_object()) throw error("tensor '" + name + "' is missing");
+  const json& e = *it;
+  const auto d = e.find("dtype");
+  if (d == e.end() || !d->is_string() || *d != dtype)
+    throw error("tensor '" + name + "' has dtype " + (d == e.end() ? "(none)" : d->dump()) +
+                ", expected \"" + dtype + "\"");
+  const auto off = e.find("data_offsets");
+  if (off == e.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    throw error("tensor '" + name + "': data_offsets must be two unsigned integers");
+  const uint64_t b = (*off)[0], en = (*off)[1];
+  if (b > en || en > data_.size())
+    throw error("tensor '" + name + "' lies outside the file (truncated?)");
+  const auto sh = e.find("shape");
+  if (sh == e.end() || !sh->is_array()) throw error("tensor '" + name + "': shape is missing");
+  uint64_t n = 1;
+  for (const json& s : *sh) {
+    if (!s.is_number_unsigned()) throw error("tensor '" + name + "': shape " + sh->dump() + " is not a list of sizes");
+    const uint64_t v = s;
+    if (v != 0 && n > (uint64_t{1} << 50) / v) throw error("tensor '" + name + "': shape " + sh->dump() + " is too large");
+    n *= v;
+  }
+  if (n * dtype_size(dtype) != en - b)
+    throw error("tensor '" + name + "' has shape " + sh->dump() + " (" +
+                std::to_string(n * dtype_size(dtype)) + " bytes) but data_offsets span " +
+                std::to_string(en - b) + " bytes");
+  return {data_.data() + b, static_cast<size_t>(en - b)};
+}
+
+std::string File::meta(const std::string& key) const {
+  const auto m = header_.find("__metadata__");
+  if (m == header_.end() || !m->is_object()) throw error("__metadata__ is missing");
+  const auto v = m->find(key);
+  if (v == m->end()) throw error("metadata '" + key + "' is missing");
+  if (!v->is_string()) throw error("metadata '" + key + "' is not a string");
+  return *v;
+}
+
+}  // namespace safetensors
+}  // namespace fp4

@@ -1,0 +1,289 @@
+// Training checkpoints as safetensors files (see include/fp4/checkpoint.h).
+#include "fp4/checkpoint.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <type_traits>
+
+#include "fp4/error.h"
+#include "fp4/safetensors.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+constexpr const char* kFormat = "fp4train.checkpoint.v1";
+constexpr const char* kKind = "fp4train checkpoint";
+
+// JSON has no NaN: a missing evaluation is stored as null.
+json nan_to_null(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
+
+std::string hex64(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// Hash of the header (without the checksum entry) and of the tensor bytes, in file order.
+uint64_t content_hash(const json& header_without_checksum, const std::vector<std::span<const uint8_t>>& parts) {
+  const std::string h = header_without_checksum.dump();
+  uint64_t x = fnv1a64(h.data(), h.size());
+  for (const auto& p : parts) x = fnv1a64(p.data(), p.size(), x);
+  return x;
+}
+
+template <class T>
+std::span<const uint8_t> bytes_of(const std::vector<T>& v) {
+  return {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(T)};
+}
+
+// The tensor list of a checkpoint, in file order.
+std::vector<safetensors::TensorOut> tensors_of(const Checkpoint& c) {
+  auto t = [](const char* name, const char* dtype, const auto& v) {
+    return safetensors::TensorOut{name, dtype, {static_cast<int64_t>(v.size())}, v.data(),
+                                  static_cast<uint64_t>(v.size() * sizeof(v[0]))};
+  };
+  return {t("losses", "F64", c.losses), t("params", "F32", c.params),
+          t("adam_m", "F32", c.adam_m), t("adam_v", "F32", c.adam_v)};
+}
+
+bool parse_step_name(const std::string& name, int64_t& step) {
+  const std::string pre = "step_", suf = ".safetensors";
+  if (name.size() <= pre.size() + suf.size() || name.rfind(pre, 0) != 0 ||
+      name.compare(name.size() - suf.size(), suf.size(), suf) != 0)
+    return false;
+  const char* b = name.data() + pre.size();
+  const char* e = name.data() + name.size() - suf.size();
+  if (e - b > 18) return false;
+  for (const char* p = b; p < e; ++p)
+    if (*p < '0' || *p > '9') return false;
+  return std::from_chars(b, e, step).ec == std::errc();
+}
+
+fs::path checkpoint_dir(const fs::path& run_dir) {
+  std::error_code ec;
+  return fs::is_directory(run_dir / "checkpoints", ec) ? run_dir / "checkpoints" : run_dir;
+}
+}  // namespace
+
+std::string checkpoint_file_name(int64_t step) {
+  char b[64];
+  std::snprintf(b, sizeof b, "step_%08lld.safetensors", static_cast<long long>(step));
+  return b;
+}
+
+void save_checkpoint(const fs::path& file, const Checkpoint& c) {
+  const size_t n = c.params.size();
+  if (c.adam_m.size() != n || c.adam_v.size() != n)
+    throw std::invalid_argument("save_checkpoint: adam_m/adam_v must have params' size");
+  if (!c.losses.empty() && c.losses.size() != static_cast<size_t>(c.step))
+    throw std::invalid_argument("save_checkpoint: losses must be empty or `step` long");
+  json refs = json::array();
+  for (const auto& r : c.references)
+    refs.push_back({{"linear", r.linear},
+                    {"role", r.role},
+                    {"has_value", r.has_value},
+                    {"last_refresh", r.last_refresh},
+                    {"held", r.held}});  // a float as a JSON double: reads back exactly
+  const json trainer = {{"train_seconds", c.train_seconds},
+                        {"wall_seconds", c.wall_seconds},
+                        {"val_nll", nan_to_null(c.val_nll)},
+                        {"val_nll_quant", nan_to_null(c.val_nll_quant)},
+                        {"telemetry_digest", c.telemetry_digest},
+                        {"data_key", c.data_key},
+                        {"config_name", c.config_name},
+                        {"save_every", c.save_every},
+                        {"keep_checkpoints", c.keep_checkpoints},
+                        {"log_every", c.log_every},
+                        {"save_amax", c.save_amax}};
+  const json meta = {{"format", kFormat},
+                     {"step", std::to_string(c.step)},
+                     {"sampler_draws", std::to_string(c.sampler_draws)},
+                     {"config_toml", c.config_toml},
+                     {"recipe_toml", c.recipe_toml},
+                     {"references", refs.dump()},
+                     {"trainer", trainer.dump()}};
+  const auto tensors = tensors_of(c);
+  json header = safetensors::make_header(tensors, meta);
+  const uint64_t hash = content_hash(
+      header, {bytes_of(c.losses), bytes_of(c.params), bytes_of(c.adam_m), bytes_of(c.adam_v)});
+  header["__metadata__"]["checksum"] = hex64(hash);
+  safetensors::write_file(file, header, tensors);
+}
+
+Checkpoint load_checkpoint(const fs::path& file) {
+  const safetensors::File f(file, kKind);
+  Checkpoint c;
+  const std::string format = f.meta("format");
+  if (format != kFormat)
+    throw f.error("metadata 'format' is '" + format + "', expected '" + kFormat + "'");
+
+  // Tensors first: a truncated file is reported as such, not as a checksum mismatch.
+  const auto losses = f.tensor("losses", "F64");
+  const auto params = f.tensor("params", "F32");
+  const auto adam_m = f.tensor("adam_m", "F32");
+  const auto adam_v = f.tensor("adam_v", "F32");
+  for (const auto& [name, t] : {std::pair{"adam_m", adam_m}, std::pair{"adam_v", adam_v}})
+    if (t.size() != params.size())
+      throw f.error(std::string("tensor '") + name + "' has " + std::to_string(t.size() / 4) +
+                    " elements but 'params' has " + std::to_string(params.size() / 4) +
+                    " (they must match)");
+
+  {  // checksum over the header without it and the tensor bytes
+    const std::string stored = f.meta("checksum");
+    json h = f.header();
+    h["__metadata__"].erase("checksum");
+    const std::string computed = hex64(content_hash(h, {losses, params, adam_m, adam_v}));
+    if (stored != computed)
+      throw f.error("checksum mismatch (stored " + stored + ", computed " + computed +
+                    "): the file was modified or damaged");
+  }
+
+  auto integer = [&](const std::string& key, auto& out) {
+    const std::string v = f.meta(key);
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+    bool negative = false;
+    if constexpr (std::is_signed_v<std::remove_reference_t<decltype(out)>>) negative = out < 0;
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size() || negative)
+      throw f.error("metadata '" + key + "' = '" + v + "' is not a non-negative integer");
+  };
+  integer("step", c.step);
+  integer("sampler_draws", c.sampler_draws);
+  c.config_toml = f.meta("config_toml");
+  c.recipe_toml = f.meta("recipe_toml");
+  // Both must parse (errors name the file and the TOML key).
+  (void)run_config_from_text(c.config_toml, f.name() + " (metadata 'config_toml')");
+  (void)recipe_from_text(c.recipe_toml, f.name() + " (metadata 'recipe_toml')");
+
+  c.losses.resize(losses.size() / 8);
+  std::memcpy(c.losses.data(), losses.data(), losses.size());
+  if (!c.losses.empty() && c.losses.size() != static_cast<size_t>(c.step))
+    throw f.error("tensor 'losses' has " + std::to_string(c.losses.size()) +
+                  " elements but the checkpoint is at step " + std::to_string(c.step));
+  c.params.resize(params.size() / 4);
+  c.adam_m.resize(params.size() / 4);
+  c.adam_v.resize(params.size() / 4);
+  std::memcpy(c.params.data(), params.data(), params.size());
+  std::memcpy(c.adam_m.data(), adam_m.data(), adam_m.size());
+  std::memcpy(c.adam_v.data(), adam_v.data(), adam_v.size());
+
+  auto parse = [&](const std::string& key) {
+    try {
+      return json::parse(f.meta(key));
+    } catch (const json::exception& e) {
+      throw f.error("metadata '" + key + "' is not JSON (" + e.what() + ")");
+    }
+  };
+  const json refs = parse("references");
+  if (!refs.is_array()) throw f.error("metadata 'references' is not a JSON array");
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const json& r = refs[i];
+    const std::string where = "metadata 'references' entry " + std::to_string(i);
+    HeldReference h;
+    try {
+      h.linear = r.at("linear").get<std::string>();
+      h.role = r.at("role").get<int>();
+      h.has_value = r.at("has_value").get<bool>();
+      h.last_refresh = r.at("last_refresh").get<int64_t>();
+      h.held = static_cast<float>(r.at("held").get<double>());
+    } catch (const json::exception& e) {
+      throw f.error(where + ": missing or mistyped field (" + e.what() + ")");
+    }
+    if (h.role < 0 || h.role > 4) throw f.error(where + ": role " + std::to_string(h.role) + " is not in 0..4");
+    if (h.last_refresh < 0 || h.last_refresh > c.step)
+      throw f.error(where + ": last_refresh " + std::to_string(h.last_refresh) + " is not in 0..step");
+    if (!std::isfinite(h.held) || h.held < 0) throw f.error(where + ": held amax is not a finite number >= 0");
+    c.references.push_back(h);
+  }
+
+  const json t = parse("trainer");
+  try {
+    auto real = [&](const char* k) {
+      const json& v = t.at(k);
+      return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+    };
+    c.train_seconds = real("train_seconds");
+    c.wall_seconds = real("wall_seconds");
+    c.val_nll = real("val_nll");
+    c.val_nll_quant = real("val_nll_quant");
+    c.telemetry_digest = t.at("telemetry_digest").get<std::string>();
+    c.data_key = t.at("data_key").get<std::string>();
+    c.config_name = t.at("config_name").get<std::string>();
+    c.save_every = t.at("save_every").get<int>();
+    c.keep_checkpoints = t.at("keep_checkpoints").get<int>();
+    c.log_every = t.at("log_every").get<int>();
+    c.save_amax = t.at("save_amax").get<bool>();
+  } catch (const json::exception& e) {
+    throw f.error(std::string("metadata 'trainer': missing or mistyped field (") + e.what() + ")");
+  }
+  if (c.save_every < 0 || c.keep_checkpoints < 1 || c.log_every < 1)
+    throw f.error("metadata 'trainer': save_every >= 0, keep_checkpoints >= 1 and log_every >= 1 required");
+  return c;
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
+  const fs::path dir = checkpoint_dir(run_dir);
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    int64_t step = 0;
+    if (parse_step_name(it->path().filename().string(), step) && it->is_regular_file())
+      found.emplace_back(step, it->path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [s, p] : found) out.push_back(p);
+  return out;
+}
+
+void prune_checkpoints(const fs::path& run_dir, int keep) {
+  if (keep < 1) throw std::invalid_argument("prune_checkpoints: keep must be >= 1");
+  const auto all = list_checkpoints(run_dir);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+    if (ec) throw UserError("cannot remove old checkpoint " + all[i].string() + ": " + ec.message());
+  }
+}
+
+Checkpoint load_newest_checkpoint(const fs::path& run_dir, fs::path* file, std::string* warn) {
+  const auto all = list_checkpoints(run_dir);
+  if (all.empty())
+    throw UserError(run_dir.string() + ": no checkpoint (no step_*.safetensors in " +
+                    checkpoint_dir(run_dir).string() + ")");
+  std::string skipped;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      Checkpoint c = load_checkpoint(*it);
+      if (file) *file = *it;
+      if (warn && !skipped.empty())
+        *warn += skipped + "warning: using the older checkpoint " + it->string() + " (step " +
+                 std::to_string(c.step) + ")\n";
+      return c;
+    } catch (const UserError& e) {
+      skipped += "warning: skipping checkpoint " + it->filename().string() +
+                 ", which does not load: " + e.what() + "\n";
+    }
+  }
+  throw UserError(run_dir.string() + ": no usable checkpoint; every one failed to load:\n" + skipped);
+}
+
+fs::path resolve_checkpoint(const fs::path& file_or_run_dir, std::string* warn) {
+  std::error_code ec;
+  if (fs::is_regular_file(file_or_run_dir, ec)) return file_or_run_dir;
+  if (!fs::is_directory(file_or_run_dir, ec))
+    throw UserError(file_or_run_dir.string() +
+                    ": no such checkpoint file or run directory");
+  fs::path file;
+  (void)load_newest_checkpoint(file_or_run_dir, &file, warn);
+  return file;
+}
+
+}  // namespace fp4
