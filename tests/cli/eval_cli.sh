@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `fp4train eval` and `fp4train sample`: bad input named and refused; the table and JSON on a
 # freshly initialised micro model (--config + --init-seed); and, once checkpoints exist
-# (`train --save-every`), eval/sample of a trained run's checkpoint agreeing with its summary.
+# eval/sample of a trained run's checkpoint agreeing with its summary.
 # Usage: eval_cli.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2
@@ -105,11 +105,7 @@ g=$("$bin" sample --config "$work/micro.toml" --init-seed 3 --temperature 0 --to
   || fail "greedy calibrated sample"
 echo "$g" | grep -q "policy calibrated, temperature 0" || fail "sample summary line: $g"
 
-# --- checkpoints (once `train --save-every` exists) -------------------------------------
-if ! "$bin" train --help 2>&1 | grep -q -- "--save-every"; then
-  echo "eval_cli: checks passed; checkpoint part skipped (train has no --save-every yet)"
-  exit 0
-fi
+# --- checkpoints ---------------------------------------------------------------------------
 run="$work/runs/ue"
 "$bin" train --config "$work/micro.toml" --recipe ue5m3-b16 --out "$run" --save-every 5 --quiet \
   > /dev/null 2>&1 || fail "train with --save-every"
