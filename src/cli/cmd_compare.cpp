@@ -10,7 +10,9 @@
 #include <sstream>
 
 #include "commands.h"
+#include "fp4/checkpoint.h"
 #include "fp4/error.h"
+#include "fp4/eval.h"
 #include "fp4/report.h"
 #include "fp4/train.h"
 #include "paths.h"
@@ -139,6 +141,7 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
                         " --title " + shell_quote(plan.config_name) + " --out " +
                         shell_quote((out / "plots").string());
       for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
+      std::fflush(stdout);
       if (std::system(cmd.c_str()) == 0) {
         for (const char* p : {"loss.png", "loss_vs_bf16.png", "heldout.png", "telemetry.png"})
           ctx.plots.push_back(std::string("plots/") + p);
@@ -159,13 +162,15 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
 
 struct CompareArgs {
   std::string config = "configs/tiny.toml";
-  std::string recipes = "fp32,bf16,ue5m3-b16,nvfp4-te";
+  std::string recipes = "fp32,bf16,ue5m3-b16,ue5m3-b32,ue5m3-te,nvfp4-te,nvfp4-all,mxfp4";
   int seeds = 1;
   uint64_t seed_base = 1;
   int steps = 0;
   std::string out;
-  std::string policies = "none,current";
+  std::string policies = "none,current,replay-d50,calibrated";
   bool no_plots = false;
+  int save_every = 50;
+  int keep_checkpoints = 1;
 };
 
 void run_compare(const CompareArgs& a, const std::string& command) {
@@ -181,10 +186,7 @@ void run_compare(const CompareArgs& a, const std::string& command) {
   Plan plan;
   plan.config_name = fs::path(a.config).stem().string();
   plan.recipes = split_list(a.recipes, "--recipes");
-  plan.policies = split_list(a.policies, "--policies");
-  for (const auto& p : plan.policies)
-    if (p != "none" && p != "current")
-      throw UserError("--policies: unknown policy '" + p + "' (known: none, current)");
+  for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
   for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
   plan.steps = cfg.train.steps;
   plan.command = command;
@@ -243,24 +245,43 @@ void run_compare(const CompareArgs& a, const std::string& command) {
       char head[256];
       std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
                     plan.recipes[ri].c_str(), static_cast<unsigned long long>(seed));
-      if (fs::exists(d / "summary.json")) {
-        logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
-        continue;
-      }
-      if (fs::exists(d)) {
-        const fs::path stale = d.string() + ".incomplete";
-        fs::remove_all(stale);
-        fs::rename(d, stale);
-        logf(std::string(head) + "an unfinished run was moved to " + stale.string() +
-             "; training again");
-      }
-      logf(std::string(head) + "training into " + d.string());
       RunConfig rc = cfg;
       rc.train.seed = seed;
       TrainOptions opt;
       opt.out_dir = d;
       opt.config_name = plan.config_name;
-      train(rc, recipes[ri], data, opt);
+      opt.save_every = a.save_every;
+      opt.keep_checkpoints = a.keep_checkpoints;
+      if (fs::exists(d / "summary.json")) {
+        logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
+      } else if (fs::exists(d) && !list_checkpoints(d).empty()) {
+        // An interrupted run continues bit for bit from its newest checkpoint that loads.
+        std::string warn;
+        const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
+        if (!warn.empty()) logf(warn);
+        logf(std::string(head) + "resuming " + d.string() + " from step " +
+             std::to_string(ck.step));
+        opt.resume_from = &ck;
+        train(rc, recipes[ri], data, opt);
+      } else {
+        if (fs::exists(d)) {  // started, but stopped before its first checkpoint
+          const fs::path stale = d.string() + ".incomplete";
+          fs::remove_all(stale);
+          fs::rename(d, stale);
+          logf(std::string(head) + "an unfinished run without checkpoints was moved to " +
+               stale.string());
+        }
+        logf(std::string(head) + "training into " + d.string());
+        train(rc, recipes[ri], data, opt);
+      }
+      // Held-out NLL under every policy, from the run's final checkpoint.
+      if (!fs::exists(d / "eval.json")) {
+        logf(std::string(head) + "held-out NLL under " + a.policies);
+        std::string pols;
+        for (const auto& p : plan.policies) pols += (pols.empty() ? "" : ",") + p;
+        eval_checkpoint_to_json(d.string(), pols, (d / "eval.json.tmp").string());
+        fs::rename(d / "eval.json.tmp", d / "eval.json");
+      }
     }
   build_report(out, plan, !a.no_plots);
 }
@@ -272,8 +293,10 @@ void register_compare(CLI::App& app) {
       "compare",
       "Train every recipe x seed on one config, one after another, then write DIR/report.md\n"
       "and DIR/plots/*.png: final-window loss (mean ± std over seeds, gap to bf16), held-out\n"
-      "NLL per inference policy, loss spikes, max grad norm after warmup, tokens/s and step\n"
-      "time vs fp32. Resumable: finished runs (DIR/<recipe>-s<seed>/summary.json) are reused.");
+      "NLL per inference policy (from each run's final checkpoint, DIR/<run>/eval.json), loss\n"
+      "spikes, max grad norm after warmup, tokens/s and step time vs fp32. Resumable: finished\n"
+      "runs (DIR/<recipe>-s<seed>/summary.json) are reused, interrupted ones continue bit for\n"
+      "bit from their newest checkpoint.");
   c->add_option("--config", a->config, "Run config TOML")->capture_default_str();
   c->add_option("--recipes", a->recipes, "Comma-separated recipe names or .toml paths")
       ->capture_default_str();
@@ -286,7 +309,17 @@ void register_compare(CLI::App& app) {
   c->add_option("--steps", a->steps, "Override train.steps of every run")
       ->check(CLI::Range(1, 1 << 30));
   c->add_option("--out", a->out, "Comparison directory (runs, report.md, plots/)")->required();
-  c->add_option("--policies", a->policies, "Held-out NLL inference policies to tabulate")
+  c->add_option("--policies", a->policies,
+                "Quantized-inference policies for held-out NLL: none, current, replay-d<D>, "
+                "calibrated (README \"Quantized inference evaluation\")")
+      ->capture_default_str();
+  c->add_option("--save-every", a->save_every,
+                "Checkpoint every N steps, so an interrupted comparison resumes its current run "
+                "(the final step is always saved; it is what eval.json is computed from)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  c->add_option("--keep-checkpoints", a->keep_checkpoints, "Checkpoints kept per run")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
   c->callback([a, c] {

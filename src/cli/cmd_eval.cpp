@@ -321,6 +321,15 @@ void run_sample(const SampleArgs& a) {
 
 }  // namespace
 
+void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
+                             const std::string& json_file) {
+  EvalArgs a;
+  a.src.checkpoint = checkpoint;
+  a.policies = {policies};
+  a.json_file = json_file;
+  run_eval(a);
+}
+
 void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   auto* c = app.add_subcommand(

@@ -153,13 +153,9 @@ void run_train(const TrainArgs& a) {
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
   check_recipe_fits(recipe, cfg);
 
-  // data.path from a config: relative to the working directory, else to the config file's
-  // directory, else to the source tree (for the default corpus); --data: as given.
-  fs::path data_path = cfg.data.path;
-  if (a.data.empty() && data_path.is_relative() && !fs::exists(data_path)) {
-    const fs::path beside = config_file.parent_path() / data_path;
-    data_path = fs::exists(beside) ? beside : resolve(cfg.data.path);
-  }
+  // data.path from a config: see resolve_data_path; --data: as given.
+  const fs::path data_path =
+      a.data.empty() ? resolve_data_path(cfg.data.path, config_file) : fs::path(a.data);
   if (!fs::exists(data_path)) {
     const bool is_default = a.data.empty() && cfg.data.path == DataConfig{}.path;
     throw UserError("data path " + data_path.string() + " does not exist" +

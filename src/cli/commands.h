@@ -10,4 +10,9 @@ void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_compare(CLI::App& app);  // compare and report
+
+/// `fp4train eval --checkpoint CHECKPOINT --policy POLICIES --json JSON_FILE` as a call
+/// (prints the table too); throws what the command throws.
+void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
+                             const std::string& json_file);
 }  // namespace fp4::cli

@@ -37,8 +37,8 @@ telemetry_interval = 6
 TOML
 cd "$work"
 
-out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp 2>&1) \
-  || fail "compare failed: $out"
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 2>&1) || fail "compare failed: $out"
 echo "$out" | grep -q "\[6/6\] recipe ue5m3-b16, seed 2" || fail "no progress header for run 6/6: $out"
 for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
   [ -f "cmp/$r/summary.json" ] || fail "cmp/$r/summary.json missing"
@@ -48,6 +48,20 @@ md=cmp/report.md
 grep -q "^| fp32 | 2 | " $md || fail "no fp32 row with 2 seeds in the report"
 grep -q "^| bf16 | 2 | [0-9.]* ± [0-9.]* | +0.00% |" $md || fail "bf16 row lacks mean ± std or its 0% gap"
 grep -q "^| ue5m3-b16 | 2 | .*× |$" $md || fail "ue5m3-b16 row lacks its step-time ratio"
+# Held-out NLL under the four policies, from each run's final checkpoint (eval.json).
+grep -q "held-out NLL, none | held-out NLL, current | held-out NLL, replay-d50 | held-out NLL, calibrated |" $md \
+  || fail "report lacks the four policy columns: $(grep '^| recipe' $md)"
+python3 - <<'PY' || fail "eval.json does not agree with summary.json"
+import json
+for s in (1, 2):
+    e = json.load(open(f"cmp/ue5m3-b16-s{s}/eval.json"))
+    m = json.load(open(f"cmp/ue5m3-b16-s{s}/summary.json"))
+    assert e["policies"] == ["none", "current", "replay-d50", "calibrated"], e["policies"]
+    assert e["step"] == 12, e["step"]
+    # The trainer's final evaluation (FP32 and policy `current`) is the same computation.
+    assert e["results"]["none"]["nats_per_token"] == m["heldout_nll"], (e["results"]["none"], m)
+    assert e["results"]["current"]["nats_per_token"] == m["heldout_nll_quant"], (e["results"]["current"], m)
+PY
 # The table's fp32 final-window loss is the mean of the two runs' summary values.
 want=$(python3 - <<'PY'
 import json
@@ -68,10 +82,22 @@ else
 fi
 
 # Rerun: every run is reused, nothing retrained.
-out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp 2>&1) \
-  || fail "rerun failed: $out"
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 2>&1) || fail "rerun failed: $out"
 [ "$(echo "$out" | grep -c 'finished earlier, reused')" = 6 ] || fail "rerun did not reuse all 6 runs: $out"
 echo "$out" | grep -q "^step " && fail "rerun trained again: $out"
+
+# An interrupted run (no summary, newest checkpoint gone) continues from its step-6 checkpoint
+# and ends with the same bits as before.
+before=$(python3 -c 'import json; print(json.load(open("cmp/bf16-s1/summary.json"))["final_window_loss"].hex())')
+rm cmp/bf16-s1/summary.json cmp/bf16-s1/eval.json cmp/bf16-s1/checkpoints/step_00000012.safetensors
+[ -f cmp/bf16-s1/checkpoints/step_00000006.safetensors ] || fail "no step-6 checkpoint kept"
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 2>&1) || fail "resuming compare failed: $out"
+echo "$out" | grep -q "resuming cmp/bf16-s1 from step 6" || fail "did not resume bf16-s1: $out"
+after=$(python3 -c 'import json; print(json.load(open("cmp/bf16-s1/summary.json"))["final_window_loss"].hex())')
+[ "$before" = "$after" ] || fail "resumed run differs: $before vs $after"
+[ -f cmp/bf16-s1/eval.json ] || fail "resumed run has no eval.json"
 
 # A different config (--steps) into the same directory is refused, and changes nothing.
 sum_before=$(md5sum cmp/compare.json)
@@ -83,6 +109,9 @@ echo "$out" | grep -q "different config" || fail "unhelpful message for a change
 # Unknown policy and recipe are refused before training.
 out=$("$bin" compare --config micro.toml --recipes fp32,nope --out cmp2 2>&1) && fail "unknown recipe accepted"
 echo "$out" | grep -q "nope" || fail "unknown recipe not named: $out"
+out=$("$bin" compare --config micro.toml --recipes fp32 --policies current,latest --out cmp2 2>&1) \
+  && fail "unknown policy accepted"
+echo "$out" | grep -q "latest" || fail "unknown policy not named: $out"
 [ -e cmp2 ] && fail "a refused compare created its directory"
 
 # report rebuilds from finished runs and lists an unfinished one.
