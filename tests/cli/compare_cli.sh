@@ -6,35 +6,9 @@
 set -uo pipefail
 bin=$1; src=$2
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lib/micro.bash"
 
-brown="$src/data/brown/text"
-[ -d "$brown" ] || fail "default corpus missing at $brown (scripts/setup installs it)"
-mkdir -p "$work/text"
-ls "$brown"/*.txt | head -30 | xargs -I{} cp {} "$work/text/"
-cat > "$work/micro.toml" <<TOML
-[model]
-vocab_size = 384
-d_model = 32
-n_layers = 2
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 2
-steps = 12
-lr = 1e-2
-warmup_steps = 2
-[data]
-path = "$work/text"
-cache = "$work/cache"
-[eval]
-interval = 6
-windows = 4
-[log]
-progress_seconds = 60.0
-telemetry_interval = 6
-TOML
+micro_setup "$work" docs=30 vocab_size=384 batch_size=2 steps=12 warmup_steps=2 interval=6 windows=4 progress_seconds=60.0 telemetry_interval=6
 cd "$work"
 
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \

@@ -6,41 +6,9 @@
 set -uo pipefail
 bin=$1; src=$2
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lib/micro.bash"
 
-# expect_error <substring> <args...>: non-zero exit and the message on stderr.
-expect_error() {
-  local want=$1; shift
-  local err
-  if err=$("$bin" "$@" 2>&1 >/dev/null); then fail "expected failure for: $*"; fi
-  echo "$err" | grep -qF -- "$want" || fail "message for '$*' lacks '$want': $err"
-}
-
-brown="$src/data/brown/text"
-[ -d "$brown" ] || fail "default corpus missing at $brown (scripts/setup installs it)"
-mkdir -p "$work/text"
-ls "$brown"/*.txt | head -40 | xargs -I{} cp {} "$work/text/"
-cat > "$work/micro.toml" <<TOML
-[model]
-vocab_size = 512
-d_model = 32
-n_layers = 2
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 4
-steps = 10
-warmup_steps = 2
-[data]
-path = "$work/text"
-cache = "$work/cache"
-[eval]
-interval = 5
-windows = 12
-[log]
-progress_seconds = 0.0
-TOML
+micro_setup "$work" steps=10 lr=3e-3 warmup_steps=2 interval=5 windows=12 telemetry_interval=50
 
 # --- bad input -------------------------------------------------------------------------
 expect_error "unknown policy 'bogus'" eval --checkpoint "$work/nothing" --policy bogus

@@ -8,36 +8,9 @@ set -uo pipefail
 bin=$1; src=$2
 work=$(mktemp -d); pid=
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lib/micro.bash"
 
-brown="$src/data/brown/text"
-[ -d "$brown" ] || fail "default corpus missing at $brown (scripts/setup installs it)"
-mkdir -p "$work/text"
-ls "$brown"/*.txt | head -30 | xargs -I{} cp {} "$work/text/"
-
-cat > "$work/micro.toml" <<'TOML'
-[model]
-vocab_size = 512
-d_model = 32
-n_layers = 2
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 4
-steps = 120
-lr = 1e-2
-warmup_steps = 4
-[data]
-cache = "CACHE"
-[eval]
-interval = 25
-windows = 4
-[log]
-progress_seconds = 0.0
-telemetry_interval = 10
-TOML
-sed -i "s#CACHE#$work/cache#" "$work/micro.toml"
+micro_setup "$work" docs=30 steps=120 interval=25 windows=4
 args=(--config "$work/micro.toml" --recipe ue5m3-b16 --data "$work/text")
 
 # The uninterrupted reference.
@@ -61,12 +34,6 @@ echo "killed after $(wc -l < "$work/run/metrics.jsonl") metrics lines; checkpoin
 truncate -s -7 "$work/run/checkpoints/$newest"
 
 # Options that would change the run are refused before anything happens.
-expect_error() {
-  local want=$1; shift
-  local err
-  if err=$("$bin" "$@" 2>&1 >/dev/null); then fail "expected failure for: $*"; fi
-  echo "$err" | grep -qF -- "$want" || fail "message for '$*' lacks '$want': $err"
-}
 expect_error "--steps cannot be combined" train --resume "$work/run" --steps 10
 expect_error "--recipe cannot be combined" train --resume "$work/run" --recipe fp32
 expect_error "already holds a run" train "${args[@]}" --out "$work/run"

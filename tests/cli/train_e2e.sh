@@ -6,36 +6,9 @@
 set -uo pipefail
 bin=$1; src=$2
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/lib/micro.bash"
 
-brown="$src/data/brown/text"
-[ -d "$brown" ] || fail "default corpus missing at $brown (scripts/setup installs it)"
-mkdir -p "$work/text"
-ls "$brown"/*.txt | head -40 | xargs -I{} cp {} "$work/text/"
-
-cat > "$work/micro.toml" <<'TOML'
-[model]
-vocab_size = 512
-d_model = 32
-n_layers = 2
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 4
-steps = 40
-lr = 1e-2
-warmup_steps = 4
-[data]
-cache = "CACHE"
-[eval]
-interval = 20
-windows = 8
-[log]
-progress_seconds = 0.0
-telemetry_interval = 10
-TOML
-sed -i "s#CACHE#$work/cache#" "$work/micro.toml"
+micro_setup "$work"
 
 for r in fp32 bf16 ue5m3-b16 nvfp4-te; do
   out="$work/runs/$r"
@@ -82,13 +55,6 @@ cmp <(python3 -c "import json;[print(json.loads(l)['loss']) for l in open('$work
     <(python3 -c "import json;[print(json.loads(l)['loss']) for l in open('$work/again2/metrics.jsonl')]") \
   || fail "same seed gave different losses"
 
-# expect_error <substring> <args...>: non-zero exit and the message on stderr.
-expect_error() {
-  local want=$1; shift
-  local err
-  if err=$("$bin" "$@" 2>&1 >/dev/null); then fail "expected failure for: $*"; fi
-  echo "$err" | grep -qF -- "$want" || fail "message for '$*' lacks '$want': $err"
-}
 expect_error "already holds a run" train --config "$work/micro.toml" --recipe fp32 --data "$work/text" --out "$work/runs/fp32"
 expect_error "unknown recipe 'nope'" train --config "$work/micro.toml" --recipe nope --data "$work/text"
 expect_error "does not exist" train --config "$work/micro.toml" --data "$work/missing"
