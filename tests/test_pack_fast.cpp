@@ -181,6 +181,16 @@ float ref_amax_rht(const std::vector<float>& x, int64_t rows, int64_t cols) {
   return tensor_amax(t.data(), int64_t(t.size()));
 }
 
+/// quantize_pack_transposed_fast against its reference composition.
+void check_pack_t(const std::vector<float>& x, int64_t rows, int64_t cols, const BlockQuantSpec& s,
+                  float g, bool rht, const std::string& what) {
+  const SrKey* key = s.rounding == Rounding::SR8 ? &kKey : nullptr;
+  expect_same(quantize_pack_transposed_fast(x.data(), rows, cols, s, g, key, rht),
+              ref_pack_transposed(x, rows, cols, s, g, key, rht),
+              what + " T" + (rht ? " RHT" : "") + " [" + std::to_string(rows) + ", " +
+                  std::to_string(cols) + "] " + spec_str(s) + " g=" + std::to_string(g));
+}
+
 std::string after_colon(const std::string& s) {
   const size_t p = s.find(": ");
   return p == std::string::npos ? s : s.substr(p + 2);
@@ -311,7 +321,7 @@ TEST(PackFast, TransposedRandomBitExact) {
   for (ScaleFormat f : kFormats)
     for (Rounding r : kRoundings)
       for (bool rht : {false, true})
-        for (Dist d : {Dist::Normal, Dist::Cauchy}) {
+        for (Dist d : kDists) {
           const Shape sh = rht ? rht_shapes[k % 4] : plain_shapes[k % 4];
           Case c;
           c.sh = sh;
@@ -493,6 +503,11 @@ TEST(PackFast, AdversarialBlocksAndShapes) {
               const std::vector<float> x(v.begin(), v.begin() + rows * cols);
               check_pack(x, rows, cols, make_spec(f, r, 16), g, name);
               check_pack(x, rows, cols, make_spec(f, r, 16, true), g, name + " 2D");
+              check_pack_t(x, rows, cols, make_spec(f, r, 16), g, false, name);
+              if (cols % 2 == 1) {  // RHT needs rows % 16 == 0: the first 32 rows
+                const std::vector<float> x32(v.begin(), v.begin() + 32 * cols);
+                check_pack_t(x32, 32, cols, make_spec(f, r, 16), g, true, name);
+              }
             }
     }
     // 1×1 tensors (one half-filled byte)
@@ -519,6 +534,10 @@ TEST(PackFast, AdversarialBlocksAndShapes) {
         check_pack(x, 37, 53, make_spec(ScaleFormat::UE5M3, r, block), g, "odd block");
         check_pack(x, 37, 53, make_spec(ScaleFormat::E4M3, r, block, true), g, "odd block 2D");
         check_pack(x, 53, 37, make_spec(ScaleFormat::UE8M0, r, block, true), g, "odd block 2D");
+        check_pack_t(x, 37, 53, make_spec(ScaleFormat::UE5M3, r, block), g, false, "odd block");
+        check_pack_t(x, 37, 53, make_spec(ScaleFormat::E4M3, r, block, true), g, false, "odd block 2D");
+        const std::vector<float> x48(x.begin(), x.begin() + 48 * 37);
+        check_pack_t(x48, 48, 37, make_spec(ScaleFormat::E4M3, r, block), g, true, "odd block");
       }
   });
 }

@@ -70,10 +70,14 @@ namespace fp4::pf {
 constexpr int64_t kMaxLanes = 64;
 /// SR bytes are generated in windows of at least this many consecutive elements.
 constexpr int64_t kSrWindow = 16384;
+/// Columns of x per panel of the quantize-transpose (output rows per work item; even, so every
+/// panel starts at an even flat index of the output).
+constexpr int64_t kPanel = 16;
 
 /// Everything the quantize kernel needs about one call (plain data, shared by all targets).
 struct QPlan {
-  const float* x = nullptr;
+  const float* x = nullptr;   ///< row r of the tensor is x + (r − x_row0)·cols
+  int64_t x_row0 = 0;
   uint8_t* packed = nullptr;  ///< (rows·cols + 1)/2 bytes
   uint8_t* scales = nullptr;  ///< block_rows·block_cols bytes
   int64_t rows = 0, cols = 0, B = 16;
@@ -144,6 +148,9 @@ struct Kernels {
   bool (*pack_rows)(const QPlan& p, int64_t br0, int64_t br1, QScratch& s);
   /// Rows [r0, r1) of p into p.out (FP32) or p.out_bf16.
   void (*unpack_rows)(const DPlan& p, int64_t r0, int64_t r1, DScratch& s);
+  /// The quantize-transpose's panel (TransposePanel below).
+  void (*transpose_panel)(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w,
+                          bool rht, float* buf);
 };
 
 /// Pack the code bytes c[0..n) (values < 16) at flat element index `start` into packed
@@ -321,7 +328,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
       VI m = hn::Zero(di);
       uint32_t mt = 0;
       for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = p.x + r * cols + c0;
+        const float* xr = p.x + (r - p.x_row0) * cols + c0;
         int64_t j = 0;
         for (; j + N <= len; j += N)
           m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, xr + j)), hn::Set(di, 0x7FFFFFFF)));
@@ -355,7 +362,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
     // 4. element codes, row by row, then packed
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t start = r * cols;
-      const float* xr = p.x + start;
+      const float* xr = p.x + (r - p.x_row0) * cols;
       const uint8_t* srp = nullptr;
       if constexpr (kSR) {
         if (start < s.sr0 || start + cols > s.sr1) {
@@ -388,6 +395,44 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
     }
   }
   return true;
+}
+
+/// The quantize-transpose's input panel: buf [w][rows] = columns [c0, c0 + w) of x [rows, cols]
+/// (w ≤ kPanel), each 16-long chunk along rows RHT-transformed first if rht (rows % 16 == 0):
+/// per column the operations of hadamard.cpp's rht16_chunk (sign multiply, butterflies
+/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns.
+void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w, bool rht,
+                    float* buf) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  alignas(64) float tile[16 * kPanel] = {};
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t h = std::min<int64_t>(16, rows - r0);
+    for (int64_t i = 0; i < h; ++i) {
+      std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+    }
+    if (rht) {  // h == 16
+      for (int64_t k = 0; k < kPanel; k += N) {
+        VF v[16];
+        for (int i = 0; i < 16; ++i)
+          v[i] = hn::Mul(hn::LoadU(df, tile + i * kPanel + k), hn::Set(df, kRhtSigns[i]));
+        for (int hh = 1; hh < 16; hh <<= 1) {
+          for (int i = 0; i < 16; i += 2 * hh) {
+            for (int j = i; j < i + hh; ++j) {
+              const VF a = v[j], b = v[j + hh];
+              v[j] = hn::Add(a, b);
+              v[j + hh] = hn::Sub(a, b);
+            }
+          }
+        }
+        for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, tile + i * kPanel + k);
+      }
+    }
+    for (int64_t j = 0; j < w; ++j) {
+      float* o = buf + j * rows + r0;
+      for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+    }
+  }
 }
 
 bool PackRows(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
@@ -523,7 +568,7 @@ namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
 
 #define FP4_PF_KERNELS(NS, NAME) \
-  Kernels { NAME, &NS::PackRows, &NS::UnpackRows }
+  Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel }
 
 /// Every target compiled in (named as quant_fast_targets() names them); the one used is the
 /// one quant_fast_target() reports, so quant_fast_use_target() selects these kernels too.
@@ -665,21 +710,15 @@ void dequantize_any(const char* where, const QTensor& t, float* out, uint16_t* o
 }  // namespace
 }  // namespace pf
 
-void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
-                        float g, const SrKey* sr, QTensor& out) {
-  const char* where = "quantize_pack_fast";
-  detail::validate_block_quant(where, rows, cols, spec, g, sr);
-  if (!pf::packable(spec)) {
-    // Not QTensor material: the scalar composition throws pack()'s error (or quantize_blocks'
-    // NonFiniteError first, as the twin does).
-    auto facts = std::move(out.facts);
-    out = pack(quantize_blocks(x, rows, cols, spec, g, sr));
-    out.facts = std::move(facts);
-    return;
-  }
+namespace pf {
+namespace {
+
+/// The QTensor fields of a packed [rows, cols] operand (as pack() sets them) and the kernel
+/// plan that fills its buffers (x left unset).
+QPlan start_qtensor(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+                    const SrKey* sr, QTensor& out) {
   float ge, gd, mult;
-  pf::tensor_scales(g, spec.target, ge, gd, mult);
-  (void)ge;
+  tensor_scales(g, spec.target, ge, gd, mult);
   out.rows = rows;
   out.cols = cols;
   out.block = spec.block;
@@ -692,10 +731,8 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
   const int64_t n = rows * cols;
   out.packed.resize(static_cast<size_t>((n + 1) / 2));
   out.scale_codes.resize(static_cast<size_t>(out.block_rows() * out.block_cols()));
-  if (n == 0) return;
 
-  pf::QPlan p;
-  p.x = x;
+  QPlan p;
   p.packed = out.packed.data();
   p.scales = out.scale_codes.data();
   p.rows = rows;
@@ -717,7 +754,34 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
   p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
   p.sr = spec.rounding == Rounding::SR8;
   if (p.sr) p.key = *sr;
+  return p;
+}
 
+/// Thread `id` of `nt`'s contiguous share [u0, u1) of `units` work items (static schedule).
+void share(int64_t units, int nt, int id, int64_t& u0, int64_t& u1) {
+  u0 = units * id / nt;
+  u1 = units * (id + 1) / nt;
+}
+
+}  // namespace
+}  // namespace pf
+
+void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                        float g, const SrKey* sr, QTensor& out) {
+  const char* where = "quantize_pack_fast";
+  detail::validate_block_quant(where, rows, cols, spec, g, sr);
+  if (!pf::packable(spec)) {
+    // Not QTensor material: the scalar composition throws pack()'s error (or quantize_blocks'
+    // NonFiniteError first, as the twin does).
+    auto facts = std::move(out.facts);
+    out = pack(quantize_blocks(x, rows, cols, spec, g, sr));
+    out.facts = std::move(facts);
+    return;
+  }
+  pf::QPlan p = pf::start_qtensor(rows, cols, spec, g, sr, out);
+  p.x = x;
+  const int64_t n = rows * cols;
+  if (n == 0) return;
   // Work ranges start at even flat indices: a block-row holds rows_per·cols elements; if that
   // is odd, block-rows go in pairs.
   const int64_t rows_per = spec.two_d ? spec.block : 1;
@@ -728,8 +792,8 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
   const bool par = n >= pf::kParallelMin && units > 1;
 #pragma omp parallel if (par)
   {
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
+    int64_t u0, u1;
+    pf::share(units, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
     const int64_t br0 = u0 * unit, br1 = std::min(p.block_rows, u1 * unit);
     if (br0 < br1) {
       pf::QScratch s(p);
@@ -761,11 +825,42 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
                                 "along the rows of x)");
   }
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
-  std::vector<float> t(static_cast<size_t>(rows * cols));
-  pf::transpose(x, rows, cols, t.data());
-  if (rht) rht16_rows(t.data(), cols, rows);
   QTensor q;
   q.facts = std::move(facts);
+  const int64_t n = rows * cols;
+  bool fused = pf::packable(spec) && !spec.two_d && n > 0;
+  if (fused) {
+    // One pass: panels of kPanel columns of x are transposed (+ RHT) into a per-thread buffer
+    // [kPanel, rows] that stays in cache, and quantized there by the row kernel as output rows
+    // [c0, c0 + kPanel) (1-D blocks: one block-row per output row; panels start at even flat
+    // indices, so no byte is shared between threads).
+    pf::QPlan p = pf::start_qtensor(cols, rows, spec, g, sr, q);
+    const int64_t panels = (cols + pf::kPanel - 1) / pf::kPanel;
+    const pf::Kernels& k = pf::active();
+    std::atomic<bool> bad{false};
+#pragma omp parallel if (n >= pf::kParallelMin && panels > 1)
+    {
+      int64_t u0, u1;
+      pf::share(panels, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
+      if (u0 < u1) {
+        pf::QScratch s(p);
+        std::vector<float> buf(static_cast<size_t>(pf::kPanel * rows));
+        pf::QPlan pp = p;
+        pp.x = buf.data();
+        for (int64_t u = u0; u < u1 && !bad.load(std::memory_order_relaxed); ++u) {
+          const int64_t c0 = u * pf::kPanel, w = std::min(pf::kPanel, cols - c0);
+          k.transpose_panel(x, rows, cols, c0, w, rht, buf.data());
+          pp.x_row0 = c0;
+          if (!k.pack_rows(pp, c0, c0 + w, s)) bad.store(true, std::memory_order_relaxed);
+        }
+      }
+    }
+    if (!bad.load()) return q;
+    // A non-finite value (in x or its RHT): the composition below throws the reference's error.
+  }
+  std::vector<float> t(static_cast<size_t>(n));
+  pf::transpose(x, rows, cols, t.data());
+  if (rht) rht16_rows(t.data(), cols, rows);
   quantize_pack_fast(t.data(), cols, rows, spec, g, sr, q);
   return q;
 }
