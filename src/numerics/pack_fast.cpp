@@ -153,12 +153,6 @@ struct Kernels {
                           bool rht, float* buf);
 };
 
-/// Pack the code bytes c[0..n) (values < 16) at flat element index `start` into packed
-/// nibbles, given the code of flat index start − 1 in `carry` when start is odd. Returns the
-/// code left pending (flat index start + n − 1) when start + n is odd; it is written when
-/// `last` (end of the tensor: high nibble 0) or by the next call.
-using PairsFn = void (*)(const uint8_t* c, int64_t npairs, uint8_t* dst);
-
 }  // namespace fp4::pf
 
 #endif  // FP4_NUMERICS_PACK_FAST_SHARED_
