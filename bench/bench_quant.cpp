@@ -9,6 +9,10 @@
 // runs with omp_get_max_threads() threads (OMP_NUM_THREADS), and is labelled with the SIMD
 // target of the fast kernels. Shapes: the 64 MiB tensor and the training shapes [4096, 256],
 // [4096, 1024] (tokens × features).
+//
+// The packed kernels (pack_fast.h) write a QTensor (4.5 bits per element) instead of FP32:
+// BM_Pack* count the same FP32 input bytes; BM_Dequant* count rows·cols·4 bytes of FP32 output
+// (the size of the tensor they reconstruct), so every figure compares with the same copy.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -22,6 +26,8 @@
 
 #include "fp4/block_quant.h"
 #include "fp4/hadamard.h"
+#include "fp4/pack_fast.h"
+#include "fp4/qtensor.h"
 #include "fp4/quant_fast.h"
 
 using namespace fp4;
@@ -228,6 +234,102 @@ void BM_AmaxRhtFast(benchmark::State& state) {
   finish(state, t);
 }
 
+/// Fused quantize → packed QTensor (1-D blocks), into a reused QTensor (no allocation).
+void BM_PackFast(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const Rounding r = state.range(2) ? Rounding::SR8 : Rounding::RNE;
+  const float g = amax_fast(t.x.p, t.rows * t.cols);
+  QTensor q;
+  for (auto _ : state) {
+    quantize_pack_fast(t.x.p, t.rows, t.cols, spec(r), g, &kKey, q);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t);
+}
+
+/// Its scalar twin: pack(quantize_blocks(...)).
+void BM_PackScalar(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const Rounding r = state.range(2) ? Rounding::SR8 : Rounding::RNE;
+  const float g = tensor_amax(t.x.p, t.rows * t.cols);
+  for (auto _ : state) {
+    QTensor q = pack(quantize_blocks(t.x.p, t.rows, t.cols, spec(r), g, &kKey));
+    benchmark::DoNotOptimize(q.packed.data());
+  }
+  finish(state, t);
+}
+
+/// Weights: 16 × 16 tiles, E4M3 scales, RNE, packed.
+void BM_PackFast2D(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const float g = amax_fast(t.x.p, t.rows * t.cols);
+  QTensor q;
+  for (auto _ : state) {
+    quantize_pack_fast(t.x.p, t.rows, t.cols, spec(Rounding::RNE, ScaleFormat::E4M3, true), g,
+                       nullptr, q);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t);
+}
+
+/// Packed quantize-transpose (today: transposed FP32 copy + RHT, then the fused row kernel).
+void BM_PackTransposedFast(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const Rounding r = state.range(2) ? Rounding::SR8 : Rounding::RNE;
+  const bool rht = state.range(3) != 0;
+  const float g = rht ? amax_rht16_transposed(t.x.p, t.rows, t.cols)
+                      : amax_fast(t.x.p, t.rows * t.cols);
+  for (auto _ : state) {
+    QTensor q = quantize_pack_transposed_fast(t.x.p, t.rows, t.cols, spec(r), g, &kKey, rht);
+    benchmark::DoNotOptimize(q.packed.data());
+  }
+  finish(state, t);
+}
+
+/// Packed QTensor of the benchmark tensor (1-D, UE5M3, RNE), cached per shape.
+const QTensor& packed(int64_t rows, int64_t cols) {
+  static std::vector<std::pair<std::pair<int64_t, int64_t>, QTensor*>> cache;
+  for (auto& [k, q] : cache)
+    if (k.first == rows && k.second == cols) return *q;
+  Tensor& t = tensor(rows, cols);
+  auto* q = new QTensor(quantize_pack_fast(t.x.p, rows, cols, spec(Rounding::RNE),
+                                           amax_fast(t.x.p, rows * cols), nullptr));
+  cache.push_back({{rows, cols}, q});
+  return *q;
+}
+
+void BM_DequantScalar(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const QTensor& q = packed(t.rows, t.cols);
+  for (auto _ : state) {
+    dequantize(q, t.out.p);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t);
+}
+
+void BM_DequantFast(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const QTensor& q = packed(t.rows, t.cols);
+  for (auto _ : state) {
+    dequantize_fast(q, t.out.p);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t);
+}
+
+/// BF16 bit patterns (half the output bytes; counted as the FP32 tensor like the others).
+void BM_DequantBf16Fast(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const QTensor& q = packed(t.rows, t.cols);
+  auto* o = reinterpret_cast<uint16_t*>(t.out.p);
+  for (auto _ : state) {
+    dequantize_bf16_fast(q, o);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t);
+}
+
 const std::vector<std::vector<int64_t>> kShapes = {{4096, 4096}, {4096, 256}, {4096, 1024}};
 
 void Shapes(benchmark::internal::Benchmark* b) {
@@ -260,6 +362,13 @@ BENCHMARK(BM_TransposedScalar)->Apply(ShapesSrRht);
 BENCHMARK(BM_TransposedFast)->Apply(ShapesSrRht);
 BENCHMARK(BM_QdqFastUnaligned)->Apply(Shapes);
 BENCHMARK(BM_TransposedFastUnaligned)->Apply(Shapes);
+BENCHMARK(BM_PackScalar)->Apply(ShapesSr);
+BENCHMARK(BM_PackFast)->Apply(ShapesSr);
+BENCHMARK(BM_PackFast2D)->Apply(Shapes);
+BENCHMARK(BM_PackTransposedFast)->Apply(ShapesSrRht);
+BENCHMARK(BM_DequantScalar)->Apply(Shapes);
+BENCHMARK(BM_DequantFast)->Apply(Shapes);
+BENCHMARK(BM_DequantBf16Fast)->Apply(Shapes);
 BENCHMARK(BM_AmaxScalar)->Apply(Shapes);
 BENCHMARK(BM_AmaxFast)->Apply(Shapes);
 BENCHMARK(BM_AmaxRhtFast)->Apply(Shapes);

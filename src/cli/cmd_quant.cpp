@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -20,7 +21,10 @@
 #include "fp4/block_quant.h"
 #include "fp4/error.h"
 #include "fp4/format.h"
+#include "fp4/pack_fast.h"
 #include "fp4/philox.h"
+#include "fp4/qtensor.h"
+#include "fp4/quant_fast.h"
 
 namespace fp4::cli {
 
@@ -37,6 +41,7 @@ struct QuantOptions {
   double reference = -1.0;  // < 0 in the default: "not given" is tracked by the Option*
   std::string rounding = "rne";
   uint64_t seed = 0;
+  std::string save;  ///< --save: packed QTensor safetensors file ("" = none)
 };
 
 
@@ -100,6 +105,19 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   } catch (const std::invalid_argument& e) {
     throw UserError(e.what());
   }
+  if (!o.save.empty()) {
+    // The packed file comes from the fused SIMD quantizer (bit-identical to packing q).
+    if (!quant_fast_supports(spec)) {
+      throw UserError("--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
+                      "ue5m3-ptx, e4m3 or ue8m0 block scales; got element " + spec.element.name() +
+                      ", scale " + spec_scale_format(spec).name + ", rule " +
+                      scale_rule_name(spec.scale_rule));
+    }
+    std::map<std::string, std::string> facts = {{"source", "fp4train quant"},
+                                                {"rounding", o.rounding}};
+    if (spec.rounding == Rounding::SR8) facts["seed"] = std::to_string(o.seed);
+    save_safetensors(quantize_pack_fast(m.data.data(), m.rows, m.cols, spec, g, &key, facts), o.save);
+  }
 
   nlohmann::ordered_json out;
   out["rows"] = m.rows;
@@ -152,6 +170,7 @@ void run_quant(const QuantOptions& o, bool reference_given) {
     elems.push_back({{"codes", codes}, {"values", values}});
   }
   out["elements"] = elems;
+  if (!o.save.empty()) out["saved"] = o.save;
   std::cout << out.dump(2) << "\n";
 }
 
@@ -191,6 +210,9 @@ void register_quant(CLI::App& app) {
       ->check(CLI::Validator(
           [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must be >= 0") : std::string(); },
           "NONNEGATIVE"));
+  sub->add_option("--save", opts->save,
+                  "Also write the packed QTensor (two E2M1 codes per byte + one scale byte per "
+                  "block, safetensors as fp4/qtensor.h describes) to this file");
   sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
 }
 

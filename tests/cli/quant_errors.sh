@@ -61,6 +61,36 @@ else
   echo "FAIL [file argument]"; fail=1
 fi
 
+# --save writes the packed QTensor (fused SIMD quantizer): its codes, scale codes and decode
+# scale must be those the JSON reports (odd element count: the last byte is half filled).
+printf '1 2 3 40 5\n-0.5 0.25 7 8 9\n-6 0 1e-3 2 3\n' |
+  "$BIN" quant --block 4 --rounding sr8 --seed 3 --save "$tmp/q.safetensors" >"$tmp/sv" 2>"$tmp/err" || {
+  echo "FAIL [save]: $(cat "$tmp/err")"; fail=1; }
+python3 - "$tmp/sv" "$tmp/q.safetensors" <<'PY' || fail=1
+import json, struct, sys
+j = json.load(open(sys.argv[1]))
+raw = open(sys.argv[2], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+m = h["__metadata__"]
+assert (m["rows"], m["cols"], m["block"], m["layout"]) == ("3", "5", "4", "1d-row"), m
+assert m["fact.source"] == "fp4train quant" and m["fact.seed"] == "3", m
+a, b = h["codes"]["data_offsets"]; packed = data[a:b]
+codes = [c for row in j["elements"] for c in row["codes"]]
+assert len(packed) == (len(codes) + 1) // 2, len(packed)
+got = [(packed[i // 2] >> (4 * (i % 2))) & 15 for i in range(len(codes))]
+assert got == codes, (got, codes)
+assert packed[-1] >> 4 == 0, "half-filled last byte"
+a, b = h["scales"]["data_offsets"]
+assert list(data[a:b]) == [blk["scale_code"] for blk in j["blocks"]]
+a, b = h["decode_scale"]["data_offsets"]
+assert struct.unpack("<f", data[a:b])[0] == j["gd"], j["gd"]
+assert j["saved"] == sys.argv[2]
+print("ok   [save: packed file matches the JSON]")
+PY
+bad "save, int4 elements"  '1 2\n'   "packed QTensor"  --element-format int4 --save "$tmp/x.safetensors"
+bad "save, bad path"       '1 2\n'   "cannot write"    --save "$tmp/no/such/dir/x.safetensors"
+
 bad "non-numeric token"  '1 2\n3 abc\n'  "line 2, column 3"
 bad "ragged rows"        '1 2 3\n4 5\n'  "ragged"
 bad "nan"                '1 nan\n'       "nan"

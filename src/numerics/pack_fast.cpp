@@ -1,0 +1,871 @@
+// Fast twins of pack(quantize_blocks(...)) and dequantize(const QTensor&): Highway SIMD, the
+// targets of quant_fast.cpp (chosen by quant_fast_use_target / the CPU), OpenMP over fixed
+// ranges of block-rows. Contract: pack_fast.h, shared/NUMERICS.md "Formats", "Quantizing one
+// operand", "Rounding a magnitude".
+//
+// Why the bits match the scalar twins.
+//  * Tensor scales ge, gd, mult: the same scalar expressions as block_quant.cpp.
+//  * Block amax: max of |x| bit patterns (exact, order-free).
+//  * Block scale: c = a_b·mult, min(c, scale_max), RNE onto the scale grid lane-wise (RoundMag:
+//    the steps of detail::round_magnitude_params, as quant_fast.cpp), zero guard, d_b = c·gd,
+//    e_b = 1/d_b (an IEEE division). Scale code: c is on the grid, so its FP32 bits give the code
+//    directly — normal c = (1 + mant/2^F)·2^k: code = ((k + bias) << F) | mant
+//    = (bits >> (23 − F)) − ((127 − bias) << F); subnormal c (< 2^emin) = m·2^(emin − F):
+//    code = m = c·2^(F − emin), exact. UE8M0 (F = 0, bias 127, no subnormals) is the normal
+//    formula for all c ∈ [2^−127, 2^127] (2^−127, an FP32 subnormal, has bits >> 23 = 0 =
+//    its code). This is scale_encode's result for every on-grid value.
+//  * Element code: y = x·e_b, NaN (0·Inf) → 0, a = min(|y|, 6); with e = max(floor(log2 a), 0)
+//    ∈ {0, 1, 2} the grid spacing is u = 2^(e−1) and the rounded magnitude is v = n·u for an
+//    integer n, whose E2M1 magnitude code is n + 2e (e = 0: n ∈ 0..4 ↦ {0, .5, 1, 1.5, 2};
+//    e = 1: n ∈ {2, 3, 4} ↦ {2, 3, 4} = codes 4..6; e = 2: n ∈ {2, 3} ↦ {4, 6} = codes 6, 7).
+//    n is computed exactly as quant_fast.cpp computes v (proofs there, RoundE2M1Rne/Sr):
+//    RNE: the FP32 sum a + M, M = 1.5·2^(22+e), has spacing u and significand field 2^22 + n,
+//    so n = bits(a + M) & (2^22 − 1); SR8: n = trunc(a·2^(1−e) + (2r+1)/512). The sign bit is
+//    that of x (−0 and values rounding to 0 keep it, as e2m1_code).
+//  * Packing: codes are written as bytes per row, then paired (low nibble = even flat index).
+//    Rows whose flat start is odd (odd cols) share their first byte with the previous row; the
+//    work is split into ranges that start at even flat indices, and a range is processed in
+//    order, so the shared byte is written once, by one thread.
+//  * Dequantize: d_b = scale_decode(code)·decode_scale (scale values from a table built with
+//    scale_decode itself), then value(code)·d_b — the scalar twin's single multiply. value(code)
+//    is built from the code's bits: magnitude m < 2 → m·0.5, else bits (m + 252) << 22; sign
+//    bit from bit 3. BF16: round_bf16's integer steps, lane-wise.
+// No multiply-add is fused (-ffp-contract=off; Mul and Add only).
+
+// ------------------------------------------------------------------------------------------
+// Shared declarations (compiled once; this file is re-included once per target).
+#ifndef FP4_NUMERICS_PACK_FAST_SHARED_
+#define FP4_NUMERICS_PACK_FAST_SHARED_
+
+// See quant_fast.cpp: GCC 12's AVX-512 headers trigger false -Wmaybe-uninitialized warnings.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "fp4/pack_fast.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fp4/error.h"
+#include "fp4/format.h"
+#include "fp4/hadamard.h"
+#include "fp4/quant_fast.h"
+
+namespace fp4::pf {
+
+/// Upper bound on the FP32 lanes of any target; scratch buffers are padded with it.
+constexpr int64_t kMaxLanes = 64;
+/// SR bytes are generated in windows of at least this many consecutive elements.
+constexpr int64_t kSrWindow = 16384;
+/// Columns of x per panel of the quantize-transpose (output rows per work item; even, so every
+/// panel starts at an even flat index of the output).
+constexpr int64_t kPanel = 16;
+
+/// Everything the quantize kernel needs about one call (plain data, shared by all targets).
+struct QPlan {
+  const float* x = nullptr;   ///< row r of the tensor is x + (r − x_row0)·cols
+  int64_t x_row0 = 0;
+  uint8_t* packed = nullptr;  ///< (rows·cols + 1)/2 bytes
+  uint8_t* scales = nullptr;  ///< block_rows·block_cols bytes
+  int64_t rows = 0, cols = 0, B = 16;
+  bool two_d = false;
+  int64_t block_rows = 0, block_cols = 0;
+  float mult = 1.f, gd = 1.f;  ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
+  int sfrac = 0, semin = 0, sbias = 0;
+  float smax = 0.f;
+  float ssub = 0.f;         ///< scale values below this are subnormal codes (0: none)
+  float ssub_mult = 1.f;    ///< 2^(frac − emin): subnormal value → code
+  bool sub_pow2 = false;    ///< scale rounding needs subnormal powers of two (UE8M0)
+  bool sr = false;
+  SrKey key{};
+};
+
+/// Per-thread buffers of the quantize kernel.
+struct QScratch {
+  std::vector<float> amax, e;      ///< per block of one block-row (+ kMaxLanes)
+  std::vector<uint8_t> scode;      ///< scale codes of one block-row (+ kMaxLanes)
+  std::vector<float> erow;         ///< e_b expanded per element of a row (+ kMaxLanes)
+  std::vector<uint8_t> codes;      ///< element codes of one row (+ kMaxLanes)
+  std::vector<uint8_t> srw;        ///< SR bytes of the window [sr0, sr1) (+ kMaxLanes)
+  int64_t sr0 = 0, sr1 = 0;
+  std::vector<float> pad;          ///< kMaxLanes: zero-padded tail of a row
+  std::vector<uint8_t> padsr;
+
+  explicit QScratch(const QPlan& p) {
+    const size_t nb = static_cast<size_t>(p.block_cols + kMaxLanes);
+    amax.assign(nb, 0.f);
+    e.assign(nb, 0.f);
+    scode.assign(nb, 0);
+    erow.assign(static_cast<size_t>(p.cols + kMaxLanes), 1.f);
+    codes.assign(static_cast<size_t>(p.cols + kMaxLanes), 0);
+    if (p.sr) srw.assign(static_cast<size_t>(std::max(p.cols, kSrWindow) + kMaxLanes), 0);
+    pad.assign(kMaxLanes, 0.f);
+    padsr.assign(kMaxLanes, 0);
+  }
+};
+
+/// Everything the dequantize kernel needs.
+struct DPlan {
+  const uint8_t* packed = nullptr;
+  const uint8_t* scales = nullptr;
+  const float* scale_value = nullptr;  ///< [256] scale_decode(code) (valid codes)
+  float gd = 1.f;
+  int64_t rows = 0, cols = 0, B = 16;
+  bool two_d = false;
+  int64_t block_cols = 0;
+  float* out = nullptr;
+  uint16_t* out_bf16 = nullptr;
+};
+
+struct DScratch {
+  std::vector<float> drow;      ///< d_b expanded per element of a row (+ kMaxLanes)
+  std::vector<uint8_t> codes;   ///< element codes of one row (+ 2·kMaxLanes)
+  std::vector<float> vals;      ///< kMaxLanes: tail of a row
+  explicit DScratch(const DPlan& p)
+      : drow(static_cast<size_t>(p.cols + kMaxLanes), 0.f),
+        codes(static_cast<size_t>(p.cols + 2 * kMaxLanes), 0),
+        vals(kMaxLanes, 0.f) {}
+};
+
+/// The kernels of one SIMD target.
+struct Kernels {
+  const char* name;
+  /// Block-rows [br0, br1) of p, in order. False if one holds a non-finite value (the codes of
+  /// that block-row and later ones are not written).
+  bool (*pack_rows)(const QPlan& p, int64_t br0, int64_t br1, QScratch& s);
+  /// Rows [r0, r1) of p into p.out (FP32) or p.out_bf16.
+  void (*unpack_rows)(const DPlan& p, int64_t r0, int64_t r1, DScratch& s);
+  /// The quantize-transpose's panel (TransposePanel below).
+  void (*transpose_panel)(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w,
+                          bool rht, float* buf);
+};
+
+}  // namespace fp4::pf
+
+#endif  // FP4_NUMERICS_PACK_FAST_SHARED_
+
+// ------------------------------------------------------------------------------------------
+// Per-target kernels.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/numerics/pack_fast.cpp"  // found via the include/ dir
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4::pf::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using D8 = hn::Rebind<uint8_t, DF>;  ///< one byte per FP32 lane
+
+/// 2^k lane-wise for k in [−149, 127] (kSub: subnormal results for k < −126).
+template <bool kSub>
+HWY_INLINE VF Pow2(VI k) {
+  const DF df;
+  const DI di;
+  const VI normal = hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127)));
+  if constexpr (!kSub) {
+    return hn::BitCast(df, normal);
+  } else {
+    const VI sh = hn::And(hn::Add(k, hn::Set(di, 149)), hn::Set(di, 31));
+    const VI sub = hn::Set(di, 1) << sh;
+    return hn::BitCast(df, hn::IfThenElse(hn::Gt(k, hn::Set(di, -127)), normal, sub));
+  }
+}
+
+/// RNE of a ≥ 0 onto the scale grid: detail::round_magnitude_params(a, frac, emin, maxf, RNE)
+/// lane-wise (clamp, exponent floor, exact power-of-two scalings, truncation, δ, ties to even).
+template <bool kSub>
+HWY_INLINE VF RoundScale(VF a, int frac, int emin, float maxf) {
+  const DF df;
+  const DI di;
+  const VF maxv = hn::Set(df, maxf);
+  a = hn::Abs(a);
+  a = hn::IfThenElse(hn::Lt(a, maxv), a, maxv);
+  const VI field = hn::ShiftRight<23>(hn::BitCast(di, a));
+  const VI e = hn::Max(hn::Sub(field, hn::Set(di, 127)), hn::Set(di, emin));
+  const VI q = hn::Sub(e, hn::Set(di, frac));
+  const VF s = hn::Mul(a, Pow2<kSub>(hn::Neg(q)));
+  const VI loi = hn::ConvertTo(di, s);
+  const VF delta = hn::Sub(s, hn::ConvertTo(df, loi));
+  const VF half = hn::Set(df, 0.5f);
+  const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
+  const auto tie_odd =
+      hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
+  const VI up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
+  const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
+  return hn::IfThenElse(hn::Lt(res, maxv), res, maxv);
+}
+
+/// Block scales of the amax lanes: e_b = 1/(c_b·gd) and the scale code of c_b.
+template <bool kSub>
+HWY_INLINE void BlockScales(VF amax, const QPlan& p, VF& ev, VI& code) {
+  const DF df;
+  const DI di;
+  const VF maxv = hn::Set(df, p.smax);
+  VF c = hn::Mul(amax, hn::Set(df, p.mult));
+  c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
+  c = RoundScale<kSub>(c, p.sfrac, p.semin, p.smax);
+  c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
+  const VF dv = hn::Mul(c, hn::Set(df, p.gd));
+  ev = hn::Div(hn::Set(df, 1.0f), dv);
+  const VI bits = hn::BitCast(di, c);
+  const VI normal = hn::Sub(hn::ShiftRightSame(bits, 23 - p.sfrac),
+                            hn::Set(di, (127 - p.sbias) << p.sfrac));
+  const VI sub = hn::ConvertTo(di, hn::Mul(c, hn::Set(df, p.ssub_mult)));
+  code = hn::IfThenElse(hn::RebindMask(di, hn::Lt(c, hn::Set(df, p.ssub))), sub, normal);
+}
+
+/// (2r+1)/512 for the next Lanes() SR bytes, as detail::sr8_offset.
+HWY_INLINE VF SrOffsets(const uint8_t* r) {
+  const DF df;
+  const DI di;
+  const VI v = hn::PromoteTo(di, hn::LoadU(D8(), r));
+  const VI t = hn::Or(hn::ShiftLeft<1>(v), hn::Set(di, 1));
+  return hn::Mul(hn::ConvertTo(df, t), hn::Set(df, 1.0f / 512.0f));
+}
+
+/// E2M1 codes (0..15) of x·e (see the file comment for the proof of n + 2e).
+template <bool kSR>
+HWY_INLINE VI CodesVec(VF x, VF ev, VF off) {
+  const DF df;
+  const DI di;
+  VF y = hn::Mul(x, ev);
+  y = hn::IfThenZeroElse(hn::IsNaN(y), y);  // 0·Inf (e_b overflowed) is taken as 0
+  const VF six = hn::Set(df, 6.0f);
+  VF a = hn::Abs(y);
+  a = hn::IfThenElse(hn::Lt(a, six), a, six);
+  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
+                       hn::Zero(di));
+  VI n;
+  if constexpr (kSR) {
+    const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
+    n = hn::ConvertTo(di, hn::Add(hn::Mul(a, inv_u), off));
+  } else {
+    (void)off;
+    const VF m = hn::BitCast(df, hn::Add(hn::Set(di, 0x4AC00000), hn::ShiftLeft<23>(e)));
+    n = hn::And(hn::BitCast(di, hn::Add(a, m)), hn::Set(di, 0x3FFFFF));
+  }
+  const VI sign = hn::And(hn::ShiftRight<28>(hn::BitCast(di, x)), hn::Set(di, 8));
+  return hn::Or(hn::Add(n, hn::ShiftLeft<1>(e)), sign);
+}
+
+/// dst[k] = c[2k] | c[2k+1] << 4 for k < npairs (c values < 16).
+HWY_INLINE void PackPairs(const uint8_t* c, int64_t npairs, uint8_t* dst) {
+  int64_t k = 0;
+#if HWY_TARGET != HWY_SCALAR  // one-lane target: bytes cannot be regrouped in a vector
+  const hn::ScalableTag<int16_t> d16;
+  const hn::Repartition<uint8_t, decltype(d16)> d8;   // 2 bytes per int16 lane
+  const hn::Rebind<uint8_t, decltype(d16)> d8h;       // 1 byte per int16 lane
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d16));
+  const auto lo8 = hn::Set(d16, 0xFF);
+  for (; k + N <= npairs; k += N) {
+    const auto w = hn::BitCast(d16, hn::LoadU(d8, c + 2 * k));  // c[2k] | c[2k+1] << 8
+    const auto b = hn::And(hn::Or(w, hn::ShiftRight<4>(w)), lo8);
+    hn::StoreU(hn::DemoteTo(d8h, b), d8h, dst + k);
+  }
+#endif
+  for (; k < npairs; ++k) dst[k] = static_cast<uint8_t>(c[2 * k] | (c[2 * k + 1] << 4));
+}
+
+/// Write the n codes c[0..n) of flat elements [start, start + n) into packed. `carry` holds
+/// the code of start − 1 when start is odd and receives the code of start + n − 1 when
+/// start + n is odd; that byte is written now only if start + n == total (high nibble 0).
+HWY_INLINE void PackRun(const uint8_t* c, int64_t n, int64_t start, int64_t total,
+                        uint8_t* packed, uint8_t& carry) {
+  if (n == 0) return;
+  if (start & 1) {
+    packed[start >> 1] = static_cast<uint8_t>(carry | (c[0] << 4));
+    ++c;
+    ++start;
+    --n;
+  }
+  PackPairs(c, n >> 1, packed + (start >> 1));
+  if (n & 1) {
+    carry = c[n - 1];
+    if (start + n == total) packed[(start + n) >> 1] = carry;
+  }
+}
+
+template <bool kSR, bool kSub>
+bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
+  const int64_t total = p.rows * cols;
+  const int64_t row_end = p.two_d ? std::min(p.rows, br1 * B) : br1;  // rows of this range
+  uint8_t carry = 0;
+  float* am = s.amax.data();
+  for (int64_t br = br0; br < br1; ++br) {
+    const int64_t r0 = p.two_d ? br * B : br;
+    const int64_t r1 = p.two_d ? std::min(p.rows, r0 + B) : br + 1;
+    // 1. block amax
+    for (int64_t bc = 0; bc < nbc; ++bc) {
+      const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+      VI m = hn::Zero(di);
+      uint32_t mt = 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = p.x + (r - p.x_row0) * cols + c0;
+        int64_t j = 0;
+        for (; j + N <= len; j += N)
+          m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, xr + j)), hn::Set(di, 0x7FFFFFFF)));
+        for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
+      }
+      const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
+      if (a > 0x7F7FFFFFu) return false;
+      am[bc] = std::bit_cast<float>(a);
+    }
+    for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+    // 2. block scales and their codes, Lanes blocks at a time
+    for (int64_t bc = 0; bc < nbc; bc += N) {
+      VF ev;
+      VI code;
+      BlockScales<kSub>(hn::LoadU(df, am + bc), p, ev, code);
+      hn::StoreU(ev, df, s.e.data() + bc);
+      hn::StoreU(hn::DemoteTo(D8(), code), D8(), s.scode.data() + bc);
+    }
+    std::memcpy(p.scales + br * nbc, s.scode.data(), static_cast<size_t>(nbc));
+    // 3. e_b per element of a row
+    float* er = s.erow.data();
+    if (B % N == 0) {
+      for (int64_t bc = 0; bc < nbc; ++bc) {
+        const VF ev = hn::Set(df, s.e[static_cast<size_t>(bc)]);
+        const int64_t c0 = bc * B, c1 = std::min(cols, c0 + B);
+        for (int64_t j = c0; j < c1; j += N) hn::StoreU(ev, df, er + j);
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) er[c] = s.e[static_cast<size_t>(c / B)];
+    }
+    // 4. element codes, row by row, then packed
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t start = r * cols;
+      const float* xr = p.x + (r - p.x_row0) * cols;
+      const uint8_t* srp = nullptr;
+      if constexpr (kSR) {
+        if (start < s.sr0 || start + cols > s.sr1) {
+          s.sr0 = start;
+          s.sr1 = std::min(row_end * cols, start + std::max(cols, kSrWindow));
+          sr_bytes_fast(p.key, static_cast<uint64_t>(s.sr0), static_cast<uint64_t>(s.sr1 - s.sr0),
+                        s.srw.data());
+        }
+        srp = s.srw.data() + (start - s.sr0);
+      }
+      uint8_t* cr = s.codes.data();
+      int64_t j = 0;
+      for (; j + N <= cols; j += N) {
+        const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
+        const VI code = CodesVec<kSR>(hn::LoadU(df, xr + j), hn::LoadU(df, er + j), off);
+        hn::StoreU(hn::DemoteTo(D8(), code), D8(), cr + j);
+      }
+      if (j < cols) {
+        float* px = s.pad.data();
+        uint8_t* psr = s.padsr.data();
+        for (int64_t t = 0; t < N; ++t) {
+          px[t] = j + t < cols ? xr[j + t] : 0.0f;
+          if constexpr (kSR) psr[t] = j + t < cols ? srp[j + t] : 0;
+        }
+        const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
+        const VI code = CodesVec<kSR>(hn::LoadU(df, px), hn::LoadU(df, er + j), off);
+        hn::StoreU(hn::DemoteTo(D8(), code), D8(), cr + j);  // codes has kMaxLanes spare
+      }
+      PackRun(cr, cols, start, total, p.packed, carry);
+    }
+  }
+  return true;
+}
+
+/// The quantize-transpose's input panel: buf [w][rows] = columns [c0, c0 + w) of x [rows, cols]
+/// (w ≤ kPanel), each 16-long chunk along rows RHT-transformed first if rht (rows % 16 == 0):
+/// per column the operations of hadamard.cpp's rht16_chunk (sign multiply, butterflies
+/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns.
+void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w, bool rht,
+                    float* buf) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  alignas(64) float tile[16 * kPanel] = {};
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t h = std::min<int64_t>(16, rows - r0);
+    for (int64_t i = 0; i < h; ++i) {
+      std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+    }
+    if (rht) {  // h == 16
+      for (int64_t k = 0; k < kPanel; k += N) {
+        VF v[16];
+        for (int i = 0; i < 16; ++i)
+          v[i] = hn::Mul(hn::LoadU(df, tile + i * kPanel + k), hn::Set(df, kRhtSigns[i]));
+        for (int hh = 1; hh < 16; hh <<= 1) {
+          for (int i = 0; i < 16; i += 2 * hh) {
+            for (int j = i; j < i + hh; ++j) {
+              const VF a = v[j], b = v[j + hh];
+              v[j] = hn::Add(a, b);
+              v[j + hh] = hn::Sub(a, b);
+            }
+          }
+        }
+        for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, tile + i * kPanel + k);
+      }
+    }
+    for (int64_t j = 0; j < w; ++j) {
+      float* o = buf + j * rows + r0;
+      for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+    }
+  }
+}
+
+bool PackRows(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
+  if (p.sr) return p.sub_pow2 ? PackRowsT<true, true>(p, br0, br1, s) : PackRowsT<true, false>(p, br0, br1, s);
+  return p.sub_pow2 ? PackRowsT<false, true>(p, br0, br1, s) : PackRowsT<false, false>(p, br0, br1, s);
+}
+
+// ---------------------------------------------------------------- dequantize
+
+/// c[2k] = p[k] & 15, c[2k+1] = p[k] >> 4 for k < nbytes.
+HWY_INLINE void UnpackNibbles(const uint8_t* p, int64_t nbytes, uint8_t* c) {
+  int64_t k = 0;
+#if HWY_TARGET != HWY_SCALAR  // one-lane target: bytes cannot be regrouped in a vector
+  const hn::ScalableTag<uint16_t> d16;
+  const hn::Rebind<uint8_t, decltype(d16)> d8h;      // 1 byte per lane
+  const hn::Repartition<uint8_t, decltype(d16)> d8;  // 2 bytes per lane
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d16));
+  for (; k + N <= nbytes; k += N) {
+    const auto w = hn::PromoteTo(d16, hn::LoadU(d8h, p + k));
+    const auto v = hn::Or(hn::And(w, hn::Set(d16, 0x0F)), hn::ShiftLeft<4>(hn::And(w, hn::Set(d16, 0xF0))));
+    hn::StoreU(hn::BitCast(d8, v), d8, c + 2 * k);  // lo byte, hi byte (little-endian)
+  }
+#endif
+  for (; k < nbytes; ++k) {
+    c[2 * k] = p[k] & 0xF;
+    c[2 * k + 1] = static_cast<uint8_t>(p[k] >> 4);
+  }
+}
+
+/// e2m1_decode of the code lanes (0..15): magnitude m < 2 → m·0.5, else bits (m + 252) << 22;
+/// sign bit from bit 3 (code 8 is −0).
+HWY_INLINE VF DecodeE2M1(VI code) {
+  const DF df;
+  const DI di;
+  const VI m = hn::And(code, hn::Set(di, 7));
+  const VF small = hn::Mul(hn::ConvertTo(df, m), hn::Set(df, 0.5f));
+  const VF big = hn::BitCast(df, hn::ShiftLeft<22>(hn::Add(m, hn::Set(di, 252))));
+  const VF mag = hn::IfThenElse(hn::RebindMask(df, hn::Lt(m, hn::Set(di, 2))), small, big);
+  const VI sign = hn::ShiftLeft<28>(hn::And(code, hn::Set(di, 8)));
+  return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), sign));
+}
+
+/// round_bf16 lane-wise, returning the upper 16 bits (as int32 lanes 0..65535).
+HWY_INLINE VI Bf16Bits(VF v) {
+  const DI di;
+  const hn::RebindToUnsigned<DF> du;
+  const auto b = hn::BitCast(du, v);
+  const auto is_nan = hn::Gt(hn::And(b, hn::Set(du, 0x7FFFFFFFu)), hn::Set(du, 0x7F800000u));
+  const auto nan_bits = hn::Or(b, hn::Set(du, 0x00400000u));
+  const auto rne = hn::Add(hn::Add(b, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(b), hn::Set(du, 1u)));
+  return hn::BitCast(di, hn::ShiftRight<16>(hn::IfThenElse(is_nan, nan_bits, rne)));
+}
+
+template <bool kBf16>
+void UnpackRowsT(const DPlan& p, int64_t r0, int64_t r1, DScratch& s) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
+  const hn::Rebind<uint16_t, DF> d16;
+  float* dr = s.drow.data();
+  int64_t have_br = -1;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t br = p.two_d ? r / B : r;
+    if (br != have_br) {  // d_b = scale_decode(code)·decode_scale, expanded per element
+      const uint8_t* sc = p.scales + br * nbc;
+      for (int64_t bc = 0; bc < nbc; ++bc) {
+        const float d = p.scale_value[sc[bc]] * p.gd;
+        const int64_t c0 = bc * B, c1 = std::min(cols, c0 + B);
+        if (B % N == 0) {
+          const VF dv = hn::Set(df, d);
+          for (int64_t j = c0; j < c1; j += N) hn::StoreU(dv, df, dr + j);
+        } else {
+          for (int64_t j = c0; j < c1; ++j) dr[j] = d;
+        }
+      }
+      have_br = br;
+    }
+    // codes of the row's elements, from flat index start
+    const int64_t start = r * cols;
+    uint8_t* c = s.codes.data();
+    int64_t first = 0;  // codes[first..first + cols) are this row's
+    if (start & 1) {
+      // byte (start − 1)/2 holds element start − 1 (low) and start (high)
+      UnpackNibbles(p.packed + (start >> 1), (cols + 2) / 2, c);
+      first = 1;
+    } else {
+      UnpackNibbles(p.packed + (start >> 1), (cols + 1) / 2, c);
+    }
+    const uint8_t* cr = c + first;
+    int64_t j = 0;
+    for (; j + N <= cols; j += N) {
+      const VI code = hn::PromoteTo(DI(), hn::LoadU(D8(), cr + j));
+      const VF v = hn::Mul(DecodeE2M1(code), hn::LoadU(df, dr + j));
+      if constexpr (kBf16) {
+        hn::StoreU(hn::DemoteTo(d16, Bf16Bits(v)), d16, p.out_bf16 + start + j);
+      } else {
+        hn::StoreU(v, df, p.out + start + j);
+      }
+    }
+    if (j < cols) {  // codes and drow have kMaxLanes spare (stale but finite) entries
+      const VI code = hn::PromoteTo(DI(), hn::LoadU(D8(), cr + j));
+      const VF v = hn::Mul(DecodeE2M1(code), hn::LoadU(df, dr + j));
+      if constexpr (kBf16) {
+        alignas(64) uint16_t tmp[kMaxLanes];
+        hn::StoreU(hn::DemoteTo(d16, Bf16Bits(v)), d16, tmp);
+        std::memcpy(p.out_bf16 + start + j, tmp, static_cast<size_t>(cols - j) * 2);
+      } else {
+        hn::StoreU(v, df, s.vals.data());
+        std::memcpy(p.out + start + j, s.vals.data(), static_cast<size_t>(cols - j) * 4);
+      }
+    }
+  }
+}
+
+void UnpackRows(const DPlan& p, int64_t r0, int64_t r1, DScratch& s) {
+  if (p.out_bf16 != nullptr) {
+    UnpackRowsT<true>(p, r0, r1, s);
+  } else {
+    UnpackRowsT<false>(p, r0, r1, s);
+  }
+}
+
+}  // namespace fp4::pf::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+// ------------------------------------------------------------------------------------------
+// Dispatch and public API (compiled once).
+#if HWY_ONCE
+namespace fp4 {
+namespace pf {
+namespace {
+
+constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
+
+#define FP4_PF_KERNELS(NS, NAME) \
+  Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel }
+
+/// Every target compiled in (named as quant_fast_targets() names them); the one used is the
+/// one quant_fast_target() reports, so quant_fast_use_target() selects these kernels too.
+const std::vector<Kernels>& compiled() {
+  static const std::vector<Kernels> v = [] {
+    std::vector<Kernels> k;
+#if HWY_TARGETS & HWY_AVX3
+    k.push_back(FP4_PF_KERNELS(N_AVX3, "AVX3"));
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    k.push_back(FP4_PF_KERNELS(N_AVX2, "AVX2"));
+#endif
+#if HWY_TARGETS & HWY_SSE4
+    k.push_back(FP4_PF_KERNELS(N_SSE4, "SSE4"));
+#endif
+#if HWY_TARGETS & HWY_SSSE3
+    k.push_back(FP4_PF_KERNELS(N_SSSE3, "SSSE3"));
+#endif
+#if HWY_TARGETS & HWY_EMU128
+    k.push_back(FP4_PF_KERNELS(N_EMU128, "EMU128"));
+#endif
+#if HWY_TARGETS & HWY_SCALAR
+    k.push_back(FP4_PF_KERNELS(N_SCALAR, "SCALAR"));
+#endif
+    return k;
+  }();
+  return v;
+}
+#undef FP4_PF_KERNELS
+
+const Kernels& active() {
+  const std::string name = quant_fast_target();
+  for (const Kernels& k : compiled())
+    if (name == k.name) return k;
+  throw std::logic_error("pack_fast: SIMD target '" + name + "' is not compiled into pack_fast.cpp");
+}
+
+/// Whether pack() accepts the spec (and so the fused kernel applies): E2M1 elements, a
+/// ScaleFormat enum scale, the tensor-scaled rule. Same set as quant_fast_supports.
+bool packable(const BlockQuantSpec& spec) {
+  return spec.element.is_e2m1() && spec.scale_desc == nullptr &&
+         spec.scale_rule == ScaleRule::TensorScaled && quant_fast_supports(spec);
+}
+
+/// Valid-code table of a scale format: value[c] = scale_decode(c, f) for valid codes.
+struct ScaleTable {
+  std::array<float, 256> value{};
+  std::array<bool, 256> valid{};
+};
+const ScaleTable& scale_table(ScaleFormat f) {
+  static std::array<ScaleTable, 4> tables;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (ScaleFormat g :
+         {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3, ScaleFormat::UE8M0}) {
+      ScaleTable& t = tables[static_cast<size_t>(g)];
+      for (int c = 0; c < 256; ++c) {
+        try {
+          t.value[static_cast<size_t>(c)] = scale_decode(static_cast<uint8_t>(c), g);
+          t.valid[static_cast<size_t>(c)] = true;
+        } catch (const std::invalid_argument&) {
+          t.valid[static_cast<size_t>(c)] = false;
+        }
+      }
+    }
+  });
+  (void)scale_format_desc(f);  // throws on an invalid enum value
+  return tables[static_cast<size_t>(f)];
+}
+
+/// Exactly block_quant.cpp's tensor_scales for E2M1 (emax 6).
+void tensor_scales(float g, float target, float& ge, float& gd, float& mult) {
+  ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
+  ge = std::min(ge, FLT_MAX);
+  gd = 1.0f / ge;
+  mult = ge * (1.0f / 6.0f);
+}
+
+/// Cache-blocked out [cols, rows] = xᵀ (a copy: bits never depend on the threads).
+void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t T = 32;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t i0 = 0; i0 < rows; i0 += T)
+    for (int64_t j0 = 0; j0 < cols; j0 += T) {
+      const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = x[i * cols + j];
+    }
+}
+
+void check_qtensor(const char* where, const QTensor& t) {
+  const std::string w = where;
+  if (t.rows < 0 || t.cols < 0 || t.block <= 0) {
+    throw std::invalid_argument(w + ": QTensor has a negative shape or block <= 0");
+  }
+  const int64_t n = t.rows * t.cols;
+  if (t.packed.size() != static_cast<size_t>((n + 1) / 2) ||
+      t.scale_codes.size() != static_cast<size_t>(t.block_rows() * t.block_cols())) {
+    throw std::invalid_argument(w + ": inconsistent QTensor sizes (packed " +
+                                std::to_string(t.packed.size()) + " bytes, scale_codes " +
+                                std::to_string(t.scale_codes.size()) + " for [" +
+                                std::to_string(t.rows) + ", " + std::to_string(t.cols) +
+                                "], block " + std::to_string(t.block) + ")");
+  }
+}
+
+void dequantize_any(const char* where, const QTensor& t, float* out, uint16_t* out_bf16) {
+  check_qtensor(where, t);
+  const ScaleTable& tab = scale_table(t.scale_format);
+  for (uint8_t c : t.scale_codes) {
+    if (!tab.valid[c]) (void)scale_decode(c, t.scale_format);  // throws the scalar's error
+  }
+  if (t.rows == 0 || t.cols == 0) return;
+  DPlan p;
+  p.packed = t.packed.data();
+  p.scales = t.scale_codes.data();
+  p.scale_value = tab.value.data();
+  p.gd = t.decode_scale;
+  p.rows = t.rows;
+  p.cols = t.cols;
+  p.B = t.block;
+  p.two_d = t.two_d;
+  p.block_cols = t.block_cols();
+  p.out = out;
+  p.out_bf16 = out_bf16;
+  const Kernels& k = active();
+  const bool par = t.rows * t.cols >= (int64_t{1} << 16) && t.rows > 1;
+#pragma omp parallel if (par)
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t r0 = t.rows * id / nt, r1 = t.rows * (id + 1) / nt;
+    if (r0 < r1) {
+      DScratch s(p);
+      k.unpack_rows(p, r0, r1, s);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pf
+
+namespace pf {
+namespace {
+
+/// The QTensor fields of a packed [rows, cols] operand (as pack() sets them) and the kernel
+/// plan that fills its buffers (x left unset).
+QPlan start_qtensor(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+                    const SrKey* sr, QTensor& out) {
+  float ge, gd, mult;
+  tensor_scales(g, spec.target, ge, gd, mult);
+  out.rows = rows;
+  out.cols = cols;
+  out.block = spec.block;
+  out.two_d = spec.two_d;
+  out.scale_format = spec.scale_format;
+  out.element_format = "e2m1";
+  out.decode_scale = gd;
+  out.reference = g;
+  out.target = spec.target;
+  const int64_t n = rows * cols;
+  out.packed.resize(static_cast<size_t>((n + 1) / 2));
+  out.scale_codes.resize(static_cast<size_t>(out.block_rows() * out.block_cols()));
+
+  QPlan p;
+  p.packed = out.packed.data();
+  p.scales = out.scale_codes.data();
+  p.rows = rows;
+  p.cols = cols;
+  p.B = spec.block;
+  p.two_d = spec.two_d;
+  p.block_rows = out.block_rows();
+  p.block_cols = out.block_cols();
+  p.mult = mult;
+  p.gd = gd;
+  const FloatFormat& fmt = scale_format_desc(spec.scale_format);
+  p.sfrac = fmt.frac_bits;
+  p.semin = detail::rounding_emin(fmt);
+  p.sbias = fmt.bias;
+  p.smax = fmt.max_finite;
+  p.ssub = fmt.subnormals ? detail::pow2f(p.semin) : 0.0f;
+  p.ssub_mult = fmt.subnormals ? detail::pow2f(p.sfrac - p.semin) : 1.0f;
+  const int emax = std::ilogb(fmt.max_finite);
+  p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
+  p.sr = spec.rounding == Rounding::SR8;
+  if (p.sr) p.key = *sr;
+  return p;
+}
+
+/// Thread `id` of `nt`'s contiguous share [u0, u1) of `units` work items (static schedule).
+void share(int64_t units, int nt, int id, int64_t& u0, int64_t& u1) {
+  u0 = units * id / nt;
+  u1 = units * (id + 1) / nt;
+}
+
+}  // namespace
+}  // namespace pf
+
+void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                        float g, const SrKey* sr, QTensor& out) {
+  const char* where = "quantize_pack_fast";
+  detail::validate_block_quant(where, rows, cols, spec, g, sr);
+  if (!pf::packable(spec)) {
+    // Not QTensor material: the scalar composition throws pack()'s error (or quantize_blocks'
+    // NonFiniteError first, as the twin does).
+    auto facts = std::move(out.facts);
+    out = pack(quantize_blocks(x, rows, cols, spec, g, sr));
+    out.facts = std::move(facts);
+    return;
+  }
+  pf::QPlan p = pf::start_qtensor(rows, cols, spec, g, sr, out);
+  p.x = x;
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  // Work ranges start at even flat indices: a block-row holds rows_per·cols elements; if that
+  // is odd, block-rows go in pairs.
+  const int64_t rows_per = spec.two_d ? spec.block : 1;
+  const int64_t unit = (rows_per * cols) % 2 == 0 ? 1 : 2;
+  const int64_t units = (p.block_rows + unit - 1) / unit;
+  const pf::Kernels& k = pf::active();
+  std::atomic<bool> bad{false};
+  const bool par = n >= pf::kParallelMin && units > 1;
+#pragma omp parallel if (par)
+  {
+    int64_t u0, u1;
+    pf::share(units, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
+    const int64_t br0 = u0 * unit, br1 = std::min(p.block_rows, u1 * unit);
+    if (br0 < br1) {
+      pf::QScratch s(p);
+      if (!k.pack_rows(p, br0, br1, s)) bad.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (bad.load()) detail::throw_non_finite(where, x, n);
+}
+
+QTensor quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                           float g, const SrKey* sr, std::map<std::string, std::string> facts) {
+  QTensor t;
+  t.facts = std::move(facts);
+  quantize_pack_fast(x, rows, cols, spec, g, sr, t);
+  return t;
+}
+
+QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                      const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                      bool rht, std::map<std::string, std::string> facts) {
+  const char* where = "quantize_pack_transposed_fast";
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
+                                ", " + std::to_string(cols) + "]");
+  }
+  if (rht && rows % 16 != 0) {
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of 16 (the RHT works on 16-long chunks "
+                                "along the rows of x)");
+  }
+  detail::validate_block_quant(where, cols, rows, spec, g, sr);
+  QTensor q;
+  q.facts = std::move(facts);
+  const int64_t n = rows * cols;
+  bool fused = pf::packable(spec) && !spec.two_d && n > 0;
+  if (fused) {
+    // One pass: panels of kPanel columns of x are transposed (+ RHT) into a per-thread buffer
+    // [kPanel, rows] that stays in cache, and quantized there by the row kernel as output rows
+    // [c0, c0 + kPanel) (1-D blocks: one block-row per output row; panels start at even flat
+    // indices, so no byte is shared between threads).
+    pf::QPlan p = pf::start_qtensor(cols, rows, spec, g, sr, q);
+    const int64_t panels = (cols + pf::kPanel - 1) / pf::kPanel;
+    const pf::Kernels& k = pf::active();
+    std::atomic<bool> bad{false};
+#pragma omp parallel if (n >= pf::kParallelMin && panels > 1)
+    {
+      int64_t u0, u1;
+      pf::share(panels, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
+      if (u0 < u1) {
+        pf::QScratch s(p);
+        std::vector<float> buf(static_cast<size_t>(pf::kPanel * rows));
+        pf::QPlan pp = p;
+        pp.x = buf.data();
+        for (int64_t u = u0; u < u1 && !bad.load(std::memory_order_relaxed); ++u) {
+          const int64_t c0 = u * pf::kPanel, w = std::min(pf::kPanel, cols - c0);
+          k.transpose_panel(x, rows, cols, c0, w, rht, buf.data());
+          pp.x_row0 = c0;
+          if (!k.pack_rows(pp, c0, c0 + w, s)) bad.store(true, std::memory_order_relaxed);
+        }
+      }
+    }
+    if (!bad.load()) return q;
+    // A non-finite value (in x or its RHT): the composition below throws the reference's error.
+  }
+  std::vector<float> t(static_cast<size_t>(n));
+  pf::transpose(x, rows, cols, t.data());
+  if (rht) rht16_rows(t.data(), cols, rows);
+  quantize_pack_fast(t.data(), cols, rows, spec, g, sr, q);
+  return q;
+}
+
+void dequantize_fast(const QTensor& t, float* out) {
+  pf::dequantize_any("dequantize_fast", t, out, nullptr);
+}
+
+void dequantize_bf16_fast(const QTensor& t, uint16_t* out) {
+  pf::dequantize_any("dequantize_bf16_fast", t, nullptr, out);
+}
+
+}  // namespace fp4
+#endif  // HWY_ONCE
