@@ -74,12 +74,20 @@ TEST(Telemetry, ZeroedCountUsesDecodedValuesForAnyElementFormat) {
 namespace {
 TEST(Telemetry, E4M3BlockAtTheTensorAmaxIsNotSaturatedButAStaleOneIs) {
   // E4M3, T = 448, g = 40: the needed scale is a_b·448/40. Block 0 (a_b = 40) needs exactly
-  // 448 = E4M3's max: representable, not clipped. Block 1 (a_b = 41 > g, a stale reference)
-  // needs 459.2 > 448: clipped, saturated.
+  // 448 = E4M3's max: representable, not clipped. Block 1 (a_b = 42 > g, a stale reference)
+  // needs 470.4, beyond the midpoint 464 between 448 and the next E4M3 step 480: clipped.
   BlockQuantSpec s = spec4();
   s.scale_format = ScaleFormat::E4M3;
-  const float x[] = {1, 2, 3, 40, 1, 1, 1, 41};
+  const float x[] = {1, 2, 3, 40, 1, 1, 1, 42};
   const QuantStats st = quant_stats(x, 1, 8, s, 40.f, nullptr);
   EXPECT_DOUBLE_EQ(st.saturated_blocks, 0.5);
+  // The clip threshold is the midpoint 448 + 32/2 = 464 (E4M3's ulp at 448 is 32): a block of
+  // amax 41.4 needs 463.68 (rounds to 448, not clipped), one of 41.5 needs 464.8 (clipped).
+  // g = 3 (an amax not a power of two) makes the encode scale 448·6/3 inexact in FP32; the
+  // amax block must still not count.
+  const float y[] = {41.4f, 0, 0, 0, 41.5f, 0, 0, 0};
+  EXPECT_DOUBLE_EQ(quant_stats(y, 1, 8, s, 40.f, nullptr).saturated_blocks, 0.5);
+  const float z[] = {3, 1, 1, 1, 2.9f, 0, 0, 0};
+  EXPECT_DOUBLE_EQ(quant_stats(z, 1, 8, s, 3.f, nullptr).saturated_blocks, 0.0);
 }
 }  // namespace

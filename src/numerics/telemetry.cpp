@@ -14,13 +14,18 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   const FloatFormat& sf = spec_scale_format(spec);
   const float mult = q.ge * (1.0f / spec.element.max());  // the block-scale multiplier
   const size_t nb = q.scales.size();
+  // The scale a block needs, a_b·T/(6·g), is "clipped" when RNE to the scale format without
+  // its max would give more than max_finite: beyond the midpoint max + ulp(max)/2. (Comparing
+  // with max itself would count the block holding the tensor amax, whose needed scale is T up
+  // to one FP32 rounding of the encode scale.)
+  int e_max = 0;
+  std::frexp(sf.max_finite, &e_max);  // max_finite = m·2^e_max, m in [0.5, 1)
+  const float clip_above = sf.max_finite + std::ldexp(0.5f, e_max - 1 - sf.frac_bits);
   int64_t sat = 0, guard = 0;
   for (size_t b = 0; b < nb; ++b) {
     const float a = q.block_amax[b];
-    // Saturated = clipped: the scale the block needs, a·T/(6·g) before rounding, exceeds the
-    // format's max. The block holding the tensor amax needs exactly T (E4M3: 448 = max) and
-    // is not counted. MX rules have no tensor scale: a scale code at the format max counts.
-    if (spec.scale_rule == ScaleRule::TensorScaled ? a * mult > sf.max_finite
+    // MX rules have no tensor scale: there a scale code at the format max counts.
+    if (spec.scale_rule == ScaleRule::TensorScaled ? a * mult > clip_above
                                                    : q.scales[b] >= sf.max_finite)
       ++sat;
     if (spec.scale_rule == ScaleRule::TensorScaled && a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
