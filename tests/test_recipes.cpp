@@ -462,6 +462,35 @@ TEST(RecipeOverride, OverrideThatChangesNothingIsAnError) {
   EXPECT_NE(e3.find("override[0].blocks"), std::string::npos) << e3;
 }
 
+TEST(RecipeOverride, OverridesThatWouldDoNothingAreErrors) {
+  // The same value as the recipe's, a mode the linears already have, and a scale target under
+  // an MX scale rule (no tensor scale) change no linear.
+  const char* bodies[] = {
+      "[[override]]\nlinears = [\"mlp.down\"]\nscale_target = 448.0\n",
+      "[[override]]\nlinears = [\"mlp.down\"]\nmode = \"fp4\"\n",
+      "[[override]]\nlinears = [\"mlp.down\"]\nrounding = \"sr8\"\nrole = \"dy\"\n",
+  };
+  for (const char* body : bodies) {
+    const Recipe r = load_recipe_file(write_tmp("noop.toml", std::string(kBase) + body));
+    const std::string e = error_of([&] { resolve_linear_plans(r, 2); });
+    EXPECT_NE(e.find("changes no linear"), std::string::npos) << body << ": " << e;
+  }
+  std::string mx = kBase;
+  const std::string ue5m3 = "scale_format = \"ue5m3\"";
+  mx.replace(mx.find(ue5m3), ue5m3.size(), "scale_format = \"ue8m0\"\nscale_rule = \"mx-te\"");
+  const Recipe r = load_recipe_file(
+      write_tmp("mx.toml", mx + "[[override]]\nlinears = [\"mlp.down\"]\nscale_target = 2048.0\n"));
+  const std::string e = error_of([&] { resolve_linear_plans(r, 2); });
+  EXPECT_NE(e.find("MX scale rule"), std::string::npos) << e;
+  // A BF16 mode and a scale target in one override: the target could never apply.
+  const std::string e2 = error_of([&] {
+    load_recipe_file(write_tmp("bf.toml", std::string(kBase) +
+                                              "[[override]]\nlinears = [\"mlp.down\"]\n"
+                                              "mode = \"bf16\"\nscale_target = 2048.0\n"));
+  });
+  EXPECT_NE(e2.find("override[0].mode"), std::string::npos) << e2;
+}
+
 TEST(RecipeOverride, StrictParseErrorsNameTheFileAndKey) {
   struct Case {
     const char* body;

@@ -40,7 +40,7 @@ RunRecord run(const std::string& recipe, double loss, double ms, double gn_late)
   RunRecord r;
   r.recipe = recipe;
   r.final_window_loss = loss;
-  r.tokens_per_s = 1000 / ms;
+  r.tokens_per_step = 100;
   r.warmup_steps = 2;
   for (int s = 1; s <= 10; ++s) {
     r.step.push_back(s);
@@ -69,6 +69,7 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   EXPECT_DOUBLE_EQ(rows[2].step_ratio_fp32, 3.0);
   EXPECT_DOUBLE_EQ(rows[0].max_grad_norm, 3.0);
   EXPECT_DOUBLE_EQ(rows[0].heldout.at("none").mean, 5.1);
+  EXPECT_DOUBLE_EQ(rows[0].tokens_per_s, 100 * 1000 / 20.0);  // tokens per step / median ms
   const std::string md = comparison_report_md(rows, runs, ReportContext{});
   EXPECT_NE(md.find("| x | 1 | 5.5000 | +10.00% |"), std::string::npos) << md;
   EXPECT_NE(md.find("| bf16 | 2 | 5.0000 ± 1.4142 | +0.00% |"), std::string::npos) << md;
@@ -119,5 +120,41 @@ TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   EXPECT_TRUE(std::isnan(e.heldout.at("replay-d50")));
   std::ofstream(d / "eval.json") << R"({"policies":{}})";
   expect_error("eval.json");
+  fs::remove_all(d);
+}
+
+TEST(Report, DivergedRunsAreCountedNotAveraged) {
+  RunRecord d = run("nvfp4-all", 0, 10, 1);
+  d.diverged_at = 7;
+  d.final_window_loss = NAN;
+  d.heldout.clear();
+  RunRecord ok = run("nvfp4-all", 5.0, 10, 1);
+  ok.heldout["current"] = 5.2;  // only this seed has `current`
+  RunRecord ok2 = run("nvfp4-all", 6.0, 10, 1);
+  const std::vector<RunRecord> runs = {d, ok, ok2};
+  const auto rows = aggregate_runs(runs, {});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].seeds, 2);
+  EXPECT_EQ(rows[0].diverged, 1);
+  EXPECT_DOUBLE_EQ(rows[0].final_loss.mean, 5.5);  // the diverged seed is not averaged
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  EXPECT_NE(md.find("| at step 7 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("diverged at step 7"), std::string::npos) << md;  // per-run table
+  EXPECT_NE(md.find("5.2000 (n=1)"), std::string::npos) << md;  // 1 of 2 completed seeds
+}
+
+TEST(Report, ReadRunOfADivergedRun) {
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_div_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "error.txt") << "non-finite training loss (nan) at step 13 with recipe x; the run diverged.\n";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n";
+  std::ofstream(d / "config.toml") << "[train]\nseed = 4\nsteps = 20\nwarmup_steps = 2\n";
+  std::ofstream(d / "recipe.toml") << "name = \"wild\"\n";
+  const RunRecord r = read_run(d);
+  EXPECT_EQ(r.diverged_at, 13);
+  EXPECT_EQ(r.recipe, "wild");
+  EXPECT_EQ(r.seed, 4u);
+  EXPECT_TRUE(r.heldout.empty());
   fs::remove_all(d);
 }

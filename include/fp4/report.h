@@ -28,10 +28,18 @@ struct RunRecord {
   std::map<std::string, double> heldout;
   /// Held-out bits per byte by inference policy, where known.
   std::map<std::string, double> heldout_bpb;
+  /// Step of the checkpoint eval.json was computed from (−1: no eval.json, the summary's
+  /// values are used).
+  int64_t eval_step = -1;
+  int64_t tokens_per_step = 0;        ///< training tokens per optimizer step
+  /// 0 for a completed run; else the step at which the run diverged (error.txt, no summary).
+  int diverged_at = 0;
+  std::string error;                  ///< error.txt of a diverged run
 };
 
-/// Read run `dir`: summary.json (must say status "completed"), metrics.jsonl, config.toml's
-/// train.warmup_steps, and eval.json if present (`fp4train eval --json` output: results →
+/// Read run `dir`: summary.json (status "completed") or, for a run that diverged, error.txt
+/// (diverged_at from its "at step N"; recipe and seed from recipe.toml / config.toml),
+/// metrics.jsonl, config.toml's train.warmup_steps, and eval.json if present (`fp4train eval --json` output: results →
 /// policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none" and
 /// "current" come from summary.json. Throws fp4::UserError
 /// naming the file and line on a missing or malformed file.
@@ -55,13 +63,15 @@ MeanStd mean_std(const std::vector<double>& xs);
 /// Aggregate of one recipe over its seeds (one row of the report).
 struct RecipeRow {
   std::string recipe;
-  int seeds = 0;
-  MeanStd final_loss;                    ///< final-window training loss
+  int seeds = 0;                         ///< completed runs
+  MeanStd final_loss;                    ///< final-window training loss over completed runs
   double gap_to_bf16_pct = 0;            ///< (mean − bf16 mean) / bf16 mean · 100; NaN if no bf16
   std::map<std::string, MeanStd> heldout;  ///< per inference policy
+  int diverged = 0;                      ///< runs that diverged (not in the means)
+  std::vector<int> diverged_at;          ///< their divergence steps
   int spikes = 0;                        ///< loss spikes summed over seeds
   double max_grad_norm = 0;              ///< max over seeds of max grad norm after warmup
-  double tokens_per_s = 0;               ///< mean over seeds
+  double tokens_per_s = 0;               ///< tokens per step / median_step_ms
   double median_step_ms = 0;             ///< median step time over all seeds' steps after 5
   double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run
 };

@@ -2,6 +2,7 @@
 // finished runs are reused), evaluate held-out NLL under the inference policies, and write
 // report.md with plots. `fp4train report DIR` rebuilds the report without retraining.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "fp4/error.h"
 #include "fp4/eval.h"
 #include "fp4/report.h"
+#include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "paths.h"
 
@@ -44,16 +46,6 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-void write_text_atomic(const fs::path& p, const std::string& text) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f.flush()) throw UserError("cannot write " + tmp.string());
-  }
-  fs::rename(tmp, p);
-}
-
 /// A python3 that can import matplotlib: $FP4_PYTHON, else python3 on PATH, else
 /// /usr/bin/python3 (Debian's, where python3-matplotlib installs). Empty if none.
 std::string find_plot_python() {
@@ -69,20 +61,25 @@ std::string find_plot_python() {
 
 /// The comparison's plan, stored as DIR/compare.json so `report` and reruns know it.
 struct Plan {
-  std::string config_name, config_toml, command;
-  std::vector<std::string> recipes, policies;
+  std::string config_arg;              ///< --config as given
+  std::string config_name, config_toml;
+  std::vector<std::string> recipes;    ///< --recipes entries (names or .toml paths)
+  std::vector<std::string> names;      ///< the recipes' names (unique): rows and run dirs
+  std::vector<std::string> policies;
   std::vector<uint64_t> seeds;
   int steps = 0;
+  int save_every = 50, keep_checkpoints = 1;
   int64_t tokens_per_run = 0;
   std::string model_line;
 };
 
 json plan_json(const Plan& p) {
-  return {{"config_name", p.config_name}, {"config_toml", p.config_toml},
-          {"command", p.command},         {"recipes", p.recipes},
-          {"policies", p.policies},       {"seeds", p.seeds},
-          {"steps", p.steps},             {"tokens_per_run", p.tokens_per_run},
-          {"model", p.model_line}};
+  return {{"config", p.config_arg},        {"config_name", p.config_name},
+          {"config_toml", p.config_toml},  {"recipes", p.recipes},
+          {"names", p.names},              {"policies", p.policies},
+          {"seeds", p.seeds},              {"steps", p.steps},
+          {"save_every", p.save_every},    {"keep_checkpoints", p.keep_checkpoints},
+          {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line}};
 }
 
 Plan read_plan(const fs::path& dir) {
@@ -92,13 +89,17 @@ Plan read_plan(const fs::path& dir) {
   try {
     const json j = json::parse(in);
     Plan p;
+    p.config_arg = j.value("config", "");
     p.config_name = j.at("config_name");
     p.config_toml = j.at("config_toml");
-    p.command = j.value("command", "");
     p.recipes = j.at("recipes").get<std::vector<std::string>>();
+    p.names = j.contains("names") ? j.at("names").get<std::vector<std::string>>() : p.recipes;
+    if (p.names.size() != p.recipes.size()) throw UserError(f.string() + ": names and recipes differ in length");
     p.policies = j.at("policies").get<std::vector<std::string>>();
     p.seeds = j.at("seeds").get<std::vector<uint64_t>>();
     p.steps = j.at("steps");
+    p.save_every = j.value("save_every", 50);
+    p.keep_checkpoints = j.value("keep_checkpoints", 1);
     p.tokens_per_run = j.value("tokens_per_run", int64_t{0});
     p.model_line = j.value("model", "");
     return p;
@@ -107,18 +108,47 @@ Plan read_plan(const fs::path& dir) {
   }
 }
 
-fs::path run_dir(const fs::path& out, const std::string& recipe, uint64_t seed) {
-  return out / (recipe + "-s" + std::to_string(seed));
+/// The command that reproduces the whole plan (all recipes and seeds so far).
+std::string plan_command(const Plan& p, const fs::path& out) {
+  std::string recipes, policies;
+  for (const auto& r : p.recipes) recipes += (recipes.empty() ? "" : ",") + r;
+  for (const auto& q : p.policies) policies += (policies.empty() ? "" : ",") + q;
+  std::vector<uint64_t> seeds = p.seeds;
+  std::sort(seeds.begin(), seeds.end());
+  std::string cmd = "fp4train compare --config " + shell_quote(p.config_arg.empty() ? p.config_name : p.config_arg) +
+                    " --recipes " + shell_quote(recipes) + " --steps " + std::to_string(p.steps);
+  if (!seeds.empty() && seeds.back() - seeds.front() + 1 == seeds.size()) {
+    cmd += " --seeds " + std::to_string(seeds.size());
+    if (seeds.front() != 1) cmd += " --seed-base " + std::to_string(seeds.front());
+  } else {
+    cmd += "  # seeds";
+    for (uint64_t x : seeds) cmd += " " + std::to_string(x);
+    cmd += " (run once per --seed-base)\n   ";
+  }
+  return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
+}
+
+/// A recipe name as a directory name: characters outside [A-Za-z0-9._-] become '_'.
+std::string dir_safe(const std::string& name) {
+  std::string d = name;
+  for (char& c : d)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
+  if (d.empty() || d[0] == '.') d = "_" + d;
+  return d;
+}
+
+fs::path run_dir(const fs::path& out, const std::string& recipe_name, uint64_t seed) {
+  return out / (dir_safe(recipe_name) + "-s" + std::to_string(seed));
 }
 
 /// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan.
 void build_report(const fs::path& out, const Plan& plan, bool plots) {
   std::vector<RunRecord> runs;
   std::vector<std::string> missing;
-  for (const auto& r : plan.recipes)
+  for (const auto& r : plan.names)
     for (uint64_t s : plan.seeds) {
       const fs::path d = run_dir(out, r, s);
-      if (fs::exists(d / "summary.json"))
+      if (fs::exists(d / "summary.json") || fs::exists(d / "error.txt"))
         runs.push_back(read_run(d));
       else
         missing.push_back(d.filename().string());
@@ -127,7 +157,7 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
   ReportContext ctx;
   ctx.title = "Recipe comparison: " + plan.config_name;
   ctx.config_name = plan.config_name;
-  ctx.command = plan.command;
+  ctx.command = plan_command(plan, out);
   ctx.model_line = plan.model_line;
   ctx.tokens_per_run = plan.tokens_per_run;
   ctx.policies = plan.policies;
@@ -141,6 +171,9 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
                         " --title " + shell_quote(plan.config_name) + " --out " +
                         shell_quote((out / "plots").string());
       for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
+      const fs::path plots_dir = out / "plots";
+      if (fs::exists(plots_dir) && !fs::is_directory(plots_dir))
+        throw UserError(plots_dir.string() + " exists and is not a directory; remove it or use --no-plots");
       std::fflush(stdout);
       if (std::system(cmd.c_str()) == 0) {
         for (const char* p : {"loss.png", "loss_vs_bf16.png", "heldout.png", "telemetry.png"})
@@ -150,12 +183,12 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
       }
     }
   }
-  std::string md = comparison_report_md(aggregate_runs(runs, plan.recipes), runs, ctx);
+  std::string md = comparison_report_md(aggregate_runs(runs, plan.names), runs, ctx);
   if (!missing.empty()) {
     md += "\n## Not finished\n\n";
     for (const auto& m : missing) md += "* `" + m + "`\n";
   }
-  write_text_atomic(out / "report.md", md);
+  write_file_atomic(out / "report.md", md);
   std::printf("report: %s (%zu runs%s)\n", (out / "report.md").string().c_str(), runs.size(),
               missing.empty() ? "" : (", " + std::to_string(missing.size()) + " not finished").c_str());
 }
@@ -173,56 +206,100 @@ struct CompareArgs {
   int keep_checkpoints = 1;
 };
 
-void run_compare(const CompareArgs& a, const std::string& command) {
+void run_compare(const CompareArgs& a) {
   if (a.out.empty()) throw UserError("--out DIR is required");
   const fs::path out = a.out;
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file);
+  const int file_warmup = cfg.train.warmup_steps;
   if (a.steps > 0) cfg.train.steps = a.steps;
-  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1)
+  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
     cfg.train.warmup_steps = cfg.train.steps / 10;
+    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
+                cfg.train.steps, file_warmup, cfg.train.warmup_steps);
+  }
   validate(cfg, a.config);
 
   Plan plan;
+  plan.config_arg = a.config;
   plan.config_name = fs::path(a.config).stem().string();
   plan.recipes = split_list(a.recipes, "--recipes");
   for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
   for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
   plan.steps = cfg.train.steps;
-  plan.command = command;
+  plan.save_every = a.save_every;
+  plan.keep_checkpoints = a.keep_checkpoints;
   plan.tokens_per_run = int64_t(cfg.train.steps) * cfg.train.batch_size * cfg.train.seq_len;
   {
     RunConfig c0 = cfg;
     c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
     plan.config_toml = run_config_to_toml(c0);
   }
-  // Every recipe is loaded and checked before anything runs.
   std::vector<Recipe> recipes;
-  for (const auto& name : plan.recipes) {
-    recipes.push_back(load_recipe(name, resolve("configs/recipes")));
-    check_recipe_fits(recipes.back(), cfg);
-  }
   if (fs::exists(out / "compare.json")) {
     const Plan old = read_plan(out);
     if (old.config_toml != plan.config_toml)
       throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
                       old.config_name + ", " + std::to_string(old.steps) +
                       " steps); choose another --out (nothing was changed)");
-    // Recipes and seeds may grow: keep the union, in first-seen order.
+    // Recipes, seeds and policies may grow: keep the union, in first-seen order.
     for (const auto& r : old.recipes)
-      if (std::find(plan.recipes.begin(), plan.recipes.end(), r) == plan.recipes.end()) {
+      if (std::find(plan.recipes.begin(), plan.recipes.end(), r) == plan.recipes.end())
         plan.recipes.push_back(r);
-        recipes.push_back(load_recipe(r, resolve("configs/recipes")));
-      }
     for (uint64_t s : old.seeds)
       if (std::find(plan.seeds.begin(), plan.seeds.end(), s) == plan.seeds.end())
         plan.seeds.push_back(s);
+    for (const auto& q : old.policies)
+      if (std::find(plan.policies.begin(), plan.policies.end(), q) == plan.policies.end())
+        plan.policies.push_back(q);
   }
+  // Every recipe is loaded and checked before anything runs; names must be unique (they
+  // label the rows and name the run directories).
+  for (const auto& arg : plan.recipes) {
+    recipes.push_back(load_recipe(arg, resolve("configs/recipes")));
+    check_recipe_fits(recipes.back(), cfg);
+    const std::string& name = recipes.back().name;
+    for (size_t i = 0; i < plan.names.size(); ++i)
+      if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))
+        throw UserError("--recipes: '" + plan.recipes[i] + "' and '" + arg +
+                        "' are both named '" + name +
+                        "' (runs and report rows are labelled by name); give one of them "
+                        "another `name = ...` in its file");
+    plan.names.push_back(name);
+  }
+  // A reused or resumed run must have been made with exactly this config and recipe.
+  for (size_t ri = 0; ri < recipes.size(); ++ri)
+    for (uint64_t seed : plan.seeds) {
+      const fs::path d = run_dir(out, plan.names[ri], seed);
+      RunConfig rc = cfg;
+      rc.train.seed = seed;
+      auto same = [&](const char* file, const std::string& text) {
+        std::ifstream f(d / file, std::ios::binary);
+        if (!f) return true;  // not started
+        std::ostringstream ss;
+        ss << f.rdbuf();
+        return ss.str() == text;
+      };
+      if (!same("config.toml", run_config_to_toml(rc)) ||
+          !same("recipe.toml", recipe_to_toml(recipes[ri])))
+        throw UserError(d.string() + " holds a run made with a different " +
+                        (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
+                                                                       : "config (config.toml)") +
+                        " than " + plan.recipes[ri] + " now gives; remove that run directory "
+                        "or use another --out (nothing was changed)");
+    }
 
   const fs::path data_path = resolve_data_path(cfg.data.path, config_file);
   if (!fs::exists(data_path))
     throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
                     a.config + "; the default Brown corpus is installed by scripts/setup)");
+  {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec || !fs::is_directory(out))
+      throw UserError("cannot create the comparison directory --out " + out.string() + " (" +
+                      (ec ? ec.message() : "exists and is not a directory") + ")");
+  }
   auto logf = [](const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); };
   const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size, resolve(cfg.data.cache), logf);
   {
@@ -233,18 +310,19 @@ void run_compare(const CompareArgs& a, const std::string& command) {
                   cfg.model.vocab_size);
     plan.model_line = b;
   }
-  fs::create_directories(out);
-  write_text_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
+  write_file_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
+  std::string policies;
+  for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
 
   const size_t total = recipes.size() * plan.seeds.size();
-  size_t k = 0;
+  size_t k = 0, diverged = 0;
   for (size_t ri = 0; ri < recipes.size(); ++ri)
     for (uint64_t seed : plan.seeds) {
       ++k;
-      const fs::path d = run_dir(out, plan.recipes[ri], seed);
+      const fs::path d = run_dir(out, plan.names[ri], seed);
       char head[256];
       std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
-                    plan.recipes[ri].c_str(), static_cast<unsigned long long>(seed));
+                    plan.names[ri].c_str(), static_cast<unsigned long long>(seed));
       RunConfig rc = cfg;
       rc.train.seed = seed;
       TrainOptions opt;
@@ -254,35 +332,55 @@ void run_compare(const CompareArgs& a, const std::string& command) {
       opt.keep_checkpoints = a.keep_checkpoints;
       if (fs::exists(d / "summary.json")) {
         logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
-      } else if (fs::exists(d) && !list_checkpoints(d).empty()) {
-        // An interrupted run continues bit for bit from its newest checkpoint that loads.
-        std::string warn;
-        const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
-        if (!warn.empty()) logf(warn);
-        logf(std::string(head) + "resuming " + d.string() + " from step " +
-             std::to_string(ck.step));
-        opt.resume_from = &ck;
-        train(rc, recipes[ri], data, opt);
+      } else if (fs::exists(d / "error.txt")) {
+        // Training is deterministic: a diverged run would diverge again. It is a result.
+        logf(std::string(head) + "diverged earlier, kept (" + (d / "error.txt").string() + ")");
+        ++diverged;
+        continue;
       } else {
-        if (fs::exists(d)) {  // started, but stopped before its first checkpoint
-          const fs::path stale = d.string() + ".incomplete";
-          fs::remove_all(stale);
-          fs::rename(d, stale);
-          logf(std::string(head) + "an unfinished run without checkpoints was moved to " +
-               stale.string());
+        try {
+          if (fs::exists(d) && !list_checkpoints(d).empty()) {
+            // An interrupted run continues bit for bit from its newest checkpoint that loads.
+            std::string warn;
+            const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
+            if (!warn.empty()) logf(warn);
+            logf(std::string(head) + "resuming " + d.string() + " from step " +
+                 std::to_string(ck.step));
+            opt.resume_from = &ck;
+            train(rc, recipes[ri], data, opt);
+          } else {
+            if (fs::exists(d)) {  // started, but stopped before its first checkpoint
+              const fs::path stale = d.string() + ".incomplete";
+              fs::remove_all(stale);
+              fs::rename(d, stale);
+              logf(std::string(head) + "an unfinished run without checkpoints was moved to " +
+                   stale.string());
+            }
+            logf(std::string(head) + "training into " + d.string());
+            train(rc, recipes[ri], data, opt);
+          }
+        } catch (const UserError& e) {
+          if (!fs::exists(d / "error.txt")) throw;  // not a divergence: stop the comparison
+          logf(std::string(head) + "DIVERGED: " + e.what() + "; continuing with the next run");
+          ++diverged;
+          continue;
         }
-        logf(std::string(head) + "training into " + d.string());
-        train(rc, recipes[ri], data, opt);
       }
-      // Held-out NLL under every policy, from the run's final checkpoint.
-      if (!fs::exists(d / "eval.json")) {
-        logf(std::string(head) + "held-out NLL under " + a.policies);
-        std::string pols;
-        for (const auto& p : plan.policies) pols += (pols.empty() ? "" : ",") + p;
-        eval_checkpoint_to_json(d.string(), pols, (d / "eval.json.tmp").string());
-        fs::rename(d / "eval.json.tmp", d / "eval.json");
+      // Held-out NLL under every policy of the plan, from the run's final checkpoint;
+      // recomputed when eval.json lacks a policy (e.g. one added to the plan later).
+      bool need_eval = !fs::exists(d / "eval.json");
+      if (!need_eval) {
+        std::ifstream f(d / "eval.json");
+        json e = json::parse(f, nullptr, false);
+        for (const auto& p : plan.policies)
+          need_eval |= e.is_discarded() || !e.contains("results") || !e["results"].contains(p);
+      }
+      if (need_eval) {
+        logf(std::string(head) + "held-out NLL under " + policies);
+        eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), data_path.string());
       }
     }
+  if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
   build_report(out, plan, !a.no_plots);
 }
 }  // namespace
@@ -322,15 +420,7 @@ void register_compare(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
-  c->callback([a, c] {
-    std::string cmd = "fp4train compare --config " + a->config + " --recipes " + a->recipes +
-                      " --seeds " + std::to_string(a->seeds);
-    if (a->seed_base != 1) cmd += " --seed-base " + std::to_string(a->seed_base);
-    if (a->steps > 0) cmd += " --steps " + std::to_string(a->steps);
-    cmd += " --policies " + a->policies + " --out " + a->out;
-    (void)c;
-    run_compare(*a, cmd);
-  });
+  c->callback([a] { run_compare(*a); });
 
   auto dir = std::make_shared<std::string>();
   auto no_plots = std::make_shared<bool>(false);

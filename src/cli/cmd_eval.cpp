@@ -20,6 +20,7 @@
 #include "fp4/data.h"
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "paths.h"
 
@@ -48,6 +49,7 @@ struct Source {
   int64_t step = 0;
   fs::path run_dir;            // holds tokenizer.model (may be empty)
   fs::path config_dir;         // for relative data paths
+  std::string data_key;        // the checkpoint's token-cache key (corpus + tokenizer), or ""
 };
 
 void add_source_options(CLI::App* c, SourceArgs& a) {
@@ -112,6 +114,7 @@ Source load_source(const SourceArgs& a) {
   }
   check_fits(s.recipe, s.cfg, file.string());
   s.params = std::move(ck.params);
+  s.data_key = ck.data_key;
   s.run_dir = fs::is_directory(arg) ? arg : file.parent_path();
   if (s.run_dir.filename() == "checkpoints") s.run_dir = s.run_dir.parent_path();
   s.config_dir = s.run_dir;
@@ -146,9 +149,17 @@ TokenData load_data(const Source& s, const SourceArgs& a) {
   if (!fs::exists(data_path))
     throw UserError("data path " + data_path.string() + " does not exist" +
                     (a.data.empty() ? " (data.path of the run config; pass --data PATH)" : ""));
-  fs::path cache = a.data.empty() ? locate(s.cfg.data.cache) : fs::path(s.cfg.data.cache);
-  return prepare_tokens(data_path, s.cfg.model.vocab_size, cache,
-                        [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
+  const fs::path cache = locate(s.cfg.data.cache);
+  TokenData d = prepare_tokens(data_path, s.cfg.model.vocab_size, cache,
+                               [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
+  // Token ids only mean something with the tokenizer the model was trained with.
+  if (!s.data_key.empty() && d.cache_dir.filename().string() != s.data_key)
+    throw UserError("checkpoint " + s.checkpoint + " was trained on data with token-cache key " +
+                    s.data_key + ", but " + data_path.string() + " gives key " +
+                    d.cache_dir.filename().string() +
+                    " (another corpus or tokenizer): its token ids would not match the model. "
+                    "Evaluate on the run's own corpus (data.path of its config.toml)");
+  return d;
 }
 
 std::string describe(const Source& s) {
@@ -254,10 +265,7 @@ void run_eval(const EvalArgs& a) {
                         {"batches", (calib.starts.size() + batch - 1) / batch},
                         {"tokens", int64_t(calib.starts.size()) * seq_len},
                         {"statistic", "max over calibration batches of max|X| per linear"}};
-  std::ofstream f(a.json_file, std::ios::trunc);
-  if (!f) throw UserError("cannot write --json " + a.json_file);
-  f << j.dump(2) << "\n";
-  if (!f.flush()) throw UserError("write failed: " + a.json_file);
+  write_file_atomic(a.json_file, j.dump(2) + "\n");
 }
 
 // ----------------------------------------------------------------------------- sample
@@ -322,9 +330,10 @@ void run_sample(const SampleArgs& a) {
 }  // namespace
 
 void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
-                             const std::string& json_file) {
+                             const std::string& json_file, const std::string& data) {
   EvalArgs a;
   a.src.checkpoint = checkpoint;
+  a.src.data = data;
   a.policies = {policies};
   a.json_file = json_file;
   run_eval(a);

@@ -11,8 +11,9 @@ void register_eval(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_compare(CLI::App& app);  // compare and report
 
-/// `fp4train eval --checkpoint CHECKPOINT --policy POLICIES --json JSON_FILE` as a call
-/// (prints the table too); throws what the command throws.
+/// `fp4train eval --checkpoint CHECKPOINT --policy POLICIES --json JSON_FILE [--data DATA]`
+/// as a call (prints the table too; DATA empty: the run's data.path); throws what the
+/// command throws.
 void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
-                             const std::string& json_file);
+                             const std::string& json_file, const std::string& data = "");
 }  // namespace fp4::cli

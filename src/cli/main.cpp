@@ -9,7 +9,8 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
-      "compare recipes (ue5m3-b16, nvfp4-te, bf16, fp32). See README.md."};
+      "compare recipes (fp32, bf16, ue5m3-b16, ue5m3-b32, ue5m3-te, nvfp4-te, nvfp4-all, mxfp4,\n"
+      "or your own TOML file): train, compare/report, eval/sample, quant, gemm. See README.md."};
   app.require_subcommand(1);
   fp4::cli::register_train(app);
   fp4::cli::register_eval(app);

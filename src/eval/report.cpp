@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "fp4/config.h"
 #include "fp4/error.h"
+#include "fp4/recipe.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;
@@ -96,20 +98,37 @@ int count_loss_spikes(const std::vector<double>& loss, int window, double thresh
 RunRecord read_run(const fs::path& dir) {
   RunRecord r;
   r.dir = dir;
-  const fs::path sp = dir / "summary.json";
-  if (!fs::exists(sp))
+  const fs::path sp = dir / "summary.json", errp = dir / "error.txt", cp = dir / "config.toml";
+  json s;
+  if (fs::exists(sp)) {
+    s = read_json_file(sp);
+    if (s.value("status", "") != "completed")
+      throw UserError(sp.string() + ": status is not \"completed\"");
+    r.recipe = s.value("recipe", "");
+    if (r.recipe.empty()) throw UserError(sp.string() + ": missing field 'recipe'");
+    r.seed = s.value("seed", uint64_t{0});
+    r.steps = static_cast<int>(num(s, "steps", sp));
+    r.final_window_loss = num(s, "final_window_loss", sp);
+    r.tokens_per_s = num(s, "tokens_per_s", sp);
+    r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
+  } else if (fs::exists(errp)) {
+    std::ifstream f(errp);
+    std::getline(f, r.error);
+    const auto at = r.error.find(" at step ");
+    if (at != std::string::npos) r.diverged_at = std::atoi(r.error.c_str() + at + 9);
+    if (r.diverged_at <= 0) throw UserError(errp.string() + ": no \"at step N\" in it");
+    if (!fs::exists(cp) || !fs::exists(dir / "recipe.toml"))
+      throw UserError(dir.string() + ": a diverged run without config.toml and recipe.toml");
+    r.recipe = load_recipe_file(dir / "recipe.toml").name;
+    const RunConfig c = load_run_config(cp);
+    r.seed = c.train.seed;
+    r.steps = c.train.steps;
+    r.final_window_loss = kNaN;
+    r.tokens_per_s = kNaN;
+    r.tokens_per_step = int64_t(c.train.batch_size) * c.train.seq_len;
+  } else {
     throw UserError(dir.string() + " holds no summary.json: the run did not complete");
-  const json s = read_json_file(sp);
-  if (s.value("status", "") != "completed")
-    throw UserError(sp.string() + ": status is not \"completed\"");
-  r.recipe = s.value("recipe", "");
-  if (r.recipe.empty()) throw UserError(sp.string() + ": missing field 'recipe'");
-  r.seed = s.value("seed", uint64_t{0});
-  r.steps = static_cast<int>(num(s, "steps", sp));
-  r.final_window_loss = num(s, "final_window_loss", sp);
-  r.tokens_per_s = num(s, "tokens_per_s", sp);
-
-  const fs::path cp = dir / "config.toml";
+  }
   if (fs::exists(cp)) r.warmup_steps = load_run_config(cp).train.warmup_steps;
 
   const fs::path mp = dir / "metrics.jsonl";
@@ -136,8 +155,11 @@ RunRecord read_run(const fs::path& dir) {
   if (r.step.empty()) throw UserError(mp.string() + " holds no steps");
 
   const fs::path ep = dir / "eval.json";
-  if (fs::exists(ep)) {
+  if (r.diverged_at > 0) {
+    // No held-out NLL for a diverged run.
+  } else if (fs::exists(ep)) {
     const json e = read_json_file(ep);
+    r.eval_step = e.value("step", int64_t{-1});
     if (!e.contains("results") || !e["results"].is_object())
       throw UserError(ep.string() + ": missing object 'results' (expected `fp4train eval --json` output)");
     for (const auto& [pol, v] : e["results"].items()) {
@@ -160,26 +182,35 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
   for (const auto& name : names) {
     RecipeRow row;
     row.recipe = name;
-    std::vector<double> fl, tps, ms;
+    std::vector<double> fl, ms;
     std::map<std::string, std::vector<double>> held;
+    int64_t tokens_per_step = 0;
+    bool any = false;
     for (const auto& r : runs) {
       if (r.recipe != name) continue;
-      ++row.seeds;
-      fl.push_back(r.final_window_loss);
-      tps.push_back(r.tokens_per_s);
-      for (const auto& [p, v] : r.heldout) held[p].push_back(v);
+      any = true;
       row.spikes += count_loss_spikes(r.loss);
+      tokens_per_step = r.tokens_per_step;
+      if (r.diverged_at > 0) {
+        ++row.diverged;
+        row.diverged_at.push_back(r.diverged_at);
+      } else {
+        ++row.seeds;
+        fl.push_back(r.final_window_loss);
+        for (const auto& [p, v] : r.heldout) held[p].push_back(v);
+      }
       for (size_t i = 0; i < r.step.size(); ++i) {
         if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
           row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
         if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
       }
     }
-    if (row.seeds == 0) continue;
+    if (!any) continue;
     row.final_loss = mean_std(fl);
+    if (fl.empty()) row.final_loss.mean = kNaN;
     for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
-    row.tokens_per_s = mean_std(tps).mean;
     row.median_step_ms = median(ms);
+    row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
     rows.push_back(row);
   }
   const RecipeRow *bf16 = nullptr, *fp32 = nullptr;
@@ -213,21 +244,41 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
 
   o << "| recipe | seeds | final-window loss | vs bf16 |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
-  o << " loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 |\n|---|---|---|---|";
+  o << " diverged | loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 "
+       "|\n|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
-  o << "---|---|---|---|\n";
+  o << "---|---|---|---|---|\n";
+  bool partial_cells = false;
   for (const auto& r : rows) {
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
       << (std::isfinite(r.gap_to_bf16_pct) ? fmt("%+.2f%%", r.gap_to_bf16_pct) : "—") << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
-      o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second)) << " |";
+      o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
+      if (it != r.heldout.end() && it->second.n < r.seeds) {
+        o << " (n=" << it->second.n << ")";
+        partial_cells = true;
+      }
+      o << " |";
     }
-    o << " " << r.spikes << " | " << fmt("%.3f", r.max_grad_norm) << " | "
+    o << " ";
+    if (r.diverged == 0) o << "0";
+    for (size_t i = 0; i < r.diverged_at.size(); ++i)
+      o << (i ? ", " : "") << "at step " << r.diverged_at[i];
+    o << " | " << r.spikes << " | " << fmt("%.3f", r.max_grad_norm) << " | "
       << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32) << " |\n";
   }
-  o << "\nMeans ± sample standard deviations over seeds. Held-out NLL in nats/token; policy "
-       "`none` is FP32 inference of the same weights.\n";
+  o << "\nMeans ± sample standard deviations over the completed seeds (runs that diverged are "
+       "counted under *diverged*, not in the means). Held-out NLL in nats/token; policy `none` "
+       "is FP32 inference of the same weights.\n";
+  if (partial_cells)
+    o << "\n(n=k): only k of the completed seeds have this value (an evaluation is missing; "
+         "rerun `fp4train compare` with the same arguments to compute it).\n";
+  for (const auto& r : runs)
+    if (r.diverged_at == 0 && r.eval_step >= 0 && r.eval_step != r.steps)
+      o << "\nNote: the held-out values of `" << r.dir.filename().string()
+        << "` come from its checkpoint at step " << r.eval_step << ", not the final step "
+        << r.steps << " (the final checkpoint could not be loaded).\n";
 
   o << "\n## Per run\n\n| recipe | seed | final-window loss |";
   for (const auto& p : policies) o << " held-out " << p << " |";
@@ -238,7 +289,10 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     std::vector<double> ms;
     for (size_t i = 0; i < r.step.size(); ++i)
       if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
-    o << "| " << r.recipe << " | " << r.seed << " | " << fmt("%.4f", r.final_window_loss) << " |";
+    o << "| " << r.recipe << " | " << r.seed << " | "
+      << (r.diverged_at > 0 ? "diverged at step " + std::to_string(r.diverged_at)
+                            : fmt("%.4f", r.final_window_loss))
+      << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
       o << " " << (it == r.heldout.end() ? "—" : fmt("%.4f", it->second)) << " |";
@@ -264,10 +318,11 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "logged steps by more than 0.5 nats (non-finite losses count), summed over seeds.\n"
        "* **Max grad norm after warmup**: the largest global gradient norm (before clipping) "
        "after train.warmup_steps, over all seeds.\n"
-       "* **tokens/s**: training tokens per second of training-step time (evaluation excluded), "
-       "mean over seeds. **Step time vs fp32**: median step time (steps after the 5th, all "
-       "seeds pooled) over fp32's. Runs were sequential on one machine; shared machines are "
-       "noisy, so read ratios, not absolute times.\n";
+       "* **Diverged**: runs stopped by a non-finite loss or gradient (the step is named).\n"
+       "* **tokens/s**: training tokens per step over the median step time (steps after the "
+       "5th, all seeds pooled; evaluation excluded). **Step time vs fp32**: that median over "
+       "fp32's. Runs were sequential on one machine; shared machines are noisy, so read "
+       "ratios, not absolute times.\n";
   return o.str();
 }
 

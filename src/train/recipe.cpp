@@ -179,7 +179,8 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks) {
           continue;
         LinearPlan& p = res.plans[size_t(b) * K + j];
         bool changed = false;
-        if (ov.has_mode) {
+        // Only real changes count as hits: an override that changes nothing is an error below.
+        if (ov.has_mode && p.mode != ov.mode) {
           p.mode = ov.mode;
           changed = true;
         }
@@ -189,9 +190,17 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks) {
               if (!gemm_uses(Gemm(g), Operand(o))) continue;
               if (ov.has_gemm && int(ov.gemm) != g) continue;
               if (ov.has_role && int(ov.role) != o) continue;
-              if (ov.has_scale_target) p.specs[g][o].target = ov.scale_target;
-              if (ov.has_rounding) p.specs[g][o].rounding = ov.rounding;
-              changed = true;
+              BlockQuantSpec& sp = p.specs[g][o];
+              // The MX scale rules have no tensor scale, so T means nothing to them.
+              if (ov.has_scale_target && sp.scale_rule == ScaleRule::TensorScaled &&
+                  sp.target != ov.scale_target) {
+                sp.target = ov.scale_target;
+                changed = true;
+              }
+              if (ov.has_rounding && sp.rounding != ov.rounding) {
+                sp.rounding = ov.rounding;
+                changed = true;
+              }
             }
         }
         if (changed) res.override_hits[i].push_back(b * K + j);
@@ -200,8 +209,8 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks) {
     if (res.override_hits[i].empty())
       throw UserError(r.where() + ": [[override]] " + prefix.substr(0, prefix.size() - 1) + " (" +
                       ov.describe() + ") changes no linear of this " + std::to_string(n_blocks) +
-                      "-block model" +
-                      (ov.has_mode ? "" : " (it selects only linears that are not FP4)"));
+                      "-block model (every selected linear already has these settings, is "
+                      "not FP4, or uses an MX scale rule, which has no scale target)");
   }
   return res;
 }
@@ -358,6 +367,10 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name) {
     if (!ov.has_mode && !ov.has_scale_target && !ov.has_rounding)
       r.fail("override[" + std::to_string(i) + "]",
              "at least one knob to change: mode, scale_target or rounding");
+    if (ov.has_mode && ov.mode != LinearMode::FP4 && (ov.has_scale_target || ov.has_rounding))
+      r.fail("override[" + std::to_string(i) + "].mode",
+             std::string("\"fp4\" when scale_target or rounding is set in the same override (a ") +
+                 linear_mode_name(ov.mode) + " linear has no FP4 scale target or rounding)");
   }
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "a multiple of 16 when rht_wgrad = true");

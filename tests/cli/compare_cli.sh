@@ -88,6 +88,44 @@ out=$("$bin" compare --config micro.toml --recipes fp32 --policies current,lates
 echo "$out" | grep -q "latest" || fail "unknown policy not named: $out"
 [ -e cmp2 ] && fail "a refused compare created its directory"
 
+# Recipes are labelled by name: a copied file that keeps its name is refused before anything
+# runs; given a new name, its runs live under --out named after it, whatever its path.
+mkdir -p "$work/my recipes"
+sed 's/^amax_interval = 50/amax_interval = 10/' "$src/configs/recipes/ue5m3-b16.toml" > "$work/my recipes/d10.toml"
+out=$("$bin" compare --config micro.toml --recipes "ue5m3-b16,$work/my recipes/d10.toml" --out cmp3 2>&1) \
+  && fail "two recipes named ue5m3-b16 accepted"
+echo "$out" | grep -q "both named 'ue5m3-b16'" || fail "duplicate names not explained: $out"
+sed -i 's/^name = .*/name = "ue5m3 d10"/' "$work/my recipes/d10.toml"
+out=$("$bin" compare --config micro.toml --recipes "$work/my recipes/d10.toml" --out cmp3 --no-plots 2>&1) \
+  || fail "compare with a recipe path failed: $out"
+[ -f "cmp3/ue5m3_d10-s1/summary.json" ] || fail "run of a recipe path not under --out: $(ls cmp3)"
+grep -q "^| ue5m3 d10 | 1 | " cmp3/report.md || fail "row not labelled by the recipe's name"
+# Editing that recipe and rerunning must not reuse the old run silently.
+sed -i 's/^amax_interval = 10/amax_interval = 20/' "$work/my recipes/d10.toml"
+out=$("$bin" compare --config micro.toml --recipes "$work/my recipes/d10.toml" --out cmp3 --no-plots 2>&1) \
+  && fail "a changed recipe reused the old run"
+echo "$out" | grep -q "different recipe" || fail "changed recipe not explained: $out"
+
+# A run that diverges is a result: it is reported, and the other runs go on.
+sed -e 's/^lr = .*/lr = 1e4/' micro.toml > div.toml
+out=$("$bin" compare --config div.toml --recipes ue5m3-b16,fp32 --out dv --no-plots 2>&1)
+echo "$out" | grep -q "DIVERGED" || fail "no divergence at lr 1e4? $out"
+grep -q "^| ue5m3-b16 | 0 | .* | at step [0-9]* |" dv/report.md || fail "diverged run not reported: $(cat dv/report.md)"
+out=$("$bin" compare --config div.toml --recipes ue5m3-b16,fp32 --out dv --no-plots 2>&1)
+echo "$out" | grep -q "diverged earlier, kept" || fail "diverged run retrained: $out"
+
+# A policy added later is computed for the finished runs.
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --policies replay-d2 2>&1) || fail "adding a policy failed: $out"
+python3 -c 'import json; e=json.load(open("cmp/ue5m3-b16-s2/eval.json")); assert "replay-d2" in e["results"] and "calibrated" in e["results"], e["policies"]' \
+  || fail "eval.json lacks the added policy or lost the old ones"
+grep -q "held-out NLL, replay-d2 |" cmp/report.md || fail "report lacks the added policy"
+
+# eval refuses text whose tokenizer is not the run's.
+mkdir -p other && ls "$src/data/brown/text"/*.txt | tail -20 | xargs -I{} cp {} other/
+out=$("$bin" eval --checkpoint cmp/fp32-s1 --data other --policy none 2>&1) && fail "eval on another corpus accepted"
+echo "$out" | grep -q "token-cache key" || fail "corpus mismatch not explained: $out"
+
 # report rebuilds from finished runs and lists an unfinished one.
 rm cmp/bf16-s2/summary.json
 rm cmp/report.md
