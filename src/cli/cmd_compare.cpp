@@ -211,13 +211,7 @@ void run_compare(const CompareArgs& a) {
   const fs::path out = a.out;
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file);
-  const int file_warmup = cfg.train.warmup_steps;
-  if (a.steps > 0) cfg.train.steps = a.steps;
-  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
-    cfg.train.warmup_steps = cfg.train.steps / 10;
-    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
-                cfg.train.steps, file_warmup, cfg.train.warmup_steps);
-  }
+  override_steps(cfg, a.steps);
   validate(cfg, a.config);
 
   Plan plan;

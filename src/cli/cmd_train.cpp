@@ -140,15 +140,9 @@ void run_train(const TrainArgs& a) {
   if (!a.resume.empty()) return run_resume(a);
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file);
-  const RunConfig file_cfg = cfg;
-  if (a.steps > 0) cfg.train.steps = a.steps;
   if (a.seed_given) cfg.train.seed = a.seed;
   if (!a.data.empty()) cfg.data.path = a.data;
-  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
-    cfg.train.warmup_steps = cfg.train.steps / 10;
-    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
-                cfg.train.steps, file_cfg.train.warmup_steps, cfg.train.warmup_steps);
-  }
+  override_steps(cfg, a.steps);
   validate(cfg, a.config);
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
   check_recipe_fits(recipe, cfg);

@@ -1,5 +1,7 @@
 #include "paths.h"
 
+#include <cstdio>
+
 namespace fp4::cli {
 std::filesystem::path resolve(const std::string& rel) {
   namespace fs = std::filesystem;
@@ -23,5 +25,17 @@ std::filesystem::path resolve_data_path(const std::string& data_path,
     p = fs::exists(beside) ? beside : resolve(data_path);
   }
   return p;
+}
+}  // namespace fp4::cli
+
+namespace fp4::cli {
+void override_steps(RunConfig& cfg, int steps) {
+  if (steps > 0) cfg.train.steps = steps;
+  if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
+    const int was = cfg.train.warmup_steps;
+    cfg.train.warmup_steps = cfg.train.steps / 10;
+    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
+                cfg.train.steps, was, cfg.train.warmup_steps);
+  }
 }
 }  // namespace fp4::cli

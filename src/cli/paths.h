@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <string>
 
+#include "fp4/config.h"
+
 namespace fp4::cli {
 /// `rel` if it exists relative to the working directory, else FP4_SOURCE_DIR/rel if that
 /// exists, else `rel` unchanged (so the error names what the user typed).
@@ -14,4 +16,8 @@ std::filesystem::path resolve(const std::string& rel);
 /// resolve(data_path) (the source tree, for the default corpus). Existence is the caller's check.
 std::filesystem::path resolve_data_path(const std::string& data_path,
                                         const std::filesystem::path& config_file);
+
+/// --steps N on a run config: sets train.steps (N > 0) and, when train.warmup_steps is no
+/// longer below it, warms up for steps / 10 instead, printing a note saying so.
+void override_steps(RunConfig& cfg, int steps);
 }  // namespace fp4::cli
