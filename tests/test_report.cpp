@@ -73,6 +73,9 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   const std::string md = comparison_report_md(rows, runs, ReportContext{});
   EXPECT_NE(md.find("| x | 1 | 5.5000 | +10.00% |"), std::string::npos) << md;
   EXPECT_NE(md.find("| bf16 | 2 | 5.0000 ± 1.4142 | +0.00% |"), std::string::npos) << md;
+  // All these runs have seed 0; of the two bf16 runs of that seed the later one (6.0) is the
+  // pair of x (5.5).
+  EXPECT_DOUBLE_EQ(rows[2].paired_delta_bf16.mean, -0.5);
 }
 
 TEST(Report, AggregateWithoutBaselinesGivesDashes) {
@@ -157,4 +160,21 @@ TEST(Report, ReadRunOfADivergedRun) {
   EXPECT_EQ(r.seed, 4u);
   EXPECT_TRUE(r.heldout.empty());
   fs::remove_all(d);
+}
+
+TEST(Report, PairedDeltaToBf16UsesTheSameSeed) {
+  // Seeds differ a lot (4.0 vs 6.0) but the recipe is 0.1 and 0.3 above bf16 on each: the
+  // paired delta is 0.2 ± 0.1414, the unpaired spread ± 1.4.
+  RunRecord b1 = run("bf16", 4.0, 10, 1), b2 = run("bf16", 6.0, 10, 1);
+  RunRecord f1 = run("fp4", 4.1, 10, 1), f2 = run("fp4", 6.3, 10, 1);
+  b1.seed = f1.seed = 1;
+  b2.seed = f2.seed = 2;
+  RunRecord lone = run("fp4", 9.0, 10, 1);
+  lone.seed = 3;  // no bf16 run of seed 3: not paired
+  const auto rows = aggregate_runs({b1, b2, f1, f2, lone}, {"bf16", "fp4"});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_NEAR(rows[1].paired_delta_bf16.mean, 0.2, 1e-12);
+  EXPECT_NEAR(rows[1].paired_delta_bf16.std, std::sqrt(0.02), 1e-12);
+  EXPECT_EQ(rows[1].paired_delta_bf16.n, 2);
+  EXPECT_DOUBLE_EQ(rows[0].paired_delta_bf16.mean, 0.0);
 }

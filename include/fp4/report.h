@@ -66,6 +66,10 @@ struct RecipeRow {
   int seeds = 0;                         ///< completed runs
   MeanStd final_loss;                    ///< final-window training loss over completed runs
   double gap_to_bf16_pct = 0;            ///< (mean − bf16 mean) / bf16 mean · 100; NaN if no bf16
+  /// Paired difference to bf16: mean ± std over the seeds both completed of (this run's
+  /// final-window loss − the bf16 run's of the same seed), in nats. A seed fixes the
+  /// initialisation and the batches, so pairing removes most seed-to-seed variance.
+  MeanStd paired_delta_bf16;
   std::map<std::string, MeanStd> heldout;  ///< per inference policy
   int diverged = 0;                      ///< runs that diverged (not in the means)
   std::vector<int> diverged_at;          ///< their divergence steps

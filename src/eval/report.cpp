@@ -218,6 +218,16 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     if (r.recipe == "bf16") bf16 = &r;
     if (r.recipe == "fp32") fp32 = &r;
   }
+  std::map<uint64_t, double> bf16_loss;  // seed → final-window loss of a completed bf16 run
+  for (const auto& r : runs)
+    if (r.recipe == "bf16" && r.diverged_at == 0) bf16_loss[r.seed] = r.final_window_loss;
+  for (auto& row : rows) {
+    std::vector<double> d;
+    for (const auto& r : runs)
+      if (r.recipe == row.recipe && r.diverged_at == 0 && bf16_loss.count(r.seed))
+        d.push_back(r.final_window_loss - bf16_loss[r.seed]);
+    row.paired_delta_bf16 = mean_std(d);
+  }
   for (auto& r : rows) {
     r.gap_to_bf16_pct =
         bf16 ? 100.0 * (r.final_loss.mean - bf16->final_loss.mean) / bf16->final_loss.mean : kNaN;
@@ -242,16 +252,18 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
       for (const auto& [p, v] : r.heldout)
         if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
 
-  o << "| recipe | seeds | final-window loss | vs bf16 |";
+  o << "| recipe | seeds | final-window loss | vs bf16 | Δ vs bf16, paired by seed |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
   o << " diverged | loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 "
-       "|\n|---|---|---|---|";
+       "|\n|---|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
   o << "---|---|---|---|---|\n";
   bool partial_cells = false;
   for (const auto& r : rows) {
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
-      << (std::isfinite(r.gap_to_bf16_pct) ? fmt("%+.2f%%", r.gap_to_bf16_pct) : "—") << " |";
+      << (std::isfinite(r.gap_to_bf16_pct) ? fmt("%+.2f%%", r.gap_to_bf16_pct) : "—") << " | "
+      << (r.paired_delta_bf16.n ? fmt_ms(r.paired_delta_bf16, "%+.4f") : std::string("—"))
+      << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
       o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
@@ -310,6 +322,10 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   o << "\n## Definitions\n\n"
        "* **Final-window loss**: mean training loss over the last 10% of steps of a run.\n"
        "* **vs bf16**: (recipe mean − bf16 mean) / bf16 mean of the final-window loss.\n"
+       "* **Δ vs bf16, paired by seed**: mean ± std over seeds of (recipe − bf16) final-window "
+       "loss of the same seed (same initialisation and batches), in nats. Its std is the "
+       "uncertainty to read when ranking recipes; the unpaired ± mostly measures how seeds "
+       "differ.\n"
        "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
        "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
        "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "
