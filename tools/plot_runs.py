@@ -11,7 +11,8 @@ grouped by recipe; the seeds of one recipe form a band (min..max over seeds) aro
 mean. Writes into DIR:
 
     loss.png          training loss, smoothed (trailing mean over --smooth steps), seed bands
-    loss_vs_bf16.png  recipe minus bf16 smoothed mean loss over steps (needs a bf16 run)
+    loss_vs_bf16.png  recipe minus bf16 smoothed loss over steps, paired by seed (the same
+                      seed means the same initialisation and batches); needs a bf16 run
     heldout.png       held-out NLL at evaluation steps (solid: FP32 inference,
                       dashed: the recipe's quantized inference with current scaling)
     telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
@@ -52,6 +53,24 @@ def recipe_of(run_dir):
                 if m:
                     return m.group(1)
     fail(f"{run_dir}: no summary.json or recipe.toml naming the recipe")
+
+
+def seed_of(run_dir):
+    """Seed from summary.json, else from config.toml's `seed = N`; None if neither says."""
+    summary = os.path.join(run_dir, "summary.json")
+    if os.path.exists(summary):
+        with open(summary, encoding="utf-8") as f:
+            seed = json.load(f).get("seed")
+        if seed is not None:
+            return seed
+    cfg = os.path.join(run_dir, "config.toml")
+    if os.path.exists(cfg):
+        with open(cfg, encoding="utf-8") as f:
+            for line in f:
+                m = re.match(r"\s*seed\s*=\s*(\d+)", line)
+                if m:
+                    return int(m.group(1))
+    return None
 
 
 def read_metrics(run_dir):
@@ -129,10 +148,13 @@ def main():
         fail("matplotlib is not installed for this python3 (Debian: apt install python3-matplotlib)")
 
     groups = {}  # recipe -> list of metrics
+    seeds = {}   # recipe -> list of seeds, parallel to groups
     for d in a.runs:
         if not os.path.isdir(d):
             fail(f"{d} is not a directory")
-        groups.setdefault(recipe_of(d), []).append(read_metrics(d))
+        r = recipe_of(d)
+        groups.setdefault(r, []).append(read_metrics(d))
+        seeds.setdefault(r, []).append(seed_of(d))
     os.makedirs(a.out, exist_ok=True)
     order = list(groups)
     colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(order)}
@@ -169,18 +191,29 @@ def main():
     fig.savefig(os.path.join(a.out, "loss.png"), dpi=110)
     plt.close(fig)
 
-    # 2. difference to bf16
+    # 2. difference to bf16, paired by seed where the seeds match (same init and batches)
     fig, ax = plt.subplots(figsize=(8, 5))
     if "bf16" in means:
-        base = means["bf16"]
+        base = dict(zip(seeds["bf16"], smoothed_losses(groups["bf16"])))
         for r in order:
             if r == "bf16":
                 continue
-            steps = [t for t in sorted(means[r]) if t in base]
-            ax.plot(steps, [means[r][t] - base[t] for t in steps], color=colors[r], label=r)
+            diffs = [{t: v - base[sd][t] for t, v in run.items() if t in base[sd]}
+                     for sd, run in zip(seeds[r], smoothed_losses(groups[r]))
+                     if sd is not None and sd in base]
+            if diffs:
+                steps, mean, lo, hi = seed_stats(diffs)
+                n = len(diffs)
+                ax.plot(steps, mean, color=colors[r], label=f"{r} ({n} paired seed{'s' if n > 1 else ''})")
+                if n > 1:
+                    ax.fill_between(steps, lo, hi, color=colors[r], alpha=0.15, linewidth=0)
+            else:  # no common seed: difference of the means
+                steps = [t for t in sorted(means[r]) if t in means["bf16"]]
+                ax.plot(steps, [means[r][t] - means["bf16"][t] for t in steps], "--",
+                        color=colors[r], label=f"{r} (unpaired means)")
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_title(pre + "smoothed training loss minus bf16 (mean over seeds)")
-        ax.legend()
+        ax.set_title(pre + "smoothed training loss minus bf16 of the same seed (band: min..max)")
+        ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no bf16 run among the inputs", ha="center", va="center",
                 transform=ax.transAxes)
