@@ -176,5 +176,7 @@ TEST(Report, PairedDeltaToBf16UsesTheSameSeed) {
   EXPECT_NEAR(rows[1].paired_delta_bf16.mean, 0.2, 1e-12);
   EXPECT_NEAR(rows[1].paired_delta_bf16.std, std::sqrt(0.02), 1e-12);
   EXPECT_EQ(rows[1].paired_delta_bf16.n, 2);
+  const std::string md = comparison_report_md(rows, {}, ReportContext{});
+  EXPECT_NE(md.find("| +0.2000 ± 0.1414 |"), std::string::npos) << md;
   EXPECT_DOUBLE_EQ(rows[0].paired_delta_bf16.mean, 0.0);
 }

@@ -46,10 +46,11 @@ std::string fmt(const char* f, double v) {
   std::snprintf(b, sizeof b, f, v);
   return b;
 }
+// "mean ± std" (just the mean for one value); f formats the mean, the std is unsigned.
 std::string fmt_ms(const MeanStd& m, const char* f = "%.4f") {
   if (m.n == 0 || !std::isfinite(m.mean)) return "—";
   std::string s = fmt(f, m.mean);
-  if (m.n > 1) s += " ± " + fmt(f, m.std);
+  if (m.n > 1) s += " ± " + fmt("%.4f", m.std);
   return s;
 }
 }  // namespace
