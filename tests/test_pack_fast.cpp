@@ -31,14 +31,13 @@
 #include "fp4/philox.h"
 #include "fp4/qtensor.h"
 #include "fp4/quant_fast.h"
+#include "support/quant_test_inputs.h"
 
 using namespace fp4;
+using namespace fp4::testing;
 
 namespace {
 
-constexpr ScaleFormat kFormats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3,
-                                    ScaleFormat::UE8M0};
-constexpr Rounding kRoundings[] = {Rounding::RNE, Rounding::SR8};
 
 /// Runs fn once per SIMD target supported here, then restores the default target.
 void for_each_target(const std::function<void(const std::string&)>& fn) {
@@ -50,60 +49,8 @@ void for_each_target(const std::function<void(const std::string&)>& fn) {
   quant_fast_use_target("");
 }
 
-enum class Dist { Normal, Cauchy, Tiny, Huge };
-constexpr Dist kDists[] = {Dist::Normal, Dist::Cauchy, Dist::Tiny, Dist::Huge};
-
-/// n finite values: N(0,1); Cauchy (heavy tails, clipped to ±1e30); tiny (N(0,1)·1e-41: FP32
-/// subnormals, with occasional 1e-37 values); huge (N(0,1)·1e30 with ±1e36 outliers). Exact
-/// zeros and −0 sprinkled in.
-std::vector<float> make_data(Dist d, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::cauchy_distribution<float> cd(0.f, 1.f);
-  std::uniform_int_distribution<int> pick(0, 99);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const int p = pick(rng);
-    switch (d) {
-      case Dist::Normal: x = nd(rng); break;
-      case Dist::Cauchy: x = std::clamp(cd(rng), -1e30f, 1e30f); break;
-      case Dist::Tiny: x = p < 3 ? nd(rng) * 1e-37f : nd(rng) * 1e-41f; break;
-      case Dist::Huge: x = p < 2 ? nd(rng) * 1e36f : nd(rng) * 1e30f; break;
-    }
-    if (p == 50) x = 0.f;
-    if (p == 51) x = -0.f;
-  }
-  return v;
-}
-
-BlockQuantSpec make_spec(ScaleFormat f, Rounding r, int block = 16, bool two_d = false) {
-  BlockQuantSpec s;
-  s.scale_format = f;
-  s.rounding = r;
-  s.block = block;
-  s.two_d = two_d;
-  return s;
-}
-
-std::string spec_str(const BlockQuantSpec& s) {
-  return std::string(scale_format_name(s.scale_format)) +
-         (s.rounding == Rounding::SR8 ? " SR8" : " RNE") + " block " + std::to_string(s.block) +
-         (s.two_d ? " 2D" : " 1D");
-}
-
-const SrKey kKey{0x123456789ABCDEF0ull, 7, 3, 2, 2};
 
 uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
-
-/// Index of the first differing byte, or -1.
-template <class T>
-int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return 0;
-  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return -1;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
-  return -1;
-}
 
 /// Every field of two QTensors, bit for bit.
 void expect_same(const QTensor& got, const QTensor& want, const std::string& what) {

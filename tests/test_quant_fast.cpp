@@ -23,14 +23,13 @@
 #include "fp4/hadamard.h"
 #include "fp4/philox.h"
 #include "fp4/quant_fast.h"
+#include "support/quant_test_inputs.h"
 
 using namespace fp4;
+using namespace fp4::testing;
 
 namespace {
 
-constexpr ScaleFormat kFormats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3,
-                                    ScaleFormat::UE8M0};
-constexpr Rounding kRoundings[] = {Rounding::RNE, Rounding::SR8};
 
 /// Runs fn once per SIMD target supported here and per store mode (streaming stores forced on
 /// for every aligned output, and the default policy, under which these small outputs use plain
@@ -74,57 +73,6 @@ struct AlignedOut {
   float* p_;
 };
 
-enum class Dist { Normal, Cauchy, Tiny, Huge };
-constexpr Dist kDists[] = {Dist::Normal, Dist::Cauchy, Dist::Tiny, Dist::Huge};
-
-/// n finite values: N(0,1); Cauchy (heavy tails, clipped to ±1e30 to stay finite after scaling);
-/// tiny (N(0,1)·1e-41: FP32 subnormals, some exact zeros, with occasional normal 1e-37 values);
-/// huge (N(0,1)·1e30, with some ±1e36 outliers). Sprinkles exact zeros and −0.
-std::vector<float> make_data(Dist d, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::cauchy_distribution<float> cd(0.f, 1.f);
-  std::uniform_int_distribution<int> pick(0, 99);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    const int p = pick(rng);
-    switch (d) {
-      case Dist::Normal: x = nd(rng); break;
-      case Dist::Cauchy: x = std::clamp(cd(rng), -1e30f, 1e30f); break;
-      case Dist::Tiny: x = p < 3 ? nd(rng) * 1e-37f : nd(rng) * 1e-41f; break;
-      case Dist::Huge: x = p < 2 ? nd(rng) * 1e36f : nd(rng) * 1e30f; break;
-    }
-    if (p == 50) x = 0.f;
-    if (p == 51) x = -0.f;
-  }
-  return v;
-}
-
-BlockQuantSpec make_spec(ScaleFormat f, Rounding r, int block = 16, bool two_d = false) {
-  BlockQuantSpec s;
-  s.scale_format = f;
-  s.rounding = r;
-  s.block = block;
-  s.two_d = two_d;
-  return s;
-}
-
-std::string spec_str(const BlockQuantSpec& s) {
-  return std::string(scale_format_name(s.scale_format)) +
-         (s.rounding == Rounding::SR8 ? " SR8" : " RNE") + " block " + std::to_string(s.block) +
-         (s.two_d ? " 2D" : " 1D");
-}
-
-/// Index of the first differing float (bit patterns), or -1.
-int64_t first_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 0;
-  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0) return -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return int64_t(i);
-  }
-  return -1;
-}
-
 #define EXPECT_BITS_EQ(got, want, what)                                                      \
   do {                                                                                       \
     const int64_t i_ = first_diff(got, want);                                                \
@@ -153,7 +101,6 @@ float ref_amax_rht(const std::vector<float>& x, int64_t rows, int64_t cols) {
   return tensor_amax(t.data(), int64_t(t.size()));
 }
 
-const SrKey kKey{0x123456789ABCDEF0ull, 7, 3, 2, 2};
 
 /// Compares quantize_dequantize_fast with quantize_dequantize on x [rows, cols] for the
 /// current target.

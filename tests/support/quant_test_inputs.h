@@ -1,0 +1,79 @@
+// Inputs and helpers shared by the bit-exact tests of the SIMD quantizers against their scalar
+// twins (tests/test_quant_fast.cpp, tests/test_pack_fast.cpp): random tensors from several
+// distributions, the scale formats and roundings to sweep, and a first-differing-element
+// search.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4/block_quant.h"
+#include "fp4/philox.h"
+
+namespace fp4::testing {
+
+inline constexpr ScaleFormat kFormats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX,
+                                           ScaleFormat::E4M3, ScaleFormat::UE8M0};
+inline constexpr Rounding kRoundings[] = {Rounding::RNE, Rounding::SR8};
+
+/// An SR key with every field nonzero.
+inline const SrKey kKey{0x123456789ABCDEF0ull, 7, 3, 2, 2};
+
+enum class Dist { Normal, Cauchy, Tiny, Huge };
+inline constexpr Dist kDists[] = {Dist::Normal, Dist::Cauchy, Dist::Tiny, Dist::Huge};
+
+/// n finite values: N(0,1); Cauchy (heavy tails, clipped to ±1e30 to stay finite after
+/// scaling); tiny (N(0,1)·1e-41: FP32 subnormals, some exact zeros, with occasional normal
+/// 1e-37 values); huge (N(0,1)·1e30, with some ±1e36 outliers). Sprinkles exact zeros and −0.
+inline std::vector<float> make_data(Dist d, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::cauchy_distribution<float> cd(0.f, 1.f);
+  std::uniform_int_distribution<int> pick(0, 99);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    const int p = pick(rng);
+    switch (d) {
+      case Dist::Normal: x = nd(rng); break;
+      case Dist::Cauchy: x = std::clamp(cd(rng), -1e30f, 1e30f); break;
+      case Dist::Tiny: x = p < 3 ? nd(rng) * 1e-37f : nd(rng) * 1e-41f; break;
+      case Dist::Huge: x = p < 2 ? nd(rng) * 1e36f : nd(rng) * 1e30f; break;
+    }
+    if (p == 50) x = 0.f;
+    if (p == 51) x = -0.f;
+  }
+  return v;
+}
+
+inline BlockQuantSpec make_spec(ScaleFormat f, Rounding r, int block = 16, bool two_d = false) {
+  BlockQuantSpec s;
+  s.scale_format = f;
+  s.rounding = r;
+  s.block = block;
+  s.two_d = two_d;
+  return s;
+}
+
+inline std::string spec_str(const BlockQuantSpec& s) {
+  return std::string(scale_format_name(s.scale_format)) +
+         (s.rounding == Rounding::SR8 ? " SR8" : " RNE") + " block " + std::to_string(s.block) +
+         (s.two_d ? " 2D" : " 1D");
+}
+
+/// Index of the first element whose bytes differ (bit patterns for floats), or -1; 0 if the
+/// sizes differ.
+template <class T>
+int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return -1;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
+  return -1;
+}
+
+}  // namespace fp4::testing
