@@ -461,36 +461,7 @@ TEST(QuantFast, SrThresholdsExact) {
 
 TEST(QuantFast, AdversarialBlocksAndShapes) {
   std::mt19937_64 rng(9);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, std::vector<float>>> inputs;
-  // all-zero blocks next to normal ones; ±6·d_b and just above; one huge among tiny ones
-  {
-    std::vector<float> v(64 * 48);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = (i / 16) % 3 == 0 ? 0.f : nd(rng);
-    inputs.push_back({"zero blocks", v});
-  }
-  {
-    std::vector<float> v(64 * 48, 0.f);
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float s = std::ldexp(1.f, int(i % 40) - 20);
-      const float vals[] = {6.f * s, -6.f * s, std::nextafter(6.f * s, 1e30f),
-                            -std::nextafter(6.f * s, 1e30f), 6.5f * s, 1e-3f * s};
-      v[i] = vals[i % 6];
-    }
-    inputs.push_back({"at and above 6 d_b", v});
-  }
-  {
-    std::vector<float> v(64 * 48);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * 1e-30f;
-    for (size_t i = 5; i < v.size(); i += 97) v[i] = 1e30f;
-    v[7] = -3e38f;
-    inputs.push_back({"huge among tiny", v});
-  }
-  {
-    std::vector<float> v(64 * 48);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * std::ldexp(1.f, int(i % 200) - 149);
-    inputs.push_back({"subnormals and FLT_MIN", v});
-  }
+  const auto inputs = adversarial_inputs(rng);
   const int64_t col_list[] = {1, 15, 16, 17, 33, 48};
   for_each_target([&](const std::string&) {
     for (const auto& [name, v] : inputs) {

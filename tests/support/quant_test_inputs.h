@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4/block_quant.h"
@@ -74,6 +76,43 @@ int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
   return -1;
+}
+
+/// Adversarial [64, 48] tensors, named, drawn from rng (seeded by the caller): all-zero blocks
+/// next to normal ones; values at ±6·d_b and just above over 40 binades; one huge among tiny
+/// ones (and −3e38); FP32 subnormals through FLT_MIN.
+inline std::vector<std::pair<std::string, std::vector<float>>> adversarial_inputs(
+    std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::pair<std::string, std::vector<float>>> inputs;
+  {
+    std::vector<float> v(64 * 48);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (i / 16) % 3 == 0 ? 0.f : nd(rng);
+    inputs.push_back({"zero blocks", v});
+  }
+  {
+    std::vector<float> v(64 * 48, 0.f);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float s = std::ldexp(1.f, int(i % 40) - 20);
+      const float vals[] = {6.f * s, -6.f * s, std::nextafter(6.f * s, 1e30f),
+                            -std::nextafter(6.f * s, 1e30f), 6.5f * s, 1e-3f * s};
+      v[i] = vals[i % 6];
+    }
+    inputs.push_back({"at and above 6 d_b", v});
+  }
+  {
+    std::vector<float> v(64 * 48);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * 1e-30f;
+    for (size_t i = 5; i < v.size(); i += 97) v[i] = 1e30f;
+    v[7] = -3e38f;
+    inputs.push_back({"huge among tiny", v});
+  }
+  {
+    std::vector<float> v(64 * 48);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * std::ldexp(1.f, int(i % 200) - 149);
+    inputs.push_back({"subnormals and FLT_MIN", v});
+  }
+  return inputs;
 }
 
 }  // namespace fp4::testing
