@@ -72,7 +72,7 @@ constexpr int64_t kMaxLanes = 64;
 constexpr int64_t kSrWindow = 16384;
 /// Columns of x per panel of the quantize-transpose (output rows per work item; even, so every
 /// panel starts at an even flat index of the output).
-constexpr int64_t kPanel = 16;
+constexpr int64_t kPanel = 128;
 
 /// Everything the quantize kernel needs about one call (plain data, shared by all targets).
 struct QPlan {
@@ -394,16 +394,30 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
 /// The quantize-transpose's input panel: buf [w][rows] = columns [c0, c0 + w) of x [rows, cols]
 /// (w ≤ kPanel), each 16-long chunk along rows RHT-transformed first if rht (rows % 16 == 0):
 /// per column the operations of hadamard.cpp's rht16_chunk (sign multiply, butterflies
-/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns.
+/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns. Chunks of
+/// 16 rows of x are copied (whole 256-byte runs per row for a full panel) into a tile
+/// [16][kPanel] in L1, then transposed with gathers of Lanes rows (a copy: the bits are x's).
 void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w, bool rht,
                     float* buf) {
   const DF df;
+  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   alignas(64) float tile[16 * kPanel] = {};
+  alignas(64) int32_t idx_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * kPanel);
+  const VI gidx = hn::LoadU(di, idx_arr);
+  const bool vec_t = 16 % N == 0;  // Lanes ≤ 16 divides a full chunk
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t h = std::min<int64_t>(16, rows - r0);
-    for (int64_t i = 0; i < h; ++i) {
-      std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+    if (w == kPanel) {
+      for (int64_t i = 0; i < h; ++i) {
+        const float* xr = x + (r0 + i) * cols + c0;
+        for (int64_t k = 0; k < kPanel; k += N) hn::StoreU(hn::LoadU(df, xr + k), df, tile + i * kPanel + k);
+      }
+    } else {
+      for (int64_t i = 0; i < h; ++i) {
+        std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+      }
     }
     if (rht) {  // h == 16
       for (int64_t k = 0; k < kPanel; k += N) {
@@ -422,9 +436,17 @@ void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int6
         for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, tile + i * kPanel + k);
       }
     }
-    for (int64_t j = 0; j < w; ++j) {
-      float* o = buf + j * rows + r0;
-      for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+    if (h == 16 && vec_t) {
+      for (int64_t j = 0; j < w; ++j) {
+        float* o = buf + j * rows + r0;
+        for (int64_t i = 0; i < 16; i += N)
+          hn::StoreU(hn::GatherIndex(df, tile + i * kPanel + j, gidx), df, o + i);
+      }
+    } else {
+      for (int64_t j = 0; j < w; ++j) {
+        float* o = buf + j * rows + r0;
+        for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+      }
     }
   }
 }
