@@ -57,7 +57,7 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
 /// run along the ORIGINAL rows; the optional 16-point RHT (NUMERICS.md "Random Hadamard
 /// transform") acts on 16-long chunks along them; SR8 element (c, r) of xᵀ uses
 /// sr_byte(*sr, c·rows + r). g is the reference of the operand as quantized (with rht: the amax
-/// of the transformed tensor, e.g. amax_rht16_transposed). One pass over x: panels of 16
+/// of the transformed tensor, e.g. amax_rht16_transposed). One pass over x: panels of 128
 /// columns are transposed (and RHT-transformed) into a per-thread buffer that stays in cache and
 /// quantized there; spec.two_d (tiles of xᵀ) goes through a transposed FP32 copy. Parallel over
 /// panels; bits do not depend on the thread count. Throws what the reference composition throws:

@@ -71,13 +71,17 @@ constexpr int64_t kMaxLanes = 64;
 /// SR bytes are generated in windows of at least this many consecutive elements.
 constexpr int64_t kSrWindow = 16384;
 /// Columns of x per panel of the quantize-transpose (output rows per work item; even, so every
-/// panel starts at an even flat index of the output).
-constexpr int64_t kPanel = 16;
+/// panel starts at an even flat index of the output). 128: each row of x is read in 512-byte
+/// runs (16 and 32 columns touched one 4 KiB page per 64 or 128 bytes) and the panel buffer
+/// (128 × rows floats, 2 MiB at rows = 4096) is about one core's L2 here; 64 and 256 measured
+/// slower at [4096, 4096].
+constexpr int64_t kPanel = 128;
 
 /// Everything the quantize kernel needs about one call (plain data, shared by all targets).
 struct QPlan {
   const float* x = nullptr;   ///< row r of the tensor is x + (r − x_row0)·cols
   int64_t x_row0 = 0;
+  int64_t x_stride = 0;        ///< floats between rows of x (0: cols)
   uint8_t* packed = nullptr;  ///< (rows·cols + 1)/2 bytes
   uint8_t* scales = nullptr;  ///< block_rows·block_cols bytes
   int64_t rows = 0, cols = 0, B = 16;
@@ -150,7 +154,7 @@ struct Kernels {
   void (*unpack_rows)(const DPlan& p, int64_t r0, int64_t r1, DScratch& s);
   /// The quantize-transpose's panel (TransposePanel below).
   void (*transpose_panel)(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w,
-                          bool rht, float* buf);
+                          bool rht, float* buf, int64_t ld);
 };
 
 }  // namespace fp4::pf
@@ -310,6 +314,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
   const int64_t total = p.rows * cols;
+  const int64_t xs = p.x_stride != 0 ? p.x_stride : cols;
   const int64_t row_end = p.two_d ? std::min(p.rows, br1 * B) : br1;  // rows of this range
   uint8_t carry = 0;
   float* am = s.amax.data();
@@ -322,7 +327,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
       VI m = hn::Zero(di);
       uint32_t mt = 0;
       for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = p.x + (r - p.x_row0) * cols + c0;
+        const float* xr = p.x + (r - p.x_row0) * xs + c0;
         int64_t j = 0;
         for (; j + N <= len; j += N)
           m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, xr + j)), hn::Set(di, 0x7FFFFFFF)));
@@ -356,7 +361,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
     // 4. element codes, row by row, then packed
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t start = r * cols;
-      const float* xr = p.x + (r - p.x_row0) * cols;
+      const float* xr = p.x + (r - p.x_row0) * xs;
       const uint8_t* srp = nullptr;
       if constexpr (kSR) {
         if (start < s.sr0 || start + cols > s.sr1) {
@@ -394,16 +399,30 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
 /// The quantize-transpose's input panel: buf [w][rows] = columns [c0, c0 + w) of x [rows, cols]
 /// (w ≤ kPanel), each 16-long chunk along rows RHT-transformed first if rht (rows % 16 == 0):
 /// per column the operations of hadamard.cpp's rht16_chunk (sign multiply, butterflies
-/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns.
+/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), done lane-wise over the tile's columns. Chunks of
+/// 16 rows of x are copied (whole 256-byte runs per row for a full panel) into a tile
+/// [16][kPanel] in L1, then transposed with gathers of Lanes rows (a copy: the bits are x's).
 void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w, bool rht,
-                    float* buf) {
+                    float* buf, int64_t ld) {
   const DF df;
+  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   alignas(64) float tile[16 * kPanel] = {};
+  alignas(64) int32_t idx_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * kPanel);
+  const VI gidx = hn::LoadU(di, idx_arr);
+  const bool vec_t = 16 % N == 0;  // Lanes ≤ 16 divides a full chunk
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t h = std::min<int64_t>(16, rows - r0);
-    for (int64_t i = 0; i < h; ++i) {
-      std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+    if (w == kPanel) {
+      for (int64_t i = 0; i < h; ++i) {
+        const float* xr = x + (r0 + i) * cols + c0;
+        for (int64_t k = 0; k < kPanel; k += N) hn::StoreU(hn::LoadU(df, xr + k), df, tile + i * kPanel + k);
+      }
+    } else {
+      for (int64_t i = 0; i < h; ++i) {
+        std::memcpy(tile + i * kPanel, x + (r0 + i) * cols + c0, static_cast<size_t>(w) * 4);
+      }
     }
     if (rht) {  // h == 16
       for (int64_t k = 0; k < kPanel; k += N) {
@@ -422,9 +441,17 @@ void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int6
         for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, tile + i * kPanel + k);
       }
     }
-    for (int64_t j = 0; j < w; ++j) {
-      float* o = buf + j * rows + r0;
-      for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+    if (h == 16 && vec_t) {
+      for (int64_t j = 0; j < w; ++j) {
+        float* o = buf + j * ld + r0;
+        for (int64_t i = 0; i < 16; i += N)
+          hn::StoreU(hn::GatherIndex(df, tile + i * kPanel + j, gidx), df, o + i);
+      }
+    } else {
+      for (int64_t j = 0; j < w; ++j) {
+        float* o = buf + j * ld + r0;
+        for (int64_t i = 0; i < h; ++i) o[i] = tile[i * kPanel + j];
+      }
     }
   }
 }
@@ -825,11 +852,14 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
   bool fused = pf::packable(spec) && !spec.two_d && n > 0;
   if (fused) {
     // One pass: panels of kPanel columns of x are transposed (+ RHT) into a per-thread buffer
-    // [kPanel, rows] that stays in cache, and quantized there by the row kernel as output rows
+    // [kPanel, rows] (row stride ld) that stays in cache, and quantized there by the row kernel as output rows
     // [c0, c0 + kPanel) (1-D blocks: one block-row per output row; panels start at even flat
     // indices, so no byte is shared between threads).
     pf::QPlan p = pf::start_qtensor(cols, rows, spec, g, sr, q);
     const int64_t panels = (cols + pf::kPanel - 1) / pf::kPanel;
+    // Rows of the panel buffer one cache line longer than needed, so that a chunk's stores to
+    // its kPanel rows do not all map to the same L1 sets (rows of 4 KiB multiples).
+    const int64_t ld = rows + 16;
     const pf::Kernels& k = pf::active();
     std::atomic<bool> bad{false};
 #pragma omp parallel if (n >= pf::kParallelMin && panels > 1)
@@ -838,12 +868,13 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
       pf::share(panels, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
       if (u0 < u1) {
         pf::QScratch s(p);
-        std::vector<float> buf(static_cast<size_t>(pf::kPanel * rows));
+        std::vector<float> buf(static_cast<size_t>(pf::kPanel * ld));
         pf::QPlan pp = p;
         pp.x = buf.data();
+        pp.x_stride = ld;
         for (int64_t u = u0; u < u1 && !bad.load(std::memory_order_relaxed); ++u) {
           const int64_t c0 = u * pf::kPanel, w = std::min(pf::kPanel, cols - c0);
-          k.transpose_panel(x, rows, cols, c0, w, rht, buf.data());
+          k.transpose_panel(x, rows, cols, c0, w, rht, buf.data(), ld);
           pp.x_row0 = c0;
           if (!k.pack_rows(pp, c0, c0 + w, s)) bad.store(true, std::memory_order_relaxed);
         }
