@@ -348,67 +348,11 @@ TEST(QuantFast, AmaxRhtMatchesReference) {
 }
 
 TEST(QuantFast, ExactTiesAtEveryGridPoint) {
-  // x chosen so that x·e_b is exactly an E2M1 midpoint (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5)
-  // or exactly a grid point, for power-of-two block scales (block amax 6·2^k: c_b = 2^k·g/(T·6)
-  // ... with g = T·6, ge = 1 and e_b = 2^-k exactly) and for arbitrary scales (candidates
-  // around m·d_b kept only if the product x·e_b is exactly m, checked here in FP32).
-  const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
-  const float grid[] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  // Exact E2M1 ties and grid points at power-of-two and arbitrary block scales (tie_inputs).
   for (ScaleFormat f : kFormats) {
     for (Rounding r : kRoundings) {
-      // (a) power-of-two scales
-      const float g = 448.f * 6.f;  // ge = 1
-      std::vector<float> x;
-      const int64_t cols = 48;
-      for (int k = -12; k <= 12; ++k) {
-        const float s = std::ldexp(1.f, k);
-        std::vector<float> row(cols, 0.f);
-        // block 0: amax 6·2^k (c_b = 2^k where the format reaches it), ± every midpoint
-        row[0] = 6.f * s;
-        int i = 1;
-        for (float m : mids) {
-          row[i++] = m * s;
-          row[i++] = -m * s;
-        }
-        row[i++] = std::nextafter(6.f * s, 0.f);
-        // block 1: amax 6·2^k, ± every grid point
-        row[16] = -6.f * s;
-        i = 17;
-        for (float q : grid) row[i++] = q * s;
-        for (int t = 1; t < 8; ++t) row[i++] = -grid[t] * s;
-        // block 2: amax 7·2^k (not a grid scale), the midpoints again
-        for (int j = 32; j < 48; ++j) row[j] = row[j - 32] * 0.875f;
-        row[32] = 7.f * s;
-        x.insert(x.end(), row.begin(), row.end());
-      }
-      const int64_t rows = int64_t(x.size()) / cols;
-      // (b) arbitrary scales: exact midpoints found by search
-      std::mt19937_64 rng(42 + int(f) * 2 + int(r));
-      std::uniform_real_distribution<float> ua(0.1f, 1000.f);
-      const float g2 = 777.f;
-      std::vector<float> x2;
-      int exact_hits = 0;
-      for (int b = 0; b < 400; ++b) {
-        std::vector<float> blk(16, 0.f);
-        blk[0] = ua(rng);
-        // d_b and e_b from the scalar quantizer itself
-        const QuantizedTensor q = quantize_blocks(blk.data(), 1, 16, make_spec(f, Rounding::RNE), g2,
-                                                  nullptr);
-        const float d = q.scales[0] * q.gd, e = 1.f / d;
-        int i = 1;
-        for (float m : mids) {
-          float c = m * d;
-          for (int t = 0; t < 6 && i < 16; ++t) {
-            if (std::fabs(c) * e == m && c < blk[0]) {
-              blk[i++] = (b & 1) ? -c : c;
-              ++exact_hits;
-              break;
-            }
-            c = std::nextafter(c, t % 2 ? 0.f : 1e30f);
-          }
-        }
-        x2.insert(x2.end(), blk.begin(), blk.end());
-      }
+      const TieInputs in = tie_inputs(f, r);
+      const auto& [x, x2, rows, cols, g, g2, exact_hits] = in;
       EXPECT_GT(exact_hits, 400);
       for_each_target([&](const std::string&) {
         check_rows(x, rows, cols, make_spec(f, r, 16), g, "pow2 ties");

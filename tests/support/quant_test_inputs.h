@@ -115,4 +115,71 @@ inline std::vector<std::pair<std::string, std::vector<float>>> adversarial_input
   return inputs;
 }
 
+/// Inputs whose x·e_b is exactly an E2M1 midpoint (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) or an
+/// exact grid point, for scale format f (f and r seed the search in (b)):
+/// (a) x [rows, 48] with power-of-two block scales: g = T·6 (so ge = 1 and e_b = 2^-k exactly
+///     for block amax 6·2^k, k = −12..12), ± every midpoint and grid point, and a block of amax
+///     7·2^k (not a grid scale);
+/// (b) x2 [400·16] with arbitrary scales under g2 = 777: candidates around m·d_b (d_b and e_b
+///     from the scalar quantizer) kept only if x·e_b == m exactly in FP32; exact_hits counts them.
+struct TieInputs {
+  std::vector<float> x, x2;
+  int64_t rows = 0, cols = 48;
+  float g = 448.f * 6.f, g2 = 777.f;
+  int exact_hits = 0;
+};
+inline TieInputs tie_inputs(ScaleFormat f, Rounding r) {
+  const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+  const float grid[] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  TieInputs in;
+  // (a) power-of-two scales
+  for (int k = -12; k <= 12; ++k) {
+    const float s = std::ldexp(1.f, k);
+    std::vector<float> row(size_t(in.cols), 0.f);
+    // block 0: amax 6·2^k (c_b = 2^k where the format reaches it), ± every midpoint
+    row[0] = 6.f * s;
+    size_t i = 1;
+    for (float m : mids) {
+      row[i++] = m * s;
+      row[i++] = -m * s;
+    }
+    row[i++] = std::nextafter(6.f * s, 0.f);
+    // block 1: amax 6·2^k, ± every grid point
+    row[16] = -6.f * s;
+    i = 17;
+    for (float q : grid) row[i++] = q * s;
+    for (int t = 1; t < 8; ++t) row[i++] = -grid[t] * s;
+    // block 2: amax 7·2^k (not a grid scale), the midpoints again
+    for (size_t j = 32; j < 48; ++j) row[j] = row[j - 32] * 0.875f;
+    row[32] = 7.f * s;
+    in.x.insert(in.x.end(), row.begin(), row.end());
+  }
+  in.rows = int64_t(in.x.size()) / in.cols;
+  // (b) arbitrary scales: exact midpoints found by search
+  std::mt19937_64 rng(42 + int(f) * 2 + int(r));
+  std::uniform_real_distribution<float> ua(0.1f, 1000.f);
+  for (int b = 0; b < 400; ++b) {
+    std::vector<float> blk(16, 0.f);
+    blk[0] = ua(rng);
+    // d_b and e_b from the scalar quantizer itself
+    const QuantizedTensor q =
+        quantize_blocks(blk.data(), 1, 16, make_spec(f, Rounding::RNE), in.g2, nullptr);
+    const float d = q.scales[0] * q.gd, e = 1.f / d;
+    size_t i = 1;
+    for (float m : mids) {
+      float c = m * d;
+      for (int t = 0; t < 6 && i < 16; ++t) {
+        if (std::fabs(c) * e == m && c < blk[0]) {
+          blk[i++] = (b & 1) ? -c : c;
+          ++in.exact_hits;
+          break;
+        }
+        c = std::nextafter(c, t % 2 ? 0.f : 1e30f);
+      }
+    }
+    in.x2.insert(in.x2.end(), blk.begin(), blk.end());
+  }
+  return in;
+}
+
 }  // namespace fp4::testing
