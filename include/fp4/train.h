@@ -87,6 +87,9 @@ struct TrainOptions {
   /// Testing hook: return right after this step (its metrics line and any checkpoint due at it
   /// written), as if the process had been killed; no summary.json. 0 = off.
   int stop_after = 0;
+  /// FP32 GEMM rate (GFLOP/s) that model FLOPs utilization is reported against
+  /// (fp4/profile.h fp32_peak_gflops); 0 = no MFU in progress lines, metrics or summary.
+  double peak_gflops = 0;
 };
 
 struct TrainSummary {
@@ -95,11 +98,33 @@ struct TrainSummary {
   double heldout_nll = 0;          ///< final held-out NLL, unquantized (FP32 inference)
   double heldout_nll_quant = 0;    ///< final held-out NLL, recipe's quantized inference, policy `current`
   double tokens_per_s = 0;         ///< training throughput over the whole run (excl. evaluation)
+  /// Model FLOPs utilization over the whole run: Model::flops_per_token · tokens_per_s /
+  /// TrainOptions::peak_gflops (0 when no peak was given).
+  double mfu = 0;
   double first_loss = 0;
   std::vector<double> losses;      ///< per-step training loss (steps 1..steps, also across a resume)
   int resumed_from = 0;            ///< checkpoint step the run continued from (0: fresh start)
   bool stopped = false;            ///< returned early through TrainOptions::stop_after
 };
+
+/// Outcome of one optimizer step.
+struct StepResult {
+  double loss = 0;       ///< mean training cross-entropy of the batch (nats/token)
+  double grad_norm = 0;  ///< global gradient norm before clipping
+  double lr = 0;         ///< learning rate applied
+  bool telemetry = false;  ///< numerics telemetry was collected (Linear::telemetry())
+  /// Non-empty if the step hit a non-finite loss, tensor or gradient norm (what, without the
+  /// step); then the optimizer update was NOT applied.
+  std::string diverged;
+};
+
+/// One training step as train() runs it: the next batch from `sampler` into inputs/targets
+/// (each batch·seq_len), zero_grad, forward, backward, global-norm clipping, AdamW at the WSD
+/// learning rate of 1-based `step`. Telemetry on step 1 and every cfg.telemetry_interval-th
+/// step of an FP4 recipe. Timed by component when profiling is on (fp4/profile.h).
+StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
+                      const RunConfig& cfg, const Recipe& recipe, int step,
+                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
 
 /// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml,
 /// tokenizer.model, checkpoints (see TrainOptions) and, on success, summary.json into

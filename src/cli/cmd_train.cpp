@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "fp4/checkpoint.h"
 #include "fp4/error.h"
+#include "fp4/profile.h"
 #include "fp4/train.h"
 #include "paths.h"
 
@@ -29,6 +30,7 @@ struct TrainArgs {
   int save_every = 0, keep_checkpoints = 3, log_every = 1;
   bool no_save_amax = false;
   std::string resume;
+  double peak_gflops = 0;
   // Options given on the command line (resume: what may and may not be combined with it).
   CLI::App* app = nullptr;
   bool given(const char* name) const { return app->count(name) > 0; }
@@ -47,6 +49,8 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
     std::printf("  held-out NLL, quantized inference   %.4f nats/token   (%s, current scaling)\n",
                 s.heldout_nll_quant, recipe.name.c_str());
   std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
+  if (s.mfu > 0)
+    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate\n", 100 * s.mfu);
   if (s.resumed_from > 0)
     std::printf("  resumed from the checkpoint of step %d\n", s.resumed_from);
   std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml,checkpoints/}\n",
@@ -60,6 +64,10 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
   opt.keep_checkpoints = a.keep_checkpoints;
   opt.log_every = a.log_every;
   opt.save_amax = !a.no_save_amax;
+  const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops);
+  opt.peak_gflops = peak.gflops;
+  if (!a.quiet)
+    std::printf("FP32 GEMM rate for MFU: %.1f GFLOP/s (%s)\n", peak.gflops, peak.source.c_str());
   return opt;
 }
 
@@ -239,6 +247,11 @@ void register_train(CLI::App& app) {
                 "config.toml and recipe.toml, to its configured steps; bit-exact with an "
                 "uninterrupted run. Cannot be combined with --config, --recipe, --steps, "
                 "--seed, --out; a completed run is reported, not retrained");
+  c->add_option("--peak-gflops", a->peak_gflops,
+                "FP32 GEMM rate (GFLOP/s) that model FLOPs utilization (MFU) is reported against; "
+                "default: the best rate measured on this machine (a 0.3 s oneDNN GEMM the first "
+                "time, then cached in ~/.cache/fp4train/gemm_peak.tsv or $FP4_CACHE_DIR)")
+      ->check(CLI::PositiveNumber);
   a->app = c;
   c->callback([a] {
     try {

@@ -7,10 +7,21 @@
 #include "fp4/gemm.h"
 #include "fp4/hadamard.h"
 #include "fp4/probe_gemm.h"
+#include "fp4/profile.h"
 #include "fp4/quant_fast.h"
 
 namespace fp4::nn {
 namespace {
+using prof::Cat;
+using prof::Scope;
+
+// fp4::sgemm timed as GEMM kind c (fprop / dgrad / wgrad) and credited 2·M·N·K FLOPs.
+void timed_sgemm(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  Scope s(c);
+  prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
+  sgemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
+}
 // out [cols, rows] = inᵀ for in [rows, cols]; cache-blocked, any thread count gives the same bits.
 void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
   constexpr int64_t B = 32;
@@ -65,12 +76,19 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Re
   for (auto& r : ref_) r = TensorReference(D);
 }
 
+int64_t Linear::scratch_bytes() const {
+  int64_t n = 0;
+  for (const AlignedFloats* b : {&xq_, &wq_, &wqd_, &dyq_, &t0_, &t1_}) n += int64_t(b->capacity());
+  return n * int64_t(sizeof(float));
+}
+
 void Linear::reset_inference(int replay_interval) {
   inf_ = InferenceState{};
   inf_.x = TensorReference(replay_interval);
 }
 
 float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
+  Scope s(Cat::kQuantAmax);
   if (ctx.training) return ref_[static_cast<int>(r)].get(ctx.step, [&] { return amax_fast(x, n); });
   // Inference: its own references (InferenceRef), never the training caches ref_.
   if (r == Role::W) {
@@ -99,6 +117,7 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                   float g, const SrKey* key, float* out) const {
+  Scope s(mode_ == LinearMode::BF16 ? Cat::kQuantBf16 : Cat::kQuantRow);
   if (mode_ == LinearMode::BF16)
     to_bf16(src, rows * cols, out);
   else
@@ -115,7 +134,7 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     reset_inference(inf_.x.interval());
   quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
   if (!quantized_) {
-    sgemm(false, true, M, N_, K_, 1.f, X, K_, W_, K_, 0.f, Y, N_);
+    timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, X, K_, W_, K_, 0.f, Y, N_);
     return;
   }
   xq_.resize(M * K_);
@@ -129,31 +148,38 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop};
   tel_.valid = false;
   if (ctx.telemetry && ctx.training && mode_ == LinearMode::FP4) {
+    Scope s(Cat::kTelemetry);
     tel_.op[0] = quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx);
     tel_.op[1] = quant_stats(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw);
   }
   if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
+    Scope s(Cat::kGemmFprop);
+    prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
     probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
                   false, t0_);
     return;
   }
   prep(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, xq_.data());   // X blocks along K
   prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
-  sgemm(false, true, M, N_, K_, 1.f, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
+  timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
 }
 
 void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
   if (M != M_ || !X_) throw std::logic_error("Linear::backward without matching forward");
   if (!quantized_) {
-    if (dX) sgemm(false, false, M, K_, N_, 1.f, dY, N_, W_, K_, 1.f, dX, K_);
-    sgemm(true, false, N_, K_, M, 1.f, dY, N_, X_, K_, 1.f, dW_, K_);
+    if (dX) timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dY, N_, W_, K_, 1.f, dX, K_);
+    timed_sgemm(Cat::kGemmWgrad, true, false, N_, K_, M, dY, N_, X_, K_, 1.f, dW_, K_);
     return;
   }
   dyq_.resize(M * N_);
   if (mode_ == LinearMode::BF16) {
-    to_bf16(dY, M * N_, dyq_.data());
-    if (dX) sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wq_.data(), K_, 1.f, dX, K_);
-    sgemm(true, false, N_, K_, M, 1.f, dyq_.data(), N_, xq_.data(), K_, 1.f, dW_, K_);
+    {
+      Scope s(Cat::kQuantBf16);
+      to_bf16(dY, M * N_, dyq_.data());
+    }
+    if (dX)
+      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq_.data(), N_, wq_.data(), K_, 1.f, dX, K_);
+    timed_sgemm(Cat::kGemmWgrad, true, false, N_, K_, M, dyq_.data(), N_, xq_.data(), K_, 1.f, dW_, K_);
     return;
   }
   // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
@@ -166,10 +192,13 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
   const bool tel = ctx.telemetry && ctx.training;
   if (tel) {
+    Scope s(Cat::kTelemetry);
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
     tel_.op[2] = quant_stats(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k);
   }
   if (probe()) {
+    Scope s(Cat::kGemmWgrad);  // probe-matched mode: dgrad and wgrad timed together
+    prof::add_flops(Cat::kGemmWgrad, 4.0 * double(M) * double(N_) * double(K_));
     // dgrad contracts over N: dY [M,N] along N and Wᵀ [K,N] along N (tiles are symmetric).
     // wgrad contracts over tokens: dYᵀ [N,M] and Xᵀ [K,M] along M, after the RHT if any.
     const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad}, kw{ctx.seed, step, id, kOpW, kDgrad};
@@ -204,7 +233,10 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   }
   if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
-    quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq_.data());
+    {
+      Scope s(Cat::kQuantRow);
+      quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq_.data());
+    }
     const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
     const float* wd = wq_.data();
     if (sw.two_d && !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W))) {
@@ -212,6 +244,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
       wqd_.resize(N_ * K_);
+      Scope s(Cat::kQuantRow);
       quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd_.data());
       wd = wqd_.data();
     } else if (!sw.two_d) {
@@ -220,12 +253,19 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
       t0_.resize(N_ * K_);
       wqd_.resize(N_ * K_);
-      transpose(W_, N_, K_, t0_.data());
-      quantize_dequantize_fast(t0_.data(), K_, N_, sw, refs_.g_w, &kw, t0_.data());
+      {
+        Scope s(Cat::kTranspose);
+        transpose(W_, N_, K_, t0_.data());
+      }
+      {
+        Scope s(Cat::kQuantRow);
+        quantize_dequantize_fast(t0_.data(), K_, N_, sw, refs_.g_w, &kw, t0_.data());
+      }
+      Scope s(Cat::kTranspose);
       transpose(t0_.data(), K_, N_, wqd_.data());
       wd = wqd_.data();
     }
-    sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wd, K_, 1.f, dX, K_);
+    timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq_.data(), N_, wd, K_, 1.f, dX, K_);
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
@@ -238,6 +278,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   float g_dyt = gdy, g_xt = refs_.g_x;
   if (rht) {
     const float* x = X_;
+    Scope s(Cat::kQuantAmax);
     g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_); });
     g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_); });
   }
@@ -246,6 +287,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   t0_.resize(N_ * M);
   t1_.resize(K_ * M);
   if (tel) {
+    Scope s(Cat::kTelemetry);
     // Telemetry needs the operands as quantized: materialise the (transformed) transposes.
     transpose(dY, M, N_, t0_.data());
     transpose(X_, M, K_, t1_.data());
@@ -257,11 +299,14 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     tel_.op[4] = quant_stats(t1_.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
     tel_.valid = true;
   }
-  quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, t0_.data());
+  {
+    Scope s(Cat::kQuantWgrad);
+    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, t0_.data());
   quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
                                       plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
                                       t1_.data());
-  sgemm(false, true, N_, K_, M, 1.f, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
+  }
+  timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
 }
 
 }  // namespace fp4::nn

@@ -8,8 +8,11 @@
 #include "fp4/error.h"
 #include "fp4/gemm.h"
 #include "fp4/nn/layers.h"
+#include "fp4/profile.h"
 
 namespace fp4::nn {
+using prof::Cat;
+using prof::Scope;
 
 // Per-block activation buffer layout (BT = B·T rows, U = up width = F or 2F):
 //   ln1 [BT,C] | rstd1 [BT] | q [BT,C] | k [BT,C] | v [BT,C] | y [BT,C] (attention out)
@@ -126,6 +129,25 @@ int64_t Model::num_body_params() const {
   return num_params() - 2 * VC;
 }
 
+double Model::flops_per_token(int64_t T) const {
+  const double N = double(num_params()) - double(cfg_.vocab_size) * cfg_.d_model;
+  return 6.0 * N + 12.0 * cfg_.n_layers * double(cfg_.d_model) * double(T);
+}
+
+Model::MemoryUse Model::memory_use() const {
+  auto bytes = [](const auto& v) { return int64_t(v.size() * sizeof(v[0])); };
+  MemoryUse m;
+  m.params = bytes(params_);
+  m.grads = bytes(grads_);
+  for (const auto& a : acts_) m.activations += bytes(a);
+  m.activations += bytes(x0_) + bytes(lnf_) + bytes(lnf_rstd_);
+  m.logits = bytes(logits_) + bytes(dbuf_);
+  m.backward_scratch = bytes(dln_) + bytes(dq_) + bytes(dk_) + bytes(dv_) + bytes(datt_) +
+                       bytes(dh_) + bytes(dact_) + bytes(scratch_) + bytes(xL_);
+  for (const Linear& l : linears_) m.linear_scratch += l.scratch_bytes();
+  return m;
+}
+
 void Model::init(uint64_t seed) {
   std::mt19937_64 rng(seed);
   const float out_std = cfg_.init_std / std::sqrt(2.f * cfg_.n_layers);
@@ -163,35 +185,66 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
   if (targets) std::memcpy(targets_.data(), targets, BT * sizeof(int32_t));
   const float* P = params_.data();
 
-  embedding_forward(x0_.data(), tokens, P + off_wte_, BT, C, V);
+  {
+    Scope s(Cat::kEmbedding);
+    embedding_forward(x0_.data(), tokens, P + off_wte_, BT, C, V);
+  }
   const float* res = x0_.data();
   for (int l = 0; l < L; ++l) {
     BlockActs A = block(l, BT);
     Linear* lin = &linears_[l * kLinearsPerBlock];
-    rmsnorm_forward(A.ln1, A.rstd1, res, P + off_ln1_[l], BT, C, cfg_.norm_eps);
+    {
+      Scope s(Cat::kNorm);
+      rmsnorm_forward(A.ln1, A.rstd1, res, P + off_ln1_[l], BT, C, cfg_.norm_eps);
+    }
     lin[kQ].forward(A.ln1, A.q, BT, ctx);
     lin[kK].forward(A.ln1, A.k, BT, ctx);
     lin[kV].forward(A.ln1, A.v, BT, ctx);
-    rope_forward(A.q, B, T, H, C / H, cfg_.rope_theta);
-    rope_forward(A.k, B, T, H, C / H, cfg_.rope_theta);
-    attention_forward(A.y, A.att, A.q, A.k, A.v, B, T, C, H);
+    {
+      Scope s(Cat::kRope);
+      rope_forward(A.q, B, T, H, C / H, cfg_.rope_theta);
+      rope_forward(A.k, B, T, H, C / H, cfg_.rope_theta);
+    }
+    {
+      Scope s(Cat::kAttention);
+      attention_forward(A.y, A.att, A.q, A.k, A.v, B, T, C, H);
+    }
     lin[kO].forward(A.y, A.x2, BT, ctx);
-    for (int64_t i = 0; i < BT * C; ++i) A.x2[i] += res[i];
-    rmsnorm_forward(A.ln2, A.rstd2, A.x2, P + off_ln2_[l], BT, C, cfg_.norm_eps);
+    {
+      Scope s(Cat::kResidual);
+      for (int64_t i = 0; i < BT * C; ++i) A.x2[i] += res[i];
+    }
+    {
+      Scope s(Cat::kNorm);
+      rmsnorm_forward(A.ln2, A.rstd2, A.x2, P + off_ln2_[l], BT, C, cfg_.norm_eps);
+    }
     lin[kUp].forward(A.ln2, A.h, BT, ctx);
-    if (swiglu)
-      swiglu_forward(A.a, A.h, BT, F);
-    else
-      squared_relu_forward(A.a, A.h, BT * F);
+    {
+      Scope s(Cat::kActivation);
+      if (swiglu)
+        swiglu_forward(A.a, A.h, BT, F);
+      else
+        squared_relu_forward(A.a, A.h, BT * F);
+    }
     (void)U;
     lin[kDown].forward(A.a, A.x3, BT, ctx);
-    for (int64_t i = 0; i < BT * C; ++i) A.x3[i] += A.x2[i];
+    {
+      Scope s(Cat::kResidual);
+      for (int64_t i = 0; i < BT * C; ++i) A.x3[i] += A.x2[i];
+    }
     res = A.x3;
   }
-  rmsnorm_forward(lnf_.data(), lnf_rstd_.data(), res, P + off_lnf_, BT, C, cfg_.norm_eps);
-  // LM head in FP32 (every recipe).
-  sgemm(false, true, BT, V, C, 1.f, lnf_.data(), C, P + off_head_, C, 0.f, logits_.data(), V);
+  {
+    Scope s(Cat::kNorm);
+    rmsnorm_forward(lnf_.data(), lnf_rstd_.data(), res, P + off_lnf_, BT, C, cfg_.norm_eps);
+  }
+  {  // LM head in FP32 (every recipe).
+    Scope s(Cat::kGemmFprop);
+    prof::add_flops(Cat::kGemmFprop, 2.0 * BT * V * C);
+    sgemm(false, true, BT, V, C, 1.f, lnf_.data(), C, P + off_head_, C, 0.f, logits_.data(), V);
+  }
   if (!targets) return 0.0;
+  Scope s(Cat::kLoss);
   return cross_entropy_forward(nullptr, logits_.data(), targets, BT, V);
 }
 
@@ -205,14 +258,28 @@ void Model::backward(const StepContext& ctx) {
   float* G = grads_.data();
 
   float* dlogits = dbuf_.data();
-  cross_entropy_backward(dlogits, logits_.data(), targets_.data(), BT, V, 1.f / float(BT));
-  sgemm(true, false, V, C, BT, 1.f, dlogits, V, lnf_.data(), C, 1.f, G + off_head_, C);
-  sgemm(false, false, BT, C, V, 1.f, dlogits, V, P + off_head_, C, 0.f, dln_.data(), C);
+  {
+    Scope s(Cat::kLoss);
+    cross_entropy_backward(dlogits, logits_.data(), targets_.data(), BT, V, 1.f / float(BT));
+  }
+  {
+    Scope s(Cat::kGemmWgrad);
+    prof::add_flops(Cat::kGemmWgrad, 2.0 * BT * V * C);
+    sgemm(true, false, V, C, BT, 1.f, dlogits, V, lnf_.data(), C, 1.f, G + off_head_, C);
+  }
+  {
+    Scope s(Cat::kGemmDgrad);
+    prof::add_flops(Cat::kGemmDgrad, 2.0 * BT * V * C);
+    sgemm(false, false, BT, C, V, 1.f, dlogits, V, P + off_head_, C, 0.f, dln_.data(), C);
+  }
 
   float* dres = xL_.data();  // gradient of the residual stream, carried down the blocks
   std::fill(dres, dres + BT * C, 0.f);
   const float* resL = L > 0 ? block(L - 1, BT).x3 : x0_.data();
-  rmsnorm_backward(dres, G + off_lnf_, dln_.data(), resL, P + off_lnf_, lnf_rstd_.data(), BT, C);
+  {
+    Scope s(Cat::kNorm);
+    rmsnorm_backward(dres, G + off_lnf_, dln_.data(), resL, P + off_lnf_, lnf_rstd_.data(), BT, C);
+  }
 
   for (int64_t l = L - 1; l >= 0; --l) {
     BlockActs A = block(int(l), BT);
@@ -222,29 +289,45 @@ void Model::backward(const StepContext& ctx) {
     std::fill(dact_.begin(), dact_.begin() + BT * F, 0.f);
     lin[kDown].backward(dres, dact_.data(), BT, ctx);
     std::fill(dh_.begin(), dh_.begin() + BT * U, 0.f);
-    if (swiglu)
-      swiglu_backward(dh_.data(), dact_.data(), A.h, BT, F);
-    else
-      squared_relu_backward(dh_.data(), dact_.data(), A.h, BT * F);
+    {
+      Scope s(Cat::kActivation);
+      if (swiglu)
+        swiglu_backward(dh_.data(), dact_.data(), A.h, BT, F);
+      else
+        squared_relu_backward(dh_.data(), dact_.data(), A.h, BT * F);
+    }
     std::fill(dln_.begin(), dln_.begin() + BT * C, 0.f);
     lin[kUp].backward(dh_.data(), dln_.data(), BT, ctx);
-    rmsnorm_backward(dres, G + off_ln2_[l], dln_.data(), A.x2, P + off_ln2_[l], A.rstd2, BT, C);
+    {
+      Scope s(Cat::kNorm);
+      rmsnorm_backward(dres, G + off_ln2_[l], dln_.data(), A.x2, P + off_ln2_[l], A.rstd2, BT, C);
+    }
     // Attention branch: x2 = res + o(attention(rope(q), rope(k), v)).
     std::fill(datt_.begin(), datt_.begin() + BT * C, 0.f);
     lin[kO].backward(dres, datt_.data(), BT, ctx);
     std::fill(dq_.begin(), dq_.begin() + BT * C, 0.f);
     std::fill(dk_.begin(), dk_.begin() + BT * C, 0.f);
     std::fill(dv_.begin(), dv_.begin() + BT * C, 0.f);
-    attention_backward(dq_.data(), dk_.data(), dv_.data(), scratch_.data(), datt_.data(), A.q,
-                       A.k, A.v, A.att, B, T, C, H);
-    rope_backward(dq_.data(), B, T, H, C / H, cfg_.rope_theta);
-    rope_backward(dk_.data(), B, T, H, C / H, cfg_.rope_theta);
+    {
+      Scope s(Cat::kAttention);
+      attention_backward(dq_.data(), dk_.data(), dv_.data(), scratch_.data(), datt_.data(), A.q,
+                         A.k, A.v, A.att, B, T, C, H);
+    }
+    {
+      Scope s(Cat::kRope);
+      rope_backward(dq_.data(), B, T, H, C / H, cfg_.rope_theta);
+      rope_backward(dk_.data(), B, T, H, C / H, cfg_.rope_theta);
+    }
     std::fill(dln_.begin(), dln_.begin() + BT * C, 0.f);
     lin[kQ].backward(dq_.data(), dln_.data(), BT, ctx);
     lin[kK].backward(dk_.data(), dln_.data(), BT, ctx);
     lin[kV].backward(dv_.data(), dln_.data(), BT, ctx);
-    rmsnorm_backward(dres, G + off_ln1_[l], dln_.data(), res, P + off_ln1_[l], A.rstd1, BT, C);
+    {
+      Scope s(Cat::kNorm);
+      rmsnorm_backward(dres, G + off_ln1_[l], dln_.data(), res, P + off_ln1_[l], A.rstd1, BT, C);
+    }
   }
+  Scope s(Cat::kEmbedding);
   embedding_backward(G + off_wte_, dres, tokens_.data(), BT, C);
 }
 

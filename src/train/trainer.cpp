@@ -10,6 +10,7 @@
 
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/profile.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
 
@@ -176,6 +177,49 @@ double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
   return r.nats_per_token;
 }
 
+StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
+                      const RunConfig& cfg, const Recipe& recipe, int step,
+                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  using prof::Cat;
+  using prof::Scope;
+  const auto& tc = cfg.train;
+  StepResult r;
+  {
+    Scope s(Cat::kData);
+    sampler.next(inputs.data(), targets.data());
+  }
+  nn::StepContext ctx;
+  ctx.step = step;
+  ctx.seed = tc.seed;
+  ctx.telemetry = r.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
+                                (step == 1 || step % cfg.telemetry_interval == 0);
+  model.zero_grad();
+  try {
+    r.loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
+    if (!std::isfinite(r.loss)) {
+      r.diverged = "non-finite training loss (" + std::to_string(r.loss) + ")";
+      return r;
+    }
+    model.backward(ctx);
+  } catch (const NonFiniteError& e) {
+    // A quantizer met NaN/Inf activations or gradients before the loss showed it.
+    r.diverged = std::string("non-finite tensor (") + e.what() + ")";
+    return r;
+  }
+  {
+    Scope s(Cat::kGradClip);
+    r.grad_norm = clip_grad_norm(model.grads().data(), model.num_params(), tc.grad_clip);
+  }
+  r.lr = wsd_lr(tc, step);
+  if (!std::isfinite(r.grad_norm)) {
+    r.diverged = "non-finite gradient norm";
+    return r;
+  }
+  Scope s(Cat::kOptimizer);
+  optimizer.step(model.params().data(), model.grads().data(), model.param_infos(), r.lr, step);
+  return r;
+}
+
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                    const TrainOptions& opt) {
   using clock = std::chrono::steady_clock;
@@ -283,6 +327,10 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
   if (!metrics) throw UserError("cannot write " + metrics_file.string());
   std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
+  const double flops_per_token = model.flops_per_token(tc.seq_len);
+  auto mfu = [&](double tokens_per_s) {
+    return opt.peak_gflops > 0 ? flops_per_token * tokens_per_s / (opt.peak_gflops * 1e9) : 0.0;
+  };
 
   auto log = [&](const std::string& s) {
     if (!opt.quiet) {
@@ -399,35 +447,17 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
 
   for (int step = start + 1; step <= tc.steps; ++step) {
     const auto t0 = clock::now();
-    sampler.next(inputs.data(), targets.data());
-    nn::StepContext ctx;
-    ctx.step = step;
-    ctx.seed = tc.seed;
-    ctx.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
-                    (step == 1 || step % cfg.telemetry_interval == 0);
+    const StepResult r = train_step(model, opt_state, sampler, cfg, recipe, step, inputs, targets);
     // A diverged run stops with the step named; metrics so far are kept, no summary written.
-    auto diverged = [&](const std::string& what) {
-      const std::string msg = what + " at step " + std::to_string(step) + " with recipe " +
+    if (!r.diverged.empty()) {
+      const std::string msg = r.diverged + " at step " + std::to_string(step) + " with recipe " +
                               recipe.name + "; the run diverged. Metrics up to step " +
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
       write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
       throw UserError(msg);
-    };
-    model.zero_grad();
-    double loss = 0;
-    try {
-      loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
-      if (!std::isfinite(loss)) diverged("non-finite training loss (" + std::to_string(loss) + ")");
-      model.backward(ctx);
-    } catch (const NonFiniteError& e) {
-      // A quantizer met NaN/Inf activations or gradients before the loss showed it.
-      diverged(std::string("non-finite tensor (") + e.what() + ")");
     }
-    const double gnorm = clip_grad_norm(model.grads().data(), model.num_params(), tc.grad_clip);
-    const double lr = wsd_lr(tc, step);
-    if (!std::isfinite(gnorm)) diverged("non-finite gradient norm");
-    opt_state.step(model.params().data(), model.grads().data(), model.param_infos(), lr, step);
+    const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += dt;
     window_seconds += dt;
@@ -442,21 +472,23 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                 {"grad_norm", gnorm},
                 {"tokens_per_s", tokens_per_step / dt},
                 {"step_ms", dt * 1e3}};
+    if (opt.peak_gflops > 0) rec["mfu"] = mfu(tokens_per_step / dt);
     const double since = std::chrono::duration<double>(clock::now() - last_print).count();
     if (since >= cfg.progress_seconds || step == start + 1 || step == tc.steps) {
       const double tps = window_tokens / std::max(window_seconds, 1e-9);
       const double eta = (tc.steps - step) * (train_seconds / step);
-      char b[200];
+      char b[240], m[32] = "";
+      if (opt.peak_gflops > 0) std::snprintf(m, sizeof m, " (MFU %.0f%%)", 100 * mfu(tps));
       std::snprintf(b, sizeof b,
-                    "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s",
-                    int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps,
+                    "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s",
+                    int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps, m,
                     fmt_duration(eta).c_str());
       log(b);
       last_print = clock::now();
       window_seconds = 0;
       window_tokens = 0;
     }
-    if (ctx.telemetry) rec["telemetry"] = telemetry_record(model, digest);
+    if (r.telemetry) rec["telemetry"] = telemetry_record(model, digest);
     const bool eval_step = step % cfg.eval.interval == 0 || step == tc.steps;
     if (eval_step) {
       evaluate(step, rec);
@@ -464,7 +496,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     }
     // A step's line is flushed (to the OS) before its checkpoint is written, so a resume
     // after a kill finds every line up to the checkpoint step.
-    if (step % opt.log_every == 0 || eval_step || ctx.telemetry) {
+    if (step % opt.log_every == 0 || eval_step || r.telemetry) {
       metrics << rec.dump() << "\n";
       metrics.flush();
       if (!metrics) throw UserError("write failed: " + metrics_file.string());
@@ -483,6 +515,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
   sum.steps = n;
   sum.final_window_loss = s / w;
   sum.tokens_per_s = double(n) * tokens_per_step / std::max(train_seconds, 1e-9);
+  sum.mfu = mfu(sum.tokens_per_s);
   json js = {{"status", "completed"},
              {"recipe", recipe.name},
              {"config", opt.config_name},
@@ -497,9 +530,14 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
              {"heldout_nll_quant", sum.heldout_nll_quant},
              {"heldout_tokens", int64_t(eval_starts.size()) * tc.seq_len},
              {"tokens_per_s", sum.tokens_per_s},
+             {"model_flops_per_token", flops_per_token},
              {"wall_seconds",
               wall_before + std::chrono::duration<double>(clock::now() - t_start).count()}};
   if (start > 0) js["resumed_from_step"] = start;
+  if (opt.peak_gflops > 0) {
+    js["peak_gflops"] = opt.peak_gflops;
+    js["mfu"] = sum.mfu;
+  }
   write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }

@@ -127,6 +127,9 @@ class Linear {
   /// the inference state itself, since training moves the weights).
   void reset_inference(int replay_interval = 50);
   const InferenceState& inference_state() const { return inf_; }
+  /// Bytes held by this layer's reusable scratch buffers (quantized/BF16 operand copies,
+  /// transposes), by capacity.
+  int64_t scratch_bytes() const;
 
  private:
   // Quantize a [rows, cols] operand into `out` per this layer's mode.

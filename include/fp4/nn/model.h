@@ -59,6 +59,32 @@ class Model {
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   /// Parameters excluding the token embedding and the LM head.
   int64_t num_body_params() const;
+  /// Model FLOPs of one training step per token (forward + backward) at sequence length T,
+  /// the standard count of PaLM (Chowdhery et al. 2022, appendix B): 6·N + 12·L·d·T, where N
+  /// = num_params() − vocab·d, every parameter except the input embedding table (a lookup,
+  /// no FLOPs); the LM head is an untied vocab × d matmul and counts. 6N covers the
+  /// forward (2N) and backward (4N) matmuls; 12·L·d·T the attention score and value
+  /// products (QKᵀ and PV, 2·T·d FLOPs each per token forward, ×3 with backward), counted
+  /// over the full T × T square as in PaLM although the causal kernel skips the masked
+  /// half. Norms, activations, softmax and the optimizer are not counted (as in PaLM).
+  double flops_per_token(int64_t T) const;
+
+  /// Bytes of the model's buffers, by what they hold (FP32 throughout).
+  struct MemoryUse {
+    int64_t params = 0;            ///< master weights, num_params() floats
+    int64_t grads = 0;             ///< their gradients
+    int64_t activations = 0;       ///< what backward needs from forward: per block ln1, q,
+                                   ///< k, v, y, x2, ln2, h, a, x3, rstd ([BT·(8C+U+F+2)]),
+                                   ///< attention probabilities [B·H·T·T]; embedding out, ln_f
+    int64_t logits = 0;            ///< logits and their gradient, 2·[BT·V]
+    int64_t backward_scratch = 0;  ///< gradient buffers reused across blocks (dq, dk, dv,
+                                   ///< dln, datt, dh, dact, dres, attention scratch [B·H·T·T])
+    int64_t linear_scratch = 0;    ///< Linear::scratch_bytes() summed over every linear
+    int64_t total() const {
+      return params + grads + activations + logits + backward_scratch + linear_scratch;
+    }
+  };
+  MemoryUse memory_use() const;
   const ModelConfig& config() const { return cfg_; }
 
  private:

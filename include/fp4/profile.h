@@ -1,0 +1,123 @@
+// Step-time profiling (issue 5 §1): exclusive wall time per component of a training step,
+// GEMM FLOPs per kind, peak resident memory, model FLOPs per token and the machine's measured
+// FP32 GEMM rate for model FLOPs utilization (MFU).
+//
+// Timing model. Code marks regions with `prof::Scope s(prof::Cat::X)`. Time is EXCLUSIVE: when
+// a scope opens inside another, the outer one stops accruing until the inner one closes, so the
+// components of a step add up to the step's wall time; time outside every scope is `other`
+// (zero-fills, buffer copies, loop glue). Scopes are opened only on the thread that drives the
+// step (never inside an OpenMP parallel region: a scope opened there is ignored). When
+// profiling is disabled (the default) a scope costs one branch on a global flag.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace fp4::prof {
+
+/// Components of a training step, in report order.
+enum class Cat : int {
+  kOther = 0,    ///< not inside any scope: zero-fills, copies, glue
+  kData,         ///< next batch from the sampler
+  kEmbedding,    ///< token-embedding lookup and its gradient scatter
+  kNorm,         ///< RMSNorm forward and backward
+  kRope,         ///< rotary embedding forward and backward
+  kAttention,    ///< causal attention forward and backward (QKᵀ, softmax, PV and gradients)
+  kActivation,   ///< MLP activation (squared ReLU / SwiGLU) forward and backward
+  kResidual,     ///< residual-stream adds
+  kGemmFprop,    ///< Y = X·Wᵀ GEMMs (every Linear and the LM head)
+  kGemmDgrad,    ///< dX = dY·W GEMMs
+  kGemmWgrad,    ///< dW = dYᵀ·X GEMMs
+  kQuantAmax,    ///< tensor amax reductions for the scale reference g (skipped on held steps)
+  kQuantRow,     ///< block quantizers along rows (fprop X, W, dgrad dY): block amax, scale,
+                 ///< E2M1 rounding (RNE or SR) and decode, fused in one pass per block
+  kQuantWgrad,   ///< quantize-transposes of the wgrad operands dYᵀ, Xᵀ (RHT fused when used)
+  kQuantBf16,    ///< rounding operands to BF16 (BF16-mode linears)
+  kTranspose,    ///< explicit transposes (1-D weight blocks in dgrad, probe-matched mode)
+  kTelemetry,    ///< numerics telemetry statistics (telemetry steps only)
+  kLoss,         ///< softmax cross-entropy forward and backward
+  kGradClip,     ///< global gradient norm and clipping
+  kOptimizer,    ///< AdamW update
+  kCount
+};
+
+/// Short stable name of a component ("gemm.fprop", "quant.amax", ...), as printed by
+/// `fp4train profile` and used as a JSON key.
+const char* name(Cat c);
+
+/// Turn collection on or off (process-wide; off by default). Not thread-safe: call between
+/// steps, from the driving thread.
+void enable(bool on);
+bool enabled();
+
+/// Zero every accumulator (call after warm-up steps).
+void reset();
+
+/// Accumulated totals since the last reset().
+struct Totals {
+  double seconds[int(Cat::kCount)] = {};  ///< exclusive wall seconds per component
+  double flops[int(Cat::kCount)] = {};    ///< FLOPs credited with add_flops (GEMMs)
+  int64_t calls[int(Cat::kCount)] = {};   ///< scopes opened per component
+};
+Totals totals();
+
+/// Credit `flops` floating-point operations (2·M·N·K for a GEMM) to component c; no-op when
+/// disabled.
+void add_flops(Cat c, double flops);
+
+namespace detail {
+extern bool g_enabled;
+void enter(Cat c);
+void leave();
+}  // namespace detail
+
+/// RAII region of component c (see the timing model above). Not copyable.
+class Scope {
+ public:
+  explicit Scope(Cat c) : on_(detail::g_enabled) {
+    if (on_) detail::enter(c);
+  }
+  ~Scope() {
+    if (on_) detail::leave();
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  bool on_;
+};
+
+/// Peak resident set size of this process so far (VmHWM of /proc/self/status), in bytes;
+/// 0 if it cannot be read.
+int64_t peak_rss_bytes();
+/// Current resident set size (VmRSS), in bytes; 0 if it cannot be read.
+int64_t rss_bytes();
+
+/// Measured FP32 GEMM rate of this machine in GFLOP/s (rounded to 0.1): the best of several timed runs of
+/// fp4::sgemm (oneDNN, the backend every FP32 product of the model uses) on M = N = 2048,
+/// K = 1024 with the current OpenMP thread count, after two warm-up runs. Takes about 0.3 s.
+/// The best run, not the median: it is the attainable rate, and a busy machine only slows
+/// runs down.
+double measure_fp32_gemm_gflops();
+
+/// Where a peak rate came from.
+struct PeakRate {
+  double gflops = 0;
+  std::string source;  ///< "--peak-gflops", "measured", or "cached in <file>"
+};
+
+/// The FP32 GEMM rate MFU is measured against. override_gflops > 0 wins ("--peak-gflops").
+/// Otherwise the best rate measured on this machine so far, from the cache file
+/// $FP4_CACHE_DIR/gemm_peak.tsv, else $XDG_CACHE_HOME/fp4train/gemm_peak.tsv, else
+/// ~/.cache/fp4train/gemm_peak.tsv (lines "<machine key> TAB <GFLOP/s> TAB <date>"; the
+/// largest rate of the key counts). With no entry, or with `remeasure`,
+/// measure_fp32_gemm_gflops() runs and a new best is appended, so a measurement slowed down
+/// by a busy machine is replaced by the next better one (`fp4train profile` remeasures every
+/// time; `train` measures only when nothing is cached). A cache that cannot be written is
+/// skipped with a warning on stderr. Throws std::invalid_argument if override_gflops is
+/// negative or NaN.
+PeakRate fp32_peak_gflops(double override_gflops = 0, bool remeasure = false);
+
+/// The machine key of the cache: "<cpu model name>|<logical cpus> cpus|<threads> threads".
+std::string machine_key();
+
+}  // namespace fp4::prof

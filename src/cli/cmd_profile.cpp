@@ -1,0 +1,218 @@
+// `fp4train profile`: where the time of a training step goes (issue 5 §1).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "commands.h"
+#include "fp4/error.h"
+#include "fp4/profile.h"
+#include "fp4/safetensors.h"
+#include "fp4/train.h"
+#include "paths.h"
+
+namespace fp4::cli {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+struct ProfileArgs {
+  std::string config = "configs/tiny.toml";
+  std::string recipe = "ue5m3-b16";
+  int steps = 5, warmup = 2;
+  std::string data, json_file;
+  double peak_gflops = 0;
+};
+
+std::string mib(int64_t bytes) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / (1 << 20));
+  return b;
+}
+
+void run_profile(const ProfileArgs& a) {
+  const fs::path config_file = resolve(a.config);
+  RunConfig cfg = load_run_config(config_file);
+  if (!a.data.empty()) cfg.data.path = a.data;
+  validate(cfg, a.config);
+  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
+  check_recipe_fits(recipe, cfg);
+  const fs::path data_path =
+      a.data.empty() ? resolve_data_path(cfg.data.path, config_file) : fs::path(a.data);
+  if (!fs::exists(data_path))
+    throw UserError("data path " + data_path.string() + " does not exist" +
+                    (a.data.empty() ? " (data.path in " + a.config + "; the default Brown "
+                                      "corpus is installed by scripts/setup)" : ""));
+  const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
+  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size,
+                                        a.data.empty() ? resolve(cfg.data.cache) : fs::path(cfg.data.cache),
+                                        [](const std::string&) {});
+  if (data.vocab_size > cfg.model.vocab_size)
+    throw UserError("tokenizer vocab exceeds model.vocab_size");
+
+  const auto& tc = cfg.train;
+  const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
+  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
+  model.init(tc.seed);
+  AdamW optimizer(model.num_params(), tc);
+  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
+  std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
+  // The steps run with train's schedule over warmup + steps steps; telemetry only as train
+  // would do it (step 1, inside the warm-up, and every telemetry_interval-th step).
+  cfg.train.steps = std::max(cfg.train.steps, a.warmup + a.steps);
+
+  prof::enable(true);
+  std::vector<double> step_ms;
+  int telemetry_steps = 0;
+  for (int step = 1; step <= a.warmup + a.steps; ++step) {
+    if (step == a.warmup + 1) prof::reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!r.diverged.empty())
+      throw UserError(r.diverged + " at step " + std::to_string(step) + " while profiling");
+    if (step > a.warmup) {
+      step_ms.push_back(ms);
+      telemetry_steps += r.telemetry;
+    }
+  }
+  const prof::Totals t = prof::totals();
+  prof::enable(false);
+  const int n = a.steps;
+  double mean_ms = 0;
+  for (double m : step_ms) mean_ms += m;
+  mean_ms /= n;
+  std::vector<double> sorted = step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+
+  const double fpt = model.flops_per_token(tc.seq_len);
+  const double tok_s = tokens_per_step / (mean_ms / 1e3);
+  const double model_gflops = fpt * tok_s / 1e9;
+  const double mfu = model_gflops / peak.gflops;
+  const nn::Model::MemoryUse mem = model.memory_use();
+  const int64_t adam = 2 * int64_t(model.num_params()) * int64_t(sizeof(float));
+  const int64_t peak_rss = prof::peak_rss_bytes();
+
+  std::printf("step: %.1f ms\n", mean_ms);
+  std::printf("(mean of %d steps after %d warm-up steps; median %.1f ms, min %.1f, max %.1f)\n", n,
+              a.warmup, median_ms, sorted.front(), sorted.back());
+  std::printf("config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
+              "%d OpenMP threads%s\n",
+              fs::path(a.config).filename().string().c_str(), recipe.name.c_str(),
+              static_cast<long long>(model.num_params()), static_cast<long long>(tokens_per_step),
+              tc.batch_size, tc.seq_len, omp_get_max_threads(),
+              telemetry_steps ? " (telemetry steps included)" : "");
+  std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
+  double total = 0;
+  for (int c = 0; c < int(prof::Cat::kCount); ++c) total += t.seconds[c];
+  struct Row { const char* name; double s, flops; int64_t calls; };
+  std::vector<Row> rows;
+  for (int c = 0; c < int(prof::Cat::kCount); ++c)
+    if (t.seconds[c] > 0 || t.calls[c] > 0)
+      rows.push_back({prof::name(prof::Cat(c)), t.seconds[c], t.flops[c], t.calls[c]});
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.s > y.s; });
+  double gemm_s = 0, gemm_flops = 0, quant_s = 0;
+  for (const Row& r : rows) {
+    const std::string nm = r.name;
+    if (nm.rfind("gemm.", 0) == 0) gemm_s += r.s, gemm_flops += r.flops;
+    if (nm.rfind("quant.", 0) == 0 || nm == "transpose") quant_s += r.s;
+    char gf[32] = "";
+    if (r.flops > 0) std::snprintf(gf, sizeof gf, "%.1f", r.flops / r.s / 1e9);
+    std::printf("%-24s %10.2f %7.1f%% %10s %8.1f\n", r.name, r.s * 1e3 / n, 100.0 * r.s / total,
+                gf, double(r.calls) / n);
+  }
+  std::printf("%-24s %10.2f %7.1f%%\n", "sum of components", total * 1e3 / n, 100.0);
+  std::printf("\nGEMMs %.1f%% of the step at %.1f GFLOP/s; quantization %.1f%%\n",
+              100.0 * gemm_s / total, gemm_s > 0 ? gemm_flops / gemm_s / 1e9 : 0.0,
+              100.0 * quant_s / total);
+  std::printf("throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + 12LdT, N = %lld "
+              "non-embedding parameters)\n",
+              tok_s, fpt / 1e6,
+              static_cast<long long>(model.num_params() -
+                                     int64_t(cfg.model.vocab_size) * cfg.model.d_model));
+  std::printf("MFU %.1f%%: %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * mfu,
+              model_gflops, peak.gflops, peak.source.c_str());
+  std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n", mib(peak_rss).c_str(),
+              mib(mem.total() + adam).c_str());
+  std::printf("  parameters %s + gradients %s + AdamW moments %s\n", mib(mem.params).c_str(),
+              mib(mem.grads).c_str(), mib(adam).c_str());
+  std::printf("  activations kept for backward %s, logits and their gradient %s\n",
+              mib(mem.activations).c_str(), mib(mem.logits).c_str());
+  std::printf("  backward gradient buffers %s, Linear operand scratch %s\n",
+              mib(mem.backward_scratch).c_str(), mib(mem.linear_scratch).c_str());
+
+  if (!a.json_file.empty()) {
+    json comps = json::object();
+    for (const Row& r : rows)
+      comps[r.name] = {{"ms_per_step", r.s * 1e3 / n}, {"fraction", r.s / total},
+                       {"gflops", r.flops > 0 ? r.flops / r.s / 1e9 : 0.0},
+                       {"calls_per_step", double(r.calls) / n}};
+    json j = {{"config", a.config},
+              {"recipe", recipe.name},
+              {"threads", omp_get_max_threads()},
+              {"steps", n},
+              {"warmup", a.warmup},
+              {"step_ms", step_ms},
+              {"mean_step_ms", mean_ms},
+              {"median_step_ms", median_ms},
+              {"tokens_per_step", tokens_per_step},
+              {"tokens_per_s", tok_s},
+              {"model_flops_per_token", fpt},
+              {"peak_gflops", peak.gflops},
+              {"peak_source", peak.source},
+              {"mfu", mfu},
+              {"components", comps},
+              {"peak_rss_bytes", peak_rss},
+              {"memory",
+               {{"params", mem.params},
+                {"grads", mem.grads},
+                {"adamw", adam},
+                {"activations", mem.activations},
+                {"logits", mem.logits},
+                {"backward_scratch", mem.backward_scratch},
+                {"linear_scratch", mem.linear_scratch}}}};
+    write_file_atomic(a.json_file, j.dump(2) + "\n");
+  }
+}
+}  // namespace
+
+void register_profile(CLI::App& app) {
+  auto a = std::make_shared<ProfileArgs>();
+  auto* c = app.add_subcommand(
+      "profile",
+      "Time training steps of a config and recipe and print where the time goes: GEMMs by\n"
+      "kind (fprop, dgrad, wgrad; FP32 LM head included), quantization (tensor amax; block\n"
+      "scale + E2M1 rounding, fused per block; wgrad quantize-transposes with the RHT fused;\n"
+      "BF16 rounding), attention, norms, activations, loss, optimizer and data, as ms per\n"
+      "step and % of the step; then tokens/s, model FLOPs utilization (MFU) against the\n"
+      "machine's measured FP32 GEMM rate, and peak resident memory with the model's buffers.\n"
+      "The first line is `step: <mean ms> ms`. Nothing is written unless --json is given.");
+  c->add_option("--config", a->config, "Run config TOML")->capture_default_str();
+  c->add_option("--recipe", a->recipe, "Recipe name in configs/recipes/ or a recipe .toml path")
+      ->capture_default_str();
+  c->add_option("--steps", a->steps, "Timed steps (after the warm-up)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  c->add_option("--warmup", a->warmup, "Untimed warm-up steps first (JIT, page faults, step 1's telemetry)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  c->add_option("--data", a->data, "UTF-8 text file or directory instead of data.path");
+  c->add_option("--json", a->json_file, "Also write the breakdown as JSON to this file");
+  c->add_option("--peak-gflops", a->peak_gflops,
+                "FP32 GEMM rate (GFLOP/s) to compute MFU against, instead of the measured one "
+                "(default: measured now with a 0.3 s oneDNN GEMM; the best rate measured per "
+                "machine and thread count is kept in ~/.cache/fp4train/gemm_peak.tsv, or "
+                "$FP4_CACHE_DIR/gemm_peak.tsv, and used when it is higher)")
+      ->check(CLI::PositiveNumber);
+  c->callback([a] { run_profile(*a); });
+}
+
+}  // namespace fp4::cli

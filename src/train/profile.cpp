@@ -1,0 +1,211 @@
+// Step-time profiling and the measured FP32 GEMM rate (see fp4/profile.h).
+#include "fp4/profile.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "fp4/gemm.h"
+
+namespace fp4::prof {
+namespace fs = std::filesystem;
+using clock = std::chrono::steady_clock;
+
+namespace detail {
+bool g_enabled = false;
+}  // namespace detail
+
+namespace {
+Totals g_totals;
+// Open scopes (innermost last); the bottom of the stack is the implicit kOther.
+std::vector<Cat> g_stack;
+clock::time_point g_last;  // when the innermost open scope last started accruing
+
+void accrue(clock::time_point now) {
+  const Cat c = g_stack.empty() ? Cat::kOther : g_stack.back();
+  g_totals.seconds[int(c)] += std::chrono::duration<double>(now - g_last).count();
+  g_last = now;
+}
+}  // namespace
+
+const char* name(Cat c) {
+  switch (c) {
+    case Cat::kOther: return "other";
+    case Cat::kData: return "data";
+    case Cat::kEmbedding: return "embedding";
+    case Cat::kNorm: return "rmsnorm";
+    case Cat::kRope: return "rope";
+    case Cat::kAttention: return "attention";
+    case Cat::kActivation: return "activation";
+    case Cat::kResidual: return "residual";
+    case Cat::kGemmFprop: return "gemm.fprop";
+    case Cat::kGemmDgrad: return "gemm.dgrad";
+    case Cat::kGemmWgrad: return "gemm.wgrad";
+    case Cat::kQuantAmax: return "quant.amax";
+    case Cat::kQuantRow: return "quant.rows";
+    case Cat::kQuantWgrad: return "quant.wgrad-transpose";
+    case Cat::kQuantBf16: return "quant.bf16";
+    case Cat::kTranspose: return "transpose";
+    case Cat::kTelemetry: return "telemetry";
+    case Cat::kLoss: return "loss";
+    case Cat::kGradClip: return "grad-clip";
+    case Cat::kOptimizer: return "optimizer";
+    case Cat::kCount: break;
+  }
+  return "?";
+}
+
+void enable(bool on) {
+  if (on && !detail::g_enabled) g_last = clock::now();
+  detail::g_enabled = on;
+  g_stack.clear();
+}
+
+bool enabled() { return detail::g_enabled; }
+
+void reset() {
+  g_totals = Totals{};
+  g_stack.clear();
+  g_last = clock::now();
+}
+
+Totals totals() {
+  if (detail::g_enabled && g_stack.empty()) accrue(clock::now());  // time since the last scope
+  return g_totals;
+}
+
+void add_flops(Cat c, double flops) {
+  if (detail::g_enabled) g_totals.flops[int(c)] += flops;
+}
+
+namespace detail {
+void enter(Cat c) {
+  if (omp_in_parallel()) {  // keep the stack balanced: leave() pops what enter() pushed
+    g_stack.push_back(g_stack.empty() ? Cat::kOther : g_stack.back());
+    return;
+  }
+  accrue(clock::now());
+  g_stack.push_back(c);
+  ++g_totals.calls[int(c)];
+}
+void leave() {
+  if (g_stack.empty()) return;
+  if (!omp_in_parallel()) accrue(clock::now());
+  g_stack.pop_back();
+}
+}  // namespace detail
+
+namespace {
+int64_t status_kib(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::atoll(line.c_str() + k.size());
+  return 0;
+}
+}  // namespace
+
+int64_t peak_rss_bytes() { return status_kib("VmHWM") * 1024; }
+int64_t rss_bytes() { return status_kib("VmRSS") * 1024; }
+
+double measure_fp32_gemm_gflops() {
+  constexpr int64_t M = 2048, N = 2048, K = 1024;
+  std::vector<float> a(M * K), b(N * K), c(M * N);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = float((i * 7919) % 1013) / 1013.f - 0.5f;
+  for (int64_t i = 0; i < N * K; ++i) b[i] = float((i * 104729) % 1009) / 1009.f - 0.5f;
+  double best = 1e30;
+  for (int r = 0; r < 10; ++r) {
+    const auto t0 = clock::now();
+    sgemm(false, true, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (r >= 2) best = std::min(best, s);  // two warm-up runs (JIT, page faults)
+  }
+  return std::round(2.0 * M * N * K / best / 1e8) / 10;  // 0.1 GFLOP/s, as cached
+}
+
+std::string machine_key() {
+  std::string model = "unknown cpu";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t p = line.find(':');
+      if (p != std::string::npos) model = line.substr(p + 1);
+      model.erase(0, model.find_first_not_of(" \t"));
+      break;
+    }
+  for (char& ch : model)
+    if (ch == '\t' || ch == '|') ch = ' ';
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return model + "|" + std::to_string(cpus) + " cpus|" + std::to_string(omp_get_max_threads()) +
+         " threads";
+}
+
+namespace {
+fs::path cache_file() {
+  if (const char* d = std::getenv("FP4_CACHE_DIR"); d && *d) return fs::path(d) / "gemm_peak.tsv";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return fs::path(d) / "fp4train" / "gemm_peak.tsv";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".cache" / "fp4train" / "gemm_peak.tsv";
+  return {};
+}
+}  // namespace
+
+PeakRate fp32_peak_gflops(double override_gflops, bool remeasure) {
+  if (std::isnan(override_gflops) || override_gflops < 0)
+    throw std::invalid_argument("--peak-gflops must be a positive number of GFLOP/s, got " +
+                                std::to_string(override_gflops));
+  if (override_gflops > 0) return {override_gflops, "--peak-gflops"};
+  const std::string key = machine_key();
+  const fs::path file = cache_file();
+  double cached = 0;
+  if (!file.empty()) {
+    std::ifstream f(file);
+    std::string line;
+    while (std::getline(f, line)) {  // key \t gflops \t date; the best entry of the key counts
+      const size_t t1 = line.find('\t');
+      if (t1 == std::string::npos || line.substr(0, t1) != key) continue;
+      const double g = std::atof(line.c_str() + t1 + 1);
+      if (g > 0 && std::isfinite(g)) cached = std::max(cached, g);
+    }
+  }
+  if (cached > 0 && !remeasure) return {cached, "best measured on this machine, cached in " + file.string()};
+  const double measured = measure_fp32_gemm_gflops();
+  if (measured <= cached)
+    return {cached, "best measured on this machine (now " + std::to_string(int(measured)) +
+                        "), cached in " + file.string()};
+  PeakRate r{measured, "measured now"};
+  if (!file.empty()) {
+    std::error_code ec;
+    fs::create_directories(file.parent_path(), ec);
+    std::ofstream o(file, std::ios::app);
+    char date[32] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.1f", measured);
+    if (o) o << key << '\t' << rate << '\t' << date << '\n';
+    if (!o)
+      std::fprintf(stderr, "warning: cannot write the GEMM-rate cache %s; it will be measured "
+                           "again next time (set FP4_CACHE_DIR)\n", file.string().c_str());
+    else
+      r.source = "measured now, cached in " + file.string();
+  }
+  return r;
+}
+
+}  // namespace fp4::prof

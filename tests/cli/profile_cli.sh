@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `fp4train profile` and the MFU of `fp4train train`: bad input refused; the breakdown's first
+# line, its components adding up to the step, MFU consistent with the FLOP count and the
+# given rate; the GEMM-rate cache written where FP4_CACHE_DIR says.
+# Usage: profile_cli.sh <fp4train binary> <source dir>
+set -uo pipefail
+bin=$1; src=$2
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/micro.bash"
+export FP4_CACHE_DIR="$work/fp4cache"
+py=python3
+
+micro_setup "$work" steps=10 telemetry_interval=50
+
+# --- bad input -------------------------------------------------------------------------
+expect_error "--steps" profile --config "$work/micro.toml" --steps 0
+expect_error "--peak-gflops" profile --config "$work/micro.toml" --peak-gflops -3
+expect_error "unknown recipe 'nope'" profile --config "$work/micro.toml" --recipe nope
+expect_error "does not exist" profile --config "$work/micro.toml" --data "$work/missing"
+expect_error "missing.toml" profile --config "$work/missing.toml"
+
+# --- a profile with a given rate ---------------------------------------------------------
+out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --steps 3 --warmup 1 \
+      --peak-gflops 50 --json "$work/p.json") || fail "profile failed"
+echo "$out" | head -1 | grep -Eq '^step: [0-9]+\.[0-9] ms$' || fail "first line: $(echo "$out" | head -1)"
+for c in gemm.fprop gemm.dgrad gemm.wgrad quant.rows quant.wgrad-transpose attention rmsnorm loss optimizer; do
+  echo "$out" | grep -q "^$c " || fail "component $c missing from: $out"
+done
+echo "$out" | grep -q "MFU .* of 50.0 GFLOP/s FP32 GEMM rate (--peak-gflops)" || fail "MFU line: $out"
+echo "$out" | grep -q "peak resident" || fail "memory line missing"
+[ ! -e "$FP4_CACHE_DIR/gemm_peak.tsv" ] || fail "--peak-gflops must not measure or cache"
+$py - "$work/p.json" <<'PY' || fail "profile JSON inconsistent"
+import json, sys
+j = json.load(open(sys.argv[1]))
+comp = j["components"]
+frac = sum(c["fraction"] for c in comp.values())
+assert abs(frac - 1) < 1e-9, frac
+ms = sum(c["ms_per_step"] for c in comp.values())
+assert abs(ms - j["mean_step_ms"]) < 0.02 * j["mean_step_ms"], (ms, j["mean_step_ms"])
+assert len(j["step_ms"]) == 3 and j["steps"] == 3 and j["warmup"] == 1
+# micro model: V 512, C 32, L 2, F 64, T 32; N = L(4C^2 + 2CF + 2C) + C + VC
+C, L, F, V, T = 32, 2, 64, 512, 32
+N = L * (4 * C * C + 2 * C * F + 2 * C) + C + V * C
+assert j["model_flops_per_token"] == 6 * N + 12 * L * C * T, j["model_flops_per_token"]
+mfu = j["model_flops_per_token"] * j["tokens_per_s"] / 50e9
+assert abs(j["mfu"] - mfu) < 1e-12 * max(1, mfu), (j["mfu"], mfu)
+m = j["memory"]
+assert m["params"] == m["grads"] and m["adamw"] == 2 * m["params"] > 0
+assert j["peak_rss_bytes"] > m["params"]
+PY
+
+# --- without a rate: measured once, cached, then read -------------------------------------
+"$bin" profile --config "$work/micro.toml" --recipe fp32 --steps 1 --warmup 0 >"$work/o1" || fail "profile (measure) failed"
+grep -q "measured now, cached in $FP4_CACHE_DIR/gemm_peak.tsv" "$work/o1" || fail "first profile did not cache: $(cat "$work/o1")"
+[ "$(wc -l < "$FP4_CACHE_DIR/gemm_peak.tsv")" -eq 1 ] || fail "cache should have one line"
+"$bin" train --config "$work/micro.toml" --recipe fp32 --steps 3 --out "$work/run" >"$work/t1" || fail "train failed"
+grep -q "FP32 GEMM rate for MFU: .* (best measured on this machine, cached in" "$work/t1" || fail "train did not read the cache: $(head -3 "$work/t1")"
+grep -q "tok/s (MFU [0-9]*%)" "$work/t1" || fail "progress line lacks MFU"
+$py - "$work/run/summary.json" <<'PY' || fail "summary MFU inconsistent"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["mfu"] > 0 and s["peak_gflops"] > 0
+assert abs(s["mfu"] - s["model_flops_per_token"] * s["tokens_per_s"] / (s["peak_gflops"] * 1e9)) < 1e-12
+PY
+echo "profile_cli: ok"
