@@ -155,6 +155,9 @@ struct Kernels {
   /// The quantize-transpose's panel (TransposePanel below).
   void (*transpose_panel)(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w,
                           bool rht, float* buf, int64_t ld);
+  /// The quantize-transpose of one panel straight to packed codes (PackPanelT below).
+  bool (*pack_panel)(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
+                     const uint8_t* srb, float* tile);
 };
 
 }  // namespace fp4::pf
@@ -456,6 +459,118 @@ void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int6
   }
 }
 
+/// 8 packed bytes of 16 codes c[0..16) (each < 16): byte k = c[2k] | c[2k+1] << 4.
+HWY_INLINE void Pack16(const uint8_t* c, uint8_t* dst) {
+  for (int h = 0; h < 2; ++h) {
+    uint64_t w;
+    std::memcpy(&w, c + 8 * h, 8);                       // little-endian: byte i = c[8h + i]
+    w = (w | (w >> 4)) & 0x00FF00FF00FF00FFull;          // even bytes: c[2k] | c[2k+1] << 4
+    w = (w | (w >> 8)) & 0x0000FFFF0000FFFFull;          // gather them: 2 bytes per 32 bits
+    const uint32_t b = static_cast<uint32_t>(w | (w >> 16));
+    std::memcpy(dst + 4 * h, &b, 4);
+  }
+}
+
+/// The quantize-transpose of one panel, without a buffer: output rows [c0, c0 + w) of p (the
+/// columns c0.. of x [rows = p.cols, cols = p.rows], w ≤ kPanel), blocks of p.B (a multiple of
+/// 16) along the rows of x; needs rows % 16 == 0. For each block-row of x (h = min(B, rows − r0)
+/// rows): the rows' kPanel-column runs are copied into `tile` [B][kPanel] (in L1; columns ≥ w
+/// must be zero on entry), RHT-transformed per 16 rows if rht (the operations of
+/// TransposePanel), then Lanes columns at a time the block amax (a vertical max: one block
+/// per lane) and block scales (BlockScales, the row kernel's), then per column the block's
+/// elements gathered 16 at a time, rounded by CodesVec and packed (Pack16) straight into
+/// p.packed at the output row's flat offset (even: rows and r0 are). srb holds the SR bytes of
+/// the panel's output rows, srb[j·rows + r] for element (c0 + j, r). The operations per value
+/// are the row kernel's, so the bits are those of PackRowsT on the transposed operand. False
+/// on a non-finite value (after the RHT); earlier blocks may be written.
+template <bool kSR, bool kSub>
+bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
+                const uint8_t* srb, float* tile) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t rows = p.cols, cols = p.rows, B = p.B, nbc = p.block_cols;
+  alignas(64) int32_t idx_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * kPanel);
+  const VI gidx = hn::LoadU(di, idx_arr);
+  alignas(64) float ev_arr[kPanel + kMaxLanes];
+  alignas(64) uint8_t scode[kPanel + kMaxLanes];
+  alignas(64) uint8_t cb[16 + kMaxLanes];
+  const int64_t wv = (w + N - 1) / N * N;  // columns processed as whole vectors (≤ kPanel)
+  for (int64_t r0 = 0; r0 < rows; r0 += B) {
+    const int64_t h = std::min(B, rows - r0);  // a multiple of 16
+    // 1. the block-row's runs of x (columns ≥ w stay zero)
+    for (int64_t i = 0; i < h; ++i) {
+      const float* xr = x + (r0 + i) * cols + c0;
+      float* t = tile + i * kPanel;
+      if (w == kPanel) {
+        for (int64_t k = 0; k < kPanel; k += N) hn::StoreU(hn::LoadU(df, xr + k), df, t + k);
+      } else {
+        std::memcpy(t, xr, static_cast<size_t>(w) * 4);
+      }
+    }
+    // 2. RHT16 along the rows of x, lane-wise over the columns (TransposePanel's operations)
+    if (rht) {
+      for (int64_t g = 0; g < h; g += 16) {
+        for (int64_t k = 0; k < wv; k += N) {
+          VF v[16];
+          float* t = tile + g * kPanel + k;
+          for (int i = 0; i < 16; ++i)
+            v[i] = hn::Mul(hn::LoadU(df, t + i * kPanel), hn::Set(df, kRhtSigns[i]));
+          for (int hh = 1; hh < 16; hh <<= 1) {
+            for (int i = 0; i < 16; i += 2 * hh) {
+              for (int j = i; j < i + hh; ++j) {
+                const VF a = v[j], b = v[j + hh];
+                v[j] = hn::Add(a, b);
+                v[j + hh] = hn::Sub(a, b);
+              }
+            }
+          }
+          for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, t + i * kPanel);
+        }
+      }
+    }
+    // 3. block amax of each column (vertical max of |x| bits), block scales and their codes
+    for (int64_t k = 0; k < wv; k += N) {
+      VI m = hn::Zero(di);
+      for (int64_t i = 0; i < h; ++i)
+        m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, tile + i * kPanel + k)),
+                               hn::Set(di, 0x7FFFFFFF)));
+      if (!hn::AllFalse(di, hn::Gt(m, hn::Set(di, 0x7F7FFFFF)))) return false;
+      VF ev;
+      VI code;
+      BlockScales<kSub>(hn::BitCast(df, m), p, ev, code);
+      hn::StoreU(ev, df, ev_arr + k);
+      hn::StoreU(hn::DemoteTo(D8(), code), D8(), scode + k);
+    }
+    const int64_t bc = r0 / B;
+    for (int64_t j = 0; j < w; ++j) p.scales[(c0 + j) * nbc + bc] = scode[j];
+    // 4. codes of each column's block, 16 elements (8 packed bytes) at a time
+    for (int64_t j = 0; j < w; ++j) {
+      const VF ev = hn::Set(df, ev_arr[j]);
+      const int64_t flat = (c0 + j) * rows + r0;
+      const uint8_t* sj = kSR ? srb + j * rows + r0 : nullptr;
+      for (int64_t i = 0; i < h; i += 16) {
+        for (int64_t q = 0; q < 16; q += N) {
+          const VF xv = hn::GatherIndex(df, tile + (i + q) * kPanel + j, gidx);
+          const VF off = kSR ? SrOffsets(sj + i + q) : hn::Zero(df);
+          hn::StoreU(hn::DemoteTo(D8(), CodesVec<kSR>(xv, ev, off)), D8(), cb + q);
+        }
+        Pack16(cb, p.packed + (flat + i) / 2);
+      }
+    }
+  }
+  return true;
+}
+
+bool PackPanel(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
+               const uint8_t* srb, float* tile) {
+  if (p.sr) return p.sub_pow2 ? PackPanelT<true, true>(p, x, c0, w, rht, srb, tile)
+                              : PackPanelT<true, false>(p, x, c0, w, rht, srb, tile);
+  return p.sub_pow2 ? PackPanelT<false, true>(p, x, c0, w, rht, srb, tile)
+                    : PackPanelT<false, false>(p, x, c0, w, rht, srb, tile);
+}
+
 bool PackRows(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
   if (p.sr) return p.sub_pow2 ? PackRowsT<true, true>(p, br0, br1, s) : PackRowsT<true, false>(p, br0, br1, s);
   return p.sub_pow2 ? PackRowsT<false, true>(p, br0, br1, s) : PackRowsT<false, false>(p, br0, br1, s);
@@ -589,7 +704,7 @@ namespace {
 constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
 
 #define FP4_PF_KERNELS(NS, NAME) \
-  Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel }
+  Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel, &NS::PackPanel }
 
 /// Every target compiled in (named as quant_fast_targets() names them); the one used is the
 /// one quant_fast_target() reports, so quant_fast_use_target() selects these kernels too.
@@ -850,7 +965,35 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
   q.facts = std::move(facts);
   const int64_t n = rows * cols;
   bool fused = pf::packable(spec) && !spec.two_d && n > 0;
-  if (fused) {
+  if (fused && rows % 16 == 0 && spec.block % 16 == 0) {
+    // One pass without a buffer (PackPanelT): panels of kPanel columns of x, each read in
+    // block-rows of B rows into an L1 tile and quantized from there straight into the packed
+    // output rows. The SR bytes of a panel's output rows are one contiguous run of flat
+    // indices, [c0·rows, (c0 + w)·rows), generated per panel.
+    pf::QPlan p = pf::start_qtensor(cols, rows, spec, g, sr, q);
+    const int64_t panels = (cols + pf::kPanel - 1) / pf::kPanel;
+    const pf::Kernels& k = pf::active();
+    std::atomic<bool> bad{false};
+#pragma omp parallel if (n >= pf::kParallelMin && panels > 1)
+    {
+      int64_t u0, u1;
+      pf::share(panels, omp_get_num_threads(), omp_get_thread_num(), u0, u1);
+      if (u0 < u1) {
+        std::vector<float> tile(static_cast<size_t>(spec.block * pf::kPanel), 0.0f);
+        std::vector<uint8_t> srb(p.sr ? static_cast<size_t>(pf::kPanel * rows + pf::kMaxLanes) : 0);
+        for (int64_t u = u0; u < u1 && !bad.load(std::memory_order_relaxed); ++u) {
+          const int64_t c0 = u * pf::kPanel, w = std::min(pf::kPanel, cols - c0);
+          if (p.sr)
+            sr_bytes_fast(p.key, static_cast<uint64_t>(c0 * rows), static_cast<uint64_t>(w * rows),
+                          srb.data());
+          if (!k.pack_panel(p, x, c0, w, rht, srb.data(), tile.data()))
+            bad.store(true, std::memory_order_relaxed);
+        }
+      }
+    }
+    if (!bad.load()) return q;
+    // A non-finite value (in x or its RHT): the composition below throws the reference's error.
+  } else if (fused) {
     // One pass: panels of kPanel columns of x are transposed (+ RHT) into a per-thread buffer
     // [kPanel, rows] (row stride ld) that stays in cache, and quantized there by the row kernel as output rows
     // [c0, c0 + kPanel) (1-D blocks: one block-row per output row; panels start at even flat
