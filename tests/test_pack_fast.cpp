@@ -294,6 +294,31 @@ TEST(PackFast, TransposedRandomBitExact) {
   });
 }
 
+// The reusing overload: one QTensor through calls of other shapes, specs and paths (the
+// buffer-free panel kernel, the row-kernel path, 2-D tiles) gives what fresh calls give and
+// keeps its facts.
+TEST(PackFast, TransposedIntoReusedTensor) {
+  QTensor reused;
+  reused.facts = {{"recipe", "kept"}};
+  int k = 0;
+  for (const auto& [rows, cols, block, two_d, rht] :
+       std::vector<std::tuple<int64_t, int64_t, int, bool, bool>>{
+           {512, 200, 16, false, true}, {96, 33, 32, false, false}, {515, 70, 16, false, false},
+           {512, 200, 16, false, false}, {64, 48, 16, true, false}, {512, 200, 16, false, true}}) {
+    const auto x = make_data(Dist::Normal, size_t(rows * cols), 900 + k++);
+    for (Rounding r : kRoundings) {
+      const BlockQuantSpec s = make_spec(ScaleFormat::UE5M3, r, block, two_d);
+      const float g = rht ? ref_amax_rht(x, rows, cols) : tensor_amax(x.data(), rows * cols);
+      const SrKey* key = r == Rounding::SR8 ? &kKey : nullptr;
+      quantize_pack_transposed_fast(x.data(), rows, cols, s, g, key, rht, reused);
+      const std::string what = spec_str(s) + (rht ? " RHT [" : " [") + std::to_string(rows) +
+                               ", " + std::to_string(cols) + "]";
+      expect_same(reused, quantize_pack_transposed_fast(x.data(), rows, cols, s, g, key, rht, {{"recipe", "kept"}}), what);
+      EXPECT_EQ(reused.facts.at("recipe"), "kept") << what;
+    }
+  }
+}
+
 TEST(PackFast, ExactTiesAtEveryGridPoint) {
   // Exact E2M1 ties and grid points at power-of-two and arbitrary block scales (tie_inputs).
   for (ScaleFormat f : kFormats) {

@@ -57,15 +57,25 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
 /// run along the ORIGINAL rows; the optional 16-point RHT (NUMERICS.md "Random Hadamard
 /// transform") acts on 16-long chunks along them; SR8 element (c, r) of xᵀ uses
 /// sr_byte(*sr, c·rows + r). g is the reference of the operand as quantized (with rht: the amax
-/// of the transformed tensor, e.g. amax_rht16_transposed). One pass over x: panels of 128
-/// columns are transposed (and RHT-transformed) into a per-thread buffer that stays in cache and
-/// quantized there; spec.two_d (tiles of xᵀ) goes through a transposed FP32 copy. Parallel over
-/// panels; bits do not depend on the thread count. Throws what the reference composition throws:
-/// std::invalid_argument if rht and rows % 16 != 0, for the spec/g/sr errors above and specs
-/// pack() rejects; NonFiniteError if x or its RHT holds NaN/Inf.
+/// of the transformed tensor, e.g. amax_rht16_transposed). One pass over x, in panels of 128
+/// columns: with rows % 16 == 0 and blocks of a multiple of 16, each block-row of a panel is
+/// read into an L1 tile (RHT-transformed there) and quantized straight into the packed output
+/// rows; otherwise a panel is transposed into a per-thread buffer that stays in cache and
+/// quantized there by the row kernel. spec.two_d (tiles of xᵀ) goes through a transposed FP32
+/// copy. Parallel over panels; bits do not depend on the thread count. Throws what the
+/// reference composition throws: std::invalid_argument if rht and rows % 16 != 0, for the
+/// spec/g/sr errors above and specs pack() rejects; NonFiniteError if x or its RHT holds
+/// NaN/Inf.
 QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                       const BlockQuantSpec& spec, float g, const SrKey* sr,
                                       bool rht, std::map<std::string, std::string> facts = {});
+
+/// The same, into an existing QTensor whose buffers are reused (no allocation when their sizes
+/// already match): every field except `facts` is overwritten. Same errors; if it throws, `out`
+/// is left in an unspecified but valid state.
+void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                   const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
+                                   QTensor& out);
 
 /// x̂ [t.rows, t.cols] (row-major FP32) = e2m1_decode(code) · (scale_decode(scale code) ·
 /// decode_scale): bit-identical to dequantize(t, out) (qtensor.h; NUMERICS.md "Quantizing one

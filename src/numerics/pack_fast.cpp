@@ -950,6 +950,15 @@ QTensor quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const Blo
 QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                       const BlockQuantSpec& spec, float g, const SrKey* sr,
                                       bool rht, std::map<std::string, std::string> facts) {
+  QTensor q;
+  q.facts = std::move(facts);
+  quantize_pack_transposed_fast(x, rows, cols, spec, g, sr, rht, q);
+  return q;
+}
+
+void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                   const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
+                                   QTensor& q) {
   const char* where = "quantize_pack_transposed_fast";
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
@@ -961,8 +970,6 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
                                 "along the rows of x)");
   }
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
-  QTensor q;
-  q.facts = std::move(facts);
   const int64_t n = rows * cols;
   bool fused = pf::packable(spec) && !spec.two_d && n > 0;
   if (fused && rows % 16 == 0 && spec.block % 16 == 0) {
@@ -991,7 +998,7 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
         }
       }
     }
-    if (!bad.load()) return q;
+    if (!bad.load()) return;
     // A non-finite value (in x or its RHT): the composition below throws the reference's error.
   } else if (fused) {
     // One pass: panels of kPanel columns of x are transposed (+ RHT) into a per-thread buffer
@@ -1023,14 +1030,13 @@ QTensor quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols
         }
       }
     }
-    if (!bad.load()) return q;
+    if (!bad.load()) return;
     // A non-finite value (in x or its RHT): the composition below throws the reference's error.
   }
   std::vector<float> t(static_cast<size_t>(n));
   pf::transpose(x, rows, cols, t.data());
   if (rht) rht16_rows(t.data(), cols, rows);
   quantize_pack_fast(t.data(), cols, rows, spec, g, sr, q);
-  return q;
 }
 
 void dequantize_fast(const QTensor& t, float* out) {
