@@ -207,6 +207,9 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     }
     {
       Scope s(Cat::kAttention);
+      // FLOPs actually done: QKᵀ and PV over the causal triangle, T(T+1)/2 dot products of
+      // length hd each, per (batch, head).
+      prof::add_flops(Cat::kAttention, 2.0 * 2.0 * B * H * (T * (T + 1) / 2) * (C / H));
       attention_forward(A.y, A.att, A.q, A.k, A.v, B, T, C, H);
     }
     lin[kO].forward(A.y, A.x2, BT, ctx);
@@ -310,6 +313,7 @@ void Model::backward(const StepContext& ctx) {
     std::fill(dv_.begin(), dv_.begin() + BT * C, 0.f);
     {
       Scope s(Cat::kAttention);
+      prof::add_flops(Cat::kAttention, 4.0 * 2.0 * B * H * (T * (T + 1) / 2) * (C / H));  // dP, dQ, dK, dV
       attention_backward(dq_.data(), dk_.data(), dv_.data(), scratch_.data(), datt_.data(), A.q,
                          A.k, A.v, A.att, B, T, C, H);
     }
