@@ -176,7 +176,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     rope_forward(A.k, B, T, H, C / H, cfg_.rope_theta);
     attention_forward(A.y, A.att, A.q, A.k, A.v, B, T, C, H);
     lin[kO].forward(A.y, A.x2, BT, ctx);
-    for (int64_t i = 0; i < BT * C; ++i) A.x2[i] += res[i];
+    residual_add(A.x2, res, BT * C);
     rmsnorm_forward(A.ln2, A.rstd2, A.x2, P + off_ln2_[l], BT, C, cfg_.norm_eps);
     lin[kUp].forward(A.ln2, A.h, BT, ctx);
     if (swiglu)
@@ -185,7 +185,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
       squared_relu_forward(A.a, A.h, BT * F);
     (void)U;
     lin[kDown].forward(A.a, A.x3, BT, ctx);
-    for (int64_t i = 0; i < BT * C; ++i) A.x3[i] += A.x2[i];
+    residual_add(A.x3, A.x2, BT * C);
     res = A.x3;
   }
   rmsnorm_forward(lnf_.data(), lnf_rstd_.data(), res, P + off_lnf_, BT, C, cfg_.norm_eps);
