@@ -8,6 +8,7 @@
 #include "fp4/checkpoint.h"
 #include "fp4/config.h"
 #include "fp4/data.h"
+#include "fp4/nn/layers.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe.h"
 
@@ -18,19 +19,34 @@ namespace fp4 {
 /// steps reaching min_lr_ratio·lr at the last step.
 double wsd_lr(const TrainConfig& c, int step);
 
-/// Global L2 norm of g[0..n) (double accumulation in fixed-size chunks, fixed order, so it
-/// does not depend on thread count). If max_norm > 0 and the norm exceeds it, scales g by
-/// max_norm / norm. Returns the norm before clipping.
+/// Global L2 norm of g[0..n) FP32: sqrt of nn::detail::sum_squares (FP32 squares summed in
+/// the canonical order of fp4/nn/layers.h: FP32 within chunks of 1024, FP64 beyond; it does
+/// not depend on thread count or SIMD target). If max_norm > 0 and the norm is finite and
+/// exceeds it, scales g by float(max_norm / norm) (nn::detail::scale_inplace). Returns the
+/// norm before clipping (+inf if a |g| exceeds ~1.8e19, NaN if g has a NaN). Throws nothing.
 double clip_grad_norm(float* g, int64_t n, double max_norm);
+
+namespace detail {
+/// Scalar twin of clip_grad_norm (nn::detail::sum_squares_ref, scale_inplace_ref): same
+/// result bit for bit.
+double clip_grad_norm_ref(float* g, int64_t n, double max_norm);
+}  // namespace detail
 
 /// AdamW (decoupled weight decay, bias-corrected moments) over a flat parameter buffer;
 /// parameters whose ParamInfo::weight_decay is false (norms) get no decay.
 class AdamW {
  public:
   AdamW(int64_t n, const TrainConfig& c) : m_(n, 0.f), v_(n, 0.f), c_(c) {}
-  /// One update at 1-based step t with learning rate lr.
+  /// One update at 1-based step t with learning rate lr, over each parameter range of
+  /// `infos` (params, grads [n] FP32): nn::detail::adamw_update with coefficients
+  /// β1, β2, 1 − β (FP32), bias corrections 1 − β^t (double, rounded to FP32), lr, eps and
+  /// weight_decay (0 where ParamInfo::weight_decay is false). Elementwise, so independent of
+  /// thread count and SIMD target. Throws nothing.
   void step(float* params, const float* grads, const std::vector<nn::ParamInfo>& infos,
             double lr, int t);
+  /// Scalar twin of step (nn::detail::adamw_update_ref): same bits, for tests and benchmarks.
+  void step_ref(float* params, const float* grads, const std::vector<nn::ParamInfo>& infos,
+                double lr, int t);
   /// First and second moments [n] (Model::params() layout), for checkpoints; resizing them
   /// is the caller's error.
   std::vector<float>& m() { return m_; }
@@ -39,6 +55,7 @@ class AdamW {
   const std::vector<float>& v() const { return v_; }
 
  private:
+  nn::detail::AdamWCoeffs coeffs(double lr, int t) const;
   std::vector<float> m_, v_;
   TrainConfig c_;
 };

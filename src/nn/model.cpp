@@ -215,7 +215,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     lin[kO].forward(A.y, A.x2, BT, ctx);
     {
       Scope s(Cat::kResidual);
-      for (int64_t i = 0; i < BT * C; ++i) A.x2[i] += res[i];
+      residual_add(A.x2, res, BT * C);
     }
     {
       Scope s(Cat::kNorm);
@@ -233,7 +233,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     lin[kDown].forward(A.a, A.x3, BT, ctx);
     {
       Scope s(Cat::kResidual);
-      for (int64_t i = 0; i < BT * C; ++i) A.x3[i] += A.x2[i];
+      residual_add(A.x3, A.x2, BT * C);
     }
     res = A.x3;
   }

@@ -4,7 +4,27 @@
 //  * BT = batch · seq_len tokens; C = d_model; H heads of size hd = C / H.
 //  * Backward functions ACCUMULATE (+=) into every gradient they produce (inputs and
 //    parameters), so residual branches and shared weights add up naturally.
-//  * All reductions over tokens are done in a fixed order independent of thread count.
+//  * All reductions are done in a fixed order independent of thread count and SIMD width.
+//  * Implementation (layers_fast.cpp): Google Highway, one build per x86 target, the target
+//    the one quant_fast_target() names (quant_fast_use_target() switches these kernels too);
+//    OpenMP over rows or fixed chunks. Every kernel has a plain scalar twin in `detail`
+//    (layers_ref.cpp) performing the same FP32/FP64 operations in the same order, and the
+//    fast kernel matches it bit for bit on every target and for any thread count
+//    (tests/test_layers_twin.cpp). The project compiles with -ffp-contract=off: no FMA.
+//
+// Canonical sum (the one reduction order used by every sum below, over n terms):
+//   chunks of 1024 consecutive terms (from term 0): 16 FP32 partials starting at +0, term i
+//   added to partial i mod 16 with i ascending, combined by the fixed tree p[i] += p[i+8]
+//   (i < 8), p[i] += p[i+4] (i < 4), p[i] += p[i+2] (i < 2), sum = p[0] + p[1];
+//   superchunks of 2^18 terms: FP64 sum from 0.0 of their chunk sums, ascending;
+//   result: FP64 sum from 0.0 of the superchunk sums, ascending.
+// So a sum is FP32 within 1024 terms (64 terms per partial) and FP64 beyond.
+//
+// exp: the softmax (cross-entropy) and SwiGLU use detail::exp_ref's algorithm (range
+// reduction + polynomial, multiplies and adds only), not std::exp, so vector and scalar code
+// agree bit for bit. Max error measured against exp in double: see tests/test_layers_twin.cpp
+// (ExpTwin.AccuracyAgainstDoubleExp: ≤ 1 ulp measured, 2 asserted); exact special cases: −inf and x < −104 → +0, x > 88.7228317 → +inf,
+// NaN → NaN.
 #pragma once
 #include <cstdint>
 
@@ -17,16 +37,25 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int6
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t BT,
                         int64_t C);
 
-/// RMSNorm: out = x / sqrt(mean(x²) + eps) ⊙ weight; rstd[BT] saved for backward.
+/// RMSNorm forward. x, out: [BT, C] FP32; weight [C]; rstd [BT] (written, saved for
+/// backward). Per row t: ss = canonical sum over c of x[c]·x[c] (FP32 squares);
+/// rstd[t] = float(1 / sqrt(ss / C + eps)) evaluated in double; out[c] = (x[c]·rstd)·w[c].
+/// BT ≤ 0 does nothing; C must be > 0. Throws nothing.
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight,
                      int64_t BT, int64_t C, float eps);
+/// RMSNorm backward, accumulating into dx [BT, C] and dweight [C] (dout, x [BT, C]; weight
+/// [C]; rstd [BT] from forward). Per row: dot = canonical sum over c of (w[c]·g[c])·x[c];
+/// k = float(dot·r·r / C) in double; dx[c] += r·(w[c]·g[c] − x[c]·k). dweight[c] +=
+/// acc[c] with acc[c] = Σ_t (g[t,c]·x[t,c])·r_t, an FP32 sum from +0 with t ascending.
 void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
                       const float* weight, const float* rstd, int64_t BT, int64_t C);
 
-/// Rotary position embedding applied in place to x [B, T, H, hd] (hd even), pairs
-/// (x[2i], x[2i+1]) rotated by angle pos · theta^(−2i/hd). backward applies the inverse
-/// rotation to the gradient in place (dx = Rᵀ dout). Throws std::invalid_argument if hd is
-/// odd.
+/// Rotary position embedding applied in place to x [B, T, H, hd] FP32 (hd even), pairs
+/// (x[2i], x[2i+1]) rotated by angle a = t · theta^(−2i/hd) (radians; cos/sin evaluated in
+/// double, rounded to float, cached per (T, hd, theta), thread-safe):
+/// (x0, x1) ← (x0·c + x1·(−s), x1·c + x0·s). backward applies the inverse rotation to the
+/// gradient in place (dx = Rᵀ dout, s negated). Throws std::invalid_argument if hd is odd
+/// or ≤ 0.
 void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 
@@ -43,23 +72,37 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
                         const float* q, const float* k, const float* v, const float* att,
                         int64_t B, int64_t T, int64_t C, int64_t H);
 
-/// Squared ReLU (Nemotron-H MLP): out = max(x, 0)², n elements.
+/// Squared ReLU (Nemotron-H MLP), n elements FP32: out = r·r with r = x > 0 ? x : 0
+/// (NaN → 0). backward: dx += dout·(2·r).
 void squared_relu_forward(float* out, const float* x, int64_t n);
 void squared_relu_backward(float* dx, const float* dout, const float* x, int64_t n);
 
-/// SwiGLU: x is [BT, 2F] = [gate | up]; out [BT, F] = silu(gate) ⊙ up.
+/// SwiGLU: x is [BT, 2F] = [gate | up] FP32; out [BT, F] = (g·σ)·u with σ = 1 / (1 + e),
+/// e = exp(−g) (detail::exp_ref's algorithm).
 void swiglu_forward(float* out, const float* x, int64_t BT, int64_t F);
+/// SwiGLU backward, accumulating into dx [BT, 2F]: dgate += (d·u)·(σ·(1 + g·(1 − σ))),
+/// dup += d·(g·σ). dout [BT, F].
 void swiglu_backward(float* dx, const float* dout, const float* x, int64_t BT, int64_t F);
 
-/// Mean softmax cross-entropy over BT rows of logits [BT, V] with targets in [0, V).
-/// Returns the mean loss (nats) and writes per-row losses to `losses` (may be null).
-/// Throws std::out_of_range on a target outside [0, V) (also in backward).
+/// Mean softmax cross-entropy over BT rows of logits [BT, V] FP32 with targets in [0, V).
+/// Per row: m = max of the row (then m + 0, so −0 becomes +0); sum = canonical sum over v of
+/// exp(z[v] − m); loss = double(m) + log(sum) − double(z[target]) (nats, double). Returns
+/// the mean loss (a double sum over rows in row order, divided by BT; 0 if BT ≤ 0) and
+/// writes float(loss) per row to `losses` (may be null). Logits may be −inf (as long as the
+/// row max is finite); a NaN logit gives an unspecified result. Throws std::out_of_range on
+/// a target outside [0, V) (also in backward).
 double cross_entropy_forward(float* losses, const float* logits, const int32_t* targets,
                              int64_t BT, int64_t V);
 /// dlogits[BT, V] = (softmax(logits) − onehot(target)) · scale (overwrites, not accumulate;
-/// scale is usually 1/BT).
+/// scale is usually 1/BT). Per row: e[v] = exp(z[v] − m) (m as forward), sum = canonical
+/// sum of e, inv = float(1 / sum) in double; dz[v] = (e[v]·inv)·scale, and
+/// dz[target] = (e[target]·inv − 1)·scale. dlogits may not alias logits.
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             int64_t BT, int64_t V, float scale);
+
+/// Residual add x[i] += r[i] for i < n (FP32, elementwise; x and r may not overlap unless
+/// equal).
+void residual_add(float* x, const float* r, int64_t n);
 
 namespace detail {
 /// Attention micro-kernel variants. kScalarTwin is the baseline x86-64 build of the same
@@ -91,6 +134,58 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
                             const float* dout, const float* q, const float* k,
                             const float* v, const float* att, int64_t B, int64_t T, int64_t C,
                             int64_t H);
+
+/// Scalar twins of the kernels above (same contracts, same exceptions with the _ref name):
+/// plain loops, no vectors, no threads, exactly the FP32/FP64 operations of the fast
+/// kernels in the same order (see each kernel's docstring and "Canonical sum" above), so
+/// the fast kernels must match them bit for bit. rope_*_ref rebuild the cos/sin table on
+/// every call (no cache).
+void rmsnorm_forward_ref(float* out, float* rstd, const float* x, const float* weight,
+                         int64_t BT, int64_t C, float eps);
+void rmsnorm_backward_ref(float* dx, float* dweight, const float* dout, const float* x,
+                          const float* weight, const float* rstd, int64_t BT, int64_t C);
+void rope_forward_ref(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
+void rope_backward_ref(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
+void squared_relu_forward_ref(float* out, const float* x, int64_t n);
+void squared_relu_backward_ref(float* dx, const float* dout, const float* x, int64_t n);
+void swiglu_forward_ref(float* out, const float* x, int64_t BT, int64_t F);
+void swiglu_backward_ref(float* dx, const float* dout, const float* x, int64_t BT, int64_t F);
+double cross_entropy_forward_ref(float* losses, const float* logits, const int32_t* targets,
+                                 int64_t BT, int64_t V);
+void cross_entropy_backward_ref(float* dlogits, const float* logits, const int32_t* targets,
+                                int64_t BT, int64_t V, float scale);
+void residual_add_ref(float* x, const float* r, int64_t n);
+
+/// The project's FP32 exp (scalar): range reduction k = round(x·log2e) (magic-constant add),
+/// r = (x − k·ln2_hi) − k·ln2_lo, degree-5 polynomial (Cephes expf coefficients) evaluated
+/// with separate multiplies and adds, y = ((p·r² + r) + 1)·2^⌊k/2⌋·2^(k−⌊k/2⌋). Special cases:
+/// x > 88.7228317 → +inf, x < −104 (and −inf) → +0, NaN → NaN; results below 2^−126 are
+/// subnormal (rounded once). The exact operation list is in src/nn/layers_internal.h.
+float exp_ref(float x);
+/// out[i] = exp_ref(x[i]) for i < n, computed by the vector exp of the current SIMD target
+/// (for tests: it must equal exp_ref bit for bit). Single-threaded.
+void exp_fast(float* out, const float* x, int64_t n);
+
+/// Coefficients of one AdamW update (all FP32, computed by AdamW::step):
+/// b1, b2 = β1, β2; omb1 = 1 − b1, omb2 = 1 − b2 (FP32 subtractions); bc1 = 1 − β1^t,
+/// bc2 = 1 − β2^t (double, rounded); lr; eps; wd (0 for parameters without decay).
+struct AdamWCoeffs {
+  float b1, b2, omb1, omb2, bc1, bc2, lr, eps, wd;
+};
+/// AdamW update of n parameters w with gradients g and moments m, v (all FP32 [n]):
+/// m = b1·m + omb1·g; v = b2·v + (omb2·g)·g; mh = m / bc1; vh = v / bc2;
+/// w = w − lr·(mh / (sqrt(vh) + eps) + wd·w). Elementwise; threaded over fixed chunks.
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n,
+                  const AdamWCoeffs& k);
+void adamw_update_ref(float* w, const float* g, float* m, float* v, int64_t n,
+                      const AdamWCoeffs& k);
+/// Canonical sum (see top of file) of g[i]·g[i] (FP32 squares) for i < n, as a double.
+/// Threaded over superchunks. A |g| above ~1.8e19 makes its square, and the result, +inf.
+double sum_squares(const float* g, int64_t n);
+double sum_squares_ref(const float* g, int64_t n);
+/// g[i] = g[i]·s for i < n (FP32).
+void scale_inplace(float* g, int64_t n, float s);
+void scale_inplace_ref(float* g, int64_t n, float s);
 }  // namespace detail
 
 }  // namespace fp4::nn
