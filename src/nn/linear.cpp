@@ -1,9 +1,11 @@
-// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md, decoded-operand FP32 GEMMs.
+// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md: decoded-operand FP32 GEMMs (FP4),
+// native BF16 GEMMs (BF16 mode), FP32 GEMMs (FP32).
 #include "fp4/nn/linear.h"
 
 #include <algorithm>
 #include <stdexcept>
 
+#include "fp4/bf16.h"
 #include "fp4/gemm.h"
 #include "fp4/hadamard.h"
 #include "fp4/probe_gemm.h"
@@ -21,10 +23,6 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
     }
-}
-void to_bf16(const float* in, int64_t n, float* out) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(in[i]);
 }
 // c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (NUMERICS.md "GEMM emulation"): A [ra, k] and
 // B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
@@ -99,11 +97,8 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                   float g, const SrKey* key, float* out) const {
-  if (mode_ == LinearMode::BF16)
-    to_bf16(src, rows * cols, out);
-  else
-    quantize_dequantize_fast(src, rows, cols, spec, g,
-                             spec.rounding == Rounding::SR8 ? key : nullptr, out);
+  quantize_dequantize_fast(src, rows, cols, spec, g,
+                           spec.rounding == Rounding::SR8 ? key : nullptr, out);
 }
 
 void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
@@ -116,6 +111,14 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
   if (!quantized_) {
     sgemm(false, true, M, N_, K_, 1.f, X, K_, W_, K_, 0.f, Y, N_);
+    return;
+  }
+  if (mode_ == LinearMode::BF16) {  // BF16 operands (RNE), FP32 accumulate; kept for backward
+    xb_.resize(M * K_);
+    wb_.resize(N_ * K_);
+    to_bf16_bits(X, M * K_, xb_.data());
+    to_bf16_bits(W_, N_ * K_, wb_.data());
+    gemm_bf16(false, true, M, N_, K_, xb_.data(), K_, wb_.data(), K_, false, Y, N_);
     return;
   }
   xq_.resize(M * K_);
@@ -149,13 +152,14 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     sgemm(true, false, N_, K_, M, 1.f, dY, N_, X_, K_, 1.f, dW_, K_);
     return;
   }
-  dyq_.resize(M * N_);
-  if (mode_ == LinearMode::BF16) {
-    to_bf16(dY, M * N_, dyq_.data());
-    if (dX) sgemm(false, false, M, K_, N_, 1.f, dyq_.data(), N_, wq_.data(), K_, 1.f, dX, K_);
-    sgemm(true, false, N_, K_, M, 1.f, dyq_.data(), N_, xq_.data(), K_, 1.f, dW_, K_);
+  if (mode_ == LinearMode::BF16) {  // the fprop BF16 X and W, dY rounded to BF16 (RNE)
+    dyb_.resize(M * N_);
+    to_bf16_bits(dY, M * N_, dyb_.data());
+    if (dX) gemm_bf16(false, false, M, K_, N_, dyb_.data(), N_, wb_.data(), K_, true, dX, K_);
+    gemm_bf16(true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
+  dyq_.resize(M * N_);
   // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
   if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
     throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
