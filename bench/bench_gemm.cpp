@@ -8,6 +8,13 @@
 //   BM_ProbeVsSgemm     both measured alternately in one loop (robust on a shared, noisy
 //                       machine): counters sgemm_GFLOPs, probe_GFLOPs and ratio = probe time /
 //                       sgemm time
+//   BM_GemmBf16         fp4::gemm_bf16 (native BF16 operands, FP32 accumulate), C = A·Bᵀ or,
+//                       with ta = 1, C [M, N] = Aᵀ·B (wgrad-like, A stored [K, M], B [K, N])
+//   BM_Bf16VsSgemm      fp4::gemm_bf16 and fp4::sgemm on the same (BF16-valued) operands,
+//                       alternately in one loop: counters bf16_GFLOPs, sgemm_GFLOPs and
+//                       speedup = sgemm time / gemm_bf16 time. Shapes (M, N, K, ta):
+//                       4096×1024×1024 (fprop-like), 4096×128×1024 (skinny N) and
+//                       1024×1024×4096 with ta = 1 (wgrad-like: long contraction).
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -21,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fp4/bf16.h"
 #include "fp4/block_quant.h"
 #include "fp4/gemm.h"
 #include "fp4/probe_gemm.h"
@@ -127,6 +135,85 @@ void BM_ProbeVsSgemm(benchmark::State& st) {
   st.counters["ratio"] = tp / ts;
 }
 
+// BF16 operands (bit patterns, and the same values as FP32 for sgemm), built once per shape.
+struct Bf16Problem {
+  int64_t M, N, K;
+  bool ta;
+  std::vector<uint16_t> a, b;
+  std::vector<float> fa, fb, c;
+  int64_t lda() const { return ta ? M : K; }
+  int64_t ldb() const { return ta ? N : K; }  // ta: B [K, N]; else B [N, K] (transposed)
+};
+Bf16Problem& bf16_problem(int64_t M, int64_t N, int64_t K, bool ta) {
+  static std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<Bf16Problem>> cache;
+  auto& p = cache[{M, N, K, ta}];
+  if (!p) {
+    p = std::make_unique<Bf16Problem>();
+    *p = Bf16Problem{M, N, K, ta, {}, {}, {}, {}, {}};
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    p->fa.resize(static_cast<size_t>(M * K));
+    p->fb.resize(static_cast<size_t>(N * K));
+    for (float& v : p->fa) v = nd(rng);
+    for (float& v : p->fb) v = nd(rng);
+    p->a.resize(p->fa.size());
+    p->b.resize(p->fb.size());
+    fp4::to_bf16_bits(p->fa.data(), M * K, p->a.data());
+    fp4::to_bf16_bits(p->fb.data(), N * K, p->b.data());
+    for (size_t i = 0; i < p->a.size(); ++i) p->fa[i] = fp4::bf16_value(p->a[i]);
+    for (size_t i = 0; i < p->b.size(); ++i) p->fb[i] = fp4::bf16_value(p->b[i]);
+    p->c.resize(static_cast<size_t>(M * N));
+  }
+  return *p;
+}
+void run_bf16(Bf16Problem& p) {
+  fp4::gemm_bf16(p.ta, !p.ta, p.M, p.N, p.K, p.a.data(), p.lda(), p.b.data(), p.ldb(), false,
+                 p.c.data(), p.N);
+}
+void run_sgemm_bf16_values(Bf16Problem& p) {
+  fp4::sgemm(p.ta, !p.ta, p.M, p.N, p.K, 1.0f, p.fa.data(), p.lda(), p.fb.data(), p.ldb(), 0.0f,
+             p.c.data(), p.N);
+}
+
+void BM_GemmBf16(benchmark::State& st) {
+  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+  for (auto _ : st) {
+    run_bf16(p);
+    benchmark::ClobberMemory();
+  }
+  st.SetLabel(fp4::gemm_bf16_impl(p.ta, !p.ta, p.M, p.N, p.K, p.lda(), p.ldb(), p.N, false));
+  st.counters["GFLOP/s"] = benchmark::Counter(2e-9 * double(p.M) * double(p.N) * double(p.K),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Bf16VsSgemm(benchmark::State& st) {
+  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+  using clock = std::chrono::steady_clock;
+  double tb = 0.0, ts = 0.0;
+  int64_t n = 0;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    run_bf16(p);
+    benchmark::ClobberMemory();
+    const auto t1 = clock::now();
+    run_sgemm_bf16_values(p);
+    benchmark::ClobberMemory();
+    const auto t2 = clock::now();
+    tb += std::chrono::duration<double>(t1 - t0).count();
+    ts += std::chrono::duration<double>(t2 - t1).count();
+    ++n;
+  }
+  const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
+  st.counters["bf16_GFLOPs"] = flop / tb * 1e-9;
+  st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
+  st.counters["speedup"] = ts / tb;
+}
+
+void bf16_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({4096, 1024, 1024, 0})->Args({4096, 128, 1024, 0})->Args({1024, 1024, 4096, 1});
+  b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({512, 512, 512})->Args({4096, 256, 256})->ArgNames({"M", "N", "K"});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -137,6 +224,8 @@ BENCHMARK(BM_DecodedGemm)->Apply(shapes);
 BENCHMARK(BM_ProbeGemm)->Apply(shapes);
 BENCHMARK(BM_ProbeGemmPortable)->Apply(shapes);
 BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
+BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
+BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
 
 }  // namespace
 

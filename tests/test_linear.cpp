@@ -202,6 +202,56 @@ TEST(Linear, Fp32GradientsMatchFiniteDifferences) {
     }
 }
 
+// BF16 mode backward is the gradient of the BF16-rounded forward (a straight-through estimator
+// of the rounding): dX = bf(dY)·bf(W), dW = bf(dY)ᵀ·bf(X). Y = bf(X)·bf(W)ᵀ is linear in
+// bf(X_ik), so a central difference with step h gives exactly g·(bf(x+h) − bf(x−h))/(2h),
+// g = Σ_j R_ij·bf(W)_jk; |bf(x±h) − (x±h)| ≤ 2^-9·|x±h| bounds the slope error by
+// 2^-8·(|x| + h)/(2h)·|g|. The backward rounds R (= dY) to BF16 too: another 2^-9·Σ|R||bf(W)|.
+// Tolerance: those two plus FP32 summation, from G = Σ_j |R_ij|·|bf(W)_jk| (and likewise for W).
+TEST(Linear, Bf16GradientsMatchFiniteDifferencesOfTheRoundedForward) {
+  const int64_t M = 6, K = 7, N = 5;
+  Recipe r;
+  r.mode = LinearMode::BF16;
+  auto X = randn(M * K, 17), W = randn(N * K, 18), R = randn(M * N, 19);
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+  nn::Linear lin(0, K, N, LinearMode::BF16, r);
+  lin.bind(W.data(), dW.data());
+  nn::StepContext ctx;
+  auto loss = [&] {  // L = Σ Y ⊙ R, in double
+    lin.forward(X.data(), Y.data(), M, ctx);
+    double s = 0;
+    for (int64_t i = 0; i < M * N; ++i) s += double(Y[i]) * R[i];
+    return s;
+  };
+  loss();
+  lin.backward(R.data(), dX.data(), M, ctx);
+  const float h = 0.25f;
+  auto bf = [](float x) { return double(round_bf16(x)); };
+  auto check = [&](std::vector<float>& v, const std::vector<float>& g, bool is_x) {
+    for (size_t idx = 0; idx < v.size(); ++idx) {
+      // G = Σ |R|·|bf(other operand)| over the contraction of this element's gradient.
+      double G = 0;
+      if (is_x) {
+        const int64_t i = int64_t(idx) / K, k = int64_t(idx) % K;
+        for (int64_t j = 0; j < N; ++j) G += std::fabs(R[i * N + j] * bf(W[j * K + k]));
+      } else {
+        const int64_t j = int64_t(idx) / K, k = int64_t(idx) % K;
+        for (int64_t i = 0; i < M; ++i) G += std::fabs(R[i * N + j] * bf(X[i * K + k]));
+      }
+      const float s = v[idx];
+      v[idx] = s + h;
+      const double lp = loss();
+      v[idx] = s - h;
+      const double lm = loss();
+      v[idx] = s;
+      const double tol = (0x1p-8 * (std::fabs(s) + h) / (2 * h) + 0x1p-9 + 0x1p-20) * G + 1e-12;
+      EXPECT_NEAR((lp - lm) / (2 * h), g[idx], tol) << (is_x ? "dX " : "dW ") << idx;
+    }
+  };
+  check(X, dX, true);
+  check(W, dW, false);
+}
+
 TEST(Linear, HeldReferenceRefreshesEvery50StepsInsideTheLayer) {
   const int64_t M = 16, K = 16, N = 16;
   Recipe r = fp4_recipe(ScaleFormat::UE5M3, false, true, 50);

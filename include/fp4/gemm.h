@@ -1,4 +1,4 @@
-// FP32 GEMM backend (oneDNN). Deterministic: the result does not depend on the thread count.
+// FP32 and BF16 GEMM backends (oneDNN). Deterministic: results do not depend on the thread count.
 #pragma once
 #include <cstdint>
 
@@ -12,6 +12,41 @@ namespace fp4 {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc);
+
+/// Row-major FP32 C[M,N] = op(A)·op(B) (accumulate == false) or C[M,N] += op(A)·op(B)
+/// (accumulate == true), with A and B given as BF16 bit patterns (fp4/bf16.h: bf16_bits):
+/// op(A) = A [M,K] (trans_a == false, row stride lda ≥ K) or Aᵀ with A stored [K,M] (row
+/// stride lda ≥ M); op(B) = B [K,N] (trans_b == false, ldb ≥ N) or Bᵀ with B stored [N,K]
+/// (ldb ≥ K); C has row stride ldc ≥ N; strides in elements. C must not overlap A or B.
+///
+/// Numerics (shared/NUMERICS.md recipe `bf16`: BF16 operands, FP32 accumulate): each product
+/// of two BF16 values is exact in FP32; the products (and, with accumulate, the old C, via
+/// oneDNN's sum post-op) are summed in FP32 in an order fixed by oneDNN's kernel. So
+/// |C − exact| ≤ γ_(K+1)·(Σ_k |a_ik·b_kj| + |C_old|), γ_n = n·2^-24/(1 − n·2^-24).
+/// Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
+/// subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM").
+/// NaN/Inf propagate as in IEEE arithmetic.
+///
+/// Engine: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
+/// to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes expressed as memory-descriptor
+/// strides (no copies on our side), one primitive per distinct output tile shape, cached
+/// process-wide (thread-safe) by (tile shape, K, transposes, strides, accumulate), created
+/// with oneDNN's thread count forced to 1.
+/// Determinism: C is cut into fixed tiles (never derived from the thread count) run in an
+/// OpenMP loop; each tile is one single-threaded primitive execution over the full K, so
+/// every element's summation order is the same for any thread count (same CPU ISA).
+/// M, N ≤ 0: nothing. K == 0: C = 0, or C unchanged with accumulate.
+/// Throws std::invalid_argument on negative K, a null pointer with M, N > 0 (A, B only when
+/// K > 0) or a stride below the minimum; std::runtime_error if oneDNN reports an error.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
+               int64_t ldc);
+
+/// oneDNN's implementation name (e.g. "brg:avx512_core_bf16_amx_bf16") of the primitive that
+/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it. For
+/// benchmarks, tests and logs. Throws as gemm_bf16 (M, N, K must be positive).
+const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           int64_t lda, int64_t ldb, int64_t ldc, bool accumulate);
 
 /// Naive reference of sgemm accumulating in double, for tests.
 void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -1,12 +1,19 @@
-// FP32 GEMM backend over oneDNN's sgemm, made thread-count independent by fixed tiling.
+// FP32 GEMM backend over oneDNN's sgemm and BF16 GEMM backend over oneDNN's matmul
+// primitive, both made thread-count independent by fixed output tiling.
 #include "fp4/gemm.h"
 
 #include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fp4 {
 namespace {
@@ -49,6 +56,254 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     throw std::runtime_error("oneDNN sgemm failed with status " + std::to_string(first_error) +
                              " (M=" + std::to_string(M) + ", N=" + std::to_string(N) +
                              ", K=" + std::to_string(K) + ")");
+}
+
+// ------------------------------------------------------------------------------------------
+// BF16 GEMM (oneDNN matmul).
+//
+// Why the bits do not depend on the thread count:
+//  * The output is cut into tiles of kBf16TileM × kBf16TileN (constants), so the set of tile
+//    problems is a function of (M, N) only.
+//  * Each tile is one primitive execution over the full K. Its primitive is created with
+//    OpenMP's nthreads ICV set to 1 on the creating thread, so oneDNN's configuration
+//    (blocking, and in particular any split of K across threads, which would change the
+//    summation order) is the single-thread one whatever OMP_NUM_THREADS says. oneDNN 2.6
+//    takes the thread count at creation from omp_get_max_threads() (dnnl_get_max_threads /
+//    dnnl_get_current_num_threads in src/common/dnnl_thread.hpp).
+//  * The tile executions run inside our OpenMP loop. oneDNN's parallel() runs its work
+//    sequentially in the calling thread when omp_in_parallel() is true or when its thread
+//    count is 1 (adjust_num_threads), so every tile is computed by one thread with the
+//    configuration above. tests/test_gemm.cpp checks 1, 2 and 3 threads bit for bit.
+//  * The scratchpad is user-managed (one buffer per OpenMP thread), so concurrent executions
+//    of one primitive share no memory.
+namespace {
+constexpr int64_t kBf16TileM = 256;
+constexpr int64_t kBf16TileN = 512;
+// oneDNN implementation used for every tile: its BF16 GEMM ("gemm:jit", AVX512_BF16 dot
+// products). oneDNN 2.6 offers its AMX brgemm matmul only when all three tile matrices are
+// dense, i.e. for some tile shapes and strides and not others; pinning one implementation keeps
+// the numerics (summation order, subnormal handling) the same for every shape and stride.
+// On a CPU without it, the first implementation oneDNN offers is used.
+constexpr const char* kBf16Impl = "gemm:jit";
+
+void check(dnnl_status_t st, const char* what) {
+  if (st != dnnl_success)
+    throw std::runtime_error(std::string("oneDNN ") + what + " failed with status " +
+                             std::to_string(int(st)) + " (fp4::gemm_bf16)");
+}
+
+dnnl_engine_t bf16_engine() {
+  static dnnl_engine_t eng = [] {
+    dnnl_engine_t e = nullptr;
+    check(dnnl_engine_create(&e, dnnl_cpu, 0), "engine creation");
+    return e;
+  }();
+  return eng;
+}
+
+// One matmul primitive for an [mb, nb] tile over K with the given transposes and strides.
+struct Bf16Prim {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_desc_t a_md{}, b_md{}, c_md{}, scratch_md{};
+  size_t scratch_bytes = 0;
+  std::string impl;
+  ~Bf16Prim() {
+    if (prim) dnnl_primitive_destroy(prim);
+  }
+};
+
+using Bf16Key = std::array<int64_t, 9>;  // mb, nb, K, ta, tb, lda, ldb, ldc, accumulate
+
+// Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
+// count), restoring it after.
+struct OneThreadScope {
+  int saved = omp_get_max_threads();
+  OneThreadScope() { omp_set_num_threads(1); }
+  ~OneThreadScope() { omp_set_num_threads(saved); }
+};
+
+std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
+  const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
+  const bool ta = k[3], tb = k[4], acc = k[8];
+  auto p = std::make_unique<Bf16Prim>();
+  const dnnl_dims_t a_dims = {mb, K}, b_dims = {K, nb}, c_dims = {mb, nb};
+  const dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1};
+  const dnnl_dims_t b_str = {tb ? 1 : ldb, tb ? ldb : 1};
+  const dnnl_dims_t c_str = {ldc, 1};
+  check(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "A desc");
+  check(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "B desc");
+  check(dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str), "C desc");
+  dnnl_matmul_desc_t md;
+  check(dnnl_matmul_desc_init(&md, &p->a_md, &p->b_md, nullptr, &p->c_md), "matmul desc");
+  dnnl_primitive_attr_t attr = nullptr;
+  check(dnnl_primitive_attr_create(&attr), "attr creation");
+  dnnl_post_ops_t po = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_status_t st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (st == dnnl_success && acc) {
+    st = dnnl_post_ops_create(&po);
+    if (st == dnnl_success) st = dnnl_post_ops_append_sum(po, 1.f);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
+  }
+  if (st == dnnl_success) {
+    OneThreadScope one;
+    dnnl_primitive_desc_iterator_t it = nullptr;
+    st = dnnl_primitive_desc_iterator_create(&it, &md, attr, bf16_engine(), nullptr);
+    for (dnnl_status_t more = st; more == dnnl_success;
+         more = dnnl_primitive_desc_iterator_next(it)) {
+      dnnl_primitive_desc_t cand = dnnl_primitive_desc_iterator_fetch(it);
+      if (!cand) continue;
+      const char* name = nullptr;
+      dnnl_primitive_desc_query(cand, dnnl_query_impl_info_str, 0, &name);
+      const bool wanted = name && std::strcmp(name, kBf16Impl) == 0;
+      if (!pd || wanted) {
+        if (pd) dnnl_primitive_desc_destroy(pd);
+        pd = cand;
+        if (wanted) break;
+      } else {
+        dnnl_primitive_desc_destroy(cand);
+      }
+    }
+    if (it) dnnl_primitive_desc_iterator_destroy(it);
+    if (st == dnnl_success && !pd) st = dnnl_unimplemented;
+  }
+  if (po) dnnl_post_ops_destroy(po);
+  dnnl_primitive_attr_destroy(attr);
+  check(st, "matmul primitive descriptor creation");
+  const char* impl = nullptr;
+  dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+  p->impl = impl ? impl : "?";
+  const dnnl_memory_desc_t* smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  if (smd) {
+    p->scratch_md = *smd;
+    p->scratch_bytes = dnnl_memory_desc_get_size(smd);
+  }
+  {
+    OneThreadScope one;
+    st = dnnl_primitive_create(&p->prim, pd);
+  }
+  dnnl_primitive_desc_destroy(pd);
+  check(st, "matmul primitive creation");
+  return p;
+}
+
+// Process-wide cache; entries are never removed, so returned pointers stay valid.
+const Bf16Prim& bf16_prim(const Bf16Key& k) {
+  static std::mutex mu;
+  static std::map<Bf16Key, std::unique_ptr<Bf16Prim>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[k];
+  if (!slot) slot = make_bf16_prim(k);
+  return *slot;
+}
+
+// Per-thread execution state: a stream and the scratchpad buffer.
+struct Bf16Thread {
+  dnnl_stream_t stream = nullptr;
+  std::vector<unsigned char> scratch;
+  Bf16Thread() { check(dnnl_stream_create(&stream, bf16_engine(), dnnl_stream_default_flags),
+                       "stream creation"); }
+  ~Bf16Thread() {
+    if (stream) dnnl_stream_destroy(stream);
+  }
+};
+
+// Runs one tile; returns the first failing status (dnnl_success if none).
+dnnl_status_t run_bf16_tile(const Bf16Prim& p, const void* a, const void* b, float* c) {
+  thread_local Bf16Thread t;
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
+  dnnl_status_t st = dnnl_memory_create(&ma, &p.a_md, bf16_engine(), const_cast<void*>(a));
+  if (st == dnnl_success) st = dnnl_memory_create(&mb, &p.b_md, bf16_engine(), const_cast<void*>(b));
+  if (st == dnnl_success) st = dnnl_memory_create(&mc, &p.c_md, bf16_engine(), c);
+  int nargs = 3;
+  if (st == dnnl_success && p.scratch_bytes > 0) {
+    if (t.scratch.size() < p.scratch_bytes) t.scratch.resize(p.scratch_bytes);
+    st = dnnl_memory_create(&ms, &p.scratch_md, bf16_engine(), t.scratch.data());
+    nargs = 4;
+  }
+  if (st == dnnl_success) {
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb},
+                                     {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+    st = dnnl_primitive_execute(p.prim, t.stream, nargs, args);
+    if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
+  }
+  for (dnnl_memory_t m : {ma, mb, mc, ms})
+    if (m) dnnl_memory_destroy(m);
+  return st;
+}
+
+void check_bf16_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                     const float* C, int64_t ldc) {
+  auto bad = [&](const std::string& what) {
+    throw std::invalid_argument("fp4::gemm_bf16: " + what + " (M=" + std::to_string(M) +
+                                ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+  };
+  if (K < 0) bad("negative K");
+  if (!C) bad("C is null");
+  if (ldc < N) bad("ldc = " + std::to_string(ldc) + " < N");
+  if (K == 0) return;
+  if (!A || !B) bad("A or B is null");
+  const int64_t min_lda = trans_a ? M : K, min_ldb = trans_b ? K : N;
+  if (lda < min_lda) bad("lda = " + std::to_string(lda) + " < " + std::to_string(min_lda));
+  if (ldb < min_ldb) bad("ldb = " + std::to_string(ldb) + " < " + std::to_string(min_ldb));
+}
+
+Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t lda, int64_t ldb,
+                 int64_t ldc, bool acc) {
+  return {mb, nb, K, ta, tb, lda, ldb, ldc, acc};
+}
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
+               int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  check_bf16_args(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
+    return;
+  }
+  const int64_t tm = (M + kBf16TileM - 1) / kBf16TileM, tn = (N + kBf16TileN - 1) / kBf16TileN;
+  // At most four tile shapes (full, ragged M, ragged N, both): create them here, serially.
+  const int64_t rm = M - (tm - 1) * kBf16TileM, rn = N - (tn - 1) * kBf16TileN;
+  const Bf16Prim* prims[2][2];  // [last row of tiles][last column of tiles]
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
+                                        j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
+                                        accumulate));
+  const int64_t tiles = tm * tn;
+  int failures = 0;
+  dnnl_status_t first_error = dnnl_success;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t ti = t / tn, tj = t % tn;
+    const int64_t i0 = ti * kBf16TileM, j0 = tj * kBf16TileN;
+    const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
+    const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
+    const dnnl_status_t st =
+        run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], a, b, C + i0 * ldc + j0);
+    if (st != dnnl_success) {
+      ++failures;
+#pragma omp critical
+      first_error = st;
+    }
+  }
+  if (failures)
+    throw std::runtime_error("oneDNN BF16 matmul failed with status " +
+                             std::to_string(first_error) + " (M=" + std::to_string(M) +
+                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+}
+
+const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0 || K <= 0)
+    throw std::invalid_argument("fp4::gemm_bf16_impl: M, N and K must be positive");
+  return bf16_prim(bf16_key(trans_a, trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N),
+                            K, lda, ldb, ldc, accumulate))
+      .impl.c_str();
 }
 
 void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -1,9 +1,11 @@
-// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md, decoded-operand FP32 GEMMs.
+// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md: decoded-operand FP32 GEMMs (FP4),
+// native BF16 GEMMs (BF16 mode), FP32 GEMMs (FP32).
 #include "fp4/nn/linear.h"
 
 #include <algorithm>
 #include <stdexcept>
 
+#include "fp4/bf16.h"
 #include "fp4/gemm.h"
 #include "fp4/hadamard.h"
 #include "fp4/probe_gemm.h"
@@ -22,6 +24,15 @@ void timed_sgemm(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
   prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
   sgemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, beta, C, ldc);
 }
+
+// fp4::gemm_bf16 timed and credited likewise.
+void timed_gemm_bf16(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                     int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
+                     int64_t ldc) {
+  Scope s(c);
+  prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
+  gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
+}
 // out [cols, rows] = inᵀ for in [rows, cols]; cache-blocked, any thread count gives the same bits.
 void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
   constexpr int64_t B = 32;
@@ -32,10 +43,6 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
       for (int64_t i = i0; i < i1; ++i)
         for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
     }
-}
-void to_bf16(const float* in, int64_t n, float* out) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(in[i]);
 }
 // c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (NUMERICS.md "GEMM emulation"): A [ra, k] and
 // B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
@@ -79,7 +86,9 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Re
 int64_t Linear::scratch_bytes() const {
   int64_t n = 0;
   for (const AlignedFloats* b : {&xq_, &wq_, &wqd_, &dyq_, &t0_, &t1_}) n += int64_t(b->capacity());
-  return n * int64_t(sizeof(float));
+  n *= int64_t(sizeof(float));
+  for (const auto* b : {&xb_, &wb_, &dyb_}) n += int64_t(b->capacity() * sizeof(uint16_t));
+  return n;
 }
 
 void Linear::reset_inference(int replay_interval) {
@@ -117,12 +126,9 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                   float g, const SrKey* key, float* out) const {
-  Scope s(mode_ == LinearMode::BF16 ? Cat::kQuantBf16 : Cat::kQuantRow);
-  if (mode_ == LinearMode::BF16)
-    to_bf16(src, rows * cols, out);
-  else
-    quantize_dequantize_fast(src, rows, cols, spec, g,
-                             spec.rounding == Rounding::SR8 ? key : nullptr, out);
+  Scope s(Cat::kQuantRow);
+  quantize_dequantize_fast(src, rows, cols, spec, g,
+                           spec.rounding == Rounding::SR8 ? key : nullptr, out);
 }
 
 void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
@@ -135,6 +141,17 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
   if (!quantized_) {
     timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, X, K_, W_, K_, 0.f, Y, N_);
+    return;
+  }
+  if (mode_ == LinearMode::BF16) {  // BF16 operands (RNE), FP32 accumulate; kept for backward
+    xb_.resize(M * K_);
+    wb_.resize(N_ * K_);
+    {
+      Scope s(Cat::kQuantBf16);
+      to_bf16_bits(X, M * K_, xb_.data());
+      to_bf16_bits(W_, N_ * K_, wb_.data());
+    }
+    timed_gemm_bf16(Cat::kGemmFprop, false, true, M, N_, K_, xb_.data(), K_, wb_.data(), K_, false, Y, N_);
     return;
   }
   xq_.resize(M * K_);
@@ -171,17 +188,17 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     timed_sgemm(Cat::kGemmWgrad, true, false, N_, K_, M, dY, N_, X_, K_, 1.f, dW_, K_);
     return;
   }
-  dyq_.resize(M * N_);
-  if (mode_ == LinearMode::BF16) {
+  if (mode_ == LinearMode::BF16) {  // the fprop BF16 X and W, dY rounded to BF16 (RNE)
+    dyb_.resize(M * N_);
     {
       Scope s(Cat::kQuantBf16);
-      to_bf16(dY, M * N_, dyq_.data());
+      to_bf16_bits(dY, M * N_, dyb_.data());
     }
-    if (dX)
-      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq_.data(), N_, wq_.data(), K_, 1.f, dX, K_);
-    timed_sgemm(Cat::kGemmWgrad, true, false, N_, K_, M, dyq_.data(), N_, xq_.data(), K_, 1.f, dW_, K_);
+    if (dX) timed_gemm_bf16(Cat::kGemmDgrad, false, false, M, K_, N_, dyb_.data(), N_, wb_.data(), K_, true, dX, K_);
+    timed_gemm_bf16(Cat::kGemmWgrad, true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
+  dyq_.resize(M * N_);
   // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
   if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
     throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +

@@ -132,7 +132,7 @@ class Linear {
   int64_t scratch_bytes() const;
 
  private:
-  // Quantize a [rows, cols] operand into `out` per this layer's mode.
+  // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
@@ -154,6 +154,8 @@ class Linear {
   LinearRefs refs_;
   LinearTelemetry tel_;
   AlignedFloats xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
+  // BF16 mode: X, W (from fprop, reused by backward) and dY as BF16 bit patterns.
+  std::vector<uint16_t, Aligned64<uint16_t>> xb_, wb_, dyb_;
 };
 
 }  // namespace fp4::nn
