@@ -53,8 +53,11 @@ TEST(Profile, ScopesAreExclusiveAndAddUp) {
   busy_ms(5);  // outside every scope: "other"
   const prof::Totals t = prof::totals();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_NEAR(t.seconds[int(Cat::kNorm)], 0.030, 0.010);
-  EXPECT_NEAR(t.seconds[int(Cat::kGemmFprop)], 0.030, 0.010);
+  // Lower bounds only: a preempted thread (a loaded machine) makes any region longer. That
+  // the nested time is not also charged to the outer region is the sum check below (an
+  // inclusive kNorm would push the sum ≥ 30 ms past the wall time).
+  EXPECT_GE(t.seconds[int(Cat::kNorm)], 0.030);
+  EXPECT_GE(t.seconds[int(Cat::kGemmFprop)], 0.030);
   EXPECT_GE(t.seconds[int(Cat::kOther)], 0.005);
   EXPECT_EQ(t.calls[int(Cat::kNorm)], 1);
   EXPECT_EQ(t.calls[int(Cat::kGemmFprop)], 1);
