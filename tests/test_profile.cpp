@@ -197,7 +197,10 @@ TEST(Profile, TrainingStepBreakdown) {
     const prof::Totals t = prof::totals();
     double sum = 0;
     for (double s : t.seconds) sum += s;
-    EXPECT_NEAR(sum, wall, 0.05 * wall + 1e-3) << r;
+    // Equal but for the moments between reset() and t0 and between the step and totals()
+    // (a preemption there on a loaded machine); double counting would add whole components.
+    EXPECT_GE(sum, 0.99 * wall) << r;
+    EXPECT_LE(sum, 1.2 * wall + 0.005) << r;
     const double BT = 32, C = 32, F = 64, V = 64, L = 2;
     const double w = L * (4 * C * C + 2 * C * F) + V * C;  // weights of every GEMM
     for (Cat c : {Cat::kGemmFprop, Cat::kGemmDgrad, Cat::kGemmWgrad}) {
