@@ -367,7 +367,15 @@ TEST(CrossEntropyTwin, ForwardAndBackwardBitExact) {
         cross_entropy_backward(dz.data(), z.data(), y.data(), s.BT, s.V,
                                1.0f / static_cast<float>(s.BT));
         EXPECT_TRUE(same_bits(dz, dz_r)) << "dlogits " << what;
+        Vec inplace = z;  // the model computes the gradient over the logits themselves
+        cross_entropy_backward(inplace.data(), inplace.data(), y.data(), s.BT, s.V,
+                               1.0f / static_cast<float>(s.BT));
+        EXPECT_TRUE(same_bits(inplace, dz_r)) << "dlogits in place " << what;
       });
+      Vec inplace_r = z;
+      detail::cross_entropy_backward_ref(inplace_r.data(), inplace_r.data(), y.data(), s.BT, s.V,
+                                         1.0f / static_cast<float>(s.BT));
+      EXPECT_TRUE(same_bits(inplace_r, dz_r)) << "twin in place";
     }
 }
 

@@ -151,7 +151,7 @@ void run_profile(const ProfileArgs& a) {
               mib(mem.total() + adam).c_str());
   std::printf("  parameters %s + gradients %s + AdamW moments %s\n", mib(mem.params).c_str(),
               mib(mem.grads).c_str(), mib(adam).c_str());
-  std::printf("  activations kept for backward %s, logits and their gradient %s\n",
+  std::printf("  activations kept for backward %s, logits (their gradient in place) %s\n",
               mib(mem.activations).c_str(), mib(mem.logits).c_str());
   std::printf("  backward gradient buffers %s, Linear operand scratch %s\n",
               mib(mem.backward_scratch).c_str(), mib(mem.linear_scratch).c_str());

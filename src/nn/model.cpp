@@ -101,7 +101,6 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   lnf_.resize(BT * C);
   lnf_rstd_.resize(BT);
   logits_.resize(BT * V);
-  dbuf_.resize(BT * V);
   dln_.resize(BT * C);
   dq_.resize(BT * C);
   dk_.resize(BT * C);
@@ -141,7 +140,7 @@ Model::MemoryUse Model::memory_use() const {
   m.grads = bytes(grads_);
   for (const auto& a : acts_) m.activations += bytes(a);
   m.activations += bytes(x0_) + bytes(lnf_) + bytes(lnf_rstd_);
-  m.logits = bytes(logits_) + bytes(dbuf_);
+  m.logits = bytes(logits_);
   m.backward_scratch = bytes(dln_) + bytes(dq_) + bytes(dk_) + bytes(dv_) + bytes(datt_) +
                        bytes(dh_) + bytes(dact_) + bytes(scratch_) + bytes(xL_);
   for (const Linear& l : linears_) m.linear_scratch += l.scratch_bytes();
@@ -260,7 +259,7 @@ void Model::backward(const StepContext& ctx) {
   const float* P = params_.data();
   float* G = grads_.data();
 
-  float* dlogits = dbuf_.data();
+  float* dlogits = logits_.data();  // the gradient overwrites the logits (in place)
   {
     Scope s(Cat::kLoss);
     cross_entropy_backward(dlogits, logits_.data(), targets_.data(), BT, V, 1.f / float(BT));

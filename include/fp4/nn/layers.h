@@ -96,7 +96,8 @@ double cross_entropy_forward(float* losses, const float* logits, const int32_t* 
 /// dlogits[BT, V] = (softmax(logits) − onehot(target)) · scale (overwrites, not accumulate;
 /// scale is usually 1/BT). Per row: e[v] = exp(z[v] − m) (m as forward), sum = canonical
 /// sum of e, inv = float(1 / sum) in double; dz[v] = (e[v]·inv)·scale, and
-/// dz[target] = (e[target]·inv − 1)·scale. dlogits may not alias logits.
+/// dz[target] = (e[target]·inv − 1)·scale. dlogits may be logits (in place: every element is
+/// read before it is written, rows are independent); partial overlaps are not allowed.
 void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* targets,
                             int64_t BT, int64_t V, float scale);
 

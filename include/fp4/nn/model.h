@@ -55,6 +55,7 @@ class Model {
   std::vector<Linear>& linears() { return linears_; }  ///< (checkpoint resume)
   /// Name of linears()[i], e.g. "blocks.2.mlp.down".
   std::string linear_name(size_t i) const;
+  /// Logits [B·T, vocab] of the last forward; backward() overwrites them with their gradient.
   const float* logits() const { return logits_.data(); }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   /// Parameters excluding the token embedding and the LM head.
@@ -76,7 +77,7 @@ class Model {
     int64_t activations = 0;       ///< what backward needs from forward: per block ln1, q,
                                    ///< k, v, y, x2, ln2, h, a, x3, rstd ([BT·(8C+U+F+2)]),
                                    ///< attention probabilities [B·H·T·T]; embedding out, ln_f
-    int64_t logits = 0;            ///< logits and their gradient, 2·[BT·V]
+    int64_t logits = 0;            ///< logits [BT·V]; backward overwrites them with their gradient
     int64_t backward_scratch = 0;  ///< gradient buffers reused across blocks (dq, dk, dv,
                                    ///< dln, datt, dh, dact, dres, attention scratch [B·H·T·T])
     int64_t linear_scratch = 0;    ///< Linear::scratch_bytes() summed over every linear
@@ -104,7 +105,7 @@ class Model {
   std::vector<int64_t> off_ln1_, off_ln2_, off_lin_;  // off_lin_[6·l + j]
   // activations
   std::vector<std::vector<float>> acts_;  // per block, see model.cpp for layout
-  std::vector<float> x0_, lnf_, lnf_rstd_, xL_, logits_, dbuf_, dln_, dq_, dk_, dv_, datt_,
+  std::vector<float> x0_, lnf_, lnf_rstd_, xL_, logits_, dln_, dq_, dk_, dv_, datt_,
       dh_, dact_, scratch_;
   std::vector<int32_t> tokens_, targets_;
   int B_ = 0;
