@@ -149,7 +149,10 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
   LinearWorkspace& ws = *ws_;
   auto measure = [&]() -> float {
     if (r != Role::X || !ws.sharing || x != ws.shared_x) return amax_fast(x, n);
-    if (ws.amax.valid && ws.amax.x == x && ws.amax.n == n) return ws.amax.value;
+    if (ws.amax.valid && ws.amax.x == x && ws.amax.n == n) {
+      ++ws.reused_amax;
+      return ws.amax.value;
+    }
     const float a = amax_fast(x, n);
     ws.amax.valid = true, ws.amax.x = x, ws.amax.n = n, ws.amax.value = a;
     return a;
@@ -245,7 +248,10 @@ const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const
                      same_quantization(ws.xq.spec, sx) &&
                      std::bit_cast<uint32_t>(ws.xq.g) == std::bit_cast<uint32_t>(gx);
   float* xq = ws.row.get(M * K_);  // reuse: the same size, so the same buffer and contents
-  if (reuse) return xq;
+  if (reuse) {
+    ++ws.reused_inputs;
+    return xq;
+  }
   ws.xq.valid = false;
   prep(X, M, K_, sx, gx, &kx, xq);
   if (shareable) ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx;

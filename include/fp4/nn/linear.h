@@ -76,6 +76,8 @@ struct LinearWorkspace {
   void begin_shared_input(const float* X) { end_shared_input(); shared_x = X; }
   void end_shared_input() { shared_x = nullptr; xq.valid = false; amax.valid = false; }
   bool sharing = true;
+  /// Statistics (tests): fprop-X quantizations reused, and amax measurements reused.
+  int64_t reused_inputs = 0, reused_amax = 0;
 
   // The state of the scope (read and written by Linear only).
   const float* shared_x = nullptr;
