@@ -115,8 +115,17 @@ class TensorReference {
  public:
   /// Throws std::invalid_argument if interval < 1.
   explicit TensorReference(int interval = 1);
-  /// The reference for step t; calls `current_amax` only when refreshing.
-  float get(int64_t step, const std::function<float()>& current_amax);
+  /// The reference for step t; calls `current_amax()` (any callable returning float) only
+  /// when refreshing. A template, not std::function, so that no call allocates.
+  template <class F>
+  float get(int64_t step, F&& current_amax) {
+    if (!has_ || step - t_last_ >= interval_) {
+      g_ = current_amax();
+      t_last_ = step;
+      has_ = true;
+    }
+    return g_;
+  }
   bool has_value() const { return has_; }
   int64_t last_refresh() const { return t_last_; }
   float held() const { return g_; }

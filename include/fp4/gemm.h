@@ -53,4 +53,12 @@ void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
 
+namespace detail {
+/// True on a thread while it is inside oneDNN's primitive execution for gemm_bf16. oneDNN 2.6
+/// builds its execution-argument map on the heap there (a couple of operator new calls per
+/// tile), which the project cannot avoid; tests/test_alloc.cpp counts those separately from
+/// the project's own allocations.
+bool in_onednn_execute();
+}  // namespace detail
+
 }  // namespace fp4

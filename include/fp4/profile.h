@@ -68,6 +68,9 @@ namespace detail {
 extern bool g_enabled;
 void enter(Cat c);
 void leave();
+/// The innermost open scope's component (kOther when disabled or none is open). For
+/// diagnostics, e.g. attributing heap allocations to components (tests/test_alloc.cpp).
+Cat current();
 }  // namespace detail
 
 /// RAII region of component c (see the timing model above). Not copyable.

@@ -14,7 +14,10 @@ struct QuantStats {
                                 ///< always 0 under the MX scale rules, which have no guard)
   double zeroed_nonzeros = 0;   ///< fraction of nonzero inputs whose E2M1 value is ±0
   double rel_error = 0;         ///< ‖x − x̂‖₂ / ‖x‖₂ (0 for an all-zero x)
-  double staleness = 1;         ///< current amax / reference g (1 under current scaling)
+  double staleness = 1;         ///< current amax / reference g (1 under current scaling);
+                                ///< meaningless, and left at 1, when !has_staleness
+  bool has_staleness = true;    ///< false under the MX scale rules: no reference g is used
+                                ///< (nor measured), so there is no staleness to report
 };
 
 /// Statistics of quantizing x [rows, cols] with `spec` and reference g, exactly as

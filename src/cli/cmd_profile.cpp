@@ -153,8 +153,11 @@ void run_profile(const ProfileArgs& a) {
               mib(mem.grads).c_str(), mib(adam).c_str());
   std::printf("  activations kept for backward %s, logits (their gradient in place) %s\n",
               mib(mem.activations).c_str(), mib(mem.logits).c_str());
-  std::printf("  backward gradient buffers %s, Linear operand scratch %s\n",
-              mib(mem.backward_scratch).c_str(), mib(mem.linear_scratch).c_str());
+  std::printf("  backward gradient buffers %s, Linear operand scratch %s (kept per layer %s, "
+              "shared workspace %s)\n",
+              mib(mem.backward_scratch).c_str(),
+              mib(mem.linear_scratch + mem.linear_workspace).c_str(),
+              mib(mem.linear_scratch).c_str(), mib(mem.linear_workspace).c_str());
 
   if (!a.json_file.empty()) {
     json comps = json::object();
@@ -186,7 +189,8 @@ void run_profile(const ProfileArgs& a) {
                 {"activations", mem.activations},
                 {"logits", mem.logits},
                 {"backward_scratch", mem.backward_scratch},
-                {"linear_scratch", mem.linear_scratch}}}};
+                {"linear_scratch", mem.linear_scratch},
+                {"linear_workspace", mem.linear_workspace}}}};
     write_file_atomic(a.json_file, j.dump(2) + "\n");
   }
 }

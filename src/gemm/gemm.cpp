@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstring>
 #include <map>
@@ -102,12 +103,23 @@ dnnl_engine_t bf16_engine() {
 }
 
 // One matmul primitive for an [mb, nb] tile over K with the given transposes and strides.
+// Memory objects of one primitive for one OpenMP thread slot, created with the primitive
+// and re-pointed per call (dnnl_memory_set_data_handle), so that running a tile allocates
+// nothing of ours.
+struct Bf16Mems {
+  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr, s = nullptr;
+};
+
 struct Bf16Prim {
   dnnl_primitive_t prim = nullptr;
   dnnl_memory_desc_t a_md{}, b_md{}, c_md{}, scratch_md{};
   size_t scratch_bytes = 0;
   std::string impl;
+  std::vector<Bf16Mems> mems;  // per thread slot (thread_slot())
   ~Bf16Prim() {
+    for (Bf16Mems& m : mems)
+      for (dnnl_memory_t x : {m.a, m.b, m.c, m.s})
+        if (x) dnnl_memory_destroy(x);
     if (prim) dnnl_primitive_destroy(prim);
   }
 };
@@ -193,9 +205,26 @@ const Bf16Prim& bf16_prim(const Bf16Key& k) {
   static std::map<Bf16Key, std::unique_ptr<Bf16Prim>> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = cache[k];
-  if (!slot) slot = make_bf16_prim(k);
+  if (!slot) {
+    slot = make_bf16_prim(k);
+    // Memory objects for as many thread slots as the OpenMP team can have, made now rather
+    // than at a thread's first tile (which would allocate mid-training); a thread beyond
+    // them gets temporary ones per tile.
+    const int slots = std::max(omp_get_max_threads(), omp_get_num_procs());
+    slot->mems.resize(size_t(slots));
+    for (Bf16Mems& m : slot->mems) {
+      const dnnl_engine_t e = bf16_engine();
+      check(dnnl_memory_create(&m.a, &slot->a_md, e, DNNL_MEMORY_NONE), "memory creation");
+      check(dnnl_memory_create(&m.b, &slot->b_md, e, DNNL_MEMORY_NONE), "memory creation");
+      check(dnnl_memory_create(&m.c, &slot->c_md, e, DNNL_MEMORY_NONE), "memory creation");
+      if (slot->scratch_bytes > 0)
+        check(dnnl_memory_create(&m.s, &slot->scratch_md, e, DNNL_MEMORY_NONE), "memory creation");
+    }
+  }
   return *slot;
 }
+
+thread_local bool g_in_execute = false;  // detail::in_onednn_execute
 
 // Per-thread execution state: a stream and the scratchpad buffer.
 struct Bf16Thread {
@@ -208,27 +237,45 @@ struct Bf16Thread {
   }
 };
 
-// Runs one tile; returns the first failing status (dnnl_success if none).
-dnnl_status_t run_bf16_tile(const Bf16Prim& p, const void* a, const void* b, float* c) {
+// This thread's slot among the per-thread memory objects of every primitive: numbered in the
+// order threads first run a tile (OpenMP's pool threads persist, so after the first GEMM the
+// same few slots serve every call; concurrent callers from other threads get other slots).
+int thread_slot() {
+  static std::atomic<int> next{0};
+  thread_local const int slot = next.fetch_add(1);
+  return slot;
+}
+
+// Runs one tile with thread slot `slot`'s memory objects; returns the first failing status.
+dnnl_status_t run_bf16_tile(const Bf16Prim& p, int slot, const void* a, const void* b, float* c) {
   thread_local Bf16Thread t;
-  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
-  dnnl_status_t st = dnnl_memory_create(&ma, &p.a_md, bf16_engine(), const_cast<void*>(a));
-  if (st == dnnl_success) st = dnnl_memory_create(&mb, &p.b_md, bf16_engine(), const_cast<void*>(b));
-  if (st == dnnl_success) st = dnnl_memory_create(&mc, &p.c_md, bf16_engine(), c);
-  int nargs = 3;
-  if (st == dnnl_success && p.scratch_bytes > 0) {
-    if (t.scratch.size() < p.scratch_bytes) t.scratch.resize(p.scratch_bytes);
-    st = dnnl_memory_create(&ms, &p.scratch_md, bf16_engine(), t.scratch.data());
-    nargs = 4;
+  if (p.scratch_bytes > t.scratch.size()) t.scratch.resize(p.scratch_bytes);
+  Bf16Mems tmp;  // a slot beyond those made with the primitive (a larger team): made here
+  const bool own = slot < 0 || size_t(slot) >= p.mems.size();
+  dnnl_status_t st = dnnl_success;
+  if (own) {
+    const dnnl_engine_t e = bf16_engine();
+    st = dnnl_memory_create(&tmp.a, &p.a_md, e, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) st = dnnl_memory_create(&tmp.b, &p.b_md, e, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) st = dnnl_memory_create(&tmp.c, &p.c_md, e, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && p.scratch_bytes > 0)
+      st = dnnl_memory_create(&tmp.s, &p.scratch_md, e, DNNL_MEMORY_NONE);
   }
+  const Bf16Mems& m = own ? tmp : p.mems[size_t(slot)];
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.a, const_cast<void*>(a));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.b, const_cast<void*>(b));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.c, c);
+  if (st == dnnl_success && m.s) st = dnnl_memory_set_data_handle(m.s, t.scratch.data());
   if (st == dnnl_success) {
-    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb},
-                                     {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
-    st = dnnl_primitive_execute(p.prim, t.stream, nargs, args);
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b},
+                                     {DNNL_ARG_DST, m.c}, {DNNL_ARG_SCRATCHPAD, m.s}};
+    g_in_execute = true;
+    st = dnnl_primitive_execute(p.prim, t.stream, m.s ? 4 : 3, args);
+    g_in_execute = false;
     if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
   }
-  for (dnnl_memory_t m : {ma, mb, mc, ms})
-    if (m) dnnl_memory_destroy(m);
+  for (dnnl_memory_t x : {tmp.a, tmp.b, tmp.c, tmp.s})
+    if (x) dnnl_memory_destroy(x);
   return st;
 }
 
@@ -284,7 +331,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
     const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
     const dnnl_status_t st =
-        run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], a, b, C + i0 * ldc + j0);
+        run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a, b,
+                      C + i0 * ldc + j0);
     if (st != dnnl_success) {
       ++failures;
 #pragma omp critical
@@ -318,5 +366,9 @@ void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
       C[i * ldc + j] = float(double(alpha) * s + prev);
     }
 }
+
+namespace detail {
+bool in_onednn_execute() { return g_in_execute; }
+}  // namespace detail
 
 }  // namespace fp4

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -339,9 +340,20 @@ BwdFn pick_backward() {
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
 };
-std::unique_ptr<float[], AlignedFree> alloc_ws(int64_t n) {
-  const size_t bytes = static_cast<size_t>(round_up(n * static_cast<int64_t>(sizeof(float)), 64));
-  return std::unique_ptr<float[], AlignedFree>(static_cast<float*>(std::aligned_alloc(64, bytes)));
+// The calling thread's packing workspace of at least n floats (64-byte aligned, contents
+// undefined). Kept from call to call and grown only when too small, so steady-state calls
+// allocate nothing; OpenMP's pool threads live as long as the process, and with them theirs.
+float* thread_ws(int64_t n) {
+  thread_local std::unique_ptr<float[], AlignedFree> p;
+  thread_local int64_t cap = 0;
+  if (n > cap) {
+    const size_t bytes = static_cast<size_t>(round_up(n * static_cast<int64_t>(sizeof(float)), 64));
+    p.reset();
+    p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!p) throw std::bad_alloc();
+    cap = n;
+  }
+  return p.get();
 }
 
 Dims make_dims(int64_t T, int64_t C, int64_t H, const char* fn) {
@@ -369,12 +381,12 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const FwdFn fn = pick_forward();
 #pragma omp parallel if (B * H * T * T * d.hd >= kParallelMin)
   {
-    auto ws = alloc_ws(fwd_ws_floats(d));
+    float* ws = thread_ws(fwd_ws_floats(d));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const int64_t off = b * T * C + h * d.hd;
-      fn(out + off, att + bh * T * T, q + off, k + off, v + off, d, ws.get());
+      fn(out + off, att + bh * T * T, q + off, k + off, v + off, d, ws);
     }
   }
 }
@@ -387,13 +399,13 @@ void attention_backward(float* dq, float* dk, float* dv, float* scratch, const f
   const BwdFn fn = pick_backward();
 #pragma omp parallel if (B * H * T * T * d.hd >= kParallelMin)
   {
-    auto ws = alloc_ws(bwd_ws_floats(d));
+    float* ws = thread_ws(bwd_ws_floats(d));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const int64_t off = b * T * C + h * d.hd;
       fn(dq + off, dk + off, dv + off, scratch + bh * T * T, dout + off, q + off, k + off,
-         v + off, att + bh * T * T, d, ws.get());
+         v + off, att + bh * T * T, d, ws);
     }
   }
 }

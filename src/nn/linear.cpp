@@ -3,6 +3,7 @@
 #include "fp4/nn/linear.h"
 
 #include <algorithm>
+#include <bit>
 #include <stdexcept>
 
 #include "fp4/bf16.h"
@@ -49,15 +50,15 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
 void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
                    const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
                    const SrKey* kb, int64_t k, float* c, bool accumulate,
-                   AlignedFloats& scratch) {
+                   ScratchFloats& scratch) {
   const QuantizedTensor qa =
       quantize_blocks(a, ra, k, sa, ga, sa.rounding == Rounding::SR8 ? ka : nullptr);
   const QuantizedTensor qb =
       quantize_blocks(b, rb, k, sb, gb, sb.rounding == Rounding::SR8 ? kb : nullptr);
   if (!accumulate) return probe_gemm(qa, qb, c);
-  scratch.resize(ra * rb);
-  probe_gemm(qa, qb, scratch.data());
-  for (int64_t i = 0; i < ra * rb; ++i) c[i] += scratch[i];
+  float* sc = scratch.get(ra * rb);
+  probe_gemm(qa, qb, sc);
+  for (int64_t i = 0; i < ra * rb; ++i) c[i] += sc[i];
 }
 
 // Whether two specs quantize identically (every field of BlockQuantSpec).
@@ -69,15 +70,34 @@ bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
          a.scale_rule == b.scale_rule && a.scale_desc == b.scale_desc;
 }
 
+// Whether a spec's quantizer reads the tensor reference g (the MX scale rules do not).
+bool uses_g(const BlockQuantSpec& s) { return s.scale_rule == ScaleRule::TensorScaled; }
+
 constexpr uint32_t kOpX = 0, kOpW = 1, kOpDY = 2;
 constexpr uint32_t kFprop = 0, kDgrad = 1, kWgrad = 2;
 }  // namespace
+
+float* ScratchFloats::get(int64_t n) {
+  if (n > cap_) {
+    p_.reset();  // free first: the old contents are not kept, so never hold both
+    p_.reset(static_cast<float*>(
+        ::operator new(static_cast<size_t>(n) * sizeof(float), std::align_val_t{64})));
+    cap_ = n;
+  }
+  return p_.get();
+}
+
+int64_t LinearWorkspace::bytes() const {
+  return (row.capacity() + wqd.capacity() + t0.capacity() + t1.capacity()) *
+         int64_t(sizeof(float));
+}
 
 Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe)
     : Linear(id, in, out, LinearPlan::uniform(recipe, mode), recipe) {}
 
 Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe)
-    : id_(id), K_(in), N_(out), mode_(plan.mode), recipe_(recipe), plan_(plan) {
+    : id_(id), K_(in), N_(out), mode_(plan.mode), recipe_(recipe), plan_(plan),
+      ws_(std::make_shared<LinearWorkspace>()) {
   const LinearMode mode = plan.mode;
   const int D = mode == LinearMode::FP4 ? recipe.amax_interval : 1;
   for (auto& r : ref_) r = TensorReference(D);
@@ -85,10 +105,38 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Re
 
 int64_t Linear::scratch_bytes() const {
   int64_t n = 0;
-  for (const AlignedFloats* b : {&xq_, &wq_, &wqd_, &dyq_, &t0_, &t1_}) n += int64_t(b->capacity());
-  n *= int64_t(sizeof(float));
+  n += int64_t(wq_.capacity() * sizeof(float));
   for (const auto* b : {&xb_, &wb_, &dyb_}) n += int64_t(b->capacity() * sizeof(uint16_t));
   return n;
+}
+
+void Linear::bind_workspace(std::shared_ptr<LinearWorkspace> ws) {
+  ws_ = ws ? std::move(ws) : std::make_shared<LinearWorkspace>();
+}
+
+void Linear::reserve_workspace(int64_t M) {
+  if (mode_ != LinearMode::FP4 || probe()) return;  // probe-matched: scratch grows on use
+  LinearWorkspace& ws = *ws_;
+  ws.xq.valid = false;
+  ws.row.get(M * std::max(K_, N_));                   // fprop X; dgrad dY
+  const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
+  const bool own_dgrad_w = !sw.two_d || !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W));
+  if (own_dgrad_w) ws.wqd.get(N_ * K_);
+  ws.t0.get(std::max(sw.two_d ? 0 : N_ * K_, N_ * M));  // dgrad Wᵀ (1-D weights); wgrad dYᵀ
+  ws.t1.get(K_ * M);                                   // wgrad Xᵀ
+}
+
+bool Linear::uses_reference(Role r) const {
+  const bool rht = recipe_.rht_wgrad;
+  auto sp = [&](Gemm g, Operand o) { return uses_g(plan_.spec(g, o)); };
+  switch (r) {
+    case Role::X: return sp(Gemm::Fprop, Operand::X) || (!rht && sp(Gemm::Wgrad, Operand::X));
+    case Role::W: return sp(Gemm::Fprop, Operand::W) || sp(Gemm::Dgrad, Operand::W);
+    case Role::DY: return sp(Gemm::Dgrad, Operand::DY) || (!rht && sp(Gemm::Wgrad, Operand::DY));
+    case Role::XT_RHT: return rht && sp(Gemm::Wgrad, Operand::X);
+    case Role::DYT_RHT: return rht && sp(Gemm::Wgrad, Operand::DY);
+  }
+  return true;
 }
 
 void Linear::reset_inference(int replay_interval) {
@@ -97,8 +145,27 @@ void Linear::reset_inference(int replay_interval) {
 }
 
 float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
+  // No quantizer of this operand reads g (MX scale rules): measure nothing, hold nothing;
+  // the reference reads 0 (refs(), telemetry staleness absent). The inference calibration
+  // record and the frozen policy below still behave as for any recipe.
+  const bool used = uses_reference(r);
+  if (!used && (ctx.training || r == Role::W || ctx.infer_ref == InferenceRef::Current ||
+                ctx.infer_ref == InferenceRef::Replay))
+    return 0.f;
   Scope s(Cat::kQuantAmax);
-  if (ctx.training) return ref_[static_cast<int>(r)].get(ctx.step, [&] { return amax_fast(x, n); });
+  // max|x|; the activation X of a shared-input scope (LinearWorkspace) is measured once.
+  LinearWorkspace& ws = *ws_;
+  auto measure = [&]() -> float {
+    if (r != Role::X || !ws.sharing || x != ws.shared_x) return amax_fast(x, n);
+    if (ws.amax.valid && ws.amax.x == x && ws.amax.n == n) {
+      ++ws.reused_amax;
+      return ws.amax.value;
+    }
+    const float a = amax_fast(x, n);
+    ws.amax.valid = true, ws.amax.x = x, ws.amax.n = n, ws.amax.value = a;
+    return a;
+  };
+  if (ctx.training) return ref_[static_cast<int>(r)].get(ctx.step, measure);
   // Inference: its own references (InferenceRef), never the training caches ref_.
   if (r == Role::W) {
     if (!inf_.has_w) inf_.w = amax_fast(x, n), inf_.has_w = true;
@@ -106,11 +173,11 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
   }
   switch (ctx.infer_ref) {
     case InferenceRef::Current:
-      return amax_fast(x, n);
+      return measure();
     case InferenceRef::Replay:
-      return inf_.x.get(ctx.infer_batch, [&] { return amax_fast(x, n); });
+      return inf_.x.get(ctx.infer_batch, measure);
     case InferenceRef::Calibrate: {
-      const float g = amax_fast(x, n);
+      const float g = measure();
       inf_.calibrated_x = inf_.has_calibrated ? std::max(inf_.calibrated_x, g) : g;
       inf_.has_calibrated = true;
       return g;
@@ -154,7 +221,6 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     timed_gemm_bf16(Cat::kGemmFprop, false, true, M, N_, K_, xb_.data(), K_, wb_.data(), K_, false, Y, N_);
     return;
   }
-  xq_.resize(M * K_);
   wq_.resize(N_ * K_);
   float gx = 0, gw = 0;
   if (mode_ == LinearMode::FP4) {
@@ -173,12 +239,32 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     Scope s(Cat::kGemmFprop);
     prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
     probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
-                  false, t0_);
+                  false, ws_->t0);
     return;
   }
-  prep(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, xq_.data());   // X blocks along K
+  const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
   prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
-  timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq_.data(), K_, wq_.data(), K_, 0.f, Y, N_);
+  timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
+}
+
+const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
+  LinearWorkspace& ws = *ws_;
+  const BlockQuantSpec& sx = plan_.spec(Gemm::Fprop, Operand::X);
+  // Reuse the previous linear's quantized X in a shared-input scope (LinearWorkspace): same
+  // tensor, shape, spec and g, and RNE (SR bits are keyed by the layer id).
+  const bool shareable = ws.sharing && X == ws.shared_x && sx.rounding == Rounding::RNE;
+  const bool reuse = shareable && ws.xq.valid && ws.xq.x == X && ws.xq.M == M && ws.xq.K == K_ &&
+                     same_quantization(ws.xq.spec, sx) &&
+                     std::bit_cast<uint32_t>(ws.xq.g) == std::bit_cast<uint32_t>(gx);
+  float* xq = ws.row.get(M * K_);  // reuse: the same size, so the same buffer and contents
+  if (reuse) {
+    ++ws.reused_inputs;
+    return xq;
+  }
+  ws.xq.valid = false;
+  prep(X, M, K_, sx, gx, &kx, xq);
+  if (shareable) ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx;
+  return xq;
 }
 
 void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
@@ -198,13 +284,14 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     timed_gemm_bf16(Cat::kGemmWgrad, true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
-  dyq_.resize(M * N_);
   // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
   if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
     throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
                                 std::to_string(M) + " to be a multiple of 16");
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_);
+  LinearWorkspace& ws = *ws_;
+  ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
 
   // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
   const bool tel = ctx.telemetry && ctx.training;
@@ -220,10 +307,10 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     // wgrad contracts over tokens: dYᵀ [N,M] and Xᵀ [K,M] along M, after the RHT if any.
     const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad}, kw{ctx.seed, step, id, kOpW, kDgrad};
     if (dX) {
-      t0_.resize(N_ * K_);
-      transpose(W_, N_, K_, t0_.data());
-      probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, t0_.data(), K_, plan_.spec(Gemm::Dgrad, Operand::W),
-                    refs_.g_w, &kw, N_, dX, true, t1_);
+      float* wt = ws.t0.get(N_ * K_);
+      transpose(W_, N_, K_, wt);
+      probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
+                    refs_.g_w, &kw, N_, dX, true, ws.t1);
     }
     std::vector<float> dyt(N_ * M), xt(K_ * M);
     transpose(dY, M, N_, dyt.data());
@@ -245,14 +332,15 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       tel_.valid = true;
     }
     probe_product(dyt.data(), N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw, xt.data(), K_,
-                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, t1_);
+                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, ws.t1);
     return;
   }
   if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
+    float* dyq = ws.row.get(M * N_);
     {
       Scope s(Cat::kQuantRow);
-      quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq_.data());
+      quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq);
     }
     const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
     const float* wd = wq_.data();
@@ -260,29 +348,29 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       // 2-D tiles are the same for W and Wᵀ, but an override gave dgrad's W its own T or
       // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
-      wqd_.resize(N_ * K_);
+      float* wqd = ws.wqd.get(N_ * K_);
       Scope s(Cat::kQuantRow);
-      quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd_.data());
-      wd = wqd_.data();
+      quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd);
+      wd = wqd;
     } else if (!sw.two_d) {
       // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
       // [K, N] along N from the high-precision weight, never from the fprop copy.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
-      t0_.resize(N_ * K_);
-      wqd_.resize(N_ * K_);
+      float* wt = ws.t0.get(N_ * K_);
+      float* wqd = ws.wqd.get(N_ * K_);
       {
         Scope s(Cat::kTranspose);
-        transpose(W_, N_, K_, t0_.data());
+        transpose(W_, N_, K_, wt);
       }
       {
         Scope s(Cat::kQuantRow);
-        quantize_dequantize_fast(t0_.data(), K_, N_, sw, refs_.g_w, &kw, t0_.data());
+        quantize_dequantize_fast(wt, K_, N_, sw, refs_.g_w, &kw, wt);
       }
       Scope s(Cat::kTranspose);
-      transpose(t0_.data(), K_, N_, wqd_.data());
-      wd = wqd_.data();
+      transpose(wt, K_, N_, wqd);
+      wd = wqd;
     }
-    timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq_.data(), N_, wd, K_, 1.f, dX, K_);
+    timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
@@ -296,34 +384,40 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   if (rht) {
     const float* x = X_;
     Scope s(Cat::kQuantAmax);
-    g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_); });
-    g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_); });
+    if (uses_reference(Role::DYT_RHT))
+      g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_); });
+    else
+      g_dyt = 0.f;
+    if (uses_reference(Role::XT_RHT))
+      g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_); });
+    else
+      g_xt = 0.f;
   }
   const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad};
   const SrKey kx{ctx.seed, step, id, kOpX, kWgrad};
-  t0_.resize(N_ * M);
-  t1_.resize(K_ * M);
+  float* dyt = ws.t0.get(N_ * M);
+  float* xt = ws.t1.get(K_ * M);
   if (tel) {
     Scope s(Cat::kTelemetry);
     // Telemetry needs the operands as quantized: materialise the (transformed) transposes.
-    transpose(dY, M, N_, t0_.data());
-    transpose(X_, M, K_, t1_.data());
+    transpose(dY, M, N_, dyt);
+    transpose(X_, M, K_, xt);
     if (rht) {
-      rht16_rows(t0_.data(), N_, M);
-      rht16_rows(t1_.data(), K_, M);
+      rht16_rows(dyt, N_, M);
+      rht16_rows(xt, K_, M);
     }
-    tel_.op[3] = quant_stats(t0_.data(), N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd);
-    tel_.op[4] = quant_stats(t1_.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
+    tel_.op[3] = quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd);
+    tel_.op[4] = quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
     tel_.valid = true;
   }
   {
     Scope s(Cat::kQuantWgrad);
-    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, t0_.data());
+    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, dyt);
   quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
                                       plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
-                                      t1_.data());
+                                      xt);
   }
-  timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, t0_.data(), M, t1_.data(), M, 1.f, dW_, K_);
+  timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
 }
 
 }  // namespace fp4::nn

@@ -1,6 +1,7 @@
 // The decoder's forward and backward, top to bottom in two functions (llm.c style).
 #include "fp4/nn/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,6 +26,14 @@ struct Model::BlockActs {
 };
 
 namespace {
+// A LinearWorkspace shared-input scope for the lifetime of the object (closed on exceptions).
+struct SharedInput {
+  LinearWorkspace& ws;
+  SharedInput(LinearWorkspace& w, const float* X) : ws(w) { ws.begin_shared_input(X); }
+  ~SharedInput() { ws.end_shared_input(); }
+  SharedInput(const SharedInput&) = delete;
+  SharedInput& operator=(const SharedInput&) = delete;
+};
 enum { kQ = 0, kK, kV, kO, kUp, kDown, kLinearsPerBlock };
 const char* kLinearNames[] = {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down"};
 }  // namespace
@@ -93,6 +102,12 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
                             resolved.plans[l * kLinearsPerBlock + j], recipe);
   }
   bind_linears();
+  // One workspace for every linear (only one runs at a time), grown once for the largest.
+  workspace_ = std::make_shared<LinearWorkspace>();
+  for (Linear& lin : linears_) {
+    lin.bind_workspace(workspace_);
+    lin.reserve_workspace(int64_t(batch) * seq_len);
+  }
 
   const int64_t BT = int64_t(batch) * seq_len, H = cfg.n_heads, T = seq_len;
   const int64_t per_block = BT * (7 * C + U + F + 2) + int64_t(batch) * H * T * T + BT * C;
@@ -143,7 +158,15 @@ Model::MemoryUse Model::memory_use() const {
   m.logits = bytes(logits_);
   m.backward_scratch = bytes(dln_) + bytes(dq_) + bytes(dk_) + bytes(dv_) + bytes(datt_) +
                        bytes(dh_) + bytes(dact_) + bytes(scratch_) + bytes(xL_);
-  for (const Linear& l : linears_) m.linear_scratch += l.scratch_bytes();
+  std::vector<const LinearWorkspace*> seen;  // each workspace once (all are workspace_ here)
+  for (const Linear& l : linears_) {
+    m.linear_scratch += l.scratch_bytes();
+    const LinearWorkspace* w = &l.workspace();
+    if (std::find(seen.begin(), seen.end(), w) == seen.end()) {
+      seen.push_back(w);
+      m.linear_workspace += w->bytes();
+    }
+  }
   return m;
 }
 
@@ -196,9 +219,12 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
       Scope s(Cat::kNorm);
       rmsnorm_forward(A.ln1, A.rstd1, res, P + off_ln1_[l], BT, C, cfg_.norm_eps);
     }
-    lin[kQ].forward(A.ln1, A.q, BT, ctx);
-    lin[kK].forward(A.ln1, A.k, BT, ctx);
-    lin[kV].forward(A.ln1, A.v, BT, ctx);
+    {  // q, k, v read the same unchanged ln1: it may be quantized (and its amax taken) once
+      SharedInput shared(*workspace_, A.ln1);
+      lin[kQ].forward(A.ln1, A.q, BT, ctx);
+      lin[kK].forward(A.ln1, A.k, BT, ctx);
+      lin[kV].forward(A.ln1, A.v, BT, ctx);
+    }
     {
       Scope s(Cat::kRope);
       rope_forward(A.q, B, T, H, C / H, cfg_.rope_theta);

@@ -294,43 +294,43 @@ void detail::throw_non_finite(const char* where, const float* x, int64_t n) {
 
 void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
               const SrKey* sr) {
-  const std::string w = where;
+  // The message prefix is built only on error: a std::string here would allocate per call.
   if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(w + ": negative shape [" + std::to_string(rows) + ", " +
+    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) + ", " +
                                 std::to_string(cols) + "]");
   }
   if (spec.block <= 0) {
-    throw std::invalid_argument(w + ": block must be > 0, got " + std::to_string(spec.block));
+    throw std::invalid_argument(std::string(where) + ": block must be > 0, got " + std::to_string(spec.block));
   }
   if (!(g >= 0.0f) || std::isinf(g)) {
-    throw std::invalid_argument(w + ": tensor reference g must be finite and >= 0, got " +
+    throw std::invalid_argument(std::string(where) + ": tensor reference g must be finite and >= 0, got " +
                                 std::to_string(g));
   }
   if (!(spec.target > 0.0f) || std::isinf(spec.target)) {
-    throw std::invalid_argument(w + ": scale target T must be finite and > 0, got " +
+    throw std::invalid_argument(std::string(where) + ": scale target T must be finite and > 0, got " +
                                 std::to_string(spec.target));
   }
   if (spec.rounding == Rounding::SR8 && sr == nullptr) {
-    throw std::invalid_argument(w + ": SR8 rounding needs an SrKey (sr is null)");
+    throw std::invalid_argument(std::string(where) + ": SR8 rounding needs an SrKey (sr is null)");
   }
   const ElementFormat& ef = spec.element;
   if (ef.kind == ElementKind::Float) {
     if (ef.fp == nullptr || !ef.fp->has_sign || ef.fp->bits() > 8) {
-      throw std::invalid_argument(w + ": element format must be a signed float format of at most "
+      throw std::invalid_argument(std::string(where) + ": element format must be a signed float format of at most "
                                   "8 bits (got " + (ef.fp ? std::string(ef.fp->name) : "null") + ")");
     }
   } else if (ef.kind == ElementKind::Int) {
     if (!(ef.int_min >= -128 && ef.int_min < 0 && ef.int_max > 0 && ef.int_max <= 127)) {
-      throw std::invalid_argument(w + ": integer element grid must have -128 <= int_min < 0 < "
+      throw std::invalid_argument(std::string(where) + ": integer element grid must have -128 <= int_min < 0 < "
                                   "int_max <= 127, got [" + std::to_string(ef.int_min) + ", " +
                                   std::to_string(ef.int_max) + "]");
     }
   } else {
-    throw std::invalid_argument(w + ": invalid ElementKind value");
+    throw std::invalid_argument(std::string(where) + ": invalid ElementKind value");
   }
   const FloatFormat& sf = spec_scale_format(spec);  // throws on an invalid enum value
   if (round_magnitude(1.0f, sf, Rounding::RNE) != 1.0f) {
-    throw std::invalid_argument(w + ": scale format " + sf.name +
+    throw std::invalid_argument(std::string(where) + ": scale format " + sf.name +
                                 " cannot represent 1.0 (needed by the zero-block guard)");
   }
   switch (spec.scale_rule) {
@@ -338,12 +338,12 @@ void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols,
     case ScaleRule::MxTe:
     case ScaleRule::MxOcp:
       if (sf.frac_bits != 0) {
-        throw std::invalid_argument(w + ": scale rule " + scale_rule_name(spec.scale_rule) +
+        throw std::invalid_argument(std::string(where) + ": scale rule " + scale_rule_name(spec.scale_rule) +
                                     " needs a power-of-two scale format (ue8m0 or ue<E>m0), got " +
                                     sf.name);
       }
       break;
-    default: throw std::invalid_argument(w + ": invalid ScaleRule value");
+    default: throw std::invalid_argument(std::string(where) + ": invalid ScaleRule value");
   }
 }
 
@@ -518,15 +518,6 @@ TensorReference::TensorReference(int interval) : interval_(interval) {
     throw std::invalid_argument("TensorReference: interval D must be >= 1, got " +
                                 std::to_string(interval));
   }
-}
-
-float TensorReference::get(int64_t step, const std::function<float()>& current_amax) {
-  if (!has_ || step - t_last_ >= interval_) {
-    g_ = current_amax();
-    t_last_ = step;
-    has_ = true;
-  }
-  return g_;
 }
 
 }  // namespace fp4

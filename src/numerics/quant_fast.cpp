@@ -999,6 +999,14 @@ Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const Blo
   return p;
 }
 
+/// The calling thread's Scratch, kept from call to call: its for_* methods assign (the same
+/// values as a fresh Scratch) into the capacity already there, so steady-state calls allocate
+/// nothing. OpenMP's pool threads live as long as the process, and with them their scratch.
+Scratch& thread_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
 /// out [cols, rows] = xᵀ, cache-blocked (any thread count, same bits: it only copies).
 void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
   constexpr int64_t T = 32;
@@ -1056,7 +1064,7 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
   const bool par = rows * cols >= qf::kParallelMin && p.block_rows > 1;
 #pragma omp parallel if (par)
   {
-    qf::Scratch s;
+    qf::Scratch& s = qf::thread_scratch();
     s.for_rows(p);
 #pragma omp for schedule(static)
     for (int64_t br = 0; br < p.block_rows; ++br) {
@@ -1112,7 +1120,7 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   const bool par = rows * cols >= qf::kParallelMin && units > 1;
 #pragma omp parallel if (par)
   {
-    qf::Scratch s;
+    qf::Scratch& s = qf::thread_scratch();
     s.for_cols(p);
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < units; ++u) {
@@ -1139,7 +1147,7 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
   uint32_t m = 0;
 #pragma omp parallel if (rows * cols >= qf::kParallelMin && strips > 1)
   {
-    qf::Scratch s;
+    qf::Scratch& s = qf::thread_scratch();
     s.for_rht_amax();
 #pragma omp for reduction(max : m) schedule(static)
     for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, s));
@@ -1151,7 +1159,8 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
 void sr_bytes_fast(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out) {
   if (n == 0) return;
   constexpr uint64_t kChunkBlocks = 1024;
-  std::vector<uint64_t> buf(2 * (kChunkBlocks + qf::kMaxLanes));
+  thread_local std::vector<uint64_t> buf;  // per thread, allocated once
+  buf.resize(2 * (kChunkBlocks + qf::kMaxLanes));
   const qf::Kernels& k = qf::active();
   uint64_t i = first;
   const uint64_t end = first + n;

@@ -50,7 +50,8 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   s.zero_guard_blocks = nb ? double(guard) / nb : 0;
   s.zeroed_nonzeros = nonzero ? double(zeroed) / nonzero : 0;
   s.rel_error = norm > 0 ? std::sqrt(err / norm) : 0;
-  s.staleness = g > 0 ? double(amax) / g : (amax > 0 ? INFINITY : 1.0);
+  s.has_staleness = spec.scale_rule == ScaleRule::TensorScaled;  // MX: g unused
+  if (s.has_staleness) s.staleness = g > 0 ? double(amax) / g : (amax > 0 ? INFINITY : 1.0);
   return s;
 }
 

@@ -105,6 +105,7 @@ void leave() {
   if (!omp_in_parallel()) accrue(clock::now());
   g_stack.pop_back();
 }
+Cat current() { return g_enabled && !g_stack.empty() ? g_stack.back() : Cat::kOther; }
 }  // namespace detail
 
 namespace {

@@ -102,16 +102,17 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
     for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
       const QuantStats& s = tel.op[o];
       const std::string where = name + " " + nn::LinearTelemetry::kNames[o];
-      layer[nn::LinearTelemetry::kNames[o]] = {{"saturated_blocks", s.saturated_blocks},
-                                               {"zero_guard_blocks", s.zero_guard_blocks},
-                                               {"zeroed_nonzeros", s.zeroed_nonzeros},
-                                               {"rel_error", s.rel_error},
-                                               {"staleness", s.staleness}};
+      json& op = layer[nn::LinearTelemetry::kNames[o]];
+      op = {{"saturated_blocks", s.saturated_blocks},
+            {"zero_guard_blocks", s.zero_guard_blocks},
+            {"zeroed_nonzeros", s.zeroed_nonzeros},
+            {"rel_error", s.rel_error}};
+      if (s.has_staleness) op["staleness"] = s.staleness;  // absent under the MX rules
       upd(err, s.rel_error, where);
       upd(sat, s.saturated_blocks, where);
       upd(guard, s.zero_guard_blocks, where);
       upd(zeroed, s.zeroed_nonzeros, where);
-      upd(stale, s.staleness, where);
+      if (s.has_staleness) upd(stale, s.staleness, where);
     }
     t[name] = layer;
   }
@@ -119,10 +120,14 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
     char b[512];
     std::snprintf(b, sizeof b,
                   "numerics | worst rel. error %.4f (%s) | saturated scales %.2f%% (%s) | "
-                  "zero-guard %.2f%% | nonzeros to 0 %.1f%% (%s) | amax/held %.2f (%s)",
+                  "zero-guard %.2f%% | nonzeros to 0 %.1f%% (%s)",
                   err.v, err.where.c_str(), 100 * sat.v, sat.where.c_str(), 100 * guard.v,
-                  100 * zeroed.v, zeroed.where.c_str(), stale.v, stale.where.c_str());
+                  100 * zeroed.v, zeroed.where.c_str());
     digest = b;
+    if (stale.v >= 0) {  // no operand has one under the MX rules
+      std::snprintf(b, sizeof b, " | amax/held %.2f (%s)", stale.v, stale.where.c_str());
+      digest += b;
+    }
   }
   return t;
 }

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -29,6 +30,71 @@ struct Aligned64 {
   bool operator==(const Aligned64&) const { return true; }
 };
 using AlignedFloats = std::vector<float, Aligned64<float>>;
+
+/// A 64-byte-aligned float buffer that only grows: get(n) returns at least n floats, keeping
+/// the buffer (and its contents) when it is large enough, else replacing it by a larger one
+/// (contents lost). Never zero-fills, so a smaller request after a larger one costs nothing.
+class ScratchFloats {
+ public:
+  float* get(int64_t n);
+  int64_t capacity() const { return cap_; }  ///< floats
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete(p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<float[], Free> p_;
+  int64_t cap_ = 0;
+};
+
+/// The transient operand buffers of FP4-mode Linears (quantized fprop X and dgrad dY, the
+/// dgrad weight copy, the transposes), shared by every Linear bound to it: only one Linear
+/// runs at a time, and nothing in these buffers outlives the forward() or backward() call
+/// that wrote it, except the quantized X that Linear::forward may reuse inside a shared-input
+/// scope (below). What must persist from forward to backward (the quantized weight reused by
+/// dgrad; BF16 operand copies) stays in each Linear. A Linear owns a workspace of its own
+/// unless bound to another (Model binds all its linears to one). Not thread-safe: Linears
+/// sharing a workspace must not run concurrently.
+struct LinearWorkspace {
+  ScratchFloats row;     ///< fprop: quantized X [M, K]; dgrad: quantized dY [M, N]
+  ScratchFloats wqd;     ///< dgrad: quantized weight when it differs from fprop's [N, K]
+  ScratchFloats t0, t1;  ///< transposes: dgrad Wᵀ [K, N]; wgrad dYᵀ [N, M] and Xᵀ [K, M]
+
+  /// Grow the buffers for an FP4 Linear of K inputs, N outputs and M tokens per call, so
+  /// that its calls allocate nothing (Model does this once for its largest linears).
+  void reserve(int64_t M, int64_t K, int64_t N);
+  /// Bytes held by the buffers (capacity).
+  int64_t bytes() const;
+
+  /// Shared-input scope: between begin_shared_input(X) and end_shared_input() the caller
+  /// promises that every Linear forward() given X reads the same, unchanged [M, K] tensor.
+  /// Inside it, a forward() may reuse the quantized X left in `row` by the previous Linear
+  /// instead of quantizing again, iff it gets the same X and M (and K), an identical fprop-X
+  /// spec (every field), an identical reference g (bit for bit) and RNE element rounding (SR
+  /// bits are keyed by the layer id); and the tensor amax max|X| is measured at most once.
+  /// The results are bit-identical to quantizing per layer. `sharing` = false disables the
+  /// reuse (tests compare both).
+  void begin_shared_input(const float* X) { end_shared_input(); shared_x = X; }
+  void end_shared_input() { shared_x = nullptr; xq.valid = false; amax.valid = false; }
+  bool sharing = true;
+  /// Statistics (tests): fprop-X quantizations reused, and amax measurements reused.
+  int64_t reused_inputs = 0, reused_amax = 0;
+
+  // The state of the scope (read and written by Linear only).
+  const float* shared_x = nullptr;
+  struct {
+    bool valid = false;
+    const float* x = nullptr;
+    int64_t M = 0, K = 0;
+    BlockQuantSpec spec;
+    float g = 0;
+  } xq;  ///< what `row` holds, while valid: X quantized with spec and g
+  struct {
+    bool valid = false;
+    const float* x = nullptr;
+    int64_t n = 0;
+    float value = 0;
+  } amax;  ///< max|X| of the shared X, once measured
+};
 
 /// Activation tensor reference `g` of an FP4 Linear's fprop X in inference forwards
 /// (StepContext::training == false; NUMERICS.md "Tensor reference g", README "Quantized
@@ -127,15 +193,28 @@ class Linear {
   /// the inference state itself, since training moves the weights).
   void reset_inference(int replay_interval = 50);
   const InferenceState& inference_state() const { return inf_; }
-  /// Bytes held by this layer's reusable scratch buffers (quantized/BF16 operand copies,
-  /// transposes), by capacity.
+  /// Bytes held by this layer's own buffers, by capacity: the quantized weight kept from
+  /// forward for dgrad, and in BF16 mode the BF16 operand copies. The transient FP4 buffers
+  /// are in workspace() (see workspace_bytes), possibly shared with other linears.
   int64_t scratch_bytes() const;
+  /// Use `ws` (shared, e.g. by all linears of a Model) for the transient FP4 operand buffers
+  /// instead of this layer's own. Null: back to a workspace of its own.
+  void bind_workspace(std::shared_ptr<LinearWorkspace> ws);
+  /// Grow the workspace so that FP4 calls of M tokens allocate nothing (no-op unless FP4).
+  void reserve_workspace(int64_t M);
+  const LinearWorkspace& workspace() const { return *ws_; }
+  LinearWorkspace& workspace() { return *ws_; }
 
  private:
   // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
+  // FP4 fprop X [M, K] quantized into the workspace (or reused there, see LinearWorkspace).
+  const float* quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
+  // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX
+  // scale rules never do); the amax behind an unused reference is never measured.
+  bool uses_reference(Role r) const;
   // FP4 with recipe gemm = "probe-matched" (fidelity mode, slow).
   bool probe() const { return mode_ == LinearMode::FP4 && recipe_.gemm == "probe-matched"; }
 
@@ -153,9 +232,10 @@ class Linear {
   InferenceState inf_;        // inference references; never read or written by training
   LinearRefs refs_;
   LinearTelemetry tel_;
-  AlignedFloats xq_, wq_, wqd_, dyq_, t0_, t1_;  // scratch, reused across steps
+  AlignedFloats wq_;  // quantized (FP4) weight of the last forward, reused by dgrad
   // BF16 mode: X, W (from fprop, reused by backward) and dY as BF16 bit patterns.
   std::vector<uint16_t, Aligned64<uint16_t>> xb_, wb_, dyb_;
+  std::shared_ptr<LinearWorkspace> ws_;  // transient FP4 operand buffers (maybe shared)
 };
 
 }  // namespace fp4::nn

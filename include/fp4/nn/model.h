@@ -80,13 +80,26 @@ class Model {
     int64_t logits = 0;            ///< logits [BT·V]; backward overwrites them with their gradient
     int64_t backward_scratch = 0;  ///< gradient buffers reused across blocks (dq, dk, dv,
                                    ///< dln, datt, dh, dact, dres, attention scratch [B·H·T·T])
-    int64_t linear_scratch = 0;    ///< Linear::scratch_bytes() summed over every linear
+    int64_t linear_scratch = 0;    ///< Linear::scratch_bytes() summed over every linear: what
+                                   ///< each keeps from forward to backward (FP4/BF16 weight
+                                   ///< copy [N·K]; BF16 mode also its operand copies)
+    int64_t linear_workspace = 0;  ///< the LinearWorkspace all linears share, counted once:
+                                   ///< transient FP4 operands of the largest linear (quantized
+                                   ///< X or dY [BT·max(K,N)], transposes [BT·N], [BT·K], dgrad
+                                   ///< weight copy [N·K] for 1-D weights); 0 without FP4
     int64_t total() const {
-      return params + grads + activations + logits + backward_scratch + linear_scratch;
+      return params + grads + activations + logits + backward_scratch + linear_scratch +
+             linear_workspace;
     }
   };
   MemoryUse memory_use() const;
   const ModelConfig& config() const { return cfg_; }
+
+  /// Whether the q, k and v projections may share one quantized copy of their common input
+  /// (LinearWorkspace shared-input scope: only when spec, g and RNE rounding agree, so the
+  /// results are bit-identical either way). On by default; tests turn it off to compare.
+  void set_share_linear_inputs(bool on) { workspace_->sharing = on; }
+  const LinearWorkspace& linear_workspace() const { return *workspace_; }
 
  private:
   struct BlockActs;
@@ -100,6 +113,7 @@ class Model {
   std::vector<ParamInfo> infos_;
   std::vector<float> params_, grads_;
   std::vector<Linear> linears_;  // 6 per block: q, k, v, o, up, down
+  std::shared_ptr<LinearWorkspace> workspace_;  // transient FP4 buffers of every linear
   // parameter offsets
   int64_t off_wte_, off_lnf_, off_head_;
   std::vector<int64_t> off_ln1_, off_ln2_, off_lin_;  // off_lin_[6·l + j]
