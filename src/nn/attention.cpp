@@ -325,8 +325,10 @@ struct Dims {
 };
 
 // Floats of per-thread workspace needed by the forward / backward head kernels.
-inline int64_t fwd_ws_floats(const Dims& d) { return 3 * d.Tp * d.hdp + d.Tp * d.Tp; }
-inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + 2 * d.Tp * d.Tp; }
+// (kPad ≥ every variant's kMR: the row-block buffer; backward: one more row, Pr, and the two
+// [Tp, kMR] column strips.)
+inline int64_t fwd_ws_floats(const Dims& d) { return 3 * d.Tp * d.hdp + kPad * d.Tp; }
+inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + (3 * kPad + 1) * d.Tp; }
 
 // Packs src[t·C + c] (t < T, c < hd) into dst [Tp, hdp] row-major, zero padded.
 [[gnu::always_inline]] inline void pack_rows(float* dst, const float* src, const Dims& d) {
@@ -341,22 +343,59 @@ inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + 2 * d.Tp
   }
 }
 
-// Packs the transpose: dst [hdp, Tp], dst[c·Tp + t] = src[t·C + c], zero padded.
+// Packs the transpose: dst [hdp, Tp], dst[c·Tp + t] = src[t·C + c], zero padded. Blocks of
+// 16 tokens, so every write fills one 64-byte line and the 16 source rows stay in L1 (a plain
+// column-by-column transpose with the power-of-two stride Tp thrashes the cache).
 [[gnu::always_inline]] inline void pack_cols(float* dst, const float* src, const Dims& d) {
-  std::fill(dst, dst + d.hdp * d.Tp, 0.0f);
-  for (int64_t t = 0; t < d.T; ++t)
-    for (int64_t c = 0; c < d.hd; ++c) dst[c * d.Tp + t] = src[t * d.C + c];
+  for (int64_t t0 = 0; t0 < d.Tp; t0 += 16) {
+    const int64_t nt = std::min<int64_t>(16, d.T - t0);  // ≤ 0 for an all-padding block
+    for (int64_t c = 0; c < d.hdp; ++c) {
+      float* o = dst + c * d.Tp + t0;
+      if (c < d.hd && nt == 16) {
+        for (int64_t t = 0; t < 16; ++t) o[t] = src[(t0 + t) * d.C + c];
+      } else {
+        for (int64_t t = 0; t < 16; ++t) o[t] = c < d.hd && t < nt ? src[(t0 + t) * d.C + c] : 0.0f;
+      }
+    }
+  }
+}
+
+// strip[k·MR + r] = m[k·T + j0 + r] for j0 ≤ k < T and r < MR (0 for columns j0 + r ≥ T,
+// which the kUpper micro-kernel never reads anyway); m is a [T, T] row-major matrix.
+template <int MR>
+[[gnu::always_inline]] inline void pack_strip(float* strip, const float* m, int64_t j0,
+                                              int64_t T) {
+  const int64_t w = std::min<int64_t>(MR, T - j0);
+  if (w == MR) {
+    for (int64_t k = j0; k < T; ++k)
+      for (int r = 0; r < MR; ++r) strip[k * MR + r] = m[k * T + j0 + r];
+  } else {
+    for (int64_t k = j0; k < T; ++k)
+      for (int r = 0; r < MR; ++r) strip[k * MR + r] = r < w ? m[k * T + j0 + r] : 0.0f;
+  }
 }
 
 // out[(i0 + r)·C + c] (=, or += if Acc) tile[r·NRt + c − n0] for the rows < T and columns < hd
 // of a tile at (i0, n0) with MR rows and NRt columns.
-template <bool Acc, int MR>
+template <int VW, bool Acc, int MR>
 [[gnu::always_inline]] inline void put_tile(float* out, const float* tile, int64_t NRt,
                                             int64_t i0, int64_t n0, const Dims& d) {
+  typedef typename Simd<VW>::U U;
   const int64_t rows = std::min<int64_t>(MR, d.T - i0), cols = std::min(NRt, d.hd - n0);
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out + (i0 + r) * d.C + n0;
     const float* t = tile + r * NRt;
+    if (cols == NRt) {  // whole tile row: vectors (the same one add per element)
+      for (int64_t c = 0; c < NRt; c += VW) {
+        U* ov = reinterpret_cast<U*>(o + c);
+        const U tv = *reinterpret_cast<const U*>(t + c);
+        if constexpr (Acc)
+          *ov = *ov + tv;
+        else
+          *ov = tv;
+      }
+      continue;
+    }
     for (int64_t c = 0; c < cols; ++c) {
       if constexpr (Acc)
         o[c] += t[c];
@@ -367,7 +406,9 @@ template <bool Acc, int MR>
 }
 
 // One (b, h) forward. q/k/v/out point at the head's first column of token 0 of batch b;
-// att points at the [T, T] probability block of (b, h).
+// att points at the [T, T] probability block of (b, h). Row blocks of MR queries are done
+// start to finish (scores, softmax, att rows, P V) through a small [MR, Tp] buffer that stays
+// in cache, so the [T, T] scores never travel to memory except as the att output.
 template <int VW>
 [[gnu::always_inline]] inline void head_forward(float* out, float* att, const float* q,
                                                 const float* k, const float* v, const Dims& d,
@@ -377,40 +418,44 @@ template <int VW>
   float* Q = ws;               // [Tp, hdp]
   float* Kt = Q + Tp * hdp;    // [hdp, Tp]
   float* V = Kt + hdp * Tp;    // [Tp, hdp]
-  float* S = V + Tp * hdp;     // [Tp, Tp] scores, then probabilities (only j ≤ i is kept)
+  float* Sb = V + Tp * hdp;    // [MR, Tp] scores, then probabilities, of one row block
   pack_rows(Q, q, d);
   pack_cols(Kt, k, d);
   pack_rows(V, v, d);
 
-  // S[i, j] = Σ_c Q[i, c] Kᵀ[c, j] for the 16-column groups that touch j ≤ i.
-  for (int64_t i0 = 0; i0 < T; i0 += MR)
-    col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
-      micro<VW, MR, decltype(nv)::value>(0, d.hd, Q + i0 * hdp, hdp, 1, Kt + n0, Tp, S + i0 * Tp + n0, Tp);
-    });
-
-  // Row softmax over j ≤ i; S row i becomes P for j ≤ i.
-  for (int64_t i = 0; i < T; ++i) {
-    float* s = S + i * Tp;
-    softmax_row<VW>(s, i + 1, d.scale);
-    std::memcpy(att + i * T, s, sizeof(float) * (i + 1));
-    std::fill(att + i * T + i + 1, att + (i + 1) * T, 0.0f);
-  }
-  // Rows T ≤ i < round_up(T, MR) of the last row block are read (k < T) but never used:
-  // keep them finite.
-  for (int64_t i = T; i < std::min(Tp, round_up(T, MR)); ++i) std::fill(S + i * Tp, S + i * Tp + T, 0.0f);
-
-  // O = P V, k (= j) restricted to the causal range of each row.
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
   for (int64_t i0 = 0; i0 < T; i0 += MR) {
+    // Sb[r, j] = Σ_c Q[i0 + r, c] Kᵀ[c, j] for the 16-column groups that touch j ≤ i0 + r.
+    col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
+      micro<VW, MR, decltype(nv)::value>(0, d.hd, Q + i0 * hdp, hdp, 1, Kt + n0, Tp, Sb + n0,
+                                         Tp);
+    });
+    // Row softmax over j ≤ i; Sb row becomes P for j ≤ i, copied to att (zeros for j > i).
+    // Rows i ≥ T (last block only) are read by P V below (k < T) but never used: zeros.
+    for (int64_t r = 0; r < MR; ++r) {
+      const int64_t i = i0 + r;
+      float* s = Sb + r * Tp;
+      if (i >= T) {
+        std::fill(s, s + T, 0.0f);
+        continue;
+      }
+      softmax_row<VW>(s, i + 1, d.scale);
+      std::memcpy(att + i * T, s, sizeof(float) * (i + 1));
+      std::fill(att + i * T + i + 1, att + (i + 1) * T, 0.0f);
+    }
+    // O = P V for the block, k (= j) restricted to the causal range of each row.
     const int64_t k1 = std::min(i0 + MR, T);
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
-      micro<VW, MR, decltype(nv)::value, kLower>(0, k1, S + i0 * Tp, Tp, 1, V + n0, hdp, tile, 16 * nv, i0);
-      put_tile<false, MR>(out, tile, 16 * nv, i0, n0, d);
+      micro<VW, MR, decltype(nv)::value, kLower>(0, k1, Sb, Tp, 1, V + n0, hdp, tile, 16 * nv,
+                                                 i0);
+      put_tile<VW, false, MR>(out, tile, 16 * nv, i0, n0, d);
     });
   }
 }
 
-// One (b, h) backward; ds points at the head's [T, T] block of `scratch`.
+// One (b, h) backward; ds points at the head's [T, T] block of `scratch`. Row blocks of MR
+// queries: dP (in a small [MR, Tp] buffer), the softmax Jacobian, the ds rows and dQ; then
+// dK and dV read dS and P straight from `ds` and `att` (row stride T, i ≥ j only).
 template <int VW>
 [[gnu::always_inline]] inline void head_backward(float* dq, float* dk, float* dv, float* ds,
                                                  const float* dout, const float* q,
@@ -422,47 +467,62 @@ template <int VW>
   float* K = Q + Tp * hdp;      // [Tp, hdp]
   float* dO = K + Tp * hdp;     // [Tp, hdp]
   float* Vt = dO + Tp * hdp;    // [hdp, Tp]
-  float* P = Vt + hdp * Tp;     // [Tp, Tp] (only j ≤ i, i < T is read)
-  float* D = P + Tp * Tp;       // [Tp, Tp] dP, then dS (only j ≤ i, i < T is read)
+  float* Db = Vt + hdp * Tp;    // [MR, Tp] dP, then dS, of one row block
+  float* Pr = Db + MR * Tp;     // [Tp] copy of an att row whose 16-lane tail would leave att
+  float* Ds = Pr + Tp;          // [Tp, MR] strip of dS columns j0..j0+MR (rows ≥ j0 used)
+  float* Ps = Ds + Tp * MR;     // [Tp, MR] the same strip of P
   pack_rows(Q, q, d);
   pack_rows(K, k, d);
   pack_rows(dO, dout, d);
   pack_cols(Vt, v, d);
-  for (int64_t i = 0; i < T; ++i) std::memcpy(P + i * Tp, att + i * T, sizeof(float) * (i + 1));
-
-  // dP = dO Vᵀ on the 16-column groups that touch j ≤ i.
-  for (int64_t i0 = 0; i0 < T; i0 += MR)
-    col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
-      micro<VW, MR, decltype(nv)::value>(0, d.hd, dO + i0 * hdp, hdp, 1, Vt + n0, Tp, D + i0 * Tp + n0, Tp);
-    });
-
-  // dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)) for j ≤ i; also written to `ds` (zero for j > i).
-  for (int64_t i = 0; i < T; ++i) {
-    float* g = D + i * Tp;
-    softmax_grad_row<VW>(g, P + i * Tp, i + 1, d.scale);
-    std::memcpy(ds + i * T, g, sizeof(float) * (i + 1));
-    std::fill(ds + i * T + i + 1, ds + (i + 1) * T, 0.0f);
-  }
-  // Rows T ≤ i < round_up(T, MR) of the last row block of dQ are read (k < T), never used.
-  for (int64_t i = T; i < std::min(Tp, round_up(T, MR)); ++i) std::fill(D + i * Tp, D + i * Tp + T, 0.0f);
 
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
-  // dQ += dS K: row i needs j ≤ i only.
   for (int64_t i0 = 0; i0 < T; i0 += MR) {
+    // dP = dO Vᵀ on the 16-column groups that touch j ≤ i.
+    col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
+      micro<VW, MR, decltype(nv)::value>(0, d.hd, dO + i0 * hdp, hdp, 1, Vt + n0, Tp, Db + n0,
+                                         Tp);
+    });
+    // dS = scale · P ⊙ (dP − rowsum(P ⊙ dP)) for j ≤ i, written to `ds` (zero for j > i).
+    for (int64_t r = 0; r < MR; ++r) {
+      const int64_t i = i0 + r;
+      float* g = Db + r * Tp;
+      if (i >= T) {  // read by dQ below (k < T), never used
+        std::fill(g, g + T, 0.0f);
+        continue;
+      }
+      const float* p = att + i * T;
+      if (i * T + round_up(i + 1, 16) > T * T) {  // the vector tail would read past att
+        std::memcpy(Pr, p, sizeof(float) * (i + 1));
+        p = Pr;
+      }
+      softmax_grad_row<VW>(g, p, i + 1, d.scale);
+      std::memcpy(ds + i * T, g, sizeof(float) * (i + 1));
+      std::fill(ds + i * T + i + 1, ds + (i + 1) * T, 0.0f);
+    }
+    // dQ += dS K: row i needs j ≤ i only.
     const int64_t k1 = std::min(i0 + MR, T);
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
-      micro<VW, MR, decltype(nv)::value, kLower>(0, k1, D + i0 * Tp, Tp, 1, K + n0, hdp, tile, 16 * nv, i0);
-      put_tile<true, MR>(dq, tile, 16 * nv, i0, n0, d);
+      micro<VW, MR, decltype(nv)::value, kLower>(0, k1, Db, Tp, 1, K + n0, hdp, tile, 16 * nv,
+                                                 i0);
+      put_tile<VW, true, MR>(dq, tile, 16 * nv, i0, n0, d);
     });
   }
-  // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only (A read transposed: sr = 1).
-  for (int64_t j0 = 0; j0 < T; j0 += MR)
+  // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only. The columns j0..j0+MR of dS and P
+  // (rows i ≥ j0, row stride T: a new cache line, often a new page, every row) are first
+  // copied to contiguous [T, MR] strips, so the micro-kernel streams them (A(r, i) =
+  // strip[i·MR + r]).
+  for (int64_t j0 = 0; j0 < T; j0 += MR) {
+    pack_strip<MR>(Ds, ds, j0, T);
+    pack_strip<MR>(Ps, att, j0, T);
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
-      micro<VW, MR, decltype(nv)::value, kUpper>(j0, T, D + j0, 1, Tp, Q + n0, hdp, tile, 16 * nv, j0);
-      put_tile<true, MR>(dk, tile, 16 * nv, j0, n0, d);
-      micro<VW, MR, decltype(nv)::value, kUpper>(j0, T, P + j0, 1, Tp, dO + n0, hdp, tile, 16 * nv, j0);
-      put_tile<true, MR>(dv, tile, 16 * nv, j0, n0, d);
+      constexpr int NV = decltype(nv)::value;
+      micro<VW, MR, NV, kUpper>(j0, T, Ds, 1, MR, Q + n0, hdp, tile, 16 * nv, j0);
+      put_tile<VW, true, MR>(dk, tile, 16 * nv, j0, n0, d);
+      micro<VW, MR, NV, kUpper>(j0, T, Ps, 1, MR, dO + n0, hdp, tile, 16 * nv, j0);
+      put_tile<VW, true, MR>(dv, tile, 16 * nv, j0, n0, d);
     });
+  }
 }
 
 using FwdFn = void (*)(float*, float*, const float*, const float*, const float*, const Dims&,
