@@ -77,6 +77,10 @@ struct Simd<16> {
     asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
     return c;
   }
+  // Non-temporal store to a 64-byte-aligned p.
+  [[gnu::always_inline]] static inline void stream(float* p, V v) {
+    asm("vmovntps %1, %0" : "=m"(*reinterpret_cast<V*>(p)) : "v"(v));
+  }
 };
 template <>
 struct Simd<8> {
@@ -89,6 +93,9 @@ struct Simd<8> {
     asm("vfmadd231ps %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
     return c;
   }
+  [[gnu::always_inline]] static inline void stream(float* p, V v) {
+    asm("vmovntps %1, %0" : "=m"(*reinterpret_cast<V*>(p)) : "x"(v));
+  }
 };
 template <>
 struct Simd<4> {
@@ -100,6 +107,9 @@ struct Simd<4> {
   [[gnu::always_inline]] static inline V fma(V a, V b, V c) {
     return V{std::fma(a[0], b[0], c[0]), std::fma(a[1], b[1], c[1]),
              std::fma(a[2], b[2], c[2]), std::fma(a[3], b[3], c[3])};
+  }
+  [[gnu::always_inline]] static inline void stream(float* p, V v) {
+    asm("movntps %1, %0" : "=m"(*reinterpret_cast<V*>(p)) : "x"(v));
   }
 };
 
@@ -344,21 +354,67 @@ inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + (3 * kPa
 }
 
 // Packs the transpose: dst [hdp, Tp], dst[c·Tp + t] = src[t·C + c], zero padded. Blocks of
-// 16 tokens, so every write fills one 64-byte line and the 16 source rows stay in L1 (a plain
-// column-by-column transpose with the power-of-two stride Tp thrashes the cache).
+// 16 tokens × 64 channels go through a small local tile: the source rows are read once,
+// contiguously, and every 16-float destination run is one cache line (a direct transpose
+// reads or writes with a power-of-two stride, C or Tp, and thrashes the L1 sets).
 [[gnu::always_inline]] inline void pack_cols(float* dst, const float* src, const Dims& d) {
+  alignas(64) float blk[16][64];
   for (int64_t t0 = 0; t0 < d.Tp; t0 += 16) {
-    const int64_t nt = std::min<int64_t>(16, d.T - t0);  // ≤ 0 for an all-padding block
-    for (int64_t c = 0; c < d.hdp; ++c) {
-      float* o = dst + c * d.Tp + t0;
-      if (c < d.hd && nt == 16) {
-        for (int64_t t = 0; t < 16; ++t) o[t] = src[(t0 + t) * d.C + c];
-      } else {
-        for (int64_t t = 0; t < 16; ++t) o[t] = c < d.hd && t < nt ? src[(t0 + t) * d.C + c] : 0.0f;
+    const int64_t nt = std::clamp<int64_t>(d.T - t0, 0, 16);
+    for (int64_t c0 = 0; c0 < d.hdp; c0 += 64) {
+      const int64_t nc = std::min<int64_t>(64, d.hdp - c0);
+      const int64_t ncv = std::clamp<int64_t>(d.hd - c0, 0, nc);  // valid channels
+      for (int64_t t = 0; t < 16; ++t) {
+        const float* sr = src + (t0 + t) * d.C + c0;
+        const int64_t n = t < nt ? ncv : 0;
+        for (int64_t c = 0; c < n; ++c) blk[t][c] = sr[c];
+        for (int64_t c = n; c < nc; ++c) blk[t][c] = 0.0f;
+      }
+      for (int64_t c = 0; c < nc; ++c) {
+        float* o = dst + (c0 + c) * d.Tp + t0;
+        for (int64_t t = 0; t < 16; ++t) o[t] = blk[t][c];
       }
     }
   }
 }
+
+// dst[0:n] = src[0:n], dst[n:len] = 0 (n ≤ len), with streaming (non-temporal) stores for the
+// 64-byte-aligned middle: att rows are written once and read back only by the backward pass
+// (or the caller), much later, so there is no point in fetching their lines first (ds, which
+// the backward reads straight back, is stored normally). The partial lines at both ends are
+// plain stores (they are shared with the neighbouring rows). src must be readable up to
+// round_up(n, 16) floats. Call stream_fence() before another thread may read the rows.
+template <int VW>
+[[gnu::always_inline]] inline void stream_row(float* dst, const float* src, int64_t n,
+                                              int64_t len) {
+  using S = Simd<VW>;
+  typedef typename S::V V;
+  typedef typename S::U U;
+  auto plain = [&](int64_t j0, int64_t j1) __attribute__((always_inline)) {  // [j0, j1)
+    const int64_t m = std::clamp(n, j0, j1);
+    if (m > j0) std::memcpy(dst + j0, src + j0, sizeof(float) * (m - j0));
+    if (j1 > m) std::fill(dst + m, dst + j1, 0.0f);
+  };
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
+  int64_t a = static_cast<int64_t>((64 - addr % 64) % 64 / sizeof(float));  // first aligned
+  if (addr % sizeof(float) != 0 || a + 16 > len) {
+    plain(0, len);
+    return;
+  }
+  const int64_t b = a + (len - a) / 16 * 16;  // end of the aligned lines
+  plain(0, a);
+  const typename S::I iota = lane_iota<VW>();
+  int64_t j = a;
+  for (; j + VW <= std::min(n, b); j += VW) S::stream(dst + j, *reinterpret_cast<const U*>(src + j));
+  if (j < n && j < b) {  // the vector holding element n − 1 (n is not a multiple of VW here)
+    const V v = *reinterpret_cast<const U*>(src + j);
+    S::stream(dst + j, iota + static_cast<int32_t>(j) < static_cast<int32_t>(n) ? v : V{});
+    j += VW;
+  }
+  for (; j < b; j += VW) S::stream(dst + j, V{});
+  plain(b, len);
+}
+inline void stream_fence() { __builtin_ia32_sfence(); }
 
 // strip[k·MR + r] = m[k·T + j0 + r] for j0 ≤ k < T and r < MR (0 for columns j0 + r ≥ T,
 // which the kUpper micro-kernel never reads anyway); m is a [T, T] row-major matrix.
@@ -440,8 +496,7 @@ template <int VW>
         continue;
       }
       softmax_row<VW>(s, i + 1, d.scale);
-      std::memcpy(att + i * T, s, sizeof(float) * (i + 1));
-      std::fill(att + i * T + i + 1, att + (i + 1) * T, 0.0f);
+      stream_row<VW>(att + i * T, s, i + 1, T);
     }
     // O = P V for the block, k (= j) restricted to the causal range of each row.
     const int64_t k1 = std::min(i0 + MR, T);
@@ -451,6 +506,7 @@ template <int VW>
       put_tile<VW, false, MR>(out, tile, 16 * nv, i0, n0, d);
     });
   }
+  stream_fence();  // the att rows were written with streaming stores
 }
 
 // One (b, h) backward; ds points at the head's [T, T] block of `scratch`. Row blocks of MR
@@ -497,6 +553,7 @@ template <int VW>
         p = Pr;
       }
       softmax_grad_row<VW>(g, p, i + 1, d.scale);
+      // Plain stores: the dS columns are read back below (pack_strip) while still in cache.
       std::memcpy(ds + i * T, g, sizeof(float) * (i + 1));
       std::fill(ds + i * T + i + 1, ds + (i + 1) * T, 0.0f);
     }
