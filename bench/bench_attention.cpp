@@ -5,13 +5,15 @@
 //
 //   ./build/bench_attention --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //
-// Shapes (B·H, T, hd) = (64, 512, 64) and (48, 1024, 64) (B = 1, H = B·H, C = H·hd).
+// Shapes (B·H, T, hd) = (64, 512, 64) and (48, 1024, 64), laid out as the training configs
+// do: configs/small.toml (B = 8, H = 8, C = 512) and configs/gpt2-124m.toml (B = 4, H = 12,
+// C = 768), so the head slices have the real row stride C.
 // items_per_second is FLOP/s of the causal products actually needed: forward QKᵀ and PV,
 // 2·2·T(T+1)/2·hd per head; backward dP, dQ, dK, dV, 4·2·T(T+1)/2·hd per head (softmax and
 // exp not counted). Kernels run with omp_get_max_threads() threads (OMP_NUM_THREADS); the
 // variant is chosen with detail::set_attention_isa (avx512 / avx2 / base = SSE2 with
-// std::fma per lane). The twin (one thread) and the base variant run 4 heads only (they are
-// slow; their rate per head is what matters).
+// std::fma per lane). The twin (one thread) and the base variant run one batch row only (B = 1;
+// they are slow, and their rate per head is what matters).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -382,12 +384,13 @@ bool select(benchmark::State& st, Kind kind) {
   return true;
 }
 
-// range(0) = B·H, range(1) = T, range(2) = hd; Bwd: time the backward (forward run once).
+// range(0) = B·H, range(1) = T, range(2) = hd, range(3) = H; Bwd: time the backward (the
+// forward runs once, before).
 template <Kind K, bool Bwd>
 void BM_Attention(benchmark::State& st) {
   if (!select(st, K)) return;
-  const int64_t BH = K == kTwin || K == kNewBase ? 4 : st.range(0), T = st.range(1), hd = st.range(2);
-  const int64_t B = 1, H = BH, C = H * hd;
+  const int64_t H = st.range(3), T = st.range(1), hd = st.range(2);
+  const int64_t B = K == kTwin || K == kNewBase ? 1 : st.range(0) / H, BH = B * H, C = H * hd;
   const size_t act = static_cast<size_t>(B * T * C), att_n = static_cast<size_t>(BH * T * T);
   const auto q = randn(act, 1), k = randn(act, 2), v = randn(act, 3), dout = randn(act, 4);
   std::vector<float> out(act), att(att_n), scratch(Bwd ? att_n : 0);
@@ -432,9 +435,9 @@ void BM_Attention(benchmark::State& st) {
 #define FP4_ATTN_BM(K, BWD)                                                            \
   BENCHMARK(BM_Attention<K, BWD>)                                                      \
       ->Name(std::string("BM_Attention") + (BWD ? "Bwd/" : "Fwd/") + kKindName[K])     \
-      ->ArgNames({"BH", "T", "hd"})                                                    \
-      ->Args({64, 512, 64})                                                            \
-      ->Args({48, 1024, 64})                                                           \
+      ->ArgNames({"BH", "T", "hd", "H"})                                               \
+      ->Args({64, 512, 64, 8})                                                         \
+      ->Args({48, 1024, 64, 12})                                                       \
       ->Unit(benchmark::kMillisecond)                                                  \
       ->UseRealTime()
 

@@ -335,10 +335,12 @@ struct Dims {
 };
 
 // Floats of per-thread workspace needed by the forward / backward head kernels.
-// (kPad ≥ every variant's kMR: the row-block buffer; backward: one more row, Pr, and the two
-// [Tp, kMR] column strips.)
+// (kPad ≥ every variant's kMR: the row-block buffer; backward: one more row, Pr, and the
+// column panels of dS and P, Tp² floats each.)
 inline int64_t fwd_ws_floats(const Dims& d) { return 3 * d.Tp * d.hdp + kPad * d.Tp; }
-inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + (3 * kPad + 1) * d.Tp; }
+inline int64_t bwd_ws_floats(const Dims& d) {
+  return 4 * d.Tp * d.hdp + (kPad + 1) * d.Tp + 2 * d.Tp * d.Tp;
+}
 
 // Packs src[t·C + c] (t < T, c < hd) into dst [Tp, hdp] row-major, zero padded.
 [[gnu::always_inline]] inline void pack_rows(float* dst, const float* src, const Dims& d) {
@@ -379,9 +381,9 @@ inline int64_t bwd_ws_floats(const Dims& d) { return 4 * d.Tp * d.hdp + (3 * kPa
 }
 
 // dst[0:n] = src[0:n], dst[n:len] = 0 (n ≤ len), with streaming (non-temporal) stores for the
-// 64-byte-aligned middle: att rows are written once and read back only by the backward pass
-// (or the caller), much later, so there is no point in fetching their lines first (ds, which
-// the backward reads straight back, is stored normally). The partial lines at both ends are
+// 64-byte-aligned middle: att and ds rows are written once and read back only by the
+// backward pass (or the caller), much later, so there is no point in fetching their lines
+// first. The partial lines at both ends are
 // plain stores (they are shared with the neighbouring rows). src must be readable up to
 // round_up(n, 16) floats. Call stream_fence() before another thread may read the rows.
 template <int VW>
@@ -415,21 +417,6 @@ template <int VW>
   plain(b, len);
 }
 inline void stream_fence() { __builtin_ia32_sfence(); }
-
-// strip[k·MR + r] = m[k·T + j0 + r] for j0 ≤ k < T and r < MR (0 for columns j0 + r ≥ T,
-// which the kUpper micro-kernel never reads anyway); m is a [T, T] row-major matrix.
-template <int MR>
-[[gnu::always_inline]] inline void pack_strip(float* strip, const float* m, int64_t j0,
-                                              int64_t T) {
-  const int64_t w = std::min<int64_t>(MR, T - j0);
-  if (w == MR) {
-    for (int64_t k = j0; k < T; ++k)
-      for (int r = 0; r < MR; ++r) strip[k * MR + r] = m[k * T + j0 + r];
-  } else {
-    for (int64_t k = j0; k < T; ++k)
-      for (int r = 0; r < MR; ++r) strip[k * MR + r] = r < w ? m[k * T + j0 + r] : 0.0f;
-  }
-}
 
 // out[(i0 + r)·C + c] (=, or += if Acc) tile[r·NRt + c − n0] for the rows < T and columns < hd
 // of a tile at (i0, n0) with MR rows and NRt columns.
@@ -510,8 +497,10 @@ template <int VW>
 }
 
 // One (b, h) backward; ds points at the head's [T, T] block of `scratch`. Row blocks of MR
-// queries: dP (in a small [MR, Tp] buffer), the softmax Jacobian, the ds rows and dQ; then
-// dK and dV read dS and P straight from `ds` and `att` (row stride T, i ≥ j only).
+// queries: dP (in a small [MR, Tp] buffer), the softmax Jacobian, the ds rows and dQ. Each dS
+// and P row is also scattered, MR columns at a time, into column panels (panel b holds
+// columns b·MR..b·MR + MR of every row i as [Tp, MR]: a contiguous stream for the kUpper
+// products dK = dSᵀ Q and dV = Pᵀ dO, which read column j over rows i ≥ j).
 template <int VW>
 [[gnu::always_inline]] inline void head_backward(float* dq, float* dk, float* dv, float* ds,
                                                  const float* dout, const float* q,
@@ -525,8 +514,8 @@ template <int VW>
   float* Vt = dO + Tp * hdp;    // [hdp, Tp]
   float* Db = Vt + hdp * Tp;    // [MR, Tp] dP, then dS, of one row block
   float* Pr = Db + MR * Tp;     // [Tp] copy of an att row whose 16-lane tail would leave att
-  float* Ds = Pr + Tp;          // [Tp, MR] strip of dS columns j0..j0+MR (rows ≥ j0 used)
-  float* Ps = Ds + Tp * MR;     // [Tp, MR] the same strip of P
+  float* Dp = Pr + Tp;          // [Tp / MR][Tp, MR] column panels of dS (i ≥ j used)
+  float* Pp = Dp + Tp * Tp;     // [Tp / MR][Tp, MR] the same panels of P
   pack_rows(Q, q, d);
   pack_rows(K, k, d);
   pack_rows(dO, dout, d);
@@ -553,9 +542,13 @@ template <int VW>
         p = Pr;
       }
       softmax_grad_row<VW>(g, p, i + 1, d.scale);
-      // Plain stores: the dS columns are read back below (pack_strip) while still in cache.
-      std::memcpy(ds + i * T, g, sizeof(float) * (i + 1));
-      std::fill(ds + i * T + i + 1, ds + (i + 1) * T, 0.0f);
+      stream_row<VW>(ds + i * T, g, i + 1, T);
+      // Panels: columns j0..j0 + MR of row i for j0 ≤ i (lanes j > i hold values that the
+      // kUpper products never read).
+      for (int64_t j0 = 0; j0 <= i; j0 += MR) {
+        std::memcpy(Dp + (j0 * Tp + i * MR), g + j0, sizeof(float) * MR);
+        std::memcpy(Pp + (j0 * Tp + i * MR), p + j0, sizeof(float) * MR);
+      }
     }
     // dQ += dS K: row i needs j ≤ i only.
     const int64_t k1 = std::min(i0 + MR, T);
@@ -565,21 +558,16 @@ template <int VW>
       put_tile<VW, true, MR>(dq, tile, 16 * nv, i0, n0, d);
     });
   }
-  // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only. The columns j0..j0+MR of dS and P
-  // (rows i ≥ j0, row stride T: a new cache line, often a new page, every row) are first
-  // copied to contiguous [T, MR] strips, so the micro-kernel streams them (A(r, i) =
-  // strip[i·MR + r]).
-  for (int64_t j0 = 0; j0 < T; j0 += MR) {
-    pack_strip<MR>(Ds, ds, j0, T);
-    pack_strip<MR>(Ps, att, j0, T);
+  stream_fence();  // the ds rows were written with streaming stores
+  // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only; A(r, i) = panel[i·MR + r].
+  for (int64_t j0 = 0; j0 < T; j0 += MR)
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
       constexpr int NV = decltype(nv)::value;
-      micro<VW, MR, NV, kUpper>(j0, T, Ds, 1, MR, Q + n0, hdp, tile, 16 * nv, j0);
+      micro<VW, MR, NV, kUpper>(j0, T, Dp + j0 * Tp, 1, MR, Q + n0, hdp, tile, 16 * nv, j0);
       put_tile<VW, true, MR>(dk, tile, 16 * nv, j0, n0, d);
-      micro<VW, MR, NV, kUpper>(j0, T, Ps, 1, MR, dO + n0, hdp, tile, 16 * nv, j0);
+      micro<VW, MR, NV, kUpper>(j0, T, Pp + j0 * Tp, 1, MR, dO + n0, hdp, tile, 16 * nv, j0);
       put_tile<VW, true, MR>(dv, tile, 16 * nv, j0, n0, d);
     });
-  }
 }
 
 using FwdFn = void (*)(float*, float*, const float*, const float*, const float*, const Dims&,
