@@ -380,42 +380,84 @@ inline int64_t bwd_ws_floats(const Dims& d) {
   }
 }
 
-// dst[0:n] = src[0:n], dst[n:len] = 0 (n ≤ len), with streaming (non-temporal) stores for the
-// 64-byte-aligned middle: att and ds rows are written once and read back only by the
-// backward pass (or the caller), much later, so there is no point in fetching their lines
-// first. The partial lines at both ends are
-// plain stores (they are shared with the neighbouring rows). src must be readable up to
-// round_up(n, 16) floats. Call stream_fence() before another thread may read the rows.
+// Writes the rows of one head's [T, T] block, in order (row i: src[0:n], then zeros to T), as
+// one stream of streaming (non-temporal) stores: att and ds rows are written once and read
+// back only by the backward pass (or the caller), much later, so there is no point in
+// fetching their lines first. Every 64-byte line inside the block is written whole with one
+// vector store per VW floats; a line shared by two rows (T not a multiple of 16 or an
+// unaligned block) is assembled in `line` from the end of one row and the start of the next.
+// Only the partial lines at the two ends of the block, which neighbouring heads share, get
+// plain stores. Call stream_fence() before another thread may read the block.
 template <int VW>
-[[gnu::always_inline]] inline void stream_row(float* dst, const float* src, int64_t n,
-                                              int64_t len) {
+struct RowStreamer {
   using S = Simd<VW>;
   typedef typename S::V V;
   typedef typename S::U U;
-  auto plain = [&](int64_t j0, int64_t j1) __attribute__((always_inline)) {  // [j0, j1)
-    const int64_t m = std::clamp(n, j0, j1);
-    if (m > j0) std::memcpy(dst + j0, src + j0, sizeof(float) * (m - j0));
-    if (j1 > m) std::fill(dst + m, dst + j1, 0.0f);
-  };
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
-  int64_t a = static_cast<int64_t>((64 - addr % 64) % 64 / sizeof(float));  // first aligned
-  if (addr % sizeof(float) != 0 || a + 16 > len) {
-    plain(0, len);
-    return;
+  float* base;
+  int64_t T;
+  bool plain;        // T < 32 (or a misaligned base): plain stores only
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  int64_t pend = kNone;  // block index of the aligned line held in `line`, or kNone
+  alignas(64) float line[16];
+
+  RowStreamer(float* b, int64_t t)
+      : base(b), T(t), plain(t < 32 || reinterpret_cast<uintptr_t>(b) % sizeof(float) != 0) {}
+
+  // Block index of the first 64-byte-aligned element at or after element e.
+  int64_t align_up(int64_t e) const {
+    const int64_t off = static_cast<int64_t>((reinterpret_cast<uintptr_t>(base) / sizeof(float) + e) % 16);
+    return off == 0 ? e : e + 16 - off;
   }
-  const int64_t b = a + (len - a) / 16 * 16;  // end of the aligned lines
-  plain(0, a);
-  const typename S::I iota = lane_iota<VW>();
-  int64_t j = a;
-  for (; j + VW <= std::min(n, b); j += VW) S::stream(dst + j, *reinterpret_cast<const U*>(src + j));
-  if (j < n && j < b) {  // the vector holding element n − 1 (n is not a multiple of VW here)
-    const V v = *reinterpret_cast<const U*>(src + j);
-    S::stream(dst + j, iota + static_cast<int32_t>(j) < static_cast<int32_t>(n) ? v : V{});
-    j += VW;
+
+  [[gnu::always_inline]] void row(int64_t i, const float* src, int64_t n) {
+    float* dst = base + i * T;
+    if (plain) {
+      std::memcpy(dst, src, sizeof(float) * n);
+      std::fill(dst + n, dst + T, 0.0f);
+      return;
+    }
+    auto at = [&](int64_t j) { return j < n ? src[j] : 0.0f; };
+    const int64_t start = i * T, end = start + T;
+    // a: first line start ≥ start; b_: last line start ≤ end (a < b_ as T ≥ 32).
+    const int64_t a = align_up(start), b_ = align_up(end) == end ? end : align_up(end) - 16;
+    // Head [start, a): completes the pending line (tail of row i − 1) or, for the first row,
+    // is shared with the previous head's block: plain stores.
+    if (a > start) {
+      if (pend != kNone && pend == a - 16) {
+        for (int64_t e = start; e < a; ++e) line[e - pend] = at(e - start);
+        S::stream(base + pend, *reinterpret_cast<const V*>(line));
+        if constexpr (VW < 16)
+          for (int v = VW; v < 16; v += VW) S::stream(base + pend + v, *reinterpret_cast<const V*>(line + v));
+        pend = kNone;
+      } else {
+        for (int64_t e = start; e < a; ++e) base[e] = at(e - start);
+      }
+    }
+    // Middle [a, b_): whole aligned lines.
+    const typename S::I iota = lane_iota<VW>();
+    int64_t j = a - start;
+    const int64_t jm = b_ - start;
+    for (; j + VW <= std::min(n, jm); j += VW) S::stream(dst + j, *reinterpret_cast<const U*>(src + j));
+    if (j < n && j < jm) {  // the vector holding element n − 1
+      const V v = *reinterpret_cast<const U*>(src + j);
+      S::stream(dst + j, iota + static_cast<int32_t>(j) < static_cast<int32_t>(n) ? v : V{});
+      j += VW;
+    }
+    for (; j < jm; j += VW) S::stream(dst + j, V{});
+    // Tail [b_, end): held until the next row completes the line.
+    if (b_ < end) {
+      pend = b_;
+      for (int64_t e = b_; e < end; ++e) line[e - b_] = at(e - start);
+    }
   }
-  for (; j < b; j += VW) S::stream(dst + j, V{});
-  plain(b, len);
-}
+
+  // Plain stores for a line left pending by the last row (shared with the next head's block).
+  void finish() {
+    if (pend == kNone) return;
+    std::memcpy(base + pend, line, sizeof(float) * (T * T - pend));
+    pend = kNone;
+  }
+};
 inline void stream_fence() { __builtin_ia32_sfence(); }
 
 // out[(i0 + r)·C + c] (=, or += if Acc) tile[r·NRt + c − n0] for the rows < T and columns < hd
@@ -467,6 +509,7 @@ template <int VW>
   pack_rows(V, v, d);
 
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
+  RowStreamer<VW> att_out(att, T);
   for (int64_t i0 = 0; i0 < T; i0 += MR) {
     // Sb[r, j] = Σ_c Q[i0 + r, c] Kᵀ[c, j] for the 16-column groups that touch j ≤ i0 + r.
     col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
@@ -483,7 +526,7 @@ template <int VW>
         continue;
       }
       softmax_row<VW>(s, i + 1, d.scale);
-      stream_row<VW>(att + i * T, s, i + 1, T);
+      att_out.row(i, s, i + 1);
     }
     // O = P V for the block, k (= j) restricted to the causal range of each row.
     const int64_t k1 = std::min(i0 + MR, T);
@@ -493,6 +536,7 @@ template <int VW>
       put_tile<VW, false, MR>(out, tile, 16 * nv, i0, n0, d);
     });
   }
+  att_out.finish();
   stream_fence();  // the att rows were written with streaming stores
 }
 
@@ -522,6 +566,7 @@ template <int VW>
   pack_cols(Vt, v, d);
 
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
+  RowStreamer<VW> ds_out(ds, T);
   for (int64_t i0 = 0; i0 < T; i0 += MR) {
     // dP = dO Vᵀ on the 16-column groups that touch j ≤ i.
     col_blocks<VW>(round_up(i0 + MR, 16), [&](int64_t n0, auto nv) {
@@ -542,7 +587,7 @@ template <int VW>
         p = Pr;
       }
       softmax_grad_row<VW>(g, p, i + 1, d.scale);
-      stream_row<VW>(ds + i * T, g, i + 1, T);
+      ds_out.row(i, g, i + 1);
       // Panels: columns j0..j0 + MR of row i for j0 ≤ i (lanes j > i hold values that the
       // kUpper products never read).
       for (int64_t j0 = 0; j0 <= i; j0 += MR) {
@@ -558,6 +603,7 @@ template <int VW>
       put_tile<VW, true, MR>(dq, tile, 16 * nv, i0, n0, d);
     });
   }
+  ds_out.finish();
   stream_fence();  // the ds rows were written with streaming stores
   // dK += dSᵀ Q and dV += Pᵀ dO: row j needs i ≥ j only; A(r, i) = panel[i·MR + r].
   for (int64_t j0 = 0; j0 < T; j0 += MR)
