@@ -13,15 +13,24 @@
 // output element is produced by one thread in a fixed order and results are bit-identical
 // for any thread count. The head slices are packed into zero-padded per-thread buffers
 // (T and hd rounded up to 16) and the products run through a register-blocked micro-kernel
-// (Cfg<VW>::kMR rows × 16·kNV columns; AVX-512: 8 × 32, AVX2: 4 × 16, baseline: 4 × 16)
+// (Simd<VW>::kMR rows × 16·kNV columns; AVX-512: 8 × 32, AVX2: 4 × 16, baseline: 4 × 16)
 // whose every lane computes acc = fma(a, b, acc) from +0 with k ascending over the whole
 // contraction range (never split), using explicit fused multiply-adds (the project builds
-// with -ffp-contract=off, so nothing is contracted behind our back): _mm512_fmadd_ps,
-// _mm256_fmadd_ps, and std::fma per lane in the baseline build (a correctly rounded fma gives
-// the same bits however it is computed; glibc's fmaf uses the FMA instruction when the CPU
-// has one and an exact software path otherwise). The block shape only decides which outputs
-// are computed together, never the operations that produce one output, so all variants give
-// bit-identical results.
+// with -ffp-contract=off, so nothing is contracted behind our back): vfmadd231ps through
+// inline asm on AVX-512 and AVX2 (the intrinsics would need a target attribute on every
+// inlined template between them and the per-ISA entry points), and std::fma per lane in the
+// baseline build (a correctly rounded fma gives the same bits however it is computed; glibc's
+// fmaf uses the FMA instruction when the CPU has one and an exact software path otherwise).
+// The block shape only decides which outputs are computed together, never the operations
+// that produce one output, so all variants give bit-identical results.
+//
+// Data flow: the forward walks row blocks of kMR queries: scores into a small [kMR, Tp]
+// buffer, row softmax there, the att rows streamed out, then P V for the block; the [T, T]
+// scores never go through a workspace. The backward does the same for dP, dS (streamed to
+// `scratch`) and dQ, and also scatters dS and P into column panels ([Tp, kMR] per block of
+// columns) so that dK = dSᵀ Q and dV = Pᵀ dO, which run down the columns, read contiguous
+// memory. att and ds are written with streaming stores as one run of whole cache lines
+// (RowStreamer).
 //
 // The row softmax and the backward's row dot product are vectorized with a fixed order that
 // does not depend on the vector width: term j of a row goes to partial j mod 16 (16 partials,
@@ -34,6 +43,7 @@
 // bit for bit (tests/test_attention_twin.cpp). Sums over the causal range never include the
 // masked terms above the diagonal (see Tri below) and vector tails mask the lanes j > i, so
 // neither the zero padding nor whatever lies above the diagonal can change a bit.
+//
 // The vector helpers below pass and return 32/64-byte vectors; they are always inlined into
 // functions built for the matching target, so the -Wpsabi note about the ABI does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -60,10 +70,12 @@ constexpr int64_t kPad = 16;  // T and hd are padded to multiples of this (≥ e
 // Below this much work (B·H·T²·hd) the (b, h) loop runs on the calling thread only.
 constexpr int64_t kParallelMin = int64_t{1} << 16;
 
-// Native vectors of VW floats / int32 (16: AVX-512, 8: AVX2, 4: SSE2) with the three
-// operations that need an instruction set: broadcast, fused multiply-add, and nothing else
-// (the rest is GCC vector-extension arithmetic, which -ffp-contract=off keeps unfused).
-// kMR × kNV is the micro-kernel's main block (rows × 16-column groups).
+// Native vectors of VW floats / int32 (16: AVX-512, 8: AVX2, 4: SSE2) with the operations
+// that are not plain GCC vector-extension arithmetic (which -ffp-contract=off keeps unfused):
+// broadcast (a shuffle that GCC emits as vbroadcastss), fused multiply-add, and a streaming
+// store. Everything here is always inlined into the per-ISA entry points (target attributes),
+// so the asm operands get the right registers. kMR × kNV is the micro-kernel's main block
+// (rows × 16-column groups).
 template <int VW>
 struct Simd;
 template <>
