@@ -4,17 +4,23 @@
 // forced with detail::set_attention_isa, with 1 and 2 OpenMP threads, must reproduce the
 // reference's forward output, att probabilities, and backward dq, dk, dv (accumulated onto
 // random initial gradients) and scratch (dS) exactly (memcmp), on random normal inputs over
-// many shapes (T not a multiple of 16, several head sizes and B·H) and on adversarial inputs:
-// logits of ±1e4 (exp underflows), tied scores, exact and signed zeros, subnormals, a single
-// huge element, and infinities (which must not leak across the causal mask).
+// many shapes (T not a multiple of the micro-kernel's row block (8 on AVX-512, 4 otherwise) or
+// of its 16/32-column block, T = 1 and T = 300, head sizes 1 to 100, so hd is not a multiple
+// of 16 or needs a 16-column tail after 32-column blocks, several B·H) and on adversarial
+// inputs: logits of ±1e4 (exp underflows), tied scores, exact and signed zeros, subnormals, a
+// single huge element, infinities (which must not leak across the causal mask), and scores
+// chosen so that the softmax's exp sees ~33k distinct arguments across [−110, 0] (the
+// vector exp must match internal::exp_scalar bit for bit).
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -171,8 +177,8 @@ class AttentionTwin : public ::testing::Test {
 
   // The adversarial cases run on these shapes (the last is big enough for the parallel path).
   std::vector<Shape> adversarial_shapes() const {
-    return {shape(1, 1, 1, 8), shape(2, 5, 3, 8), shape(1, 17, 1, 64), shape(2, 37, 2, 24),
-            shape(2, 37, 2, 64)};
+    return {shape(1, 1, 1, 8), shape(2, 5, 3, 8),   shape(1, 17, 1, 64), shape(2, 37, 2, 24),
+            shape(2, 37, 2, 64), shape(1, 77, 2, 48)};
   }
 
   // Builds inputs for every adversarial shape with `make` and checks them.
@@ -211,6 +217,38 @@ TEST_F(AttentionTwin, RandomNormalShapes) {
   // Odd head sizes (hd not a multiple of 4/8/16) and a longer sequence.
   check("random normal", shape(1, 23, 2, 5), random_inputs(shape(1, 23, 2, 5), seed++));
   check("random normal", shape(1, 70, 1, 16), random_inputs(shape(1, 70, 1, 16), seed++));
+  // Row / column block edges of the 8 × 32 (AVX-512) and 4 × 16 micro-kernels: T a multiple
+  // of 8 but not 16, one past / short of a block, hd = 48 and 100 (32-column blocks plus a
+  // 16-column tail), hd = 1, and a long sequence.
+  for (int64_t T : {8, 9, 24, 31, 33, 40, 63, 65})
+    for (int64_t hd : {1, 48, 100}) {
+      const Shape s = shape(1, T, 2, hd);
+      check("block edges", s, random_inputs(s, seed++));
+    }
+  check("long sequence", shape(1, 300, 2, 64), random_inputs(shape(1, 300, 2, 64), seed++));
+  check("long sequence", shape(2, 300, 1, 40), random_inputs(shape(2, 300, 1, 40), seed++));
+}
+
+TEST_F(AttentionTwin, ExpArguments) {
+  // hd = 1 (scale 1), q = 1 and k[token 0] = 0, other k in [−110, 0]: s[i, j] = k[j] exactly
+  // (fma(1, x, +0) = x), every row max is 0 and the softmax evaluates exp(k[j]) for each j,
+  // so the att rows expose exp on 128 heads × 255 arguments: uniform over [−110, 0] (exp
+  // underflows to subnormals below about −87.3 and to 0 below −104), with a few exact
+  // arguments mixed in (−0, subnormals, −104, just above −104, −87.33, −1e-8).
+  const Shape s = shape(1, 256, 128, 1);
+  Inputs in = random_inputs(s, 4242);
+  std::mt19937 g(4243);
+  std::uniform_real_distribution<float> u(-110.0f, 0.0f);
+  std::fill(in.q.begin(), in.q.end(), 1.0f);
+  for (float& x : in.k) x = u(g);
+  const float specials[] = {-0.0f, -1e-40f, -1e-8f, -104.0f, -103.99999f, -87.33655f, -87.5f,
+                            -1.0f, -0.5f, -88.7f};
+  for (int64_t h = 0; h < s.H; ++h) {
+    in.k[static_cast<size_t>(h)] = 0.0f;  // token 0: the row max
+    for (size_t n = 0; n < std::size(specials); ++n)
+      in.k[static_cast<size_t>((1 + 7 * n + h) * s.C + h)] = specials[n];
+  }
+  check("exp arguments", s, in);
 }
 
 TEST_F(AttentionTwin, HugeLogitsUnderflow) {

@@ -4,13 +4,17 @@
 // Straightforward loops over (b, h, i, j, c): no vector types, no OpenMP, no padded
 // buffers. Each FP32 value is produced by exactly the operations the vector kernels use, in
 // the same order, so the AVX-512, AVX2 and SSE2 builds must match this file bit for bit:
-//  * every dot product / matrix-product entry is a sum that starts at +0.0f and adds one
-//    separately rounded product per step, with the reduction index ascending (the
-//    micro-kernel's k loop; the project builds with -ffp-contract=off, so no FMA);
+//  * every dot product / matrix-product entry is acc = std::fma(a, b, acc) from +0.0f with
+//    the reduction index ascending over the whole range (the micro-kernel's k loop, one
+//    fused multiply-add per term, explicitly: the project builds with -ffp-contract=off);
 //  * the 1/sqrt(hd) scale multiplies the finished score (forward) and the finished
 //    P·(dP − dot) product (backward), exactly where the kernel does;
-//  * the softmax is max (std::max, from −inf), then exp(s − m) and the running sum in one
-//    ascending pass, then a multiply by 1/sum;
+//  * the softmax row reductions use 16 partials, term j going to partial j mod 16 with j
+//    ascending, combined by a fixed pairwise tree: the max partials start at −inf and take
+//    x when x > partial (max_tree16 below, the same select), the sum partials start at +0
+//    and add exp(s − m) (internal::exp_scalar, the project's multiply/add-only expf), and
+//    are combined by internal::tree16; then every e[j] is multiplied by 1/sum;
+//  * the backward row dot Σ_j p[j]·dp[j] uses 16 fma partials (j mod 16) and tree16;
 //  * sums restricted to the causal range: the kernel never adds a masked (j > i) term (see
 //    the triangular tails of micro() in attention.cpp), so none appear here either.
 // Keep this file in sync with attention.cpp; tests/test_attention_twin.cpp compares them.
@@ -22,6 +26,7 @@
 #include <string>
 
 #include "fp4/nn/layers.h"
+#include "layers_internal.h"
 
 namespace fp4::nn::detail {
 namespace {
@@ -31,6 +36,15 @@ void check_dims(int64_t T, int64_t C, int64_t H, const char* fn) {
     throw std::invalid_argument(std::string(fn) + ": need T, C, H > 0 and C % H == 0 (got T=" +
                                 std::to_string(T) + ", C=" + std::to_string(C) +
                                 ", H=" + std::to_string(H) + ")");
+}
+
+// As attention.cpp: max of 16 partials by a fixed tree with mx(a, b) = b > a ? b : a.
+float max_tree16(float* p) {
+  auto mx = [](float a, float b) { return b > a ? b : a; };
+  for (int i = 0; i < 8; ++i) p[i] = mx(p[i], p[i + 8]);
+  for (int i = 0; i < 4; ++i) p[i] = mx(p[i], p[i + 4]);
+  for (int i = 0; i < 2; ++i) p[i] = mx(p[i], p[i + 2]);
+  return mx(p[0], p[1]);
 }
 
 }  // namespace
@@ -54,26 +68,29 @@ void attention_forward_ref(float* out, float* att, const float* q, const float* 
         // Scores s[j] = (q_i · k_j) · scale, kept in the att row.
         for (int64_t j = 0; j <= i; ++j) {
           float acc = 0.0f;
-          for (int64_t c = 0; c < hd; ++c) acc += Q[i * C + c] * K[j * C + c];
+          for (int64_t c = 0; c < hd; ++c) acc = std::fma(Q[i * C + c], K[j * C + c], acc);
           p[j] = acc;
         }
-        float m = -std::numeric_limits<float>::infinity();
+        float part[16];
+        std::fill(part, part + 16, -std::numeric_limits<float>::infinity());
         for (int64_t j = 0; j <= i; ++j) {
           p[j] *= scale;
-          m = std::max(m, p[j]);
+          float& mp = part[j % 16];
+          mp = p[j] > mp ? p[j] : mp;
         }
-        float sum = 0.0f;
+        const float m = max_tree16(part);
+        std::fill(part, part + 16, 0.0f);
         for (int64_t j = 0; j <= i; ++j) {
-          p[j] = std::exp(p[j] - m);
-          sum += p[j];
+          p[j] = internal::exp_scalar(p[j] - m);
+          part[j % 16] += p[j];
         }
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / internal::tree16(part);
         for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
         for (int64_t j = i + 1; j < T; ++j) p[j] = 0.0f;
         // out_i = Σ_{j ≤ i} p[j] v_j.
         for (int64_t c = 0; c < hd; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) acc += p[j] * V[j * C + c];
+          for (int64_t j = 0; j <= i; ++j) acc = std::fma(p[j], V[j * C + c], acc);
           O[i * C + c] = acc;
         }
       }
@@ -107,11 +124,12 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
         float* g = dS + i * T;
         for (int64_t j = 0; j <= i; ++j) {
           float acc = 0.0f;
-          for (int64_t c = 0; c < hd; ++c) acc += dO[i * C + c] * V[j * C + c];
+          for (int64_t c = 0; c < hd; ++c) acc = std::fma(dO[i * C + c], V[j * C + c], acc);
           g[j] = acc;
         }
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) dot += p[j] * g[j];
+        float part[16] = {};
+        for (int64_t j = 0; j <= i; ++j) part[j % 16] = std::fma(p[j], g[j], part[j % 16]);
+        const float dot = internal::tree16(part);
         for (int64_t j = 0; j <= i; ++j) g[j] = p[j] * (g[j] - dot) * scale;
         for (int64_t j = i + 1; j < T; ++j) g[j] = 0.0f;
       }
@@ -120,7 +138,7 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
       for (int64_t i = 0; i < T; ++i)
         for (int64_t c = 0; c < hd; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) acc += dS[i * T + j] * K[j * C + c];
+          for (int64_t j = 0; j <= i; ++j) acc = std::fma(dS[i * T + j], K[j * C + c], acc);
           dQ[i * C + c] += acc;
         }
       // dk_j += Σ_{i=j}^{T−1} dS[i, j] q_i and dv_j += Σ_{i=j}^{T−1} P[i, j] dout_i.
@@ -128,8 +146,8 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
         for (int64_t c = 0; c < hd; ++c) {
           float acc_k = 0.0f, acc_v = 0.0f;
           for (int64_t i = j; i < T; ++i) {
-            acc_k += dS[i * T + j] * Q[i * C + c];
-            acc_v += P[i * T + j] * dO[i * C + c];
+            acc_k = std::fma(dS[i * T + j], Q[i * C + c], acc_k);
+            acc_v = std::fma(P[i * T + j], dO[i * C + c], acc_v);
           }
           dK[j * C + c] += acc_k;
           dV[j * C + c] += acc_v;

@@ -106,9 +106,10 @@ void cross_entropy_backward(float* dlogits, const float* logits, const int32_t* 
 void residual_add(float* x, const float* r, int64_t n);
 
 namespace detail {
-/// Attention micro-kernel variants. kScalarTwin is the baseline x86-64 build of the same
-/// kernel (4-lane SSE2 vectors, same per-lane multiply-then-add order) that the AVX2 and
-/// AVX-512 builds must match bit for bit.
+/// Attention kernel variants (AVX-512: 8 × 32 register blocks; AVX2 + FMA: 4 × 16; baseline:
+/// 4 × 16 with std::fma per lane). kScalarTwin is the baseline x86-64 build of the same
+/// kernel (4-lane SSE2 vectors, the same per-lane fused multiply-add sequence); all three
+/// must match attention_*_ref bit for bit.
 enum class AttentionIsa { kAuto, kAvx512, kAvx2, kScalarTwin };
 /// For tests and benchmarks: force a variant (not thread-safe; call between layer calls).
 /// Returns false, changing nothing, if this CPU cannot run it.
@@ -118,19 +119,22 @@ bool set_attention_isa(AttentionIsa isa);
 /// (b, h, i) row at a time, no vectors, no threads, no padding. It performs exactly the
 /// FP32 operations of the vector kernels in the same order, so every variant must match it
 /// bit for bit:
-///   s[j] = (Σ_{c=0}^{hd−1} q_i[c]·k_j[c]) · (1/sqrt(hd))  (sum from +0, c ascending,
-///          separate multiply and add), j ≤ i;
-///   m = max_j s[j] (std::max, j ascending, from −inf); e[j] = exp(s[j] − m);
-///   sum = Σ_j e[j] (from +0, j ascending); p[j] = e[j] · (1/sum);
-///   out_i[c] = Σ_{j=0}^{i} p[j]·v_j[c] (from +0, j ascending). att is 0 above the diagonal.
+///   s[j] = (Σ_{c=0}^{hd−1} q_i[c]·k_j[c]) · (1/sqrt(hd))  (acc = fma(q, k, acc) from +0, c
+///          ascending), j ≤ i;
+///   m = max of s[0..i] over 16 partials (s[j] into partial j mod 16, j ascending, each from
+///       −inf taking x when x > partial), combined by a fixed pairwise tree (8, 4, 2, 1);
+///   e[j] = exp(s[j] − m) (the project's multiply/add-only expf, internal::exp_scalar);
+///   sum = Σ_j e[j] over 16 partials (j mod 16, from +0) and the same tree (tree16);
+///   p[j] = e[j] · (1/sum);
+///   out_i[c] = Σ_{j=0}^{i} p[j]·v_j[c] (fma from +0, j ascending). att is 0 above the diagonal.
 void attention_forward_ref(float* out, float* att, const float* q, const float* k,
                            const float* v, int64_t B, int64_t T, int64_t C, int64_t H);
 /// Plain scalar reference twin of attention_backward (same contract: accumulates into dq,
-/// dk, dv, overwrites scratch). Per row i: dp[j] = Σ_c dout_i[c]·v_j[c] (from +0, c
-/// ascending); dot = Σ_{j≤i} p[j]·dp[j] (from +0, j ascending); ds[j] = p[j]·(dp[j] − dot)
-/// · (1/sqrt(hd)). Then, each sum from +0 with its index ascending and added once to the
-/// gradient: dq_i += Σ_{j=0}^{i} ds[i,j]·k_j, dk_j += Σ_{i=j}^{T−1} ds[i,j]·q_i,
-/// dv_j += Σ_{i=j}^{T−1} p[i,j]·dout_i.
+/// dk, dv, overwrites scratch). Per row i: dp[j] = Σ_c dout_i[c]·v_j[c] (fma from +0, c
+/// ascending); dot = Σ_{j≤i} p[j]·dp[j] (16 fma partials, j mod 16, then tree16);
+/// ds[j] = p[j]·(dp[j] − dot) · (1/sqrt(hd)). Then, each sum an fma chain from +0 with its
+/// index ascending, added once to the gradient: dq_i += Σ_{j=0}^{i} ds[i,j]·k_j,
+/// dk_j += Σ_{i=j}^{T−1} ds[i,j]·q_i, dv_j += Σ_{i=j}^{T−1} p[i,j]·dout_i.
 void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
                             const float* dout, const float* q, const float* k,
                             const float* v, const float* att, int64_t B, int64_t T, int64_t C,
