@@ -1,6 +1,7 @@
 // Profiling (fp4/profile.h): exclusive scope accounting, the FLOP count of a model (by hand),
 // the GEMM-rate cache, and a profiled training step whose components add up to its time.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -65,6 +66,32 @@ TEST(Profile, ScopesAreExclusiveAndAddUp) {
   for (double s : t.seconds) sum += s;
   EXPECT_LE(sum, wall + 1e-6);       // nothing counted twice
   EXPECT_GE(sum, wall - 0.002);      // nothing lost (reset() happened just before t0)
+}
+
+// Scopes opened by a team's threads inside a parallel region record nothing and leave the
+// driving thread's accounting intact (they used to push onto one shared stack from every
+// thread at once).
+TEST(Profile, ScopesInsideParallelRegionsAreIgnored) {
+  ProfOn on;
+  {
+    prof::Scope outer(Cat::kAttention);
+    for (int rep = 0; rep < 200; ++rep) {
+#pragma omp parallel num_threads(2)
+      {
+        prof::Scope inner(Cat::kLoss);
+        prof::Scope inner2(Cat::kNorm);
+        EXPECT_EQ(prof::detail::current(), omp_in_parallel() ? Cat::kAttention : Cat::kNorm);
+      }
+    }
+    EXPECT_EQ(prof::detail::current(), Cat::kAttention);
+  }
+  const prof::Totals t = prof::totals();
+  EXPECT_EQ(t.calls[int(Cat::kAttention)], 1);
+  if (omp_get_max_threads() > 1) {
+    EXPECT_EQ(t.calls[int(Cat::kLoss)], 0);
+    EXPECT_EQ(t.calls[int(Cat::kNorm)], 0);
+  }
+  EXPECT_EQ(prof::detail::current(), Cat::kOther);
 }
 
 TEST(Profile, DisabledRecordsNothing) {

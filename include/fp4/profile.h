@@ -5,9 +5,10 @@
 // Timing model. Code marks regions with `prof::Scope s(prof::Cat::X)`. Time is EXCLUSIVE: when
 // a scope opens inside another, the outer one stops accruing until the inner one closes, so the
 // components of a step add up to the step's wall time; time outside every scope is `other`
-// (zero-fills, buffer copies, loop glue). Scopes are opened only on the thread that drives the
-// step (never inside an OpenMP parallel region: a scope opened there is ignored). When
-// profiling is disabled (the default) a scope costs one branch on a global flag.
+// (zero-fills, buffer copies, loop glue). Scopes belong on the thread that drives the step: a
+// scope opened inside an active OpenMP parallel region (omp_in_parallel()) records nothing, on
+// any of the team's threads, and touches no shared state. When profiling is disabled (the
+// default) a scope costs one branch on a global flag.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -66,7 +67,9 @@ void add_flops(Cat c, double flops);
 
 namespace detail {
 extern bool g_enabled;
-void enter(Cat c);
+/// Opens a region of c; false (nothing recorded, nothing to leave) inside an active
+/// parallel region.
+bool enter(Cat c);
 void leave();
 /// The innermost open scope's component (kOther when disabled or none is open). For
 /// diagnostics, e.g. attributing heap allocations to components (tests/test_alloc.cpp).
@@ -76,9 +79,7 @@ Cat current();
 /// RAII region of component c (see the timing model above). Not copyable.
 class Scope {
  public:
-  explicit Scope(Cat c) : on_(detail::g_enabled) {
-    if (on_) detail::enter(c);
-  }
+  explicit Scope(Cat c) : on_(detail::g_enabled && detail::enter(c)) {}
   ~Scope() {
     if (on_) detail::leave();
   }

@@ -91,18 +91,16 @@ void add_flops(Cat c, double flops) {
 }
 
 namespace detail {
-void enter(Cat c) {
-  if (omp_in_parallel()) {  // keep the stack balanced: leave() pops what enter() pushed
-    g_stack.push_back(g_stack.empty() ? Cat::kOther : g_stack.back());
-    return;
-  }
+bool enter(Cat c) {
+  if (omp_in_parallel()) return false;  // a team's threads would race on the shared stack
   accrue(clock::now());
   g_stack.push_back(c);
   ++g_totals.calls[int(c)];
+  return true;
 }
 void leave() {
   if (g_stack.empty()) return;
-  if (!omp_in_parallel()) accrue(clock::now());
+  accrue(clock::now());
   g_stack.pop_back();
 }
 Cat current() { return g_enabled && !g_stack.empty() ? g_stack.back() : Cat::kOther; }
