@@ -33,12 +33,14 @@ for ((r = 0; r < rounds; r++)); do
   order+=("${recipes[@]}")
   for ((i = ${#recipes[@]} - 1; i >= 0; i--)); do order+=("${recipes[i]}"); done
 done
+# Recipe i's runs are $work/<k>@<i>.json (recipes may be paths); python maps i back to the name.
 k=0
 for r in "${order[@]}"; do
   k=$((k + 1))
+  for i in "${!recipes[@]}"; do [[ ${recipes[i]} == "$r" ]] && idx=$i; done
   "$bin" profile --config "$config" --recipe "$r" --steps "$steps" --warmup "$warmup" \
-    --json "$work/$k@$r.json" >/dev/null
-  echo "throughput.sh: $k/${#order[@]} $r: $(python3 -c "import json,sys; print('%.1f ms/step' % json.load(open(sys.argv[1]))['mean_step_ms'])" "$work/$k@$r.json")" >&2
+    --json "$work/$k@$idx.json" >/dev/null
+  echo "throughput.sh: $k/${#order[@]} $r: $(python3 -c "import json,sys; print('%.1f ms/step' % json.load(open(sys.argv[1]))['mean_step_ms'])" "$work/$k@$idx.json")" >&2
 done
 [[ -z $jdir ]] || { mkdir -p "$jdir"; cp "$work"/*.json "$jdir"/; }
 python3 - "$work" "$config" "${recipes[@]}" <<'PY'
@@ -46,7 +48,7 @@ import glob, json, os, statistics, sys
 work, config, recipes = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = {r: [] for r in recipes}
 for f in glob.glob(f"{work}/*.json"):
-    r = os.path.basename(f).split("@", 1)[1][:-5]
+    r = recipes[int(os.path.basename(f).split("@", 1)[1][:-5])]
     runs[r].append(json.load(open(f)))
 med, comps = {}, {}
 for r, js in runs.items():

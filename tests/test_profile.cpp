@@ -180,6 +180,26 @@ TEST_F(PeakCache, BestCachedEntryOfThisMachineIsUsed) {
   EXPECT_NE(r.source.find("cached"), std::string::npos) << r.source;
 }
 
+TEST_F(PeakCache, CorruptEntriesAreSkippedAndAppendsStartOnANewLine) {
+  const std::string key = prof::machine_key();
+  {
+    std::ofstream f(dir_ / "gemm_peak.tsv");
+    f << key << "\t1e9\t2026-01-01\n"          // not a CPU's rate: skipped
+      << key << "\tnan\t2026-01-01\n"
+      << "a hand-edited last line without its newline";
+  }
+  const prof::PeakRate r = prof::fp32_peak_gflops();  // nothing usable: measured, appended
+  EXPECT_NE(r.source.find("measured"), std::string::npos) << r.source;
+  EXPECT_LT(r.gflops, 1e6);
+  std::ifstream f(dir_ / "gemm_peak.tsv");
+  std::string line, last;
+  int lines = 0;
+  while (std::getline(f, line)) ++lines, last = line;
+  EXPECT_EQ(lines, 4);
+  EXPECT_EQ(last.rfind(key + "\t", 0), 0u) << last;  // the new entry is a line of its own
+  EXPECT_EQ(prof::fp32_peak_gflops().gflops, r.gflops);  // and is found again
+}
+
 TEST_F(PeakCache, MeasuresOnceThenReadsTheCache) {
   const prof::PeakRate first = prof::fp32_peak_gflops();
   EXPECT_GT(first.gflops, 0.5);  // any machine does more than 0.5 GFLOP/s in FP32

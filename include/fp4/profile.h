@@ -113,7 +113,8 @@ struct PeakRate {
 /// Otherwise the best rate measured on this machine so far, from the cache file
 /// $FP4_CACHE_DIR/gemm_peak.tsv, else $XDG_CACHE_HOME/fp4train/gemm_peak.tsv, else
 /// ~/.cache/fp4train/gemm_peak.tsv (lines "<machine key> TAB <GFLOP/s> TAB <date>"; the
-/// largest rate of the key counts). With no entry, or with `remeasure`,
+/// largest rate of the key counts; lines that do not parse or exceed 1e6 GFLOP/s are
+/// skipped). With no entry, or with `remeasure`,
 /// measure_fp32_gemm_gflops() runs and a new best is appended, so a measurement slowed down
 /// by a busy machine is replaced by the next better one (`fp4train profile` remeasures every
 /// time; `train` measures only when nothing is cached). A cache that cannot be written is

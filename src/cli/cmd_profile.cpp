@@ -143,7 +143,7 @@ void run_profile(const ProfileArgs& a) {
               tok_s, fpt / 1e6,
               static_cast<long long>(model.num_params() -
                                      int64_t(cfg.model.vocab_size) * cfg.model.d_model));
-  std::printf("MFU %.1f%%: %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * mfu,
+  std::printf("MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * mfu,
               model_gflops, peak.gflops, peak.source.c_str());
   std::printf("    %.1f%% with attention counted over the causal triangle only (6N + 6Ld(T+1))\n",
               100 * mfu_causal);
@@ -206,7 +206,8 @@ void register_profile(CLI::App& app) {
       "BF16 rounding), attention, norms, activations, loss, optimizer and data, as ms per\n"
       "step and % of the step; then tokens/s, model FLOPs utilization (MFU) against the\n"
       "machine's measured FP32 GEMM rate, and peak resident memory with the model's buffers.\n"
-      "The first line is `step: <mean ms> ms`. Nothing is written unless --json is given.");
+      "MFU is against the FP32 GEMM rate for every recipe (BF16 GEMMs can beat it). The first\n"
+      "line is `step: <mean ms> ms`. Writes no run directory; --json writes the breakdown.");
   c->add_option("--config", a->config, "Run config TOML")->capture_default_str();
   c->add_option("--recipe", a->recipe, "Recipe name in configs/recipes/ or a recipe .toml path")
       ->capture_default_str();
@@ -223,7 +224,7 @@ void register_profile(CLI::App& app) {
                 "(default: measured now with a 0.3 s oneDNN GEMM; the best rate measured per "
                 "machine and thread count is kept in ~/.cache/fp4train/gemm_peak.tsv, or "
                 "$FP4_CACHE_DIR/gemm_peak.tsv, and used when it is higher)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(check_peak_gflops, "GFLOP/s"));
   c->callback([a] { run_profile(*a); });
 }
 

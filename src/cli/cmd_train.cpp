@@ -50,7 +50,7 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
                 s.heldout_nll_quant, recipe.name.c_str());
   std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
   if (s.mfu > 0)
-    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate\n", 100 * s.mfu);
+    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate (6N + 12LdT FLOPs/token)\n", 100 * s.mfu);
   if (s.resumed_from > 0)
     std::printf("  resumed from the checkpoint of step %d\n", s.resumed_from);
   std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml,checkpoints/}\n",
@@ -205,7 +205,7 @@ void register_train(CLI::App& app) {
   auto* c = app.add_subcommand(
       "train",
       "Pretrain a Llama-style model on text with one recipe. Prints a progress line every few\n"
-      "seconds, evaluates held-out NLL (FP32 and quantized inference) periodically, and writes\n"
+      "seconds (loss, LR, grad norm, tokens/s, model FLOPs utilization, ETA), evaluates held-out NLL (FP32 and quantized inference) periodically, and writes\n"
       "runs/NAME/{metrics.jsonl,config.toml,recipe.toml,tokenizer.model,checkpoints/,summary.json}.\n"
       "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME");
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
@@ -251,7 +251,7 @@ void register_train(CLI::App& app) {
                 "FP32 GEMM rate (GFLOP/s) that model FLOPs utilization (MFU) is reported against; "
                 "default: the best rate measured on this machine (a 0.3 s oneDNN GEMM the first "
                 "time, then cached in ~/.cache/fp4train/gemm_peak.tsv or $FP4_CACHE_DIR)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(check_peak_gflops, "GFLOP/s"));
   a->app = c;
   c->callback([a] {
     try {

@@ -1,5 +1,8 @@
 #include "paths.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include <cstdio>
 
 namespace fp4::cli {
@@ -38,4 +41,14 @@ void override_steps(RunConfig& cfg, int steps) {
                 cfg.train.steps, was, cfg.train.warmup_steps);
   }
 }
+std::string check_peak_gflops(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0')
+    return "'" + text + "' is not a number (GFLOP/s, e.g. 250)";
+  if (!std::isfinite(v) || v < 0.01 || v > 1e6)
+    return text + " is not a GFLOP/s rate in [0.01, 1e6]";
+  return "";
+}
+
 }  // namespace fp4::cli

@@ -20,4 +20,8 @@ std::filesystem::path resolve_data_path(const std::string& data_path,
 /// --steps N on a run config: sets train.steps (N > 0) and, when train.warmup_steps is no
 /// longer below it, warms up for steps / 10 instead, printing a note saying so.
 void override_steps(RunConfig& cfg, int steps);
+
+/// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11
+/// prefixes with the option) says whether it is not a number or out of range.
+std::string check_peak_gflops(const std::string& text);
 }  // namespace fp4::cli

@@ -154,6 +154,9 @@ std::string machine_key() {
 }
 
 namespace {
+// Rates above this (1 PFLOP/s) are not a CPU's FP32 GEMM rate: a corrupted cache entry.
+constexpr double kMaxGflops = 1e6;
+
 fs::path cache_file() {
   if (const char* d = std::getenv("FP4_CACHE_DIR"); d && *d) return fs::path(d) / "gemm_peak.tsv";
   if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
@@ -179,7 +182,7 @@ PeakRate fp32_peak_gflops(double override_gflops, bool remeasure) {
       const size_t t1 = line.find('\t');
       if (t1 == std::string::npos || line.substr(0, t1) != key) continue;
       const double g = std::atof(line.c_str() + t1 + 1);
-      if (g > 0 && std::isfinite(g)) cached = std::max(cached, g);
+      if (g > 0 && g <= kMaxGflops) cached = std::max(cached, g);  // garbage is skipped
     }
   }
   if (cached > 0 && !remeasure) return {cached, "best measured on this machine, cached in " + file.string()};
@@ -191,7 +194,13 @@ PeakRate fp32_peak_gflops(double override_gflops, bool remeasure) {
   if (!file.empty()) {
     std::error_code ec;
     fs::create_directories(file.parent_path(), ec);
+    bool newline_first = false;  // a last line without its newline (hand-edited file)
+    if (std::ifstream in(file, std::ios::binary); in && in.seekg(-1, std::ios::end)) {
+      char last = '\n';
+      newline_first = in.get(last) && last != '\n';
+    }
     std::ofstream o(file, std::ios::app);
+    if (o && newline_first) o << '\n';
     char date[32] = "";
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
@@ -199,8 +208,9 @@ PeakRate fp32_peak_gflops(double override_gflops, bool remeasure) {
     std::snprintf(rate, sizeof rate, "%.1f", measured);
     if (o) o << key << '\t' << rate << '\t' << date << '\n';
     if (!o)
-      std::fprintf(stderr, "warning: cannot write the GEMM-rate cache %s; it will be measured "
-                           "again next time (set FP4_CACHE_DIR)\n", file.string().c_str());
+      std::fprintf(stderr, "warning: cannot write the GEMM-rate cache %s; the rate will be "
+                           "measured again next time (FP4_CACHE_DIR selects another "
+                           "directory)\n", file.string().c_str());
     else
       r.source = "measured now, cached in " + file.string();
   }
