@@ -27,6 +27,7 @@
 #include "fp4/profile.h"
 #include "fp4/recipe.h"
 #include "fp4/train.h"
+#include "support/step_test_setup.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -99,29 +100,15 @@ namespace fs = std::filesystem;
 using prof::Cat;
 
 namespace {
-RunConfig small_config() {
-  RunConfig cfg;
-  cfg.model.vocab_size = 64;
-  cfg.model.d_model = 32;
-  cfg.model.n_layers = 2;
-  cfg.model.n_heads = 2;
-  cfg.model.mlp_hidden = 64;
-  cfg.train.seq_len = 16;
-  cfg.train.batch_size = 2;
-  cfg.train.steps = 10;
-  cfg.telemetry_interval = 0;  // telemetry steps may allocate (quant_stats); these do not
-  return cfg;
-}
 
 class SteadyStateAlloc : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   const std::string name = GetParam();
-  const Recipe recipe = load_recipe(name, fs::path(FP4_SOURCE_DIR) / "configs/recipes");
-  const RunConfig cfg = small_config();
-  std::vector<uint16_t> tokens(5000);
-  std::mt19937 g(7);
-  for (auto& t : tokens) t = uint16_t(g() % 64);
+  const Recipe recipe = fp4::testing::shipped_recipe(name);
+  // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
+  const RunConfig cfg = fp4::testing::two_layer_config(0);
+  const std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
   nn::Model model(cfg.model, recipe, cfg.train.batch_size, cfg.train.seq_len);
   model.init(1);
   AdamW opt(model.num_params(), cfg.train);

@@ -17,15 +17,14 @@
 #include "fp4/profile.h"
 #include "fp4/recipe.h"
 #include "fp4/train.h"
+#include "support/step_test_setup.h"
 
 using namespace fp4;
 namespace fs = std::filesystem;
 using prof::Cat;
 
 namespace {
-Recipe builtin_recipe(const std::string& name) {
-  return load_recipe(name, fs::path(FP4_SOURCE_DIR) / "configs/recipes");
-}
+Recipe builtin_recipe(const std::string& name) { return fp4::testing::shipped_recipe(name); }
 
 void busy_ms(double ms) {  // burn wall time on this thread (a sleep would do too)
   const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(int64_t(ms * 1e3));
@@ -216,19 +215,8 @@ TEST_F(PeakCache, MeasuresOnceThenReadsTheCache) {
 // the three kinds add up to 6 × (the linears' and LM head's weights) per token, and the
 // components add up to the step's wall time.
 TEST(Profile, TrainingStepBreakdown) {
-  RunConfig cfg;
-  cfg.model.vocab_size = 64;
-  cfg.model.d_model = 32;
-  cfg.model.n_layers = 2;
-  cfg.model.n_heads = 2;
-  cfg.model.mlp_hidden = 64;
-  cfg.train.seq_len = 16;
-  cfg.train.batch_size = 2;
-  cfg.train.steps = 4;
-  cfg.telemetry_interval = 0;
-  std::vector<uint16_t> tokens(5000);
-  std::mt19937 g(7);
-  for (auto& t : tokens) t = uint16_t(g() % 64);
+  const RunConfig cfg = fp4::testing::two_layer_config(0);
+  const std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
   for (const char* r : {"fp32", "ue5m3-b16", "bf16"}) {
     const Recipe recipe = builtin_recipe(r);
     nn::Model model(cfg.model, recipe, cfg.train.batch_size, cfg.train.seq_len);

@@ -13,28 +13,13 @@
 #include "fp4/nn/model.h"
 #include "fp4/recipe.h"
 #include "fp4/train.h"
+#include "support/step_test_setup.h"
 
 using namespace fp4;
 namespace fs = std::filesystem;
 
 namespace {
-Recipe builtin(const std::string& name) {
-  return load_recipe(name, fs::path(FP4_SOURCE_DIR) / "configs/recipes");
-}
-
-RunConfig small_config() {
-  RunConfig cfg;
-  cfg.model.vocab_size = 64;
-  cfg.model.d_model = 32;
-  cfg.model.n_layers = 2;
-  cfg.model.n_heads = 2;
-  cfg.model.mlp_hidden = 64;
-  cfg.train.seq_len = 16;
-  cfg.train.batch_size = 2;
-  cfg.train.steps = 10;
-  cfg.telemetry_interval = 2;  // steps 1, 2 and 4 compute per-layer telemetry
-  return cfg;
-}
+Recipe builtin(const std::string& name) { return fp4::testing::shipped_recipe(name); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -48,7 +33,7 @@ bool same_stats(const QuantStats& a, const QuantStats& b) {
 }
 
 struct TrainRun {
-  RunConfig cfg = small_config();
+  RunConfig cfg = fp4::testing::two_layer_config(2);  // telemetry on steps 1, 2 and 4
   Recipe recipe;
   std::vector<uint16_t> tokens;
   nn::Model model;
@@ -57,19 +42,13 @@ struct TrainRun {
   std::vector<int32_t> in, tg;
   TrainRun(const Recipe& r, bool share)
       : recipe(r),
-        tokens(make_tokens()),
+        tokens(fp4::testing::random_tokens(5000, 64, 7)),
         model(cfg.model, r, cfg.train.batch_size, cfg.train.seq_len),
         opt((model.init(1), model.num_params()), cfg.train),
         sampler(tokens, cfg.train.seq_len, cfg.train.batch_size, 1),
         in(size_t(cfg.train.batch_size) * cfg.train.seq_len),
         tg(in.size()) {
     model.set_share_linear_inputs(share);
-  }
-  static std::vector<uint16_t> make_tokens() {
-    std::vector<uint16_t> t(5000);
-    std::mt19937 g(7);
-    for (auto& x : t) x = uint16_t(g() % 64);
-    return t;
   }
   StepResult step(int s) { return train_step(model, opt, sampler, cfg, recipe, s, in, tg); }
 };

@@ -1,0 +1,45 @@
+// A two-layer model and random tokens for tests that run whole training steps
+// (train_step) without the corpus: tests/test_alloc.cpp, test_shared_input.cpp,
+// test_profile.cpp.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4/config.h"
+#include "fp4/recipe.h"
+
+namespace fp4::testing {
+
+/// A recipe shipped in configs/recipes (by name).
+inline Recipe shipped_recipe(const std::string& name) {
+  return load_recipe(name, std::filesystem::path(FP4_SOURCE_DIR) / "configs/recipes");
+}
+
+/// vocab 64, d_model 32, 2 layers of 2 heads, MLP 64, 2 sequences of 16 tokens per step,
+/// 10 steps (the LR schedule), numerics telemetry every `telemetry_interval` steps (0: off).
+inline RunConfig two_layer_config(int telemetry_interval) {
+  RunConfig cfg;
+  cfg.model.vocab_size = 64;
+  cfg.model.d_model = 32;
+  cfg.model.n_layers = 2;
+  cfg.model.n_heads = 2;
+  cfg.model.mlp_hidden = 64;
+  cfg.train.seq_len = 16;
+  cfg.train.batch_size = 2;
+  cfg.train.steps = 10;
+  cfg.telemetry_interval = telemetry_interval;
+  return cfg;
+}
+
+/// n token ids uniform in [0, vocab) from mt19937(seed).
+inline std::vector<uint16_t> random_tokens(size_t n, int vocab, uint32_t seed) {
+  std::vector<uint16_t> t(n);
+  std::mt19937 g(seed);
+  for (auto& x : t) x = static_cast<uint16_t>(g() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+}  // namespace fp4::testing
