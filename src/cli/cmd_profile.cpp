@@ -50,9 +50,12 @@ void run_profile(const ProfileArgs& a) {
                     (a.data.empty() ? " (data.path in " + a.config + "; the default Brown "
                                       "corpus is installed by scripts/setup)" : ""));
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
-  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size,
-                                        a.data.empty() ? resolve(cfg.data.cache) : fs::path(cfg.data.cache),
-                                        [](const std::string&) {});
+  // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
+  // vocab 50304), keeping stdout the breakdown alone.
+  const TokenData data = prepare_tokens(
+      data_path, cfg.model.vocab_size,
+      a.data.empty() ? resolve(cfg.data.cache) : fs::path(cfg.data.cache),
+      [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab exceeds model.vocab_size");
 
