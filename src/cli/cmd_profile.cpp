@@ -43,18 +43,12 @@ void run_profile(const ProfileArgs& a) {
   validate(cfg, a.config);
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
   check_recipe_fits(recipe, cfg);
-  const fs::path data_path =
-      a.data.empty() ? resolve_data_path(cfg.data.path, config_file) : fs::path(a.data);
-  if (!fs::exists(data_path))
-    throw UserError("data path " + data_path.string() + " does not exist" +
-                    (a.data.empty() ? " (data.path in " + a.config + "; the default Brown "
-                                      "corpus is installed by scripts/setup)" : ""));
+  const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.
   const TokenData data = prepare_tokens(
-      data_path, cfg.model.vocab_size,
-      a.data.empty() ? resolve(cfg.data.cache) : fs::path(cfg.data.cache),
+      data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
       [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab exceeds model.vocab_size");

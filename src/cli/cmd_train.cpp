@@ -155,15 +155,7 @@ void run_train(const TrainArgs& a) {
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
   check_recipe_fits(recipe, cfg);
 
-  // data.path from a config: see resolve_data_path; --data: as given.
-  const fs::path data_path =
-      a.data.empty() ? resolve_data_path(cfg.data.path, config_file) : fs::path(a.data);
-  if (!fs::exists(data_path)) {
-    const bool is_default = a.data.empty() && cfg.data.path == DataConfig{}.path;
-    throw UserError("data path " + data_path.string() + " does not exist" +
-                    (is_default ? " (the default Brown corpus: run scripts/setup first)"
-                                : a.data.empty() ? " (data.path in " + a.config + ")" : ""));
-  }
+  const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
   const std::string cfg_name = fs::path(a.config).stem().string();
   fs::path out;
   if (!a.out.empty()) {
@@ -184,8 +176,8 @@ void run_train(const TrainArgs& a) {
     if (!a.quiet) std::printf("%s\n", s.c_str()), std::fflush(stdout);
   };
   logf("data: " + data_path.string());
-  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size,
-                                        a.data.empty() ? resolve(cfg.data.cache) : fs::path(cfg.data.cache), logf);
+  const TokenData data =
+      prepare_tokens(data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
   char b[256];
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");

@@ -1,5 +1,7 @@
 #include "paths.h"
 
+#include "fp4/error.h"
+
 #include <cmath>
 #include <cstdlib>
 
@@ -41,6 +43,23 @@ void override_steps(RunConfig& cfg, int steps) {
                 cfg.train.steps, was, cfg.train.warmup_steps);
   }
 }
+std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem::path& config_file,
+                                    const std::string& config_arg, const std::string& data_arg) {
+  const std::filesystem::path p =
+      data_arg.empty() ? resolve_data_path(cfg.data.path, config_file) : std::filesystem::path(data_arg);
+  if (!std::filesystem::exists(p)) {
+    const bool is_default = data_arg.empty() && cfg.data.path == DataConfig{}.path;
+    throw UserError("data path " + p.string() + " does not exist" +
+                    (is_default ? " (the default Brown corpus: run scripts/setup first)"
+                                : data_arg.empty() ? " (data.path in " + config_arg + ")" : ""));
+  }
+  return p;
+}
+
+std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& data_arg) {
+  return data_arg.empty() ? resolve(cfg.data.cache) : std::filesystem::path(cfg.data.cache);
+}
+
 std::string check_peak_gflops(const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);

@@ -17,6 +17,16 @@ std::filesystem::path resolve(const std::string& rel);
 std::filesystem::path resolve_data_path(const std::string& data_path,
                                         const std::filesystem::path& config_file);
 
+/// The corpus of a run: `data_arg` (--data) as given if not empty, else data.path of the
+/// config (resolve_data_path). Throws fp4::UserError if it does not exist, saying where the
+/// path came from (the default corpus: run scripts/setup; or data.path in `config_arg`).
+std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem::path& config_file,
+                                    const std::string& config_arg, const std::string& data_arg);
+
+/// The token cache root of a run: data.cache resolved like the repository's paths when the
+/// corpus is the config's, as given with --data.
+std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& data_arg);
+
 /// --steps N on a run config: sets train.steps (N > 0) and, when train.warmup_steps is no
 /// longer below it, warms up for steps / 10 instead, printing a note saying so.
 void override_steps(RunConfig& cfg, int steps);
