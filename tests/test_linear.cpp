@@ -173,33 +173,50 @@ TEST(Linear, Bf16ModeRoundsEveryOperand) {
   expect_close(dW, ref, mag, "wgrad");
 }
 
-TEST(Linear, Fp32GradientsMatchFiniteDifferences) {
-  const int64_t M = 6, K = 7, N = 5;
+// A [M=6, K=7] → N=5 Linear of one mode under the loss L = Σ Y ⊙ R (in double): backward(R)
+// gives dX and dW, central() the finite difference of L in one input or weight element.
+struct LinearFd {
+  static constexpr int64_t M = 6, K = 7, N = 5;
+  std::vector<float> X, W, R, dW = std::vector<float>(N * K, 0.f), Y = std::vector<float>(M * N),
+                              dX = std::vector<float>(M * K, 0.f);
   Recipe r;
-  auto X = randn(M * K, 7), W = randn(N * K, 8), R = randn(M * N, 9);
-  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(0, K, N, LinearMode::FP32, r);
-  lin.bind(W.data(), dW.data());
+  nn::Linear lin;
   nn::StepContext ctx;
-  auto loss = [&] {  // L = Σ Y ⊙ R, in double
+  LinearFd(LinearMode mode, uint32_t seed)
+      : X(randn(M * K, seed)), W(randn(N * K, seed + 1)), R(randn(M * N, seed + 2)),
+        r(with_mode(mode)), lin(0, K, N, mode, r) {
+    lin.bind(W.data(), dW.data());
+    loss();
+    lin.backward(R.data(), dX.data(), M, ctx);
+  }
+  static Recipe with_mode(LinearMode m) {
+    Recipe rr;
+    rr.mode = m;
+    return rr;
+  }
+  double loss() {
     lin.forward(X.data(), Y.data(), M, ctx);
     double s = 0;
     for (int64_t i = 0; i < M * N; ++i) s += double(Y[i]) * R[i];
     return s;
-  };
-  loss();
-  lin.backward(R.data(), dX.data(), M, ctx);
+  }
+  double central(std::vector<float>& v, size_t i, float h) {
+    const float s = v[i];
+    v[i] = s + h;
+    const double lp = loss();
+    v[i] = s - h;
+    const double lm = loss();
+    v[i] = s;
+    return (lp - lm) / (2 * h);
+  }
+};
+
+TEST(Linear, Fp32GradientsMatchFiniteDifferences) {
+  LinearFd t(LinearMode::FP32, 7);
   const float h = 1e-2f;
-  for (auto [v, g] : {std::pair{&X, &dX}, std::pair{&W, &dW}})
-    for (size_t i = 0; i < v->size(); ++i) {
-      const float s = (*v)[i];
-      (*v)[i] = s + h;
-      const double lp = loss();
-      (*v)[i] = s - h;
-      const double lm = loss();
-      (*v)[i] = s;
-      EXPECT_NEAR((lp - lm) / (2 * h), (*g)[i], 2e-3 * (1 + std::fabs((*g)[i]))) << i;
-    }
+  for (auto [v, g] : {std::pair{&t.X, &t.dX}, std::pair{&t.W, &t.dW}})
+    for (size_t i = 0; i < v->size(); ++i)
+      EXPECT_NEAR(t.central(*v, i, h), (*g)[i], 2e-3 * (1 + std::fabs((*g)[i]))) << i;
 }
 
 // BF16 mode backward is the gradient of the BF16-rounded forward (a straight-through estimator
@@ -209,22 +226,9 @@ TEST(Linear, Fp32GradientsMatchFiniteDifferences) {
 // 2^-8·(|x| + h)/(2h)·|g|. The backward rounds R (= dY) to BF16 too: another 2^-9·Σ|R||bf(W)|.
 // Tolerance: those two plus FP32 summation, from G = Σ_j |R_ij|·|bf(W)_jk| (and likewise for W).
 TEST(Linear, Bf16GradientsMatchFiniteDifferencesOfTheRoundedForward) {
-  const int64_t M = 6, K = 7, N = 5;
-  Recipe r;
-  r.mode = LinearMode::BF16;
-  auto X = randn(M * K, 17), W = randn(N * K, 18), R = randn(M * N, 19);
-  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(0, K, N, LinearMode::BF16, r);
-  lin.bind(W.data(), dW.data());
-  nn::StepContext ctx;
-  auto loss = [&] {  // L = Σ Y ⊙ R, in double
-    lin.forward(X.data(), Y.data(), M, ctx);
-    double s = 0;
-    for (int64_t i = 0; i < M * N; ++i) s += double(Y[i]) * R[i];
-    return s;
-  };
-  loss();
-  lin.backward(R.data(), dX.data(), M, ctx);
+  LinearFd t(LinearMode::BF16, 17);
+  constexpr int64_t M = LinearFd::M, K = LinearFd::K, N = LinearFd::N;
+  const auto &X = t.X, &W = t.W, &R = t.R;
   const float h = 0.25f;
   auto bf = [](float x) { return double(round_bf16(x)); };
   auto check = [&](std::vector<float>& v, const std::vector<float>& g, bool is_x) {
@@ -239,17 +243,12 @@ TEST(Linear, Bf16GradientsMatchFiniteDifferencesOfTheRoundedForward) {
         for (int64_t i = 0; i < M; ++i) G += std::fabs(R[i * N + j] * bf(X[i * K + k]));
       }
       const float s = v[idx];
-      v[idx] = s + h;
-      const double lp = loss();
-      v[idx] = s - h;
-      const double lm = loss();
-      v[idx] = s;
       const double tol = (0x1p-8 * (std::fabs(s) + h) / (2 * h) + 0x1p-9 + 0x1p-20) * G + 1e-12;
-      EXPECT_NEAR((lp - lm) / (2 * h), g[idx], tol) << (is_x ? "dX " : "dW ") << idx;
+      EXPECT_NEAR(t.central(v, idx, h), g[idx], tol) << (is_x ? "dX " : "dW ") << idx;
     }
   };
-  check(X, dX, true);
-  check(W, dW, false);
+  check(t.X, t.dX, true);
+  check(t.W, t.dW, false);
 }
 
 TEST(Linear, HeldReferenceRefreshesEvery50StepsInsideTheLayer) {
