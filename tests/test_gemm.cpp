@@ -122,7 +122,39 @@ void check_bf16_against_reference(const Bf16Case& s, bool ta, bool tb, bool acc)
     }
 }
 
-TEST(GemmBf16, WithinSummationBoundOfDoubleReference) {
+TEST(GemmInfo, DescriptionsNameTheImplementations) {
+  EXPECT_NE(fp4::gemm_fp32_description().find("sgemm, ISA "), std::string::npos);
+  const std::string d = fp4::gemm_bf16_description();
+  if (fp4::gemm_bf16_path() == fp4::Bf16GemmPath::Native)
+    EXPECT_EQ(d.rfind("native: ", 0), 0u) << d;
+  else
+    EXPECT_EQ(d.rfind("widened: ", 0), 0u) << d;
+  if (!fp4::gemm_bf16_native_available()) {
+    EXPECT_EQ(fp4::gemm_bf16_path(), fp4::Bf16GemmPath::Widened);
+    EXPECT_THROW(fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Native), std::runtime_error);
+  }
+}
+
+// Every GemmBf16 test runs on both paths of gemm_bf16 (fp4/gemm.h): Native where oneDNN offers
+// a BF16 matmul on this CPU (skipped elsewhere, e.g. on AVX2-only CPUs), Widened everywhere.
+class GemmBf16 : public ::testing::TestWithParam<fp4::Bf16GemmPath> {
+ protected:
+  void SetUp() override {
+    saved_ = fp4::gemm_bf16_path();
+    if (GetParam() == fp4::Bf16GemmPath::Native && !fp4::gemm_bf16_native_available())
+      GTEST_SKIP() << "oneDNN offers no native BF16 matmul on this CPU: " << fp4::gemm_fp32_description();
+    fp4::gemm_bf16_set_path(GetParam());
+  }
+  void TearDown() override { fp4::gemm_bf16_set_path(saved_); }
+  fp4::Bf16GemmPath saved_ = fp4::Bf16GemmPath::Widened;
+};
+INSTANTIATE_TEST_SUITE_P(Paths, GemmBf16,
+                         ::testing::Values(fp4::Bf16GemmPath::Native, fp4::Bf16GemmPath::Widened),
+                         [](const auto& info) {
+                           return info.param == fp4::Bf16GemmPath::Native ? "Native" : "Widened";
+                         });
+
+TEST_P(GemmBf16, WithinSummationBoundOfDoubleReference) {
   const Bf16Case cases[] = {{1, 1, 1},     {7, 5, 3},     {1, 600, 1},   {300, 1, 70},
                             {257, 513, 33}, {300, 70, 1}, {33, 29, 4099}, {130, 515, 257, 3}};
   for (const Bf16Case& s : cases)
@@ -131,7 +163,7 @@ TEST(GemmBf16, WithinSummationBoundOfDoubleReference) {
         for (bool acc : {false, true}) check_bf16_against_reference(s, ta, tb, acc);
 }
 
-TEST(GemmBf16, HandComputedExact) {
+TEST_P(GemmBf16, HandComputedExact) {
   // Small integers: every product and sum is exact, so the result is exact in any order.
   const float a[] = {1, 2, 3, 4, 5, 6}, b[] = {7, 8, 9, 10, 11, 12};  // A [2,3], B [3,2]
   uint16_t A[6], B[6];
@@ -148,7 +180,7 @@ TEST(GemmBf16, HandComputedExact) {
   EXPECT_EQ(C[0], 76.f); EXPECT_EQ(C[1], 103.f); EXPECT_EQ(C[2], 100.f); EXPECT_EQ(C[3], 136.f);
 }
 
-TEST(GemmBf16, ZeroKOverwritesOrKeeps) {
+TEST_P(GemmBf16, ZeroKOverwritesOrKeeps) {
   float C[6] = {1, 2, 3, 4, 5, 6};
   fp4::gemm_bf16(false, false, 2, 2, 0, nullptr, 0, nullptr, 2, true, C, 3);
   EXPECT_EQ(C[0], 1.f); EXPECT_EQ(C[4], 5.f);
@@ -157,7 +189,7 @@ TEST(GemmBf16, ZeroKOverwritesOrKeeps) {
   fp4::gemm_bf16(false, false, 0, 5, 7, nullptr, 7, nullptr, 5, false, nullptr, 5);  // M = 0
 }
 
-TEST(GemmBf16, RejectsBadArguments) {
+TEST_P(GemmBf16, RejectsBadArguments) {
   uint16_t A[4] = {}, B[4] = {};
   float C[4] = {};
   EXPECT_THROW(fp4::gemm_bf16(false, false, 2, 2, -1, A, 2, B, 2, false, C, 2),
@@ -172,7 +204,7 @@ TEST(GemmBf16, RejectsBadArguments) {
                std::invalid_argument);
 }
 
-TEST(GemmBf16, BitIdenticalForOneTwoAndThreeThreads) {
+TEST_P(GemmBf16, BitIdenticalForOneTwoAndThreeThreads) {
   // Ragged in M and N against the 256 × 512 tiles; large K (wgrad-like: long contraction and
   // a small output, where a multi-threaded GEMM would split K across threads).
   const Bf16Case cases[] = {{600, 1100, 4096}, {200, 300, 8192}, {37, 45, 4096}};
@@ -204,10 +236,10 @@ TEST(GemmBf16, BitIdenticalForOneTwoAndThreeThreads) {
 // read as zero, and products or dot-product sums below 2^-126 are flushed to zero (the
 // semantics of VDPBF16PS); the old C of an accumulating call is added with an ordinary FP32
 // add, so a subnormal C survives. Other CPUs or oneDNN versions may differ: the expectations
-// below are checked only where the pinned implementation is in use.
-TEST(GemmBf16, SubnormalBehaviourAsDocumented) {
+// below are checked only where the pinned implementation is in use. The widened path is plain
+// IEEE FP32 arithmetic on exact values, so there every result below is the exact one.
+TEST_P(GemmBf16, SubnormalBehaviourAsDocumented) {
   const std::string impl = fp4::gemm_bf16_impl(false, false, 1, 1, 1, 1, 1, 1, false);
-  if (impl != "gemm:jit") GTEST_SKIP() << "implementation " << impl << ", behaviour not pinned";
   auto one = [](float a, float b, float c0, bool acc) {
     const uint16_t A = fp4::bf16_bits(a), B = fp4::bf16_bits(b);
     EXPECT_EQ(fp4::bf16_value(A), a);  // the test values are exact in BF16
@@ -216,6 +248,19 @@ TEST(GemmBf16, SubnormalBehaviourAsDocumented) {
     fp4::gemm_bf16(false, false, 1, 1, 1, &A, 1, &B, 1, acc, &C, 1);
     return C;
   };
+  if (GetParam() == fp4::Bf16GemmPath::Widened) {
+    // IEEE FP32 arithmetic on the widened values: subnormal inputs, products and sums kept.
+    EXPECT_EQ(impl, "widened:sgemm");
+    EXPECT_EQ(one(0x1p-130f, 1.f, 0.f, false), 0x1p-130f);
+    EXPECT_EQ(one(1.f, 0x1p-130f, 0.f, false), 0x1p-130f);
+    EXPECT_EQ(one(0x1p-127f, 4.f, 0.f, false), 0x1p-125f);
+    EXPECT_EQ(one(0x1p-64f, 0x1p-63f, 0.f, false), 0x1p-127f);
+    EXPECT_EQ(one(0x1p-64f, 0x1p-63f, 0x1p-126f, true), 0x1p-126f + 0x1p-127f);
+    EXPECT_EQ(one(0.f, 0.f, 0x1p-130f, true), 0x1p-130f);
+    EXPECT_EQ(one(0x1p-60f, 0x1p-60f, 0.f, false), 0x1p-120f);
+    return;
+  }
+  if (impl != "gemm:jit") GTEST_SKIP() << "implementation " << impl << ", behaviour not pinned";
   EXPECT_EQ(one(0x1p-130f, 1.f, 0.f, false), 0.f);    // subnormal input (exact: 2^-130)
   EXPECT_EQ(one(1.f, 0x1p-130f, 0.f, false), 0.f);
   EXPECT_EQ(one(0x1p-127f, 4.f, 0.f, false), 0.f);    // subnormal input, normal product 2^-125

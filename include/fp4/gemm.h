@@ -1,6 +1,7 @@
 // FP32 and BF16 GEMM backends (oneDNN). Deterministic: results do not depend on the thread count.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace fp4 {
 
@@ -19,22 +20,29 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 /// stride lda ≥ M); op(B) = B [K,N] (trans_b == false, ldb ≥ N) or Bᵀ with B stored [N,K]
 /// (ldb ≥ K); C has row stride ldc ≥ N; strides in elements. C must not overlap A or B.
 ///
-/// Numerics (shared/NUMERICS.md recipe `bf16`: BF16 operands, FP32 accumulate): each product
-/// of two BF16 values is exact in FP32; the products (and, with accumulate, the old C, via
-/// oneDNN's sum post-op) are summed in FP32 in an order fixed by oneDNN's kernel. So
+/// Numerics (docs/numerics.md, recipe `bf16`: BF16 operands, FP32 accumulate): each product
+/// of two BF16 values is exact in FP32; the products (and, with accumulate, the old C) are
+/// summed in FP32 in an order fixed by oneDNN's kernel. So
 /// |C − exact| ≤ γ_(K+1)·(Σ_k |a_ik·b_kj| + |C_old|), γ_n = n·2^-24/(1 − n·2^-24).
-/// Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
-/// subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM").
+///
+/// Two paths (gemm_bf16_path), chosen once per process from what the CPU and oneDNN offer:
+///  * Native: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
+///    to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes as memory-descriptor
+///    strides, one primitive per distinct output tile shape, cached process-wide (thread-safe)
+///    by (tile shape, K, transposes, strides, accumulate), created with oneDNN's thread count
+///    forced to 1; accumulate through oneDNN's sum post-op. Needs AVX512_CORE (oneDNN 2.6).
+///    Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
+///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM").
+///  * Widened (every other x86-64 CPU, e.g. AVX2 only, or ONEDNN_MAX_CPU_ISA=AVX2): per output
+///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
+///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
+///    IEEE FP32 arithmetic: subnormals kept.
+/// The two paths sum in different orders, so their bits differ (within the bound above).
 /// NaN/Inf propagate as in IEEE arithmetic.
 ///
-/// Engine: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
-/// to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes expressed as memory-descriptor
-/// strides (no copies on our side), one primitive per distinct output tile shape, cached
-/// process-wide (thread-safe) by (tile shape, K, transposes, strides, accumulate), created
-/// with oneDNN's thread count forced to 1.
 /// Determinism: C is cut into fixed tiles (never derived from the thread count) run in an
-/// OpenMP loop; each tile is one single-threaded primitive execution over the full K, so
-/// every element's summation order is the same for any thread count (same CPU ISA).
+/// OpenMP loop; each tile is one single-threaded oneDNN execution over the full K, so
+/// every element's summation order is the same for any thread count (same CPU ISA and path).
 /// M, N ≤ 0: nothing. K == 0: C = 0, or C unchanged with accumulate.
 /// Throws std::invalid_argument on negative K, a null pointer with M, N > 0 (A, B only when
 /// K > 0) or a stride below the minimum; std::runtime_error if oneDNN reports an error.
@@ -42,11 +50,38 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
                int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
                int64_t ldc);
 
-/// oneDNN's implementation name (e.g. "brg:avx512_core_bf16_amx_bf16") of the primitive that
-/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it. For
+/// oneDNN's implementation name (e.g. "gemm:jit") of the primitive that the native path of
+/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it.
+/// "widened:sgemm" when gemm_bf16_path() is Widened. For
 /// benchmarks, tests and logs. Throws as gemm_bf16 (M, N, K must be positive).
 const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                            int64_t lda, int64_t ldb, int64_t ldc, bool accumulate);
+
+/// The two implementations of gemm_bf16 (see there).
+enum class Bf16GemmPath { Native, Widened };
+
+/// The path gemm_bf16 takes in this process: Native when oneDNN offers a BF16 matmul for this
+/// CPU (and ONEDNN_MAX_CPU_ISA), else Widened; decided at the first call (which creates a small
+/// oneDNN primitive to find out), or set by gemm_bf16_set_path.
+Bf16GemmPath gemm_bf16_path();
+
+/// True if oneDNN offers a native BF16 matmul here (AVX512_CORE or better, not capped).
+bool gemm_bf16_native_available();
+
+/// Forces the path for the rest of the process (tests use it to run both on one machine).
+/// Not to be called while a gemm_bf16 runs. Throws std::runtime_error for Native when
+/// gemm_bf16_native_available() is false.
+void gemm_bf16_set_path(Bf16GemmPath path);
+
+/// One line naming the FP32 GEMM implementation, e.g. "oneDNN 2.6 sgemm, ISA avx2"
+/// (oneDNN's effective CPU ISA). For run headers and summary.json.
+std::string gemm_fp32_description();
+
+/// One line naming gemm_bf16's path and implementation, e.g.
+/// "native: oneDNN BF16 matmul (gemm:jit)" or
+/// "widened: BF16 operands widened to FP32, oneDNN sgemm (ISA avx2)". For run headers and
+/// summary.json. May create a small oneDNN primitive (first call).
+std::string gemm_bf16_description();
 
 /// Naive reference of sgemm accumulating in double, for tests.
 void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

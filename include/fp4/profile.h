@@ -122,6 +122,9 @@ struct PeakRate {
 /// negative or NaN.
 PeakRate fp32_peak_gflops(double override_gflops = 0, bool remeasure = false);
 
+/// The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC 7B13"), or "unknown cpu".
+std::string cpu_model_name();
+
 /// The machine key of the cache: "<cpu model name>|<logical cpus> cpus|<threads> threads".
 std::string machine_key();
 

@@ -4,9 +4,14 @@
 #include <string>
 
 #include "commands.h"
+#include "fp4/cpu_isa.h"
 #include "fp4/error.h"
 
 int main(int argc, char** argv) {
+  if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty()) {
+    std::fprintf(stderr, "fp4train: error: %s\n", bad.c_str());
+    return 2;
+  }
   CLI::App app{
       "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
       "compare recipes (fp32, bf16, ue5m3-b16, ue5m3-b32, ue5m3-te, nvfp4-te, nvfp4-all, mxfp4,\n"

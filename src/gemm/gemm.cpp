@@ -3,6 +3,7 @@
 #include "fp4/gemm.h"
 
 #include <dnnl.h>
+#include <dnnl_version.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -302,6 +303,119 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
 }
 }  // namespace
 
+// ------------------------------------------------------------------------------------------
+// BF16 GEMM, widened path: for CPUs where oneDNN has no BF16 matmul (oneDNN 2.6 has none below
+// AVX512_CORE, e.g. AMD Zen 3 with AVX2 only, or ONEDNN_MAX_CPU_ISA=AVX2).
+//
+// Same tiles as the native path; for each tile the BF16 rows of op(A) and columns of op(B) it
+// reads are widened to FP32 (exact: a BF16 value is the top half of its FP32 value) into
+// per-thread buffers kept across calls, then one single-threaded oneDNN sgemm runs on them
+// (called inside our OpenMP loop, oneDNN's sgemm runs in the calling thread, as fp4::sgemm
+// relies on). Each product of two BF16 values has at most 8 + 8 significant bits, so it is
+// exact in FP32 whether the kernel uses FMA or multiply-then-add; the sum is FP32 in
+// oneDNN's (fixed, single-thread) order, so the contract of fp4/gemm.h holds. Unlike the
+// AVX512_BF16 instructions, subnormal inputs and results are kept (IEEE FP32 arithmetic).
+namespace {
+void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  // dst [rows, cols] dense, from src rows of stride ld. Bit shift: exact, no rounding.
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * ld;
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst + r * cols);
+    for (int64_t c = 0; c < cols; ++c) d[c] = uint32_t(s[c]) << 16;
+  }
+}
+
+struct WidenScratch {
+  std::vector<float> a, b;
+};
+
+dnnl_status_t run_widened_tile(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K,
+                               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                               bool acc, float* c, int64_t ldc) {
+  thread_local WidenScratch w;  // grown only, so steady-state calls allocate nothing
+  const size_t na = size_t(mb * K), nbk = size_t(nb * K);
+  if (w.a.size() < na) w.a.resize(na);
+  if (w.b.size() < nbk) w.b.resize(nbk);
+  // op(A) tile: ta ? A stored [K, M] (columns i0.. of K rows) : [M, K] (rows i0..).
+  if (ta) widen_bf16(a, K, mb, lda, w.a.data());
+  else widen_bf16(a, mb, K, lda, w.a.data());
+  // op(B) tile: tb ? B stored [N, K] (rows j0..) : [K, N] (columns j0.. of K rows).
+  if (tb) widen_bf16(b, nb, K, ldb, w.b.data());
+  else widen_bf16(b, K, nb, ldb, w.b.data());
+  return dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', mb, nb, K, 1.f, w.a.data(), ta ? mb : K,
+                    w.b.data(), tb ? K : nb, acc ? 1.f : 0.f, c, ldc);
+}
+
+// Which path gemm_bf16 takes, chosen once per process (see gemm_bf16_path).
+std::atomic<int> g_bf16_path{-1};
+
+bool native_bf16_offered() {
+  static const bool ok = [] {
+    try {
+      // Any shape: oneDNN either has a BF16 matmul for this CPU (and ISA cap) or has none.
+      (void)bf16_prim(bf16_key(false, false, 16, 16, 32, 32, 16, 16, false));
+      return true;
+    } catch (const std::runtime_error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+Bf16GemmPath chosen_bf16_path() {
+  int p = g_bf16_path.load(std::memory_order_acquire);
+  if (p < 0) {
+    p = int(native_bf16_offered() ? Bf16GemmPath::Native : Bf16GemmPath::Widened);
+    int expected = -1;
+    if (!g_bf16_path.compare_exchange_strong(expected, p)) p = expected;
+  }
+  return Bf16GemmPath(p);
+}
+
+const char* onednn_isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "all";
+  }
+}
+}  // namespace
+
+bool gemm_bf16_native_available() { return native_bf16_offered(); }
+
+Bf16GemmPath gemm_bf16_path() { return chosen_bf16_path(); }
+
+void gemm_bf16_set_path(Bf16GemmPath path) {
+  if (path == Bf16GemmPath::Native && !native_bf16_offered())
+    throw std::runtime_error(
+        "fp4::gemm_bf16_set_path: oneDNN offers no native BF16 matmul on this CPU (ISA " +
+        std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
+        "; needs AVX512_CORE or better, and no ONEDNN_MAX_CPU_ISA below it)");
+  g_bf16_path.store(int(path), std::memory_order_release);
+}
+
+std::string gemm_fp32_description() {
+  return std::string("oneDNN ") + std::to_string(DNNL_VERSION_MAJOR) + "." +
+         std::to_string(DNNL_VERSION_MINOR) + " sgemm, ISA " +
+         onednn_isa_name(dnnl_get_effective_cpu_isa());
+}
+
+std::string gemm_bf16_description() {
+  if (chosen_bf16_path() == Bf16GemmPath::Native)
+    return std::string("native: oneDNN BF16 matmul (") +
+           gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
+  return "widened: BF16 operands widened to FP32, oneDNN sgemm (ISA " +
+         std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) + ")";
+}
+
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
                int64_t ldc) {
@@ -313,6 +427,30 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     return;
   }
   const int64_t tm = (M + kBf16TileM - 1) / kBf16TileM, tn = (N + kBf16TileN - 1) / kBf16TileN;
+  const int64_t tiles = tm * tn;
+  int failures = 0;
+  dnnl_status_t first_error = dnnl_success;
+  if (chosen_bf16_path() == Bf16GemmPath::Widened) {
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i0 = (t / tn) * kBf16TileM, j0 = (t % tn) * kBf16TileN;
+      const int64_t mb = std::min(kBf16TileM, M - i0), nb = std::min(kBf16TileN, N - j0);
+      const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
+      const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
+      const dnnl_status_t st = run_widened_tile(trans_a, trans_b, mb, nb, K, a, lda, b, ldb,
+                                                accumulate, C + i0 * ldc + j0, ldc);
+      if (st != dnnl_success) {
+        ++failures;
+#pragma omp critical
+        first_error = st;
+      }
+    }
+    if (failures)
+      throw std::runtime_error("oneDNN sgemm (widened BF16 GEMM) failed with status " +
+                               std::to_string(first_error) + " (M=" + std::to_string(M) +
+                               ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+    return;
+  }
   // At most four tile shapes (full, ragged M, ragged N, both): create them here, serially.
   const int64_t rm = M - (tm - 1) * kBf16TileM, rn = N - (tn - 1) * kBf16TileN;
   const Bf16Prim* prims[2][2];  // [last row of tiles][last column of tiles]
@@ -321,9 +459,6 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
       prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
                                         j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
                                         accumulate));
-  const int64_t tiles = tm * tn;
-  int failures = 0;
-  dnnl_status_t first_error = dnnl_success;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t ti = t / tn, tj = t % tn;
@@ -349,6 +484,7 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
                            int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::invalid_argument("fp4::gemm_bf16_impl: M, N and K must be positive");
+  if (chosen_bf16_path() == Bf16GemmPath::Widened) return "widened:sgemm";
   return bf16_prim(bf16_key(trans_a, trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N),
                             K, lda, ldb, ldc, accumulate))
       .impl.c_str();

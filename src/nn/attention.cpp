@@ -48,6 +48,8 @@
 // functions built for the matching target, so the -Wpsabi note about the ABI does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include "fp4/cpu_isa.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -654,8 +656,10 @@ FP4_ATTN_VARIANT(base, , 4)
 enum class Isa { kAvx512, kAvx2, kBase };
 Isa detect_isa() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  if (__builtin_cpu_supports("avx512f") && cpu_isa_allowed(CpuIsa::Avx512)) return Isa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      cpu_isa_allowed(CpuIsa::Avx2))
+    return Isa::kAvx2;
   return Isa::kBase;
 }
 // The variant in use: the best the CPU supports, unless a test forced another one.

@@ -44,6 +44,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "fp4/cpu_isa.h"
 #include "fp4/quant_fast.h"
 
 #include <cpuid.h>
@@ -885,22 +886,24 @@ bool cpu_sse4() {
 }
 bool cpu_ssse3() { return __builtin_cpu_supports("ssse3"); }
 
-/// Targets compiled in and supported by this CPU, best first.
+/// Targets compiled in, supported by this CPU and allowed by FP4_MAX_CPU_ISA (fp4/cpu_isa.h),
+/// best first.
 const std::vector<Kernels>& available() {
   static const std::vector<Kernels> v = [] {
     __builtin_cpu_init();
     std::vector<Kernels> k;
 #if HWY_TARGETS & HWY_AVX3
-    if (cpu_avx3() && cpu_avx2() && cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_AVX3, "AVX3"));
+    if (cpu_avx3() && cpu_avx2() && cpu_sse4() && cpu_isa_allowed(CpuIsa::Avx512))
+      k.push_back(FP4_QF_KERNELS(N_AVX3, "AVX3"));
 #endif
 #if HWY_TARGETS & HWY_AVX2
-    if (cpu_avx2() && cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_AVX2, "AVX2"));
+    if (cpu_avx2() && cpu_sse4() && cpu_isa_allowed(CpuIsa::Avx2)) k.push_back(FP4_QF_KERNELS(N_AVX2, "AVX2"));
 #endif
 #if HWY_TARGETS & HWY_SSE4
-    if (cpu_sse4()) k.push_back(FP4_QF_KERNELS(N_SSE4, "SSE4"));
+    if (cpu_sse4() && cpu_isa_allowed(CpuIsa::Sse4)) k.push_back(FP4_QF_KERNELS(N_SSE4, "SSE4"));
 #endif
 #if HWY_TARGETS & HWY_SSSE3
-    if (cpu_ssse3()) k.push_back(FP4_QF_KERNELS(N_SSSE3, "SSSE3"));
+    if (cpu_ssse3() && cpu_isa_allowed(CpuIsa::Ssse3)) k.push_back(FP4_QF_KERNELS(N_SSSE3, "SSSE3"));
 #endif
 #if HWY_TARGETS & HWY_EMU128
     k.push_back(FP4_QF_KERNELS(N_EMU128, "EMU128"));

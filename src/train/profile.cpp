@@ -135,7 +135,7 @@ double measure_fp32_gemm_gflops() {
   return std::round(2.0 * M * N * K / best / 1e8) / 10;  // 0.1 GFLOP/s, as cached
 }
 
-std::string machine_key() {
+std::string cpu_model_name() {
   std::string model = "unknown cpu";
   std::ifstream f("/proc/cpuinfo");
   std::string line;
@@ -146,6 +146,11 @@ std::string machine_key() {
       model.erase(0, model.find_first_not_of(" \t"));
       break;
     }
+  return model;
+}
+
+std::string machine_key() {
+  std::string model = cpu_model_name();
   for (char& ch : model)
     if (ch == '\t' || ch == '|') ch = ' ';
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -4,12 +4,15 @@
 #include <limits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/gemm.h"
+#include "fp4/quant_fast.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
@@ -225,8 +228,28 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
   return r;
 }
 
-TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                   const TrainOptions& opt) {
+namespace {
+// What train() needs to know when train_run throws: whether the run directory exists yet,
+// the step being run, and whether error.txt was already written (a diverged run).
+struct RunState {
+  bool dir_ready = false, error_written = false;
+  int step = 0;
+};
+
+// The compute paths this process uses, for the run header and summary.json: the CPU, the FP32
+// and BF16 GEMM implementations (fp4/gemm.h) and the SIMD target of fp4train's own kernels.
+json compute_paths() {
+  json j = {{"cpu", prof::cpu_model_name()},
+            {"gemm_fp32", gemm_fp32_description()},
+            {"gemm_bf16", gemm_bf16_description()},
+            {"simd", quant_fast_target()}};
+  for (const char* v : {"ONEDNN_MAX_CPU_ISA", "FP4_MAX_CPU_ISA"})
+    if (const char* e = std::getenv(v); e && *e) j[v] = e;
+  return j;
+}
+
+TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                       const TrainOptions& opt, RunState& st) {
   using clock = std::chrono::steady_clock;
   const auto& tc = cfg.train;
   // Everything that can be checked is checked before a file is written.
@@ -304,7 +327,9 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
 
   if (!ck) {
     fs::create_directories(opt.out_dir);
+    st.dir_ready = true;
   } else {
+    st.dir_ready = true;
     // Newer checkpoints than the one resumed from did not load: keep them aside, do not count
     // them when pruning; leftovers of interrupted writes go.
     for (const fs::path& p : list_checkpoints(opt.out_dir)) {
@@ -355,6 +380,10 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     if (nl != std::string::npos) o << plans.substr(nl);
     log(o.str());
   }
+  const json paths = compute_paths();
+  log("compute: " + paths["cpu"].get<std::string>() + "; FP32 GEMM " +
+      paths["gemm_fp32"].get<std::string>() + "; BF16 GEMM " +
+      paths["gemm_bf16"].get<std::string>() + "; SIMD " + paths["simd"].get<std::string>());
 
   if (ck) {
     log("resumed at step " + std::to_string(start) + " of " + std::to_string(tc.steps) + "; " +
@@ -451,6 +480,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
   };
 
   for (int step = start + 1; step <= tc.steps; ++step) {
+    st.step = step;
     const auto t0 = clock::now();
     const StepResult r = train_step(model, opt_state, sampler, cfg, recipe, step, inputs, targets);
     // A diverged run stops with the step named; metrics so far are kept, no summary written.
@@ -460,6 +490,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
       write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
+      st.error_written = true;
       throw UserError(msg);
     }
     const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
@@ -543,8 +574,35 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     js["peak_gflops"] = opt.peak_gflops;
     js["mfu"] = sum.mfu;
   }
+  js["compute"] = paths;
   write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
+}
+}  // namespace
+
+TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                   const TrainOptions& opt) {
+  RunState st;
+  try {
+    return train_run(cfg, recipe, data, opt, st);
+  } catch (const std::exception& e) {
+    // A run that fails once its directory exists (a oneDNN error at step 1, a full disk, a
+    // checkpoint that cannot be written, ...) leaves error.txt naming the cause, as a diverged
+    // run does. Failures of the checks before any file is written leave no directory.
+    if (st.dir_ready && !st.error_written) {
+      const std::string when =
+          st.step == 0 ? std::string("before the first step")
+                       : "at step " + std::to_string(st.step) + " of " + std::to_string(cfg.train.steps);
+      const std::string msg = "the run with recipe " + recipe.name + " failed " + when + ": " +
+                              e.what();
+      try {
+        write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
+      } catch (const std::exception&) {
+        // The original error is the one to report.
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace fp4
