@@ -486,4 +486,33 @@ TEST(Resume, RefusesACheckpointOfAnotherRun) {
     EXPECT_NE(std::string(e.what()).find("recipe_toml"), std::string::npos) << e.what();
   }
 }
+
+TEST(RunFailure, AFailureAfterTheRunDirectoryExistsWritesErrorTxt) {
+  // The checkpoint directory is blocked by a regular file, so the save at the end of step 1
+  // fails (a filesystem error, not a divergence): error.txt names the recipe, the step and
+  // the cause, no summary.json is written, and the error reaches the caller.
+  RunConfig cfg = micro_config(3);
+  cfg.train.warmup_steps = 1;
+  TrainOptions o;
+  o.out_dir = g_scratch.dir / "fail-at-step-1";
+  o.save_every = 1;
+  o.quiet = true;
+  fs::create_directories(o.out_dir);
+  std::ofstream(o.out_dir / "checkpoints") << "not a directory";
+  EXPECT_ANY_THROW(train(cfg, recipe_named("fp32"), micro_data(), o));
+  ASSERT_TRUE(fs::exists(o.out_dir / "error.txt"));
+  std::ifstream f(o.out_dir / "error.txt");
+  const std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(msg.find("recipe fp32 failed at step 1 of 3: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checkpoints"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(o.out_dir / "summary.json"));
+}
+
+TEST(RunFailure, SummaryNamesTheComputePaths) {
+  const RunResult r = run_uninterrupted(micro_config(3), recipe_named("bf16"), "compute-paths");
+  const json& c = r.summary_json.at("compute");
+  for (const char* k : {"cpu", "gemm_fp32", "gemm_bf16", "simd"})
+    EXPECT_FALSE(c.at(k).get<std::string>().empty()) << k;
+  EXPECT_NE(c.at("gemm_fp32").get<std::string>().find("sgemm"), std::string::npos);
+}
 }  // namespace

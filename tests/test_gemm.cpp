@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "fp4/bf16.h"
+#include "fp4/cpu_isa.h"
 #include "fp4/gemm.h"
+#include "fp4/quant_fast.h"
 
 namespace {
 std::vector<float> randn(size_t n, uint32_t seed) {
@@ -133,6 +136,20 @@ TEST(GemmInfo, DescriptionsNameTheImplementations) {
     EXPECT_EQ(fp4::gemm_bf16_path(), fp4::Bf16GemmPath::Widened);
     EXPECT_THROW(fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Native), std::runtime_error);
   }
+}
+
+// Under the AVX2 variant of the suite (CMakeLists.txt: FP4_MAX_CPU_ISA=AVX2) this process must
+// behave as an AVX2-only CPU does, whatever it runs on: oneDNN and fp4train's kernels capped.
+TEST(GemmInfo, Avx2CapsAreHonoured) {
+  const char* own = std::getenv("FP4_MAX_CPU_ISA");
+  if (!own || std::string(own) != "AVX2") GTEST_SKIP() << "not the AVX2 variant";
+  EXPECT_FALSE(fp4::gemm_bf16_native_available());
+  EXPECT_EQ(fp4::gemm_bf16_path(), fp4::Bf16GemmPath::Widened);
+  EXPECT_NE(fp4::gemm_fp32_description().find("ISA avx2"), std::string::npos)
+      << fp4::gemm_fp32_description();
+  EXPECT_EQ(fp4::max_cpu_isa(), fp4::CpuIsa::Avx2);
+  for (const std::string& t : fp4::quant_fast_targets()) EXPECT_NE(t, "AVX3");
+  EXPECT_NE(fp4::quant_fast_target(), "AVX3");
 }
 
 // Every GemmBf16 test runs on both paths of gemm_bf16 (fp4/gemm.h): Native where oneDNN offers

@@ -6,10 +6,11 @@
 // AVX3 = AVX-512, AVX2, SSE4, SSSE3, EMU128, SCALAR), the attention micro-kernels of
 // attention.cpp (AVX-512, AVX2+FMA, base) and the probe-matched GEMM kernels of probe_gemm.cpp.
 // Every one of them is bit-identical to its scalar twin, so the cap changes speed, never bits.
-// oneDNN has its own cap, ONEDNN_MAX_CPU_ISA (e.g. AVX2), which does change bits: its FP32 GEMM
-// kernels sum in an order that depends on the ISA, and without AVX512_BF16 there is no native
-// BF16 matmul (gemm_bf16 then widens to FP32; see fp4/gemm.h). To run what an AVX2-only machine
-// runs, set both:  ONEDNN_MAX_CPU_ISA=AVX2 FP4_MAX_CPU_ISA=AVX2.
+// The cap also caps oneDNN (dnnl_set_max_cpu_isa before its first use, in gemm.cpp: AVX2 for
+// AVX2, SSE4.1 below), and there it does change bits: oneDNN's FP32 GEMM kernels sum in an order
+// that depends on the ISA, and below AVX512_CORE there is no native BF16 matmul (gemm_bf16 then
+// widens to FP32; see fp4/gemm.h). So FP4_MAX_CPU_ISA=AVX2 runs what an AVX2-only CPU (e.g. AMD
+// Zen 3) runs. oneDNN's own variable ONEDNN_MAX_CPU_ISA caps oneDNN alone.
 #pragma once
 #include <string>
 

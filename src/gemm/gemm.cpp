@@ -2,6 +2,8 @@
 // primitive, both made thread-count independent by fixed output tiling.
 #include "fp4/gemm.h"
 
+#include "fp4/cpu_isa.h"
+
 #include <dnnl.h>
 #include <dnnl_version.h>
 #include <omp.h>
@@ -25,6 +27,18 @@ namespace {
 constexpr int64_t kTileM = 128;
 constexpr int64_t kTileN = 512;
 
+// FP4_MAX_CPU_ISA (fp4/cpu_isa.h) caps oneDNN too: applied once, before the first oneDNN call
+// of the process (oneDNN accepts dnnl_set_max_cpu_isa only before its first JIT kernel).
+void apply_isa_cap() {
+  static const bool done = [] {
+    const CpuIsa cap = max_cpu_isa();
+    if (cap == CpuIsa::Avx2) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+    else if (cap < CpuIsa::Avx2) dnnl_set_max_cpu_isa(dnnl_cpu_isa_sse41);
+    return true;
+  }();
+  (void)done;
+}
+
 inline const float* at(const float* p, bool trans, int64_t r, int64_t c, int64_t ld) {
   // Element (r, c) of op(P) where op(P) = P or Pᵀ; returns the base pointer of a sub-block.
   return trans ? p + c * ld + r : p + r * ld + c;
@@ -35,6 +49,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+  apply_isa_cap();
   const int64_t tm = (M + kTileM - 1) / kTileM, tn = (N + kTileN - 1) / kTileN;
   const int64_t tiles = tm * tn;
   int failures = 0;
@@ -96,6 +111,7 @@ void check(dnnl_status_t st, const char* what) {
 
 dnnl_engine_t bf16_engine() {
   static dnnl_engine_t eng = [] {
+    apply_isa_cap();
     dnnl_engine_t e = nullptr;
     check(dnnl_engine_create(&e, dnnl_cpu, 0), "engine creation");
     return e;
@@ -403,6 +419,7 @@ void gemm_bf16_set_path(Bf16GemmPath path) {
 }
 
 std::string gemm_fp32_description() {
+  apply_isa_cap();
   return std::string("oneDNN ") + std::to_string(DNNL_VERSION_MAJOR) + "." +
          std::to_string(DNNL_VERSION_MINOR) + " sgemm, ISA " +
          onednn_isa_name(dnnl_get_effective_cpu_isa());
