@@ -122,6 +122,19 @@ struct PeakRate {
 /// negative or NaN.
 PeakRate fp32_peak_gflops(double override_gflops = 0, bool remeasure = false);
 
+/// What this process computes with: the CPU, the FP32 and BF16 GEMM implementations
+/// (fp4::gemm_fp32_description, fp4::gemm_bf16_description) and the SIMD target of
+/// fp4train's own kernels (fp4::quant_fast_target), plus FP4_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA
+/// when set. Printed in run headers, stored in summary.json ("compute") and profile --json.
+struct ComputePaths {
+  std::string cpu, gemm_fp32, gemm_bf16, simd;
+  std::string max_isa_env, onednn_isa_env;  ///< "" when unset
+  /// "AMD EPYC; FP32 GEMM oneDNN 2.6 sgemm, ISA avx2; BF16 GEMM widened: ...; SIMD AVX2"
+  std::string line() const;
+};
+/// Queries the above (may create a small oneDNN primitive on the first call).
+ComputePaths compute_paths();
+
 /// The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC 7B13"), or "unknown cpu".
 std::string cpu_model_name();
 

@@ -112,6 +112,8 @@ void run_profile(const ProfileArgs& a) {
               static_cast<long long>(model.num_params()), static_cast<long long>(tokens_per_step),
               tc.batch_size, tc.seq_len, omp_get_max_threads(),
               telemetry_steps ? " (telemetry steps included)" : "");
+  const prof::ComputePaths compute = prof::compute_paths();
+  std::printf("compute: %s\n", compute.line().c_str());
   std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
   double total = 0;
   for (int c = 0; c < int(prof::Cat::kCount); ++c) total += t.seconds[c];
@@ -178,6 +180,11 @@ void run_profile(const ProfileArgs& a) {
               {"mfu", mfu},
               {"mfu_causal", mfu_causal},
               {"components", comps},
+              {"compute",
+               {{"cpu", compute.cpu},
+                {"gemm_fp32", compute.gemm_fp32},
+                {"gemm_bf16", compute.gemm_bf16},
+                {"simd", compute.simd}}},
               {"peak_rss_bytes", peak_rss},
               {"memory",
                {{"params", mem.params},

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fp4/gemm.h"
+#include "fp4/quant_fast.h"
 
 namespace fp4::prof {
 namespace fs = std::filesystem;
@@ -147,6 +148,24 @@ std::string cpu_model_name() {
       break;
     }
   return model;
+}
+
+ComputePaths compute_paths() {
+  ComputePaths c;
+  c.cpu = cpu_model_name();
+  c.gemm_fp32 = gemm_fp32_description();
+  c.gemm_bf16 = gemm_bf16_description();
+  c.simd = quant_fast_target();
+  if (const char* e = std::getenv("FP4_MAX_CPU_ISA"); e && *e) c.max_isa_env = e;
+  if (const char* e = std::getenv("ONEDNN_MAX_CPU_ISA"); e && *e) c.onednn_isa_env = e;
+  return c;
+}
+
+std::string ComputePaths::line() const {
+  std::string s = cpu + "; FP32 GEMM " + gemm_fp32 + "; BF16 GEMM " + gemm_bf16 + "; SIMD " + simd;
+  if (!max_isa_env.empty()) s += "; FP4_MAX_CPU_ISA=" + max_isa_env;
+  if (!onednn_isa_env.empty()) s += "; ONEDNN_MAX_CPU_ISA=" + onednn_isa_env;
+  return s;
 }
 
 std::string machine_key() {

@@ -11,8 +11,6 @@
 
 #include "fp4/error.h"
 #include "fp4/eval.h"
-#include "fp4/gemm.h"
-#include "fp4/quant_fast.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
@@ -236,15 +234,10 @@ struct RunState {
   int step = 0;
 };
 
-// The compute paths this process uses, for the run header and summary.json: the CPU, the FP32
-// and BF16 GEMM implementations (fp4/gemm.h) and the SIMD target of fp4train's own kernels.
-json compute_paths() {
-  json j = {{"cpu", prof::cpu_model_name()},
-            {"gemm_fp32", gemm_fp32_description()},
-            {"gemm_bf16", gemm_bf16_description()},
-            {"simd", quant_fast_target()}};
-  for (const char* v : {"ONEDNN_MAX_CPU_ISA", "FP4_MAX_CPU_ISA"})
-    if (const char* e = std::getenv(v); e && *e) j[v] = e;
+json compute_json(const prof::ComputePaths& c) {
+  json j = {{"cpu", c.cpu}, {"gemm_fp32", c.gemm_fp32}, {"gemm_bf16", c.gemm_bf16}, {"simd", c.simd}};
+  if (!c.max_isa_env.empty()) j["FP4_MAX_CPU_ISA"] = c.max_isa_env;
+  if (!c.onednn_isa_env.empty()) j["ONEDNN_MAX_CPU_ISA"] = c.onednn_isa_env;
   return j;
 }
 
@@ -380,10 +373,8 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     if (nl != std::string::npos) o << plans.substr(nl);
     log(o.str());
   }
-  const json paths = compute_paths();
-  log("compute: " + paths["cpu"].get<std::string>() + "; FP32 GEMM " +
-      paths["gemm_fp32"].get<std::string>() + "; BF16 GEMM " +
-      paths["gemm_bf16"].get<std::string>() + "; SIMD " + paths["simd"].get<std::string>());
+  const prof::ComputePaths compute = prof::compute_paths();
+  log("compute: " + compute.line());
 
   if (ck) {
     log("resumed at step " + std::to_string(start) + " of " + std::to_string(tc.steps) + "; " +
@@ -574,7 +565,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     js["peak_gflops"] = opt.peak_gflops;
     js["mfu"] = sum.mfu;
   }
-  js["compute"] = paths;
+  js["compute"] = compute_json(compute);
   write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }
