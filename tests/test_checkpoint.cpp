@@ -503,7 +503,8 @@ TEST(RunFailure, AFailureAfterTheRunDirectoryExistsWritesErrorTxt) {
   ASSERT_TRUE(fs::exists(o.out_dir / "error.txt"));
   std::ifstream f(o.out_dir / "error.txt");
   const std::string msg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_NE(msg.find("recipe fp32 failed at step 1 of 3: "), std::string::npos) << msg;
+  EXPECT_EQ(msg.rfind("failed in step 1 of 3 (recipe fp32): ", 0), 0u) << msg;
+  EXPECT_EQ(run_error(o.out_dir), RunError::Failed);
   EXPECT_NE(msg.find("checkpoints"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(o.out_dir / "summary.json"));
 }

@@ -162,6 +162,27 @@ TEST(Report, ReadRunOfADivergedRun) {
   fs::remove_all(d);
 }
 
+TEST(Report, AFailedRunIsNotADivergence) {
+  // error.txt of a run that could not be carried out (fp4::train's "failed ..." line) is not a
+  // result: read_run refuses it as not completed instead of reporting a divergence at step 1.
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_fail_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "error.txt") << "failed in step 1 of 20 (recipe bf16): oneDNN matmul failed\n";
+  std::ofstream(d / "metrics.jsonl") << "";
+  std::ofstream(d / "config.toml") << "[train]\nseed = 4\nsteps = 20\nwarmup_steps = 2\n";
+  std::ofstream(d / "recipe.toml") << "name = \"bf16\"\n";
+  EXPECT_EQ(fp4::run_error(d), fp4::RunError::Failed);
+  try {
+    (void)read_run(d);
+    FAIL() << "a failed run must not be read as a result";
+  } catch (const fp4::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not complete: failed in step 1"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(d);
+}
+
 TEST(Report, PairedDeltaToBf16UsesTheSameSeed) {
   // Seeds differ a lot (4.0 vs 6.0) but the recipe is 0.1 and 0.3 above bf16 on each: the
   // paired delta is 0.2 ± 0.1414, the unpaired spread ± 1.4.

@@ -148,7 +148,8 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
 /// opt.out_dir. With opt.resume_from, continues the run in opt.out_dir bit for bit. Throws
 /// fp4::UserError on a non-finite loss (message names the step) after writing error.txt;
 /// metrics up to that step are kept. Any other failure once opt.out_dir exists (e.g. a GEMM
-/// error at step 1) also writes error.txt, naming the step and the cause, and is rethrown.
+/// error at step 1) also writes error.txt, "failed before the first step (recipe R): cause"
+/// or "failed in step N of S (recipe R): cause" (RunError::Failed), and is rethrown.
 /// The run header and summary.json ("compute") name the CPU, the FP32 and BF16 GEMM
 /// implementations and the SIMD target (fp4/gemm.h, fp4/quant_fast.h).
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,

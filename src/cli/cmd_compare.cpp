@@ -324,6 +324,13 @@ void run_compare(const CompareArgs& a) {
       opt.config_name = plan.config_name;
       opt.save_every = a.save_every;
       opt.keep_checkpoints = a.keep_checkpoints;
+      if (!fs::exists(d / "summary.json") && run_error(d) == RunError::Failed) {
+        // A failure (not a divergence) is not a result: start that run again.
+        const fs::path failed = d.string() + ".failed";
+        fs::remove_all(failed);
+        fs::rename(d, failed);
+        logf(std::string(head) + "failed earlier, moved to " + failed.string() + " and retried");
+      }
       if (fs::exists(d / "summary.json")) {
         logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
       } else if (fs::exists(d / "error.txt")) {
@@ -354,7 +361,7 @@ void run_compare(const CompareArgs& a) {
             train(rc, recipes[ri], data, opt);
           }
         } catch (const UserError& e) {
-          if (!fs::exists(d / "error.txt")) throw;  // not a divergence: stop the comparison
+          if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison
           logf(std::string(head) + "DIVERGED: " + e.what() + "; continuing with the next run");
           ++diverged;
           continue;

@@ -113,8 +113,8 @@ RunRecord read_run(const fs::path& dir) {
     r.tokens_per_s = num(s, "tokens_per_s", sp);
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
   } else if (fs::exists(errp)) {
-    std::ifstream f(errp);
-    std::getline(f, r.error);
+    if (run_error(dir, &r.error) == RunError::Failed)
+      throw UserError(dir.string() + " did not complete: " + r.error);
     const auto at = r.error.find(" at step ");
     if (at != std::string::npos) r.diverged_at = std::atoi(r.error.c_str() + at + 9);
     if (r.diverged_at <= 0) throw UserError(errp.string() + ": no \"at step N\" in it");

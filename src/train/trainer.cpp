@@ -583,9 +583,10 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     if (st.dir_ready && !st.error_written) {
       const std::string when =
           st.step == 0 ? std::string("before the first step")
-                       : "at step " + std::to_string(st.step) + " of " + std::to_string(cfg.train.steps);
-      const std::string msg = "the run with recipe " + recipe.name + " failed " + when + ": " +
-                              e.what();
+                       : "in step " + std::to_string(st.step) + " of " + std::to_string(cfg.train.steps);
+      const std::string msg = std::string(kRunFailedPrefix) + when + " (recipe " + recipe.name +
+                              "): " + e.what() + "; not a divergence: fix the cause and start "
+                              "the run again";
       try {
         write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
       } catch (const std::exception&) {
