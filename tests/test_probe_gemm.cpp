@@ -204,11 +204,29 @@ float scale_at(const QuantizedTensor& q, int64_t r, int64_t k) {
   return q.scales[static_cast<size_t>(br * q.block_cols + k / B)];
 }
 
+/// One operand's part of α: (g, fl(T·6)) for a tensor-scaled operand with g > 0, and (1, 1)
+/// where the quantizer used ge = gd = 1 (the g = 0 guard, the MX scale rules). Each FP32
+/// operation is done in double and rounded once to FP32 (exact: a double product of two floats
+/// is exact, and double then float rounding of a quotient of floats is the correct rounding).
+std::pair<float, float> ref_alpha_part(const QuantizedTensor& q) {
+  if (q.spec.scale_rule != ScaleRule::TensorScaled || q.g == 0.0f) return {1.0f, 1.0f};
+  return {q.g, static_cast<float>(static_cast<double>(q.spec.target) * 6.0)};
+}
+/// The contract's α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order: fl(g_a·g_b) divided
+/// by fl(fl(T_a·6)·fl(T_b·6)).
+float ref_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+  const auto [na, da] = ref_alpha_part(a);
+  const auto [nb, db] = ref_alpha_part(b);
+  const float num = static_cast<float>(static_cast<double>(na) * nb);
+  const float den = static_cast<float>(static_cast<double>(da) * db);
+  return static_cast<float>(static_cast<double>(num) / den);
+}
+
 /// The probe-matched rules, spelled out: chunks [c0, c0 + 64), exact sum rounded once (RNE),
-/// RTZ accumulation from +0 in K order, snap to 1/1024 (RNE), times α = fl(gd_a·gd_b).
+/// RTZ accumulation from +0 in K order, snap to 1/1024 (RNE), times the contract's α.
 std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b) {
   const int64_t M = a.rows, N = b.rows, K = a.cols;
-  const float alpha = static_cast<float>(static_cast<long double>(a.gd) * b.gd);
+  const float alpha = ref_alpha(a, b);
   std::vector<float> c(static_cast<size_t>(M * N));
   std::vector<Dy> terms;
   for (int64_t i = 0; i < M; ++i)
@@ -281,9 +299,13 @@ QuantizedTensor make_qt(int64_t rows, int64_t cols, int block, bool two_d,
   if (q.scales.size() != nb) ADD_FAILURE() << "make_qt: " << q.scales.size() << " scales, want " << nb;
   q.block_amax.assign(nb, 0.0f);
   q.scale_codes.assign(nb, 0);
-  q.gd = gd;
-  q.ge = 1.0f / gd;
-  q.g = 1.0f;
+  // Tensor scales as the quantizer would set them for T = 1 and g = 6·gd (exact for the gd
+  // used here), so that gd = 1/((T·6)/g) and the contract's α is gd_a·gd_b exactly.
+  q.spec.target = 1.0f;
+  q.g = 6.0f * gd;
+  q.ge = (q.spec.target * 6.0f) / q.g;
+  q.gd = 1.0f / q.ge;
+  EXPECT_EQ(q.gd, gd) << "make_qt: gd " << gd << " is not reproduced by T = 1, g = 6·gd";
   return q;
 }
 
@@ -425,6 +447,94 @@ TEST(ProbeGemmHand, AlphaAppliedAfterSnap) {
   EXPECT_EQ(probe1(row_qt({{0.5f, std::ldexp(1.0f, -5)}}, 1024.0f),
                    row_qt({{0.5f, std::ldexp(1.0f, -5)}}, 1024.0f)),
             0.0f);
+}
+
+// α (NUMERICS.md "GEMM emulation"): α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order.
+TEST(ProbeGemmAlpha, IssueExampleGivesTheExactProduct) {
+  // A = [3, 1 × 15], B = [7, 1 × 15], one row each, K = 16, ue5m3 blocks of 16, T = 448,
+  // g = the current amax (what `fp4train gemm` does):
+  //  A: ge = 2688/3 = 896, c = RNE(3·896/6) = 448, elements 3·896/448 = 6 and 1·896/448 = 2,
+  //     so the operand is exactly [3, 1, ...];
+  //  B: ge = 2688/7 = 384, c = RNE(7·384/6) = 448, elements 7·384/448 = 6 and 1·384/448 ≈ 0.857
+  //     → 1 (E2M1 RNE), which decodes to 448/384 = 7/6.
+  // Exact product of the quantized operands: 3·7 + 15·(1·7/6) = 21 + 17.5 = 38.5.
+  // Probe-matched: one chunk, (6·448)(6·448) + 15·(2·448)(1·448) = 448²·66 = 13246464 (exact in
+  // FP32 and on the 1/1024 grid). α = fl(3·7) / fl(2688·2688) = 21/7225344 = 1/(21·2^14), rounded
+  // once: fl(1/21) = 12782641·2^-28, relative error ε ≈ +1.86e-8, so y·α = 38.5·(1 + ε) and
+  // 38.5·ε ≈ 7.2e-7 is below half an ulp of 38.5 (2^-19 ≈ 1.9e-6): RNE gives 38.5 exactly.
+  // (α = fl(gd_a·gd_b), with gd = fl(1/896) and fl(1/384), gave 38.5 + 2^-18 = 38.500003814697266.)
+  std::vector<float> xa(16, 1.0f), xb(16, 1.0f);
+  xa[0] = 3.0f;
+  xb[0] = 7.0f;
+  const BlockQuantSpec spec;  // ue5m3, block 16, T = 448, RNE
+  const auto qa = quantize_blocks(xa.data(), 1, 16, spec, tensor_amax(xa.data(), 16), nullptr);
+  const auto qb = quantize_blocks(xb.data(), 1, 16, spec, tensor_amax(xb.data(), 16), nullptr);
+  for (ProbeKernel k : kernels()) EXPECT_EQ(run_probe(qa, qb, k)[0], 38.5f) << kname(k);
+  EXPECT_EQ(probe_gemm_alpha(qa, qb), std::ldexp(12782641.0f, -28 - 14));
+}
+
+TEST(ProbeGemmAlpha, EqualsTheContractFormulaForRandomReferencesAndTargets) {
+  std::mt19937_64 rng(2026);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  const float targets[] = {448.0f, 2048.0f, 1.0f, 6.0f};
+  std::vector<float> x(3 * 70);
+  int differs_from_gd_product = 0, n = 0;
+  for (int rep = 0; rep < 3000; ++rep) {
+    for (float& v : x) v = (u(rng) - 0.5f) * 8.0f;
+    BlockQuantSpec sa, sb;
+    // Targets: the recipes' values or any float in [1, 10^4); references: any float over
+    // 2^-40 .. 2^40 (held references far from the data's amax included).
+    sa.target = rng() % 2 ? targets[rng() % 4] : std::exp(u(rng) * 9.2f);
+    sb.target = rng() % 2 ? targets[rng() % 4] : std::exp(u(rng) * 9.2f);
+    sb.two_d = rng() % 2;
+    const float ga = std::ldexp(1.0f + u(rng), static_cast<int>(rng() % 81) - 40);
+    const float gb = rep % 3 ? std::ldexp(1.0f + u(rng), static_cast<int>(rng() % 81) - 40)
+                             : tensor_amax(x.data(), 3 * 70);
+    const auto qa = quantize_blocks(x.data(), 3, 70, sa, ga, nullptr);
+    const auto qb = quantize_blocks(x.data(), 3, 70, sb, gb, nullptr);
+    const float want = ref_alpha(qa, qb);
+    ASSERT_EQ(std::bit_cast<uint32_t>(probe_gemm_alpha(qa, qb)), std::bit_cast<uint32_t>(want))
+        << "g_a " << ga << " T_a " << sa.target << " g_b " << gb << " T_b " << sb.target;
+    differs_from_gd_product += qa.gd * qb.gd != want;
+    ++n;
+    if (rep % 100 == 0) {  // and α is what the outputs are multiplied by
+      const auto ref = ref_probe(qa, qb);
+      for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(qa, qb, k), ref, 3)) << kname(k);
+    }
+  }
+  // fl(gd_a·gd_b) is not the contract's α: it differs in the last bit for a good part of the
+  // cases, so this test would catch it.
+  std::printf("fl(gd_a*gd_b) != contract alpha in %d of %d cases\n", differs_from_gd_product, n);
+  EXPECT_GT(differs_from_gd_product, n / 10);
+}
+
+TEST(ProbeGemmAlpha, MxRulesAndTheZeroReferenceGuardContributeOne) {
+  std::vector<float> x(32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  // MX rules: no tensor scale (ge = gd = 1), g is validated but unused: α = 1.
+  BlockQuantSpec mx;
+  mx.scale_format = ScaleFormat::UE8M0;
+  mx.block = 32;
+  for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp}) {
+    mx.scale_rule = rule;
+    const auto q = quantize_blocks(x.data(), 1, 32, mx, 5.0f, nullptr);
+    EXPECT_EQ(probe_gemm_alpha(q, q), 1.0f) << scale_rule_name(rule);
+    const auto want = ref_probe(q, q);
+    for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(q, q, k), want, 1)) << kname(k);
+  }
+  // Tensor-scaled with g = 0: the quantizer's guard sets ge = gd = 1, so that operand's factor
+  // is 1; against B with g = 3, T = 448: α = fl(3)/fl(2688) = 1/896 rounded once.
+  const BlockQuantSpec ts;
+  const auto qz = quantize_blocks(x.data(), 1, 32, ts, 0.0f, nullptr);
+  const auto q3 = quantize_blocks(x.data(), 1, 32, ts, 3.0f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qz, q3), 1.0f / 896.0f);
+  EXPECT_EQ(probe_gemm_alpha(q3, qz), 1.0f / 896.0f);
+  EXPECT_EQ(probe_gemm_alpha(qz, qz), 1.0f);
+  // An MX operand against a tensor-scaled one (g = 7): α = fl(7)/fl(2688) = 1/384 rounded once.
+  mx.scale_rule = ScaleRule::MxTe;
+  const auto qm = quantize_blocks(x.data(), 1, 32, mx, 0.0f, nullptr);
+  const auto q7 = quantize_blocks(x.data(), 1, 32, ts, 7.0f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qm, q7), 1.0f / 384.0f);
 }
 
 TEST(ProbeGemmHand, TiesInsideAChunk) {
@@ -735,6 +845,17 @@ TEST(ProbeGemm, InvalidInputsThrow) {
   bad = random_qt(rng, 3, 20, 16, false, 0);
   bad.gd = 0.0f;
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  // Tensor scales that do not follow from g and T (α is computed from g and T; the decoded
+  // values use gd): ge = (T·6)/g, gd = 1/ge, or 1 and 1 under the MX rules.
+  bad = random_qt(rng, 3, 20, 16, false, 0);
+  bad.g *= 2.0f;
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  bad = random_qt(rng, 3, 20, 16, false, 0);
+  bad.gd = std::nextafter(bad.gd, 2.0f);
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  bad = random_qt(rng, 3, 20, 16, false, 0, 0.5f);
+  bad.spec.scale_rule = ScaleRule::MxTe;  // MX: ge = gd = 1 required
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
   bad = random_qt(rng, 3, 20, 16, false, 0);
   bad.spec.element = parse_element_format("int4");
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);  // not E2M1
@@ -759,7 +880,6 @@ TEST(ProbeGemm, ModeNamesAndDispatch) {
   quantized_gemm(GemmMode::Decoded, a, b, c1.data());
   decoded_gemm(a, b, c2.data());
   EXPECT_TRUE(same_bits(c1, c2, 5));
-  EXPECT_EQ(probe_gemm_alpha(a, b), a.gd * b.gd);
 }
 
 }  // namespace

@@ -61,6 +61,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -82,7 +83,24 @@ const char* gemm_mode_name(GemmMode m) {
   return m == GemmMode::Decoded ? "decoded" : "probe-matched";
 }
 
-float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) { return a.gd * b.gd; }
+namespace {
+/// One operand's part of α = g_a·g_b / ((T_a·6)(T_b·6)): (g, fl(T·6)); (1, 1) where the
+/// quantizer used ge = gd = 1 instead of (T·6)/g (the g = 0 guard and the MX scale rules).
+struct AlphaPart {
+  float num, den;
+};
+AlphaPart alpha_part(const QuantizedTensor& q) {
+  if (q.spec.scale_rule != ScaleRule::TensorScaled || q.g == 0.0f) return {1.0f, 1.0f};
+  return {q.g, q.spec.target * 6.0f};
+}
+}  // namespace
+
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+  const AlphaPart pa = alpha_part(a), pb = alpha_part(b);
+  const float num = pa.num * pb.num;  // fl(g_a·g_b)
+  const float den = pa.den * pb.den;  // fl(fl(T_a·6)·fl(T_b·6))
+  return num / den;
+}
 
 namespace {
 
@@ -105,7 +123,14 @@ constexpr int kMR = 4;
 constexpr int kNRV = 2;  // 16-column vectors per tile
 constexpr int kNR = 16 * kNRV;
 
-/// Shapes and element format (codes are checked while packing).
+/// %.9g (std::to_string prints small scales as 0.000000).
+std::string fmt_g(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+  return buf;
+}
+
+/// Shapes, element format and tensor scales (codes are checked while packing).
 void check_tensor(const char* name, const QuantizedTensor& q) {
   const std::string w = std::string("probe_gemm: operand ") + name;
   const int64_t B = q.spec.block;
@@ -127,6 +152,26 @@ void check_tensor(const char* name, const QuantizedTensor& q) {
   if (!(q.gd > 0.0f) || std::isinf(q.gd)) {
     throw std::invalid_argument(w + ": tensor decode scale gd must be finite and > 0, got " +
                                 std::to_string(q.gd));
+  }
+  // α is computed from g and T (the contract's formula), the decoded values use gd: they must
+  // agree, as quantize_blocks sets them (block_quant.h).
+  if (q.spec.scale_rule == ScaleRule::TensorScaled) {
+    const float T = q.spec.target;
+    if (!(q.g >= 0.0f) || std::isinf(q.g) || !(T > 0.0f) || std::isinf(T)) {
+      throw std::invalid_argument(w + ": tensor reference g = " + fmt_g(q.g) +
+                                  " and target T = " + fmt_g(T) +
+                                  " must be finite, g >= 0 and T > 0");
+    }
+    const float ge = q.g == 0.0f ? 1.0f : std::min((T * 6.0f) / q.g, FLT_MAX);
+    if (q.ge != ge || q.gd != 1.0f / ge) {
+      throw std::invalid_argument(
+          w + ": tensor scales ge = " + fmt_g(q.ge) + ", gd = " + fmt_g(q.gd) +
+          " do not follow from g = " + fmt_g(q.g) + " and T = " + fmt_g(T) +
+          " (ge = (T·6)/g, 1 if g = 0, at most FLT_MAX; gd = 1/ge)");
+    }
+  } else if (q.ge != 1.0f || q.gd != 1.0f) {
+    throw std::invalid_argument(w + ": the MX scale rules have no tensor scale (ge = gd = 1), got ge = " +
+                                fmt_g(q.ge) + ", gd = " + fmt_g(q.gd));
   }
 }
 
