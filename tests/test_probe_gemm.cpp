@@ -247,12 +247,14 @@ std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b)
 
 // ------------------------------------------------------------------ helpers
 
+/// Every kernel this CPU can run (every test below runs against each of them).
 std::vector<ProbeKernel> kernels() {
   std::vector<ProbeKernel> k = {ProbeKernel::Portable};
   if (probe_gemm_avx512_available()) k.push_back(ProbeKernel::Avx512Vnni);
+  if (probe_gemm_avx2_available()) k.push_back(ProbeKernel::Avx2);
   return k;
 }
-const char* kname(ProbeKernel k) { return k == ProbeKernel::Portable ? "portable" : "avx512"; }
+const char* kname(ProbeKernel k) { return probe_kernel_name(k); }
 
 std::vector<float> run_probe(const QuantizedTensor& a, const QuantizedTensor& b, ProbeKernel k) {
   std::vector<float> c(static_cast<size_t>(a.rows * b.rows), -12345.0f);

@@ -15,7 +15,7 @@
 //
 // The probe-matched result is bit-exact by construction (see docs/gemm.md for the
 // arguments): every intermediate is computed exactly and rounded exactly once per rule, so
-// the bits do not depend on the kernel (AVX-512 VNNI or portable), the thread count or the
+// the bits do not depend on the kernel (AVX-512 VNNI, AVX2 or portable), the thread count or the
 // tiling.
 #pragma once
 #include <cstdint>
@@ -39,12 +39,15 @@ inline constexpr int kProbeChunk = 64;
 /// The accumulator is snapped to multiples of 2^-kProbeSnapBits (1/1024).
 inline constexpr int kProbeSnapBits = 10;
 
-/// Which probe-matched kernel runs. Both give identical bits; Portable exists for CPUs
-/// without AVX-512 VNNI and so tests can compare the two.
+/// Which probe-matched kernel runs. All give identical bits (tests/test_probe_gemm.cpp runs
+/// every test against every kernel the CPU has); Portable is the scalar twin of the SIMD
+/// kernels and the fallback for CPUs without AVX2.
 enum class ProbeKernel {
-  Auto,        ///< AVX-512 VNNI when the CPU has it, else Portable
+  Auto,        ///< probe_gemm_auto_kernel(): AVX-512 VNNI, else AVX2, else Portable
   Portable,    ///< plain C++ (OpenMP over rows)
   Avx512Vnni,  ///< int8 dot products with vpdpbusd; throws std::runtime_error if unsupported
+  Avx2,        ///< int8 dot products with vpmaddubsw (src/gemm/probe_gemm_avx2.cpp); needs
+               ///< AVX2 and FMA, throws std::runtime_error if unsupported
 };
 
 struct ProbeGemmOptions {
@@ -53,6 +56,12 @@ struct ProbeGemmOptions {
 
 /// True if this CPU (and build) can run ProbeKernel::Avx512Vnni.
 bool probe_gemm_avx512_available();
+/// True if this CPU (and build) can run ProbeKernel::Avx2 (AVX2 and FMA).
+bool probe_gemm_avx2_available();
+/// The kernel ProbeKernel::Auto runs on this CPU (never Auto).
+ProbeKernel probe_gemm_auto_kernel();
+/// "auto", "portable", "avx512-vnni", "avx2".
+const char* probe_kernel_name(ProbeKernel k);
 
 /// α, the factor the probe-matched result is multiplied by: the contract's
 /// α = g_a·g_b / ((T_a·6)(T_b·6)) (docs/numerics.md "GEMM emulation"), computed in FP32 (RNE)
@@ -83,8 +92,8 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// and > 0, or if its tensor scales do not follow from g and T as quantize_blocks sets them
 /// (tensor-scaled: ge = (T·6)/g, 1 if g = 0, at most FLT_MAX, gd = 1/ge; MX: ge = gd = 1),
 /// since α comes from g and T (codes and scales are checked while packing, so c may be partly
-/// written when it throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni on a CPU
-/// without it. OpenMP-parallel over (64-row group, B panels) tasks, dynamically scheduled, each
+/// written when it throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni
+/// or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks, dynamically scheduled, each
 /// operand part packed once by the first task that needs it; bits do not depend on the thread
 /// count. Keeps its packing buffers (about (M + N)·K bytes plus per-segment scales) per
 /// calling thread between calls, so repeated calls reuse them.
