@@ -578,6 +578,26 @@ TEST(ProbeGemmHand, DoubleIsNotEnoughBeyondTheSpanLimit) {
   EXPECT_EQ(probe1(row_qt(a), row_qt(b)), 8035200.0f);
 }
 
+TEST(ProbeGemmHand, RtzAccumulationSaturatesAtFltMax) {
+  // Block 1; element 0 and element 64 (two chunks) each give (4·2^62)(4·2^61) = 2^127, a finite
+  // chunk sum. RTZ(2^127 + 2^127 = 2^128) = FLT_MAX (RNE would give +Inf); the snap keeps it
+  // (|x| ≥ 2^13), α = 1. A third chunk (element 128) of −2^127 then gives
+  // RTZ(FLT_MAX − 2^127) = 2^128 − 2^104 − 2^127 = 2^127 − 2^104, exact.
+  std::vector<std::pair<float, float>> qa(192, {0.0f, 1.0f}), qb(192, {0.0f, 1.0f});
+  for (int k : {0, 64, 128}) {
+    qa[static_cast<size_t>(k)] = {4, std::ldexp(1.0f, 62)};
+    qb[static_cast<size_t>(k)] = {4, std::ldexp(1.0f, 61)};
+  }
+  auto a2 = qa, b2 = qb;
+  a2.resize(128);
+  b2.resize(128);
+  EXPECT_EQ(probe1(row_qt(a2), row_qt(b2)), FLT_MAX);
+  a2[0].first = a2[64].first = -4;
+  EXPECT_EQ(probe1(row_qt(a2), row_qt(b2)), -FLT_MAX);
+  qa[128].first = -4;
+  EXPECT_EQ(probe1(row_qt(qa), row_qt(qb)), std::ldexp(1.0f, 127) - std::ldexp(1.0f, 104));
+}
+
 TEST(ProbeGemmHand, CancellationAndZeroChunk) {
   // Chunk 1: 2^20 − 2^20 + 2^-5 exactly (not 0): needs the exact chunk sum.
   // 2^20 = (4·512)(4·64)... use 4·1024 · 4·64 = 2^20.
@@ -751,23 +771,83 @@ TEST(ProbeGemm, ThreadCountDoesNotChangeBits) {
     EXPECT_TRUE(same_bits(one, three, N)) << kname(k);
   }
   omp_set_num_threads(saved);
-  // And the two kernels agree with each other on larger cases (the reference is slow), with
-  // many row groups and panels packed on demand by whichever thread needs them first.
-  if (probe_gemm_avx512_available()) {
-    const auto a2 = random_qt(rng, 130, 1000, 16, false, 0);
-    const auto b2 = random_qt(rng, 97, 1000, 16, true, 1);
-    EXPECT_TRUE(same_bits(run_probe(a2, b2, ProbeKernel::Portable),
-                          run_probe(a2, b2, ProbeKernel::Avx512Vnni), 97));
-    const auto a3 = random_qt(rng, 700, 128, 16, false, 4);
-    const auto b3 = random_qt(rng, 333, 128, 16, true, 4);
-    omp_set_num_threads(1);
-    const auto ref = run_probe(a3, b3, ProbeKernel::Portable);
+  // And the SIMD kernels agree with the portable one on larger cases (the reference is slow),
+  // with many row groups and panels packed on demand by whichever thread needs them first.
+  const auto a2 = random_qt(rng, 130, 1000, 16, false, 0);
+  const auto b2 = random_qt(rng, 97, 1000, 16, true, 1);
+  const auto a3 = random_qt(rng, 700, 128, 16, false, 4);
+  const auto b3 = random_qt(rng, 333, 128, 16, true, 4);
+  const auto ref2 = run_probe(a2, b2, ProbeKernel::Portable);
+  omp_set_num_threads(1);
+  const auto ref3 = run_probe(a3, b3, ProbeKernel::Portable);
+  for (ProbeKernel k : kernels()) {
+    if (k == ProbeKernel::Portable) continue;
+    omp_set_num_threads(saved);
+    EXPECT_TRUE(same_bits(run_probe(a2, b2, k), ref2, 97)) << kname(k);
     for (int t : {1, 2, 4}) {
       omp_set_num_threads(t);
-      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Avx512Vnni), ref, 333)) << t << " threads";
-      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Portable), ref, 333)) << t << " threads";
+      EXPECT_TRUE(same_bits(run_probe(a3, b3, k), ref3, 333)) << kname(k) << ", " << t << " threads";
+      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Portable), ref3, 333)) << t << " threads";
     }
-    omp_set_num_threads(saved);
+  }
+  omp_set_num_threads(saved);
+}
+
+// The SIMD kernels' own hazards (src/gemm/probe_gemm_avx2.cpp, the AVX-512 kernel): integer
+// dot-product bounds, panel padding with stale bytes, ragged tiles.
+TEST(ProbeGemmKernels, ExtremeDotProductsInFullChunkSegments) {
+  // Blocks of 64 (and longer) on both sides: one segment per 64-chunk, so the int16 pair sums
+  // of the AVX2 kernel add up over 16 groups of 4 k, the most the design allows. Every element
+  // ±6 (n = ±12, B's biased byte 0 or 24): dots of ±144·64 = ±9216 and their mixtures.
+  std::mt19937_64 rng(64);
+  for (const int block : {64, 100, 128}) {
+    const int64_t M = 9, N = 35, K = 256;
+    std::vector<uint8_t> ca(static_cast<size_t>(M * K)), cb(static_cast<size_t>(N * K));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k)  // rows: all +6, all −6, then random ±6 / 0
+        ca[size_t(i * K + k)] = i == 0 ? 7 : i == 1 ? 15 : static_cast<uint8_t>(rng() % 3 == 0 ? 0 : (rng() % 2 ? 7 : 15));
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        cb[size_t(j * K + k)] = j == 0 ? 7 : j == 1 ? 15 : static_cast<uint8_t>(rng() % 2 ? 7 : 15);
+    const int64_t bc = (K + block - 1) / block;
+    std::vector<float> sa(static_cast<size_t>(M * bc)), sb(static_cast<size_t>(N * bc));
+    for (auto& v : sa) v = scale_decode(static_cast<uint8_t>(0x70 + rng() % 32), ScaleFormat::UE5M3);
+    for (auto& v : sb) v = scale_decode(static_cast<uint8_t>(0x70 + rng() % 32), ScaleFormat::UE5M3);
+    const auto a = make_qt(M, K, block, false, ca, sa), b = make_qt(N, K, block, false, cb, sb);
+    const auto want = ref_probe(a, b);
+    for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N)) << kname(k) << " block " << block;
+  }
+}
+
+TEST(ProbeGemmKernels, StalePanelBytesAndRaggedShapes) {
+  // A larger product first leaves random bytes in the calling thread's packing buffers; the
+  // padding columns of the next, ragged products then hold stale bytes (their scale is 0).
+  std::mt19937_64 rng(31);
+  for (ProbeKernel k : kernels()) {
+    const auto big_a = random_qt(rng, 40, 300, 16, false, 4), big_b = random_qt(rng, 200, 300, 16, true, 4);
+    (void)run_probe(big_a, big_b, k);
+    for (const int64_t M : {1, 3, 5, 7}) {
+      const int64_t N = 1 + static_cast<int64_t>(rng() % 47), K = 1 + static_cast<int64_t>(rng() % 300);
+      const auto a = random_qt(rng, M, K, 16, false, static_cast<int>(rng() % 5));
+      const auto b = random_qt(rng, N, K, 32, rng() % 2, static_cast<int>(rng() % 5));
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), ref_probe(a, b), N)) << kname(k) << " M=" << M << " N=" << N << " K=" << K;
+    }
+  }
+}
+
+TEST(ProbeGemmKernels, LargerRaggedShapesAgreeWithPortable) {
+  // Shapes with every remainder (M % 4, N % 16 and % 32, K % 4, K % 64), mixed block lengths,
+  // every scale kind (overflow and the exact path included), against the portable kernel.
+  std::mt19937_64 rng(77);
+  for (int rep = 0; rep < 6; ++rep) {
+    const int64_t M = 61 + static_cast<int64_t>(rng() % 70), N = 33 + static_cast<int64_t>(rng() % 70);
+    const int64_t K = 100 + static_cast<int64_t>(rng() % 700);
+    const int kind = rep % 5;
+    const auto a = random_qt(rng, M, K, rep % 2 ? 16 : 24, false, kind, 0.5f);
+    const auto b = random_qt(rng, N, K, rep % 3 ? 16 : 40, rep % 2 == 0, kind, 2.0f);
+    const auto want = run_probe(a, b, ProbeKernel::Portable);
+    for (ProbeKernel k : kernels())
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N)) << kname(k) << " M=" << M << " N=" << N << " K=" << K;
   }
 }
 
@@ -865,6 +945,9 @@ TEST(ProbeGemm, InvalidInputsThrow) {
     EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx512Vnni}),
                  std::runtime_error);
   }
+  if (!probe_gemm_avx2_available()) {
+    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx2}), std::runtime_error);
+  }
 }
 
 TEST(ProbeGemm, ModeNamesAndDispatch) {
@@ -882,6 +965,14 @@ TEST(ProbeGemm, ModeNamesAndDispatch) {
   quantized_gemm(GemmMode::Decoded, a, b, c1.data());
   decoded_gemm(a, b, c2.data());
   EXPECT_TRUE(same_bits(c1, c2, 5));
+  // Auto is the widest kernel the CPU has.
+  const ProbeKernel autok = probe_gemm_auto_kernel();
+  EXPECT_EQ(autok, probe_gemm_avx512_available() ? ProbeKernel::Avx512Vnni
+                   : probe_gemm_avx2_available() ? ProbeKernel::Avx2
+                                                 : ProbeKernel::Portable);
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx2), "avx2");
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx512Vnni), "avx512-vnni");
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Portable), "portable");
 }
 
 }  // namespace
