@@ -20,12 +20,14 @@
 // (signed) and adds adjacent pairs into int16: lane 2c holds u[k]·a[k] + u[k+1]·a[k+1] of
 // column c, lane 2c + 1 the same for k + 2, k + 3. vpmaddubsw saturates to int16, but
 // |u·a + u'·a'| ≤ 2·24·12 = 576, far below 2^15 − 1, so it never saturates. The pairs are
-// accumulated with vpaddw (int16, wrapping) over one segment: a segment lies inside one
-// 64-chunk, so at most 16 groups add up and every partial sum is bounded by 16·576 = 9216
-// < 2^15: no wrap either. (Padding columns of the last panel may hold stale bytes up to 255;
-// their int16 sums may wrap, but their scale is 0 and they are never stored.) At the end of
-// the segment vpmaddwd with ones adds the two int16 lanes of a column into int32, and the
-// correction −12·Σ n_a gives D_s = Σ n_a·n_b exactly (|D_s| ≤ 144·64).
+// accumulated with vpaddw (int16, wrapping) over one segment, lane 2c starting from the
+// row's correction −12·Σ n_a (|corr| ≤ 12·12·64 = 9216) and lane 2c + 1 from 0: a segment
+// lies inside one 64-chunk, so at most 16 groups add up, every partial sum of pairs is
+// bounded by 16·576 = 9216, and a lane never exceeds 9216 + 9216 = 18432 < 2^15: no wrap
+// either. (Padding columns of the last panel may hold stale bytes up to 255; their int16 sums
+// may wrap, but their scale is 0 and they are never stored.) At the end of the segment
+// vpmaddwd with ones adds the two int16 lanes of a column into int32 (exact), giving
+// D_s = Σ n_a·(n_b + 12) − 12·Σ n_a = Σ n_a·n_b exactly (|D_s| ≤ 144·64).
 //
 // Chunk sum in double: D_s (int32 → double, exact) times (c_a/2)·(c_b/2) (exact: at most 8 + 8
 // significant bits) is added with one FMA to the chunk's double accumulators; the product is
@@ -60,6 +62,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 #include "probe_gemm_impl.h"
 
@@ -67,6 +70,7 @@ namespace fp4::probe_impl {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4_AVX2 __attribute__((target("avx2,fma")))
+#define FP4_AVX2_LAMBDA __attribute__((target("avx2,fma"), always_inline))
 
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
@@ -130,17 +134,27 @@ FP4_AVX2 inline __m256 finish8(__m256 x, __m256 alpha) {
   return _mm256_mul_ps(_mm256_blendv_ps(r, x, big), alpha);
 }
 
-/// D = int32 dots of one int16 accumulator (8 columns) plus the row's correction; chunk
-/// accumulators d[0..8) += D·(c_a/2)·(c_b/2).
-FP4_AVX2 inline void seg_epilogue(__m256i acc16, __m256i corr, __m256d sa, const double* sb,
-                                  double* d) {
-  const __m256i D = _mm256_add_epi32(_mm256_madd_epi16(acc16, _mm256_set1_epi16(1)), corr);
+/// D = the int32 dots of one int16 accumulator (8 columns; the correction is already in it);
+/// chunk accumulators d[0..8) = (first segment of the chunk ? 0 : d) + D·(c_a/2)·(c_b/2).
+template <bool kFirst>
+FP4_AVX2 inline void seg_epilogue(__m256i acc16, __m256d sa, const double* sb, double* d) {
+  const __m256i D = _mm256_madd_epi16(acc16, _mm256_set1_epi16(1));
   const __m256d lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(D));
   const __m256d hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(D, 1));
-  _mm256_store_pd(d, _mm256_fmadd_pd(lo, _mm256_mul_pd(_mm256_loadu_pd(sb), sa), _mm256_load_pd(d)));
-  _mm256_store_pd(d + 4,
-                  _mm256_fmadd_pd(hi, _mm256_mul_pd(_mm256_loadu_pd(sb + 4), sa), _mm256_load_pd(d + 4)));
+  const __m256d slo = _mm256_mul_pd(_mm256_loadu_pd(sb), sa);
+  const __m256d shi = _mm256_mul_pd(_mm256_loadu_pd(sb + 4), sa);
+  if (kFirst) {
+    _mm256_store_pd(d, _mm256_mul_pd(lo, slo));
+    _mm256_store_pd(d + 4, _mm256_mul_pd(hi, shi));
+  } else {
+    _mm256_store_pd(d, _mm256_fmadd_pd(lo, slo, _mm256_load_pd(d)));
+    _mm256_store_pd(d + 4, _mm256_fmadd_pd(hi, shi, _mm256_load_pd(d + 4)));
+  }
 }
+
+/// int16 lanes (corr, 0) in every 32-bit lane: the start of a column's two pair-sum lanes, so
+/// that vpmaddwd with ones later yields Σ u·n_a + corr = D directly.
+FP4_AVX2 inline __m256i corr16(int32_t corr) { return _mm256_set1_epi32(corr & 0xFFFF); }
 
 /// One 4 × 16 tile: rows i0.. of A, columns [16·h, 16·h + 16) of panel p; the first `rows`
 /// rows and `cols` columns are written to c. Returns false if the tile must be recomputed by
@@ -158,15 +172,16 @@ FP4_AVX2 bool half_tile(const Plan& pl, const Packed& A, const Panels& BP, int64
   alignas(32) double dacc[kMR][16];      // the current chunk's exact sums
   __m256i bad = _mm256_setzero_si256();
   for (int64_t ch = 0; ch < pl.nchunk; ++ch) {
-    for (int r = 0; r < kMR; ++r)
-      for (int q = 0; q < 16; q += 4) _mm256_store_pd(&dacc[r][q], _mm256_setzero_pd());
     for (int64_t s = pl.chunk_first[ch]; s < pl.chunk_first[ch + 1]; ++s) {
       const Segment& sg = pl.segs[static_cast<size_t>(s)];
-      __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00;
-      __m256i c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+      // int16 accumulators start from the correction −12·Σ n_a (|corr| ≤ 12·12·64 = 9216, so
+      // the lane holding it stays within 9216 + 9216 < 2^15; file comment).
+      __m256i c00 = corr16(corr[0 * ns + s]), c01 = c00, c10 = corr16(corr[1 * ns + s]), c11 = c10;
+      __m256i c20 = corr16(corr[2 * ns + s]), c21 = c20, c30 = corr16(corr[3 * ns + s]), c31 = c30;
       const uint8_t* bk = bpan + sg.p0 * kNR;
       const int8_t* ak = an + sg.p0;
-      for (int64_t kk = 0; kk < sg.plen; kk += 4) {
+      // One group of 4 k: 2 loads of B, 4 broadcasts of A, 8 vpmaddubsw + vpaddw.
+      auto group = [&](int64_t kk) FP4_AVX2_LAMBDA {
         const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk + kk * kNR));
         const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk + kk * kNR + 32));
         __m256i a = bcast4(ak + 0 * Kp + kk);
@@ -181,20 +196,34 @@ FP4_AVX2 bool half_tile(const Plan& pl, const Packed& A, const Panels& BP, int64
         a = bcast4(ak + 3 * Kp + kk);
         c30 = mac16(c30, b0, a);
         c31 = mac16(c31, b1, a);
+      };
+      if (sg.plen == 16) {  // blocks of 16 (the recipes'): unrolled
+        group(0);
+        group(4);
+        group(8);
+        group(12);
+      } else {
+        for (int64_t kk = 0; kk < sg.plen; kk += 4) group(kk);
       }
       const double* sbs = sb + s * kNR;
-      const __m256i k0 = _mm256_set1_epi32(corr[0 * ns + s]), k1 = _mm256_set1_epi32(corr[1 * ns + s]);
-      const __m256i k2 = _mm256_set1_epi32(corr[2 * ns + s]), k3 = _mm256_set1_epi32(corr[3 * ns + s]);
       const __m256d s0 = _mm256_set1_pd(sa[0 * ns + s]), s1 = _mm256_set1_pd(sa[1 * ns + s]);
       const __m256d s2 = _mm256_set1_pd(sa[2 * ns + s]), s3 = _mm256_set1_pd(sa[3 * ns + s]);
-      seg_epilogue(c00, k0, s0, sbs, &dacc[0][0]);
-      seg_epilogue(c01, k0, s0, sbs + 8, &dacc[0][8]);
-      seg_epilogue(c10, k1, s1, sbs, &dacc[1][0]);
-      seg_epilogue(c11, k1, s1, sbs + 8, &dacc[1][8]);
-      seg_epilogue(c20, k2, s2, sbs, &dacc[2][0]);
-      seg_epilogue(c21, k2, s2, sbs + 8, &dacc[2][8]);
-      seg_epilogue(c30, k3, s3, sbs, &dacc[3][0]);
-      seg_epilogue(c31, k3, s3, sbs + 8, &dacc[3][8]);
+      auto epilogue = [&](auto first) FP4_AVX2_LAMBDA {
+        constexpr bool f = decltype(first)::value;
+        seg_epilogue<f>(c00, s0, sbs, &dacc[0][0]);
+        seg_epilogue<f>(c01, s0, sbs + 8, &dacc[0][8]);
+        seg_epilogue<f>(c10, s1, sbs, &dacc[1][0]);
+        seg_epilogue<f>(c11, s1, sbs + 8, &dacc[1][8]);
+        seg_epilogue<f>(c20, s2, sbs, &dacc[2][0]);
+        seg_epilogue<f>(c21, s2, sbs + 8, &dacc[2][8]);
+        seg_epilogue<f>(c30, s3, sbs, &dacc[3][0]);
+        seg_epilogue<f>(c31, s3, sbs + 8, &dacc[3][8]);
+      };
+      if (s == pl.chunk_first[ch]) {
+        epilogue(std::true_type{});
+      } else {
+        epilogue(std::false_type{});
+      }
     }
     // Chunk epilogue: one RNE rounding to FP32, then the RTZ accumulation.
     for (int r = 0; r < kMR; ++r)
