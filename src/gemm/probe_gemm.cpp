@@ -34,19 +34,24 @@
 // AVX-512 VNNI: B packed in panels of 32 columns as bytes n_b + 12 (unsigned), A's n_a as the
 // broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
 // segment the 4×32 tile's D_s are converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
-// per chunk one RNE conversion to FP32 and one RTZ addition. Every step is exact or a single
-// IEEE rounding, so both kernels give the same bits; tests compare them with an independent
-// reference.
+// per chunk one RNE conversion to FP32 and one RTZ addition. AVX2 (src/gemm/probe_gemm_avx2.cpp):
+// the same panels, vpmaddubsw int16 pair sums per segment (no saturation, argued there), the
+// same double epilogues, RTZ from the RNE sum and its TwoSum error. Every step is exact or a
+// single IEEE rounding, so all kernels give the same bits; tests compare each with an
+// independent reference.
 //
-// RTZ accumulation. The SIMD kernel uses the hardware's FP32 addition with embedded
-// round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition. The portable path uses
-// add_rtz below: the double sum of two floats is NOT always exact (exponents further apart
-// than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose truncation would be
-// wrong), so it computes the TwoSum error term and corrects the truncation with it.
+// RTZ accumulation. The AVX-512 kernel uses the hardware's FP32 addition with embedded
+// round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition; the AVX2 kernel has
+// no embedded rounding and corrects the RNE sum with its exact TwoSum error. The portable
+// path uses add_rtz below: the double sum of two floats is NOT always exact (exponents
+// further apart than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose
+// truncation would be wrong), so it computes the TwoSum error term and corrects the
+// truncation with it.
 //
 // Snap: 2^-10·RNE(2^10·x): exact in double (x·1024 exact, rint exact, /1024 exact, and the
-// result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the SIMD
-// kernel uses vrndscaleps with 10 fraction bits and RNE, the same function.
+// result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the
+// AVX-512 kernel uses vrndscaleps with 10 fraction bits and RNE, the same function, and the AVX2
+// kernel vroundps(x·1024, RNE)·2^-10 for |x| < 2^13.
 #include "fp4/probe_gemm.h"
 
 #if defined(__x86_64__)
