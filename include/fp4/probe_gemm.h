@@ -15,8 +15,8 @@
 //
 // The probe-matched result is bit-exact by construction (see docs/gemm.md for the
 // arguments): every intermediate is computed exactly and rounded exactly once per rule, so
-// the bits do not depend on the kernel (AVX-512 VNNI, AVX2 or portable), the thread count or the
-// tiling.
+// the bits do not depend on the kernel (AVX-512 VNNI, AVX2 or portable), the thread count or
+// the tiling.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -71,9 +71,10 @@ const char* probe_kernel_name(ProbeKernel k);
 /// quantizer used no tensor scale (ge = gd = 1: the MX scale rules, or the g = 0 guard) enters
 /// with g = T·6 = 1, so α = 1 for two MX operands. This is not fl(gd_a·gd_b): the roundings
 /// inside gd = 1/((T·6)/g) make that differ in the last bit for about half of all (g, T).
-/// Overflow and underflow follow FP32: fl(g_a·g_b) is +Inf when g_a·g_b > FLT_MAX (both g
-/// above ~1.8e19), and α is then +Inf. Where quantize_blocks capped ge at FLT_MAX (g below
-/// T·6/FLT_MAX) α still follows the formula. Never throws (probe_gemm checks its operands).
+/// Overflow and underflow follow FP32: fl(g_a·g_b) is +Inf when g_a·g_b > FLT_MAX (e.g. both
+/// g above ~1.85e19), and α is then +Inf (outputs ±Inf, or NaN where y = 0). Where
+/// quantize_blocks capped ge at FLT_MAX (g below T·6/FLT_MAX) α still follows the formula.
+/// Never throws (probe_gemm checks its operands).
 float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 
 /// Probe-matched GEMM: c [M, N] (row-major, overwritten, ldc = N) = A·Bᵀ with
@@ -93,10 +94,10 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// (tensor-scaled: ge = (T·6)/g, 1 if g = 0, at most FLT_MAX, gd = 1/ge; MX: ge = gd = 1),
 /// since α comes from g and T (codes and scales are checked while packing, so c may be partly
 /// written when it throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni
-/// or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks, dynamically scheduled, each
-/// operand part packed once by the first task that needs it; bits do not depend on the thread
-/// count. Keeps its packing buffers (about (M + N)·K bytes plus per-segment scales) per
-/// calling thread between calls, so repeated calls reuse them.
+/// or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks,
+/// dynamically scheduled, each operand part packed once by the first task that needs it; bits
+/// do not depend on the thread count. Keeps its packing buffers (about (M + N)·K bytes plus
+/// per-segment scales) per calling thread between calls, so repeated calls reuse them.
 void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                 const ProbeGemmOptions& options = {});
 

@@ -167,8 +167,8 @@ void check_tensor(const char* name, const QuantizedTensor& q) {
           " (ge = (T·6)/g, 1 if g = 0, at most FLT_MAX; gd = 1/ge)");
     }
   } else if (q.ge != 1.0f || q.gd != 1.0f) {
-    throw std::invalid_argument(w + ": the MX scale rules have no tensor scale (ge = gd = 1), got ge = " +
-                                fmt_g(q.ge) + ", gd = " + fmt_g(q.gd));
+    throw std::invalid_argument(w + ": the MX scale rules have no tensor scale (ge = gd = 1), " +
+                                "got ge = " + fmt_g(q.ge) + ", gd = " + fmt_g(q.gd));
   }
 }
 
