@@ -537,6 +537,16 @@ TEST(ProbeGemmAlpha, MxRulesAndTheZeroReferenceGuardContributeOne) {
   const auto qm = quantize_blocks(x.data(), 1, 32, mx, 0.0f, nullptr);
   const auto q7 = quantize_blocks(x.data(), 1, 32, ts, 7.0f, nullptr);
   EXPECT_EQ(probe_gemm_alpha(qm, q7), 1.0f / 384.0f);
+  // FP32 range, as the formula in FP32 gives it: g_a = g_b = 2e19: fl(4e38) = +Inf, so α = +Inf.
+  const auto qh = quantize_blocks(x.data(), 1, 32, ts, 2e19f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qh, qh), INFINITY);
+  // g = 1e-37 < T·6/FLT_MAX: the quantizer caps ge at FLT_MAX, α still follows the formula:
+  // fl(1e-37·3) / fl(2688·2688) ≈ 4.15e-44, an FP32 subnormal.
+  const auto qt = quantize_blocks(x.data(), 1, 32, ts, 1e-37f, nullptr);
+  EXPECT_EQ(qt.ge, FLT_MAX);
+  const float want_tiny = (1e-37f * 3.0f) / 7225344.0f;
+  EXPECT_EQ(probe_gemm_alpha(qt, q3), want_tiny);
+  EXPECT_GT(want_tiny, 0.0f);
 }
 
 TEST(ProbeGemmHand, TiesInsideAChunk) {
