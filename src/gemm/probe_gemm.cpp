@@ -298,7 +298,8 @@ enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
 /// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)).
 /// Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a scale that
 /// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
-/// `impl` chooses the code conversion (the same results): the kernel's vector width.
+/// The kernel a call runs (ProbeKernel with Auto resolved). pack_row converts codes with the
+/// matching vector width (every width gives the same bytes).
 enum class Impl { Portable, Avx512, Avx2 };
 unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
                   Packed& P, Impl impl) {
