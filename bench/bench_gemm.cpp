@@ -1,13 +1,18 @@
 // Probe-matched FP4 GEMM emulation vs the FP32 GEMM (fp4::sgemm, oneDNN), issue 3 section 6.
-// Shapes: M = N = K = 512 and M = 4096, N = K = 256 (C = A·Bᵀ, A [M, K], B [N, K]).
+// Shapes: M = N = K = 512, M = 4096, N = K = 256 and M = 4096, N = K = 1024 (C = A·Bᵀ,
+// A [M, K], B [N, K]; the portable kernel only on the two smaller ones).
 //
 //   BM_Sgemm            fp4::sgemm on the already-dequantized FP32 operands
 //   BM_DecodedGemm      fp4::decoded_gemm: dequantize both QuantizedTensors, then sgemm
-//   BM_ProbeGemm        fp4::probe_gemm, default kernel (AVX-512 VNNI where available)
+//   BM_ProbeGemm        fp4::probe_gemm, default kernel (probe_gemm_auto_kernel: AVX-512 VNNI,
+//                       else AVX2, else portable; the label names it)
+//   BM_ProbeGemmAvx2    fp4::probe_gemm, AVX2 kernel (skipped without AVX2)
 //   BM_ProbeGemmPortable  fp4::probe_gemm, portable kernel
-//   BM_ProbeVsSgemm     both measured alternately in one loop (robust on a shared, noisy
-//                       machine): counters sgemm_GFLOPs, probe_GFLOPs and ratio = probe time /
-//                       sgemm time
+//   BM_ProbeVsSgemm     sgemm and probe_gemm (default kernel, named in the label) measured
+//                       alternately in one loop (robust on a shared, noisy machine): counters
+//                       sgemm_GFLOPs, probe_GFLOPs, ratio = probe time / sgemm time and
+//                       throughput = sgemm time / probe time (probe throughput as a fraction of
+//                       the FP32 GEMM's; issue 10 asks for ≥ 0.5 at 4096 × 1024 × 1024)
 //   BM_GemmBf16         fp4::gemm_bf16 (native BF16 operands, FP32 accumulate), C = A·Bᵀ or,
 //                       with ta = 1, C [M, N] = Aᵀ·B (wgrad-like, A stored [K, M], B [K, N])
 //   BM_Bf16VsSgemm      fp4::gemm_bf16 and fp4::sgemm on the same (BF16-valued) operands,
@@ -103,6 +108,11 @@ void probe_bench(benchmark::State& st, fp4::ProbeKernel k) {
     st.SkipWithError("no AVX-512 VNNI on this CPU");
     return;
   }
+  if (k == fp4::ProbeKernel::Avx2 && !fp4::probe_gemm_avx2_available()) {
+    st.SkipWithError("no AVX2 on this CPU");
+    return;
+  }
+  st.SetLabel(fp4::probe_kernel_name(k == fp4::ProbeKernel::Auto ? fp4::probe_gemm_auto_kernel() : k));
   for (auto _ : st) {
     fp4::probe_gemm(p.qa, p.qb, p.c.data(), fp4::ProbeGemmOptions{k});
     benchmark::ClobberMemory();
@@ -111,6 +121,7 @@ void probe_bench(benchmark::State& st, fp4::ProbeKernel k) {
 }
 void BM_ProbeGemm(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Auto); }
 void BM_ProbeGemmPortable(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Portable); }
+void BM_ProbeGemmAvx2(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Avx2); }
 
 void BM_ProbeVsSgemm(benchmark::State& st) {
   Problem& p = problem(st.range(0), st.range(1), st.range(2));
@@ -133,6 +144,8 @@ void BM_ProbeVsSgemm(benchmark::State& st) {
   st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
   st.counters["probe_GFLOPs"] = flop / tp * 1e-9;
   st.counters["ratio"] = tp / ts;
+  st.counters["throughput"] = ts / tp;
+  st.SetLabel(fp4::probe_kernel_name(fp4::probe_gemm_auto_kernel()));
 }
 
 // BF16 operands (bit patterns, and the same values as FP32 for sgemm), built once per shape.
@@ -214,15 +227,20 @@ void bf16_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
-void shapes(benchmark::internal::Benchmark* b) {
+void small_shapes(benchmark::internal::Benchmark* b) {
   b->Args({512, 512, 512})->Args({4096, 256, 256})->ArgNames({"M", "N", "K"});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void shapes(benchmark::internal::Benchmark* b) {
+  small_shapes(b);
+  b->Args({4096, 1024, 1024});
 }
 
 BENCHMARK(BM_Sgemm)->Apply(shapes);
 BENCHMARK(BM_DecodedGemm)->Apply(shapes);
 BENCHMARK(BM_ProbeGemm)->Apply(shapes);
-BENCHMARK(BM_ProbeGemmPortable)->Apply(shapes);
+BENCHMARK(BM_ProbeGemmAvx2)->Apply(shapes);
+BENCHMARK(BM_ProbeGemmPortable)->Apply(small_shapes);
 BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
 BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);

@@ -204,11 +204,29 @@ float scale_at(const QuantizedTensor& q, int64_t r, int64_t k) {
   return q.scales[static_cast<size_t>(br * q.block_cols + k / B)];
 }
 
+/// One operand's part of α: (g, fl(T·6)) for a tensor-scaled operand with g > 0, and (1, 1)
+/// where the quantizer used ge = gd = 1 (the g = 0 guard, the MX scale rules). Each FP32
+/// operation is done in double and rounded once to FP32 (exact: a double product of two floats
+/// is exact, and double then float rounding of a quotient of floats is the correct rounding).
+std::pair<float, float> ref_alpha_part(const QuantizedTensor& q) {
+  if (q.spec.scale_rule != ScaleRule::TensorScaled || q.g == 0.0f) return {1.0f, 1.0f};
+  return {q.g, static_cast<float>(static_cast<double>(q.spec.target) * 6.0)};
+}
+/// The contract's α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order: fl(g_a·g_b) divided
+/// by fl(fl(T_a·6)·fl(T_b·6)).
+float ref_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+  const auto [na, da] = ref_alpha_part(a);
+  const auto [nb, db] = ref_alpha_part(b);
+  const float num = static_cast<float>(static_cast<double>(na) * nb);
+  const float den = static_cast<float>(static_cast<double>(da) * db);
+  return static_cast<float>(static_cast<double>(num) / den);
+}
+
 /// The probe-matched rules, spelled out: chunks [c0, c0 + 64), exact sum rounded once (RNE),
-/// RTZ accumulation from +0 in K order, snap to 1/1024 (RNE), times α = fl(gd_a·gd_b).
+/// RTZ accumulation from +0 in K order, snap to 1/1024 (RNE), times the contract's α.
 std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b) {
   const int64_t M = a.rows, N = b.rows, K = a.cols;
-  const float alpha = static_cast<float>(static_cast<long double>(a.gd) * b.gd);
+  const float alpha = ref_alpha(a, b);
   std::vector<float> c(static_cast<size_t>(M * N));
   std::vector<Dy> terms;
   for (int64_t i = 0; i < M; ++i)
@@ -229,12 +247,14 @@ std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b)
 
 // ------------------------------------------------------------------ helpers
 
+/// Every kernel this CPU can run (every test below runs against each of them).
 std::vector<ProbeKernel> kernels() {
   std::vector<ProbeKernel> k = {ProbeKernel::Portable};
   if (probe_gemm_avx512_available()) k.push_back(ProbeKernel::Avx512Vnni);
+  if (probe_gemm_avx2_available()) k.push_back(ProbeKernel::Avx2);
   return k;
 }
-const char* kname(ProbeKernel k) { return k == ProbeKernel::Portable ? "portable" : "avx512"; }
+const char* kname(ProbeKernel k) { return probe_kernel_name(k); }
 
 std::vector<float> run_probe(const QuantizedTensor& a, const QuantizedTensor& b, ProbeKernel k) {
   std::vector<float> c(static_cast<size_t>(a.rows * b.rows), -12345.0f);
@@ -281,9 +301,13 @@ QuantizedTensor make_qt(int64_t rows, int64_t cols, int block, bool two_d,
   if (q.scales.size() != nb) ADD_FAILURE() << "make_qt: " << q.scales.size() << " scales, want " << nb;
   q.block_amax.assign(nb, 0.0f);
   q.scale_codes.assign(nb, 0);
-  q.gd = gd;
-  q.ge = 1.0f / gd;
-  q.g = 1.0f;
+  // Tensor scales as the quantizer would set them for T = 1 and g = 6·gd (exact for the gd
+  // used here), so that gd = 1/((T·6)/g) and the contract's α is gd_a·gd_b exactly.
+  q.spec.target = 1.0f;
+  q.g = 6.0f * gd;
+  q.ge = (q.spec.target * 6.0f) / q.g;
+  q.gd = 1.0f / q.ge;
+  EXPECT_EQ(q.gd, gd) << "make_qt: gd " << gd << " is not reproduced by T = 1, g = 6·gd";
   return q;
 }
 
@@ -427,6 +451,104 @@ TEST(ProbeGemmHand, AlphaAppliedAfterSnap) {
             0.0f);
 }
 
+// α (NUMERICS.md "GEMM emulation"): α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order.
+TEST(ProbeGemmAlpha, IssueExampleGivesTheExactProduct) {
+  // A = [3, 1 × 15], B = [7, 1 × 15], one row each, K = 16, ue5m3 blocks of 16, T = 448,
+  // g = the current amax (what `fp4train gemm` does):
+  //  A: ge = 2688/3 = 896, c = RNE(3·896/6) = 448, elements 3·896/448 = 6 and 1·896/448 = 2,
+  //     so the operand is exactly [3, 1, ...];
+  //  B: ge = 2688/7 = 384, c = RNE(7·384/6) = 448, elements 7·384/448 = 6 and 1·384/448 ≈ 0.857
+  //     → 1 (E2M1 RNE), which decodes to 448/384 = 7/6.
+  // Exact product of the quantized operands: 3·7 + 15·(1·7/6) = 21 + 17.5 = 38.5.
+  // Probe-matched: one chunk, (6·448)(6·448) + 15·(2·448)(1·448) = 448²·66 = 13246464 (exact in
+  // FP32 and on the 1/1024 grid). α = fl(3·7) / fl(2688·2688) = 21/7225344 = 1/(21·2^14), rounded
+  // once: fl(1/21) = 12782641·2^-28, relative error ε ≈ +1.86e-8, so y·α = 38.5·(1 + ε) and
+  // 38.5·ε ≈ 7.2e-7 is below half an ulp of 38.5 (2^-19 ≈ 1.9e-6): RNE gives 38.5 exactly.
+  // (α = fl(gd_a·gd_b), with gd = fl(1/896) and fl(1/384), gave 38.5 + 2^-18 = 38.500003814697266.)
+  std::vector<float> xa(16, 1.0f), xb(16, 1.0f);
+  xa[0] = 3.0f;
+  xb[0] = 7.0f;
+  const BlockQuantSpec spec;  // ue5m3, block 16, T = 448, RNE
+  const auto qa = quantize_blocks(xa.data(), 1, 16, spec, tensor_amax(xa.data(), 16), nullptr);
+  const auto qb = quantize_blocks(xb.data(), 1, 16, spec, tensor_amax(xb.data(), 16), nullptr);
+  for (ProbeKernel k : kernels()) EXPECT_EQ(run_probe(qa, qb, k)[0], 38.5f) << kname(k);
+  EXPECT_EQ(probe_gemm_alpha(qa, qb), std::ldexp(12782641.0f, -28 - 14));
+}
+
+TEST(ProbeGemmAlpha, EqualsTheContractFormulaForRandomReferencesAndTargets) {
+  std::mt19937_64 rng(2026);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  const float targets[] = {448.0f, 2048.0f, 1.0f, 6.0f};
+  std::vector<float> x(3 * 70);
+  int differs_from_gd_product = 0, n = 0;
+  for (int rep = 0; rep < 3000; ++rep) {
+    for (float& v : x) v = (u(rng) - 0.5f) * 8.0f;
+    BlockQuantSpec sa, sb;
+    // Targets: the recipes' values or any float in [1, 10^4); references: any float over
+    // 2^-40 .. 2^40 (held references far from the data's amax included).
+    sa.target = rng() % 2 ? targets[rng() % 4] : std::exp(u(rng) * 9.2f);
+    sb.target = rng() % 2 ? targets[rng() % 4] : std::exp(u(rng) * 9.2f);
+    sb.two_d = rng() % 2;
+    const float ga = std::ldexp(1.0f + u(rng), static_cast<int>(rng() % 81) - 40);
+    const float gb = rep % 3 ? std::ldexp(1.0f + u(rng), static_cast<int>(rng() % 81) - 40)
+                             : tensor_amax(x.data(), 3 * 70);
+    const auto qa = quantize_blocks(x.data(), 3, 70, sa, ga, nullptr);
+    const auto qb = quantize_blocks(x.data(), 3, 70, sb, gb, nullptr);
+    const float want = ref_alpha(qa, qb);
+    ASSERT_EQ(std::bit_cast<uint32_t>(probe_gemm_alpha(qa, qb)), std::bit_cast<uint32_t>(want))
+        << "g_a " << ga << " T_a " << sa.target << " g_b " << gb << " T_b " << sb.target;
+    differs_from_gd_product += qa.gd * qb.gd != want;
+    ++n;
+    if (rep % 100 == 0) {  // and α is what the outputs are multiplied by
+      const auto ref = ref_probe(qa, qb);
+      for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(qa, qb, k), ref, 3)) << kname(k);
+    }
+  }
+  // fl(gd_a·gd_b) is not the contract's α: it differs in the last bit for a good part of the
+  // cases, so this test would catch it.
+  std::printf("fl(gd_a*gd_b) != contract alpha in %d of %d cases\n", differs_from_gd_product, n);
+  EXPECT_GT(differs_from_gd_product, n / 10);
+}
+
+TEST(ProbeGemmAlpha, MxRulesAndTheZeroReferenceGuardContributeOne) {
+  std::vector<float> x(32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  // MX rules: no tensor scale (ge = gd = 1), g is validated but unused: α = 1.
+  BlockQuantSpec mx;
+  mx.scale_format = ScaleFormat::UE8M0;
+  mx.block = 32;
+  for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp}) {
+    mx.scale_rule = rule;
+    const auto q = quantize_blocks(x.data(), 1, 32, mx, 5.0f, nullptr);
+    EXPECT_EQ(probe_gemm_alpha(q, q), 1.0f) << scale_rule_name(rule);
+    const auto want = ref_probe(q, q);
+    for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(q, q, k), want, 1)) << kname(k);
+  }
+  // Tensor-scaled with g = 0: the quantizer's guard sets ge = gd = 1, so that operand's factor
+  // is 1; against B with g = 3, T = 448: α = fl(3)/fl(2688) = 1/896 rounded once.
+  const BlockQuantSpec ts;
+  const auto qz = quantize_blocks(x.data(), 1, 32, ts, 0.0f, nullptr);
+  const auto q3 = quantize_blocks(x.data(), 1, 32, ts, 3.0f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qz, q3), 1.0f / 896.0f);
+  EXPECT_EQ(probe_gemm_alpha(q3, qz), 1.0f / 896.0f);
+  EXPECT_EQ(probe_gemm_alpha(qz, qz), 1.0f);
+  // An MX operand against a tensor-scaled one (g = 7): α = fl(7)/fl(2688) = 1/384 rounded once.
+  mx.scale_rule = ScaleRule::MxTe;
+  const auto qm = quantize_blocks(x.data(), 1, 32, mx, 0.0f, nullptr);
+  const auto q7 = quantize_blocks(x.data(), 1, 32, ts, 7.0f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qm, q7), 1.0f / 384.0f);
+  // FP32 range, as the formula in FP32 gives it: g_a = g_b = 2e19: fl(4e38) = +Inf, so α = +Inf.
+  const auto qh = quantize_blocks(x.data(), 1, 32, ts, 2e19f, nullptr);
+  EXPECT_EQ(probe_gemm_alpha(qh, qh), INFINITY);
+  // g = 1e-37 < T·6/FLT_MAX: the quantizer caps ge at FLT_MAX, α still follows the formula:
+  // fl(1e-37·3) / fl(2688·2688) ≈ 4.15e-44, an FP32 subnormal.
+  const auto qt = quantize_blocks(x.data(), 1, 32, ts, 1e-37f, nullptr);
+  EXPECT_EQ(qt.ge, FLT_MAX);
+  const float want_tiny = (1e-37f * 3.0f) / 7225344.0f;
+  EXPECT_EQ(probe_gemm_alpha(qt, q3), want_tiny);
+  EXPECT_GT(want_tiny, 0.0f);
+}
+
 TEST(ProbeGemmHand, TiesInsideAChunk) {
   // Chunk sums exactly halfway between FP32 neighbours (ulp 2 at 2^24):
   // 2^24 + 1 → 2^24 (even);  2^24 + 3 → 2^24 + 4 (even);  2^24 + 1 + 2^-10 → 2^24 + 2.
@@ -464,6 +586,26 @@ TEST(ProbeGemmHand, DoubleIsNotEnoughBeyondTheSpanLimit) {
   EXPECT_EQ(probe1(row_qt(a), row_qt(b)), 8035200.5f);
   b.back().first = -0.5f;  // 8035200.25 − 2^-31: below the tie → 8035200
   EXPECT_EQ(probe1(row_qt(a), row_qt(b)), 8035200.0f);
+}
+
+TEST(ProbeGemmHand, RtzAccumulationSaturatesAtFltMax) {
+  // Block 1; element 0 and element 64 (two chunks) each give (4·2^62)(4·2^61) = 2^127, a finite
+  // chunk sum. RTZ(2^127 + 2^127 = 2^128) = FLT_MAX (RNE would give +Inf); the snap keeps it
+  // (|x| ≥ 2^13), α = 1. A third chunk (element 128) of −2^127 then gives
+  // RTZ(FLT_MAX − 2^127) = 2^128 − 2^104 − 2^127 = 2^127 − 2^104, exact.
+  std::vector<std::pair<float, float>> qa(192, {0.0f, 1.0f}), qb(192, {0.0f, 1.0f});
+  for (int k : {0, 64, 128}) {
+    qa[static_cast<size_t>(k)] = {4, std::ldexp(1.0f, 62)};
+    qb[static_cast<size_t>(k)] = {4, std::ldexp(1.0f, 61)};
+  }
+  auto a2 = qa, b2 = qb;
+  a2.resize(128);
+  b2.resize(128);
+  EXPECT_EQ(probe1(row_qt(a2), row_qt(b2)), FLT_MAX);
+  a2[0].first = a2[64].first = -4;
+  EXPECT_EQ(probe1(row_qt(a2), row_qt(b2)), -FLT_MAX);
+  qa[128].first = -4;
+  EXPECT_EQ(probe1(row_qt(qa), row_qt(qb)), std::ldexp(1.0f, 127) - std::ldexp(1.0f, 104));
 }
 
 TEST(ProbeGemmHand, CancellationAndZeroChunk) {
@@ -639,23 +781,83 @@ TEST(ProbeGemm, ThreadCountDoesNotChangeBits) {
     EXPECT_TRUE(same_bits(one, three, N)) << kname(k);
   }
   omp_set_num_threads(saved);
-  // And the two kernels agree with each other on larger cases (the reference is slow), with
-  // many row groups and panels packed on demand by whichever thread needs them first.
-  if (probe_gemm_avx512_available()) {
-    const auto a2 = random_qt(rng, 130, 1000, 16, false, 0);
-    const auto b2 = random_qt(rng, 97, 1000, 16, true, 1);
-    EXPECT_TRUE(same_bits(run_probe(a2, b2, ProbeKernel::Portable),
-                          run_probe(a2, b2, ProbeKernel::Avx512Vnni), 97));
-    const auto a3 = random_qt(rng, 700, 128, 16, false, 4);
-    const auto b3 = random_qt(rng, 333, 128, 16, true, 4);
-    omp_set_num_threads(1);
-    const auto ref = run_probe(a3, b3, ProbeKernel::Portable);
+  // And the SIMD kernels agree with the portable one on larger cases (the reference is slow),
+  // with many row groups and panels packed on demand by whichever thread needs them first.
+  const auto a2 = random_qt(rng, 130, 1000, 16, false, 0);
+  const auto b2 = random_qt(rng, 97, 1000, 16, true, 1);
+  const auto a3 = random_qt(rng, 700, 128, 16, false, 4);
+  const auto b3 = random_qt(rng, 333, 128, 16, true, 4);
+  const auto ref2 = run_probe(a2, b2, ProbeKernel::Portable);
+  omp_set_num_threads(1);
+  const auto ref3 = run_probe(a3, b3, ProbeKernel::Portable);
+  for (ProbeKernel k : kernels()) {
+    if (k == ProbeKernel::Portable) continue;
+    omp_set_num_threads(saved);
+    EXPECT_TRUE(same_bits(run_probe(a2, b2, k), ref2, 97)) << kname(k);
     for (int t : {1, 2, 4}) {
       omp_set_num_threads(t);
-      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Avx512Vnni), ref, 333)) << t << " threads";
-      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Portable), ref, 333)) << t << " threads";
+      EXPECT_TRUE(same_bits(run_probe(a3, b3, k), ref3, 333)) << kname(k) << ", " << t << " threads";
+      EXPECT_TRUE(same_bits(run_probe(a3, b3, ProbeKernel::Portable), ref3, 333)) << t << " threads";
     }
-    omp_set_num_threads(saved);
+  }
+  omp_set_num_threads(saved);
+}
+
+// The SIMD kernels' own hazards (src/gemm/probe_gemm_avx2.cpp, the AVX-512 kernel): integer
+// dot-product bounds, panel padding with stale bytes, ragged tiles.
+TEST(ProbeGemmKernels, ExtremeDotProductsInFullChunkSegments) {
+  // Blocks of 64 (and longer) on both sides: one segment per 64-chunk, so the int16 pair sums
+  // of the AVX2 kernel add up over 16 groups of 4 k, the most the design allows. Every element
+  // ±6 (n = ±12, B's biased byte 0 or 24): dots of ±144·64 = ±9216 and their mixtures.
+  std::mt19937_64 rng(64);
+  for (const int block : {64, 100, 128}) {
+    const int64_t M = 9, N = 35, K = 256;
+    std::vector<uint8_t> ca(static_cast<size_t>(M * K)), cb(static_cast<size_t>(N * K));
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k)  // rows: all +6, all −6, then random ±6 / 0
+        ca[size_t(i * K + k)] = i == 0 ? 7 : i == 1 ? 15 : static_cast<uint8_t>(rng() % 3 == 0 ? 0 : (rng() % 2 ? 7 : 15));
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < K; ++k)
+        cb[size_t(j * K + k)] = j == 0 ? 7 : j == 1 ? 15 : static_cast<uint8_t>(rng() % 2 ? 7 : 15);
+    const int64_t bc = (K + block - 1) / block;
+    std::vector<float> sa(static_cast<size_t>(M * bc)), sb(static_cast<size_t>(N * bc));
+    for (auto& v : sa) v = scale_decode(static_cast<uint8_t>(0x70 + rng() % 32), ScaleFormat::UE5M3);
+    for (auto& v : sb) v = scale_decode(static_cast<uint8_t>(0x70 + rng() % 32), ScaleFormat::UE5M3);
+    const auto a = make_qt(M, K, block, false, ca, sa), b = make_qt(N, K, block, false, cb, sb);
+    const auto want = ref_probe(a, b);
+    for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N)) << kname(k) << " block " << block;
+  }
+}
+
+TEST(ProbeGemmKernels, StalePanelBytesAndRaggedShapes) {
+  // A larger product first leaves random bytes in the calling thread's packing buffers; the
+  // padding columns of the next, ragged products then hold stale bytes (their scale is 0).
+  std::mt19937_64 rng(31);
+  for (ProbeKernel k : kernels()) {
+    const auto big_a = random_qt(rng, 40, 300, 16, false, 4), big_b = random_qt(rng, 200, 300, 16, true, 4);
+    (void)run_probe(big_a, big_b, k);
+    for (const int64_t M : {1, 3, 5, 7}) {
+      const int64_t N = 1 + static_cast<int64_t>(rng() % 47), K = 1 + static_cast<int64_t>(rng() % 300);
+      const auto a = random_qt(rng, M, K, 16, false, static_cast<int>(rng() % 5));
+      const auto b = random_qt(rng, N, K, 32, rng() % 2, static_cast<int>(rng() % 5));
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), ref_probe(a, b), N)) << kname(k) << " M=" << M << " N=" << N << " K=" << K;
+    }
+  }
+}
+
+TEST(ProbeGemmKernels, LargerRaggedShapesAgreeWithPortable) {
+  // Shapes with every remainder (M % 4, N % 16 and % 32, K % 4, K % 64), mixed block lengths,
+  // every scale kind (overflow and the exact path included), against the portable kernel.
+  std::mt19937_64 rng(77);
+  for (int rep = 0; rep < 6; ++rep) {
+    const int64_t M = 61 + static_cast<int64_t>(rng() % 70), N = 33 + static_cast<int64_t>(rng() % 70);
+    const int64_t K = 100 + static_cast<int64_t>(rng() % 700);
+    const int kind = rep % 5;
+    const auto a = random_qt(rng, M, K, rep % 2 ? 16 : 24, false, kind, 0.5f);
+    const auto b = random_qt(rng, N, K, rep % 3 ? 16 : 40, rep % 2 == 0, kind, 2.0f);
+    const auto want = run_probe(a, b, ProbeKernel::Portable);
+    for (ProbeKernel k : kernels())
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N)) << kname(k) << " M=" << M << " N=" << N << " K=" << K;
   }
 }
 
@@ -735,12 +937,26 @@ TEST(ProbeGemm, InvalidInputsThrow) {
   bad = random_qt(rng, 3, 20, 16, false, 0);
   bad.gd = 0.0f;
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  // Tensor scales that do not follow from g and T (α is computed from g and T; the decoded
+  // values use gd): ge = (T·6)/g, gd = 1/ge, or 1 and 1 under the MX rules.
+  bad = random_qt(rng, 3, 20, 16, false, 0);
+  bad.g *= 2.0f;
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  bad = random_qt(rng, 3, 20, 16, false, 0);
+  bad.gd = std::nextafter(bad.gd, 2.0f);
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
+  bad = random_qt(rng, 3, 20, 16, false, 0, 0.5f);
+  bad.spec.scale_rule = ScaleRule::MxTe;  // MX: ge = gd = 1 required
+  EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
   bad = random_qt(rng, 3, 20, 16, false, 0);
   bad.spec.element = parse_element_format("int4");
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);  // not E2M1
   if (!probe_gemm_avx512_available()) {
     EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx512Vnni}),
                  std::runtime_error);
+  }
+  if (!probe_gemm_avx2_available()) {
+    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx2}), std::runtime_error);
   }
 }
 
@@ -759,7 +975,14 @@ TEST(ProbeGemm, ModeNamesAndDispatch) {
   quantized_gemm(GemmMode::Decoded, a, b, c1.data());
   decoded_gemm(a, b, c2.data());
   EXPECT_TRUE(same_bits(c1, c2, 5));
-  EXPECT_EQ(probe_gemm_alpha(a, b), a.gd * b.gd);
+  // Auto is the widest kernel the CPU has.
+  const ProbeKernel autok = probe_gemm_auto_kernel();
+  EXPECT_EQ(autok, probe_gemm_avx512_available() ? ProbeKernel::Avx512Vnni
+                   : probe_gemm_avx2_available() ? ProbeKernel::Avx2
+                                                 : ProbeKernel::Portable);
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx2), "avx2");
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx512Vnni), "avx512-vnni");
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Portable), "portable");
 }
 
 }  // namespace

@@ -11,12 +11,12 @@
 //    rounded ONCE to FP32 (round to nearest even); the chunk sums are accumulated in K order
 //    starting from +0 with FP32 round-toward-zero additions; the accumulator is snapped to the
 //    1/1024 grid with round to nearest even; the result is multiplied (FP32, RNE) by
-//    α = fl(gd_a · gd_b), the product of the two tensor decode scales.
+//    α = g_a·g_b / ((T_a·6)(T_b·6)), computed in FP32 in that order (probe_gemm_alpha).
 //
 // The probe-matched result is bit-exact by construction (see docs/gemm.md for the
 // arguments): every intermediate is computed exactly and rounded exactly once per rule, so
-// the bits do not depend on the kernel (AVX-512 VNNI or portable), the thread count or the
-// tiling.
+// the bits do not depend on the kernel (AVX-512 VNNI, AVX2 or portable), the thread count or
+// the tiling.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,12 +39,15 @@ inline constexpr int kProbeChunk = 64;
 /// The accumulator is snapped to multiples of 2^-kProbeSnapBits (1/1024).
 inline constexpr int kProbeSnapBits = 10;
 
-/// Which probe-matched kernel runs. Both give identical bits; Portable exists for CPUs
-/// without AVX-512 VNNI and so tests can compare the two.
+/// Which probe-matched kernel runs. All give identical bits (tests/test_probe_gemm.cpp runs
+/// every test against every kernel the CPU has); Portable is the scalar twin of the SIMD
+/// kernels and the fallback for CPUs without AVX2.
 enum class ProbeKernel {
-  Auto,        ///< AVX-512 VNNI when the CPU has it, else Portable
+  Auto,        ///< probe_gemm_auto_kernel(): AVX-512 VNNI, else AVX2, else Portable
   Portable,    ///< plain C++ (OpenMP over rows)
   Avx512Vnni,  ///< int8 dot products with vpdpbusd; throws std::runtime_error if unsupported
+  Avx2,        ///< int8 dot products with vpmaddubsw (src/gemm/probe_gemm_avx2.cpp); needs
+               ///< AVX2 and FMA, throws std::runtime_error if unsupported
 };
 
 struct ProbeGemmOptions {
@@ -53,16 +56,31 @@ struct ProbeGemmOptions {
 
 /// True if this CPU (and build) can run ProbeKernel::Avx512Vnni.
 bool probe_gemm_avx512_available();
+/// True if this CPU (and build) can run ProbeKernel::Avx2 (AVX2 and FMA).
+bool probe_gemm_avx2_available();
+/// The kernel ProbeKernel::Auto runs on this CPU (never Auto).
+ProbeKernel probe_gemm_auto_kernel();
+/// "auto", "portable", "avx512-vnni", "avx2".
+const char* probe_kernel_name(ProbeKernel k);
 
-/// α = fl(gd_a · gd_b) (FP32 product of the tensor decode scales, RNE): the factor the
-/// probe-matched result is multiplied by. Equals fl(g_a·g_b / ((T_a·6)(T_b·6))) up to the
-/// roundings inside gd = 1/((T·6)/g); gd is what QuantizedTensor stores, so gd is used.
+/// α, the factor the probe-matched result is multiplied by: the contract's
+/// α = g_a·g_b / ((T_a·6)(T_b·6)) (docs/numerics.md "GEMM emulation"), computed in FP32 (RNE)
+/// in exactly that order, as the paper's reference implementation does:
+///     fl(g_a·g_b) / fl(fl(T_a·6)·fl(T_b·6)),
+/// with g = QuantizedTensor::g (the tensor reference used) and T = spec.target. An operand whose
+/// quantizer used no tensor scale (ge = gd = 1: the MX scale rules, or the g = 0 guard) enters
+/// with g = T·6 = 1, so α = 1 for two MX operands. This is not fl(gd_a·gd_b): the roundings
+/// inside gd = 1/((T·6)/g) make that differ in the last bit for about half of all (g, T).
+/// Overflow and underflow follow FP32: fl(g_a·g_b) is +Inf when g_a·g_b > FLT_MAX (e.g. both
+/// g above ~1.85e19), and α is then +Inf (outputs ±Inf, or NaN where y = 0). Where
+/// quantize_blocks capped ge at FLT_MAX (g below T·6/FLT_MAX) α still follows the formula.
+/// Never throws (probe_gemm checks its operands).
 float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 
 /// Probe-matched GEMM: c [M, N] (row-major, overwritten, ldc = N) = A·Bᵀ with
 /// A = `a` [M = a.rows, K = a.cols], B = `b` [N = b.rows, K = b.cols], both quantized along K
 /// (1-D blocks of any length, or 2-D tiles; block lengths may differ between a and b) with
-/// E2M1 elements and any scale rule (MX rules have gd = 1, so α = 1).
+/// E2M1 elements and any scale rule (MX rules have no tensor scale, so α = 1).
 /// Rules in the file comment. Non-finite results: a chunk sum beyond FP32 range rounds to
 /// ±Inf (RNE overflow) and propagates (Inf − Inf = NaN); RTZ accumulation of finite chunk sums
 /// saturates at ±FLT_MAX instead. This only happens with UE8M0 scales near 2^127. An exactly
@@ -71,13 +89,15 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// Throws std::invalid_argument if a.cols != b.cols, if either
 /// QuantizedTensor is inconsistent (vector sizes vs shapes and block grid, block ≤ 0, codes
 /// > 15), if its element format is not E2M1, if a block scale is not finite and > 0 or has more
-/// than 8 significant bits (every scale format here has at most 8), or if gd is not finite
-/// and > 0 (codes and scales are checked while packing, so c may be partly written when it
-/// throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni on a CPU
-/// without it. OpenMP-parallel over (64-row group, B panels) tasks, dynamically scheduled, each
-/// operand part packed once by the first task that needs it; bits do not depend on the thread
-/// count. Keeps its packing buffers (about (M + N)·K bytes plus per-segment scales) per
-/// calling thread between calls, so repeated calls reuse them.
+/// than 8 significant bits (every scale format here has at most 8), if gd is not finite
+/// and > 0, or if its tensor scales do not follow from g and T as quantize_blocks sets them
+/// (tensor-scaled: ge = (T·6)/g, 1 if g = 0, at most FLT_MAX, gd = 1/ge; MX: ge = gd = 1),
+/// since α comes from g and T (codes and scales are checked while packing, so c may be partly
+/// written when it throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni
+/// or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks,
+/// dynamically scheduled, each operand part packed once by the first task that needs it; bits
+/// do not depend on the thread count. Keeps its packing buffers (about (M + N)·K bytes plus
+/// per-segment scales) per calling thread between calls, so repeated calls reuse them.
 void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                 const ProbeGemmOptions& options = {});
 

@@ -34,19 +34,24 @@
 // AVX-512 VNNI: B packed in panels of 32 columns as bytes n_b + 12 (unsigned), A's n_a as the
 // broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
 // segment the 4×32 tile's D_s are converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
-// per chunk one RNE conversion to FP32 and one RTZ addition. Every step is exact or a single
-// IEEE rounding, so both kernels give the same bits; tests compare them with an independent
-// reference.
+// per chunk one RNE conversion to FP32 and one RTZ addition. AVX2 (src/gemm/probe_gemm_avx2.cpp):
+// the same panels, vpmaddubsw int16 pair sums per segment (no saturation, argued there), the
+// same double epilogues, RTZ from the RNE sum and its TwoSum error. Every step is exact or a
+// single IEEE rounding, so all kernels give the same bits; tests compare each with an
+// independent reference.
 //
-// RTZ accumulation. The SIMD kernel uses the hardware's FP32 addition with embedded
-// round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition. The portable path uses
-// add_rtz below: the double sum of two floats is NOT always exact (exponents further apart
-// than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose truncation would be
-// wrong), so it computes the TwoSum error term and corrects the truncation with it.
+// RTZ accumulation. The AVX-512 kernel uses the hardware's FP32 addition with embedded
+// round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition; the AVX2 kernel has
+// no embedded rounding and corrects the RNE sum with its exact TwoSum error. The portable
+// path uses add_rtz below: the double sum of two floats is NOT always exact (exponents
+// further apart than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose
+// truncation would be wrong), so it computes the TwoSum error term and corrects the
+// truncation with it.
 //
 // Snap: 2^-10·RNE(2^10·x): exact in double (x·1024 exact, rint exact, /1024 exact, and the
-// result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the SIMD
-// kernel uses vrndscaleps with 10 fraction bits and RNE, the same function.
+// result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the
+// AVX-512 kernel uses vrndscaleps with 10 fraction bits and RNE, the same function, and the AVX2
+// kernel vroundps(x·1024, RNE)·2^-10 for |x| < 2^13.
 #include "fp4/probe_gemm.h"
 
 #if defined(__x86_64__)
@@ -61,6 +66,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -68,8 +74,11 @@
 #include <vector>
 
 #include "fp4/gemm.h"
+#include "probe_gemm_impl.h"
 
 namespace fp4 {
+
+using namespace probe_impl;
 
 GemmMode parse_gemm_mode(const std::string& s) {
   if (s == "decoded") return GemmMode::Decoded;
@@ -82,7 +91,24 @@ const char* gemm_mode_name(GemmMode m) {
   return m == GemmMode::Decoded ? "decoded" : "probe-matched";
 }
 
-float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) { return a.gd * b.gd; }
+namespace {
+/// One operand's part of α = g_a·g_b / ((T_a·6)(T_b·6)): (g, fl(T·6)); (1, 1) where the
+/// quantizer used ge = gd = 1 instead of (T·6)/g (the g = 0 guard and the MX scale rules).
+struct AlphaPart {
+  float num, den;
+};
+AlphaPart alpha_part(const QuantizedTensor& q) {
+  if (q.spec.scale_rule != ScaleRule::TensorScaled || q.g == 0.0f) return {1.0f, 1.0f};
+  return {q.g, q.spec.target * 6.0f};
+}
+}  // namespace
+
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+  const AlphaPart pa = alpha_part(a), pb = alpha_part(b);
+  const float num = pa.num * pb.num;  // fl(g_a·g_b)
+  const float den = pa.den * pb.den;  // fl(fl(T_a·6)·fl(T_b·6))
+  return num / den;
+}
 
 namespace {
 
@@ -92,20 +118,16 @@ int span_limit(int mmax_a, int mmax_b) {
   const int64_t bound = int64_t{kProbeChunk} * 144 * mmax_a * mmax_b;
   return 53 - (64 - std::countl_zero(static_cast<uint64_t>(bound)));
 }
-/// n = 2q for each E2M1 code.
-constexpr int8_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-/// Offset making B's n_b unsigned for vpdpbusd (u8 × s8); undone by −12·Σ n_a.
-constexpr int kNOffset = 12;
-
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/// Tile shape of the AVX-512 kernel (rows of A padded to a multiple of kMR; B packed in
-/// panels of kNR columns).
-constexpr int kMR = 4;
-constexpr int kNRV = 2;  // 16-column vectors per tile
-constexpr int kNR = 16 * kNRV;
+/// %.9g (std::to_string prints small scales as 0.000000).
+std::string fmt_g(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(x));
+  return buf;
+}
 
-/// Shapes and element format (codes are checked while packing).
+/// Shapes, element format and tensor scales (codes are checked while packing).
 void check_tensor(const char* name, const QuantizedTensor& q) {
   const std::string w = std::string("probe_gemm: operand ") + name;
   const int64_t B = q.spec.block;
@@ -128,22 +150,27 @@ void check_tensor(const char* name, const QuantizedTensor& q) {
     throw std::invalid_argument(w + ": tensor decode scale gd must be finite and > 0, got " +
                                 std::to_string(q.gd));
   }
+  // α is computed from g and T (the contract's formula), the decoded values use gd: they must
+  // agree, as quantize_blocks sets them (block_quant.h).
+  if (q.spec.scale_rule == ScaleRule::TensorScaled) {
+    const float T = q.spec.target;
+    if (!(q.g >= 0.0f) || std::isinf(q.g) || !(T > 0.0f) || std::isinf(T)) {
+      throw std::invalid_argument(w + ": tensor reference g = " + fmt_g(q.g) +
+                                  " and target T = " + fmt_g(T) +
+                                  " must be finite, g >= 0 and T > 0");
+    }
+    const float ge = q.g == 0.0f ? 1.0f : std::min((T * 6.0f) / q.g, FLT_MAX);
+    if (q.ge != ge || q.gd != 1.0f / ge) {
+      throw std::invalid_argument(
+          w + ": tensor scales ge = " + fmt_g(q.ge) + ", gd = " + fmt_g(q.gd) +
+          " do not follow from g = " + fmt_g(q.g) + " and T = " + fmt_g(T) +
+          " (ge = (T·6)/g, 1 if g = 0, at most FLT_MAX; gd = 1/ge)");
+    }
+  } else if (q.ge != 1.0f || q.gd != 1.0f) {
+    throw std::invalid_argument(w + ": the MX scale rules have no tensor scale (ge = gd = 1), " +
+                                "got ge = " + fmt_g(q.ge) + ", gd = " + fmt_g(q.gd));
+  }
 }
-
-/// Along-K plan shared by both operands: segments (runs with constant scales of A and B inside
-/// one 64-chunk), each padded to a multiple of 4 in the packed layout.
-struct Segment {
-  int64_t k0, k1;   ///< [k0, k1) in K
-  int64_t p0;       ///< offset in the packed (padded) K layout, multiple of 4
-  int64_t plen;     ///< padded length, multiple of 4
-  int64_t bc[2];    ///< block column of operand A (0) and B (1)
-};
-struct Plan {
-  int64_t K = 0, Kp = 0, nchunk = 0, nseg = 0;
-  bool contiguous = true;  ///< p0 == k0 for every segment: packed layout = K layout + tail pad
-  std::vector<Segment> segs;
-  std::vector<int64_t> chunk_first;  ///< [nchunk + 1]: segments of chunk c are [first[c], first[c+1])
-};
 
 Plan make_plan(int64_t K, int64_t block_a, int64_t block_b) {
   Plan p;
@@ -185,21 +212,6 @@ inline int scale_frac_bits(float c) {
   return 31 - std::countl_zero(mant) - std::countr_zero(mant);
 }
 
-/// One operand in lattice form: n = 2q per element in the padded K layout, and per
-/// (row, segment) its block scale (c/2 in double; m and e) and the correction −12·Σ n that
-/// undoes the AVX-512 kernel's +12 offset on the other operand.
-struct Packed {
-  int64_t rows = 0;
-  std::vector<int8_t> n;      ///< [rows_alloc][Kp], zero padded (rows_alloc ≥ rows)
-  std::vector<double> hs;     ///< [rows_alloc][nseg] c/2 (0 in padding rows)
-  std::vector<int32_t> corr;  ///< [rows_alloc][nseg] −12·Σ n over the segment (0 in padding rows)
-  std::vector<uint8_t> man;   ///< [rows][nseg] m
-  std::vector<int16_t> ex;    ///< [rows][nseg] e
-  std::vector<int16_t> span;  ///< [rows][nchunk] max e − min e over the chunk's nonzero segments
-  int max_span = 0;
-  int mmax = 15;              ///< bound on m: 2^(F+1) − 1
-};
-
 /// Size P's buffers (reusing their capacity) and zero the padding rows; rows < `rows` are
 /// written completely by pack_row.
 void init_packed(Packed& P, const Plan& pl, int64_t rows, int64_t rows_alloc, int F) {
@@ -237,6 +249,10 @@ inline void seg_stats(const int8_t* n, int64_t len, int32_t& sum, bool& nz) {
   nz = any != 0;
 }
 
+}  // namespace
+
+namespace probe_impl {
+
 /// n[k] = 2·e2m1_decode(codes[k] & 15) for k < K; returns the OR of all codes (> 15 iff a
 /// code is out of range).
 unsigned convert_codes(const uint8_t* codes, int8_t* n, int64_t K) {
@@ -247,6 +263,10 @@ unsigned convert_codes(const uint8_t* codes, int8_t* n, int64_t K) {
   }
   return all;
 }
+}  // namespace probe_impl
+
+namespace {
+
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (a self-initialised variable) as the
 // merge source of unmasked operations, which -Wuninitialized flags once inlined (here and in
@@ -278,17 +298,22 @@ enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
 /// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)).
 /// Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a scale that
 /// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
+/// The kernel a call runs (ProbeKernel with Auto resolved). pack_row converts codes with the
+/// matching vector width (every width gives the same bytes).
+enum class Impl { Portable, Avx512, Avx2 };
 unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
-                  Packed& P, bool avx512) {
+                  Packed& P, Impl impl) {
   const int64_t K = q.cols, Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk, B = q.spec.block;
   const uint8_t* codes = q.codes.data() + r * K;
   int8_t* n = P.n.data() + r * Kp;
   unsigned all = 0;
   if (pl.contiguous) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    all = avx512 ? convert_codes_avx512(codes, n, K) : convert_codes(codes, n, K);
+    all = impl == Impl::Avx512 ? convert_codes_avx512(codes, n, K)
+          : impl == Impl::Avx2 ? convert_codes_avx2(codes, n, K)
+                               : convert_codes(codes, n, K);
 #else
-    (void)avx512;
+    (void)impl;
     all = convert_codes(codes, n, K);
 #endif
     std::fill(n + K, n + Kp, int8_t{0});
@@ -474,6 +499,10 @@ inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
   return s;
 }
 
+}  // namespace
+
+namespace probe_impl {
+
 /// One output with the portable scalar path; exact double chunk sums when the span bound
 /// allows, the multi-word sum otherwise.
 float probe_output(const Plan& pl, const Packed& A, int64_t i, const Packed& B, int64_t j,
@@ -504,6 +533,10 @@ float probe_output(const Plan& pl, const Packed& A, int64_t i, const Packed& B, 
   return finish(acc, alpha);
 }
 
+}  // namespace probe_impl
+
+namespace {
+
 bool needs_fixup(const Plan& pl, const Packed& A, int64_t i, const Packed& B, int64_t j,
                  int limit) {
   const int64_t nc = pl.nchunk;
@@ -515,15 +548,6 @@ bool needs_fixup(const Plan& pl, const Packed& A, int64_t i, const Packed& B, in
 }
 
 // ---- AVX-512 VNNI kernel ----------------------------------------------------------------
-
-/// B packed for the kernel in panels of kNR columns: [panel][Kp/4][kNR][4] bytes n_b + 12
-/// (unsigned, for vpdpbusd's u8 operand; A's signed n_a is the broadcast s8 operand), and
-/// c_b/2 per (panel, segment, column). Padding columns are 0 with scale 0.
-struct Panels {
-  int64_t npan = 0;
-  std::vector<uint8_t> bytes;
-  std::vector<double> hs;
-};
 
 void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P) {
   const int64_t Kp = pl.Kp, ns = pl.nseg, p = j / kNR, jj = j % kNR;
@@ -709,6 +733,27 @@ bool probe_gemm_avx512_available() {
   return ok;
 }
 
+bool probe_gemm_avx2_available() {
+  static const bool ok = cpu_has_avx2_fma();
+  return ok;
+}
+
+ProbeKernel probe_gemm_auto_kernel() {
+  if (probe_gemm_avx512_available()) return ProbeKernel::Avx512Vnni;
+  if (probe_gemm_avx2_available()) return ProbeKernel::Avx2;
+  return ProbeKernel::Portable;
+}
+
+const char* probe_kernel_name(ProbeKernel k) {
+  switch (k) {
+    case ProbeKernel::Auto: return "auto";
+    case ProbeKernel::Portable: return "portable";
+    case ProbeKernel::Avx512Vnni: return "avx512-vnni";
+    case ProbeKernel::Avx2: return "avx2";
+  }
+  return "?";
+}
+
 void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                 const ProbeGemmOptions& options) {
   check_tensor("A", a);
@@ -719,16 +764,16 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                                 ", " + std::to_string(b.cols) +
                                 "] (C = A·Bᵀ needs equal column counts)");
   }
-  bool simd = false;
-  switch (options.kernel) {
-    case ProbeKernel::Auto: simd = probe_gemm_avx512_available(); break;
-    case ProbeKernel::Portable: simd = false; break;
-    case ProbeKernel::Avx512Vnni:
-      if (!probe_gemm_avx512_available())
-        throw std::runtime_error("probe_gemm: this CPU has no AVX-512 VNNI (use kernel Auto)");
-      simd = true;
-      break;
-  }
+  const ProbeKernel kernel =
+      options.kernel == ProbeKernel::Auto ? probe_gemm_auto_kernel() : options.kernel;
+  if (kernel == ProbeKernel::Avx512Vnni && !probe_gemm_avx512_available())
+    throw std::runtime_error("probe_gemm: this CPU has no AVX-512 VNNI (use kernel Auto)");
+  if (kernel == ProbeKernel::Avx2 && !probe_gemm_avx2_available())
+    throw std::runtime_error("probe_gemm: this CPU has no AVX2 and FMA (use kernel Auto)");
+  const Impl impl = kernel == ProbeKernel::Avx512Vnni ? Impl::Avx512
+                    : kernel == ProbeKernel::Avx2     ? Impl::Avx2
+                                                      : Impl::Portable;
+  const bool simd = impl != Impl::Portable;
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   if (M == 0 || N == 0) return;
   const Plan pl = make_plan(K, a.spec.block, b.spec.block);
@@ -774,7 +819,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
       const int64_t i0 = g * kGroupRows, i1 = std::min(M, i0 + kGroupRows);
       ensure_packed(group_state[static_cast<size_t>(g)], [&] {
         unsigned f = 0;
-        for (int64_t i = i0; i < i1; ++i) f |= pack_row(a, pl, 0, Fa, i, A, simd);
+        for (int64_t i = i0; i < i1; ++i) f |= pack_row(a, pl, 0, Fa, i, A, impl);
         flags_a.fetch_or(f, std::memory_order_relaxed);
       });
       const int64_t p0 = rg * npan / ranges, p1 = (rg + 1) * npan / ranges, len = p1 - p0;
@@ -786,14 +831,17 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
         ensure_packed(panel_state[static_cast<size_t>(p)], [&] {
           unsigned f = 0;
           for (int64_t j = j0; j < j1; ++j) {
-            f |= pack_row(b, pl, 1, Fb, j, B, simd);
+            f |= pack_row(b, pl, 1, Fb, j, B, impl);
             if (simd) pack_panel_row(pl, B, j, BP);
           }
           flags_b.fetch_or(f, std::memory_order_relaxed);
         });
-        if (simd) {
+        if (impl == Impl::Avx512) {
           for (int64_t r0 = i0; r0 < i1; r0 += kMR)
             simd_tile(pl, A, BP, r0, p, alpha, c + r0 * N + j0, N, i1 - r0, j1 - j0);
+        } else if (impl == Impl::Avx2) {
+          for (int64_t r0 = i0; r0 < i1; r0 += kMR)
+            avx2_tile(pl, A, B, BP, r0, p, alpha, limit, c + r0 * N + j0, N, i1 - r0, j1 - j0);
         } else {
           for (int64_t i = i0; i < i1; ++i)
             for (int64_t j = j0; j < j1; ++j) c[i * N + j] = probe_output(pl, A, i, B, j, alpha, limit);

@@ -39,6 +39,16 @@ got_d="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --block 1 --target 1 --referenc
 if [ "$got_p" == "0" ] && [ "$got_d" == "36" ]; then echo "ok   [1/1024 snap: probe-matched 0, decoded 36]"; else
   echo "FAIL [snap]: probe-matched '$got_p' (want 0), decoded '$got_d' (want 36)"; fail=1; fi
 
+# α is the contract's g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order (docs/gemm.md): A = [3, 1 ×15],
+# B = [7, 1 ×15], defaults (ue5m3, block 16, T = 448, g = amax) quantize to A exactly and B to
+# [7, 7/6 ×15], so the exact product is 21 + 15·7/6 = 38.5, and the probe-matched result is
+# 448²·66 · fl(21/7225344) = 38.5 exactly (fl(gd_a·gd_b) would give 38.500003814697266).
+printf '3 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1\n' >"$tmp/a38.txt"
+printf '7 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1\n' >"$tmp/b38.txt"
+got="$("$BIN" gemm "$tmp/a38.txt" "$tmp/b38.txt" 2>"$tmp/err")"
+if [ "$got" == "38.5" ]; then echo "ok   [alpha from g and T: 38.5]"; else
+  echo "FAIL [alpha]: got '$got', want '38.5' ($(cat "$tmp/err"))"; fail=1; fi
+
 # JSON output with the inputs' tensor scales.
 if "$BIN" gemm "$tmp/A.txt" "$tmp/B.txt" --json >"$tmp/j.json" 2>"$tmp/err"; then
   python3 - "$tmp/j.json" <<'PY' || fail=1
