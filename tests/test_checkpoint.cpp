@@ -512,7 +512,7 @@ TEST(RunFailure, AFailureAfterTheRunDirectoryExistsWritesErrorTxt) {
 TEST(RunFailure, SummaryNamesTheComputePaths) {
   const RunResult r = run_uninterrupted(micro_config(3), recipe_named("bf16"), "compute-paths");
   const json& c = r.summary_json.at("compute");
-  for (const char* k : {"cpu", "gemm_fp32", "gemm_bf16", "simd"})
+  for (const char* k : {"cpu", "gemm_fp32", "gemm_bf16", "simd", "probe_gemm"})
     EXPECT_FALSE(c.at(k).get<std::string>().empty()) << k;
   EXPECT_NE(c.at("gemm_fp32").get<std::string>().find("sgemm"), std::string::npos);
 }

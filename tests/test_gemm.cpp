@@ -18,6 +18,7 @@
 #include "fp4/bf16.h"
 #include "fp4/cpu_isa.h"
 #include "fp4/gemm.h"
+#include "fp4/probe_gemm.h"
 #include "fp4/quant_fast.h"
 
 namespace {
@@ -150,6 +151,7 @@ TEST(GemmInfo, Avx2CapsAreHonoured) {
   EXPECT_EQ(fp4::max_cpu_isa(), fp4::CpuIsa::Avx2);
   for (const std::string& t : fp4::quant_fast_targets()) EXPECT_NE(t, "AVX3");
   EXPECT_NE(fp4::quant_fast_target(), "AVX3");
+  EXPECT_FALSE(fp4::probe_gemm_avx512_available());
 }
 
 // Every GemmBf16 test runs on both paths of gemm_bf16 (fp4/gemm.h): Native where oneDNN offers

@@ -54,9 +54,11 @@ struct ProbeGemmOptions {
   ProbeKernel kernel = ProbeKernel::Auto;
 };
 
-/// True if this CPU (and build) can run ProbeKernel::Avx512Vnni.
+/// True if this CPU (and build) can run ProbeKernel::Avx512Vnni and FP4_MAX_CPU_ISA
+/// (fp4/cpu_isa.h) allows AVX-512.
 bool probe_gemm_avx512_available();
-/// True if this CPU (and build) can run ProbeKernel::Avx2 (AVX2 and FMA).
+/// True if this CPU (and build) can run ProbeKernel::Avx2 (AVX2 and FMA) and FP4_MAX_CPU_ISA
+/// allows AVX2.
 bool probe_gemm_avx2_available();
 /// The kernel ProbeKernel::Auto runs on this CPU (never Auto).
 ProbeKernel probe_gemm_auto_kernel();

@@ -128,8 +128,10 @@ PeakRate fp32_peak_gflops(double override_gflops = 0, bool remeasure = false);
 /// when set. Printed in run headers, stored in summary.json ("compute") and profile --json.
 struct ComputePaths {
   std::string cpu, gemm_fp32, gemm_bf16, simd;
+  std::string probe_gemm;  ///< kernel of the probe-matched GEMM (probe_kernel_name)
   std::string max_isa_env, onednn_isa_env;  ///< "" when unset
-  /// "AMD EPYC; FP32 GEMM oneDNN 2.6 sgemm, ISA avx2; BF16 GEMM widened: ...; SIMD AVX2"
+  /// "AMD EPYC; FP32 GEMM oneDNN 2.6 sgemm, ISA avx2; BF16 GEMM widened: ...; SIMD AVX2;
+  /// probe GEMM avx2"
   std::string line() const;
 };
 /// Queries the above (may create a small oneDNN primitive on the first call).

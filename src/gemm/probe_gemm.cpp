@@ -52,6 +52,7 @@
 // result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the
 // AVX-512 kernel uses vrndscaleps with 10 fraction bits and RNE, the same function, and the AVX2
 // kernel vroundps(x·1024, RNE)·2^-10 for |x| < 2^13.
+#include "fp4/cpu_isa.h"
 #include "fp4/probe_gemm.h"
 
 #if defined(__x86_64__)
@@ -729,12 +730,12 @@ constexpr int64_t kGroupRows = 64;
 }  // namespace
 
 bool probe_gemm_avx512_available() {
-  static const bool ok = cpu_has_avx512_vnni();
+  static const bool ok = cpu_has_avx512_vnni() && cpu_isa_allowed(CpuIsa::Avx512);
   return ok;
 }
 
 bool probe_gemm_avx2_available() {
-  static const bool ok = cpu_has_avx2_fma();
+  static const bool ok = cpu_has_avx2_fma() && cpu_isa_allowed(CpuIsa::Avx2);
   return ok;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fp4/gemm.h"
+#include "fp4/probe_gemm.h"
 #include "fp4/quant_fast.h"
 
 namespace fp4::prof {
@@ -156,13 +157,15 @@ ComputePaths compute_paths() {
   c.gemm_fp32 = gemm_fp32_description();
   c.gemm_bf16 = gemm_bf16_description();
   c.simd = quant_fast_target();
+  c.probe_gemm = probe_kernel_name(probe_gemm_auto_kernel());
   if (const char* e = std::getenv("FP4_MAX_CPU_ISA"); e && *e) c.max_isa_env = e;
   if (const char* e = std::getenv("ONEDNN_MAX_CPU_ISA"); e && *e) c.onednn_isa_env = e;
   return c;
 }
 
 std::string ComputePaths::line() const {
-  std::string s = cpu + "; FP32 GEMM " + gemm_fp32 + "; BF16 GEMM " + gemm_bf16 + "; SIMD " + simd;
+  std::string s = cpu + "; FP32 GEMM " + gemm_fp32 + "; BF16 GEMM " + gemm_bf16 + "; SIMD " + simd +
+                  "; probe GEMM " + probe_gemm;
   if (!max_isa_env.empty()) s += "; FP4_MAX_CPU_ISA=" + max_isa_env;
   if (!onednn_isa_env.empty()) s += "; ONEDNN_MAX_CPU_ISA=" + onednn_isa_env;
   return s;

@@ -235,7 +235,8 @@ struct RunState {
 };
 
 json compute_json(const prof::ComputePaths& c) {
-  json j = {{"cpu", c.cpu}, {"gemm_fp32", c.gemm_fp32}, {"gemm_bf16", c.gemm_bf16}, {"simd", c.simd}};
+  json j = {{"cpu", c.cpu}, {"gemm_fp32", c.gemm_fp32}, {"gemm_bf16", c.gemm_bf16}, {"simd", c.simd},
+            {"probe_gemm", c.probe_gemm}};
   if (!c.max_isa_env.empty()) j["FP4_MAX_CPU_ISA"] = c.max_isa_env;
   if (!c.onednn_isa_env.empty()) j["ONEDNN_MAX_CPU_ISA"] = c.onednn_isa_env;
   return j;
