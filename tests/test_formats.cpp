@@ -14,8 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4/block_quant.h"
@@ -519,6 +521,38 @@ TEST(MxScaleRules, ZeroTinyAndHugeBlocks) {
     // Inf in FP32: a documented edge of a rule that never clips.)
     if (rule == ScaleRule::MxOcp) {
       EXPECT_EQ(out[4], 6.f * 0x1p125f);
+      EXPECT_NO_THROW(check_dequantized_finite("t", q, x.data(), out.data()));
+    } else {
+      // TE: x̂ = +Inf; check_dequantized_finite (what `fp4train quant` runs) names the element,
+      // its block scale and why, instead of letting the Inf through (issue 10).
+      EXPECT_EQ(out[4], std::numeric_limits<float>::infinity());
+      try {
+        check_dequantized_finite("t", q, x.data(), out.data());
+        ADD_FAILURE() << "no throw";
+      } catch (const std::invalid_argument& e) {
+        const std::string m = e.what();
+        for (const char* want : {"t: element [0, 4]", "+Inf", "mx-te", "2^126", "rounds to 4",
+                                 "mx-ocp"})
+          EXPECT_NE(m.find(want), std::string::npos) << want << " not in: " << m;
+      }
+    }
+  }
+  // mx-te, RNE, by hand: the scale is 2^126 for a block amax above 6·2^125; elements round to
+  // 4 (x̂ = 2^128 = Inf) from 3.5·2^126 ≈ 2.9777e38 on, to 3 (finite) below it.
+  spec.scale_rule = ScaleRule::MxTe;
+  for (const auto& [v, overflows] : std::vector<std::pair<float, bool>>{
+           {3.5f * 0x1p126f, true}, {std::nextafter(3.5f * 0x1p126f, 0.f), false},
+           {-3e38f, true}, {2.9e38f, false}}) {
+    const std::vector<float> y = {v, 1.f};
+    const QuantizedTensor q = quantize_blocks(y.data(), 1, 2, spec, 0.f, nullptr);
+    std::vector<float> out(2);
+    dequantize(q, out.data());
+    EXPECT_EQ(q.scales[0], 0x1p126f) << v;
+    if (overflows) {
+      EXPECT_THROW(check_dequantized_finite("t", q, y.data(), out.data()), std::invalid_argument) << v;
+    } else {
+      EXPECT_EQ(out[0], std::copysign(3.f * 0x1p126f, v)) << v;
+      EXPECT_NO_THROW(check_dequantized_finite("t", q, y.data(), out.data())) << v;
     }
   }
 }

@@ -416,6 +416,51 @@ TEST(OptimTwin, ClipGradNormBitExact) {
       }
 }
 
+// Gradient-norm overflow (issue 10). By hand: 128 entries of 1e19 have the norm
+// sqrt(128)·1e19 = 1.1314e20, far below FLT_MAX, and clipping to max_norm 2 scales every entry
+// to 2/sqrt(128) = 0.17678. Four entries of 1e19: norm 2e19. 1000 entries of ±FLT_MAX: norm
+// sqrt(1000)·3.4028e38 = 1.0761e40 (the norm is a double). None of these may come out Inf.
+TEST(OptimTwin, ClipGradNormHugeEntriesHandComputed) {
+  const auto check = [](const std::string& what, double (*clip)(float*, int64_t, double)) {
+    Vec g(128, 1e19f);
+    const double norm = clip(g.data(), 128, 2.0);
+    EXPECT_NEAR(norm, 1.1314e20, 1.1314e20 * 1e-4) << what;
+    for (float v : g) EXPECT_NEAR(v, 0.17678f, 0.17678f * 1e-4f) << what;
+    Vec four(4, 1e19f);
+    EXPECT_NEAR(clip(four.data(), 4, 0.0), 2e19, 2e19 * 1e-6) << what;
+    for (float v : four) EXPECT_EQ(v, 1e19f) << what << ": max_norm 0 never clips";
+    Vec top(1000);
+    for (size_t i = 0; i < top.size(); ++i) top[i] = i % 3 == 0 ? -FLT_MAX : FLT_MAX;
+    const double tn = clip(top.data(), 1000, 1.0);
+    EXPECT_NEAR(tn, 1.0761e40, 1.0761e40 * 1e-4) << what;
+    for (float v : top) EXPECT_NEAR(std::fabs(v), 1.0 / std::sqrt(1000.0), 1e-6) << what;
+  };
+  check("twin", &fp4::detail::clip_grad_norm_ref);
+  for_each_config([&](const std::string& cfg) { check(cfg, &fp4::clip_grad_norm); });
+}
+
+// A real Inf or NaN gradient gives a non-finite norm and leaves g untouched, so the trainer's
+// step (train_step: "non-finite gradient norm") skips the update.
+TEST(OptimTwin, ClipGradNormNonFiniteLeavesGradients) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float bad : {kInf, -kInf, nan}) {
+    Vec g0(3000, 0.5f);
+    g0[1700] = bad;
+    const auto check = [&](const std::string& what, double (*clip)(float*, int64_t, double)) {
+      Vec g = g0;
+      const double norm = clip(g.data(), static_cast<int64_t>(g.size()), 1.0);
+      if (std::isnan(bad)) {
+        EXPECT_TRUE(std::isnan(norm)) << what << ": " << norm;
+      } else {
+        EXPECT_EQ(norm, std::numeric_limits<double>::infinity()) << what;
+      }
+      EXPECT_TRUE(same_bits(g, g0)) << what;
+    };
+    check("twin", &fp4::detail::clip_grad_norm_ref);
+    for_each_config([&](const std::string& cfg) { check(cfg, &fp4::clip_grad_norm); });
+  }
+}
+
 TEST(OptimTwin, AdamWStepBitExact) {
   fp4::TrainConfig c;
   c.beta1 = 0.9;

@@ -59,6 +59,7 @@ void expect_same(const QTensor& got, const QTensor& want, const std::string& wha
   EXPECT_EQ(got.block, want.block) << what;
   EXPECT_EQ(got.two_d, want.two_d) << what;
   EXPECT_EQ(got.scale_format, want.scale_format) << what;
+  EXPECT_EQ(got.scale_rule, want.scale_rule) << what;
   EXPECT_EQ(got.element_format, want.element_format) << what;
   EXPECT_EQ(bits(got.decode_scale), bits(want.decode_scale)) << what;
   EXPECT_EQ(bits(got.reference), bits(want.reference)) << what;
@@ -546,8 +547,9 @@ TEST(PackFast, BadArgumentsThrowLikeScalar) {
   // specs that are not QTensor material: pack() rejects them, and so does the fast path
   std::vector<BlockQuantSpec> other(3);
   other[0].element = parse_element_format("int4");
-  other[1].scale_format = ScaleFormat::UE8M0;
+  other[1].scale_format = ScaleFormat::UE8M0;  // MX rule, but E2M3 elements: not MXFP4
   other[1].scale_rule = ScaleRule::MxTe;
+  other[1].element = parse_element_format("e2m3");
   set_scale_format(other[2], "ue4m3");
   for (const BlockQuantSpec& s : other) {
     std::string want, got;
@@ -574,6 +576,20 @@ TEST(PackFast, BadArgumentsThrowLikeScalar) {
   for (auto [r, c] : {std::pair<int64_t, int64_t>{0, 5}, {5, 0}, {0, 0}})
     for (bool two_d : {false, true})
       check_pack(x, r, c, make_spec(ScaleFormat::UE5M3, Rounding::RNE, 16, two_d), 1.f, "empty");
+}
+
+// MXFP4 (E2M1, UE8M0, mx-te / mx-ocp) is QTensor material too (issue 10): the fast entry
+// points give pack(quantize_blocks(...)) of the reference, and the fast dequantizers its values.
+TEST(PackFast, MxRulesPackLikeScalar) {
+  const std::vector<float> x = make_data(Dist::Normal, 24 * 70, 9);
+  for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp})
+    for (Rounding r : {Rounding::RNE, Rounding::SR8})
+      for (bool two_d : {false, true}) {
+        BlockQuantSpec s = make_spec(ScaleFormat::UE8M0, r, 32, two_d);
+        s.scale_rule = rule;
+        check_pack(x, 24, 70, s, 0.f, std::string("mx ") + scale_rule_name(rule));
+        if (!two_d) check_pack_t(x, 24, 70, s, 0.f, false, std::string("mx ") + scale_rule_name(rule));
+      }
 }
 
 TEST(PackFast, DequantizeErrorsLikeScalar) {

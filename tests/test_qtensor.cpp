@@ -156,3 +156,72 @@ TEST(QTensor, ShapesThatWouldOverflowAreRejected) {
   EXPECT_NE(load_error(p).find("rows"), std::string::npos) << load_error(p);
 }
 }  // namespace
+
+namespace {
+// MXFP4 QTensors (issue 10): E2M1 codes with UE8M0 power-of-two scales and no tensor scale
+// (decode_scale exactly 1) under both MX rules. Save, load: codes, scale codes, the rule and
+// the dequantized values are those of the QuantizedTensor, bit for bit.
+TEST(QTensor, MxRulesSaveAndLoadBack) {
+  for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp}) {
+    for (bool two_d : {false, true}) {
+      SCOPED_TRACE(std::string(scale_rule_name(rule)) + (two_d ? " 2-D" : " 1-D"));
+      auto x = randn(static_cast<size_t>(37 * 70), 11);
+      x[5] = 1000.f;  // hand-computed block (docs/formats.md): te scale 256, ocp scale 128
+      BlockQuantSpec s;
+      s.scale_format = ScaleFormat::UE8M0;
+      s.scale_rule = rule;
+      s.block = 32;
+      s.two_d = two_d;
+      const QuantizedTensor q = quantize_blocks(x.data(), 37, 70, s, 0.f, nullptr);
+      const QTensor t = pack(q, {{"recipe", "mxfp4"}});
+      EXPECT_EQ(t.scale_rule, rule);
+      EXPECT_EQ(t.decode_scale, 1.0f);
+      if (!two_d) {
+        EXPECT_EQ(t.scale_codes[0], rule == ScaleRule::MxTe ? 127 + 8 : 127 + 7);
+      }
+      const fs::path p = g_scratch.dir / "mx.safetensors";
+      save_safetensors(t, p);
+      const QTensor u = load_safetensors(p);
+      EXPECT_EQ(u.scale_rule, rule);
+      EXPECT_EQ(u.scale_format, ScaleFormat::UE8M0);
+      EXPECT_EQ(u.two_d, two_d);
+      EXPECT_EQ(u.packed, t.packed);
+      EXPECT_EQ(u.scale_codes, t.scale_codes);
+      EXPECT_EQ(u.scale_codes, q.scale_codes);
+      EXPECT_EQ(u.decode_scale, 1.0f);
+      EXPECT_EQ(u.facts.at("recipe"), "mxfp4");
+      for (int64_t i = 0; i < 37 * 70; ++i) ASSERT_EQ(u.code(i), q.codes[static_cast<size_t>(i)]) << i;
+      std::vector<float> want(x.size()), got(x.size());
+      dequantize(q, want.data());
+      dequantize(u, got.data());
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0);
+    }
+  }
+}
+
+// A tensor-scaled file names its rule too; a file without the key (written before MX
+// support) reads as tensor-scaled; an MX file needs UE8M0 scales and decode_scale 1.
+TEST(QTensor, ScaleRuleMetadata) {
+  const QTensor t = pack(make(4, 32, false));
+  EXPECT_EQ(t.scale_rule, ScaleRule::TensorScaled);
+  const fs::path p = g_scratch.dir / "rule.safetensors";
+  save_safetensors(t, p);
+  EXPECT_EQ(load_safetensors(p).scale_rule, ScaleRule::TensorScaled);
+  QTensor bad = t;
+  bad.scale_rule = ScaleRule::MxTe;  // ue5m3 scales under an MX rule: not MXFP4
+  save_safetensors(bad, p);
+  EXPECT_NE(load_error(p).find("ue8m0"), std::string::npos) << load_error(p);
+  // An MX QuantizedTensor with a tensor scale is not MXFP4: pack names the rule.
+  BlockQuantSpec s;
+  s.scale_format = ScaleFormat::UE8M0;
+  s.scale_rule = ScaleRule::MxOcp;
+  QuantizedTensor q = quantize_blocks(std::vector<float>(32, 1.f).data(), 1, 32, s, 0.f, nullptr);
+  q.gd = 0.5f;  // an MX tensor has no tensor scale
+  try {
+    (void)pack(q);
+    ADD_FAILURE() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("mx-ocp"), std::string::npos) << e.what();
+  }
+}
+}  // namespace

@@ -28,8 +28,32 @@ namespace fs = std::filesystem;
 namespace {
 const fs::path kDir = fs::path(FP4_SOURCE_DIR) / "configs/recipes";
 
+/// The temporary directory of test `t`: <tmp>/fp4_recipes_<pid>_<suite>.<name> ('/' of
+/// parameterised names replaced by '_'). Created by write_tmp, removed when the test ends.
+fs::path test_dir(const ::testing::TestInfo& t) {
+  std::string name = std::string(t.test_suite_name()) + "." + t.name();
+  for (char& c : name)
+    if (c == '/') c = '_';
+  return fs::temp_directory_path() / ("fp4_recipes_" + std::to_string(::getpid()) + "_" + name);
+}
+
+/// Removes each test's temporary directory when the test ends (passed or failed).
+struct RemoveTestDir : ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo& t) override {
+    std::error_code ec;
+    fs::remove_all(test_dir(t), ec);
+  }
+};
+[[maybe_unused]] const bool kRemoveTestDirRegistered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new RemoveTestDir);  // gtest owns it
+  return true;
+}();
+
+/// Writes `text` to `name` in the current test's own temporary directory; returns the path.
 fs::path write_tmp(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / ("fp4_recipes_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path dir = test_dir(*::testing::UnitTest::GetInstance()->current_test_info());
+  fs::create_directories(dir);
+  const fs::path p = dir / name;
   std::ofstream(p) << text;
   return p;
 }

@@ -102,6 +102,17 @@ QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
 /// valid code of spec.element.
 void dequantize(const QuantizedTensor& q, float* out);
 
+/// Throws std::invalid_argument if x̂ = dequantize(q) (xhat [rows, cols]) of the finite input
+/// x [rows, cols] holds ±Inf. Only the mx-te rule (docs/formats.md) does that, because it never
+/// clips: a block with amax above 6·2^125 ≈ 2.55e38 gets the scale 2^126, an element x with
+/// |x| ≥ 3.5·2^126 ≈ 2.98e38 rounds (RNE) to ±4, and 4·2^126 = 2^128 overflows FP32 (under
+/// SR8, |x| above 3·2^126 may round up to 4). The message names `where`, the element [row,
+/// col] and its value, its block [row, col], the block amax and scale, and why. The fused
+/// quantizers (quantize_dequantize and its fast twin) return the IEEE ±Inf instead. Throws
+/// nothing when every x̂ is finite.
+void check_dequantized_finite(const char* where, const QuantizedTensor& q, const float* x,
+                              const float* xhat);
+
 /// Fused quantize → dequantize into out [rows, cols] (may alias x). Bit-identical to
 /// dequantize(quantize_blocks(x, ...)), without materialising codes. Same errors; out may
 /// alias x exactly (not partially). If it throws, out is left partly written.

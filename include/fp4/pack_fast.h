@@ -14,9 +14,10 @@
 //
 // One pass per block-row: block amax → scale code (UE5M3, UE5M3-PTX, E4M3, UE8M0) → E2M1 codes
 // (RNE, or SR8 with the counter-based bytes of sr_bytes) → packed nibbles + one scale byte per
-// block; no FP32 intermediate tensor is written. Specs outside that set (other element formats,
-// spelled scale formats, MX scale rules) are not QTensor material: the quantizers then run the
-// scalar composition, which throws what pack() throws.
+// block; no FP32 intermediate tensor is written. MXFP4 (UE8M0 scales under the MX rules) runs
+// the scalar composition, which packs it. Other specs (other element formats, spelled scale
+// formats, MX rules on other formats) are not QTensor material: the scalar composition then
+// throws what pack() throws.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -37,7 +38,8 @@ namespace fp4 {
 /// Throws what the scalar composition throws (same types; messages name this function):
 /// std::invalid_argument for negative shapes, block ≤ 0, g negative/NaN/Inf, T ≤ 0 or
 /// non-finite, null sr with SR8, and for specs pack() rejects (element format other than
-/// E2M1, spec.scale_desc set, MX scale rule); NonFiniteError naming the first NaN/Inf of x.
+/// E2M1, spec.scale_desc set, an MX rule without UE8M0 scales); NonFiniteError naming the
+/// first NaN/Inf of x. MXFP4 specs run the scalar composition itself (no fused kernel).
 QTensor quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                            float g, const SrKey* sr, std::map<std::string, std::string> facts = {});
 

@@ -18,8 +18,11 @@ struct QTensor {
   int block = 16;               ///< block length (1-D along cols) or tile side (2-D)
   bool two_d = false;           ///< block × block tiles instead of 1 × block
   ScaleFormat scale_format = ScaleFormat::UE5M3;
+  /// Block-scale rule. TensorScaled: any ScaleFormat, decode_scale = gd. MxTe / MxOcp
+  /// (MXFP4): UE8M0 power-of-two scales and no tensor scale, decode_scale exactly 1.
+  ScaleRule scale_rule = ScaleRule::TensorScaled;
   std::string element_format = "e2m1";
-  float decode_scale = 1.f;     ///< gd = 1/ge, the tensor decode scale
+  float decode_scale = 1.f;     ///< gd = 1/ge, the tensor decode scale (1 under the MX rules)
   float reference = 0.f;        ///< tensor reference amax g that produced it
   float target = 448.f;         ///< scale target T
   std::vector<uint8_t> packed;       ///< ceil(rows·cols / 2) bytes of E2M1 codes
@@ -36,9 +39,11 @@ struct QTensor {
   double bits_per_element() const;
 };
 
-/// Pack an unpacked QuantizedTensor (one code per byte). Throws std::invalid_argument on
-/// inconsistent shapes, codes above 15, or a spec other than E2M1 elements with a
-/// tensor-scaled block-scale format of the ScaleFormat enum (other formats: not yet).
+/// Pack an unpacked QuantizedTensor (one code per byte). Packable: E2M1 elements with a
+/// block-scale format of the ScaleFormat enum under the tensor-scaled rule, or MXFP4: E2M1
+/// with UE8M0 scales under mx-te / mx-ocp (and gd = 1: no tensor scale). Throws
+/// std::invalid_argument on inconsistent shapes, codes above 15, or any other spec (naming
+/// its element format, scale format and rule).
 QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts = {});
 
 /// x̂ [rows, cols] = e2m1_decode(code) · (scale_decode(scale code) · decode_scale); bit-identical
@@ -46,14 +51,17 @@ QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts 
 void dequantize(const QTensor& t, float* out);
 
 /// Write `t` as a safetensors file: tensors "codes" (U8 [ceil(n/2)]), "scales" (U8
-/// [block_rows, block_cols]), "decode_scale" (F32 [1]); the layout (shape, block, 2-D,
-/// formats, reference, target, packing) and the facts in "__metadata__". Atomic (temporary
-/// file, then rename). Throws fp4::UserError if the file cannot be written.
+/// [block_rows, block_cols]), "decode_scale" (F32 [1]; 1 for MXFP4); the layout (shape,
+/// block, 2-D, formats, scale rule, reference, target, packing) and the facts in
+/// "__metadata__". Atomic (temporary file, then rename). Throws fp4::UserError if the file
+/// cannot be written.
 void save_safetensors(const QTensor& t, const std::filesystem::path& file);
 
-/// Read a file written by save_safetensors. Throws fp4::UserError naming the file and what
-/// is wrong (truncated, header not JSON, missing tensor or metadata key, sizes that do not
-/// match the layout, unknown format names).
+/// Read a file written by save_safetensors. A file without "scale_rule" (written before the
+/// key existed) is tensor-scaled. Throws fp4::UserError naming the file and what is wrong
+/// (truncated, header not JSON, missing tensor or metadata key, sizes that do not match the
+/// layout, unknown format or rule names, an MX rule without ue8m0 scales or with a
+/// decode_scale other than 1).
 QTensor load_safetensors(const std::filesystem::path& file);
 
 }  // namespace fp4

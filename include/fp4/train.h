@@ -19,11 +19,15 @@ namespace fp4 {
 /// steps reaching min_lr_ratio·lr at the last step.
 double wsd_lr(const TrainConfig& c, int step);
 
-/// Global L2 norm of g[0..n) FP32: sqrt of nn::detail::sum_squares (FP32 squares summed in
-/// the canonical order of fp4/nn/layers.h: FP32 within chunks of 1024, FP64 beyond; it does
-/// not depend on thread count or SIMD target). If max_norm > 0 and the norm is finite and
-/// exceeds it, scales g by float(max_norm / norm) (nn::detail::scale_inplace). Returns the
-/// norm before clipping (+inf if a |g| exceeds ~1.8e19, NaN if g has a NaN). Throws nothing.
+/// Global L2 norm of g[0..n) FP32: sqrt (double) of nn::detail::sum_squares (FP32 squares
+/// summed in the canonical order of fp4/nn/layers.h: FP32 within chunks of 1024, FP64
+/// beyond, rescaled by a power of two where FP32 would overflow; it does not depend on
+/// thread count or SIMD target). If max_norm > 0 and the norm is finite and exceeds it,
+/// scales g by float(max_norm / norm) (nn::detail::scale_inplace; that factor is an FP32
+/// subnormal, with fewer bits, only when norm > 2^126·max_norm). Returns the norm before
+/// clipping: finite for every finite g (at most sqrt(n)·FLT_MAX; e.g. 128 entries of 1e19
+/// give 1.1314e20, clipped to max_norm 2 as 0.17678 each), +inf if g has a ±Inf, NaN if it
+/// has a NaN; g is then left as it is (the trainer skips the step). Throws nothing.
 double clip_grad_norm(float* g, int64_t n, double max_norm);
 
 namespace detail {

@@ -102,14 +102,18 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   try {
     q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
     dequantize(q, deq.data());
+    // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "Edge: overflow").
+    check_dequantized_finite("quant", q, m.data.data(), deq.data());
   } catch (const std::invalid_argument& e) {
     throw UserError(e.what());
   }
   if (!o.save.empty()) {
-    // The packed file comes from the fused SIMD quantizer (bit-identical to packing q).
+    // The packed file comes from quantize_pack_fast (the fused SIMD quantizer; MXFP4 through
+    // the scalar composition), bit-identical to packing q.
     if (!quant_fast_supports(spec)) {
       throw UserError("--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
-                      "ue5m3-ptx, e4m3 or ue8m0 block scales; got element " + spec.element.name() +
+                      "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
+                      "mx-ocp); got element " + spec.element.name() +
                       ", scale " + spec_scale_format(spec).name + ", rule " +
                       scale_rule_name(spec.scale_rule));
     }
@@ -212,7 +216,7 @@ void register_quant(CLI::App& app) {
           "NONNEGATIVE"));
   sub->add_option("--save", opts->save,
                   "Also write the packed QTensor (two E2M1 codes per byte + one scale byte per "
-                  "block, safetensors as fp4/qtensor.h describes) to this file");
+                  "block, safetensors as fp4/qtensor.h describes; MXFP4 too) to this file");
   sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
 }
 

@@ -41,7 +41,21 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help (and CLI11's other "success" exits) print and exit 0. Every other parse error
+    // (unknown option, missing argument, a value that does not convert to the option's type
+    // or fails its range check) is a bad argument: one line on stderr, exit 2, like the
+    // commands' own checks (fp4::UserError below). CLI11's own codes (104, 105, ...) never
+    // reach the shell.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string what = e.what();
+    if (e.get_name() == "ConversionError")
+      what += " (malformed, or out of the range of the option's type)";
+    for (char& c : what)
+      if (c == '\n') c = ' ';  // one line
+    const std::string cmd = argc > 1 && argv[1][0] != '-' ? std::string(" ") + argv[1] : "";
+    std::fprintf(stderr, "fp4train: error: %s; see 'fp4train%s --help'\n", what.c_str(),
+                 cmd.c_str());
+    return 2;
   } catch (const fp4::UserError& e) {
     std::fprintf(stderr, "fp4train: error: %s\n", e.what());
     return 2;

@@ -72,7 +72,7 @@ struct Kernels {
   void (*add)(float* x, const float* r, int64_t n);
   void (*adamw)(float* w, const float* g, float* m, float* v, int64_t n,
                 const detail::AdamWCoeffs& k);
-  double (*sumsq)(const float* g, int64_t n);
+  double (*sumsq)(const float* g, int64_t n, float s);
   void (*scale)(float* g, int64_t n, float s);
   void (*exp)(float* out, const float* x, int64_t n);
 };
@@ -386,9 +386,12 @@ void AdamW(float* w, const float* g, float* m, float* v, int64_t n,
   });
 }
 
-double SumSq(const float* g, int64_t n) {
+/// Canonical sum of (g[i]·s)·(g[i]·s) (detail::sum_squares; s = 1 or the rescaling 2^−k).
+double SumSq(const float* g, int64_t n, float s) {
+  const DF df;
+  const VF sv = hn::Set(df, s);
   return CanonSum(n, [&](int64_t i, int64_t cnt) HWY_ATTR {
-    const VF v = Ld(g + i, cnt);
+    const VF v = hn::Mul(Ld(g + i, cnt), sv);
     return hn::Mul(v, v);
   });
 }
@@ -611,22 +614,33 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n,
   });
 }
 
-double sum_squares(const float* g, int64_t n) {
-  if (n <= 0) return 0.0;
+namespace {
+/// Canonical sum of (g[i]·sc)², threaded over superchunks (their sums added in order).
+double sum_squares_scaled(const float* g, int64_t n, float sc) {
   const lf::Kernels& k = lf::active();
   const int64_t ns = (n + internal::kSuperChunk - 1) / internal::kSuperChunk;
-  if (ns == 1) return k.sumsq(g, n);
+  if (ns == 1) return k.sumsq(g, n, sc);
   static thread_local std::vector<double> part;  // superchunk sums; reused across calls
   if (part.size() < static_cast<size_t>(ns)) part.resize(static_cast<size_t>(ns));
   double* p = part.data();
 #pragma omp parallel for schedule(static)
   for (int64_t s = 0; s < ns; ++s) {
     const int64_t i0 = s * internal::kSuperChunk;
-    p[s] = k.sumsq(g + i0, std::min(n, i0 + internal::kSuperChunk) - i0);
+    p[s] = k.sumsq(g + i0, std::min(n, i0 + internal::kSuperChunk) - i0, sc);
   }
   double total = 0.0;
   for (int64_t s = 0; s < ns; ++s) total += p[s];
   return total;
+}
+}  // namespace
+
+double sum_squares(const float* g, int64_t n) {
+  if (n <= 0) return 0.0;
+  const double s = sum_squares_scaled(g, n, 1.0f);
+  if (s != std::numeric_limits<double>::infinity()) return s;
+  const int k = internal::sumsq_rescale_exponent(g, n);  // see layers_internal.h
+  if (k < 0) return s;                                   // a ±Inf entry
+  return std::ldexp(sum_squares_scaled(g, n, std::ldexp(1.0f, -k)), 2 * k);
 }
 
 void scale_inplace(float* g, int64_t n, float s) {

@@ -35,6 +35,28 @@ inline float tree16(float* p) {
   return p[0] + p[1];
 }
 
+// ---------------------------------------------------------------- sum of squares
+// detail::sum_squares (fp4/nn/layers.h): S = canonical sum of (g[i]·s)·(g[i]·s), FP32, with
+// s = 1. If S is +inf although every g[i] is finite (an FP32 chunk partial overflowed: from
+// four entries of 1e19 on), it is recomputed with s = 2^−k, k = the exponent below,
+// and returned as that sum · 2^(2k) (double, exact scaling). Every entry's scaled square is
+// then below 16, so no partial can overflow.
+
+/// k = min(ilogb(max |g[i]|), 126) for that rescaling (2^−k is a normal float, and scaling by
+/// it is exact for every |g[i]| ≥ 2^(k−126)); −1 if some g[i] is ±Inf (the sum is truly
+/// +inf). Exact (a max of bit patterns), order-free; n ≥ 1.
+inline int sumsq_rescale_exponent(const float* g, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = std::bit_cast<uint32_t>(g[i]) & 0x7FFFFFFFu;
+    m = b > m ? b : m;
+  }
+  if (m > 0x7F7FFFFFu) return -1;
+  if (m == 0) return 0;
+  const int k = std::ilogb(std::bit_cast<float>(m));
+  return k < 126 ? k : 126;
+}
+
 // ---------------------------------------------------------------- exp
 // exp(x) in FP32 with multiplies and adds only (no FMA; the project builds with
 // -ffp-contract=off), Cody–Waite range reduction and a degree-5 polynomial (Cephes expf).

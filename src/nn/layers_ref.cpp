@@ -4,6 +4,8 @@
 //  * every sum is the canonical sum (layers_internal.h): FP32 partials p[i mod 16] within
 //    chunks of 1024 terms, combined by tree16, chunk sums added in double, superchunk sums
 //    (2^18 terms) added in double;
+//  * sum_squares_ref rescales by a power of two where the FP32 sum overflows, as
+//    sum_squares (layers_internal.h, "sum of squares");
 //  * exp is internal::exp_scalar (the vector ExpV repeats its operations lane-wise);
 //  * elementwise formulas are parenthesised exactly as the vector code evaluates them.
 // Keep this file in sync with layers_fast.cpp; tests/test_layers_twin.cpp compares them.
@@ -209,7 +211,20 @@ void adamw_update_ref(float* w, const float* g, float* m, float* v, int64_t n,
 }
 
 double sum_squares_ref(const float* g, int64_t n) {
-  return canon_sum_ref(n, [&](int64_t i) { return g[i] * g[i]; });
+  if (n <= 0) return 0.0;
+  const double s = canon_sum_ref(n, [&](int64_t i) {
+    const float t = g[i] * 1.0f;
+    return t * t;
+  });
+  if (s != std::numeric_limits<double>::infinity()) return s;
+  const int k = internal::sumsq_rescale_exponent(g, n);  // FP32 overflow: rescale by 2^−k
+  if (k < 0) return s;                                   // a ±Inf entry
+  const float sc = std::ldexp(1.0f, -k);
+  return std::ldexp(canon_sum_ref(n, [&](int64_t i) {
+                      const float t = g[i] * sc;
+                      return t * t;
+                    }),
+                    2 * k);
 }
 
 void scale_inplace_ref(float* g, int64_t n, float s) {

@@ -430,6 +430,36 @@ QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
   return q;
 }
 
+void check_dequantized_finite(const char* where, const QuantizedTensor& q, const float* x,
+                              const float* xhat) {
+  const int64_t n = q.rows * q.cols;
+  int64_t i = 0;
+  while (i < n && std::isfinite(xhat[i])) ++i;
+  if (i == n) return;
+  const int64_t r = i / q.cols, c = i % q.cols, B = q.spec.block;
+  const int64_t br = q.spec.two_d ? r / B : r, bc = c / B;
+  const size_t b = static_cast<size_t>(br * q.block_cols + bc);
+  const uint8_t code = q.codes[static_cast<size_t>(i)];
+  const float v = q.spec.element.is_e2m1() ? e2m1_decode(code) : element_decode(code, q.spec.element);
+  const bool te = q.spec.scale_rule == ScaleRule::MxTe;
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "%s: element [%lld, %lld] = %.9g dequantizes to %cInf under scale rule %s: its "
+                "block [%lld, %lld] has amax %.9g and decode scale %.9g (block scale %.9g = "
+                "2^%d), and the element rounds to %g, whose product with it exceeds FLT_MAX "
+                "(%s)",
+                where, static_cast<long long>(r), static_cast<long long>(c),
+                static_cast<double>(x[i]), std::signbit(xhat[i]) ? '-' : '+',
+                scale_rule_name(q.spec.scale_rule), static_cast<long long>(br),
+                static_cast<long long>(bc), static_cast<double>(q.block_amax[b]),
+                static_cast<double>(q.scales[b] * q.gd), static_cast<double>(q.scales[b]),
+                std::ilogb(q.scales[b]), static_cast<double>(v),
+                te ? "mx-te never clips, so finite values from about 2.98e38 overflow; scale the "
+                     "input down, or use mx-ocp, which saturates"
+                   : "scale the input down");
+  throw std::invalid_argument(buf);
+}
+
 void dequantize(const QuantizedTensor& q, float* out) {
   const int64_t B = q.spec.block;
   if (B <= 0 || q.rows < 0 || q.cols < 0 ||

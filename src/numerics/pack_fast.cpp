@@ -742,8 +742,9 @@ const Kernels& active() {
   throw std::logic_error("pack_fast: SIMD target '" + name + "' is not compiled into pack_fast.cpp");
 }
 
-/// Whether pack() accepts the spec (and so the fused kernel applies): E2M1 elements, a
-/// ScaleFormat enum scale, the tensor-scaled rule. Same set as quant_fast_supports.
+/// Whether the fused kernel applies: E2M1 elements, a ScaleFormat enum scale, the
+/// tensor-scaled rule (quant_fast_supports's tensor-scaled set). pack() also accepts MXFP4
+/// (UE8M0 under mx-te / mx-ocp); those QTensors come from the scalar composition.
 bool packable(const BlockQuantSpec& spec) {
   return spec.element.is_e2m1() && spec.scale_desc == nullptr &&
          spec.scale_rule == ScaleRule::TensorScaled && quant_fast_supports(spec);
@@ -907,8 +908,8 @@ void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQ
   const char* where = "quantize_pack_fast";
   detail::validate_block_quant(where, rows, cols, spec, g, sr);
   if (!pf::packable(spec)) {
-    // Not QTensor material: the scalar composition throws pack()'s error (or quantize_blocks'
-    // NonFiniteError first, as the twin does).
+    // Not fused: the scalar composition packs MXFP4, and throws pack()'s error on what is not
+    // QTensor material (or quantize_blocks' NonFiniteError first, as the twin does).
     auto facts = std::move(out.facts);
     out = pack(quantize_blocks(x, rows, cols, spec, g, sr));
     out.facts = std::move(facts);

@@ -26,12 +26,14 @@ double QTensor::bits_per_element() const {
 
 QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts) {
   const int64_t n = q.rows * q.cols;
+  const bool mx = q.spec.scale_rule != ScaleRule::TensorScaled;
   if (!q.spec.element.is_e2m1() || q.spec.scale_desc != nullptr ||
-      q.spec.scale_rule != ScaleRule::TensorScaled)
+      (mx && (q.spec.scale_format != ScaleFormat::UE8M0 || q.gd != 1.0f)))
     throw std::invalid_argument(
         "pack: QTensor holds E2M1 elements with tensor-scaled ue5m3/ue5m3-ptx/e4m3/ue8m0 block "
-        "scales; got element " + q.spec.element.name() + ", scale rule " +
-        scale_rule_name(q.spec.scale_rule));
+        "scales, or MXFP4 (ue8m0 scales under mx-te/mx-ocp, no tensor scale); got element " +
+        q.spec.element.name() + ", scale " + spec_scale_format(q.spec).name + ", scale rule " +
+        scale_rule_name(q.spec.scale_rule) + (mx && q.gd != 1.0f ? ", a tensor scale" : ""));
   if (q.codes.size() != static_cast<size_t>(n) ||
       q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols))
     throw std::invalid_argument("pack: inconsistent QuantizedTensor shapes");
@@ -41,6 +43,7 @@ QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts)
   t.block = q.spec.block;
   t.two_d = q.spec.two_d;
   t.scale_format = q.spec.scale_format;
+  t.scale_rule = q.spec.scale_rule;
   t.decode_scale = q.gd;
   t.reference = q.g;
   t.target = q.spec.target;
@@ -90,6 +93,7 @@ void save_safetensors(const QTensor& t, const fs::path& file) {
                {"layout", t.two_d ? "2d-tile" : "1d-row"},
                {"element_format", t.element_format},
                {"scale_format", scale_format_name(t.scale_format)},
+               {"scale_rule", scale_rule_name(t.scale_rule)},
                {"packing", "two codes per byte, even element in the low nibble, row-major"},
                {"reference_amax", float_repr(t.reference)},
                {"scale_target", float_repr(t.target)}};
@@ -135,6 +139,17 @@ QTensor load_safetensors(const fs::path& file) {
     } catch (const std::invalid_argument& e) {
       throw bad(e.what());
     }
+    // Absent in files written before MX support: those are all tensor-scaled.
+    if (m.contains("scale_rule")) {
+      try {
+        t.scale_rule = parse_scale_rule(m.at("scale_rule").get<std::string>());
+      } catch (const std::invalid_argument& e) {
+        throw bad(e.what());
+      }
+    }
+    if (t.scale_rule != ScaleRule::TensorScaled && t.scale_format != ScaleFormat::UE8M0)
+      throw bad(std::string("scale rule ") + scale_rule_name(t.scale_rule) +
+                " needs ue8m0 scales (MXFP4), got " + scale_format_name(t.scale_format));
     // strtof, not stof: a subnormal reference (amax ~1e-40) must read back (stof throws).
     auto real = [&](const char* key) {
       const std::string v = m.at(key).get<std::string>();
@@ -164,6 +179,10 @@ QTensor load_safetensors(const fs::path& file) {
     uint32_t u = 0;
     for (int i = 0; i < 4; ++i) u |= uint32_t(ds[i]) << (8 * i);
     std::memcpy(&t.decode_scale, &u, 4);
+    if (t.scale_rule != ScaleRule::TensorScaled && t.decode_scale != 1.0f)
+      throw bad(std::string("decode_scale must be 1 under scale rule ") +
+                scale_rule_name(t.scale_rule) + " (MXFP4 has no tensor scale), got " +
+                float_repr(t.decode_scale));
   } catch (const json::exception& e) {
     throw bad(std::string("missing or mistyped entry (") + e.what() + ")");
   } catch (const std::logic_error& e) {  // std::stoll / stof on a malformed number

@@ -88,6 +88,38 @@ assert struct.unpack("<f", data[a:b])[0] == j["gd"], j["gd"]
 assert j["saved"] == sys.argv[2]
 print("ok   [save: packed file matches the JSON]")
 PY
+# MXFP4 --save (issue 10): UE8M0 scale codes, no tensor scale (decode_scale 1), the rule in the
+# metadata. Hand-computed: block [7 1 0.3 -2] has amax 7 → mx-te scale 2 (code 128), mx-ocp 1
+# (code 127); block [0 0 0 0] → scale 1 (code 127).
+for rule in mx-te mx-ocp; do
+  printf '7 1 0.3 -2 0 0 0 0\n' |
+    "$BIN" quant --block 4 --scale-format ue8m0 --scale-rule $rule --save "$tmp/mx.safetensors" \
+      >"$tmp/mx.json" 2>"$tmp/err" || { echo "FAIL [save $rule]: $(cat "$tmp/err")"; fail=1; continue; }
+  python3 - "$tmp/mx.json" "$tmp/mx.safetensors" "$rule" <<'PY' || fail=1
+import json, struct, sys
+j = json.load(open(sys.argv[1])); rule = sys.argv[3]
+raw = open(sys.argv[2], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+m = h["__metadata__"]
+assert (m["scale_format"], m["scale_rule"], m["block"]) == ("ue8m0", rule, "4"), m
+a, b = h["scales"]["data_offsets"]
+assert list(data[a:b]) == ([128, 127] if rule == "mx-te" else [127, 127]), list(data[a:b])
+assert list(data[a:b]) == [blk["scale_code"] for blk in j["blocks"]]
+a, b = h["decode_scale"]["data_offsets"]
+assert struct.unpack("<f", data[a:b])[0] == 1.0
+a, b = h["codes"]["data_offsets"]; packed = data[a:b]
+codes = j["elements"][0]["codes"]
+assert [(packed[i // 2] >> (4 * (i % 2))) & 15 for i in range(8)] == codes, codes
+print("ok   [save " + rule + ": MXFP4 file matches the JSON]")
+PY
+done
+# mx-te cannot represent |x| from about 2.98e38 (x̂ would be Inf): an error naming the element;
+# mx-ocp saturates and prints finite values.
+bad "mx-te overflow"     '1 3e38\n'  "= 3.00000001e+38 dequantizes to +Inf" \
+    --block 2 --scale-format ue8m0 --scale-rule mx-te
+ok  "mx-ocp near FLT_MAX" '1 3e38\n' --block 2 --scale-format ue8m0 --scale-rule mx-ocp
+ok  "mx-te just below"    '1 2.9e38\n' --block 2 --scale-format ue8m0 --scale-rule mx-te
 bad "save, int4 elements"  '1 2\n'   "packed QTensor"  --element-format int4 --save "$tmp/x.safetensors"
 bad "save, bad path"       '1 2\n'   "cannot write"    --save "$tmp/no/such/dir/x.safetensors"
 

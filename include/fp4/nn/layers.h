@@ -184,8 +184,14 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n,
                   const AdamWCoeffs& k);
 void adamw_update_ref(float* w, const float* g, float* m, float* v, int64_t n,
                       const AdamWCoeffs& k);
-/// Canonical sum (see top of file) of g[i]·g[i] (FP32 squares) for i < n, as a double.
-/// Threaded over superchunks. A |g| above ~1.8e19 makes its square, and the result, +inf.
+/// Sum of squares of g[i] (FP32) for i < n, as a double: the canonical sum (see top of file)
+/// of g[i]·g[i] (FP32 squares). If that overflows to +inf although every g[i] is finite (an
+/// FP32 partial of one chunk passes FLT_MAX: four entries of 1e19 already do), the result is
+/// instead 2^(2k) · (canonical sum of (g[i]·2^−k)²), k = min(ilogb(max|g|), 126), scaled in
+/// double (layers_internal.h, "sum of squares"); so 128 entries of 1e19 give 1.28e40. Inputs
+/// that never overflow keep the plain sum's bits. +inf only if some g[i] is ±Inf, NaN if one
+/// is NaN. Threaded over superchunks; the result does not depend on thread count or SIMD
+/// target. n ≤ 0 gives 0. Throws nothing.
 double sum_squares(const float* g, int64_t n);
 double sum_squares_ref(const float* g, int64_t n);
 /// g[i] = g[i]·s for i < n (FP32).

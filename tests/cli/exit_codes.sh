@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Exit codes of bad arguments (issue 10): every subcommand exits 2 with one message line on
+# stderr for any bad argument, including the values CLI11 itself rejects (a number out of an
+# option's range, one that does not fit its type, a malformed number, an unknown option, a
+# missing required argument); --help exits 0. No bad argument may start any work.
+# Usage: exit_codes.sh <path-to-fp4train> <source-dir>
+set -u
+BIN="$1"
+fail=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+printf '1 2\n3 4\n' >"$tmp/m.txt"
+
+# bad <name> <expected stderr fragment> <args...>: exit 2, exactly one stderr line holding the
+# fragment, nothing on stdout.
+bad() {
+  local name="$1" want="$2"; shift 2
+  timeout 60 "$BIN" "$@" </dev/null >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then
+    echo "FAIL [$name]: exit $rc, want 2; stderr: $(head -c 300 "$tmp/err")"; fail=1; return
+  fi
+  if ! grep -qF -- "$want" "$tmp/err"; then
+    echo "FAIL [$name]: stderr lacks '$want': $(cat "$tmp/err")"; fail=1; return
+  fi
+  if [ "$(wc -l <"$tmp/err")" -ne 1 ]; then
+    echo "FAIL [$name]: stderr is not one line: $(cat "$tmp/err")"; fail=1; return
+  fi
+  if [ -s "$tmp/out" ]; then echo "FAIL [$name]: wrote to stdout: $(head -c 200 "$tmp/out")"; fail=1; return; fi
+  echo "ok   [$name] ($(cat "$tmp/err"))"
+}
+
+# help <args...>: exit 0 with usage text on stdout.
+help() {
+  timeout 60 "$BIN" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -qi "usage" "$tmp/out"; then
+    echo "FAIL [help: $*]: exit $rc; stderr: $(head -c 300 "$tmp/err")"; fail=1; return
+  fi
+  echo "ok   [help: $*]"
+}
+
+help --help
+for cmd in train eval sample quant gemm compare report profile; do help "$cmd" --help; done
+
+# --steps -5 (range check), a number beyond the option's type, a malformed number.
+bad "train --steps -5"             "--steps"        train --steps -5
+bad "train --steps 100000000000"   "--steps"        train --steps 100000000000
+bad "train --steps 1.5"            "--steps"        train --steps 1.5
+bad "train --peak-gflops abc"      "--peak-gflops"  train --peak-gflops abc
+bad "train unknown option"         "--bogus"        train --bogus
+bad "compare --steps -5"           "--steps"        compare --out "$tmp/c" --steps -5
+bad "compare --seeds 1e9"          "--seeds"        compare --out "$tmp/c" --seeds 1e9
+bad "compare --seeds abc"          "--seeds"        compare --out "$tmp/c" --seeds abc
+bad "compare without --out"        "--out"          compare
+bad "quant --block 100000000000"   "--block"        quant "$tmp/m.txt" --block 100000000000
+bad "quant --block -5"             "--block"        quant "$tmp/m.txt" --block -5
+bad "quant --target abc"           "--target"       quant "$tmp/m.txt" --target abc
+bad "quant --reference 1.2.3"      "--reference"    quant "$tmp/m.txt" --reference 1.2.3
+bad "quant --seed -5"              "--seed"         quant "$tmp/m.txt" --seed -5
+bad "gemm --block 100000000000"    "--block"        gemm "$tmp/m.txt" "$tmp/m.txt" --block 100000000000
+bad "gemm --a-block 100000000000"  "--a-block"      gemm "$tmp/m.txt" "$tmp/m.txt" --a-block 100000000000
+bad "gemm --target x"              "--target"       gemm "$tmp/m.txt" "$tmp/m.txt" --target x
+bad "gemm missing B"               "B"              gemm "$tmp/m.txt"
+bad "eval --windows -5"            "--windows"      eval --checkpoint "$tmp/none" --windows -5
+bad "eval --windows 100000000000"  "--windows"      eval --checkpoint "$tmp/none" --windows 100000000000
+bad "eval --calib-batches 2.5"     "--calib-batches" eval --checkpoint "$tmp/none" --calib-batches 2.5
+bad "eval --init-seed -1"          "--init-seed"    eval --checkpoint "$tmp/none" --init-seed -1
+bad "sample --temperature abc"     "--temperature"  sample --checkpoint "$tmp/none" --temperature abc
+bad "sample --tokens -5"           "--tokens"       sample --checkpoint "$tmp/none" --tokens -5
+bad "unknown command"              "unknown command" frobnicate
+
+exit $fail
