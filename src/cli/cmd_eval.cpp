@@ -101,7 +101,7 @@ Source load_source(const SourceArgs& a) {
     s.config_dir = f.parent_path();
     s.recipe = load_recipe(a.recipe.empty() ? "ue5m3-b16" : a.recipe, resolve("configs/recipes"),
                            sets.recipe);
-    s.recipe_source = a.recipe.empty() ? "ue5m3-b16" : a.recipe;
+    s.recipe_source = with_settings(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
     check_fits(s.recipe, s.cfg, a.config);
     return s;
   }
@@ -121,10 +121,10 @@ Source load_source(const SourceArgs& a) {
   s.cfg = run_config_from_text(ck.config_toml, file.string() + " (config)");
   if (a.recipe.empty()) {
     s.recipe = recipe_from_text(ck.recipe_toml, file.string() + " (recipe)", sets.recipe);
-    s.recipe_source = "checkpoint";
+    s.recipe_source = with_settings("checkpoint", sets.recipe);
   } else {
     s.recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
-    s.recipe_source = a.recipe;
+    s.recipe_source = with_settings(a.recipe, sets.recipe);
   }
   check_fits(s.recipe, s.cfg, file.string());
   s.params = std::move(ck.params);
@@ -181,7 +181,10 @@ std::string describe(const Source& s) {
                       ? "model initialised with seed " + std::to_string(s.init_seed)
                       : "checkpoint " + s.checkpoint + " (step " + std::to_string(s.step) + ")";
   return d + ", recipe " + s.recipe.name +
-         (s.recipe_source == "checkpoint" ? " (the checkpoint's)" : "");
+         (s.recipe_source == "checkpoint" ? " (the checkpoint's)"
+          : s.recipe_source.rfind("checkpoint with", 0) == 0
+              ? " (the checkpoint's" + s.recipe_source.substr(10) + ")"
+              : "");
 }
 
 // ------------------------------------------------------------------------------- eval

@@ -21,8 +21,9 @@ std::string trim(const std::string& s) {
   return s.substr(a, s.find_last_not_of(" \t") + 1 - a);
 }
 
-// Segments of a dotted key: bare TOML keys [A-Za-z0-9_-]+, the last but one (or any) may carry
-// one array index "[N]". Throws on anything else (quoted keys are not supported).
+// Segments of a dotted key: bare TOML keys [A-Za-z0-9_-]+, each may carry one array index
+// "[N]" of at most 6 digits (the caller allows it on override only). Throws on anything else
+// (quoted keys are not supported).
 std::vector<std::string> key_segments(const std::string& arg, const std::string& key) {
   std::vector<std::string> segs;
   size_t pos = 0;
@@ -34,7 +35,7 @@ std::vector<std::string> key_segments(const std::string& arg, const std::string&
     while (i < seg.size() && (std::isalnum(static_cast<unsigned char>(seg[i])) || seg[i] == '_' || seg[i] == '-')) ++i;
     ok &= i > 0;
     if (ok && i < seg.size()) {  // an index: name[N]
-      ok = seg[i] == '[' && seg.back() == ']' && seg.size() > i + 2;
+      ok = seg[i] == '[' && seg.back() == ']' && seg.size() > i + 2 && seg.size() <= i + 8;
       for (size_t j = i + 1; ok && j + 1 < seg.size(); ++j) ok = std::isdigit(static_cast<unsigned char>(seg[j]));
     }
     if (!ok)
