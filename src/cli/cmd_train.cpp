@@ -240,7 +240,8 @@ void register_train(CLI::App& app) {
       "Ctrl-C (SIGINT) or SIGTERM finishes the current step, writes a checkpoint, prints that\n"
       "command and exits as killed by the signal (status 130 / 143); a second one stops at once.\n"
       "--set KEY=VALUE changes any key of the config or recipe, e.g. --set train.lr=1e-3\n"
-      "--set fp4.block=32 (runs/tiny-ue5m3-b16+fp4.block=32-s1, recipe ue5m3-b16+fp4.block=32).");
+      "--set fp4.block=32: recipe ue5m3-b16+fp4.block=32, config tiny+train.lr=1e-3, run\n"
+      "directory runs/tiny+train.lr=1e-3-ue5m3-b16+fp4.block=32-s1.");
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
       ->capture_default_str();
   c->add_option("--recipe", a->recipe,
