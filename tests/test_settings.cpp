@@ -49,11 +49,6 @@ struct TempDir {
     return path / name;
   }
 };
-
-std::string read(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 }  // namespace
 
 TEST(Settings, SplitsConfigAndRecipeKeysAndParsesTomlValues) {
@@ -91,6 +86,8 @@ TEST(Settings, ParserErrorsNameTheArgument) {
   EXPECT_NE(t.find("model, train, data, eval, log"), std::string::npos) << t;
   EXPECT_NE(t.find("linear, fp4, rounding, high_precision, override"), std::string::npos) << t;
   EXPECT_NE(err("recipe.train.lr=1").find("unknown recipe table or key 'train'"), std::string::npos);
+  EXPECT_NE(err("name=x").find("--set name=x: the recipe's top-level key 'name' is written recipe.name"),
+            std::string::npos) << err("name=x");
   // A whole table, a malformed key, an index outside [[override]], a missing index.
   EXPECT_NE(err("train=1").find("'train' is a table"), std::string::npos) << err("train=1");
   EXPECT_NE(err("train..lr=1").find("malformed key"), std::string::npos);

@@ -90,7 +90,10 @@ Settings parse_settings(const std::vector<std::string>& args) {
       if (!among(first, kRecipeTables) && !among(first, kRecipeTopKeys))
         throw UserError(s.arg + ": unknown recipe table or key '" + first + "' (recipe tables: " +
                         join(kRecipeTables) + "; top-level keys: " + join(kRecipeTopKeys) + ")");
-    } else if (among(first, kRecipeTables) || among(first, kRecipeTopKeys)) {
+    } else if (among(first, kRecipeTopKeys)) {
+      throw UserError(s.arg + ": the recipe's top-level key '" + first + "' is written recipe." +
+                      first);
+    } else if (among(first, kRecipeTables)) {
       recipe = true;
     } else if (!among(first, kConfigTables)) {
       throw UserError(s.arg + ": unknown table '" + first + "' (run config tables: " +
