@@ -63,8 +63,8 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   EXPECT_EQ(rows[0].seeds, 2);
   EXPECT_DOUBLE_EQ(rows[0].final_loss.mean, 5.0);
   EXPECT_DOUBLE_EQ(rows[0].final_loss.std, std::sqrt(2.0));
-  EXPECT_DOUBLE_EQ(rows[1].gap_to_bf16_pct, 0.0);
-  EXPECT_DOUBLE_EQ(rows[2].gap_to_bf16_pct, 10.0);  // (5.5 − 5) / 5
+  EXPECT_DOUBLE_EQ(rows[1].gap_to_baseline_pct, 0.0);
+  EXPECT_DOUBLE_EQ(rows[2].gap_to_baseline_pct, 10.0);  // (5.5 − 5) / 5
   EXPECT_DOUBLE_EQ(rows[0].step_ratio_fp32, 2.0);
   EXPECT_DOUBLE_EQ(rows[2].step_ratio_fp32, 3.0);
   EXPECT_DOUBLE_EQ(rows[0].max_grad_norm, 3.0);
@@ -75,13 +75,13 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   EXPECT_NE(md.find("| bf16 | 2 | 5.0000 ± 1.4142 | +0.00% |"), std::string::npos) << md;
   // All these runs have seed 0; of the two bf16 runs of that seed the later one (6.0) is the
   // pair of x (5.5).
-  EXPECT_DOUBLE_EQ(rows[2].paired_delta_bf16.mean, -0.5);
+  EXPECT_DOUBLE_EQ(rows[2].paired_delta_baseline.mean, -0.5);
 }
 
 TEST(Report, AggregateWithoutBaselinesGivesDashes) {
   const auto rows = aggregate_runs({run("a", 5.0, 10, 1)}, {});
   ASSERT_EQ(rows.size(), 1u);
-  EXPECT_TRUE(std::isnan(rows[0].gap_to_bf16_pct));
+  EXPECT_TRUE(std::isnan(rows[0].gap_to_baseline_pct));
   EXPECT_TRUE(std::isnan(rows[0].step_ratio_fp32));
   const std::string md = comparison_report_md(rows, {}, ReportContext{});
   EXPECT_NE(md.find("| a | 1 | 5.0000 | — |"), std::string::npos) << md;
@@ -194,10 +194,57 @@ TEST(Report, PairedDeltaToBf16UsesTheSameSeed) {
   lone.seed = 3;  // no bf16 run of seed 3: not paired
   const auto rows = aggregate_runs({b1, b2, f1, f2, lone}, {"bf16", "fp4"});
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_NEAR(rows[1].paired_delta_bf16.mean, 0.2, 1e-12);
-  EXPECT_NEAR(rows[1].paired_delta_bf16.std, std::sqrt(0.02), 1e-12);
-  EXPECT_EQ(rows[1].paired_delta_bf16.n, 2);
+  EXPECT_NEAR(rows[1].paired_delta_baseline.mean, 0.2, 1e-12);
+  EXPECT_NEAR(rows[1].paired_delta_baseline.std, std::sqrt(0.02), 1e-12);
+  EXPECT_EQ(rows[1].paired_delta_baseline.n, 2);
   const std::string md = comparison_report_md(rows, {}, ReportContext{});
   EXPECT_NE(md.find("| +0.2000 ± 0.1414 |"), std::string::npos) << md;
-  EXPECT_DOUBLE_EQ(rows[0].paired_delta_bf16.mean, 0.0);
+  EXPECT_DOUBLE_EQ(rows[0].paired_delta_baseline.mean, 0.0);
+}
+
+TEST(Report, BaselineOtherThanBf16) {
+  // fp32 4.0 / 6.0 on seeds 1 / 2, bf16 4.2 / 6.2, fp4 4.5 / 6.1. Against fp32: bf16 +0.2 on
+  // both seeds (± 0), fp4 +0.5 and +0.1 → 0.3 ± sqrt(0.08) = 0.2828; gaps of the means
+  // (5.0, 5.2, 5.3) to fp32's 5.0: +4% and +6%.
+  RunRecord a1 = run("fp32", 4.0, 10, 1), a2 = run("fp32", 6.0, 10, 1);
+  RunRecord b1 = run("bf16", 4.2, 10, 1), b2 = run("bf16", 6.2, 10, 1);
+  RunRecord f1 = run("fp4", 4.5, 10, 1), f2 = run("fp4", 6.1, 10, 1);
+  a1.seed = b1.seed = f1.seed = 1;
+  a2.seed = b2.seed = f2.seed = 2;
+  const std::vector<RunRecord> runs = {a1, a2, b1, b2, f1, f2};
+  const auto rows = aggregate_runs(runs, {"fp32", "bf16", "fp4"}, "fp32");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[2].baseline, "fp32");
+  EXPECT_NEAR(rows[1].gap_to_baseline_pct, 4.0, 1e-12);
+  EXPECT_NEAR(rows[2].gap_to_baseline_pct, 6.0, 1e-12);
+  EXPECT_NEAR(rows[1].paired_delta_baseline.mean, 0.2, 1e-12);
+  EXPECT_NEAR(rows[1].paired_delta_baseline.std, 0.0, 1e-12);
+  EXPECT_NEAR(rows[2].paired_delta_baseline.mean, 0.3, 1e-12);
+  EXPECT_NEAR(rows[2].paired_delta_baseline.std, std::sqrt(0.08), 1e-12);
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  EXPECT_NE(md.find("| vs fp32 | Δ vs fp32, paired by seed |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("vs bf16"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fp4 | 2 | 5.3000 ± 1.1314 | +6.00% | +0.3000 ± 0.2828 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fp32 | 2 | 5.0000 ± 1.4142 | +0.00% | +0.0000 ± 0.0000 |"), std::string::npos) << md;
+  // The default is bf16 when it is compared: the same runs against bf16 (mean 5.2).
+  const auto dflt = aggregate_runs(runs, {"fp32", "bf16", "fp4"});
+  EXPECT_EQ(dflt[0].baseline, "bf16");
+  EXPECT_NEAR(dflt[2].paired_delta_baseline.mean, 0.1, 1e-12);  // (+0.3, −0.1) / 2
+  // Without bf16 it is fp32.
+  const auto no_bf16 = aggregate_runs({a1, a2, f1, f2}, {});
+  EXPECT_EQ(no_bf16[0].baseline, "fp32");
+  EXPECT_NEAR(no_bf16[1].paired_delta_baseline.mean, 0.3, 1e-12);
+}
+
+TEST(Report, FindBaselineAcceptsLabelledNames) {
+  const std::vector<std::string> names = {"fp32+fp4.block=32", "ue5m3-b16+fp4.block=32"};
+  EXPECT_EQ(find_baseline(names, "fp32"), "fp32+fp4.block=32");
+  EXPECT_EQ(find_baseline(names, "fp32+fp4.block=32"), "fp32+fp4.block=32");
+  EXPECT_EQ(find_baseline(names, "bf16"), "");
+  EXPECT_EQ(find_baseline(names, "fp3"), "");  // a prefix of a name is not the name
+  EXPECT_EQ(default_baseline(names), "fp32+fp4.block=32");
+  EXPECT_EQ(default_baseline({"bf16", "fp32"}), "bf16");
+  EXPECT_EQ(default_baseline({"mxfp4"}), "");
+  EXPECT_THROW(find_baseline({"fp32+a=1", "fp32+a=2"}, "fp32"), UserError);
+  EXPECT_EQ(find_baseline({"fp32+a=1", "fp32"}, "fp32"), "fp32");  // the exact name wins
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Plot fp4train runs: training loss, difference to BF16, held-out NLL and numerics telemetry.
+"""Plot fp4train runs: training loss, difference to a baseline, held-out NLL and telemetry.
 
 Usage:
-    python3 tools/plot_runs.py --out DIR RUN_DIR [RUN_DIR ...]
+    python3 tools/plot_runs.py --out DIR [--baseline NAME] RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is a directory written by `fp4train train` (or `fp4train compare`): it holds
 metrics.jsonl (one JSON object per logged step: step, loss, grad_norm, optionally val_nll,
@@ -11,8 +11,12 @@ grouped by recipe; the seeds of one recipe form a band (min..max over seeds) aro
 mean. Writes into DIR:
 
     loss.png          training loss, smoothed (trailing mean over --smooth steps), seed bands
-    loss_vs_bf16.png  recipe minus bf16 smoothed loss over steps, paired by seed (the same
-                      seed means the same initialisation and batches); needs a bf16 run
+    loss_vs_baseline.png
+                      recipe minus baseline smoothed loss over steps, paired by seed (the
+                      same seed means the same initialisation and batches). The baseline is
+                      --baseline NAME (a recipe among the runs, or the one recipe that is NAME
+                      changed by `--set`, "NAME+key=value"), by default bf16 if present, else
+                      fp32; `--baseline ""` for none
     heldout.png       held-out NLL at evaluation steps (solid: FP32 inference,
                       dashed: the recipe's quantized inference with current scaling)
     telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
@@ -71,6 +75,18 @@ def seed_of(run_dir):
                 if m:
                     return int(m.group(1))
     return None
+
+
+def find_baseline(names, want):
+    """The recipe among `names` that `want` names: itself, else the one `want+...` label."""
+    if not want:
+        return None
+    if want in names:
+        return want
+    found = [n for n in names if n.startswith(want + "+")]
+    if len(found) > 1:
+        fail(f"--baseline {want} is ambiguous: {', '.join(found)}; name one exactly")
+    return found[0] if found else None
 
 
 def read_metrics(run_dir):
@@ -135,6 +151,9 @@ def main():
     ap.add_argument("--out", required=True, help="directory for the PNG files")
     ap.add_argument("--smooth", type=int, default=10, help="trailing-mean window in steps")
     ap.add_argument("--title", default="", help="prefix for plot titles")
+    ap.add_argument("--baseline", default=None,
+                    help="recipe the difference plot is against (default: bf16, else fp32; "
+                         "\"\" for none)")
     ap.add_argument("runs", nargs="+", help="run directories")
     a = ap.parse_args()
     if a.smooth < 1:
@@ -157,6 +176,14 @@ def main():
         seeds.setdefault(r, []).append(seed_of(d))
     os.makedirs(a.out, exist_ok=True)
     order = list(groups)
+    if a.baseline is None:
+        baseline = find_baseline(order, "bf16") or find_baseline(order, "fp32")
+    elif a.baseline == "":
+        baseline = None
+    else:
+        baseline = find_baseline(order, a.baseline)
+        if baseline is None:
+            fail(f"--baseline {a.baseline} is not among the runs' recipes ({', '.join(order)})")
     colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(order)}
     pre = (a.title + ": ") if a.title else ""
 
@@ -191,12 +218,12 @@ def main():
     fig.savefig(os.path.join(a.out, "loss.png"), dpi=110)
     plt.close(fig)
 
-    # 2. difference to bf16, paired by seed where the seeds match (same init and batches)
+    # 2. difference to the baseline, paired by seed where the seeds match (same init and batches)
     fig, ax = plt.subplots(figsize=(8, 5))
-    if "bf16" in means:
-        base = dict(zip(seeds["bf16"], smoothed_losses(groups["bf16"])))
+    if baseline is not None:
+        base = dict(zip(seeds[baseline], smoothed_losses(groups[baseline])))
         for r in order:
-            if r == "bf16":
+            if r == baseline:
                 continue
             diffs = [{t: v - base[sd][t] for t, v in run.items() if t in base[sd]}
                      for sd, run in zip(seeds[r], smoothed_losses(groups[r]))
@@ -208,20 +235,21 @@ def main():
                 if n > 1:
                     ax.fill_between(steps, lo, hi, color=colors[r], alpha=0.15, linewidth=0)
             else:  # no common seed: difference of the means
-                steps = [t for t in sorted(means[r]) if t in means["bf16"]]
-                ax.plot(steps, [means[r][t] - means["bf16"][t] for t in steps], "--",
+                steps = [t for t in sorted(means[r]) if t in means[baseline]]
+                ax.plot(steps, [means[r][t] - means[baseline][t] for t in steps], "--",
                         color=colors[r], label=f"{r} (unpaired means)")
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_title(pre + "smoothed training loss minus bf16 of the same seed (band: min..max)")
+        ax.set_title(pre + f"smoothed training loss minus {baseline} of the same seed (band: min..max)",
+                     fontsize=9)
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no bf16 run among the inputs", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no baseline (bf16 or fp32 by default, --baseline NAME) among the inputs",
+                ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
     ax.set_ylabel("loss difference (nats/token)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "loss_vs_bf16.png"), dpi=110)
+    fig.savefig(os.path.join(a.out, "loss_vs_baseline.png"), dpi=110)
     plt.close(fig)
 
     # 3. held-out NLL
@@ -274,7 +302,8 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "telemetry.png"), dpi=110)
     plt.close(fig)
-    print(f"plot_runs.py: wrote loss.png, loss_vs_bf16.png, heldout.png, telemetry.png to {a.out}")
+    print(f"plot_runs.py: wrote loss.png, loss_vs_baseline.png (baseline {baseline}), heldout.png, "
+          f"telemetry.png to {a.out}")
 
 
 if __name__ == "__main__":

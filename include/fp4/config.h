@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "fp4/settings.h"
 
 namespace fp4 {
 
@@ -52,8 +55,10 @@ struct RunConfig {
 };
 
 /// Parse and validate a run config. Unknown sections/keys, wrong types and out-of-range
-/// values throw fp4::UserError naming the file, key and allowed range.
-RunConfig load_run_config(const std::filesystem::path& file);
+/// values throw fp4::UserError naming the file, key and allowed range. `sets` (the config
+/// part of parse_settings) override keys of the file first and are validated as the file's
+/// values are; their errors name the --set argument, cross-key errors the file "with --set ...".
+RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets = {});
 /// Check cross-field constraints (d_model % n_heads, even head dim, ...); throws UserError.
 void validate(const RunConfig& c, const std::string& where);
 /// The resolved config as TOML text.

@@ -7,6 +7,7 @@
 
 #include "fp4/block_quant.h"
 #include "fp4/format.h"
+#include "fp4/settings.h"
 
 namespace fp4 {
 
@@ -151,11 +152,18 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks);
 
 /// Parse a recipe file. Throws fp4::UserError naming the file, the key and the expected
 /// value for malformed TOML, unknown keys, wrong types or out-of-range values.
-Recipe load_recipe_file(const std::filesystem::path& file);
+/// `sets` (the recipe part of parse_settings) override keys of the file first and are
+/// validated exactly as the file's values; an error about an overridden key names its --set
+/// argument. A recipe changed by `sets` is renamed so that it is never reported under the
+/// file's name: "NAME+KEY=VALUE+..." (labelled_name; `description` changes no name), or the
+/// name a `recipe.name` setting gives.
+Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Setting>& sets = {});
 
 /// Resolve a recipe argument: an existing .toml path, or a name looked up as
-/// `<recipes_dir>/<name>.toml`. Throws fp4::UserError listing the available names.
-Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir);
+/// `<recipes_dir>/<name>.toml`, then load_recipe_file with `sets`. Throws fp4::UserError
+/// listing the available names.
+Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir,
+                   const std::vector<Setting>& sets = {});
 
 /// Recipe as TOML text (for the resolved config written next to a run).
 std::string recipe_to_toml(const Recipe& r);

@@ -65,11 +65,15 @@ struct RecipeRow {
   std::string recipe;
   int seeds = 0;                         ///< completed runs
   MeanStd final_loss;                    ///< final-window training loss over completed runs
-  double gap_to_bf16_pct = 0;            ///< (mean − bf16 mean) / bf16 mean · 100; NaN if no bf16
-  /// Paired difference to bf16: mean ± std over the seeds both completed of (this run's
-  /// final-window loss − the bf16 run's of the same seed), in nats. A seed fixes the
+  /// The recipe the gaps below are measured against (the comparison's baseline, e.g. "bf16");
+  /// empty when there is none.
+  std::string baseline;
+  /// (mean − baseline mean) / baseline mean · 100; NaN without a baseline (or its runs).
+  double gap_to_baseline_pct = 0;
+  /// Paired difference to the baseline: mean ± std over the seeds both completed of (this
+  /// run's final-window loss − the baseline run's of the same seed), in nats. A seed fixes the
   /// initialisation and the batches, so pairing removes most seed-to-seed variance.
-  MeanStd paired_delta_bf16;
+  MeanStd paired_delta_baseline;
   std::map<std::string, MeanStd> heldout;  ///< per inference policy
   int diverged = 0;                      ///< runs that diverged (not in the means)
   std::vector<int> diverged_at;          ///< their divergence steps
@@ -80,10 +84,23 @@ struct RecipeRow {
   double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run
 };
 
+/// The recipe among `names` that a baseline argument `want` (e.g. `--baseline fp32`) selects:
+/// `want` itself if listed, else the one name that is `want` labelled by `--set` overrides
+/// ("fp32+fp4.block=32", fp4/settings.h labelled_name); "" if none. Throws fp4::UserError if
+/// several labelled names match.
+std::string find_baseline(const std::vector<std::string>& names, const std::string& want);
+
+/// The default baseline of a comparison of `names`: bf16 when present (find_baseline), else
+/// fp32, else "" (no baseline: gap columns show "—").
+std::string default_baseline(const std::vector<std::string>& names);
+
 /// One row per recipe, in `order` (recipes without runs are skipped; runs of recipes not in
-/// `order` are appended in the order first seen).
+/// `order` are appended in the order first seen). Gaps and paired differences are measured
+/// against the recipe named `baseline` (an exact name; empty: default_baseline of the rows'
+/// names). A baseline without completed runs gives NaN gaps and empty paired differences.
 std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
-                                      const std::vector<std::string>& order);
+                                      const std::vector<std::string>& order,
+                                      const std::string& baseline = "");
 
 /// Everything the report states about how the runs were made.
 struct ReportContext {

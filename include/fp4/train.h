@@ -1,5 +1,6 @@
 // Optimiser, LR schedule, evaluation and the training loop.
 #pragma once
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -108,6 +109,12 @@ struct TrainOptions {
   /// Testing hook: return right after this step (its metrics line and any checkpoint due at it
   /// written), as if the process had been killed; no summary.json. 0 = off.
   int stop_after = 0;
+  /// Stop request, set asynchronously (a signal handler: fp4train's StopOnSignal). Read after
+  /// each step, once its metrics line is written: if nonzero and the step is not the last,
+  /// the step's checkpoint is written (if not already due) and train() returns with
+  /// TrainSummary::stopped and stop_signal = the flag's value; no summary.json. Resuming from
+  /// that checkpoint gives the uninterrupted run's bits. Null = never.
+  const volatile std::sig_atomic_t* stop_signal = nullptr;
   /// FP32 GEMM rate (GFLOP/s) that model FLOPs utilization is reported against
   /// (fp4/profile.h fp32_peak_gflops); 0 = no MFU in progress lines, metrics or summary.
   double peak_gflops = 0;
@@ -125,7 +132,9 @@ struct TrainSummary {
   double first_loss = 0;
   std::vector<double> losses;      ///< per-step training loss (steps 1..steps, also across a resume)
   int resumed_from = 0;            ///< checkpoint step the run continued from (0: fresh start)
-  bool stopped = false;            ///< returned early through TrainOptions::stop_after
+  bool stopped = false;            ///< returned early: TrainOptions::stop_after or stop_signal
+  int stop_signal = 0;             ///< the stop_signal value that stopped the run (0: none)
+  std::filesystem::path checkpoint;  ///< when stopped by stop_signal: the checkpoint written
 };
 
 /// Outcome of one optimizer step.

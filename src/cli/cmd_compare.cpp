@@ -18,6 +18,7 @@
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "paths.h"
+#include "run_control.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -71,6 +72,8 @@ struct Plan {
   int save_every = 50, keep_checkpoints = 1;
   int64_t tokens_per_run = 0;
   std::string model_line;
+  std::vector<std::string> sets;       ///< --set arguments (KEY=VALUE), applied to every run
+  std::string baseline;                ///< --baseline as given; empty: the default rule
 };
 
 json plan_json(const Plan& p) {
@@ -79,7 +82,8 @@ json plan_json(const Plan& p) {
           {"names", p.names},              {"policies", p.policies},
           {"seeds", p.seeds},              {"steps", p.steps},
           {"save_every", p.save_every},    {"keep_checkpoints", p.keep_checkpoints},
-          {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line}};
+          {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line},
+          {"sets", p.sets},                {"baseline", p.baseline}};
 }
 
 Plan read_plan(const fs::path& dir) {
@@ -102,6 +106,8 @@ Plan read_plan(const fs::path& dir) {
     p.keep_checkpoints = j.value("keep_checkpoints", 1);
     p.tokens_per_run = j.value("tokens_per_run", int64_t{0});
     p.model_line = j.value("model", "");
+    if (j.contains("sets")) p.sets = j.at("sets").get<std::vector<std::string>>();
+    p.baseline = j.value("baseline", "");
     return p;
   } catch (const json::exception& e) {
     throw UserError(f.string() + ": malformed (" + e.what() + ")");
@@ -125,24 +131,36 @@ std::string plan_command(const Plan& p, const fs::path& out) {
     for (uint64_t x : seeds) cmd += " " + std::to_string(x);
     cmd += " (run once per --seed-base)\n   ";
   }
+  for (const auto& x : p.sets) cmd += " --set " + shell_word(x);
+  if (!p.baseline.empty()) cmd += " --baseline " + shell_word(p.baseline);
   return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
 }
 
-/// A recipe name as a directory name: characters outside [A-Za-z0-9._-] become '_'.
-std::string dir_safe(const std::string& name) {
-  std::string d = name;
-  for (char& c : d)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
-  if (d.empty() || d[0] == '.') d = "_" + d;
-  return d;
+/// The exact row name of the plan's baseline: --baseline (as given or labelled by --set,
+/// find_baseline), else bf16, else fp32, else "" (none). Throws fp4::UserError when an
+/// explicit --baseline is not among the compared recipes.
+std::string plan_baseline(const Plan& p, const std::string& baseline_arg) {
+  const std::string want = baseline_arg.empty() ? p.baseline : baseline_arg;
+  if (want.empty()) return default_baseline(p.names);
+  const std::string b = find_baseline(p.names, want);
+  if (b.empty()) {
+    std::string list;
+    for (const auto& n : p.names) list += (list.empty() ? "" : ", ") + n;
+    throw UserError("--baseline " + want + " is not among the compared recipes (" + list +
+                    "); add it to --recipes or choose one of them");
+  }
+  return b;
 }
 
 fs::path run_dir(const fs::path& out, const std::string& recipe_name, uint64_t seed) {
   return out / (dir_safe(recipe_name) + "-s" + std::to_string(seed));
 }
 
-/// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan.
-void build_report(const fs::path& out, const Plan& plan, bool plots) {
+/// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the
+/// gap columns and the difference plot against `baseline_arg` (empty: the plan's).
+void build_report(const fs::path& out, const Plan& plan, bool plots,
+                  const std::string& baseline_arg = "") {
+  const std::string baseline = plan_baseline(plan, baseline_arg);
   std::vector<RunRecord> runs;
   std::vector<std::string> missing;
   for (const auto& r : plan.names)
@@ -168,22 +186,22 @@ void build_report(const fs::path& out, const Plan& plan, bool plots) {
                        "python3-matplotlib, or set FP4_PYTHON).";
     } else {
       std::string cmd = shell_quote(py) + " " + shell_quote(resolve("tools/plot_runs.py").string()) +
-                        " --title " + shell_quote(plan.config_name) + " --out " +
-                        shell_quote((out / "plots").string());
+                        " --title " + shell_quote(plan.config_name) + " --baseline " +
+                        shell_quote(baseline) + " --out " + shell_quote((out / "plots").string());
       for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
       const fs::path plots_dir = out / "plots";
       if (fs::exists(plots_dir) && !fs::is_directory(plots_dir))
         throw UserError(plots_dir.string() + " exists and is not a directory; remove it or use --no-plots");
       std::fflush(stdout);
       if (std::system(cmd.c_str()) == 0) {
-        for (const char* p : {"loss.png", "loss_vs_bf16.png", "heldout.png", "telemetry.png"})
+        for (const char* p : {"loss.png", "loss_vs_baseline.png", "heldout.png", "telemetry.png"})
           ctx.plots.push_back(std::string("plots/") + p);
       } else {
         ctx.plots_note = "Plots failed: tools/plot_runs.py exited non-zero (see its message).";
       }
     }
   }
-  std::string md = comparison_report_md(aggregate_runs(runs, plan.names), runs, ctx);
+  std::string md = comparison_report_md(aggregate_runs(runs, plan.names, baseline), runs, ctx);
   if (!missing.empty()) {
     md += "\n## Not finished\n\n";
     for (const auto& m : missing) md += "* `" + m + "`\n";
@@ -204,19 +222,28 @@ struct CompareArgs {
   bool no_plots = false;
   int save_every = 50;
   int keep_checkpoints = 1;
+  std::vector<std::string> sets;  // --set KEY=VALUE
+  std::string baseline;           // --baseline NAME
+  bool steps_given = false;
 };
 
 void run_compare(const CompareArgs& a) {
   if (a.out.empty()) throw UserError("--out DIR is required");
   const fs::path out = a.out;
+  std::vector<std::pair<std::string, std::string>> taken;
+  if (a.steps > 0) taken.push_back({"train.steps", "--steps"});
+  taken.push_back({"train.seed", "--seeds/--seed-base (every run sets its own seed)"});
+  const Settings sets = parse_set_args(a.sets, taken);
   const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file);
+  RunConfig cfg = load_run_config(config_file, sets.config);
   override_steps(cfg, a.steps);
-  validate(cfg, a.config);
+  validate(cfg, with_settings(a.config, sets.config));
 
   Plan plan;
   plan.config_arg = a.config;
-  plan.config_name = fs::path(a.config).stem().string();
+  plan.config_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
+  plan.sets = sets.given;
+  plan.baseline = a.baseline;
   plan.recipes = split_list(a.recipes, "--recipes");
   for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
   for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
@@ -232,6 +259,16 @@ void run_compare(const CompareArgs& a) {
   std::vector<Recipe> recipes;
   if (fs::exists(out / "compare.json")) {
     const Plan old = read_plan(out);
+    if (old.sets != plan.sets) {
+      auto list = [](const std::vector<std::string>& v) {
+        std::string o;
+        for (const auto& x : v) o += " --set " + shell_word(x);
+        return o.empty() ? std::string(" no --set") : o;
+      };
+      throw UserError(out.string() + " holds a comparison made with" + list(old.sets) +
+                      ", not" + list(plan.sets) + "; give the same --set arguments or choose "
+                      "another --out (nothing was changed)");
+    }
     if (old.config_toml != plan.config_toml)
       throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
                       old.config_name + ", " + std::to_string(old.steps) +
@@ -246,11 +283,12 @@ void run_compare(const CompareArgs& a) {
     for (const auto& q : old.policies)
       if (std::find(plan.policies.begin(), plan.policies.end(), q) == plan.policies.end())
         plan.policies.push_back(q);
+    if (plan.baseline.empty()) plan.baseline = old.baseline;
   }
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
   for (const auto& arg : plan.recipes) {
-    recipes.push_back(load_recipe(arg, resolve("configs/recipes")));
+    recipes.push_back(load_recipe(arg, resolve("configs/recipes"), sets.recipe));
     check_recipe_fits(recipes.back(), cfg);
     const std::string& name = recipes.back().name;
     for (size_t i = 0; i < plan.names.size(); ++i)
@@ -261,6 +299,8 @@ void run_compare(const CompareArgs& a) {
                         "another `name = ...` in its file");
     plan.names.push_back(name);
   }
+  // The baseline must be among the recipes before anything is trained.
+  (void)plan_baseline(plan, "");
   // A reused or resumed run must have been made with exactly this config and recipe.
   for (size_t ri = 0; ri < recipes.size(); ++ri)
     for (uint64_t seed : plan.seeds) {
@@ -308,6 +348,25 @@ void run_compare(const CompareArgs& a) {
   std::string policies;
   for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
 
+  // One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
+  // says how to continue, and the process ends as killed by the signal.
+  auto train_run = [&](const RunConfig& rc, const Recipe& recipe, TrainOptions opt) {
+    TrainSummary s;
+    {
+      StopOnSignal guard;
+      opt.stop_signal = StopOnSignal::flag();
+      s = train(rc, recipe, data, opt);
+    }
+    if (s.stop_signal == 0) return;
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nstopped by %s in %s after step %d of %d; checkpoint %s\nContinue the "
+                 "comparison (finished runs are reused, this one resumes bit for bit) with:\n"
+                 "  %s\n",
+                 signal_name(s.stop_signal).c_str(), opt.out_dir.string().c_str(), s.steps,
+                 rc.train.steps, s.checkpoint.string().c_str(), plan_command(plan, out).c_str());
+    StopOnSignal::exit_by(s.stop_signal);
+  };
   const size_t total = recipes.size() * plan.seeds.size();
   size_t k = 0, diverged = 0;
   for (size_t ri = 0; ri < recipes.size(); ++ri)
@@ -348,7 +407,7 @@ void run_compare(const CompareArgs& a) {
             logf(std::string(head) + "resuming " + d.string() + " from step " +
                  std::to_string(ck.step));
             opt.resume_from = &ck;
-            train(rc, recipes[ri], data, opt);
+            train_run(rc, recipes[ri], opt);
           } else {
             if (fs::exists(d)) {  // started, but stopped before its first checkpoint
               const fs::path stale = d.string() + ".incomplete";
@@ -358,7 +417,7 @@ void run_compare(const CompareArgs& a) {
                    stale.string());
             }
             logf(std::string(head) + "training into " + d.string());
-            train(rc, recipes[ri], data, opt);
+            train_run(rc, recipes[ri], opt);
           }
         } catch (const UserError& e) {
           if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison
@@ -391,7 +450,7 @@ void register_compare(CLI::App& app) {
   auto* c = app.add_subcommand(
       "compare",
       "Train every recipe x seed on one config, one after another, then write DIR/report.md\n"
-      "and DIR/plots/*.png: final-window loss (mean ± std over seeds, gap to bf16), held-out\n"
+      "and DIR/plots/*.png: final-window loss (mean ± std over seeds, gap to --baseline), held-out\n"
       "NLL per inference policy (from each run's final checkpoint, DIR/<run>/eval.json), loss\n"
       "spikes, max grad norm after warmup, tokens/s and step time vs fp32. Resumable: finished\n"
       "runs (DIR/<recipe>-s<seed>/summary.json) are reused, interrupted ones continue bit for\n"
@@ -420,18 +479,32 @@ void register_compare(CLI::App& app) {
   c->add_option("--keep-checkpoints", a->keep_checkpoints, "Checkpoints kept per run")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  c->add_option("--baseline", a->baseline,
+                "Recipe the gap columns (vs X, Δ vs X paired by seed) and the difference plot "
+                "are measured against; one of the compared recipes (also its --set-labelled "
+                "name). Default: bf16 when compared, else fp32, else none")
+      ->check([](const std::string& v) { return v.empty() ? std::string("empty name") : std::string(); });
+  add_set_option(c, a->sets,
+                 ", in every run of the comparison (recipe keys in every recipe: fp32+fp4.block=32, "
+                 "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
   c->callback([a] { run_compare(*a); });
 
   auto dir = std::make_shared<std::string>();
   auto no_plots = std::make_shared<bool>(false);
+  auto baseline = std::make_shared<std::string>();
   auto* r = app.add_subcommand(
       "report",
       "Rebuild DIR/report.md and DIR/plots/ of a `fp4train compare` directory from its finished\n"
       "runs, without training. Unfinished runs are listed at the end of the report.");
   r->add_option("dir", *dir, "Comparison directory")->required();
   r->add_flag("--no-plots", *no_plots, "Skip tools/plot_runs.py");
-  r->callback([dir, no_plots] { build_report(*dir, read_plan(*dir), !*no_plots); });
+  r->add_option("--baseline", *baseline,
+                "Recipe the gap columns and the difference plot are measured against (default: "
+                "the comparison's --baseline, else bf16, else fp32)");
+  r->callback([dir, no_plots, baseline] {
+    build_report(*dir, read_plan(*dir), !*no_plots, *baseline);
+  });
 }
 
 }  // namespace fp4::cli

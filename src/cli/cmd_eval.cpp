@@ -23,6 +23,7 @@
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "paths.h"
+#include "run_control.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -37,6 +38,7 @@ struct SourceArgs {
   int64_t init_seed = -1;
   std::string recipe;       // empty: the checkpoint's (or, with --config, ue5m3-b16)
   std::string data;         // override of data.path
+  std::vector<std::string> sets;  // --set KEY=VALUE: recipe keys; config keys with --config
 };
 
 struct Source {
@@ -65,6 +67,10 @@ void add_source_options(CLI::App* c, SourceArgs& a) {
                 "initialised; a baseline near ln(vocab), used by the tests");
   c->add_option("--init-seed", a.init_seed, "Seed of that initialisation (with --config)")
       ->check(CLI::Range(int64_t{0}, int64_t{INT64_MAX}));
+  add_set_option(c, a.sets,
+                 ". Recipe keys change the recipe used (the checkpoint's or --recipe's); config "
+                 "keys only with --config (a checkpoint's model is fixed; --windows and --data "
+                 "cover evaluation)");
 }
 
 // The recipe must fit the model: explicit high-precision blocks inside it.
@@ -83,19 +89,27 @@ Source load_source(const SourceArgs& a) {
   Source s;
   if (a.checkpoint.empty() == a.config.empty())
     throw UserError("give either --checkpoint PATH or --config FILE --init-seed S");
+  std::vector<std::pair<std::string, std::string>> taken;
+  if (!a.data.empty()) taken.push_back({"data.path", "--data"});
+  const Settings sets = parse_set_args(a.sets, taken);
   if (!a.config.empty()) {
     if (a.init_seed < 0) throw UserError("--config needs --init-seed S (a freshly initialised model)");
     const fs::path f = resolve(a.config);
-    s.cfg = load_run_config(f);
-    validate(s.cfg, a.config);
+    s.cfg = load_run_config(f, sets.config);
+    validate(s.cfg, with_settings(a.config, sets.config));
     s.init_seed = static_cast<uint64_t>(a.init_seed);
     s.config_dir = f.parent_path();
-    s.recipe = load_recipe(a.recipe.empty() ? "ue5m3-b16" : a.recipe, resolve("configs/recipes"));
-    s.recipe_source = a.recipe.empty() ? "ue5m3-b16" : a.recipe;
+    s.recipe = load_recipe(a.recipe.empty() ? "ue5m3-b16" : a.recipe, resolve("configs/recipes"),
+                           sets.recipe);
+    s.recipe_source = with_settings(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
     check_fits(s.recipe, s.cfg, a.config);
     return s;
   }
   if (a.init_seed >= 0) throw UserError("--init-seed goes with --config, not --checkpoint");
+  if (!sets.config.empty())
+    throw UserError(sets.config[0].arg + ": a checkpoint's run config is fixed (its model and "
+                    "data); only recipe keys may be set (--windows and --data change the "
+                    "evaluation)");
   const fs::path arg(a.checkpoint);
   if (!fs::exists(arg)) throw UserError("checkpoint " + arg.string() + " does not exist");
   std::string warn;
@@ -106,11 +120,11 @@ Source load_source(const SourceArgs& a) {
   s.step = ck.step;
   s.cfg = run_config_from_text(ck.config_toml, file.string() + " (config)");
   if (a.recipe.empty()) {
-    s.recipe = recipe_from_text(ck.recipe_toml, file.string() + " (recipe)");
-    s.recipe_source = "checkpoint";
+    s.recipe = recipe_from_text(ck.recipe_toml, file.string() + " (recipe)", sets.recipe);
+    s.recipe_source = with_settings("checkpoint", sets.recipe);
   } else {
-    s.recipe = load_recipe(a.recipe, resolve("configs/recipes"));
-    s.recipe_source = a.recipe;
+    s.recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+    s.recipe_source = with_settings(a.recipe, sets.recipe);
   }
   check_fits(s.recipe, s.cfg, file.string());
   s.params = std::move(ck.params);
@@ -167,7 +181,10 @@ std::string describe(const Source& s) {
                       ? "model initialised with seed " + std::to_string(s.init_seed)
                       : "checkpoint " + s.checkpoint + " (step " + std::to_string(s.step) + ")";
   return d + ", recipe " + s.recipe.name +
-         (s.recipe_source == "checkpoint" ? " (the checkpoint's)" : "");
+         (s.recipe_source == "checkpoint" ? " (the checkpoint's)"
+          : s.recipe_source.rfind("checkpoint with", 0) == 0
+              ? " (the checkpoint's" + s.recipe_source.substr(10) + ")"
+              : "");
 }
 
 // ------------------------------------------------------------------------------- eval

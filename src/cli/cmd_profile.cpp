@@ -16,6 +16,7 @@
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "paths.h"
+#include "run_control.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -28,6 +29,7 @@ struct ProfileArgs {
   int steps = 5, warmup = 2;
   std::string data, json_file;
   double peak_gflops = 0;
+  std::vector<std::string> sets;  // --set KEY=VALUE
 };
 
 std::string mib(int64_t bytes) {
@@ -37,11 +39,15 @@ std::string mib(int64_t bytes) {
 }
 
 void run_profile(const ProfileArgs& a) {
+  std::vector<std::pair<std::string, std::string>> taken;
+  if (!a.data.empty()) taken.push_back({"data.path", "--data"});
+  const Settings sets = parse_set_args(a.sets, taken);
   const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file);
+  RunConfig cfg = load_run_config(config_file, sets.config);
   if (!a.data.empty()) cfg.data.path = a.data;
-  validate(cfg, a.config);
-  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
+  validate(cfg, with_settings(a.config, sets.config));
+  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+  const std::string cfg_name = labelled_name(fs::path(a.config).filename().string(), sets.config);
   check_recipe_fits(recipe, cfg);
   const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
@@ -108,7 +114,7 @@ void run_profile(const ProfileArgs& a) {
               a.warmup, median_ms, sorted.front(), sorted.back());
   std::printf("config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
               "%d OpenMP threads%s\n",
-              fs::path(a.config).filename().string().c_str(), recipe.name.c_str(),
+              cfg_name.c_str(), recipe.name.c_str(),
               static_cast<long long>(model.num_params()), static_cast<long long>(tokens_per_step),
               tc.batch_size, tc.seq_len, omp_get_max_threads(),
               telemetry_steps ? " (telemetry steps included)" : "");
@@ -165,6 +171,7 @@ void run_profile(const ProfileArgs& a) {
                        {"gflops", r.flops > 0 ? r.flops / r.s / 1e9 : 0.0},
                        {"calls_per_step", double(r.calls) / n}};
     json j = {{"config", a.config},
+              {"sets", sets.given},
               {"recipe", recipe.name},
               {"threads", omp_get_max_threads()},
               {"steps", n},
@@ -230,6 +237,7 @@ void register_profile(CLI::App& app) {
                 "machine and thread count is kept in ~/.cache/fp4train/gemm_peak.tsv, or "
                 "$FP4_CACHE_DIR/gemm_peak.tsv, and used when it is higher)")
       ->check(CLI::Validator(check_peak_gflops, "GFLOP/s"));
+  add_set_option(c, a->sets, " (--data may not set data.path too)");
   c->callback([a] { run_profile(*a); });
 }
 

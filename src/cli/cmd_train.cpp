@@ -14,6 +14,7 @@
 #include "fp4/profile.h"
 #include "fp4/train.h"
 #include "paths.h"
+#include "run_control.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -31,6 +32,7 @@ struct TrainArgs {
   bool no_save_amax = false;
   std::string resume;
   double peak_gflops = 0;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   // Options given on the command line (resume: what may and may not be combined with it).
   CLI::App* app = nullptr;
   bool given(const char* name) const { return app->count(name) > 0; }
@@ -71,11 +73,35 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
   return opt;
 }
 
+// train() under StopOnSignal: on SIGINT/SIGTERM the run stops after its current step with a
+// checkpoint, says how to resume, and the process ends as killed by the signal (130 / 143).
+TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                                 TrainOptions opt, const TrainArgs& a) {
+  TrainSummary s;
+  {
+    StopOnSignal guard;
+    opt.stop_signal = StopOnSignal::flag();
+    s = train(cfg, recipe, data, opt);
+  }
+  if (s.stop_signal == 0) return s;
+  std::string cmd = shell_word(a.app->get_parent()->get_name()) + " train --resume " +
+                    shell_word(opt.out_dir.string());
+  if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "\nstopped by %s after step %d of %d; checkpoint %s\n"
+               "metrics.jsonl holds the steps so far; no summary.json. Continue, bit for bit as "
+               "if never stopped, with:\n  %s\n",
+               signal_name(s.stop_signal).c_str(), s.steps, cfg.train.steps,
+               s.checkpoint.string().c_str(), cmd.c_str());
+  StopOnSignal::exit_by(s.stop_signal);
+}
+
 // `train --resume runs/NAME`: continue a run from its newest checkpoint that loads, with the
 // run's stored config and recipe; only options that cannot change the results may be given.
 void run_resume(const TrainArgs& a) {
   const fs::path dir = a.resume;
-  for (const char* o : {"--config", "--recipe", "--steps", "--seed", "--out"})
+  for (const char* o : {"--config", "--recipe", "--steps", "--seed", "--out", "--set"})
     if (a.given(o))
       throw UserError(std::string("--resume continues ") + dir.string() +
                       " with its own config.toml, recipe.toml, seed and steps; " + o +
@@ -140,23 +166,29 @@ void run_resume(const TrainArgs& a) {
   opt.out_dir = dir;
   opt.config_name = ck.config_name.empty() ? "run" : ck.config_name;
   opt.resume_from = &ck;
-  const TrainSummary s = train(cfg, recipe, data, opt);
+  const TrainSummary s = train_interruptible(cfg, recipe, data, opt, a);
   print_summary(s, cfg, recipe, opt.config_name, dir);
 }
 
 void run_train(const TrainArgs& a) {
   if (!a.resume.empty()) return run_resume(a);
+  std::vector<std::pair<std::string, std::string>> taken;
+  if (a.given("--steps")) taken.push_back({"train.steps", "--steps"});
+  if (a.given("--seed")) taken.push_back({"train.seed", "--seed"});
+  if (a.given("--data")) taken.push_back({"data.path", "--data"});
+  const Settings sets = parse_set_args(a.sets, taken);
   const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file);
+  RunConfig cfg = load_run_config(config_file, sets.config);
   if (a.seed_given) cfg.train.seed = a.seed;
   if (!a.data.empty()) cfg.data.path = a.data;
   override_steps(cfg, a.steps);
-  validate(cfg, a.config);
-  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"));
+  validate(cfg, with_settings(a.config, sets.config));
+  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
   check_recipe_fits(recipe, cfg);
 
   const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
-  const std::string cfg_name = fs::path(a.config).stem().string();
+  // A config changed by --set is not reported under the file's name either.
+  const std::string cfg_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
   fs::path out;
   if (!a.out.empty()) {
     out = a.out;
@@ -166,8 +198,8 @@ void run_train(const TrainArgs& a) {
                       " already holds a run; choose another --out, or continue it with "
                       "--resume " + out.string() + " (nothing was overwritten)");
   } else {
-    const std::string base = "runs/" + cfg_name + "-" + recipe.name + "-s" +
-                             std::to_string(cfg.train.seed);
+    const std::string base = "runs/" + dir_safe(cfg_name + "-" + recipe.name + "-s" +
+                                                std::to_string(cfg.train.seed));
     out = base;
     for (int i = 2; fs::exists(out); ++i) out = base + "-" + std::to_string(i);
   }
@@ -182,12 +214,17 @@ void run_train(const TrainArgs& a) {
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");
   logf(b);
+  if (!sets.empty()) {
+    std::string list;
+    for (const auto& g : sets.given) list += " --set " + shell_word(g);
+    logf("overrides:" + list + " (resolved values in the run's config.toml and recipe.toml)");
+  }
   logf("run directory: " + out.string());
 
   TrainOptions opt = checkpoint_options(a);
   opt.out_dir = out;
   opt.config_name = cfg_name;
-  const TrainSummary s = train(cfg, recipe, data, opt);
+  const TrainSummary s = train_interruptible(cfg, recipe, data, opt, a);
   print_summary(s, cfg, recipe, cfg_name, out);
 }
 }  // namespace
@@ -199,7 +236,12 @@ void register_train(CLI::App& app) {
       "Pretrain a Llama-style model on text with one recipe. Prints a progress line every few\n"
       "seconds (loss, LR, grad norm, tokens/s, model FLOPs utilization, ETA), evaluates held-out NLL (FP32 and quantized inference) periodically, and writes\n"
       "runs/NAME/{metrics.jsonl,config.toml,recipe.toml,tokenizer.model,checkpoints/,summary.json}.\n"
-      "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME");
+      "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME.\n"
+      "Ctrl-C (SIGINT) or SIGTERM finishes the current step, writes a checkpoint, prints that\n"
+      "command and exits as killed by the signal (status 130 / 143); a second one stops at once.\n"
+      "--set KEY=VALUE changes any key of the config or recipe, e.g. --set train.lr=1e-3\n"
+      "--set fp4.block=32: recipe ue5m3-b16+fp4.block=32, config tiny+train.lr=1e-3, run\n"
+      "directory runs/tiny+train.lr=1e-3-ue5m3-b16+fp4.block=32-s1.");
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
       ->capture_default_str();
   c->add_option("--recipe", a->recipe,
@@ -244,6 +286,7 @@ void register_train(CLI::App& app) {
                 "default: the best rate measured on this machine (a 0.3 s oneDNN GEMM the first "
                 "time, then cached in ~/.cache/fp4train/gemm_peak.tsv or $FP4_CACHE_DIR)")
       ->check(CLI::Validator(check_peak_gflops, "GFLOP/s"));
+  add_set_option(c, a->sets, " (not with --resume; --steps, --seed, --data may not set the same key)");
   a->app = c;
   c->callback([a] {
     try {

@@ -174,8 +174,28 @@ RunRecord read_run(const fs::path& dir) {
   return r;
 }
 
+std::string find_baseline(const std::vector<std::string>& names, const std::string& want) {
+  if (want.empty()) return "";
+  if (std::find(names.begin(), names.end(), want) != names.end()) return want;
+  std::string found;
+  for (const auto& n : names)
+    if (n.rfind(want + "+", 0) == 0) {
+      if (!found.empty())
+        throw UserError("baseline '" + want + "' is ambiguous: both '" + found + "' and '" + n +
+                        "' are " + want + " changed by --set; name one of them exactly");
+      found = n;
+    }
+  return found;
+}
+
+std::string default_baseline(const std::vector<std::string>& names) {
+  const std::string b = find_baseline(names, "bf16");
+  return b.empty() ? find_baseline(names, "fp32") : b;
+}
+
 std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
-                                      const std::vector<std::string>& order) {
+                                      const std::vector<std::string>& order,
+                                      const std::string& baseline_arg) {
   std::vector<std::string> names = order;
   for (const auto& r : runs)
     if (std::find(names.begin(), names.end(), r.recipe) == names.end()) names.push_back(r.recipe);
@@ -214,24 +234,31 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
     rows.push_back(row);
   }
-  const RecipeRow *bf16 = nullptr, *fp32 = nullptr;
+  std::vector<std::string> row_names;
+  for (const auto& r : rows) row_names.push_back(r.recipe);
+  const std::string baseline = baseline_arg.empty() ? default_baseline(row_names) : baseline_arg;
+  // The step-time reference: fp32, or fp32 as changed by --set (its speed is fp32's).
+  const std::string fp32_name = find_baseline(row_names, "fp32");
+  const RecipeRow *base = nullptr, *fp32 = nullptr;
   for (const auto& r : rows) {
-    if (r.recipe == "bf16") bf16 = &r;
-    if (r.recipe == "fp32") fp32 = &r;
+    if (!baseline.empty() && r.recipe == baseline) base = &r;
+    if (!fp32_name.empty() && r.recipe == fp32_name) fp32 = &r;
   }
-  std::map<uint64_t, double> bf16_loss;  // seed → final-window loss of a completed bf16 run
+  std::map<uint64_t, double> base_loss;  // seed → final-window loss of a completed baseline run
   for (const auto& r : runs)
-    if (r.recipe == "bf16" && r.diverged_at == 0) bf16_loss[r.seed] = r.final_window_loss;
+    if (!baseline.empty() && r.recipe == baseline && r.diverged_at == 0)
+      base_loss[r.seed] = r.final_window_loss;
   for (auto& row : rows) {
     std::vector<double> d;
     for (const auto& r : runs)
-      if (r.recipe == row.recipe && r.diverged_at == 0 && bf16_loss.count(r.seed))
-        d.push_back(r.final_window_loss - bf16_loss[r.seed]);
-    row.paired_delta_bf16 = mean_std(d);
+      if (r.recipe == row.recipe && r.diverged_at == 0 && base_loss.count(r.seed))
+        d.push_back(r.final_window_loss - base_loss[r.seed]);
+    row.paired_delta_baseline = mean_std(d);
   }
   for (auto& r : rows) {
-    r.gap_to_bf16_pct =
-        bf16 ? 100.0 * (r.final_loss.mean - bf16->final_loss.mean) / bf16->final_loss.mean : kNaN;
+    r.baseline = baseline;
+    r.gap_to_baseline_pct =
+        base ? 100.0 * (r.final_loss.mean - base->final_loss.mean) / base->final_loss.mean : kNaN;
     r.step_ratio_fp32 = fp32 ? r.median_step_ms / fp32->median_step_ms : kNaN;
   }
   return rows;
@@ -253,7 +280,16 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
       for (const auto& [p, v] : r.heldout)
         if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
 
-  o << "| recipe | seeds | final-window loss | vs bf16 | Δ vs bf16, paired by seed |";
+  // The baseline of the gap columns (aggregate_runs); "baseline" when there is none.
+  const std::string base = rows.empty() || rows[0].baseline.empty() ? "" : rows[0].baseline;
+  const std::string bname = base.empty() ? "baseline" : base;
+  if (!base.empty())
+    o << "Baseline of the gap columns: `" << base << "`.\n\n";
+  else
+    o << "No baseline among these recipes (bf16 or fp32 by default; `--baseline NAME`): the gap "
+         "columns are empty.\n\n";
+  o << "| recipe | seeds | final-window loss | vs " << bname << " | Δ vs " << bname
+    << ", paired by seed |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
   o << " diverged | loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 "
        "|\n|---|---|---|---|---|";
@@ -262,8 +298,8 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   bool partial_cells = false;
   for (const auto& r : rows) {
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
-      << (std::isfinite(r.gap_to_bf16_pct) ? fmt("%+.2f%%", r.gap_to_bf16_pct) : "—") << " | "
-      << (r.paired_delta_bf16.n ? fmt_ms(r.paired_delta_bf16, "%+.4f") : std::string("—"))
+      << (std::isfinite(r.gap_to_baseline_pct) ? fmt("%+.2f%%", r.gap_to_baseline_pct) : "—") << " | "
+      << (r.paired_delta_baseline.n ? fmt_ms(r.paired_delta_baseline, "%+.4f") : std::string("—"))
       << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
@@ -322,11 +358,15 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
 
   o << "\n## Definitions\n\n"
        "* **Final-window loss**: mean training loss over the last 10% of steps of a run.\n"
-       "* **vs bf16**: (recipe mean − bf16 mean) / bf16 mean of the final-window loss.\n"
-       "* **Δ vs bf16, paired by seed**: mean ± std over seeds of (recipe − bf16) final-window "
-       "loss of the same seed (same initialisation and batches), in nats. Its std is the "
-       "uncertainty to read when ranking recipes; the unpaired ± mostly measures how seeds "
-       "differ.\n"
+       "* **Baseline**: the recipe the gaps are measured against (`--baseline`; by default "
+       "bf16 when compared, else fp32)"
+    << (base.empty() ? "; none here" : ": `" + base + "` here") << ".\n"
+    << "* **vs " << bname << "**: (recipe mean − " << bname << " mean) / " << bname
+    << " mean of the final-window loss.\n"
+    << "* **Δ vs " << bname << ", paired by seed**: mean ± std over seeds of (recipe − " << bname
+    << ") final-window loss of the same seed (same initialisation and batches), in nats. Its "
+       "std is the uncertainty to read when ranking recipes; the unpaired ± mostly measures "
+       "how seeds differ.\n"
        "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
        "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
        "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "

@@ -52,8 +52,9 @@ RunConfig parse_run_config(detail::TomlReader& r) {
 }
 }  // namespace
 
-RunConfig load_run_config(const std::filesystem::path& file) {
+RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets) {
   detail::TomlReader r(file);
+  r.apply(sets);
   return parse_run_config(r);
 }
 

@@ -284,13 +284,26 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
 }  // namespace
 
 namespace {
-// `default_name`: the name of a recipe whose file sets none (the file's stem).
-Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name) {
+// `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
+// --set overrides, applied to the file first; the name is labelled with them (see
+// load_recipe) unless one of them sets the name.
+Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
+                    const std::vector<Setting>& sets) {
+  r.apply(sets);
   Recipe rc;
   rc.source = r.where();
   std::string s;
   r.get("name", rc.name);
   if (rc.name.empty()) rc.name = default_name;
+  {
+    std::vector<Setting> label;
+    bool named = false;
+    for (const Setting& x : sets) {
+      named |= x.key == "name";
+      if (x.key != "description") label.push_back(x);
+    }
+    if (!named) rc.name = labelled_name(rc.name, label);
+  }
   r.get("description", rc.description);
   s = linear_mode_name(rc.mode);
   r.get("linear.mode", s);
@@ -378,23 +391,25 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name) {
 }
 }  // namespace
 
-Recipe load_recipe_file(const std::filesystem::path& file) {
+Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Setting>& sets) {
   detail::TomlReader r(file);
-  return parse_recipe(r, file.stem().string());
+  return parse_recipe(r, file.stem().string(), sets);
 }
 
 // Declared in fp4/checkpoint.h.
-Recipe recipe_from_text(const std::string& toml, const std::string& where) {
+Recipe recipe_from_text(const std::string& toml, const std::string& where,
+                        const std::vector<Setting>& sets) {
   detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
-  return parse_recipe(r, "recipe");
+  return parse_recipe(r, "recipe", sets);
 }
 
-Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir) {
+Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir,
+                   const std::vector<Setting>& sets) {
   namespace fs = std::filesystem;
   fs::path p(name_or_path);
-  if (p.extension() == ".toml" || fs::exists(p)) return load_recipe_file(p);
+  if (p.extension() == ".toml" || fs::exists(p)) return load_recipe_file(p, sets);
   fs::path f = recipes_dir / (name_or_path + ".toml");
-  if (fs::exists(f)) return load_recipe_file(f);
+  if (fs::exists(f)) return load_recipe_file(f, sets);
   std::string names;
   if (fs::is_directory(recipes_dir))
     for (auto& e : fs::directory_iterator(recipes_dir))

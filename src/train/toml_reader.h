@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <limits>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "fp4/error.h"
+#include "fp4/settings.h"
 
 namespace fp4::detail {
 
@@ -60,8 +62,9 @@ class TomlReader {
     }
   }
 
-  /// The file name (or the `where` of TOML text) used in error messages.
-  const std::string& where() const { return file_; }
+  /// The file name (or the `where` of TOML text) used in error messages, followed by the
+  /// --set arguments applied (with_settings).
+  const std::string& where() const { return where_.empty() ? file_ : where_; }
 
   explicit TomlReader(const std::filesystem::path& file) : file_(file.string()) {
     if (!std::filesystem::exists(file)) throw UserError(file_ + ": file not found");
@@ -78,7 +81,61 @@ class TomlReader {
     }
   }
 
-  const std::string& file() const { return file_; }
+  /// Same as where(): the source named by cross-key errors.
+  const std::string& file() const { return where(); }
+
+  /// Apply `--set` overrides (fp4/settings.h) to the parsed file, before any get(): each
+  /// key's value is replaced (or added) with the setting's TOML value, creating its table if
+  /// the file lacks it; an index `name[N]` must name an existing table of the array of tables
+  /// `name`. Later errors about an overridden key name its --set argument instead of the file.
+  /// Throws fp4::UserError naming the argument when a key runs into a value that is not a
+  /// table, names a whole table, or indexes a missing [[table]].
+  void apply(const std::vector<Setting>& sets) {
+    for (const Setting& s : sets) {
+      toml::table parsed = toml::parse("v = " + s.value, std::string_view("--set"));
+      toml::table* t = &tbl_;
+      std::string path;
+      size_t pos = 0;
+      while (true) {
+        const size_t dot = s.key.find('.', pos);
+        const bool last = dot == std::string::npos;
+        const std::string seg = s.key.substr(pos, last ? std::string::npos : dot - pos);
+        path += (path.empty() ? "" : ".") + seg;
+        if (last) {
+          if (toml::node* old = t->get(seg); old && (old->is_table() || old->is_array_of_tables()))
+            throw UserError(s.arg + ": '" + path + "' is a table in " + file_ +
+                            "; set one of its keys");
+          t->insert_or_assign(seg, std::move(*parsed.get("v")));
+          break;
+        }
+        const size_t br = seg.find('[');
+        if (br != std::string::npos) {
+          const std::string name = seg.substr(0, br);
+          const size_t idx = std::stoul(seg.substr(br + 1));
+          toml::array* arr = t->get_as<toml::array>(name);
+          const size_t n = arr && arr->is_array_of_tables() ? arr->size() : 0;
+          if (idx >= n)
+            throw UserError(s.arg + ": " + file_ + " has " + std::to_string(n) + " [[" + name +
+                            "]] table" + (n == 1 ? "" : "s") +
+                            (n ? " (0.." + std::to_string(n - 1) + ")" : "") +
+                            "; --set changes keys of existing ones only");
+          t = arr->get(idx)->as_table();
+        } else {
+          toml::node* sub = t->get(seg);
+          if (!sub) {
+            t->insert(seg, toml::table{});
+            sub = t->get(seg);
+          }
+          if (!sub->is_table())
+            throw UserError(s.arg + ": '" + path + "' is not a table in " + file_);
+          t = sub->as_table();
+        }
+        pos = dot + 1;
+      }
+      origin_[s.key] = s.arg;
+    }
+    where_ = with_settings(file_, sets);
+  }
 
   template <class T>
   void get(const std::string& key, T& out) {
@@ -161,7 +218,7 @@ class TomlReader {
   void reject_unknown() const { walk(tbl_, ""); }
 
   [[noreturn]] void fail(const std::string& key, const std::string& expected) const {
-    throw UserError(file_ + ": key '" + key + "': expected " + expected);
+    throw UserError(source_of(key) + ": key '" + key + "': expected " + expected);
   }
 
  private:
@@ -172,19 +229,47 @@ class TomlReader {
         bool any = false;
         for (auto& s : seen_)
           if (s.rfind(full + ".", 0) == 0) any = true;
-        if (!any) throw UserError(file_ + ": unknown section [" + full + "]");
+        if (!any) {
+          std::string src = file_;
+          for (const auto& [k, arg] : origin_)
+            if (k.rfind(full + ".", 0) == 0) src = arg;
+          throw UserError(src + ": unknown section [" + full + "]");
+        }
         walk(*sub, full);
       } else if (auto* arr = v.as_array(); arr && arr->is_array_of_tables() && seen_.count(full)) {
         // [[full]] sections: every key of every table must have been read.
         for (size_t i = 0; i < arr->size(); ++i)
           walk(*arr->get(i)->as_table(), full + "[" + std::to_string(i) + "]");
       } else if (!seen_.count(full)) {
-        throw UserError(file_ + ": unknown key '" + full + "'");
+        throw UserError(source_of(full) + ": unknown key '" + full + "'" + known_keys(prefix));
       }
     }
   }
 
+  // The --set argument that gave `key`, else the file.
+  const std::string& source_of(const std::string& key) const {
+    const auto it = origin_.find(key);
+    return it == origin_.end() ? file_ : it->second;
+  }
+
+  // " (keys of [table]: a, b, c)" from the keys read, or "" when none (top level, arrays).
+  std::string known_keys(const std::string& table) const {
+    std::string list;
+    const std::string p = table.empty() ? "" : table + ".";
+    for (const std::string& k : seen_) {
+      if (k.rfind(p, 0) != 0) continue;
+      const std::string rest = k.substr(p.size());
+      if (rest.find('.') != std::string::npos || rest.find('[') != std::string::npos) continue;
+      list += (list.empty() ? "" : ", ") + rest;
+    }
+    if (list.empty()) return "";
+    return " (" + (table.empty() ? std::string("top-level keys") : "keys of [" + table + "]") +
+           ": " + list + ")";
+  }
+
   std::string file_;
+  std::string where_;                          // file_ with the --set arguments, once applied
+  std::map<std::string, std::string> origin_;  // key -> the --set argument that set it
   toml::table tbl_;
   std::set<std::string> seen_;
 };

@@ -529,10 +529,21 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
       metrics.flush();
       if (!metrics) throw UserError("write failed: " + metrics_file.string());
     }
-    if ((opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps) save(step);
+    const bool due = (opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps;
+    if (due) save(step);
     if (step == opt.stop_after) {
       sum.stopped = true;
       sum.steps = step;
+      return sum;
+    }
+    // A stop request (SIGINT/SIGTERM) between steps: this step is complete and logged, so its
+    // checkpoint is a consistent resume point. The last step completes the run instead.
+    if (opt.stop_signal && *opt.stop_signal != 0 && step < tc.steps) {
+      if (!due) save(step);
+      sum.stopped = true;
+      sum.stop_signal = *opt.stop_signal;
+      sum.steps = step;
+      sum.checkpoint = ckpt_dir / checkpoint_file_name(step);
       return sum;
     }
   }

@@ -45,7 +45,7 @@ PY
 )
 grep -q "^| fp32 | 2 | $want ± " $md || fail "fp32 mean $want not in the table: $(grep '^| fp32 | 2' $md)"
 if [ -f cmp/plots/loss.png ]; then
-  for p in loss loss_vs_bf16 heldout telemetry; do
+  for p in loss loss_vs_baseline heldout telemetry; do
     head -c 8 cmp/plots/$p.png | od -An -tx1 | grep -q "89 50 4e 47" || fail "cmp/plots/$p.png is not a PNG"
     grep -q "plots/$p.png" $md || fail "report does not show plots/$p.png"
   done

@@ -1,0 +1,57 @@
+// Shared by the commands that train or load configs and recipes: the `--set` option, names
+// of run directories and shell words, and stopping a training run on SIGINT / SIGTERM.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "fp4/settings.h"
+
+namespace fp4::cli {
+
+/// Add the repeatable `--set KEY=VALUE` option of `c`, collecting the arguments in `sets`
+/// (parse them with fp4::parse_settings). `extra` ends the help text (what it applies to).
+void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::string& extra);
+
+/// parse_settings(args), refusing a config key that a dedicated option (`--steps` for
+/// train.steps, ...) also sets: `taken` lists pairs {key, option} of the options given.
+/// Throws fp4::UserError naming both.
+Settings parse_set_args(const std::vector<std::string>& args,
+                        const std::vector<std::pair<std::string, std::string>>& taken);
+
+/// `name` as one directory name: characters outside [A-Za-z0-9._+=,-] become '_', and a
+/// leading '.' (or an empty name) gets a '_' before it.
+std::string dir_safe(const std::string& name);
+
+/// `s` as one shell word: unchanged if it has only [A-Za-z0-9._+=,/:@%-], else single-quoted.
+std::string shell_word(const std::string& s);
+
+/// While alive, SIGINT and SIGTERM (unless ignored when it was made, e.g. SIGINT of a
+/// background job of a non-interactive shell) only set an async-signal-safe flag, which
+/// train() reads between steps (TrainOptions::stop_signal): the step in progress finishes, a
+/// checkpoint is written, train() returns with TrainSummary::stopped. A second signal
+/// terminates the process at once (default action). The destructor restores the handlers.
+/// Not reentrant: one at a time.
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+  /// The flag for TrainOptions::stop_signal: 0, or the number of the first signal received.
+  static const volatile std::sig_atomic_t* flag();
+  /// Flush stdout and stderr, restore the default action of signal `sig` and raise it, so the
+  /// process ends as killed by it (shell status 128 + sig: 130 for SIGINT, 143 for SIGTERM);
+  /// exits with 128 + sig should it survive. Does not return.
+  [[noreturn]] static void exit_by(int sig);
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+  bool int_installed_ = false, term_installed_ = false;
+};
+
+/// "SIGINT", "SIGTERM" or "signal N".
+std::string signal_name(int sig);
+
+}  // namespace fp4::cli
