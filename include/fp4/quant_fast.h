@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fp4/block_quant.h"
+#include "fp4/hadamard.h"
 #include "fp4/philox.h"
 
 namespace fp4 {
@@ -64,6 +65,14 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, float* out);
+/// The same with the RHT's arithmetic chosen by `precision` (recipe key fp4.rht_precision):
+/// RhtPrecision::FP32 is the function above; RhtPrecision::BF16 replaces rht16_rows by
+/// rht16_rows_bf16 in the reference composition (inputs and outputs of the transform rounded to
+/// BF16, docs/numerics.md "Random Hadamard transform"), fused into the SIMD kernel and
+/// bit-identical to that composition on every target. Ignored without rht. Same errors.
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, RhtPrecision precision, float* out);
 
 /// max |RHT16(xᵀ)| for x [rows, cols]: the same value as
 /// tensor_amax(rht16_rows(xᵀ [cols, rows])), without materialising the transpose (the RHT of
@@ -71,6 +80,9 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
 /// of an RHT wgrad operand. Throws std::invalid_argument if rows % 16 != 0 or a shape is
 /// negative; NonFiniteError if x or its transform holds NaN/Inf.
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols);
+/// The same for the RHT of `precision`: with RhtPrecision::BF16 the value of
+/// tensor_amax(rht16_rows_bf16(xᵀ)). Same errors.
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision);
 
 /// Whether quantize_dequantize_fast / quantize_dequantize_transposed_fast run the SIMD path
 /// for this spec (true for E2M1 elements with UE5M3, UE5M3-PTX, E4M3, UE8M0 scales under the

@@ -7,6 +7,7 @@
 
 #include "fp4/block_quant.h"
 #include "fp4/format.h"
+#include "fp4/hadamard.h"
 
 namespace fp4 {
 
@@ -85,6 +86,13 @@ struct Recipe {
   float scale_target = 448.f;  ///< T
   int amax_interval = 1;       ///< D: 1 = current scaling, 50 = periodic sample-and-hold
   bool rht_wgrad = false;      ///< 16-point RHT on the two wgrad operands (NVFP4)
+  /// [fp4] rht_precision = "fp32" (default: rht16_rows) | "bf16" (rht16_rows_bf16, the
+  /// reference implementation's BF16 matmul with BF16 output); "bf16" needs rht_wgrad.
+  RhtPrecision rht_precision = RhtPrecision::FP32;
+  /// [fp4] bf16_boundary: every FP4 linear rounds X (forward) and dY (backward) to BF16 (RNE)
+  /// and uses the rounded copy for the amax and every quantization of that operand, as the
+  /// paper's BF16-activation runs do (docs/numerics.md "BF16 boundary"). Default false.
+  bool bf16_boundary = false;
   Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)

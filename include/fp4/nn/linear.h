@@ -194,7 +194,8 @@ class Linear {
   void reset_inference(int replay_interval = 50);
   const InferenceState& inference_state() const { return inf_; }
   /// Bytes held by this layer's own buffers, by capacity: the quantized weight kept from
-  /// forward for dgrad, and in BF16 mode the BF16 operand copies. The transient FP4 buffers
+  /// forward for dgrad, in BF16 mode the BF16 operand copies, and with the recipe's
+  /// bf16_boundary the BF16-rounded X and dY. The transient FP4 buffers
   /// are in workspace() (see workspace_bytes), possibly shared with other linears.
   int64_t scratch_bytes() const;
   /// Use `ws` (shared, e.g. by all linears of a Model) for the transient FP4 operand buffers
@@ -233,6 +234,8 @@ class Linear {
   LinearRefs refs_;
   LinearTelemetry tel_;
   AlignedFloats wq_;  // quantized (FP4) weight of the last forward, reused by dgrad
+  // recipe.bf16_boundary: X of the last forward (kept for wgrad) and dY, rounded to BF16.
+  AlignedFloats xr_, dyr_;
   // BF16 mode: X, W (from fprop, reused by backward) and dY as BF16 bit patterns.
   std::vector<uint16_t, Aligned64<uint16_t>> xb_, wb_, dyb_;
   std::shared_ptr<LinearWorkspace> ws_;  // transient FP4 operand buffers (maybe shared)
