@@ -1,5 +1,5 @@
 // The quantized Linear's three GEMMs (fprop, dgrad, wgrad) against a naive reference that
-// quantizes each operand along its GEMM's contraction dimension (NUMERICS.md "Notation")
+// quantizes each operand along its GEMM's contraction dimension (docs/numerics.md "Notation")
 // with the reference quantizer and multiplies in double; plus FD gradients in FP32 mode
 // and the held tensor reference inside a layer.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Tests of the scalar reference FP4 numerics against shared/NUMERICS.md.
+// Tests of the scalar reference FP4 numerics against docs/numerics.md.
 // Expected values come from the contract, from hand calculation (worked in the comments) or
 // from independent slow references written here (grid enumeration in double, direct
 // Random123 calls, naive Hadamard products) — never from the code under test.

@@ -1,5 +1,5 @@
 // Bit-exact tests of the fast (SIMD + OpenMP) quantizers of quant_fast.h against their scalar
-// twins in block_quant.h / hadamard.h / philox.h (the contract, shared/NUMERICS.md). Every
+// twins in block_quant.h / hadamard.h / philox.h (the contract, docs/numerics.md). Every
 // comparison is a memcmp of the FP32 outputs, run on every SIMD target the CPU supports.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,4 +1,4 @@
-// Recipes of NUMERICS.md "Recipes" as files: every shipped recipe parses and trains; the new
+// Recipes of docs/numerics.md "Recipes" as files: every shipped recipe parses and trains; the new
 // recipes' Linear equals an independent quantize-then-GEMM; high-precision rules combine as a
 // union; [[override]] changes exactly the GEMM / operand / linears it names (the paper's
 // T = 2048 for wgrad dY of the final mlp.down linears); strict errors name the file and key.

@@ -1,5 +1,5 @@
 // 16-point random Hadamard transform (RHT) of the NVFP4 recipe's wgrad operands.
-// Contract: shared/NUMERICS.md "Random Hadamard transform".
+// Contract: docs/numerics.md "Random Hadamard transform".
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// A training recipe is plain data: every knob of NUMERICS.md's recipe table, parsed from a
+// A training recipe is plain data: every knob of docs/numerics.md's recipe table, parsed from a
 // TOML file in configs/recipes/, so new recipes need no code changes.
 #pragma once
 #include <filesystem>
@@ -15,11 +15,11 @@ namespace fp4 {
 enum class LinearMode {
   FP32,  ///< unquantized reference
   BF16,  ///< operands rounded to BF16 (RNE), FP32 accumulation
-  FP4,   ///< E2M1 elements with block scales (NUMERICS.md "Quantizing one operand")
+  FP4,   ///< E2M1 elements with block scales (docs/numerics.md "Quantizing one operand")
 };
 const char* linear_mode_name(LinearMode m);
 
-/// The three GEMMs of a linear layer (NUMERICS.md "Notation"): fprop Y = X·Wᵀ, dgrad
+/// The three GEMMs of a linear layer (docs/numerics.md "Notation"): fprop Y = X·Wᵀ, dgrad
 /// dX = dY·W, wgrad dW = dYᵀ·X. Recipe names "fprop", "dgrad", "wgrad".
 enum class Gemm { Fprop = 0, Dgrad = 1, Wgrad = 2 };
 /// The three quantized operands: activation X, weight W, upstream gradient dY. Recipe names
@@ -67,7 +67,7 @@ struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
-  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (NUMERICS.md)
+  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md)
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
@@ -131,7 +131,7 @@ struct Recipe {
 
 /// The resolved quantization of one linear layer: its mode and the block-quantization spec of
 /// every (GEMM, operand) pair it quantizes, after [high_precision] and [[override]].
-/// The dY reference g is still one per layer, shared by dgrad and wgrad (NUMERICS.md "Tensor
+/// The dY reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
 /// reference"); specs may differ only in what the quantization does with it (T, rounding).
 struct LinearPlan {
   LinearMode mode = LinearMode::FP32;

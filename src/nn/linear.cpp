@@ -1,4 +1,4 @@
-// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md: decoded-operand FP32 GEMMs (FP4),
+// Quantized Linear: fprop, dgrad, wgrad per docs/numerics.md: decoded-operand FP32 GEMMs (FP4),
 // native BF16 GEMMs (BF16 mode), FP32 GEMMs (FP32).
 #include "fp4/nn/linear.h"
 
@@ -46,7 +46,7 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
         for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
     }
 }
-// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (NUMERICS.md "GEMM emulation"): A [ra, k] and
+// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (docs/numerics.md "GEMM emulation"): A [ra, k] and
 // B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
 void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
                    const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
@@ -300,7 +300,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     timed_gemm_bf16(Cat::kGemmWgrad, true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
-  // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
+  // FP4. dY has one reference shared by dgrad and wgrad (docs/numerics.md "Tensor reference").
   if (recipe_.bf16_boundary && mode_ == LinearMode::FP4) {
     // BF16 boundary: dY rounded to BF16 once; the copy feeds its amax, dgrad and wgrad.
     Scope s(Cat::kQuantBf16);

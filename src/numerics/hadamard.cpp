@@ -1,5 +1,5 @@
 // 16-point random Hadamard transform of the NVFP4 recipe's wgrad operands.
-// Contract: shared/NUMERICS.md "Random Hadamard transform (RHT), NVFP4 recipe only".
+// Contract: docs/numerics.md "Random Hadamard transform".
 #include "fp4/hadamard.h"
 
 #include <stdexcept>
@@ -17,8 +17,8 @@ namespace {
 /// One chunk: y = (x ⊙ s)·H16 / 4. The product with the Sylvester matrix is computed by the
 /// four-stage fast Walsh–Hadamard butterfly (a, b) → (a + b, a − b), which yields the natural
 /// (Sylvester) order H[i][j] = (−1)^popcount(i & j); H16 is symmetric, so row-vector times H
-/// equals H times column vector. The final /4 is an exact scaling by 0.25. NUMERICS.md does not
-/// fix an FP32 summation order for the transform; this order is the reference one.
+/// equals H times column vector. The final /4 is an exact scaling by 0.25. docs/numerics.md
+/// "Random Hadamard transform" states this order (the papers fix none).
 template <bool kBf16>
 inline void rht16_chunk(float* x) {
   float y[16];

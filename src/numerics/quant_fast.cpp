@@ -1,5 +1,5 @@
 // Fast twins of the scalar block quantizers (block_quant.cpp): Highway SIMD, several x86 targets
-// chosen at run time, OpenMP over fixed work units. Contract: quant_fast.h, shared/NUMERICS.md
+// chosen at run time, OpenMP over fixed work units. Contract: quant_fast.h, docs/numerics.md
 // "Quantizing one operand", "Rounding a magnitude" and "Random Hadamard transform".
 //
 // Why the bits match the scalar reference. Every FP32 operation of the reference is done here

@@ -1,5 +1,5 @@
 // The quantized Linear layer: Y = X·Wᵀ with its three GEMMs (fprop, dgrad, wgrad) run in
-// FP32, BF16 or block-scaled FP4 per the recipe (NUMERICS.md "Notation", "Quantizing one
+// FP32, BF16 or block-scaled FP4 per the recipe (docs/numerics.md "Notation", "Quantizing one
 // operand", "Tensor reference g", "Random Hadamard transform", "GEMM emulation: decoded").
 // The only place in the model that knows about FP4.
 #pragma once
@@ -97,7 +97,7 @@ struct LinearWorkspace {
 };
 
 /// Activation tensor reference `g` of an FP4 Linear's fprop X in inference forwards
-/// (StepContext::training == false; NUMERICS.md "Tensor reference g", README "Quantized
+/// (StepContext::training == false; docs/numerics.md "Tensor reference g", README "Quantized
 /// inference evaluation"). The weight reference of every inference forward is amax(W)
 /// measured at the first inference forward after Linear::reset_inference and then frozen.
 /// None of these touch the training caches (Linear::reference).
@@ -161,7 +161,7 @@ class Linear {
   /// every GEMM × operand after [high_precision] and [[override]]); the constructor above uses
   /// LinearPlan::uniform(recipe, mode). The recipe still supplies gemm, rht_wgrad and
   /// amax_interval. dY keeps one reference per layer shared by dgrad and wgrad, whatever the
-  /// two specs' T or rounding (NUMERICS.md "Tensor reference g").
+  /// two specs' T or rounding (docs/numerics.md "Tensor reference g").
   Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe);
 
   /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
