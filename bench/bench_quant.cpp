@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -193,6 +194,31 @@ void BM_TransposedFast(benchmark::State& state) {
   finish(state, t);
 }
 
+/// The BF16 RHT (fp4.rht_precision = "bf16") against the FP32 one, RNE, in one loop: each
+/// iteration times one call of each, alternately; counter bf16_over_fp32 = Σ t_bf16 / Σ t_fp32.
+void BM_TransposedRhtBf16VsFp32(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const float g32 = amax_rht16_transposed(t.x.p, t.rows, t.cols);
+  const float g16 = amax_rht16_transposed(t.x.p, t.rows, t.cols, RhtPrecision::BF16);
+  using clk = std::chrono::steady_clock;
+  double t32 = 0, t16 = 0;
+  for (auto _ : state) {
+    const auto a = clk::now();
+    quantize_dequantize_transposed_fast(t.x.p, t.rows, t.cols, spec(Rounding::RNE), g32, nullptr,
+                                        true, RhtPrecision::FP32, t.out.p);
+    benchmark::ClobberMemory();
+    const auto b = clk::now();
+    quantize_dequantize_transposed_fast(t.x.p, t.rows, t.cols, spec(Rounding::RNE), g16, nullptr,
+                                        true, RhtPrecision::BF16, t.out.p);
+    benchmark::ClobberMemory();
+    const auto c = clk::now();
+    t32 += std::chrono::duration<double>(b - a).count();
+    t16 += std::chrono::duration<double>(c - b).count();
+  }
+  state.counters["bf16_over_fp32"] = t32 > 0 ? t16 / t32 : 0;
+  finish(state, t);
+}
+
 /// The fast kernels writing to an output that is only 16-byte aligned (what std::vector's large
 /// allocations give with glibc): plain stores, no streaming.
 void BM_QdqFastUnaligned(benchmark::State& state) {
@@ -362,6 +388,7 @@ BENCHMARK(BM_QdqFast)->Apply(ShapesSr);
 BENCHMARK(BM_QdqFast2D)->Apply(Shapes);
 BENCHMARK(BM_TransposedScalar)->Apply(ShapesSrRht);
 BENCHMARK(BM_TransposedFast)->Apply(ShapesSrRht);
+BENCHMARK(BM_TransposedRhtBf16VsFp32)->Apply(Shapes);
 BENCHMARK(BM_QdqFastUnaligned)->Apply(Shapes);
 BENCHMARK(BM_TransposedFastUnaligned)->Apply(Shapes);
 BENCHMARK(BM_PackScalar)->Apply(ShapesSr);

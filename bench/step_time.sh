@@ -5,7 +5,7 @@
 # steps 3..N of both runs (step 1 and 2 warm up caches and oneDNN, and step 1 records
 # telemetry) and its ratio to the first recipe's median.
 # Usage: bash bench/step_time.sh [--config C] [--steps N] [--bin PATH] [recipe ...]
-#   default recipes: the eight of NUMERICS.md, fp32 first (the baseline).
+#   default recipes: the eight of docs/numerics.md, fp32 first (the baseline).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 config="$root/configs/tiny.toml"; steps=12; bin="$root/build/fp4train"

@@ -43,7 +43,7 @@ Recipe recipe(const std::string& name) {
   return load_recipe(name, fs::path(FP4_SOURCE_DIR) / "configs/recipes");
 }
 // Y [M,N] = qdq(X, g_x) · qdq(W, g_w)ᵀ with the scalar reference quantizer and the FP32 GEMM:
-// the fprop of NUMERICS.md computed without the Linear.
+// the fprop of docs/numerics.md computed without the Linear.
 std::vector<float> independent_fprop(const std::vector<float>& X, const std::vector<float>& W,
                                      int64_t M, int64_t K, int64_t N, const Recipe& r, float gx,
                                      float gw) {

@@ -97,7 +97,7 @@ std::vector<Named> named_table() {
 /// Index of the RNE result of a ≥ 0 on a sorted positive grid (saturating). Ties go to the
 /// even significand: for M ≥ 1 that is the even magnitude code; for M = 0 every normal
 /// significand is 1 (odd), so a tie rounds up, except the tie between 0 and the smallest
-/// value (significand 0, even), which rounds to 0 (NUMERICS.md "Rounding a magnitude").
+/// value (significand 0, even), which rounds to 0 (docs/numerics.md "Rounding a magnitude").
 size_t ref_rne_index(const std::vector<double>& g, double a, int M) {
   if (a >= g.back()) return g.size() - 1;
   const size_t i = static_cast<size_t>(std::upper_bound(g.begin(), g.end(), a) - g.begin()) - 1;
@@ -603,7 +603,7 @@ namespace {
 
 float f32(double v) { return static_cast<float>(v); }
 
-/// Independent reference of NUMERICS.md "Quantizing one operand" (tensor-scaled, 1-D blocks)
+/// Independent reference of docs/numerics.md "Quantizing one operand" (tensor-scaled, 1-D blocks)
 /// for an element grid: every FP32 step is the double operation rounded to float (exact
 /// emulation: products of floats are exact in double; quotients are correctly rounded twice
 /// without error since 53 ≥ 2·24 + 2). Grid rounding by enumeration (ref_rne_index).

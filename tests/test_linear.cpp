@@ -1,5 +1,5 @@
 // The quantized Linear's three GEMMs (fprop, dgrad, wgrad) against a naive reference that
-// quantizes each operand along its GEMM's contraction dimension (NUMERICS.md "Notation")
+// quantizes each operand along its GEMM's contraction dimension (docs/numerics.md "Notation")
 // with the reference quantizer and multiplies in double; plus FD gradients in FP32 mode
 // and the held tensor reference inside a layer.
 #include <gtest/gtest.h>
@@ -363,5 +363,140 @@ TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
   probe_gemm(q(dYt, N, M, r.spec_dy(), amax(dYt), &kw), q(Xt, K, M, r.spec_x(), amax(Xt), nullptr),
              ref.data());
   EXPECT_EQ(0, std::memcmp(ref.data(), dW.data(), dW.size() * 4)) << "wgrad";
+}
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Fidelity knobs (docs/numerics.md "BF16 boundary", "Random Hadamard transform").
+
+#include "fp4/format.h"
+#include "fp4/gemm.h"
+
+namespace {
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(Linear, Bf16BoundaryEqualsQuantizingPreRoundedOperands) {
+  // With fp4.bf16_boundary, a layer fed X and dY must give, bit for bit, what the same layer
+  // without the knob gives when fed round_bf16(X) and round_bf16(dY): two training steps (the
+  // held references of D = 50 refresh at step 1 and hold at step 2), telemetry, an inference
+  // forward; for a held-reference recipe, an RHT recipe (both precisions), MX, probe-matched.
+  const int64_t M = 32, K = 40, N = 24;
+  std::vector<Recipe> recipes;
+  recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, false, true, 50));
+  recipes.push_back(fp4_recipe(ScaleFormat::E4M3, true, true, 1));
+  recipes.push_back(fp4_recipe(ScaleFormat::E4M3, true, true, 1));
+  recipes.back().rht_precision = RhtPrecision::BF16;
+  recipes.push_back(fp4_recipe(ScaleFormat::UE8M0, false, false, 1));
+  recipes.back().scale_rule = ScaleRule::MxTe;
+  recipes.back().block = 32;
+  recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, true, true, 1));
+  recipes.back().gemm = "probe-matched";
+  for (size_t ri = 0; ri < recipes.size(); ++ri) {
+    SCOPED_TRACE("recipe " + std::to_string(ri));
+    Recipe on = recipes[ri], off = recipes[ri];
+    on.bf16_boundary = true;
+    auto W = randn(N * K, 42, 0.1f);
+    std::vector<float> dWa(N * K, 0.f), dWb(N * K, 0.f), dWc(N * K, 0.f);
+    nn::Linear a(5, K, N, LinearMode::FP4, on), b(5, K, N, LinearMode::FP4, off),
+        c(5, K, N, LinearMode::FP4, off);
+    a.bind(W.data(), dWa.data());
+    b.bind(W.data(), dWb.data());
+    c.bind(W.data(), dWc.data());
+    bool knob_changes_something = false;
+    for (int step = 1; step <= 2; ++step) {
+      // Inputs with low halves that BF16 rounding changes (RNE ties included).
+      auto X = randn(M * K, 50 + step), dY = randn(M * N, 60 + step, 1e-3f);
+      X[3] = std::bit_cast<float>(0x3F808000u);  // 1 + 2^-8 + …: a BF16 tie, rounds to even
+      const auto Xr = bf16_rounded(X), dYr = bf16_rounded(dY);
+      nn::StepContext ctx;
+      ctx.step = step;
+      ctx.seed = 11;
+      ctx.telemetry = step == 1;
+      std::vector<float> Ya(M * N), Yb(M * N), Yc(M * N), dXa(M * K, 0.f), dXb(M * K, 0.f),
+          dXc(M * K, 0.f);
+      a.forward(X.data(), Ya.data(), M, ctx);
+      b.forward(Xr.data(), Yb.data(), M, ctx);
+      c.forward(X.data(), Yc.data(), M, ctx);
+      a.backward(dY.data(), dXa.data(), M, ctx);
+      b.backward(dYr.data(), dXb.data(), M, ctx);
+      c.backward(dY.data(), dXc.data(), M, ctx);
+      EXPECT_TRUE(same_bits(Ya, Yb)) << "fprop, step " << step;
+      EXPECT_TRUE(same_bits(dXa, dXb)) << "dgrad, step " << step;
+      EXPECT_TRUE(same_bits(dWa, dWb)) << "wgrad, step " << step;
+      EXPECT_EQ(a.refs().g_x, b.refs().g_x);
+      EXPECT_EQ(a.refs().g_dy, b.refs().g_dy);
+      if (step == 1) {
+        ASSERT_TRUE(a.telemetry().valid);
+        for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o)
+          EXPECT_EQ(a.telemetry().op[o].rel_error, b.telemetry().op[o].rel_error) << o;
+      }
+      knob_changes_something |= !same_bits(Ya, Yc) || !same_bits(dWa, dWc);
+    }
+    EXPECT_TRUE(knob_changes_something) << "the knob had no effect on unrounded inputs";
+    // Inference forward (evaluation's quantized policies) rounds X too.
+    auto X = randn(M * K, 70);
+    const auto Xr = bf16_rounded(X);
+    nn::StepContext inf;
+    inf.training = false;
+    a.reset_inference();
+    b.reset_inference();
+    std::vector<float> Ya(M * N), Yb(M * N);
+    a.forward(X.data(), Ya.data(), M, inf);
+    b.forward(Xr.data(), Yb.data(), M, inf);
+    EXPECT_TRUE(same_bits(Ya, Yb)) << "inference fprop";
+  }
+}
+
+TEST(Linear, Bf16RhtEqualsItsReferenceComposition) {
+  // fp4.rht_precision = "bf16": wgrad = GEMM(q(rht16_rows_bf16(dYᵀ)), q(rht16_rows_bf16(Xᵀ))),
+  // with the references amax of the BF16-transformed tensors; fprop and dgrad untouched. Both
+  // GEMM modes, against their own GEMM called on the reference operands (bit for bit).
+  const int64_t M = 48, K = 40, N = 24;
+  for (const char* mode : {"decoded", "probe-matched"}) {
+    SCOPED_TRACE(mode);
+    Recipe r = fp4_recipe(ScaleFormat::E4M3, true, true, 1);
+    r.gemm = mode;
+    Recipe r32 = r;
+    r.rht_precision = RhtPrecision::BF16;
+    auto X = randn(M * K, 81), W = randn(N * K, 82, 0.1f), dY = randn(M * N, 83, 1e-3f);
+    std::vector<float> dW(N * K, 0.f), dW32(N * K, 0.f), Y(M * N), Y32(M * N), dX(M * K, 0.f),
+        dX32(M * K, 0.f);
+    nn::Linear lin(4, K, N, LinearMode::FP4, r), lin32(4, K, N, LinearMode::FP4, r32);
+    lin.bind(W.data(), dW.data());
+    lin32.bind(W.data(), dW32.data());
+    nn::StepContext ctx;
+    ctx.step = 2;
+    ctx.seed = 13;
+    lin.forward(X.data(), Y.data(), M, ctx);
+    lin.backward(dY.data(), dX.data(), M, ctx);
+    lin32.forward(X.data(), Y32.data(), M, ctx);
+    lin32.backward(dY.data(), dX32.data(), M, ctx);
+    EXPECT_TRUE(same_bits(Y, Y32)) << "fprop does not use the RHT";
+    EXPECT_TRUE(same_bits(dX, dX32)) << "dgrad does not use the RHT";
+    EXPECT_FALSE(same_bits(dW, dW32)) << "the BF16 RHT must change wgrad";
+
+    auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
+    rht16_rows_bf16(dYt.data(), N, M);
+    rht16_rows_bf16(Xt.data(), K, M);
+    const SrKey kw{13, 2, 4, 2, 2};
+    std::vector<float> ref(N * K, 0.f);
+    if (std::string(mode) == "decoded") {
+      const auto dYtq = qdq(dYt, N, M, r.spec_dy(), amax(dYt), &kw);
+      const auto Xtq = qdq(Xt, K, M, r.spec_x(), amax(Xt), nullptr);
+      sgemm(false, true, N, K, M, 1.f, dYtq.data(), M, Xtq.data(), M, 1.f, ref.data(), K);
+    } else {
+      std::vector<float> tmp(N * K);  // the Linear accumulates into the zeroed dW
+      probe_gemm(quantize_blocks(dYt.data(), N, M, r.spec_dy(), amax(dYt), &kw),
+                 quantize_blocks(Xt.data(), K, M, r.spec_x(), amax(Xt), nullptr), tmp.data());
+      for (int64_t i = 0; i < N * K; ++i) ref[i] += tmp[i];
+    }
+    EXPECT_TRUE(same_bits(dW, ref)) << "wgrad";
+  }
 }
 }  // namespace

@@ -1,4 +1,4 @@
-// Tests of the scalar reference FP4 numerics against shared/NUMERICS.md.
+// Tests of the scalar reference FP4 numerics against docs/numerics.md.
 // Expected values come from the contract, from hand calculation (worked in the comments) or
 // from independent slow references written here (grid enumeration in double, direct
 // Random123 calls, naive Hadamard products) — never from the code under test.
@@ -802,6 +802,76 @@ TEST(Rht, MatchesNaiveAndPreservesProducts) {
       }
     }
   }
+}
+
+/// RNE of a finite double onto BF16's 8 significant bits (normal range), written without the
+/// library's bit tricks: scale the value so that one BF16 ulp is 1 and use nearbyint (ties to
+/// even in the default rounding mode).
+static double bf16_rne_independent(double v) {
+  if (v == 0) return v;
+  const int e = std::ilogb(v);
+  return std::nearbyint(std::ldexp(v, 7 - e)) * std::ldexp(1.0, e - 7);
+}
+
+TEST(Rht, Bf16VariantMatchesItsDefinition) {
+  // Hand-computed: x = (1, 2^-8, 0, …), s_0 = s_1 = +1, H[1][j] = (−1)^(j & 1), so the exact
+  // transform is (1 ± 2^-8)/4. FP32 keeps it; BF16 rounds 1 + 2^-8 (a tie between 1 and
+  // 1 + 2^-7) to even, 1, and 1 − 2^-8 = 255/256 is a BF16 value.
+  std::vector<float> a(16, 0.f);
+  a[0] = 1.f;
+  a[1] = 0x1p-8f;
+  std::vector<float> b = a;
+  rht16_rows(a.data(), 1, 16);
+  rht16_rows_bf16(b.data(), 1, 16);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(a[j], j % 2 == 0 ? 0.25f + 0x1p-10f : 0.25f - 0x1p-10f) << j;
+    EXPECT_EQ(b[j], j % 2 == 0 ? 0.25f : 0.25f - 0x1p-10f) << j;
+  }
+  // Inputs are rounded first: 1 + 2^-10 → 1, and the tie 1 + 3·2^-8 → 1 + 2^-6 (even).
+  for (auto [in, rounded] : {std::pair<float, float>{1.f + 0x1p-10f, 1.f}, {1.f + 0x3p-8f, 1.f + 0x1p-6f}}) {
+    std::vector<float> c(16, 0.f);
+    c[0] = in;
+    rht16_rows_bf16(c.data(), 1, 16);
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(c[j], rounded * 0.25f) << in << " j " << j;
+  }
+  // Independent: inputs of magnitude [1, 256) (so every FP32 partial sum is exact), BF16-rounded
+  // by an independent rule, transformed exactly in double, rounded to BF16 the same way.
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  const int rows = 8, cols = 64;
+  std::vector<float> x(rows * cols);
+  for (auto& v : x)
+    v = rng() % 9 == 0 ? 0.f : (1.f + ud(rng)) * float(1 << (rng() % 8)) * ((rng() & 1) ? -1.f : 1.f);
+  std::vector<float> y = x;
+  rht16_rows_bf16(y.data(), rows, cols);
+  for (int r = 0; r < rows; ++r)
+    for (int c0 = 0; c0 < cols; c0 += 16)
+      for (int j = 0; j < 16; ++j) {
+        double acc = 0;
+        for (int i = 0; i < 16; ++i)
+          acc += bf16_rne_independent(x[r * cols + c0 + i]) * kRhtSigns[i] *
+                 (std::popcount(unsigned(i & j)) % 2 ? -1 : 1);
+        EXPECT_EQ(double(y[r * cols + c0 + j]), bf16_rne_independent(acc / 4))
+            << "row " << r << " col " << c0 + j;
+      }
+  // Any inputs (wide exponent spread, FP32 subnormals): exactly round_bf16 ∘ FP32 RHT ∘
+  // round_bf16, the stated order.
+  for (int kind = 0; kind < 6; ++kind) {
+    std::mt19937 r2(300 + kind);
+    std::vector<float> z = random_tensor(r2, kind, 4 * 48);
+    std::vector<float> want = z;
+    for (auto& v : want) v = round_bf16(v);
+    rht16_rows(want.data(), 4, 48);
+    for (auto& v : want) v = round_bf16(v);
+    rht16_rows_bf16(z.data(), 4, 48);
+    EXPECT_TRUE(same_bits(z, want)) << "kind " << kind;
+  }
+  std::vector<float> e(40, 1.f);
+  EXPECT_THROW(rht16_rows_bf16(e.data(), 2, 20), std::invalid_argument);
+  EXPECT_THROW(rht16_rows(e.data(), 1, 8, RhtPrecision::BF16), std::invalid_argument);
+  EXPECT_EQ(parse_rht_precision("bf16"), RhtPrecision::BF16);
+  EXPECT_EQ(std::string(rht_precision_name(parse_rht_precision("fp32"))), "fp32");
+  EXPECT_THROW(parse_rht_precision("fp16"), std::invalid_argument);
 }
 
 TEST(Rht, RejectsColsNotMultipleOf16) {

@@ -1,4 +1,4 @@
-// Tests of the probe-matched GEMM emulation (shared/NUMERICS.md "GEMM emulation").
+// Tests of the probe-matched GEMM emulation (docs/numerics.md "GEMM emulation").
 // The reference below is written independently of src/gemm/probe_gemm.cpp: it works from
 // the raw QuantizedTensor fields (e2m1_decode of each code, the 24-bit FP32 mantissa of each
 // block scale), forms every product as an exact dyadic term, decides every rounding by exact
@@ -451,7 +451,7 @@ TEST(ProbeGemmHand, AlphaAppliedAfterSnap) {
             0.0f);
 }
 
-// α (NUMERICS.md "GEMM emulation"): α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order.
+// α (docs/numerics.md "GEMM emulation"): α = g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order.
 TEST(ProbeGemmAlpha, IssueExampleGivesTheExactProduct) {
   // A = [3, 1 × 15], B = [7, 1 × 15], one row each, K = 16, ue5m3 blocks of 16, T = 448,
   // g = the current amax (what `fp4train gemm` does):

@@ -1,5 +1,5 @@
 // Bit-exact tests of the fast (SIMD + OpenMP) quantizers of quant_fast.h against their scalar
-// twins in block_quant.h / hadamard.h / philox.h (the contract, shared/NUMERICS.md). Every
+// twins in block_quant.h / hadamard.h / philox.h (the contract, docs/numerics.md). Every
 // comparison is a memcmp of the FP32 outputs, run on every SIMD target the CPU supports.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -668,5 +668,147 @@ TEST(QuantFast, MxRulesBitExact) {
           check_transposed(v, 96, 70, mx(rule, r, 32), ref_amax_rht(v, 96, 70), true,
                            name + " T RHT", 0);
         }
+  });
+}
+
+// ------------------------------------------------------------------------------------------
+// The BF16 RHT (recipe key fp4.rht_precision = "bf16", docs/numerics.md "Random Hadamard
+// transform"): the fused SIMD quantize-transpose and amax against the reference composition
+// t = xᵀ; rht16_rows_bf16(t); quantize_dequantize(t).
+
+namespace {
+
+std::vector<float> ref_transposed_bf16(const std::vector<float>& x, int64_t rows, int64_t cols,
+                                       const BlockQuantSpec& spec, float g, const SrKey* sr) {
+  std::vector<float> t(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
+  rht16_rows_bf16(t.data(), cols, rows);
+  quantize_dequantize(t.data(), cols, rows, spec, g, sr, t.data());
+  return t;
+}
+
+float ref_amax_rht_bf16(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> t(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
+  rht16_rows_bf16(t.data(), cols, rows);
+  return tensor_amax(t.data(), int64_t(t.size()));
+}
+
+/// Inputs aimed at the BF16 roundings: FP32 values whose low 16 bits are BF16 ties (0x8000),
+/// just below or above a tie, zero or random, over a wide exponent range (FP32 subnormals
+/// included); and whole 16-token chunks a·(1, 2^-8, 0, …) (with random signs and positions),
+/// whose transform lands exactly on BF16 midpoints (1 ± 2^-8), so the output rounding's ties
+/// are hit, plus chunks of ±0 and −0.
+std::vector<float> bf16_adversarial(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> x(size_t(rows * cols));
+  const uint32_t lows[] = {0x8000u, 0x7FFFu, 0x8001u, 0x0000u, 0xFFFFu};
+  for (auto& v : x) {
+    const uint32_t sign = (rng() & 1u) << 31;
+    const uint32_t field = 1 + rng() % 240;  // 2^-126 .. 2^113 (no overflow after the RHT)
+    const uint32_t hi7 = rng() & 0x7Fu;
+    const uint32_t low = rng() % 3 == 0 ? (rng() & 0xFFFFu) : lows[rng() % 5];
+    uint32_t b = sign | (field << 23) | (hi7 << 16) | low;
+    if (rng() % 20 == 0) b = sign | (rng() & 0xFFFFFu);  // FP32 subnormal
+    v = std::bit_cast<float>(b);
+  }
+  // Column c, token chunk [16k, 16k + 16): structured chunks on every third (c, k).
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t k = 0; k < rows / 16; ++k) {
+      const uint32_t pick = rng() % 6;
+      if (pick > 1) continue;
+      const float a = std::ldexp(1.f, int(rng() % 60) - 30) * ((rng() & 1) ? -1.f : 1.f);
+      for (int i = 0; i < 16; ++i) x[size_t((16 * k + i) * cols + c)] = pick == 1 ? -0.f : 0.f;
+      if (pick == 0) {
+        const int p = int(rng() % 16), q = int((p + 1 + rng() % 15) % 16);
+        x[size_t((16 * k + p) * cols + c)] = a;
+        x[size_t((16 * k + q) * cols + c)] = a * std::ldexp(1.f, -8) * ((rng() & 1) ? -1.f : 1.f);
+      }
+    }
+  return x;
+}
+
+}  // namespace
+
+TEST(QuantFast, Bf16RhtBitExact) {
+  struct Shape {
+    int64_t rows, cols;
+    int block;
+  };
+  // Fused path (block 16 or 32, ragged column counts) and the composed slow paths (block 8,
+  // block 48: chunks straddle blocks; 2-D tiles of xᵀ).
+  const Shape shapes[] = {{256, 64, 16}, {512, 37, 16}, {256, 130, 32}, {96, 70, 8}, {96, 70, 48}};
+  struct Case {
+    std::vector<float> x;
+    Shape sh;
+    BlockQuantSpec spec;
+    float g;
+    std::vector<float> want;
+    float want_amax;
+  };
+  std::vector<Case> cases;
+  int k = 0;
+  for (ScaleFormat f : kFormats)
+    for (Rounding r : kRoundings)
+      for (int dist = 0; dist < 5; ++dist) {
+        const Shape sh = shapes[k % 5];
+        Case c;
+        c.sh = sh;
+        c.x = dist < 4 ? make_data(kDists[dist], size_t(sh.rows * sh.cols), 7100 + k)
+                       : bf16_adversarial(sh.rows, sh.cols, 7100 + k);
+        c.spec = make_spec(f, r, sh.block, k % 7 == 6);
+        c.want_amax = ref_amax_rht_bf16(c.x, sh.rows, sh.cols);
+        const float gmul[] = {1.f, 1.f, 1e-3f, 1e3f};
+        c.g = std::min(c.want_amax * gmul[(k / 5) % 4], FLT_MAX);
+        c.want = ref_transposed_bf16(c.x, sh.rows, sh.cols, c.spec, c.g,
+                                     r == Rounding::SR8 ? &kKey : nullptr);
+        cases.push_back(std::move(c));
+        ++k;
+      }
+  // The BF16 variant is a different function: on these inputs it must differ from the FP32 one.
+  size_t differs = 0;
+  for (const Case& c : cases)
+    differs += ref_transposed(c.x, c.sh.rows, c.sh.cols, c.spec, c.g,
+                              c.spec.rounding == Rounding::SR8 ? &kKey : nullptr, true) != c.want;
+  EXPECT_GT(differs, cases.size() / 2);
+  for_each_target([&](const std::string&) {
+    size_t n = 0;
+    for (const Case& c : cases) {
+      const size_t offsets[] = {0, 4, 1, 15, 8};
+      AlignedOut out(c.x.size(), offsets[n++ % 5]);
+      quantize_dequantize_transposed_fast(c.x.data(), c.sh.rows, c.sh.cols, c.spec, c.g,
+                                          c.spec.rounding == Rounding::SR8 ? &kKey : nullptr, true,
+                                          RhtPrecision::BF16, out.data());
+      const std::vector<float> got = out.vec();
+      EXPECT_BITS_EQ(got, c.want, spec_str(c.spec) << " BF16 RHT [" << c.sh.rows << ", "
+                                                   << c.sh.cols << "] g=" << c.g);
+      EXPECT_EQ(std::bit_cast<uint32_t>(amax_rht16_transposed(c.x.data(), c.sh.rows, c.sh.cols,
+                                                              RhtPrecision::BF16)),
+                std::bit_cast<uint32_t>(c.want_amax))
+          << "amax [" << c.sh.rows << ", " << c.sh.cols << "]";
+    }
+    // The FP32 precision of the new overloads is the old function, bit for bit.
+    const Case& c = cases[0];
+    AlignedOut a(c.x.size()), b(c.x.size());
+    quantize_dequantize_transposed_fast(c.x.data(), c.sh.rows, c.sh.cols, c.spec, c.g, &kKey, true,
+                                        RhtPrecision::FP32, a.data());
+    quantize_dequantize_transposed_fast(c.x.data(), c.sh.rows, c.sh.cols, c.spec, c.g, &kKey, true,
+                                        b.data());
+    EXPECT_BITS_EQ(a.vec(), b.vec(), "FP32 overload");
+    EXPECT_EQ(amax_rht16_transposed(c.x.data(), c.sh.rows, c.sh.cols, RhtPrecision::FP32),
+              amax_rht16_transposed(c.x.data(), c.sh.rows, c.sh.cols));
+    // Errors as the FP32 RHT: tokens not a multiple of 16; an input that rounds to BF16 Inf.
+    const std::vector<float> bad(15 * 4, 1.f);
+    EXPECT_THROW(amax_rht16_transposed(bad.data(), 15, 4, RhtPrecision::BF16), std::invalid_argument);
+    std::vector<float> big(16 * 4, 1.f);
+    big[5] = FLT_MAX;  // finite in FP32, +Inf in BF16
+    EXPECT_THROW(amax_rht16_transposed(big.data(), 16, 4, RhtPrecision::BF16), NonFiniteError);
+    AlignedOut o(big.size());
+    EXPECT_THROW(quantize_dequantize_transposed_fast(big.data(), 16, 4,
+                                                     make_spec(ScaleFormat::E4M3, Rounding::RNE),
+                                                     1.f, nullptr, true, RhtPrecision::BF16, o.data()),
+                 NonFiniteError);
   });
 }

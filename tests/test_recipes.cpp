@@ -1,4 +1,4 @@
-// Recipes of NUMERICS.md "Recipes" as files: every shipped recipe parses and trains; the new
+// Recipes of docs/numerics.md "Recipes" as files: every shipped recipe parses and trains; the new
 // recipes' Linear equals an independent quantize-then-GEMM; high-precision rules combine as a
 // union; [[override]] changes exactly the GEMM / operand / linears it names (the paper's
 // T = 2048 for wgrad dY of the final mlp.down linears); strict errors name the file and key.
@@ -597,4 +597,55 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
   sgemm(false, false, M, K, N, 1.f, a.data(), N, b.data(), K, 1.f, want.data(), K);
   EXPECT_EQ(0, std::memcmp(dX[1].data(), want.data(), want.size() * sizeof(float)));
   EXPECT_NE(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float)));
+}
+
+// ------------------------------------------------------------------- fidelity knobs (issue 10 §4)
+
+#include "fp4/checkpoint.h"
+
+TEST(RecipeFidelityKnobs, ParseValidateAndRoundTrip) {
+  // Off by default, and then absent from the resolved recipe text, so every earlier run's
+  // recipe.toml (and checkpoint copy) still matches byte for byte.
+  const Recipe d = recipe_from_text(kBase, "base");
+  EXPECT_FALSE(d.bf16_boundary);
+  EXPECT_EQ(d.rht_precision, RhtPrecision::FP32);
+  for (const auto& e : fs::directory_iterator(kDir)) {
+    const std::string t = recipe_to_toml(load_recipe_file(e.path()));
+    EXPECT_EQ(t.find("bf16_boundary"), std::string::npos) << e.path();
+    EXPECT_EQ(t.find("rht_precision"), std::string::npos) << e.path();
+  }
+  // Set: parsed, written back, re-read to the same recipe.
+  const Recipe r = recipe_from_text(
+      std::string(kBase) + "rht_wgrad = true\nrht_precision = \"bf16\"\nbf16_boundary = true\n", "on");
+  EXPECT_TRUE(r.bf16_boundary);
+  EXPECT_EQ(r.rht_precision, RhtPrecision::BF16);
+  const std::string t = recipe_to_toml(r);
+  EXPECT_NE(t.find("rht_precision = \"bf16\""), std::string::npos) << t;
+  EXPECT_NE(t.find("bf16_boundary = true"), std::string::npos) << t;
+  const Recipe back = recipe_from_text(t, "back");
+  EXPECT_TRUE(back.bf16_boundary);
+  EXPECT_EQ(back.rht_precision, RhtPrecision::BF16);
+  EXPECT_EQ(recipe_to_toml(back), t);
+  const Recipe explicit_off = recipe_from_text(
+      std::string(kBase) + "rht_precision = \"fp32\"\nbf16_boundary = false\n", "off");
+  EXPECT_EQ(recipe_to_toml(explicit_off), recipe_to_toml(d));
+  // Bad values name the key (and the value where there is one).
+  struct Case {
+    const char* body;
+    const char* key;
+    const char* detail;
+  } cases[] = {
+      {"rht_wgrad = true\nrht_precision = \"fp16\"\n", "'fp4.rht_precision'", "fp16"},
+      {"rht_precision = \"bf16\"\n", "'fp4.rht_precision'", "rht_wgrad"},
+      {"rht_wgrad = true\nrht_precision = 16\n", "'fp4.rht_precision'", ""},
+      {"bf16_boundary = \"yes\"\n", "'fp4.bf16_boundary'", ""},
+      {"bf16_boundry = true\n", "'fp4.bf16_boundry'", ""},
+  };
+  for (const Case& c : cases) {
+    const std::string e =
+        error_of([&] { recipe_from_text(std::string(kBase) + c.body, "bad.toml"); });
+    EXPECT_NE(e.find("bad.toml"), std::string::npos) << c.body << " -> " << e;
+    EXPECT_NE(e.find(c.key), std::string::npos) << c.body << " -> " << e;
+    EXPECT_NE(e.find(c.detail), std::string::npos) << c.body << " -> " << e;
+  }
 }

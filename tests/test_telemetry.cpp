@@ -1,4 +1,4 @@
-// Numerics telemetry against hand-computed statistics (NUMERICS.md "Quantizing one operand").
+// Numerics telemetry against hand-computed statistics (docs/numerics.md "Quantizing one operand").
 #include <gtest/gtest.h>
 
 #include <cmath>

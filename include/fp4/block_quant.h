@@ -2,7 +2,7 @@
 // format, docs/formats.md), one 8-bit block scale per block (1-D blocks along the contraction
 // dim or 2-D tiles for weights), one FP32 tensor scale from a tensor reference amax g — or,
 // with the MXFP4 scale rules, power-of-two block scales and no tensor scale.
-// Contract: shared/NUMERICS.md "Quantizing one operand" (exact FP32 operation order).
+// Contract: docs/numerics.md "Quantizing one operand" (exact FP32 operation order).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,10 +14,10 @@
 
 namespace fp4 {
 
-/// How the block scales c_b are chosen (NUMERICS.md "Quantizing one operand").
+/// How the block scales c_b are chosen (docs/numerics.md "Quantizing one operand").
 ///  * TensorScaled (default, "tensor-scaled"): the contract's steps with tensor scale
 ///    ge = (T·emax)/g and c_b = RNE_scale(min(a_b·(ge·fl(1/emax)), scale_max)), emax = the
-///    element format's max (E2M1: 6, exactly as NUMERICS.md).
+///    element format's max (E2M1: 6, exactly as docs/numerics.md).
 ///  * MxTe ("mx-te"): MXFP4 as Transformer Engine computes it: no tensor scale (ge = gd = 1),
 ///    c_b = 2^ceil(log2(a_b/emax)), the smallest power of two with a_b/c_b ≤ emax, so no
 ///    element clips.
@@ -120,7 +120,7 @@ void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const Block
                          float g, const SrKey* sr, float* out);
 
 /// Tensor reference of one (layer, role): current amax (D = 1) or periodic sample-and-hold
-/// (NUMERICS.md "Tensor reference g"). At 1-based step t the held value is refreshed iff
+/// (docs/numerics.md "Tensor reference g"). At 1-based step t the held value is refreshed iff
 /// the cache is empty or t − t_last ≥ D; several calls within one step reuse that step's value.
 class TensorReference {
  public:

@@ -1,5 +1,5 @@
 // Training checkpoints: everything a run needs to continue bit for bit, in one safetensors
-// file (DESIGN.md "Checkpoints are safetensors files"), written atomically.
+// file (docs/design.md "Conventions"), written atomically.
 //
 // Layout of a run directory:
 //   <run>/checkpoints/step_<8-digit step>.safetensors   one per save, newest kept (keep_last)
@@ -16,7 +16,7 @@
 
 namespace fp4 {
 
-/// One held tensor reference (NUMERICS.md "Tensor reference g") of one Linear and role.
+/// One held tensor reference (docs/numerics.md "Tensor reference g") of one Linear and role.
 struct HeldReference {
   std::string linear;  ///< Model::linear_name, e.g. "blocks.2.mlp.down"
   int role = 0;        ///< fp4::nn::Role as int (X=0, W=1, DY=2, XT_RHT=3, DYT_RHT=4)

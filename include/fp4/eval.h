@@ -1,5 +1,5 @@
 // Held-out NLL under quantized inference: the four inference reference policies of
-// README "Quantized inference evaluation" (NUMERICS.md "Tensor reference g", issue 4 §3),
+// README "Quantized inference evaluation" (docs/numerics.md "Tensor reference g", issue 4 §3),
 // nats per token and bits per byte.
 //
 // With every policy except `none`, the recipe's forward quantization (fprop X and W of every

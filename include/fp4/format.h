@@ -2,7 +2,7 @@
 // formats UE5M3 (paper and PTX conventions), E4M3 (fn) and UE8M0; plus a registry of named
 // and spelled small floats ([u]e<E>m<M>) and integer element grids (int4, int4-sym), with
 // encode/decode/round for any of them through the same rounding algorithm.
-// Contract: shared/NUMERICS.md, sections "Formats" and "Rounding a magnitude"; the formats
+// Contract: docs/numerics.md, sections "Formats" and "Rounding a magnitude"; the formats
 // beyond the contract's four: docs/formats.md.
 #pragma once
 #include <bit>
@@ -15,7 +15,7 @@ namespace fp4 {
 
 /// Rounding mode of a cast to a small format. RNE: round to nearest, ties to even.
 /// SR8: the published 8-bit midpoint stochastic rounding, up = δ + (2r+1)/512 ≥ 1 with
-/// r ∈ {0..255} (NUMERICS.md "Rounding a magnitude").
+/// r ∈ {0..255} (docs/numerics.md "Rounding a magnitude").
 enum class Rounding { RNE, SR8 };
 
 /// Block-scale formats. UE5M3 is the paper's convention (max 61440 = code 0xF7, exponent
@@ -101,7 +101,7 @@ bool scale_format_of(const FloatFormat& fmt, ScaleFormat* out);
 /// gives the negative (−0 for a zero magnitude). Throws std::invalid_argument for a code
 /// ≥ 2^bits() or a reserved code (magnitude above max_code()).
 float format_decode(uint8_t code, const FloatFormat& fmt);
-/// Round any finite FP32 x onto `fmt` (NUMERICS.md "Rounding a magnitude": RNE or SR8 with
+/// Round any finite FP32 x onto `fmt` (docs/numerics.md "Rounding a magnitude": RNE or SR8 with
 /// random byte r, saturating to ±max_finite, sign reapplied; ±Inf saturate). Returns the
 /// value (−0 for negative inputs rounding to zero). Throws std::invalid_argument for NaN and
 /// for negative values (other than −0) in an unsigned format.
@@ -151,7 +151,7 @@ ElementFormat parse_element_format(const std::string& name);
 /// (≥ 2^bits(), reserved float codes, or integers outside [int_min, int_max]).
 float element_decode(uint8_t code, const ElementFormat& ef);
 /// Round x (finite) onto the element grid and encode it: floats as format_encode; integers
-/// round |x| to an integer (RNE: ties to even; SR8 as NUMERICS.md with ulp 1), saturate to
+/// round |x| to an integer (RNE: ties to even; SR8 as docs/numerics.md with ulp 1), saturate to
 /// int_max (x ≥ 0) or −int_min (x < 0), reapply the sign (no −0: zero is code 0).
 /// Throws std::invalid_argument for NaN.
 uint8_t element_encode(float x, const ElementFormat& ef, Rounding mode, uint8_t r = 0);
@@ -164,7 +164,7 @@ ScaleFormat parse_scale_format(const std::string& s);
 const char* scale_format_name(ScaleFormat f);
 
 /// Round a magnitude a ≥ 0 (finite) onto the grid of `fmt` in FP32 arithmetic exactly as
-/// NUMERICS.md "Rounding a magnitude": subnormal floor, RNE or SR8 with random byte `r`,
+/// docs/numerics.md "Rounding a magnitude": subnormal floor, RNE or SR8 with random byte `r`,
 /// saturation to fmt.max_finite. Returns the rounded value (≥ 0). For UE8M0 (no fraction
 /// bits, no subnormals) the result is a power of two in [2^-127, 2^127] or 0: its exponent
 /// floor is −bias = −127 (field 0 is the normal 2^-127), not 1 − bias, and its RNE tie
@@ -205,7 +205,7 @@ inline float pow2f(int k) {
   return std::bit_cast<float>(k >= -126 ? normal : subnormal);
 }
 
-/// Exponent floor of the rounding rule for `fmt`: 1 − bias (NUMERICS.md's subnormal floor)
+/// Exponent floor of the rounding rule for `fmt`: 1 − bias (docs/numerics.md's subnormal floor)
 /// for formats with subnormals; −bias for UE8M0, whose exponent field 0 is the normal value
 /// 2^−127 (no fraction bits, no subnormals), so that its whole range [2^−127, 2^127] is reachable.
 inline int rounding_emin(const FloatFormat& fmt) { return fmt.subnormals ? 1 - fmt.bias : -fmt.bias; }
@@ -213,7 +213,7 @@ inline int rounding_emin(const FloatFormat& fmt) { return fmt.subnormals ? 1 - f
 /// (2r+1)/512 for r in 0..255: the SR8 offsets (exact in FP32).
 inline float sr8_offset(uint8_t r) { return static_cast<float>(2 * int(r) + 1) * (1.0f / 512.0f); }
 
-/// The algorithm of NUMERICS.md "Rounding a magnitude", spelled out for the hot paths;
+/// The algorithm of docs/numerics.md "Rounding a magnitude", spelled out for the hot paths;
 /// fp4::round_magnitude is this function with the parameters of a FloatFormat.
 ///   a          value whose magnitude |a| is rounded (the sign bit is ignored, so callers
 ///              may pass x·e_b directly); ±Inf saturates like any value ≥ max_finite.

@@ -6,7 +6,7 @@
 //   dequantize_fast(t, out)                ==  dequantize(t, out)              (FP32)
 //   dequantize_bf16_fast(t, out)           ==  round_bf16(dequantize(t)), as BF16 bit patterns
 //
-// Contract: shared/NUMERICS.md "Formats" (E2M1 codes, two per byte, even element in the low
+// Contract: docs/numerics.md "Formats" (E2M1 codes, two per byte, even element in the low
 // nibble; scale codes), "Quantizing one operand" (exact FP32 operation order) and "Rounding a
 // magnitude" (RNE and the 8-bit SR rule). tests/test_pack_fast.cpp compares every kernel with
 // its twin by memcmp, on every SIMD target (quant_fast_use_target selects the target for these
@@ -50,13 +50,13 @@ QTensor quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const Blo
 void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                         float g, const SrKey* sr, QTensor& out);
 
-/// The wgrad quantize-transpose into a packed QTensor (NUMERICS.md "Notation": dYᵀ and Xᵀ,
+/// The wgrad quantize-transpose into a packed QTensor (docs/numerics.md "Notation": dYᵀ and Xᵀ,
 /// blocks along tokens). x is [rows, cols] (rows = tokens M); the result is the [cols, rows]
 /// QTensor, bit-identical to
 ///     t = xᵀ [cols, rows];  if (rht) rht16_rows(t, cols, rows);
 ///     pack(quantize_blocks(t, cols, rows, spec, g, sr), facts)
 /// (the composition quantize_dequantize_transposed_fast also matches): blocks of spec.block
-/// run along the ORIGINAL rows; the optional 16-point RHT (NUMERICS.md "Random Hadamard
+/// run along the ORIGINAL rows; the optional 16-point RHT (docs/numerics.md "Random Hadamard
 /// transform") acts on 16-long chunks along them; SR8 element (c, r) of xᵀ uses
 /// sr_byte(*sr, c·rows + r). g is the reference of the operand as quantized (with rht: the amax
 /// of the transformed tensor, e.g. amax_rht16_transposed). One pass over x, in panels of 128
@@ -80,7 +80,7 @@ void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                    QTensor& out);
 
 /// x̂ [t.rows, t.cols] (row-major FP32) = e2m1_decode(code) · (scale_decode(scale code) ·
-/// decode_scale): bit-identical to dequantize(t, out) (qtensor.h; NUMERICS.md "Quantizing one
+/// decode_scale): bit-identical to dequantize(t, out) (qtensor.h; docs/numerics.md "Quantizing one
 /// operand", x̂ = q · d_b). Parallel over rows; bits do not depend on the thread count.
 /// Throws std::invalid_argument (before writing anything) if the QTensor is inconsistent
 /// (negative shape, block ≤ 0, packed or scale_codes of the wrong size — the scalar twin does

@@ -1,5 +1,5 @@
 // Counter-based random bits for stochastic rounding (Random123 Philox4x32-10, the
-// generator cuRAND uses). NUMERICS.md: random bits keyed by (seed, step, layer, operand,
+// generator cuRAND uses). docs/numerics.md: random bits keyed by (seed, step, layer, operand,
 // GEMM, element), so results do not depend on thread count or scheduling.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Quantized GEMM emulation: C [M, N] = A [M, K] · B [N, K]ᵀ for two block-scaled FP4 operands
-// quantized along K (the contraction dim), in the two modes of shared/NUMERICS.md
+// quantized along K (the contraction dim), in the two modes of docs/numerics.md
 // "GEMM emulation":
 //
 //  * decoded (training default): dequantize both operands to FP32 (x̂ = q·d_b, d_b = c_b·gd)

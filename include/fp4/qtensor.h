@@ -1,7 +1,7 @@
 // Packed FP4 tensors: two E2M1 codes per byte (even element in the low nibble), one 8-bit
 // scale code per block, one FP32 tensor decode scale; saved as safetensors so Python tools
 // can open them. Storage is 4.5 bits per element for block 16 (plus 4 bytes per tensor).
-// Contract: NUMERICS.md "Formats" (packing) and "Quantizing one operand" (x̂ = q · c_b · gd).
+// Contract: docs/numerics.md "Formats" (packing) and "Quantizing one operand" (x̂ = q · c_b · gd).
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -2,7 +2,7 @@
 //
 // Every function here is bit-identical to a composition of the scalar reference functions
 // (named in each docstring) for every input, including the errors it throws; the scalar code is
-// the contract (shared/NUMERICS.md "Quantizing one operand", "Rounding a magnitude", "Random
+// the contract (docs/numerics.md "Quantizing one operand", "Rounding a magnitude", "Random
 // Hadamard transform") and tests/test_quant_fast.cpp compares the two with memcmp.
 //
 // Implementation: Google Highway, compiled for several x86 targets (AVX-512 "AVX3", AVX2, SSE4,
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fp4/block_quant.h"
+#include "fp4/hadamard.h"
 #include "fp4/philox.h"
 
 namespace fp4 {
@@ -33,7 +34,7 @@ namespace fp4 {
 float amax_fast(const float* x, int64_t n);
 
 /// Fused quantize → dequantize of x [rows, cols] (row-major FP32) into out [rows, cols]:
-/// bit-identical to quantize_dequantize(x, rows, cols, spec, g, sr, out) (NUMERICS.md
+/// bit-identical to quantize_dequantize(x, rows, cols, spec, g, sr, out) (docs/numerics.md
 /// "Quantizing one operand"): 1-D blocks of spec.block along cols (fprop X and W, dgrad dY), or
 /// spec.block × spec.block tiles when spec.two_d (weights). SR8 element (i, j) uses
 /// sr_byte(*sr, i·cols + j). out may alias x exactly (not partially).
@@ -45,12 +46,12 @@ float amax_fast(const float* x, int64_t n);
 void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
                               const BlockQuantSpec& spec, float g, const SrKey* sr, float* out);
 
-/// The wgrad quantize-transpose (NUMERICS.md "Notation": dYᵀ and Xᵀ, blocks along tokens):
+/// The wgrad quantize-transpose (docs/numerics.md "Notation": dYᵀ and Xᵀ, blocks along tokens):
 /// x is [rows, cols] (rows = tokens M), out is [cols, rows] and equals, bit for bit,
 ///     t = xᵀ [cols, rows];  if (rht) rht16_rows(t, cols, rows);
 ///     quantize_dequantize(t, cols, rows, spec, g, sr, out);
 /// i.e. blocks of spec.block run along the ORIGINAL rows, the optional 16-point RHT
-/// (NUMERICS.md "Random Hadamard transform") acts on each 16-long chunk along the original rows
+/// (docs/numerics.md "Random Hadamard transform") acts on each 16-long chunk along the original rows
 /// before quantization, and SR8 element (c, r) of xᵀ uses sr_byte(*sr, c·rows + r).
 /// g is the caller's tensor reference of the operand as quantized: with rht it must be the
 /// amax of the TRANSFORMED tensor (held or current), e.g. amax_rht16_transposed(x, rows, cols)
@@ -64,6 +65,14 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, float* out);
+/// The same with the RHT's arithmetic chosen by `precision` (recipe key fp4.rht_precision):
+/// RhtPrecision::FP32 is the function above; RhtPrecision::BF16 replaces rht16_rows by
+/// rht16_rows_bf16 in the reference composition (inputs and outputs of the transform rounded to
+/// BF16, docs/numerics.md "Random Hadamard transform"), fused into the SIMD kernel and
+/// bit-identical to that composition on every target. Ignored without rht. Same errors.
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, RhtPrecision precision, float* out);
 
 /// max |RHT16(xᵀ)| for x [rows, cols]: the same value as
 /// tensor_amax(rht16_rows(xᵀ [cols, rows])), without materialising the transpose (the RHT of
@@ -71,6 +80,9 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
 /// of an RHT wgrad operand. Throws std::invalid_argument if rows % 16 != 0 or a shape is
 /// negative; NonFiniteError if x or its transform holds NaN/Inf.
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols);
+/// The same for the RHT of `precision`: with RhtPrecision::BF16 the value of
+/// tensor_amax(rht16_rows_bf16(xᵀ)). Same errors.
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision);
 
 /// Whether quantize_dequantize_fast / quantize_dequantize_transposed_fast run the SIMD path
 /// for this spec (true for E2M1 elements with UE5M3, UE5M3-PTX, E4M3, UE8M0 scales under the

@@ -1,4 +1,4 @@
-// A training recipe is plain data: every knob of NUMERICS.md's recipe table, parsed from a
+// A training recipe is plain data: every knob of docs/numerics.md's recipe table, parsed from a
 // TOML file in configs/recipes/, so new recipes need no code changes.
 #pragma once
 #include <filesystem>
@@ -7,6 +7,7 @@
 
 #include "fp4/block_quant.h"
 #include "fp4/format.h"
+#include "fp4/hadamard.h"
 #include "fp4/settings.h"
 
 namespace fp4 {
@@ -15,11 +16,11 @@ namespace fp4 {
 enum class LinearMode {
   FP32,  ///< unquantized reference
   BF16,  ///< operands rounded to BF16 (RNE), FP32 accumulation
-  FP4,   ///< E2M1 elements with block scales (NUMERICS.md "Quantizing one operand")
+  FP4,   ///< E2M1 elements with block scales (docs/numerics.md "Quantizing one operand")
 };
 const char* linear_mode_name(LinearMode m);
 
-/// The three GEMMs of a linear layer (NUMERICS.md "Notation"): fprop Y = X·Wᵀ, dgrad
+/// The three GEMMs of a linear layer (docs/numerics.md "Notation"): fprop Y = X·Wᵀ, dgrad
 /// dX = dY·W, wgrad dW = dYᵀ·X. Recipe names "fprop", "dgrad", "wgrad".
 enum class Gemm { Fprop = 0, Dgrad = 1, Wgrad = 2 };
 /// The three quantized operands: activation X, weight W, upstream gradient dY. Recipe names
@@ -67,7 +68,7 @@ struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
-  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (NUMERICS.md)
+  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md)
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
@@ -86,6 +87,13 @@ struct Recipe {
   float scale_target = 448.f;  ///< T
   int amax_interval = 1;       ///< D: 1 = current scaling, 50 = periodic sample-and-hold
   bool rht_wgrad = false;      ///< 16-point RHT on the two wgrad operands (NVFP4)
+  /// [fp4] rht_precision = "fp32" (default: rht16_rows) | "bf16" (rht16_rows_bf16, the
+  /// reference implementation's BF16 matmul with BF16 output); "bf16" needs rht_wgrad.
+  RhtPrecision rht_precision = RhtPrecision::FP32;
+  /// [fp4] bf16_boundary: every FP4 linear rounds X (forward) and dY (backward) to BF16 (RNE)
+  /// and uses the rounded copy for the amax and every quantization of that operand, as the
+  /// paper's BF16-activation runs do (docs/numerics.md "BF16 boundary"). Default false.
+  bool bf16_boundary = false;
   Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
@@ -124,7 +132,7 @@ struct Recipe {
 
 /// The resolved quantization of one linear layer: its mode and the block-quantization spec of
 /// every (GEMM, operand) pair it quantizes, after [high_precision] and [[override]].
-/// The dY reference g is still one per layer, shared by dgrad and wgrad (NUMERICS.md "Tensor
+/// The dY reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
 /// reference"); specs may differ only in what the quantization does with it (T, rounding).
 struct LinearPlan {
   LinearMode mode = LinearMode::FP32;

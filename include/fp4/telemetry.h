@@ -1,5 +1,5 @@
 // Numerics telemetry of one quantized operand: why a recipe is stable or not.
-// Issue 3 §5; definitions follow NUMERICS.md "Quantizing one operand" and "Tensor reference g".
+// Issue 3 §5; definitions follow docs/numerics.md "Quantizing one operand" and "Tensor reference g".
 #pragma once
 #include <cstdint>
 

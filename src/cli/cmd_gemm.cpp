@@ -1,6 +1,6 @@
 // `fp4train gemm A.txt B.txt`: quantize two matrices read as text along their shared K
 // dimension and print the emulated FP4 product C = A·Bᵀ (probe-matched or decoded mode,
-// NUMERICS.md "GEMM emulation"), so users can compare it with their own hardware's output.
+// docs/numerics.md "GEMM emulation"), so users can compare it with their own hardware's output.
 #include <cctype>
 #include <cfloat>
 #include <charconv>
@@ -231,7 +231,7 @@ void register_gemm(CLI::App& app) {
       "C = A·Bᵀ. Files are text, one row per line, whitespace-separated numbers; A is [M, K] and\n"
       "B is [N, K] (each row of B is one output column, as the weight of a linear layer), so\n"
       "C is [M, N], printed one row per line (%.9g) or as JSON with --json.\n"
-      "Modes (NUMERICS.md \"GEMM emulation\", docs/gemm.md): probe-matched (default here) models\n"
+      "Modes (docs/numerics.md \"GEMM emulation\", docs/gemm.md): probe-matched (default here) models\n"
       "the native FP4 GEMM: products q·c_b, exact 64-long chunk sums rounded once to FP32,\n"
       "round-toward-zero accumulation, 1/1024 snap, times gd_a·gd_b; decoded dequantizes both\n"
       "operands to FP32 and runs an FP32 GEMM. Each --X option applies to both operands unless\n"

@@ -1,5 +1,5 @@
 // `fp4train quant [FILE]`: quantize a small matrix read as text and print every step of
-// NUMERICS.md "Quantizing one operand" as JSON (tensor scales, block scales, element codes,
+// docs/numerics.md "Quantizing one operand" as JSON (tensor scales, block scales, element codes,
 // dequantized values). Meant for inspecting and cross-checking the numerics by hand.
 // Element formats, scale formats and scale rules are chosen by name (docs/formats.md).
 #include <cctype>
@@ -186,7 +186,7 @@ void register_quant(CLI::App& app) {
       "quant",
       "Quantize a matrix (text: one row per line, whitespace-separated numbers) with block-scaled\n"
       "FP4 and print tensor scales, block scales, element codes and dequantized values as JSON.\n"
-      "Block \"row\"/\"col\" are block-grid indices. Contract: NUMERICS.md \"Quantizing one operand\".");
+      "Block \"row\"/\"col\" are block-grid indices. Contract: docs/numerics.md \"Quantizing one operand\".");
   sub->add_option("file", opts->file, "Input file ('-' or omitted: stdin)");
   sub->add_option("--scale-format", opts->scale_format,
                   "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0, ue4m3, or a spelled "

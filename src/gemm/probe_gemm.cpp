@@ -1,5 +1,5 @@
 // Quantized GEMM emulation: decoded (dequantize + FP32 sgemm) and probe-matched (the native
-// FP4 GEMM's chunked arithmetic, bit-exact). Contract: shared/NUMERICS.md "GEMM emulation";
+// FP4 GEMM's chunked arithmetic, bit-exact). Contract: docs/numerics.md "GEMM emulation";
 // rules and exactness arguments restated in include/fp4/probe_gemm.h and docs/gemm.md.
 //
 // How the probe-matched result is computed exactly and fast

@@ -1,4 +1,4 @@
-// Quantized Linear: fprop, dgrad, wgrad per NUMERICS.md: decoded-operand FP32 GEMMs (FP4),
+// Quantized Linear: fprop, dgrad, wgrad per docs/numerics.md: decoded-operand FP32 GEMMs (FP4),
 // native BF16 GEMMs (BF16 mode), FP32 GEMMs (FP32).
 #include "fp4/nn/linear.h"
 
@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "fp4/bf16.h"
+#include "fp4/format.h"
 #include "fp4/gemm.h"
 #include "fp4/hadamard.h"
 #include "fp4/probe_gemm.h"
@@ -45,7 +46,7 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
         for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
     }
 }
-// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (NUMERICS.md "GEMM emulation"): A [ra, k] and
+// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (docs/numerics.md "GEMM emulation"): A [ra, k] and
 // B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
 void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
                    const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
@@ -68,6 +69,13 @@ bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
          a.element.fp == b.element.fp && a.element.int_min == b.element.int_min &&
          a.element.int_max == b.element.int_max &&
          a.scale_rule == b.scale_rule && a.scale_desc == b.scale_desc;
+}
+
+// out[i] = round_bf16(in[i]) for i < n (the recipe's BF16 boundary, docs/numerics.md "BF16
+// boundary"): elementwise, so any thread count gives the same bits.
+void round_bf16_into(const float* in, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(bf16_bits(in[i]));  // = round_bf16
 }
 
 // Whether a spec's quantizer reads the tensor reference g (the MX scale rules do not).
@@ -105,7 +113,7 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Re
 
 int64_t Linear::scratch_bytes() const {
   int64_t n = 0;
-  n += int64_t(wq_.capacity() * sizeof(float));
+  n += int64_t((wq_.capacity() + xr_.capacity() + dyr_.capacity()) * sizeof(float));
   for (const auto* b : {&xb_, &wb_, &dyb_}) n += int64_t(b->capacity() * sizeof(uint16_t));
   return n;
 }
@@ -221,6 +229,14 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     timed_gemm_bf16(Cat::kGemmFprop, false, true, M, N_, K_, xb_.data(), K_, wb_.data(), K_, false, Y, N_);
     return;
   }
+  if (recipe_.bf16_boundary && mode_ == LinearMode::FP4) {
+    // BF16 boundary: X rounded to BF16 once; the copy is what every quantization of X reads,
+    // here and in backward (wgrad), and what its amax is taken of.
+    Scope s(Cat::kQuantBf16);
+    xr_.resize(M * K_);
+    round_bf16_into(X, M * K_, xr_.data());
+    X = X_ = xr_.data();
+  }
   wq_.resize(N_ * K_);
   float gx = 0, gw = 0;
   if (mode_ == LinearMode::FP4) {
@@ -284,7 +300,14 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     timed_gemm_bf16(Cat::kGemmWgrad, true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
-  // FP4. dY has one reference shared by dgrad and wgrad (NUMERICS.md "Tensor reference").
+  // FP4. dY has one reference shared by dgrad and wgrad (docs/numerics.md "Tensor reference").
+  if (recipe_.bf16_boundary && mode_ == LinearMode::FP4) {
+    // BF16 boundary: dY rounded to BF16 once; the copy feeds its amax, dgrad and wgrad.
+    Scope s(Cat::kQuantBf16);
+    dyr_.resize(M * N_);
+    round_bf16_into(dY, M * N_, dyr_.data());
+    dY = dyr_.data();
+  }
   if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
     throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
                                 std::to_string(M) + " to be a multiple of 16");
@@ -320,8 +343,8 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       if (M % 16 != 0)
         throw std::invalid_argument("Linear " + std::to_string(id_) +
                                     ": RHT needs the token count to be a multiple of 16");
-      rht16_rows(dyt.data(), N_, M);
-      rht16_rows(xt.data(), K_, M);
+      rht16_rows(dyt.data(), N_, M, recipe_.rht_precision);
+      rht16_rows(xt.data(), K_, M, recipe_.rht_precision);
       g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
     }
@@ -385,11 +408,11 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     const float* x = X_;
     Scope s(Cat::kQuantAmax);
     if (uses_reference(Role::DYT_RHT))
-      g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_); });
+      g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_, recipe_.rht_precision); });
     else
       g_dyt = 0.f;
     if (uses_reference(Role::XT_RHT))
-      g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_); });
+      g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_, recipe_.rht_precision); });
     else
       g_xt = 0.f;
   }
@@ -403,8 +426,8 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     transpose(dY, M, N_, dyt);
     transpose(X_, M, K_, xt);
     if (rht) {
-      rht16_rows(dyt, N_, M);
-      rht16_rows(xt, K_, M);
+      rht16_rows(dyt, N_, M, recipe_.rht_precision);
+      rht16_rows(xt, K_, M, recipe_.rht_precision);
     }
     tel_.op[3] = quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd);
     tel_.op[4] = quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
@@ -412,10 +435,11 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   }
   {
     Scope s(Cat::kQuantWgrad);
-    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht, dyt);
+    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht,
+                                        recipe_.rht_precision, dyt);
   quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
                                       plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
-                                      xt);
+                                      recipe_.rht_precision, xt);
   }
   timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
 }

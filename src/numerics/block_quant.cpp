@@ -1,5 +1,5 @@
 // Block-scaled FP4 quantization of one GEMM operand.
-// Contract: shared/NUMERICS.md "Quantizing one operand" (exact FP32 operation order) and
+// Contract: docs/numerics.md "Quantizing one operand" (exact FP32 operation order) and
 // "Tensor reference g". Both quantize_blocks and the fused quantize_dequantize go through the
 // same inline helpers below (tensor_scales, block_scale, quant_mag), which is what makes the
 // fused path bit-identical to dequantize(quantize_blocks(...)).
@@ -7,14 +7,14 @@
 // Scale formats: UE5M3 (paper / PTX), E4M3 (NVFP4, scale_max = 448), UE8M0 and any other
 // block-scale format (spec.scale_desc) all go through the same steps under the tensor-scaled
 // rule, with the scale rounded RNE onto the format's grid. For UE8M0 this is a plain RNE
-// power-of-two scale with the tensor scale kept. The MXFP4 rules of NUMERICS.md (no tensor
+// power-of-two scale with the tensor scale kept. The MXFP4 rules of docs/numerics.md (no tensor
 // scale, TE's round-up 2^ceil(log2(a_b/emax)) or OCP's 2^(floor(log2 a_b) − emax_exp)) are
 // ScaleRule::MxTe / MxOcp (mx_block_scale). The zero guard sets c_b = 1 for every format and
 // rule; validate() checks that 1 is representable (UE8M0: code 127).
 //
 // Element formats: E2M1 (the contract), any signed small float, or a uniform integer grid.
 // emax = the element format's max replaces the 6 of the contract's formulas; for E2M1 every
-// FP32 operation is the one NUMERICS.md spells out (ge = (T·6)/g, mult = ge·fl(1/6)).
+// FP32 operation is the one docs/numerics.md spells out (ge = (T·6)/g, mult = ge·fl(1/6)).
 #include "fp4/block_quant.h"
 
 #include "fp4/error.h"

@@ -1,6 +1,6 @@
 // Fast twins of pack(quantize_blocks(...)) and dequantize(const QTensor&): Highway SIMD, the
 // targets of quant_fast.cpp (chosen by quant_fast_use_target / the CPU), OpenMP over fixed
-// ranges of block-rows. Contract: pack_fast.h, shared/NUMERICS.md "Formats", "Quantizing one
+// ranges of block-rows. Contract: pack_fast.h, docs/numerics.md "Formats", "Quantizing one
 // operand", "Rounding a magnitude".
 //
 // Why the bits match the scalar twins.

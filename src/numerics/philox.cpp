@@ -1,5 +1,5 @@
 // Counter-based SR random bytes: Random123 Philox4x32-10 (r123::Philox4x32).
-// Contract: philox.h and shared/NUMERICS.md "Rounding a magnitude" (SR bits keyed by
+// Contract: philox.h and docs/numerics.md "Rounding a magnitude" (SR bits keyed by
 // seed, step, layer, operand, GEMM and element).
 #include "fp4/philox.h"
 

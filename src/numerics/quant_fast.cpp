@@ -1,5 +1,5 @@
 // Fast twins of the scalar block quantizers (block_quant.cpp): Highway SIMD, several x86 targets
-// chosen at run time, OpenMP over fixed work units. Contract: quant_fast.h, shared/NUMERICS.md
+// chosen at run time, OpenMP over fixed work units. Contract: quant_fast.h, docs/numerics.md
 // "Quantizing one operand", "Rounding a magnitude" and "Random Hadamard transform".
 //
 // Why the bits match the scalar reference. Every FP32 operation of the reference is done here
@@ -13,7 +13,9 @@
 //  * element: y = x·e_b, NaN (0·Inf) → 0, E2M1 rounding (SR8: RoundMag; RNE: an IEEE add of a
 //    magic constant whose spacing is the grid's, proven equal in RoundE2M1Rne), copysign, ·d_b;
 //  * RHT: the same sign multiply, the same four butterfly stages (a + b, a − b) in the same
-//    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row;
+//    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row; the BF16
+//    variant adds fp4::round_bf16 of the inputs and of the outputs, lane-wise on the bit
+//    patterns (the same integer add of 0x7FFF + bit 16, the same NaN rule);
 //  * SR bytes: Philox4x32-10 lane-wise (32×32→64-bit products via MulEven), same counters and
 //    keys as philox.cpp, bytes stored in the same little-endian order.
 // No multiply-add is ever fused: the project compiles with -ffp-contract=off and this file uses
@@ -89,6 +91,7 @@ struct Plan {
   bool sr = false;        ///< SR8 elements
   SrKey key{};
   bool rht = false;  ///< transposed kernel: RHT16 along rows first
+  bool rht_bf16 = false;  ///< with rht: the BF16 variant (rht16_rows_bf16)
   int64_t panel_rows = 16, panel_cols = 64;  ///< transposed kernel: work unit (panel) of x
   /// Write whole 64-byte output lines with non-temporal (streaming) stores where the kernel can
   /// (aligned, complete lines); set by the driver for large outputs. Never changes values.
@@ -152,7 +155,9 @@ struct Kernels {
   /// max |x| bit pattern over x[0..n).
   uint32_t (*amax)(const float* x, int64_t n);
   /// max |RHT| bit pattern over x rows [16·strip, 16·strip + 16), all columns.
-  uint32_t (*amax_rht)(const float* x, int64_t rows, int64_t cols, int64_t strip, Scratch& s);
+  /// bf16: of the BF16 variant (rht16_rows_bf16).
+  uint32_t (*amax_rht)(const float* x, int64_t rows, int64_t cols, int64_t strip, bool bf16,
+                       Scratch& s);
   /// 16·n_inst SR bytes of the Philox blocks b0 .. b0 + n_inst − 1 into out, which must have room
   /// for kMaxLanes extra blocks.
   void (*philox)(const SrKey& key, uint64_t b0, int64_t n_inst, uint64_t* out);
@@ -612,11 +617,31 @@ bool Rows(const Plan& p, int64_t br, Scratch& s) {
 
 // ---------------------------------------------------------------- RHT16 (vertical)
 
-/// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
-/// column: (x ⊙ s)·H16/4 with hadamard.cpp's butterfly order, lane-wise.
-HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v) {
+/// fp4::round_bf16 lane-wise: RNE to BF16 by adding 0x7FFF + bit 16 to the FP32 bit pattern
+/// and clearing the low 16 bits (integer adds wrap, as the scalar uint32 arithmetic does); NaN
+/// keeps its sign and top payload with the quiet bit forced.
+HWY_INLINE VF RoundBf16(VF v) {
   const DF df;
-  for (int i = 0; i < 16; ++i) v[i] = hn::Mul(hn::LoadU(df, src + i * stride), hn::Set(df, kRhtSigns[i]));
+  const DI di;
+  const VI b = hn::BitCast(di, v);
+  const VI hi = hn::Set(di, static_cast<int32_t>(0xFFFF0000u));
+  const VI lsb = hn::And(hn::ShiftRight<16>(b), hn::Set(di, 1));
+  const VI rne = hn::And(hn::Add(hn::Add(b, hn::Set(di, 0x7FFF)), lsb), hi);
+  const VI nan = hn::And(hn::Or(b, hn::Set(di, 0x00400000)), hi);
+  const auto is_nan = hn::Gt(hn::And(b, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
+  return hn::BitCast(df, hn::IfThenElse(is_nan, nan, rne));
+}
+
+/// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
+/// column: (x ⊙ s)·H16/4 with hadamard.cpp's butterfly order, lane-wise; with bf16 the BF16
+/// variant (inputs and outputs rounded by RoundBf16, as rht16_rows_bf16).
+HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v, bool bf16) {
+  const DF df;
+  for (int i = 0; i < 16; ++i) {
+    VF xi = hn::LoadU(df, src + i * stride);
+    if (bf16) xi = RoundBf16(xi);
+    v[i] = hn::Mul(xi, hn::Set(df, kRhtSigns[i]));
+  }
   for (int h = 1; h < 16; h <<= 1) {
     for (int i = 0; i < 16; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
@@ -627,6 +652,8 @@ HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v) {
     }
   }
   for (int i = 0; i < 16; ++i) v[i] = hn::Mul(v[i], hn::Set(df, 0.25f));
+  if (bf16)
+    for (int i = 0; i < 16; ++i) v[i] = RoundBf16(v[i]);
 }
 
 /// Copy rows [r0, r0 + h) × cols [c0, c0 + w) of x into the tile T [h][Lanes], zero-padding
@@ -689,14 +716,14 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
       if (w == N) {
         for (int64_t g = 0; g < h; g += 16) {
           VF v[16];
-          Rht16Load(p.x + (r0 + g) * cols + c0, cols, v);
+          Rht16Load(p.x + (r0 + g) * cols + c0, cols, v, p.rht_bf16);
           for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
         }
       } else {
         LoadTile(p.x, cols, r0, h, c0, w, T);
         for (int64_t g = 0; g < h; g += 16) {
           VF v[16];
-          Rht16Load(T + g * N, N, v);
+          Rht16Load(T + g * N, N, v, p.rht_bf16);
           for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
         }
       }
@@ -801,7 +828,8 @@ bool Cols(const Plan& p, int64_t unit, Scratch& s) {
   return p.sub_pow2 ? ColsT<false, true, false>(p, unit, s) : ColsT<false, false, false>(p, unit, s);
 }
 
-uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, Scratch& s) {
+uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, bool bf16,
+                 Scratch& s) {
   (void)rows;
   const DF df;
   const DI di;
@@ -812,10 +840,10 @@ uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, Scra
     const int64_t w = std::min(N, cols - c0);
     VF v[16];
     if (w == N) {
-      Rht16Load(x + r0 * cols + c0, cols, v);
+      Rht16Load(x + r0 * cols + c0, cols, v, bf16);
     } else {
       LoadTile(x, cols, r0, 16, c0, w, s.tile.data());
-      Rht16Load(s.tile.data(), N, v);
+      Rht16Load(s.tile.data(), N, v, bf16);
     }
     for (int i = 0; i < 16; ++i) m = hn::Max(m, AbsBits(v[i]));
   }
@@ -1082,6 +1110,12 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, float* out) {
+  quantize_dequantize_transposed_fast(x, rows, cols, spec, g, sr, rht, RhtPrecision::FP32, out);
+}
+
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, RhtPrecision precision, float* out) {
   const char* where = "quantize_dequantize_transposed_fast";
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
@@ -1098,12 +1132,13 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   if (!fast) {
     // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling blocks).
     qf::transpose(x, rows, cols, out);
-    if (rht) rht16_rows(out, cols, rows);
+    if (rht) rht16_rows(out, cols, rows, precision);
     quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
     return;
   }
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
   p.rht = rht;
+  p.rht_bf16 = rht && precision == RhtPrecision::BF16;
   p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
   if (p.stream) {
@@ -1134,6 +1169,10 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
 }
 
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
+  return amax_rht16_transposed(x, rows, cols, RhtPrecision::FP32);
+}
+
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision) {
   const char* where = "amax_rht16_transposed";
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
@@ -1153,7 +1192,7 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
     qf::Scratch& s = qf::thread_scratch();
     s.for_rht_amax();
 #pragma omp for reduction(max : m) schedule(static)
-    for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, s));
+    for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, precision == RhtPrecision::BF16, s));
   }
   if (m > 0x7F7FFFFFu) qf::throw_non_finite_2d(where, x, rows, cols);
   return std::bit_cast<float>(m);

@@ -351,6 +351,14 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.get("fp4.amax_interval", rc.amax_interval);
   r.range("fp4.amax_interval", rc.amax_interval, 1, 1000000);
   r.get("fp4.rht_wgrad", rc.rht_wgrad);
+  s = rht_precision_name(rc.rht_precision);
+  r.get("fp4.rht_precision", s);
+  r.choice("fp4.rht_precision", s, {"fp32", "bf16"});
+  rc.rht_precision = parse_rht_precision(s);
+  if (rc.rht_precision != RhtPrecision::FP32 && !rc.rht_wgrad)
+    r.fail("fp4.rht_precision", std::string("\"fp32\" (the default) unless rht_wgrad = true: the RHT "
+                                "precision has no effect without the RHT, got \"") + s + "\"");
+  r.get("fp4.bf16_boundary", rc.bf16_boundary);
 
   s = rounding_name(rc.round_x);
   r.get("rounding.x", s);
@@ -430,6 +438,11 @@ std::string recipe_to_toml(const Recipe& r) {
     << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << float_str(r.scale_target)
     << "\namax_interval = " << r.amax_interval << "\nrht_wgrad = " << (r.rht_wgrad ? "true" : "false")
     << "\n";
+  // The fidelity knobs only when set: the resolved recipe.toml of every earlier run (and the
+  // copy in its checkpoints) stays byte-identical, so resume and compare keep recognising it.
+  if (r.rht_precision != RhtPrecision::FP32)
+    o << "rht_precision = \"" << rht_precision_name(r.rht_precision) << "\"\n";
+  if (r.bf16_boundary) o << "bf16_boundary = true\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)

@@ -95,7 +95,7 @@ expect_error "high_precision.blocks" train --config "$work/micro.toml" --recipe 
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nfinal_blocks = 3\n' > "$work/hp2.toml"
 expect_error "high_precision.final_blocks" train --config "$work/micro.toml" --recipe "$work/hp2.toml" --data "$work/text"
 
-# The recipes added for NUMERICS.md's table run (2 steps, finite loss, resolved recipe kept).
+# The recipes added for docs/numerics.md's table run (2 steps, finite loss, resolved recipe kept).
 for r in ue5m3-b32 ue5m3-te nvfp4-all mxfp4; do
   "$bin" train --config "$work/micro.toml" --recipe $r --data "$work/text" --steps 2 \
     --out "$work/new-$r" > "$work/new-$r.log" 2>&1 || { cat "$work/new-$r.log"; fail "train $r"; }

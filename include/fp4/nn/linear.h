@@ -1,5 +1,5 @@
 // The quantized Linear layer: Y = X·Wᵀ with its three GEMMs (fprop, dgrad, wgrad) run in
-// FP32, BF16 or block-scaled FP4 per the recipe (NUMERICS.md "Notation", "Quantizing one
+// FP32, BF16 or block-scaled FP4 per the recipe (docs/numerics.md "Notation", "Quantizing one
 // operand", "Tensor reference g", "Random Hadamard transform", "GEMM emulation: decoded").
 // The only place in the model that knows about FP4.
 #pragma once
@@ -97,7 +97,7 @@ struct LinearWorkspace {
 };
 
 /// Activation tensor reference `g` of an FP4 Linear's fprop X in inference forwards
-/// (StepContext::training == false; NUMERICS.md "Tensor reference g", README "Quantized
+/// (StepContext::training == false; docs/numerics.md "Tensor reference g", README "Quantized
 /// inference evaluation"). The weight reference of every inference forward is amax(W)
 /// measured at the first inference forward after Linear::reset_inference and then frozen.
 /// None of these touch the training caches (Linear::reference).
@@ -161,7 +161,7 @@ class Linear {
   /// every GEMM × operand after [high_precision] and [[override]]); the constructor above uses
   /// LinearPlan::uniform(recipe, mode). The recipe still supplies gemm, rht_wgrad and
   /// amax_interval. dY keeps one reference per layer shared by dgrad and wgrad, whatever the
-  /// two specs' T or rounding (NUMERICS.md "Tensor reference g").
+  /// two specs' T or rounding (docs/numerics.md "Tensor reference g").
   Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe);
 
   /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
@@ -194,7 +194,8 @@ class Linear {
   void reset_inference(int replay_interval = 50);
   const InferenceState& inference_state() const { return inf_; }
   /// Bytes held by this layer's own buffers, by capacity: the quantized weight kept from
-  /// forward for dgrad, and in BF16 mode the BF16 operand copies. The transient FP4 buffers
+  /// forward for dgrad, in BF16 mode the BF16 operand copies, and with the recipe's
+  /// bf16_boundary the BF16-rounded X and dY. The transient FP4 buffers
   /// are in workspace() (see workspace_bytes), possibly shared with other linears.
   int64_t scratch_bytes() const;
   /// Use `ws` (shared, e.g. by all linears of a Model) for the transient FP4 operand buffers
@@ -233,6 +234,8 @@ class Linear {
   LinearRefs refs_;
   LinearTelemetry tel_;
   AlignedFloats wq_;  // quantized (FP4) weight of the last forward, reused by dgrad
+  // recipe.bf16_boundary: X of the last forward (kept for wgrad) and dY, rounded to BF16.
+  AlignedFloats xr_, dyr_;
   // BF16 mode: X, W (from fprop, reused by backward) and dY as BF16 bit patterns.
   std::vector<uint16_t, Aligned64<uint16_t>> xb_, wb_, dyb_;
   std::shared_ptr<LinearWorkspace> ws_;  // transient FP4 operand buffers (maybe shared)
