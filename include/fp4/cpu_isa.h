@@ -21,8 +21,9 @@ enum class CpuIsa { Scalar = 0, Ssse3 = 1, Sse4 = 2, Avx2 = 3, Avx512 = 4 };
 
 /// The cap from FP4_MAX_CPU_ISA, read once per process. Accepted values (case-insensitive):
 /// "ALL" or unset or empty (no cap), "AVX512" (alias "AVX3", "AVX512_CORE"), "AVX2", "SSE4"
-/// (alias "SSE41"), "SSSE3", "SCALAR". An unrecognised value is reported once on stderr and
-/// means no cap; fp4train's CLI refuses it up front (cpu_isa_env_error).
+/// (alias "SSE41"), "SSSE3", "SCALAR". An unrecognised value means no cap (silently: kernels
+/// choose their target during static initialisation); fp4train's CLI refuses it up front with
+/// exit 2 (cpu_isa_env_error).
 CpuIsa max_cpu_isa();
 
 /// True if kernels of level `isa` may be used (isa <= max_cpu_isa()). Whether the CPU has

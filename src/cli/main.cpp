@@ -8,7 +8,9 @@
 #include "fp4/error.h"
 
 int main(int argc, char** argv) {
-  if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty()) {
+  bool help = false;
+  for (int i = 1; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+  if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty() && !help) {
     std::fprintf(stderr, "fp4train: error: %s\n", bad.c_str());
     return 2;
   }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
 #include <cstdlib>
 
 namespace fp4 {
@@ -30,12 +29,11 @@ Parsed parse_env() {
   return p;
 }
 
+// Read once. A bad value means no cap, silently here: kernels pick their target during static
+// initialisation, before any caller could report it; fp4train's CLI refuses the value up front
+// (cpu_isa_env_error), and other callers can ask the same.
 const Parsed& parsed() {
-  static const Parsed p = [] {
-    Parsed q = parse_env();
-    if (!q.error.empty()) std::fprintf(stderr, "warning: %s (ignored: no cap)\n", q.error.c_str());
-    return q;
-  }();
+  static const Parsed p = parse_env();
   return p;
 }
 }  // namespace

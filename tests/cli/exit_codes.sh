@@ -70,4 +70,10 @@ bad "sample --temperature abc"     "--temperature"  sample --checkpoint "$tmp/no
 bad "sample --tokens -5"           "--tokens"       sample --checkpoint "$tmp/none" --tokens -5
 bad "unknown command"              "unknown command" frobnicate
 
+# A bad FP4_MAX_CPU_ISA (fp4/cpu_isa.h) is a bad argument too; --help still works.
+export FP4_MAX_CPU_ISA=bogus
+bad "FP4_MAX_CPU_ISA=bogus"        "FP4_MAX_CPU_ISA=bogus is not a SIMD level" train --steps 1
+help train --help
+unset FP4_MAX_CPU_ISA
+
 exit $fail
