@@ -326,7 +326,8 @@ void run_compare(const CompareArgs& a) {
   const fs::path data_path = resolve_data_path(cfg.data.path, config_file);
   if (!fs::exists(data_path))
     throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
-                    a.config + "; the default Brown corpus is installed by scripts/setup)");
+                    with_settings(a.config, sets.config) +
+                    "; the default Brown corpus is installed by scripts/setup)");
   {
     std::error_code ec;
     fs::create_directories(out, ec);

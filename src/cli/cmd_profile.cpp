@@ -49,7 +49,8 @@ void run_profile(const ProfileArgs& a) {
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
   const std::string cfg_name = labelled_name(fs::path(a.config).filename().string(), sets.config);
   check_recipe_fits(recipe, cfg);
-  const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
+  const fs::path data_path =
+      run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.

@@ -187,7 +187,8 @@ void run_train(const TrainArgs& a) {
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
   check_recipe_fits(recipe, cfg);
 
-  const fs::path data_path = run_data_path(cfg, config_file, a.config, a.data);
+  const fs::path data_path =
+      run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
   // A config changed by --set is not reported under the file's name either.
   const std::string cfg_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
   fs::path out;

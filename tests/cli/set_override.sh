@@ -55,6 +55,7 @@ python3 -c "import json,sys; r=json.load(open('e2.json'))['recipe']; assert r ==
 # Bad settings: exit 2, one line naming the --set argument, before anything is made.
 expect_exit2 "--set train.lr=fast: key 'train.lr': expected a number" train --config micro.toml --set train.lr=fast
 expect_exit2 "--set fp4.block=0: key 'fp4.block': expected a value in [1, 256], got 0" train --config micro.toml --set fp4.block=0
+expect_exit2 "(data.path in micro.toml with --set data.path=nowhere)" train --config micro.toml --set data.path=nowhere
 expect_exit2 "--set fp4.blok=3: unknown key 'fp4.blok'" train --config micro.toml --set fp4.blok=3
 expect_exit2 "--set trian.lr=1: unknown table 'trian'" train --config micro.toml --set trian.lr=1
 expect_exit2 "--set fp4.block=16: key 'fp4.block' is already set by --set fp4.block=32" \
