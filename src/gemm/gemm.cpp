@@ -447,44 +447,29 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   const int64_t tiles = tm * tn;
   int failures = 0;
   dnnl_status_t first_error = dnnl_success;
-  if (chosen_bf16_path() == Bf16GemmPath::Widened) {
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t i0 = (t / tn) * kBf16TileM, j0 = (t % tn) * kBf16TileN;
-      const int64_t mb = std::min(kBf16TileM, M - i0), nb = std::min(kBf16TileN, N - j0);
-      const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
-      const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
-      const dnnl_status_t st = run_widened_tile(trans_a, trans_b, mb, nb, K, a, lda, b, ldb,
-                                                accumulate, C + i0 * ldc + j0, ldc);
-      if (st != dnnl_success) {
-        ++failures;
-#pragma omp critical
-        first_error = st;
-      }
-    }
-    if (failures)
-      throw std::runtime_error("oneDNN sgemm (widened BF16 GEMM) failed with status " +
-                               std::to_string(first_error) + " (M=" + std::to_string(M) +
-                               ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
-    return;
-  }
-  // At most four tile shapes (full, ragged M, ragged N, both): create them here, serially.
+  const bool widened = chosen_bf16_path() == Bf16GemmPath::Widened;
+  // Native path: at most four tile shapes (full, ragged M, ragged N, both), created here,
+  // serially.
   const int64_t rm = M - (tm - 1) * kBf16TileM, rn = N - (tn - 1) * kBf16TileN;
-  const Bf16Prim* prims[2][2];  // [last row of tiles][last column of tiles]
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j)
-      prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
-                                        j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
-                                        accumulate));
+  const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
+  if (!widened)
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j)
+        prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
+                                          j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
+                                          accumulate));
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t ti = t / tn, tj = t % tn;
     const int64_t i0 = ti * kBf16TileM, j0 = tj * kBf16TileN;
     const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
     const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
+    float* c = C + i0 * ldc + j0;
     const dnnl_status_t st =
-        run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a, b,
-                      C + i0 * ldc + j0);
+        widened ? run_widened_tile(trans_a, trans_b, std::min(kBf16TileM, M - i0),
+                                   std::min(kBf16TileN, N - j0), K, a, lda, b, ldb, accumulate,
+                                   c, ldc)
+                : run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a, b, c);
     if (st != dnnl_success) {
       ++failures;
 #pragma omp critical
@@ -492,9 +477,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     }
   }
   if (failures)
-    throw std::runtime_error("oneDNN BF16 matmul failed with status " +
-                             std::to_string(first_error) + " (M=" + std::to_string(M) +
-                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+    throw std::runtime_error(std::string(widened ? "oneDNN sgemm (widened BF16 GEMM)"
+                                                 : "oneDNN BF16 matmul") +
+                             " failed with status " + std::to_string(first_error) + " (M=" +
+                             std::to_string(M) + ", N=" + std::to_string(N) + ", K=" +
+                             std::to_string(K) + ")");
 }
 
 const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
