@@ -81,23 +81,30 @@ struct AlignedOut {
                       << (i_ >= 0 && size_t(i_) < (want).size() ? (want)[i_] : 0.f);       \
   } while (0)
 
-/// Scalar reference of the quantize-transpose: t = xᵀ; rht16_rows(t) if rht; qdq(t).
-std::vector<float> ref_transposed(const std::vector<float>& x, int64_t rows, int64_t cols,
-                                  const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht) {
+/// t = xᵀ [cols, rows], then the RHT of every 16-long chunk of its rows if rht: the FP32
+/// butterfly (rht16_rows) or, with bf16_rht, its BF16 variant (rht16_rows_bf16).
+std::vector<float> ref_transpose_rht(const std::vector<float>& x, int64_t rows, int64_t cols,
+                                     bool rht, bool bf16_rht) {
   std::vector<float> t(x.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
-  if (rht) rht16_rows(t.data(), cols, rows);
+  if (rht && bf16_rht) rht16_rows_bf16(t.data(), cols, rows);
+  else if (rht) rht16_rows(t.data(), cols, rows);
+  return t;
+}
+
+/// Scalar reference of the quantize-transpose: t = xᵀ; RHT(t) if rht; qdq(t).
+std::vector<float> ref_transposed(const std::vector<float>& x, int64_t rows, int64_t cols,
+                                  const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
+                                  bool bf16_rht = false) {
+  std::vector<float> t = ref_transpose_rht(x, rows, cols, rht, bf16_rht);
   quantize_dequantize(t.data(), cols, rows, spec, g, sr, t.data());
   return t;
 }
 
-/// Scalar reference of amax_rht16_transposed.
-float ref_amax_rht(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::vector<float> t(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
-  rht16_rows(t.data(), cols, rows);
+/// Scalar reference of amax_rht16_transposed (FP32 or BF16 RHT).
+float ref_amax_rht(const std::vector<float>& x, int64_t rows, int64_t cols, bool bf16_rht = false) {
+  const std::vector<float> t = ref_transpose_rht(x, rows, cols, true, bf16_rht);
   return tensor_amax(t.data(), int64_t(t.size()));
 }
 
@@ -678,24 +685,6 @@ TEST(QuantFast, MxRulesBitExact) {
 
 namespace {
 
-std::vector<float> ref_transposed_bf16(const std::vector<float>& x, int64_t rows, int64_t cols,
-                                       const BlockQuantSpec& spec, float g, const SrKey* sr) {
-  std::vector<float> t(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
-  rht16_rows_bf16(t.data(), cols, rows);
-  quantize_dequantize(t.data(), cols, rows, spec, g, sr, t.data());
-  return t;
-}
-
-float ref_amax_rht_bf16(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  std::vector<float> t(x.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
-  rht16_rows_bf16(t.data(), cols, rows);
-  return tensor_amax(t.data(), int64_t(t.size()));
-}
-
 /// Inputs aimed at the BF16 roundings: FP32 values whose low 16 bits are BF16 ties (0x8000),
 /// just below or above a tie, zero or random, over a wide exponent range (FP32 subnormals
 /// included); and whole 16-token chunks a·(1, 2^-8, 0, …) (with random signs and positions),
@@ -759,11 +748,11 @@ TEST(QuantFast, Bf16RhtBitExact) {
         c.x = dist < 4 ? make_data(kDists[dist], size_t(sh.rows * sh.cols), 7100 + k)
                        : bf16_adversarial(sh.rows, sh.cols, 7100 + k);
         c.spec = make_spec(f, r, sh.block, k % 7 == 6);
-        c.want_amax = ref_amax_rht_bf16(c.x, sh.rows, sh.cols);
+        c.want_amax = ref_amax_rht(c.x, sh.rows, sh.cols, true);
         const float gmul[] = {1.f, 1.f, 1e-3f, 1e3f};
         c.g = std::min(c.want_amax * gmul[(k / 5) % 4], FLT_MAX);
-        c.want = ref_transposed_bf16(c.x, sh.rows, sh.cols, c.spec, c.g,
-                                     r == Rounding::SR8 ? &kKey : nullptr);
+        c.want = ref_transposed(c.x, sh.rows, sh.cols, c.spec, c.g,
+                                r == Rounding::SR8 ? &kKey : nullptr, true, true);
         cases.push_back(std::move(c));
         ++k;
       }
