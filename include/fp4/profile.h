@@ -12,6 +12,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+#include <utility>
 
 namespace fp4::prof {
 
@@ -133,6 +135,9 @@ struct ComputePaths {
   /// "AMD EPYC; FP32 GEMM oneDNN 2.6 sgemm, ISA avx2; BF16 GEMM widened: ...; SIMD AVX2;
   /// probe GEMM avx2"
   std::string line() const;
+  /// (key, value) pairs for JSON: cpu, gemm_fp32, gemm_bf16, simd, probe_gemm, and
+  /// FP4_MAX_CPU_ISA / ONEDNN_MAX_CPU_ISA when set.
+  std::vector<std::pair<std::string, std::string>> fields() const;
 };
 /// Queries the above (may create a small oneDNN primitive on the first call).
 ComputePaths compute_paths();

@@ -188,12 +188,6 @@ void run_profile(const ProfileArgs& a) {
               {"mfu", mfu},
               {"mfu_causal", mfu_causal},
               {"components", comps},
-              {"compute",
-               {{"cpu", compute.cpu},
-                {"gemm_fp32", compute.gemm_fp32},
-                {"gemm_bf16", compute.gemm_bf16},
-                {"simd", compute.simd},
-                {"probe_gemm", compute.probe_gemm}}},
               {"peak_rss_bytes", peak_rss},
               {"memory",
                {{"params", mem.params},
@@ -204,6 +198,7 @@ void run_profile(const ProfileArgs& a) {
                 {"backward_scratch", mem.backward_scratch},
                 {"linear_scratch", mem.linear_scratch},
                 {"linear_workspace", mem.linear_workspace}}}};
+    for (const auto& [k, v] : compute.fields()) j["compute"][k] = v;
     write_file_atomic(a.json_file, j.dump(2) + "\n");
   }
 }

@@ -171,6 +171,17 @@ std::string ComputePaths::line() const {
   return s;
 }
 
+std::vector<std::pair<std::string, std::string>> ComputePaths::fields() const {
+  std::vector<std::pair<std::string, std::string>> f = {{"cpu", cpu},
+                                                        {"gemm_fp32", gemm_fp32},
+                                                        {"gemm_bf16", gemm_bf16},
+                                                        {"simd", simd},
+                                                        {"probe_gemm", probe_gemm}};
+  if (!max_isa_env.empty()) f.emplace_back("FP4_MAX_CPU_ISA", max_isa_env);
+  if (!onednn_isa_env.empty()) f.emplace_back("ONEDNN_MAX_CPU_ISA", onednn_isa_env);
+  return f;
+}
+
 std::string machine_key() {
   std::string model = cpu_model_name();
   for (char& ch : model)

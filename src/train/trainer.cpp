@@ -234,14 +234,6 @@ struct RunState {
   int step = 0;
 };
 
-json compute_json(const prof::ComputePaths& c) {
-  json j = {{"cpu", c.cpu}, {"gemm_fp32", c.gemm_fp32}, {"gemm_bf16", c.gemm_bf16}, {"simd", c.simd},
-            {"probe_gemm", c.probe_gemm}};
-  if (!c.max_isa_env.empty()) j["FP4_MAX_CPU_ISA"] = c.max_isa_env;
-  if (!c.onednn_isa_env.empty()) j["ONEDNN_MAX_CPU_ISA"] = c.onednn_isa_env;
-  return j;
-}
-
 TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                        const TrainOptions& opt, RunState& st) {
   using clock = std::chrono::steady_clock;
@@ -319,11 +311,9 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
   }
 
-  if (!ck) {
-    fs::create_directories(opt.out_dir);
-    st.dir_ready = true;
-  } else {
-    st.dir_ready = true;
+  if (!ck) fs::create_directories(opt.out_dir);
+  st.dir_ready = true;  // a resumed run's directory exists already
+  if (ck) {
     // Newer checkpoints than the one resumed from did not load: keep them aside, do not count
     // them when pruning; leftovers of interrupted writes go.
     for (const fs::path& p : list_checkpoints(opt.out_dir)) {
@@ -577,7 +567,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     js["peak_gflops"] = opt.peak_gflops;
     js["mfu"] = sum.mfu;
   }
-  js["compute"] = compute_json(compute);
+  for (const auto& [k, v] : compute.fields()) js["compute"][k] = v;
   write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }
