@@ -11,6 +11,7 @@
 // allocation's stack goes to stderr (resolve with addr2line -f -C -e test_alloc <offset>).
 #include <gtest/gtest.h>
 #include <execinfo.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -101,10 +102,21 @@ using prof::Cat;
 
 namespace {
 
-class SteadyStateAlloc : public ::testing::TestWithParam<const char*> {};
+// (recipe, OpenMP team size). A team larger than the tile count of some GEMMs (4 threads on
+// the tiny shapes) lets a thread run its first tile of a kind only in a later step, which is
+// where per-thread buffers grown lazily would allocate mid-training.
+class SteadyStateAlloc : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+// Sets the OpenMP team size for the scope.
+struct TeamSize {
+  int saved = omp_get_max_threads();
+  explicit TeamSize(int n) { omp_set_num_threads(n); }
+  ~TeamSize() { omp_set_num_threads(saved); }
+};
 
 TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
-  const std::string name = GetParam();
+  const std::string name = std::get<0>(GetParam());
+  const TeamSize team(std::get<1>(GetParam()));
   const Recipe recipe = fp4::testing::shipped_recipe(name);
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
   const RunConfig cfg = fp4::testing::two_layer_config(0);
@@ -160,12 +172,14 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, SteadyStateAlloc,
-                         ::testing::Values("fp32", "ue5m3-b16", "nvfp4-te", "mxfp4"),
+                         ::testing::Combine(::testing::Values("fp32", "ue5m3-b16", "nvfp4-te",
+                                                              "mxfp4"),
+                                            ::testing::Values(2, 4)),
                          [](const auto& info) {
-                           std::string s = info.param;
+                           std::string s = std::get<0>(info.param);
                            for (char& c : s)
                              if (c == '-') c = '_';
-                           return s;
+                           return s + "_threads" + std::to_string(std::get<1>(info.param));
                          });
 
 // The counter itself works (so a zero above means something).

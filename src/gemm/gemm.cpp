@@ -345,13 +345,21 @@ struct WidenScratch {
   std::vector<float> a, b;
 };
 
+// This thread's widening buffers, grown (never shrunk) to hold na and nb floats. gemm_bf16
+// grows them in every thread of its team before the first tile, whether or not the thread
+// then gets a tile, so a thread that first gets a tile in a later step (dynamic schedule,
+// more threads than tiles) does not allocate mid-training.
+WidenScratch& widen_scratch(size_t na, size_t nb) {
+  thread_local WidenScratch w;
+  if (w.a.size() < na) w.a.resize(na);
+  if (w.b.size() < nb) w.b.resize(nb);
+  return w;
+}
+
 dnnl_status_t run_widened_tile(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K,
                                const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
                                bool acc, float* c, int64_t ldc) {
-  thread_local WidenScratch w;  // grown only, so steady-state calls allocate nothing
-  const size_t na = size_t(mb * K), nbk = size_t(nb * K);
-  if (w.a.size() < na) w.a.resize(na);
-  if (w.b.size() < nbk) w.b.resize(nbk);
+  WidenScratch& w = widen_scratch(size_t(mb * K), size_t(nb * K));
   // op(A) tile: ta ? A stored [K, M] (columns i0.. of K rows) : [M, K] (rows i0..).
   if (ta) widen_bf16(a, K, mb, lda, w.a.data());
   else widen_bf16(a, mb, K, lda, w.a.data());
@@ -458,7 +466,12 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
         prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
                                           j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
                                           accumulate));
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : failures)
+  const size_t widen_a = size_t(std::min(kBf16TileM, M) * K),
+               widen_b = size_t(std::min(kBf16TileN, N) * K);
+#pragma omp parallel reduction(+ : failures)
+  {
+    if (widened) (void)widen_scratch(widen_a, widen_b);
+#pragma omp for schedule(dynamic, 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t ti = t / tn, tj = t % tn;
     const int64_t i0 = ti * kBf16TileM, j0 = tj * kBf16TileN;
@@ -475,6 +488,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 #pragma omp critical
       first_error = st;
     }
+  }
   }
   if (failures)
     throw std::runtime_error(std::string(widened ? "oneDNN sgemm (widened BF16 GEMM)"
