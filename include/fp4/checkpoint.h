@@ -91,11 +91,4 @@ Checkpoint load_newest_checkpoint(const std::filesystem::path& run_dir,
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& file_or_run_dir,
                                          std::string* warn = nullptr);
 
-/// Parse the resolved config / recipe TOML stored in a checkpoint (`where` names the
-/// source in error messages). Throw fp4::UserError like load_run_config / load_recipe_file;
-/// `sets` as in load_recipe_file (`fp4train eval --set` on a checkpoint's recipe).
-RunConfig run_config_from_text(const std::string& toml, const std::string& where);
-Recipe recipe_from_text(const std::string& toml, const std::string& where,
-                        const std::vector<Setting>& sets = {});
-
 }  // namespace fp4

@@ -61,6 +61,9 @@ struct RunConfig {
 RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets = {});
 /// Check cross-field constraints (d_model % n_heads, even head dim, ...); throws UserError.
 void validate(const RunConfig& c, const std::string& where);
+/// Parse run-config TOML text (e.g. the resolved config stored in a checkpoint); `where`
+/// names the source in error messages. Throws fp4::UserError like load_run_config.
+RunConfig run_config_from_text(const std::string& toml, const std::string& where);
 /// The resolved config as TOML text.
 std::string run_config_to_toml(const RunConfig& c);
 

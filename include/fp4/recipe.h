@@ -176,4 +176,10 @@ Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path&
 /// Recipe as TOML text (for the resolved config written next to a run).
 std::string recipe_to_toml(const Recipe& r);
 
+/// Parse recipe TOML text (e.g. the resolved recipe stored in a checkpoint); `where` names
+/// the source in error messages; `sets` as in load_recipe_file (`fp4train eval --set` on a
+/// checkpoint's recipe). Throws fp4::UserError like load_recipe_file.
+Recipe recipe_from_text(const std::string& toml, const std::string& where,
+                        const std::vector<Setting>& sets = {});
+
 }  // namespace fp4

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "toml_reader.h"
 
@@ -404,7 +403,6 @@ Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Set
   return parse_recipe(r, file.stem().string(), sets);
 }
 
-// Declared in fp4/checkpoint.h.
 Recipe recipe_from_text(const std::string& toml, const std::string& where,
                         const std::vector<Setting>& sets) {
   detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);

@@ -3,7 +3,6 @@
 
 #include <sstream>
 
-#include "fp4/checkpoint.h"
 #include "fp4/error.h"
 #include "toml_reader.h"
 
@@ -58,7 +57,6 @@ RunConfig load_run_config(const std::filesystem::path& file, const std::vector<S
   return parse_run_config(r);
 }
 
-// Declared in fp4/checkpoint.h.
 RunConfig run_config_from_text(const std::string& toml, const std::string& where) {
   detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
   return parse_run_config(r);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The rooms of the source tree and the one direction of includes (README "Architecture"):
+#   cli -> train -> eval -> nn -> recipe -> gemm -> numerics;  data is used by train and eval.
+# Every #include "fp4/..." of a file in a room must name a header of that room or of a room
+# below it. Fails listing each offending include. Usage: layering.sh FP4TRAIN_BIN SOURCE_DIR
+set -u
+src=${2:?source dir}
+# Which room each public header belongs to.
+room_of() {
+  case "$1" in
+    fp4/bf16.h|fp4/block_quant.h|fp4/format.h|fp4/hadamard.h|fp4/pack_fast.h|fp4/philox.h|\
+    fp4/qtensor.h|fp4/quant_fast.h|fp4/safetensors.h|fp4/telemetry.h|fp4/cpu_isa.h|fp4/error.h)
+      echo numerics ;;
+    fp4/gemm.h|fp4/probe_gemm.h) echo gemm ;;
+    fp4/recipe.h|fp4/config.h|fp4/settings.h|fp4/profile.h) echo recipe ;;
+    fp4/nn/*) echo nn ;;
+    fp4/data.h) echo data ;;
+    fp4/eval.h|fp4/report.h) echo eval ;;
+    fp4/train.h|fp4/checkpoint.h) echo train ;;
+    *) echo unknown ;;
+  esac
+}
+# Rooms a room may include (itself and everything below it).
+allowed() {
+  case "$1" in
+    numerics) echo "numerics" ;;
+    gemm) echo "numerics gemm" ;;
+    recipe) echo "numerics gemm recipe" ;;
+    nn) echo "numerics gemm recipe nn" ;;
+    data) echo "numerics data" ;;
+    eval) echo "numerics gemm recipe nn data eval" ;;
+    train) echo "numerics gemm recipe nn data eval train" ;;
+    cli) echo "numerics gemm recipe nn data eval train" ;;
+  esac
+}
+fail=0
+check_file() {  # file room
+  local f=$1 room=$2 inc r
+  while IFS= read -r inc; do
+    r=$(room_of "$inc")
+    if [ "$r" = unknown ]; then
+      echo "layering: $f includes $inc, a header of no room (add it to tests/cli/layering.sh)"
+      fail=1
+    elif ! [[ " $(allowed "$room") " == *" $r "* ]]; then
+      echo "layering: $f (room $room) includes $inc (room $r), a room above it"
+      fail=1
+    fi
+  done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(fp4\/[^"]*\)".*/\1/p' "$f")
+}
+n=0
+for room in numerics gemm recipe nn data eval train cli; do
+  for f in "$src"/src/"$room"/*.cpp "$src"/src/"$room"/*.h; do
+    [ -e "$f" ] || continue
+    check_file "$f" "$room"; n=$((n + 1))
+  done
+done
+for f in $(cd "$src/include" && find fp4 -name '*.h' | sort); do
+  check_file "$src/include/$f" "$(room_of "$f")"; n=$((n + 1))
+done
+# Every source directory is a known room.
+for d in "$src"/src/*/; do
+  case "$(basename "$d")" in
+    numerics|gemm|recipe|nn|data|eval|train|cli) ;;
+    *) echo "layering: src/$(basename "$d") is not a room of tests/cli/layering.sh"; fail=1 ;;
+  esac
+done
+[ "$fail" = 0 ] && echo "layering: $n files, includes run one way"
+exit $fail
