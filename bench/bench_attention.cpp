@@ -7,7 +7,9 @@
 //
 // Shapes (B·H, T, hd) = (64, 512, 64) and (48, 1024, 64), laid out as the training configs
 // do: configs/small.toml (B = 8, H = 8, C = 512) and configs/gpt2-124m.toml (B = 4, H = 12,
-// C = 768), so the head slices have the real row stride C.
+// C = 768), so the head slices have the real row stride C; plus a grouped-query case
+// (Hkv = 2 key/value heads for H = 8 query heads, k/v rows of stride Hkv·hd, as in
+// Nemotron-H), which runs the same products per query head.
 // items_per_second is FLOP/s of the causal products actually needed: forward QKᵀ and PV,
 // 2·2·T(T+1)/2·hd per head; backward dP, dQ, dK, dV, 4·2·T(T+1)/2·hd per head (softmax and
 // exp not counted). Kernels run with omp_get_max_threads() threads (OMP_NUM_THREADS); the
@@ -64,32 +66,36 @@ bool select(benchmark::State& st, Kind kind) {
   return true;
 }
 
-// range(0) = B·H, range(1) = T, range(2) = hd, range(3) = H; Bwd: time the backward (the
-// forward runs once, before).
+// range(0) = B·H, range(1) = T, range(2) = hd, range(3) = H, range(4) = Hkv; Bwd: time the
+// backward (the forward runs once, before).
 template <Kind K, bool Bwd>
 void BM_Attention(benchmark::State& st) {
   if (!select(st, K)) return;
-  const int64_t H = st.range(3), T = st.range(1), hd = st.range(2);
-  const int64_t B = K == kTwin || K == kNewBase ? 1 : st.range(0) / H, BH = B * H, C = H * hd;
-  const size_t act = static_cast<size_t>(B * T * C), att_n = static_cast<size_t>(BH * T * T);
-  const auto q = randn(act, 1), k = randn(act, 2), v = randn(act, 3), dout = randn(act, 4);
+  const int64_t H = st.range(3), Hkv = st.range(4), T = st.range(1), hd = st.range(2);
+  const int64_t B = K == kTwin || K == kNewBase ? 1 : st.range(0) / H, BH = B * H;
+  const size_t act = static_cast<size_t>(B * T * H * hd);
+  const size_t act_kv = static_cast<size_t>(B * T * Hkv * hd);
+  const size_t att_n = static_cast<size_t>(attention_scratch_floats(B, T, H));
+  const auto q = randn(act, 1), k = randn(act_kv, 2), v = randn(act_kv, 3);
+  const auto dout = randn(act, 4);
   std::vector<float> out(act), att(att_n), scratch(Bwd ? att_n : 0);
-  std::vector<float> dq(act, 0.0f), dk(act, 0.0f), dv(act, 0.0f);
+  std::vector<float> dq(act, 0.0f), dk(act_kv, 0.0f), dv(act_kv, 0.0f);
   auto fwd = [&] {
     if (K == kTwin)
       detail::attention_forward_ref(out.data(), att.data(), q.data(), k.data(), v.data(), B, T,
-                                    C, H);
+                                    H, Hkv, hd);
     else
-      attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, C, H);
+      attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, Hkv,
+                        hd);
   };
   auto bwd = [&] {
     if (K == kTwin)
       detail::attention_backward_ref(dq.data(), dk.data(), dv.data(), scratch.data(),
                                      dout.data(), q.data(), k.data(), v.data(), att.data(), B,
-                                     T, C, H);
+                                     T, H, Hkv, hd);
     else
       attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(), q.data(),
-                         k.data(), v.data(), att.data(), B, T, C, H);
+                         k.data(), v.data(), att.data(), B, T, H, Hkv, hd);
   };
   if (Bwd) fwd();
   for (auto _ : st) {
@@ -104,15 +110,16 @@ void BM_Attention(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<int64_t>(flops) * st.iterations());
   st.SetLabel(std::string(kKindName[K]) + " threads=" +
               std::to_string(K == kTwin ? 1 : omp_get_max_threads()) +
-              " heads=" + std::to_string(BH));
+              " heads=" + std::to_string(BH) + " kv_heads=" + std::to_string(B * Hkv));
 }
 
 #define FP4_ATTN_BM(K, BWD)                                                            \
   BENCHMARK(BM_Attention<K, BWD>)                                                      \
       ->Name(std::string("BM_Attention") + (BWD ? "Bwd/" : "Fwd/") + kKindName[K])     \
-      ->ArgNames({"BH", "T", "hd", "H"})                                               \
-      ->Args({64, 512, 64, 8})                                                         \
-      ->Args({48, 1024, 64, 12})                                                       \
+      ->ArgNames({"BH", "T", "hd", "H", "Hkv"})                                        \
+      ->Args({64, 512, 64, 8, 8})                                                      \
+      ->Args({48, 1024, 64, 12, 12})                                                   \
+      ->Args({64, 512, 64, 8, 2})                                                      \
       ->Unit(benchmark::kMillisecond)                                                  \
       ->UseRealTime()
 

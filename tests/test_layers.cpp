@@ -12,6 +12,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fp4/nn/layers.h"
@@ -267,34 +268,41 @@ TEST(Rope, OddHeadDimThrows) {
 
 namespace {
 
+// C = H·hd (q, out rows); Hkv key/value heads (0: Hkv = H), k/v rows of Hkv·hd.
 struct AttnShape {
   int64_t B, T, C, H;
+  int64_t Hkv = 0;
+  int64_t hd() const { return C / H; }
+  int64_t kvh() const { return Hkv ? Hkv : H; }
   size_t act() const { return static_cast<size_t>(B * T * C); }
+  size_t act_kv() const { return static_cast<size_t>(B * T * kvh() * hd()); }
   size_t att() const { return static_cast<size_t>(B * H * T * T); }
 };
 
-// Double-precision reference of forward and backward (textbook formulas).
+// Double-precision reference of forward and backward (textbook formulas; GQA: query head h
+// reads KV head h / (H / Hkv) and adds its dk, dv there).
 void attention_reference(const AttnShape& s, const std::vector<float>& q,
                          const std::vector<float>& k, const std::vector<float>& v,
                          const std::vector<float>& dout, std::vector<double>& out,
                          std::vector<double>& dq, std::vector<double>& dk,
                          std::vector<double>& dv, std::vector<double>& dS) {
-  const int64_t T = s.T, C = s.C, hd = s.C / s.H;
+  const int64_t T = s.T, C = s.C, hd = s.C / s.H, Ckv = s.kvh() * hd, G = s.H / s.kvh();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   out.assign(s.act(), 0.0);
   dq.assign(s.act(), 0.0);
-  dk.assign(s.act(), 0.0);
-  dv.assign(s.act(), 0.0);
+  dk.assign(s.act_kv(), 0.0);
+  dv.assign(s.act_kv(), 0.0);
   dS.assign(s.att(), 0.0);
   std::vector<double> P(T * T), dP(T * T);
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h) {
       auto at = [&](int64_t t, int64_t c) { return (b * T + t) * C + h * hd + c; };
+      auto kv = [&](int64_t t, int64_t c) { return (b * T + t) * Ckv + (h / G) * hd + c; };
       for (int64_t i = 0; i < T; ++i) {
         double m = -1e300;
         for (int64_t j = 0; j <= i; ++j) {
           double sc = 0.0;
-          for (int64_t c = 0; c < hd; ++c) sc += static_cast<double>(q[at(i, c)]) * k[at(j, c)];
+          for (int64_t c = 0; c < hd; ++c) sc += static_cast<double>(q[at(i, c)]) * k[kv(j, c)];
           P[i * T + j] = sc * scale;
           m = std::max(m, P[i * T + j]);
         }
@@ -302,13 +310,13 @@ void attention_reference(const AttnShape& s, const std::vector<float>& q,
         for (int64_t j = 0; j <= i; ++j) z += (P[i * T + j] = std::exp(P[i * T + j] - m));
         for (int64_t j = 0; j <= i; ++j) P[i * T + j] /= z;
         for (int64_t j = 0; j <= i; ++j)
-          for (int64_t c = 0; c < hd; ++c) out[at(i, c)] += P[i * T + j] * v[at(j, c)];
+          for (int64_t c = 0; c < hd; ++c) out[at(i, c)] += P[i * T + j] * v[kv(j, c)];
       }
       for (int64_t i = 0; i < T; ++i) {
         double rs = 0.0;
         for (int64_t j = 0; j <= i; ++j) {
           double g = 0.0;
-          for (int64_t c = 0; c < hd; ++c) g += static_cast<double>(dout[at(i, c)]) * v[at(j, c)];
+          for (int64_t c = 0; c < hd; ++c) g += static_cast<double>(dout[at(i, c)]) * v[kv(j, c)];
           dP[i * T + j] = g;
           rs += P[i * T + j] * g;
         }
@@ -316,9 +324,9 @@ void attention_reference(const AttnShape& s, const std::vector<float>& q,
           const double ds = P[i * T + j] * (dP[i * T + j] - rs) * scale;
           dS[((b * s.H + h) * T + i) * T + j] = ds;
           for (int64_t c = 0; c < hd; ++c) {
-            dq[at(i, c)] += ds * k[at(j, c)];
-            dk[at(j, c)] += ds * q[at(i, c)];
-            dv[at(j, c)] += P[i * T + j] * dout[at(i, c)];
+            dq[at(i, c)] += ds * k[kv(j, c)];
+            dk[kv(j, c)] += ds * q[at(i, c)];
+            dv[kv(j, c)] += P[i * T + j] * dout[at(i, c)];
           }
         }
       }
@@ -443,6 +451,109 @@ TEST(Attention, BackwardAccumulates) {
   expect_doubled("dq", g1[0], g2[0]);
   expect_doubled("dk", g1[1], g2[1]);
   expect_doubled("dv", g1[2], g2[2]);
+}
+
+namespace {
+
+// Grouped-query attention (H query heads, Hkv < H key/value heads): double central
+// differences of L = Σ R ⊙ out (R random) w.r.t. q, k, v, optionally with RoPE applied to q
+// (H heads) and k (Hkv heads) before attention, as in a Llama / Nemotron-H attention block.
+void gqa_gradient_check(int64_t Hkv, bool rope, uint32_t seed) {
+  const int64_t B = 2, T = 5, H = 4, hd = 4;
+  const float theta = 10000.0f;
+  SCOPED_TRACE("Hkv=" + std::to_string(Hkv) + (rope ? " with RoPE" : " without RoPE"));
+  const size_t nq = B * T * H * hd, nkv = B * T * Hkv * hd;
+  auto q = randn(nq, seed), k = randn(nkv, seed + 1), v = randn(nkv, seed + 2);
+  const auto R = randn(nq, seed + 3);
+  std::vector<float> qr(nq), kr(nkv), out(nq), att(attention_scratch_floats(B, T, H));
+  std::vector<float> scratch(att.size());
+  auto forward = [&] {
+    qr = q;
+    kr = k;
+    if (rope) {
+      rope_forward(qr.data(), B, T, H, hd, theta);
+      rope_forward(kr.data(), B, T, Hkv, hd, theta);
+    }
+    attention_forward(out.data(), att.data(), qr.data(), kr.data(), v.data(), B, T, H, Hkv, hd);
+    return dot(out, R);
+  };
+  forward();
+  std::vector<float> dq(nq, 0.0f), dk(nkv, 0.0f), dv(nkv, 0.0f);
+  attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), R.data(), qr.data(),
+                     kr.data(), v.data(), att.data(), B, T, H, Hkv, hd);
+  if (rope) {
+    rope_backward(dq.data(), B, T, H, hd, theta);
+    rope_backward(dk.data(), B, T, Hkv, hd, theta);
+  }
+  check_grad("dq", q, dq, forward);
+  check_grad("dk", k, dk, forward);
+  check_grad("dv", v, dv, forward);
+}
+
+}  // namespace
+
+TEST(Attention, GqaGradientFiniteDifference) {
+  gqa_gradient_check(2, false, 70);
+  gqa_gradient_check(1, false, 74);
+}
+
+TEST(Attention, GqaWithRopeGradientFiniteDifference) {
+  gqa_gradient_check(2, true, 80);
+  gqa_gradient_check(1, true, 84);
+}
+
+TEST(Attention, GqaMatchesDoubleReference) {
+  // H = 6 query heads on Hkv = 3 and 1 KV heads, hd = 24, T = 37 (not a tile multiple);
+  // 1, 2 and 3 threads give the same bits.
+  for (const AttnShape s : {AttnShape{2, 37, 144, 6, 3}, AttnShape{1, 37, 144, 6, 1}}) {
+    SCOPED_TRACE("Hkv=" + std::to_string(s.Hkv));
+    const auto q = randn(s.act(), 90), k = randn(s.act_kv(), 91), v = randn(s.act_kv(), 92);
+    const auto dout = randn(s.act(), 93);
+    std::vector<double> rout, rdq, rdk, rdv, rds;
+    attention_reference(s, q, k, v, dout, rout, rdq, rdk, rdv, rds);
+    std::vector<std::vector<float>> first;
+    for (int threads : {1, 2, 3}) {
+      std::vector<float> out(s.act()), att(s.att()), scratch(s.att());
+      std::vector<float> dq(s.act(), 0.0f), dk(s.act_kv(), 0.0f), dv(s.act_kv(), 0.0f);
+      with_threads(threads, [&] {
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s.B, s.T, s.H,
+                          s.Hkv, s.hd());
+        attention_backward(dq.data(), dk.data(), dv.data(), scratch.data(), dout.data(),
+                           q.data(), k.data(), v.data(), att.data(), s.B, s.T, s.H, s.Hkv,
+                           s.hd());
+      });
+      if (threads == 1) {
+        for (size_t i = 0; i < s.att(); ++i)
+          EXPECT_NEAR(scratch[i], rds[i], 1e-5 * (1.0 + std::fabs(rds[i]))) << "scratch " << i;
+        for (size_t i = 0; i < s.act(); ++i) {
+          EXPECT_NEAR(out[i], rout[i], 1e-5 * (1.0 + std::fabs(rout[i]))) << "out " << i;
+          EXPECT_NEAR(dq[i], rdq[i], 1e-4 * (1.0 + std::fabs(rdq[i]))) << "dq " << i;
+        }
+        for (size_t i = 0; i < s.act_kv(); ++i) {
+          EXPECT_NEAR(dk[i], rdk[i], 1e-4 * (1.0 + std::fabs(rdk[i]))) << "dk " << i;
+          EXPECT_NEAR(dv[i], rdv[i], 1e-4 * (1.0 + std::fabs(rdv[i]))) << "dv " << i;
+        }
+        first = {out, att, scratch, dq, dk, dv};
+      } else {
+        const std::vector<std::vector<float>> got = {out, att, scratch, dq, dk, dv};
+        for (size_t a = 0; a < got.size(); ++a)
+          EXPECT_TRUE(bit_equal(got[a], first[a])) << "array " << a << ", " << threads
+                                                   << " threads";
+      }
+    }
+  }
+}
+
+TEST(Attention, GqaBadArgumentsThrow) {
+  std::vector<float> buf(1024);
+  float* p = buf.data();
+  // H % Hkv != 0, Hkv = 0, hd = 0, H = 0.
+  for (auto [H, Hkv, hd] : {std::tuple<int64_t, int64_t, int64_t>{4, 3, 8}, {4, 0, 8},
+                            {4, 2, 0}, {0, 1, 8}, {2, 4, 8}}) {
+    EXPECT_THROW(attention_forward(p, p, p, p, p, 1, 2, H, Hkv, hd), std::invalid_argument);
+    EXPECT_THROW(attention_backward(p, p, p, p, p, p, p, p, p, 1, 2, H, Hkv, hd),
+                 std::invalid_argument);
+  }
 }
 
 TEST(Attention, BadHeadCountThrows) {

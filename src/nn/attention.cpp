@@ -1,6 +1,7 @@
-// Causal multi-head attention forward/backward (see fp4/nn/layers.h).
+// Causal multi-head / grouped-query attention forward/backward (see fp4/nn/layers.h).
 //
-// Formulas, per (batch b, head h), with Q, K, V, O the [T, hd] head slices and s = 1/sqrt(hd):
+// Formulas, per (batch b, query head h), with Q, O the [T, hd] slices of head h, K, V those of
+// its KV head, and s = 1/sqrt(hd):
 //   S  = s · Q Kᵀ                         (only j ≤ i is used)
 //   P  = softmax_row(S) with max subtraction: P[i,j] = exp(S[i,j] − m_i) / Σ_{j'≤i} exp(S[i,j'] − m_i)
 //   O  = P V
@@ -9,10 +10,17 @@
 //   dS[i,j] = P[i,j] · (dP[i,j] − Σ_{j'≤i} P[i,j'] dP[i,j'])      (softmax Jacobian)
 //   dQ += s · dS K,   dK += s · dSᵀ Q,   dV += Pᵀ dO
 //
-// Implementation: every (b, h) pair is handled start to finish by one OpenMP thread, so each
-// output element is produced by one thread in a fixed order and results are bit-identical
-// for any thread count. The head slices are packed into zero-padded per-thread buffers
-// (T and hd rounded up to 16) and the products run through a register-blocked micro-kernel
+// Grouped-query attention: query head h reads K, V of KV head h / G (G = H / Hkv), and dK, dV
+// of a KV head are the sums of its G query heads' dK, dV above.
+//
+// Implementation: in the forward every (b, h) pair is handled start to finish by one OpenMP
+// thread; in the backward every (b, KV head) pair is, its G query heads one after another in
+// ascending h (each adds its finished dK, dV products to the KV head's rows, the same
+// additions in the same order as the scalar twin; K and Vᵀ are packed once per group). So
+// each output element is produced by one thread in a fixed order and results are
+// bit-identical for any thread count; with G = 1 this is the multi-head kernel unchanged.
+// The head slices are packed into zero-padded per-thread buffers (T and hd rounded up to 16)
+// and the products run through a register-blocked micro-kernel
 // (Simd<VW>::kMR rows × 16·kNV columns; AVX-512: 8 × 32, AVX2: 4 × 16, baseline: 4 × 16)
 // whose every lane computes acc = fma(a, b, acc) from +0 with k ascending over the whole
 // contraction range (never split), using explicit fused multiply-adds (the project builds
@@ -344,8 +352,11 @@ template <int VW>
   }
 }
 
+// Shapes of one call: T tokens, H query heads sharing Hkv key/value heads (G = H / Hkv per
+// group), head size hd; row strides ldq = H·hd (q, out, dq, dout) and ldkv = Hkv·hd (k, v, dk,
+// dv); Tp, hdp: T and hd rounded up to kPad.
 struct Dims {
-  int64_t T, C, H, hd, Tp, hdp;
+  int64_t T, H, Hkv, G, hd, ldq, ldkv, Tp, hdp;
   float scale;
 };
 
@@ -357,12 +368,13 @@ inline int64_t bwd_ws_floats(const Dims& d) {
   return 4 * d.Tp * d.hdp + (kPad + 1) * d.Tp + 2 * d.Tp * d.Tp;
 }
 
-// Packs src[t·C + c] (t < T, c < hd) into dst [Tp, hdp] row-major, zero padded.
-[[gnu::always_inline]] inline void pack_rows(float* dst, const float* src, const Dims& d) {
+// Packs src[t·ld + c] (t < T, c < hd) into dst [Tp, hdp] row-major, zero padded.
+[[gnu::always_inline]] inline void pack_rows(float* dst, const float* src, int64_t ld,
+                                             const Dims& d) {
   for (int64_t t = 0; t < d.Tp; ++t) {
     float* o = dst + t * d.hdp;
     if (t < d.T) {
-      std::memcpy(o, src + t * d.C, sizeof(float) * d.hd);
+      std::memcpy(o, src + t * ld, sizeof(float) * d.hd);
       std::fill(o + d.hd, o + d.hdp, 0.0f);
     } else {
       std::fill(o, o + d.hdp, 0.0f);
@@ -370,11 +382,12 @@ inline int64_t bwd_ws_floats(const Dims& d) {
   }
 }
 
-// Packs the transpose: dst [hdp, Tp], dst[c·Tp + t] = src[t·C + c], zero padded. Blocks of
+// Packs the transpose: dst [hdp, Tp], dst[c·Tp + t] = src[t·ld + c], zero padded. Blocks of
 // 16 tokens × 64 channels go through a small local tile: the source rows are read once,
 // contiguously, and every 16-float destination run is one cache line (a direct transpose
-// reads or writes with a power-of-two stride, C or Tp, and thrashes the L1 sets).
-[[gnu::always_inline]] inline void pack_cols(float* dst, const float* src, const Dims& d) {
+// reads or writes with a power-of-two stride, ld or Tp, and thrashes the L1 sets).
+[[gnu::always_inline]] inline void pack_cols(float* dst, const float* src, int64_t ld,
+                                             const Dims& d) {
   alignas(64) float blk[16][64];
   for (int64_t t0 = 0; t0 < d.Tp; t0 += 16) {
     const int64_t nt = std::clamp<int64_t>(d.T - t0, 0, 16);
@@ -382,7 +395,7 @@ inline int64_t bwd_ws_floats(const Dims& d) {
       const int64_t nc = std::min<int64_t>(64, d.hdp - c0);
       const int64_t ncv = std::clamp<int64_t>(d.hd - c0, 0, nc);  // valid channels
       for (int64_t t = 0; t < 16; ++t) {
-        const float* sr = src + (t0 + t) * d.C + c0;
+        const float* sr = src + (t0 + t) * ld + c0;
         const int64_t n = t < nt ? ncv : 0;
         for (int64_t c = 0; c < n; ++c) blk[t][c] = sr[c];
         for (int64_t c = n; c < nc; ++c) blk[t][c] = 0.0f;
@@ -475,15 +488,15 @@ struct RowStreamer {
 };
 inline void stream_fence() { __builtin_ia32_sfence(); }
 
-// out[(i0 + r)·C + c] (=, or += if Acc) tile[r·NRt + c − n0] for the rows < T and columns < hd
-// of a tile at (i0, n0) with MR rows and NRt columns.
+// out[(i0 + r)·ld + c] (=, or += if Acc) tile[r·NRt + c − n0] for the rows < T and columns
+// < hd of a tile at (i0, n0) with MR rows and NRt columns.
 template <int VW, bool Acc, int MR>
 [[gnu::always_inline]] inline void put_tile(float* out, const float* tile, int64_t NRt,
-                                            int64_t i0, int64_t n0, const Dims& d) {
+                                            int64_t i0, int64_t n0, int64_t ld, const Dims& d) {
   typedef typename Simd<VW>::U U;
   const int64_t rows = std::min<int64_t>(MR, d.T - i0), cols = std::min(NRt, d.hd - n0);
   for (int64_t r = 0; r < rows; ++r) {
-    float* o = out + (i0 + r) * d.C + n0;
+    float* o = out + (i0 + r) * ld + n0;
     const float* t = tile + r * NRt;
     if (cols == NRt) {  // whole tile row: vectors (the same one add per element)
       for (int64_t c = 0; c < NRt; c += VW) {
@@ -505,8 +518,9 @@ template <int VW, bool Acc, int MR>
   }
 }
 
-// One (b, h) forward. q/k/v/out point at the head's first column of token 0 of batch b;
-// att points at the [T, T] probability block of (b, h). Row blocks of MR queries are done
+// One (b, h) forward. q/out point at query head h's first column of token 0 of batch b (row
+// stride ldq), k/v at those of its KV head h / G (row stride ldkv); att points at the [T, T]
+// probability block of (b, h). Row blocks of MR queries are done
 // start to finish (scores, softmax, att rows, P V) through a small [MR, Tp] buffer that stays
 // in cache, so the [T, T] scores never travel to memory except as the att output.
 template <int VW>
@@ -519,9 +533,9 @@ template <int VW>
   float* Kt = Q + Tp * hdp;    // [hdp, Tp]
   float* V = Kt + hdp * Tp;    // [Tp, hdp]
   float* Sb = V + Tp * hdp;    // [MR, Tp] scores, then probabilities, of one row block
-  pack_rows(Q, q, d);
-  pack_cols(Kt, k, d);
-  pack_rows(V, v, d);
+  pack_rows(Q, q, d.ldq, d);
+  pack_cols(Kt, k, d.ldkv, d);
+  pack_rows(V, v, d.ldkv, d);
 
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
   RowStreamer<VW> att_out(att, T);
@@ -548,7 +562,7 @@ template <int VW>
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
       micro<VW, MR, decltype(nv)::value, kLower>(0, k1, Sb, Tp, 1, V + n0, hdp, tile, 16 * nv,
                                                  i0);
-      put_tile<VW, false, MR>(out, tile, 16 * nv, i0, n0, d);
+      put_tile<VW, false, MR>(out, tile, 16 * nv, i0, n0, d.ldq, d);
     });
   }
   att_out.finish();
@@ -560,11 +574,16 @@ template <int VW>
 // and P row is also scattered, MR columns at a time, into column panels (panel b holds
 // columns b·MR..b·MR + MR of every row i as [Tp, MR]: a contiguous stream for the kUpper
 // products dK = dSᵀ Q and dV = Pᵀ dO, which read column j over rows i ≥ j).
+// dq, dout, q: query head h (stride ldq); dk, dv, k, v: its KV head (stride ldkv). The query
+// heads of one KV head are run one after another on the same thread and workspace, so
+// pack_kv = false (every head of a group but the first) reuses the packed K and Vᵀ of the
+// previous call, which must have been for the same KV head.
 template <int VW>
 [[gnu::always_inline]] inline void head_backward(float* dq, float* dk, float* dv, float* ds,
                                                  const float* dout, const float* q,
                                                  const float* k, const float* v,
-                                                 const float* att, const Dims& d, float* ws) {
+                                                 const float* att, const Dims& d, float* ws,
+                                                 bool pack_kv) {
   constexpr int MR = Simd<VW>::kMR;
   const int64_t T = d.T, Tp = d.Tp, hdp = d.hdp;
   float* Q = ws;                // [Tp, hdp]
@@ -575,10 +594,12 @@ template <int VW>
   float* Pr = Db + MR * Tp;     // [Tp] copy of an att row whose 16-lane tail would leave att
   float* Dp = Pr + Tp;          // [Tp / MR][Tp, MR] column panels of dS (i ≥ j used)
   float* Pp = Dp + Tp * Tp;     // [Tp / MR][Tp, MR] the same panels of P
-  pack_rows(Q, q, d);
-  pack_rows(K, k, d);
-  pack_rows(dO, dout, d);
-  pack_cols(Vt, v, d);
+  pack_rows(Q, q, d.ldq, d);
+  pack_rows(dO, dout, d.ldq, d);
+  if (pack_kv) {
+    pack_rows(K, k, d.ldkv, d);
+    pack_cols(Vt, v, d.ldkv, d);
+  }
 
   alignas(64) float tile[MR * 16 * Simd<VW>::kNV];
   RowStreamer<VW> ds_out(ds, T);
@@ -615,7 +636,7 @@ template <int VW>
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
       micro<VW, MR, decltype(nv)::value, kLower>(0, k1, Db, Tp, 1, K + n0, hdp, tile, 16 * nv,
                                                  i0);
-      put_tile<VW, true, MR>(dq, tile, 16 * nv, i0, n0, d);
+      put_tile<VW, true, MR>(dq, tile, 16 * nv, i0, n0, d.ldq, d);
     });
   }
   ds_out.finish();
@@ -625,16 +646,16 @@ template <int VW>
     col_blocks<VW>(hdp, [&](int64_t n0, auto nv) {
       constexpr int NV = decltype(nv)::value;
       micro<VW, MR, NV, kUpper>(j0, T, Dp + j0 * Tp, 1, MR, Q + n0, hdp, tile, 16 * nv, j0);
-      put_tile<VW, true, MR>(dk, tile, 16 * nv, j0, n0, d);
+      put_tile<VW, true, MR>(dk, tile, 16 * nv, j0, n0, d.ldkv, d);
       micro<VW, MR, NV, kUpper>(j0, T, Pp + j0 * Tp, 1, MR, dO + n0, hdp, tile, 16 * nv, j0);
-      put_tile<VW, true, MR>(dv, tile, 16 * nv, j0, n0, d);
+      put_tile<VW, true, MR>(dv, tile, 16 * nv, j0, n0, d.ldkv, d);
     });
 }
 
 using FwdFn = void (*)(float*, float*, const float*, const float*, const float*, const Dims&,
                        float*);
 using BwdFn = void (*)(float*, float*, float*, float*, const float*, const float*, const float*,
-                       const float*, const float*, const Dims&, float*);
+                       const float*, const float*, const Dims&, float*, bool);
 
 #define FP4_ATTN_VARIANT(SUFFIX, TARGET, VW)                                                      \
   TARGET void head_forward_##SUFFIX(float* out, float* att, const float* q, const float* k,  \
@@ -644,8 +665,8 @@ using BwdFn = void (*)(float*, float*, float*, float*, const float*, const float
   TARGET void head_backward_##SUFFIX(float* dq, float* dk, float* dv, float* ds,             \
                                      const float* dout, const float* q, const float* k,      \
                                      const float* v, const float* att, const Dims& d,        \
-                                     float* ws) {                                             \
-    head_backward<VW>(dq, dk, dv, ds, dout, q, k, v, att, d, ws);                                 \
+                                     float* ws, bool pack_kv) {                               \
+    head_backward<VW>(dq, dk, dv, ds, dout, q, k, v, att, d, ws, pack_kv);                        \
   }
 
 FP4_ATTN_VARIANT(avx512, __attribute__((target("avx512f"))), 16)
@@ -694,56 +715,64 @@ float* thread_ws(int64_t n) {
   return p.get();
 }
 
-Dims make_dims(int64_t T, int64_t C, int64_t H, const char* fn) {
-  if (T <= 0 || C <= 0 || H <= 0 || C % H != 0)
-    throw std::invalid_argument(std::string(fn) + ": need T, C, H > 0 and C % H == 0 (got T=" +
-                                std::to_string(T) + ", C=" + std::to_string(C) +
-                                ", H=" + std::to_string(H) + ")");
+Dims make_dims(int64_t T, int64_t H, int64_t Hkv, int64_t hd, const char* fn) {
+  in::check_attention_dims(T, H, Hkv, hd, fn);
   Dims d;
   d.T = T;
-  d.C = C;
   d.H = H;
-  d.hd = C / H;
+  d.Hkv = Hkv;
+  d.G = H / Hkv;
+  d.hd = hd;
+  d.ldq = H * hd;
+  d.ldkv = Hkv * hd;
   d.Tp = round_up(T, kPad);
-  d.hdp = round_up(d.hd, kPad);
-  d.scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  d.hdp = round_up(hd, kPad);
+  d.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   return d;
 }
 
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t C, int64_t H) {
+                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
   if (B <= 0) return;
-  const Dims d = make_dims(T, C, H, "attention_forward");
+  const Dims d = make_dims(T, H, Hkv, hd, "attention_forward");
   const FwdFn fn = pick_forward();
+  // One (b, query head) per iteration: every output element and att row has one producer.
 #pragma omp parallel if (B * H * T * T * d.hd >= kParallelMin)
   {
     float* ws = thread_ws(fwd_ws_floats(d));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const int64_t off = b * T * C + h * d.hd;
-      fn(out + off, att + bh * T * T, q + off, k + off, v + off, d, ws);
+      const int64_t offq = b * T * d.ldq + h * hd, offkv = b * T * d.ldkv + (h / d.G) * hd;
+      fn(out + offq, att + bh * T * T, q + offq, k + offkv, v + offkv, d, ws);
     }
   }
 }
 
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* q, const float* k, const float* v, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t H) {
+                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd) {
   if (B <= 0) return;
-  const Dims d = make_dims(T, C, H, "attention_backward");
+  const Dims d = make_dims(T, H, Hkv, hd, "attention_backward");
   const BwdFn fn = pick_backward();
+  // One (b, KV head) per iteration, its G query heads in ascending order on that thread: the
+  // dk/dv rows of a KV head receive the query heads' contributions in the order h = g·G, …,
+  // g·G + G − 1 whatever the thread count (the scalar twin adds them in the same order).
 #pragma omp parallel if (B * H * T * T * d.hd >= kParallelMin)
   {
     float* ws = thread_ws(bwd_ws_floats(d));
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const int64_t off = b * T * C + h * d.hd;
-      fn(dq + off, dk + off, dv + off, scratch + bh * T * T, dout + off, q + off, k + off,
-         v + off, att + bh * T * T, d, ws);
+    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+      const int64_t b = bg / Hkv, g = bg % Hkv;
+      const int64_t offkv = b * T * d.ldkv + g * hd;
+      for (int64_t r = 0; r < d.G; ++r) {
+        const int64_t h = g * d.G + r, bh = b * H + h;
+        const int64_t offq = b * T * d.ldq + h * hd;
+        fn(dq + offq, dk + offkv, dv + offkv, scratch + bh * T * T, dout + offq, q + offq,
+           k + offkv, v + offkv, att + bh * T * T, d, ws, r == 0);
+      }
     }
   }
 }

@@ -1,7 +1,8 @@
 // Scalar reference twin of the causal attention kernels in attention.cpp (see
 // fp4/nn/layers.h, fp4::nn::detail::attention_forward_ref / attention_backward_ref).
 //
-// Straightforward loops over (b, h, i, j, c): no vector types, no OpenMP, no padded
+// Straightforward loops over (b, h, i, j, c), h the query head (its KV head is h / (H / Hkv);
+// q, out rows have stride H·hd, k, v rows Hkv·hd): no vector types, no OpenMP, no padded
 // buffers. Each FP32 value is produced by exactly the operations the vector kernels use, in
 // the same order, so the AVX-512, AVX2 and SSE2 builds must match this file bit for bit:
 //  * every dot product / matrix-product entry is acc = std::fma(a, b, acc) from +0.0f with
@@ -15,6 +16,9 @@
 //    and add exp(s − m) (internal::exp_scalar, the project's multiply/add-only expf), and
 //    are combined by internal::tree16; then every e[j] is multiplied by 1/sum;
 //  * the backward row dot Σ_j p[j]·dp[j] uses 16 fma partials (j mod 16) and tree16;
+//  * grouped-query attention: dk/dv of a KV head receive one finished fma chain per query
+//    head of its group, added in ascending h (the (b, h) loop order below), which is the
+//    order in which the kernel's thread for (b, KV head) runs the group's heads;
 //  * sums restricted to the causal range: the kernel never adds a masked (j > i) term (see
 //    the triangular tails of micro() in attention.cpp), so none appear here either.
 // Keep this file in sync with attention.cpp; tests/test_attention_twin.cpp compares them.
@@ -31,13 +35,6 @@
 namespace fp4::nn::detail {
 namespace {
 
-void check_dims(int64_t T, int64_t C, int64_t H, const char* fn) {
-  if (T <= 0 || C <= 0 || H <= 0 || C % H != 0)
-    throw std::invalid_argument(std::string(fn) + ": need T, C, H > 0 and C % H == 0 (got T=" +
-                                std::to_string(T) + ", C=" + std::to_string(C) +
-                                ", H=" + std::to_string(H) + ")");
-}
-
 // As attention.cpp: max of 16 partials by a fixed tree with mx(a, b) = b > a ? b : a.
 float max_tree16(float* p) {
   auto mx = [](float a, float b) { return b > a ? b : a; };
@@ -50,17 +47,19 @@ float max_tree16(float* p) {
 }  // namespace
 
 void attention_forward_ref(float* out, float* att, const float* q, const float* k,
-                           const float* v, int64_t B, int64_t T, int64_t C, int64_t H) {
+                           const float* v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                           int64_t hd) {
   if (B <= 0) return;
-  check_dims(T, C, H, "attention_forward_ref");
-  const int64_t hd = C / H;
+  internal::check_attention_dims(T, H, Hkv, hd, "attention_forward_ref");
+  const int64_t G = H / Hkv, C = H * hd, Ckv = Hkv * hd;  // row strides of q/out and k/v
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t off = b * T * C + h * hd;  // head h, token 0 of batch b
+      const int64_t off = b * T * C + h * hd;              // query head h, token 0 of batch b
+      const int64_t offkv = b * T * Ckv + (h / G) * hd;    // its KV head
       const float* Q = q + off;
-      const float* K = k + off;
-      const float* V = v + off;
+      const float* K = k + offkv;
+      const float* V = v + offkv;
       float* O = out + off;
       float* P = att + (b * H + h) * T * T;
       for (int64_t i = 0; i < T; ++i) {
@@ -68,7 +67,7 @@ void attention_forward_ref(float* out, float* att, const float* q, const float* 
         // Scores s[j] = (q_i · k_j) · scale, kept in the att row.
         for (int64_t j = 0; j <= i; ++j) {
           float acc = 0.0f;
-          for (int64_t c = 0; c < hd; ++c) acc = std::fma(Q[i * C + c], K[j * C + c], acc);
+          for (int64_t c = 0; c < hd; ++c) acc = std::fma(Q[i * C + c], K[j * Ckv + c], acc);
           p[j] = acc;
         }
         float part[16];
@@ -90,7 +89,7 @@ void attention_forward_ref(float* out, float* att, const float* q, const float* 
         // out_i = Σ_{j ≤ i} p[j] v_j.
         for (int64_t c = 0; c < hd; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) acc = std::fma(p[j], V[j * C + c], acc);
+          for (int64_t j = 0; j <= i; ++j) acc = std::fma(p[j], V[j * Ckv + c], acc);
           O[i * C + c] = acc;
         }
       }
@@ -99,22 +98,23 @@ void attention_forward_ref(float* out, float* att, const float* q, const float* 
 
 void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
                             const float* dout, const float* q, const float* k,
-                            const float* v, const float* att, int64_t B, int64_t T, int64_t C,
-                            int64_t H) {
+                            const float* v, const float* att, int64_t B, int64_t T, int64_t H,
+                            int64_t Hkv, int64_t hd) {
   if (B <= 0) return;
-  check_dims(T, C, H, "attention_backward_ref");
-  const int64_t hd = C / H;
+  internal::check_attention_dims(T, H, Hkv, hd, "attention_backward_ref");
+  const int64_t G = H / Hkv, C = H * hd, Ckv = Hkv * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = 0; h < H; ++h) {  // h ascending: the group order of dk/dv (see top)
       const int64_t off = b * T * C + h * hd;
+      const int64_t offkv = b * T * Ckv + (h / G) * hd;
       const float* Q = q + off;
-      const float* K = k + off;
-      const float* V = v + off;
+      const float* K = k + offkv;
+      const float* V = v + offkv;
       const float* dO = dout + off;
       float* dQ = dq + off;
-      float* dK = dk + off;
-      float* dV = dv + off;
+      float* dK = dk + offkv;
+      float* dV = dv + offkv;
       const float* P = att + (b * H + h) * T * T;
       float* dS = scratch + (b * H + h) * T * T;
 
@@ -124,7 +124,7 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
         float* g = dS + i * T;
         for (int64_t j = 0; j <= i; ++j) {
           float acc = 0.0f;
-          for (int64_t c = 0; c < hd; ++c) acc = std::fma(dO[i * C + c], V[j * C + c], acc);
+          for (int64_t c = 0; c < hd; ++c) acc = std::fma(dO[i * C + c], V[j * Ckv + c], acc);
           g[j] = acc;
         }
         float part[16] = {};
@@ -138,7 +138,7 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
       for (int64_t i = 0; i < T; ++i)
         for (int64_t c = 0; c < hd; ++c) {
           float acc = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) acc = std::fma(dS[i * T + j], K[j * C + c], acc);
+          for (int64_t j = 0; j <= i; ++j) acc = std::fma(dS[i * T + j], K[j * Ckv + c], acc);
           dQ[i * C + c] += acc;
         }
       // dk_j += Σ_{i=j}^{T−1} dS[i, j] q_i and dv_j += Σ_{i=j}^{T−1} P[i, j] dout_i.
@@ -149,8 +149,8 @@ void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
             acc_k = std::fma(dS[i * T + j], Q[i * C + c], acc_k);
             acc_v = std::fma(P[i * T + j], dO[i * C + c], acc_v);
           }
-          dK[j * C + c] += acc_k;
-          dV[j * C + c] += acc_v;
+          dK[j * Ckv + c] += acc_k;
+          dV[j * Ckv + c] += acc_v;
         }
     }
 }

@@ -161,4 +161,24 @@ inline void check_ids(const int32_t* ids, int64_t n, int64_t V, const char* fn,
   }
 }
 
+// Argument check of the causal attention kernels (attention.cpp) and their twins
+// (attention_ref.cpp): throws std::invalid_argument, naming `fn` and the offending argument,
+// unless T, H, Hkv, hd > 0, H % Hkv == 0 and T, H, hd < 2^31 (the vector kernels compare
+// column indices as int32).
+inline void check_attention_dims(int64_t T, int64_t H, int64_t Hkv, int64_t hd,
+                                 const char* fn) {
+  auto bad = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(fn) + ": " + why + " (got T=" + std::to_string(T) +
+                                ", H=" + std::to_string(H) + ", Hkv=" + std::to_string(Hkv) +
+                                ", hd=" + std::to_string(hd) + ")");
+  };
+  if (T <= 0) bad("T must be > 0");
+  if (H <= 0) bad("H (query heads) must be > 0");
+  if (Hkv <= 0) bad("Hkv (key/value heads) must be > 0");
+  if (hd <= 0) bad("hd (head size) must be > 0");
+  if (H % Hkv != 0) bad("H must be a multiple of Hkv");
+  constexpr int64_t kMax = int64_t{1} << 31;
+  if (T >= kMax || H >= kMax || hd >= kMax) bad("T, H and hd must be < 2^31");
+}
+
 }  // namespace fp4::nn::internal

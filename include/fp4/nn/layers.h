@@ -1,7 +1,8 @@
 // Layers of the Llama-style decoder as plain forward/backward functions over row-major
 // FP32 arrays (llm.c style). Linear layers live in fp4/nn/linear.h; this file has
 // everything else. Conventions:
-//  * BT = batch · seq_len tokens; C = d_model; H heads of size hd = C / H.
+//  * BT = batch · seq_len tokens; C = d_model; H heads of size hd = C / H (attention also
+//    has a grouped-query form with Hkv key/value heads and an explicit hd).
 //  * Backward functions ACCUMULATE (+=) into every gradient they produce (inputs and
 //    parameters), so residual branches and shared weights add up naturally.
 //  * All reductions are done in a fixed order independent of thread count and SIMD width.
@@ -27,6 +28,8 @@
 // NaN → NaN.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 namespace fp4::nn {
 
@@ -59,18 +62,66 @@ void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float*
 void rope_forward(float* x, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 void rope_backward(float* dx, int64_t B, int64_t T, int64_t H, int64_t hd, float theta);
 
-/// Causal multi-head attention: q, k, v, out are [B, T, C] (head h occupies columns
-/// h·hd..(h+1)·hd). att [B, H, T, T] stores the softmax probabilities (row i, cols ≤ i;
-/// the masked upper triangle is written as 0) for backward. Scale 1/sqrt(hd).
-/// Throws std::invalid_argument unless C % H == 0.
+/// Causal grouped-query attention (GQA; multi-head attention when Hkv = H), FP32:
+/// H query heads share Hkv key/value heads, query head h using KV head h / (H / Hkv)
+/// (Ainslie et al. 2023, "GQA", §2.2; the grouping of HF transformers' repeat_kv, as used by
+/// Nemotron-H and Llama). q and out are [B, T, H·hd] (query head h occupies columns
+/// h·hd..(h+1)·hd), k and v are [B, T, Hkv·hd] (KV head g at columns g·hd..(g+1)·hd); H·hd
+/// need not equal d_model. out_i = Σ_{j ≤ i} softmax_j(q_i·k_j / sqrt(hd)) v_j per head
+/// (Vaswani et al. 2017, §3.2.1, with a causal mask). att [B, H, T, T] receives the softmax
+/// probabilities (row i, cols ≤ i; the masked upper triangle is written as 0) for backward.
+/// B ≤ 0 does nothing (no checks). Throws std::invalid_argument (message naming the
+/// argument) unless T, H, Hkv, hd > 0, H % Hkv == 0 and T, H, hd < 2^31. Bit-identical for
+/// any OpenMP thread count; for Hkv = H the results are those of the former [B, T, C] MHA
+/// kernels (the wrappers below).
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
-                       int64_t B, int64_t T, int64_t C, int64_t H);
-/// Accumulates into dq, dk, dv [B, T, C]. `scratch` must hold B·H·T·T floats; it receives
-/// ∂L/∂(q_i·k_j), the gradient w.r.t. the raw dot products (softmax gradient times
-/// 1/sqrt(hd)), [B, H, T, T] with zeros above the diagonal.
+                       int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
+/// Backward of attention_forward (same shapes, same exceptions): accumulates (+=) into dq
+/// [B, T, H·hd] and dk, dv [B, T, Hkv·hd]; dout [B, T, H·hd]; att from the forward. The
+/// gradient of a KV head is the sum over the H / Hkv query heads that share it: each query
+/// head's contribution is one finished sum, added to dk/dv in ascending query-head order
+/// (independent of thread count). `scratch` must hold attention_scratch_floats(B, T, H) =
+/// B·H·T·T floats (unchanged by GQA); it receives ∂L/∂(q_i·k_j), the gradient w.r.t. the
+/// raw dot products (softmax gradient times 1/sqrt(hd)), [B, H, T, T] with zeros above the
+/// diagonal.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* q, const float* k, const float* v, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t H);
+                        int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
+/// Floats of attention_backward's `scratch` (and of attention_forward's `att`): B·H·T·T.
+constexpr int64_t attention_scratch_floats(int64_t B, int64_t T, int64_t H) {
+  return B * H * T * T;
+}
+
+namespace detail {
+/// hd = C / H for the [B, T, C] multi-head wrappers below. Throws std::invalid_argument
+/// naming `fn` unless C > 0, H > 0 and C % H == 0.
+inline int64_t mha_head_dim(int64_t C, int64_t H, const char* fn) {
+  if (C <= 0 || H <= 0 || C % H != 0)
+    throw std::invalid_argument(std::string(fn) + ": need C, H > 0 and C % H == 0 (got C=" +
+                                std::to_string(C) + ", H=" + std::to_string(H) + ")");
+  return C / H;
+}
+}  // namespace detail
+
+/// Multi-head attention on q, k, v, out [B, T, C], C = H·hd: attention_forward with
+/// Hkv = H, hd = C / H (bit for bit). B ≤ 0 does nothing; throws std::invalid_argument
+/// unless C, H > 0 and C % H == 0 (and as the GQA form for T).
+inline void attention_forward(float* out, float* att, const float* q, const float* k,
+                              const float* v, int64_t B, int64_t T, int64_t C, int64_t H) {
+  if (B <= 0) return;
+  attention_forward(out, att, q, k, v, B, T, H, H,
+                    detail::mha_head_dim(C, H, "attention_forward"));
+}
+/// Multi-head backward on [B, T, C]: attention_backward with Hkv = H, hd = C / H (same
+/// contract and exceptions as the forward wrapper; scratch holds B·H·T·T floats).
+inline void attention_backward(float* dq, float* dk, float* dv, float* scratch,
+                               const float* dout, const float* q, const float* k,
+                               const float* v, const float* att, int64_t B, int64_t T,
+                               int64_t C, int64_t H) {
+  if (B <= 0) return;
+  attention_backward(dq, dk, dv, scratch, dout, q, k, v, att, B, T, H, H,
+                     detail::mha_head_dim(C, H, "attention_backward"));
+}
 
 /// Squared ReLU (Nemotron-H MLP), n elements FP32: out = r·r with r = x > 0 ? x : 0
 /// (NaN → 0). backward: dx += dout·(2·r).
@@ -115,8 +166,9 @@ enum class AttentionIsa { kAuto, kAvx512, kAvx2, kScalarTwin };
 /// Returns false, changing nothing, if this CPU cannot run it.
 bool set_attention_isa(AttentionIsa isa);
 
-/// Plain scalar reference twin of attention_forward (same contract and exceptions): one
-/// (b, h, i) row at a time, no vectors, no threads, no padding. It performs exactly the
+/// Plain scalar reference twin of the GQA attention_forward (same contract and exceptions,
+/// with the _ref name): one (b, h, i) row at a time (h the query head, k/v read from its KV
+/// head h / (H / Hkv)), no vectors, no threads, no padding. It performs exactly the
 /// FP32 operations of the vector kernels in the same order, so every variant must match it
 /// bit for bit:
 ///   s[j] = (Σ_{c=0}^{hd−1} q_i[c]·k_j[c]) · (1/sqrt(hd))  (acc = fma(q, k, acc) from +0, c
@@ -128,17 +180,35 @@ bool set_attention_isa(AttentionIsa isa);
 ///   p[j] = e[j] · (1/sum);
 ///   out_i[c] = Σ_{j=0}^{i} p[j]·v_j[c] (fma from +0, j ascending). att is 0 above the diagonal.
 void attention_forward_ref(float* out, float* att, const float* q, const float* k,
-                           const float* v, int64_t B, int64_t T, int64_t C, int64_t H);
+                           const float* v, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                           int64_t hd);
 /// Plain scalar reference twin of attention_backward (same contract: accumulates into dq,
 /// dk, dv, overwrites scratch). Per row i: dp[j] = Σ_c dout_i[c]·v_j[c] (fma from +0, c
 /// ascending); dot = Σ_{j≤i} p[j]·dp[j] (16 fma partials, j mod 16, then tree16);
 /// ds[j] = p[j]·(dp[j] − dot) · (1/sqrt(hd)). Then, each sum an fma chain from +0 with its
 /// index ascending, added once to the gradient: dq_i += Σ_{j=0}^{i} ds[i,j]·k_j,
-/// dk_j += Σ_{i=j}^{T−1} ds[i,j]·q_i, dv_j += Σ_{i=j}^{T−1} p[i,j]·dout_i.
+/// dk_j += Σ_{i=j}^{T−1} ds[i,j]·q_i, dv_j += Σ_{i=j}^{T−1} p[i,j]·dout_i, where dk_j, dv_j
+/// are rows of query head h's KV head; (b, h) run with h ascending, so the KV head's rows
+/// get one such addition per query head of its group, in ascending h.
 void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
                             const float* dout, const float* q, const float* k,
-                            const float* v, const float* att, int64_t B, int64_t T, int64_t C,
-                            int64_t H);
+                            const float* v, const float* att, int64_t B, int64_t T, int64_t H,
+                            int64_t Hkv, int64_t hd);
+/// [B, T, C] multi-head forms of the twins (Hkv = H, hd = C / H), as the public wrappers.
+inline void attention_forward_ref(float* out, float* att, const float* q, const float* k,
+                                  const float* v, int64_t B, int64_t T, int64_t C, int64_t H) {
+  if (B <= 0) return;
+  attention_forward_ref(out, att, q, k, v, B, T, H, H,
+                        mha_head_dim(C, H, "attention_forward_ref"));
+}
+inline void attention_backward_ref(float* dq, float* dk, float* dv, float* scratch,
+                                   const float* dout, const float* q, const float* k,
+                                   const float* v, const float* att, int64_t B, int64_t T,
+                                   int64_t C, int64_t H) {
+  if (B <= 0) return;
+  attention_backward_ref(dq, dk, dv, scratch, dout, q, k, v, att, B, T, H, H,
+                         mha_head_dim(C, H, "attention_backward_ref"));
+}
 
 /// Scalar twins of the kernels above (same contracts, same exceptions with the _ref name):
 /// plain loops, no vectors, no threads, exactly the FP32/FP64 operations of the fast
