@@ -80,10 +80,11 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 /// [B, T, H·hd] and dk, dv [B, T, Hkv·hd]; dout [B, T, H·hd]; att from the forward. The
 /// gradient of a KV head is the sum over the H / Hkv query heads that share it: each query
 /// head's contribution is one finished sum, added to dk/dv in ascending query-head order
-/// (independent of thread count). `scratch` must hold attention_scratch_floats(B, T, H) =
-/// B·H·T·T floats (unchanged by GQA); it receives ∂L/∂(q_i·k_j), the gradient w.r.t. the
-/// raw dot products (softmax gradient times 1/sqrt(hd)), [B, H, T, T] with zeros above the
-/// diagonal.
+/// (independent of thread count; the threads split the B·Hkv (batch, KV head) pairs, the
+/// forward the B·H (batch, query head) pairs). `scratch` must hold
+/// attention_scratch_floats(B, T, H) = B·H·T·T floats (unchanged by GQA); it receives
+/// ∂L/∂(q_i·k_j), the gradient w.r.t. the raw dot products (softmax gradient times
+/// 1/sqrt(hd)), [B, H, T, T] with zeros above the diagonal.
 void attention_backward(float* dq, float* dk, float* dv, float* scratch, const float* dout,
                         const float* q, const float* k, const float* v, const float* att,
                         int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t hd);
@@ -105,7 +106,7 @@ inline int64_t mha_head_dim(int64_t C, int64_t H, const char* fn) {
 
 /// Multi-head attention on q, k, v, out [B, T, C], C = H·hd: attention_forward with
 /// Hkv = H, hd = C / H (bit for bit). B ≤ 0 does nothing; throws std::invalid_argument
-/// unless C, H > 0 and C % H == 0 (and as the GQA form for T).
+/// unless C, H > 0 and C % H == 0, or T ≤ 0 (as the GQA form).
 inline void attention_forward(float* out, float* att, const float* q, const float* k,
                               const float* v, int64_t B, int64_t T, int64_t C, int64_t H) {
   if (B <= 0) return;
