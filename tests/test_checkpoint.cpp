@@ -62,9 +62,9 @@ Checkpoint sample_checkpoint(int64_t step, size_t n, uint32_t seed) {
   }
   for (int64_t s = 0; s < step; ++s) c.losses.push_back(8.0 - 0.1 * s + 1e-17 * s);
   c.sampler_draws = 12345678901234ull;
-  c.references = {{"blocks.0.attn.q", 0, true, 1, 3.1415927f},
-                  {"blocks.1.mlp.down", 2, true, step, 1e-40f},  // subnormal amax
-                  {"blocks.1.mlp.down", 4, true, 1, 0.f}};
+  c.references = {{"layers.0.mixer.q_proj", 0, true, 1, 3.1415927f},
+                  {"layers.3.mixer.down_proj", 2, true, step, 1e-40f},  // subnormal amax
+                  {"layers.3.mixer.down_proj", 4, true, 1, 0.f}};
   c.train_seconds = 1.0 / 3;
   c.wall_seconds = 2.5;
   c.val_nll = 5.123456789012345;  // val_nll_quant stays NaN: no evaluation of it

@@ -272,7 +272,7 @@ TEST(Model, NanReachingAQuantizerIsANonFiniteError) {
   model.init(1);
   std::vector<int32_t> in = {1, 2, 3, 4}, tg = {2, 3, 4, 5};
   for (const auto& p : model.param_infos())
-    if (p.name == "blocks.0.attn.q") model.params()[p.offset] = std::nanf("");
+    if (p.name == "layers.0.mixer.q_proj") model.params()[p.offset] = std::nanf("");
   nn::StepContext ctx;
   EXPECT_THROW(model.forward(in.data(), tg.data(), 1, ctx), NonFiniteError);
 }

@@ -78,6 +78,12 @@ ModelConfig micro_model(int n_layers) {
   return m;
 }
 
+// Plans of a Llama-style model of n_layers layers (2·n_layers hybrid blocks); linear
+// 6·l + j is kind j of q, k, v, o_proj, up, down_proj of layer l.
+ResolvedLinears resolve_layers(const Recipe& r, int n_layers) {
+  return resolve_linear_plans(r, llama_linear_sites(n_layers), 2 * n_layers);
+}
+
 RunConfig micro_run(int n_layers) {
   RunConfig c;
   c.model = micro_model(n_layers);
@@ -150,7 +156,7 @@ TEST(RecipeFiles, NewRecipesHaveTheirTableValues) {
 
   const Recipe t = load_recipe("ue5m3-b16-t2048", kDir);
   ASSERT_EQ(t.overrides.size(), 1u);
-  EXPECT_EQ(t.overrides[0].linears, std::vector<std::string>{"mlp.down"});
+  EXPECT_EQ(t.overrides[0].linears, std::vector<std::string>{"down_proj"});
   EXPECT_EQ(t.overrides[0].final_blocks, 4);
   EXPECT_TRUE(t.overrides[0].has_gemm && t.overrides[0].gemm == Gemm::Wgrad);
   EXPECT_TRUE(t.overrides[0].has_role && t.overrides[0].role == Operand::DY);
@@ -290,9 +296,10 @@ TEST(RecipeHighPrecision, RulesCombineAsAUnion) {
   r.final_blocks = 5;  // now final_blocks is the larger suffix
   EXPECT_EQ(r.final_high_precision_blocks(6), 5);
   EXPECT_EQ(r.block_mode(1, 6), LinearMode::BF16);
-  // The resolved plans agree with block_mode for every linear.
-  const ResolvedLinears res = resolve_linear_plans(r, 6);
-  for (int i = 0; i < 36; ++i) EXPECT_EQ(res.plans[i].mode, r.block_mode(i / 6, 6));
+  // The resolved plans agree with block_mode for every linear, by hybrid block.
+  const std::vector<LinearSite> sites = llama_linear_sites(3);  // 6 blocks
+  const ResolvedLinears res = resolve_linear_plans(r, sites, 6);
+  for (int i = 0; i < 18; ++i) EXPECT_EQ(res.plans[i].mode, r.block_mode(sites[i].block, 6));
 }
 
 TEST(RecipeHighPrecision, ParsesFinalBlocksAndRejectsNegative) {
@@ -309,15 +316,15 @@ TEST(RecipeHighPrecision, ParsesFinalBlocksAndRejectsNegative) {
 }
 
 TEST(RecipeHighPrecision, CheckRecipeFitsNamesTheKey) {
-  const RunConfig cfg = micro_run(4);
+  const RunConfig cfg = micro_run(4);  // 8 hybrid blocks
   Recipe r = load_recipe_file(
-      write_tmp("fit1.toml", std::string(kBase) + "[high_precision]\nfinal_blocks = 5\n"));
+      write_tmp("fit1.toml", std::string(kBase) + "[high_precision]\nfinal_blocks = 9\n"));
   std::string e = error_of([&] { check_recipe_fits(r, cfg); });
   EXPECT_NE(e.find("high_precision.final_blocks"), std::string::npos) << e;
   EXPECT_NE(e.find("fit1.toml"), std::string::npos) << e;
-  r.final_blocks = 4;  // every block: fits
+  r.final_blocks = 8;  // every block: fits
   EXPECT_NO_THROW(check_recipe_fits(r, cfg));
-  r.blocks = {4};
+  r.blocks = {8};
   e = error_of([&] { check_recipe_fits(r, cfg); });
   EXPECT_NE(e.find("high_precision.blocks"), std::string::npos) << e;
 }
@@ -326,7 +333,7 @@ TEST(RecipeHighPrecision, CheckRecipeFitsNamesTheKey) {
 
 TEST(RecipeOverride, PaperExampleResolvesToWgradDyOfTheFinalFourMlpDown) {
   const Recipe r = load_recipe("ue5m3-b16-t2048", kDir);
-  const ResolvedLinears res = resolve_linear_plans(r, 6);
+  const ResolvedLinears res = resolve_layers(r, 6);
   ASSERT_EQ(res.override_hits.size(), 1u);
   EXPECT_EQ(res.override_hits[0], (std::vector<int>{2 * 6 + 5, 3 * 6 + 5, 4 * 6 + 5, 5 * 6 + 5}));
   for (int i = 0; i < 36; ++i) {
@@ -341,8 +348,8 @@ TEST(RecipeOverride, PaperExampleResolvesToWgradDyOfTheFinalFourMlpDown) {
       }
   }
   // A 4-block model: all four mlp.down; a 3-block model: does not fit, the key is named.
-  EXPECT_EQ(resolve_linear_plans(r, 4).override_hits[0].size(), 4u);
-  const std::string e = error_of([&] { resolve_linear_plans(r, 3); });
+  EXPECT_EQ(resolve_layers(r, 4).override_hits[0].size(), 4u);
+  const std::string e = error_of([&] { resolve_layers(r, 3); });
   EXPECT_NE(e.find("override[0].final_blocks"), std::string::npos) << e;
   EXPECT_NE(e.find("ue5m3-b16-t2048.toml"), std::string::npos) << e;
 }
@@ -351,8 +358,8 @@ TEST(RecipeOverride, PaperExampleResolvesToWgradDyOfTheFinalFourMlpDown) {
 // with T = 2048 (and Xᵀ with T = 448); dgrad dX is bit-identical to the non-overridden layer's.
 TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
   const Recipe r = load_recipe("ue5m3-b16-t2048", kDir);
-  const ResolvedLinears res = resolve_linear_plans(r, 4);
-  const int id = 3 * 6 + 5;  // blocks.3.mlp.down
+  const ResolvedLinears res = resolve_layers(r, 4);
+  const int id = 3 * 6 + 5;  // layers.7.mixer.down_proj
   const LinearPlan& over = res.plans[id];
   const LinearPlan base = LinearPlan::uniform(r, LinearMode::FP4);
   const int64_t M = 48, K = 40, N = 24;
@@ -423,8 +430,9 @@ TEST(RecipeOverride, ModelGradientsChangeOnlyInTheOverriddenWeights) {
   for (const auto& p : infos)
     if (std::memcmp(grads[0].data() + p.offset, grads[1].data() + p.offset, p.size * sizeof(float)))
       changed.insert(p.name);
-  EXPECT_EQ(changed, (std::set<std::string>{"blocks.2.mlp.down", "blocks.3.mlp.down",
-                                            "blocks.4.mlp.down", "blocks.5.mlp.down"}));
+  EXPECT_EQ(changed, (std::set<std::string>{
+                         "layers.5.mixer.down_proj", "layers.7.mixer.down_proj",
+                         "layers.9.mixer.down_proj", "layers.11.mixer.down_proj"}));
 }
 
 TEST(RecipeOverride, ModeAndRoundingOverridesAndTheirReport) {
@@ -436,7 +444,7 @@ TEST(RecipeOverride, ModeAndRoundingOverridesAndTheirReport) {
                                                  "[[override]]\nlinears = [\"attn.v\"]\nrole = \"x\"\n"
                                                  "rounding = \"sr8\"\nscale_target = 1000\n");
   const Recipe r = load_recipe_file(p);
-  const ResolvedLinears res = resolve_linear_plans(r, 2);
+  const ResolvedLinears res = resolve_layers(r, 2);
   EXPECT_EQ(res.plans[0].mode, LinearMode::BF16);
   EXPECT_EQ(res.plans[1].mode, LinearMode::BF16);
   EXPECT_EQ(res.plans[2].mode, LinearMode::FP4);
@@ -459,11 +467,11 @@ TEST(RecipeOverride, ModeAndRoundingOverridesAndTheirReport) {
   RunConfig cfg = micro_run(2);
   nn::Model model(cfg.model, r, 1, 16);
   const std::string d = describe_linear_plans(r, model);
-  EXPECT_NE(d.find("(bf16+fp4,fp4 per block)"), std::string::npos) << d;
+  EXPECT_NE(d.find("(bf16+fp4,fp4,fp4,fp4 per block)"), std::string::npos) << d;  // 4 hybrid blocks
   EXPECT_NE(d.find("override[0]"), std::string::npos) << d;
-  EXPECT_NE(d.find("blocks.0.attn.q blocks.0.attn.k"), std::string::npos) << d;
+  EXPECT_NE(d.find("layers.0.mixer.q_proj layers.0.mixer.k_proj"), std::string::npos) << d;
   EXPECT_NE(d.find("override[1]"), std::string::npos) << d;
-  EXPECT_NE(d.find("blocks.0.mlp.up blocks.1.mlp.up"), std::string::npos) << d;
+  EXPECT_NE(d.find("layers.1.mixer.up_proj layers.3.mixer.up_proj"), std::string::npos) << d;
   EXPECT_NE(d.find("override[2]"), std::string::npos) << d;
 }
 
@@ -473,7 +481,7 @@ TEST(RecipeOverride, OverrideThatChangesNothingIsAnError) {
       "none.toml", std::string(kBase) +
                        "[high_precision]\nfinal_blocks = 1\n[[override]]\nlinears = [\"mlp.down\"]\n"
                        "final_blocks = 1\nscale_target = 2048\n"));
-  const std::string e = error_of([&] { resolve_linear_plans(r, 4); });
+  const std::string e = error_of([&] { resolve_layers(r, 4); });
   EXPECT_NE(e.find("override[0]"), std::string::npos) << e;
   EXPECT_NE(e.find("changes no linear"), std::string::npos) << e;
   EXPECT_NE(e.find("none.toml"), std::string::npos) << e;
@@ -496,7 +504,7 @@ TEST(RecipeOverride, OverridesThatWouldDoNothingAreErrors) {
   };
   for (const char* body : bodies) {
     const Recipe r = load_recipe_file(write_tmp("noop.toml", std::string(kBase) + body));
-    const std::string e = error_of([&] { resolve_linear_plans(r, 2); });
+    const std::string e = error_of([&] { resolve_layers(r, 2); });
     EXPECT_NE(e.find("changes no linear"), std::string::npos) << body << ": " << e;
   }
   std::string mx = kBase;
@@ -504,7 +512,7 @@ TEST(RecipeOverride, OverridesThatWouldDoNothingAreErrors) {
   mx.replace(mx.find(ue5m3), ue5m3.size(), "scale_format = \"ue8m0\"\nscale_rule = \"mx-te\"");
   const Recipe r = load_recipe_file(
       write_tmp("mx.toml", mx + "[[override]]\nlinears = [\"mlp.down\"]\nscale_target = 2048.0\n"));
-  const std::string e = error_of([&] { resolve_linear_plans(r, 2); });
+  const std::string e = error_of([&] { resolve_layers(r, 2); });
   EXPECT_NE(e.find("MX scale rule"), std::string::npos) << e;
   // A BF16 mode and a scale target in one override: the target could never apply.
   const std::string e2 = error_of([&] {
@@ -553,10 +561,16 @@ TEST(RecipeOverride, StrictParseErrorsNameTheFileAndKey) {
 
 TEST(RecipeOverride, ModelLinearNamesEndInTheRecipeKinds) {
   nn::Model model(micro_model(2), Recipe{}, 1, 8);
-  ASSERT_EQ(model.linears().size(), 2 * linear_kinds().size());
+  ASSERT_EQ(model.linears().size(), 12u);
   for (size_t i = 0; i < model.linears().size(); ++i)
-    EXPECT_EQ(model.linear_name(i),
-              "blocks." + std::to_string(i / 6) + "." + linear_kinds()[i % 6]);
+    EXPECT_EQ(model.linear_name(i), "layers." + std::to_string(model.linear_sites()[i].block) +
+                                        ".mixer." + model.linear_sites()[i].kind);
+  // Llama-style: layer l is attention block 2l (q, k, v, o_proj) and MLP block 2l + 1.
+  const char* kinds[] = {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+  for (size_t i = 0; i < model.linears().size(); ++i) {
+    EXPECT_EQ(model.linear_sites()[i].kind, kinds[i % 6]) << i;
+    EXPECT_EQ(model.linear_sites()[i].block, int(i / 6) * 2 + (i % 6 >= 4)) << i;
+  }
 }
 
 // An override of W in dgrad only (2-D tiles, otherwise shared with fprop): dX equals a
@@ -565,8 +579,8 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
   const Recipe r = load_recipe_file(write_tmp(
       "dgw.toml", std::string(kBase) + "[[override]]\nlinears = [\"attn.o\"]\ngemm = \"dgrad\"\n"
                                        "role = \"w\"\nscale_target = 1000.0\n"));
-  const ResolvedLinears res = resolve_linear_plans(r, 1);
-  const int id = 3;  // blocks.0.attn.o
+  const ResolvedLinears res = resolve_layers(r, 1);
+  const int id = 3;  // layers.0.mixer.o_proj
   ASSERT_EQ(res.override_hits[0], std::vector<int>{id});
   const int64_t M = 32, K = 40, N = 24;
   const std::vector<float> X = randn(M * K, 21), W0 = randn(N * K, 22, 0.1f), dY = randn(M * N, 23);

@@ -229,7 +229,7 @@ TEST(Settings, RecipeErrorsNameTheArgument) {
             std::string::npos);
   // Rules checked against the model name the recipe source with its settings.
   const Recipe big = load_recipe("ue5m3-b16", kRecipes, S({"high_precision.final_blocks=9"}).recipe);
-  const std::string fit = error_of([&] { resolve_linear_plans(big, 4); });
+  const std::string fit = error_of([&] { resolve_linear_plans(big, llama_linear_sites(4), 8); });
   EXPECT_NE(fit.find("ue5m3-b16.toml with --set high_precision.final_blocks=9)"), std::string::npos) << fit;
 }
 

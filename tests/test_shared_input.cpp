@@ -136,7 +136,7 @@ TEST(SharedInput, BitIdenticalForTheFp4Recipes) {
 // An override gives q's fprop X its own scale target: q quantizes alone, k and v still share.
 TEST(SharedInput, BitIdenticalWhenQsSpecDiffers) {
   Recipe r = builtin("ue5m3-b16");
-  LinearOverride o = fprop_x_override({"attn.q"});
+  LinearOverride o = fprop_x_override({"q_proj"});
   o.has_scale_target = true;
   o.scale_target = 2048.f;
   r.overrides.push_back(o);
@@ -148,7 +148,7 @@ TEST(SharedInput, BitIdenticalWhenQsSpecDiffers) {
 // SR inputs are never shared (their bits are keyed by the layer id).
 TEST(SharedInput, NeverSharesStochasticRounding) {
   Recipe r = builtin("ue5m3-b16");
-  LinearOverride o = fprop_x_override({"attn.q", "attn.k", "attn.v"});
+  LinearOverride o = fprop_x_override({"q_proj", "k_proj", "v_proj"});
   o.has_rounding = true;
   o.rounding = Rounding::SR8;
   r.overrides.push_back(o);

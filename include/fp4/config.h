@@ -9,16 +9,43 @@
 
 namespace fp4 {
 
+/// The model: a pattern of hybrid blocks (Nemotron-H, arXiv 2504.03624), each computing
+/// x + mixer(RMSNorm(x)), then a final RMSNorm and an untied FP32 LM head.
 struct ModelConfig {
   int vocab_size = 4096;
   int d_model = 256;
+  /// Llama-style layers when `pattern` is empty: the pattern is then "*-" repeated n_layers
+  /// times (attention block, MLP block). Ignored (and refused by the parser) with a pattern.
   int n_layers = 4;
-  int n_heads = 4;
+  /// Nemotron-H's hybrid_override_pattern: one character per block, 'M' Mamba-2, '*'
+  /// attention, '-' MLP. Empty: the Llama-style pattern of n_layers (block_pattern()).
+  std::string pattern;
+  int n_heads = 4;      ///< attention query heads
+  int n_kv_heads = 0;   ///< attention key/value heads (GQA); 0 = n_heads
+  int head_dim = 0;     ///< attention head dimension; 0 = d_model / n_heads
+  bool rope = true;     ///< rotary embedding on q and k (Llama); Nemotron-H applies none
   std::string mlp = "squared_relu";  ///< "squared_relu" (Nemotron-H) or "swiglu"
   int mlp_hidden = 1024;             ///< F
   float rope_theta = 10000.f;
   float norm_eps = 1e-5f;
   float init_std = 0.02f;
+  // Mamba-2 mixer (mamba_ssm Mamba2; HF NemotronHMamba2Mixer), used by 'M' blocks.
+  int mamba_num_heads = 0;     ///< H; d_inner = H·mamba_head_dim
+  int mamba_head_dim = 64;     ///< P
+  int mamba_n_groups = 1;      ///< G (H % G == 0)
+  int mamba_state_size = 64;   ///< N
+  int mamba_conv_kernel = 4;   ///< causal depthwise conv1d width
+  int mamba_chunk_size = 64;   ///< SSD chunk length Q (changes the FP32 summation order)
+  float mamba_dt_min = 1e-3f;  ///< dt_bias init: dt log-uniform in [dt_min, dt_max] ...
+  float mamba_dt_max = 0.1f;
+  float mamba_dt_init_floor = 1e-4f;  ///< ... floored at this
+
+  /// The block pattern (pattern, or "*-" × n_layers when it is empty).
+  std::string block_pattern() const;
+  int n_blocks() const { return static_cast<int>(block_pattern().size()); }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  int attn_head_dim() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
+  int mamba_d_inner() const { return mamba_num_heads * mamba_head_dim; }
 };
 
 struct TrainConfig {

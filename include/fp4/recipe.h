@@ -32,19 +32,37 @@ const char* operand_name(Operand o);
 /// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
 bool gemm_uses(Gemm g, Operand o);
 
-/// The linear kinds of one transformer block, in Model order: "attn.q", "attn.k", "attn.v",
-/// "attn.o", "mlp.up", "mlp.down" (SwiGLU's gate is fused into "mlp.up"). Model::linear_name(i)
-/// is "blocks.<i / 6>.<kind i % 6>". Overrides select linears by these names.
+/// The FP4-eligible linear kinds of the model's mixers, as the reference implementation
+/// (mamba_ssm) and HF Nemotron-H name them: "in_proj", "out_proj" (Mamba-2), "q_proj",
+/// "k_proj", "v_proj", "o_proj" (attention), "up_proj", "down_proj" (MLP; SwiGLU's gate is
+/// fused into "up_proj"). Model::linear_name is "layers.<block>.mixer.<kind>". Overrides
+/// select linears by these names.
 const std::vector<std::string>& linear_kinds();
+/// The kind a recipe name stands for: a kind of linear_kinds() itself, or one of the names
+/// used before the hybrid model ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up",
+/// "mlp.down", aliases of q_proj .. down_proj). Returns "" for an unknown name.
+std::string canonical_linear_kind(const std::string& name);
+
+/// One linear of a model, as the recipe rules see it: the hybrid block that holds it
+/// (0-based, counting every block of the pattern: Mamba-2, attention and MLP alike) and its
+/// kind (linear_kinds()).
+struct LinearSite {
+  int block = 0;
+  std::string kind;
+};
 
 /// One [[override]] of a recipe file: a change to some GEMMs/operands of some linears, applied
 /// after the recipe's own settings and its [high_precision] rules, in file order (a later
 /// override wins where two set the same knob). Never applied silently: the trainer's start-of-run
 /// line lists every override and the linears it changed; one that changes no linear is an error.
 struct LinearOverride {
-  std::vector<std::string> linears;  ///< linear kinds (linear_kinds()), at least one
-  int final_blocks = 0;              ///< the final k blocks; with `blocks`, their union
-  std::vector<int> blocks;           ///< explicit 0-based blocks; neither set = every block
+  std::vector<std::string> linears;  ///< linear kinds (linear_kinds(); aliases are mapped
+                                     ///< by the parser), at least one
+  /// The final k blocks that hold one of `linears` (counted over those blocks only: in a
+  /// hybrid `M-M*-`, final_blocks = 2 of down_proj means the last two MLP blocks); with
+  /// `blocks`, their union.
+  int final_blocks = 0;
+  std::vector<int> blocks;           ///< explicit 0-based hybrid blocks; neither set = every block
   bool has_gemm = false;             ///< gemm set: only that GEMM (else all three)
   Gemm gemm = Gemm::Fprop;
   bool has_role = false;             ///< role set: only that operand (else every operand)
@@ -56,8 +74,9 @@ struct LinearOverride {
   bool has_rounding = false;         ///< rounding set: element rounding of those quantizations
   Rounding rounding = Rounding::RNE;
 
-  /// Whether block `b` (0-based) of a model of `n_blocks` blocks is selected.
-  bool selects_block(int b, int n_blocks) const;
+  /// Whether the override selects linear `sites[i]` of a model whose linears are `sites`
+  /// (its kind is in `linears` and its block is selected; see final_blocks).
+  bool selects(const std::vector<LinearSite>& sites, size_t i) const;
   /// One line describing the override, e.g.
   /// `linears = ["mlp.down"], final_blocks = 4, gemm = "wgrad", role = "dy": scale_target = 2048`.
   std::string describe() const;
@@ -98,7 +117,8 @@ struct Recipe {
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
 
-  // [high_precision] which transformer blocks keep their linears out of FP4.
+  // [high_precision] which hybrid blocks keep their linears out of FP4 (blocks are counted
+  // over the whole pattern: a Llama-style layer is two blocks, attention and MLP).
   LinearMode high_precision_mode = LinearMode::BF16;  ///< format of those linears
   /// [high_precision] final_blocks: keep the final k blocks (0..n_blocks; check_recipe_fits).
   int final_blocks = 0;
@@ -111,7 +131,7 @@ struct Recipe {
   /// The file the recipe was loaded from (for error messages; not written by recipe_to_toml).
   std::string source;
 
-  /// Mode of the linears of transformer block `b` in a model of `n_blocks` blocks, from
+  /// Mode of the linears of hybrid block `b` in a model of `n_blocks` blocks, from
   /// [linear] mode and the [high_precision] rules (before any [[override]]; see
   /// resolve_linear_plans for the per-linear result).
   LinearMode block_mode(int b, int n_blocks) const;
@@ -144,19 +164,27 @@ struct LinearPlan {
   static LinearPlan uniform(const Recipe& r, LinearMode mode);
 };
 
-/// Per-linear plans of a recipe for a model of `n_blocks` blocks (linear i = block i / 6, kind
-/// linear_kinds()[i % 6]), and for each override the linear indices it changed.
+/// Per-linear plans of a recipe for a model's linears (one per LinearSite, in model order),
+/// and for each override the linear indices it changed.
 struct ResolvedLinears {
-  std::vector<LinearPlan> plans;                ///< [6·n_blocks]
+  std::vector<LinearPlan> plans;                ///< [sites.size()]
   std::vector<std::vector<int>> override_hits;  ///< [overrides.size()], ascending indices
 };
 
-/// Resolve [linear], [high_precision] and every [[override]] for `n_blocks` blocks. An
-/// override changes a linear when it selects it and (for scale_target/rounding) the linear is
-/// FP4 after the mode rules. Throws fp4::UserError naming the recipe file and the key when
-/// high_precision.blocks / final_blocks or an override's blocks / final_blocks do not fit the
-/// model, or when an override changes no linear.
-ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks);
+/// Resolve [linear], [high_precision] and every [[override]] for the linears `sites` of a
+/// model of `n_blocks` hybrid blocks. An override changes a linear when it selects it and
+/// (for scale_target/rounding) the linear is FP4 after the mode rules. Throws
+/// fp4::UserError naming the recipe file and the key when high_precision.blocks /
+/// final_blocks or an override's blocks / final_blocks do not fit the model (an override's
+/// final_blocks counts the blocks that hold its linears), or when an override changes no
+/// linear.
+ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
+                                     int n_blocks);
+
+/// The linears of the Llama-style pattern "*-" repeated n_layers times (2·n_layers blocks;
+/// q, k, v, o_proj in each even block, up, down_proj in each odd one): for tests and tools
+/// that think in transformer layers.
+std::vector<LinearSite> llama_linear_sites(int n_layers);
 
 /// Parse a recipe file. Throws fp4::UserError naming the file, the key and the expected
 /// value for malformed TOML, unknown keys, wrong types or out-of-range values.

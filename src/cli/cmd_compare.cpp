@@ -340,10 +340,11 @@ void run_compare(const CompareArgs& a) {
   {
     nn::Model probe(cfg.model, Recipe{}, 1, 1);
     char b[160];
-    std::snprintf(b, sizeof b, "%.2f M parameters, %d layers, d_model %d, vocab %d",
-                  probe.num_params() / 1e6, cfg.model.n_layers, cfg.model.d_model,
-                  cfg.model.vocab_size);
-    plan.model_line = b;
+    std::snprintf(b, sizeof b, "%.2f M parameters, %d blocks ", probe.num_params() / 1e6,
+                  probe.n_blocks());
+    plan.model_line = b + probe.pattern();
+    std::snprintf(b, sizeof b, ", d_model %d, vocab %d", cfg.model.d_model, cfg.model.vocab_size);
+    plan.model_line += b;
   }
   write_file_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
   std::string policies;

@@ -1,4 +1,5 @@
-// The decoder's forward and backward, top to bottom in two functions (llm.c style).
+// The hybrid decoder's forward and backward: embedding, a loop over the pattern's blocks
+// (x + mixer(RMSNorm(x)), fp4/nn/mixer.h), final norm, LM head (llm.c style, top to bottom).
 #include "fp4/nn/model.h"
 
 #include <algorithm>
@@ -15,52 +16,8 @@ namespace fp4::nn {
 using prof::Cat;
 using prof::Scope;
 
-// Per-block activation buffer layout (BT = B·T rows, U = up width = F or 2F):
-//   ln1 [BT,C] | rstd1 [BT] | q [BT,C] | k [BT,C] | v [BT,C] | y [BT,C] (attention out)
-//   | x2 [BT,C] (residual after attention) | ln2 [BT,C] | rstd2 [BT] | h [BT,U] | a [BT,F]
-//   | att [B,H,T,T] (softmax probabilities)
-// The residual stream entering block l is res(l): x0_ for l = 0, else x3 of block l-1,
-// stored as the trailing [BT,C] slice "x3" of that block.
-struct Model::BlockActs {
-  float *ln1, *rstd1, *q, *k, *v, *y, *x2, *ln2, *rstd2, *h, *a, *att, *x3;
-};
-
-namespace {
-// A LinearWorkspace shared-input scope for the lifetime of the object (closed on exceptions).
-struct SharedInput {
-  LinearWorkspace& ws;
-  SharedInput(LinearWorkspace& w, const float* X) : ws(w) { ws.begin_shared_input(X); }
-  ~SharedInput() { ws.end_shared_input(); }
-  SharedInput(const SharedInput&) = delete;
-  SharedInput& operator=(const SharedInput&) = delete;
-};
-enum { kQ = 0, kK, kV, kO, kUp, kDown, kLinearsPerBlock };
-const char* kLinearNames[] = {"attn.q", "attn.k", "attn.v", "attn.o", "mlp.up", "mlp.down"};
-}  // namespace
-
-Model::BlockActs Model::block(int l, int64_t BT) {
-  const int64_t C = cfg_.d_model, F = cfg_.mlp_hidden, H = cfg_.n_heads, T = T_;
-  const int64_t U = cfg_.mlp == "swiglu" ? 2 * F : F;
-  float* p = acts_[l].data();
-  BlockActs A;
-  auto take = [&](int64_t n) { float* r = p; p += n; return r; };
-  A.ln1 = take(BT * C);
-  A.rstd1 = take(BT);
-  A.q = take(BT * C);
-  A.k = take(BT * C);
-  A.v = take(BT * C);
-  A.y = take(BT * C);
-  A.x2 = take(BT * C);
-  A.ln2 = take(BT * C);
-  A.rstd2 = take(BT);
-  A.h = take(BT * U);
-  A.a = take(BT * F);
-  A.att = take(BT / T * H * T * T);
-  A.x3 = take(BT * C);
-  return A;
-}
-
-int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bool decay) {
+int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bool decay,
+                         ParamInit init, int block) {
   ParamInfo p;
   p.name = name;
   p.rows = rows;
@@ -68,38 +25,58 @@ int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bo
   p.size = rows * cols;
   p.offset = infos_.empty() ? 0 : infos_.back().offset + infos_.back().size;
   p.weight_decay = decay;
+  p.init = init;
+  p.block = block;
   infos_.push_back(p);
   return p.offset;
 }
 
 Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len)
-    : cfg_(cfg), recipe_(recipe), batch_(batch), seq_len_(seq_len), T_(seq_len) {
-  const int64_t C = cfg.d_model, V = cfg.vocab_size, F = cfg.mlp_hidden, L = cfg.n_layers;
-  const int64_t U = cfg.mlp == "swiglu" ? 2 * F : F;
-  if (C % cfg.n_heads || (C / cfg.n_heads) % 2)
-    throw UserError("model: d_model must be a multiple of 2·n_heads");
-  off_wte_ = add_param("wte", V, C, true);
+    : cfg_(cfg), recipe_(recipe), batch_(batch), seq_len_(seq_len),
+      pattern_(cfg.block_pattern()), T_(seq_len) {
+  const int64_t C = cfg.d_model, V = cfg.vocab_size;
+  if (pattern_.empty()) throw UserError("model: the block pattern is empty");
+  if (pattern_.find('*') != std::string::npos &&
+      (cfg.n_heads < 1 || cfg.n_heads % cfg.kv_heads() ||
+       (cfg.head_dim == 0 && C % cfg.n_heads) || (cfg.rope && cfg.attn_head_dim() % 2)))
+    throw UserError("model: attention needs n_heads a multiple of n_kv_heads, d_model a "
+                    "multiple of n_heads (or head_dim set), and an even head dim with RoPE");
+  off_wte_ = add_param("embeddings", V, C, true, ParamInit::kNormal, -1);
+  const int L = static_cast<int>(pattern_.size());
+  blocks_.resize(L);
   for (int l = 0; l < L; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    off_ln1_.push_back(add_param(b + "ln1", 1, C, false));
-    const int64_t shapes[kLinearsPerBlock][2] = {{C, C}, {C, C}, {C, C}, {C, C}, {U, C}, {C, F}};
-    for (int j = 0; j < kLinearsPerBlock; ++j) {
-      if (j == kUp) off_ln2_.push_back(add_param(b + "ln2", 1, C, false));
-      off_lin_.push_back(add_param(b + kLinearNames[j], shapes[j][0], shapes[j][1], true));
+    Block& b = blocks_[l];
+    b.symbol = pattern_[l];
+    b.mixer = make_mixer(b.symbol, cfg);
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    b.off_norm = add_param(pre + "norm", 1, C, false, ParamInit::kOnes, l);
+    for (const MixerParam& p : b.mixer->params())
+      b.off_params.push_back(
+          add_param(pre + "mixer." + p.name, p.rows, p.cols, p.weight_decay, p.init, l));
+    b.first_linear = sites_.size();
+    for (const MixerLinear& lin : b.mixer->linears()) {
+      b.off_linears.push_back(add_param(pre + "mixer." + lin.kind, lin.out, lin.in, true,
+                                        lin.output_projection ? ParamInit::kNormalOut
+                                                              : ParamInit::kNormal,
+                                        l));
+      off_lin_.push_back(b.off_linears.back());
+      sites_.push_back({l, lin.kind});
     }
   }
-  off_lnf_ = add_param("ln_f", 1, C, false);
-  off_head_ = add_param("lm_head", V, C, true);
+  off_lnf_ = add_param("norm_f", 1, C, false, ParamInit::kOnes, -1);
+  off_head_ = add_param("lm_head", V, C, true, ParamInit::kNormal, -1);
   params_.assign(infos_.back().offset + infos_.back().size, 0.f);
   grads_.assign(params_.size(), 0.f);
 
   // Per-linear mode and specs: [high_precision] rules and [[override]]s (recipe.h).
-  const ResolvedLinears resolved = resolve_linear_plans(recipe, static_cast<int>(L));
+  const ResolvedLinears resolved = resolve_linear_plans(recipe, sites_, L);
+  linears_.reserve(sites_.size());
   for (int l = 0; l < L; ++l) {
-    const int64_t shapes[kLinearsPerBlock][2] = {{C, C}, {C, C}, {C, C}, {C, C}, {C, U}, {F, C}};
-    for (int j = 0; j < kLinearsPerBlock; ++j)
-      linears_.emplace_back(l * kLinearsPerBlock + j, shapes[j][0], shapes[j][1],
-                            resolved.plans[l * kLinearsPerBlock + j], recipe);
+    const std::vector<MixerLinear> ls = blocks_[l].mixer->linears();
+    for (size_t j = 0; j < ls.size(); ++j) {
+      const size_t i = blocks_[l].first_linear + j;
+      linears_.emplace_back(int(i), ls[j].in, ls[j].out, resolved.plans[i], recipe);
+    }
   }
   bind_linears();
   // One workspace for every linear (only one runs at a time), grown once for the largest.
@@ -109,28 +86,33 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
     lin.reserve_workspace(int64_t(batch) * seq_len);
   }
 
-  const int64_t BT = int64_t(batch) * seq_len, H = cfg.n_heads, T = seq_len;
-  const int64_t per_block = BT * (7 * C + U + F + 2) + int64_t(batch) * H * T * T + BT * C;
-  acts_.assign(L, std::vector<float>(per_block));
+  const int64_t BT = int64_t(batch) * seq_len;
+  int64_t scratch = 0;
+  for (Block& b : blocks_) {
+    b.acts.assign(BT * (2 * C + 1) + b.mixer->activation_floats(batch, seq_len), 0.f);
+    scratch = std::max(scratch, b.mixer->scratch_floats(batch, seq_len));
+  }
   x0_.resize(BT * C);
   lnf_.resize(BT * C);
   lnf_rstd_.resize(BT);
   logits_.resize(BT * V);
+  dres_.resize(BT * C);
   dln_.resize(BT * C);
-  dq_.resize(BT * C);
-  dk_.resize(BT * C);
-  dv_.resize(BT * C);
-  datt_.resize(BT * C);
-  dh_.resize(BT * U);
-  dact_.resize(BT * F);
-  scratch_.resize(int64_t(batch) * H * T * T);
-  xL_.resize(BT * C);
+  scratch_.resize(scratch);
   tokens_.resize(BT);
   targets_.resize(BT);
 }
 
+std::vector<LinearSite> Model::linear_sites(const ModelConfig& cfg) {
+  const std::string pat = cfg.block_pattern();
+  std::vector<LinearSite> sites;
+  for (int l = 0; l < int(pat.size()); ++l)
+    for (const MixerLinear& lin : make_mixer(pat[l], cfg)->linears()) sites.push_back({l, lin.kind});
+  return sites;
+}
+
 std::string Model::linear_name(size_t i) const {
-  return "blocks." + std::to_string(i / kLinearsPerBlock) + "." + kLinearNames[i % kLinearsPerBlock];
+  return "layers." + std::to_string(sites_[i].block) + ".mixer." + sites_[i].kind;
 }
 
 void Model::bind_linears() {
@@ -143,9 +125,23 @@ int64_t Model::num_body_params() const {
   return num_params() - 2 * VC;
 }
 
+double Model::flops_per_token(const ModelConfig& cfg, int64_t T) {
+  const std::string pat = cfg.block_pattern();
+  const double VC = double(cfg.vocab_size) * cfg.d_model;
+  double n = 2.0 * VC + cfg.d_model;  // embeddings, lm_head, norm_f
+  double extra = 0.0;
+  for (char c : pat) {
+    n += double(block_param_count(c, cfg));
+    extra += make_mixer(c, cfg)->extra_flops_per_token(T);
+  }
+  return 6.0 * (n - VC) + extra;
+}
+
 double Model::flops_per_token(int64_t T) const {
   const double N = double(num_params()) - double(cfg_.vocab_size) * cfg_.d_model;
-  return 6.0 * N + 12.0 * cfg_.n_layers * double(cfg_.d_model) * double(T);
+  double extra = 0.0;
+  for (const Block& b : blocks_) extra += b.mixer->extra_flops_per_token(T);
+  return 6.0 * N + extra;
 }
 
 Model::MemoryUse Model::memory_use() const {
@@ -153,11 +149,10 @@ Model::MemoryUse Model::memory_use() const {
   MemoryUse m;
   m.params = bytes(params_);
   m.grads = bytes(grads_);
-  for (const auto& a : acts_) m.activations += bytes(a);
+  for (const Block& b : blocks_) m.activations += bytes(b.acts);
   m.activations += bytes(x0_) + bytes(lnf_) + bytes(lnf_rstd_);
   m.logits = bytes(logits_);
-  m.backward_scratch = bytes(dln_) + bytes(dq_) + bytes(dk_) + bytes(dv_) + bytes(datt_) +
-                       bytes(dh_) + bytes(dact_) + bytes(scratch_) + bytes(xL_);
+  m.backward_scratch = bytes(dres_) + bytes(dln_) + bytes(scratch_);
   std::vector<const LinearWorkspace*> seen;  // each workspace once (all are workspace_ here)
   for (const Linear& l : linears_) {
     m.linear_scratch += l.scratch_bytes();
@@ -172,16 +167,30 @@ Model::MemoryUse Model::memory_use() const {
 
 void Model::init(uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const float out_std = cfg_.init_std / std::sqrt(2.f * cfg_.n_layers);
-  for (const auto& p : infos_) {
+  const float out_std = cfg_.init_std / std::sqrt(float(pattern_.size()));
+  std::vector<size_t> custom_index(infos_.size(), 0);  // index among its mixer's params()
+  for (const Block& b : blocks_)
+    for (size_t j = 0; j < b.off_params.size(); ++j)
+      for (size_t i = 0; i < infos_.size(); ++i)
+        if (infos_[i].offset == b.off_params[j]) custom_index[i] = j;
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const ParamInfo& p = infos_[i];
     float* w = params_.data() + p.offset;
-    if (!p.weight_decay) {  // norm weights
-      std::fill(w, w + p.size, 1.f);
-      continue;
+    switch (p.init) {
+      case ParamInit::kOnes:
+        std::fill(w, w + p.size, 1.f);
+        break;
+      case ParamInit::kNormal:
+      case ParamInit::kNormalOut: {
+        std::normal_distribution<float> d(0.f, p.init == ParamInit::kNormalOut ? out_std
+                                                                                : cfg_.init_std);
+        for (int64_t k = 0; k < p.size; ++k) w[k] = d(rng);
+        break;
+      }
+      case ParamInit::kCustom:
+        blocks_[p.block].mixer->init_param(custom_index[i], w, rng);
+        break;
     }
-    const bool proj = p.name.ends_with("attn.o") || p.name.ends_with("mlp.down");
-    std::normal_distribution<float> d(0.f, proj ? out_std : cfg_.init_std);
-    for (int64_t i = 0; i < p.size; ++i) w[i] = d(rng);
   }
 }
 
@@ -189,6 +198,28 @@ void Model::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.f); }
 
 void Model::reset_inference(int replay_interval) {
   for (auto& lin : linears_) lin.reset_inference(replay_interval);
+}
+
+MixerCall Model::call(int l, int B, const StepContext& ctx, std::vector<const float*>& p,
+                      std::vector<float*>& g) {
+  Block& b = blocks_[l];
+  p.clear();
+  g.clear();
+  for (int64_t off : b.off_params) {
+    p.push_back(params_.data() + off);
+    g.push_back(grads_.data() + off);
+  }
+  MixerCall c;
+  c.B = B;
+  c.T = T_;
+  c.params = p.data();
+  c.grads = g.data();
+  c.linears = linears_.data() + b.first_linear;
+  c.acts = block_mixer_acts(l);
+  c.scratch = scratch_.data();
+  c.workspace = workspace_.get();
+  c.ctx = &ctx;
+  return c;
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
@@ -199,10 +230,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
                                 " outside 1.." + std::to_string(seq_len_));
   B_ = B;
   T_ = T_in > 0 ? T_in : seq_len_;
-  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
-                H = cfg_.n_heads, F = cfg_.mlp_hidden, L = cfg_.n_layers;
-  const bool swiglu = cfg_.mlp == "swiglu";
-  const int64_t U = swiglu ? 2 * F : F;
+  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size;
   std::memcpy(tokens_.data(), tokens, BT * sizeof(int32_t));
   if (targets) std::memcpy(targets_.data(), targets, BT * sizeof(int32_t));
   const float* P = params_.data();
@@ -211,56 +239,22 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     Scope s(Cat::kEmbedding);
     embedding_forward(x0_.data(), tokens, P + off_wte_, BT, C, V);
   }
+  std::vector<const float*> pp;
+  std::vector<float*> gp;
   const float* res = x0_.data();
-  for (int l = 0; l < L; ++l) {
-    BlockActs A = block(l, BT);
-    Linear* lin = &linears_[l * kLinearsPerBlock];
+  for (int l = 0; l < n_blocks(); ++l) {
+    float* ln = block_ln(l);
+    float* out = block_out(l);
     {
       Scope s(Cat::kNorm);
-      rmsnorm_forward(A.ln1, A.rstd1, res, P + off_ln1_[l], BT, C, cfg_.norm_eps);
+      rmsnorm_forward(ln, block_rstd(l), res, P + blocks_[l].off_norm, BT, C, cfg_.norm_eps);
     }
-    {  // q, k, v read the same unchanged ln1: it may be quantized (and its amax taken) once
-      SharedInput shared(*workspace_, A.ln1);
-      lin[kQ].forward(A.ln1, A.q, BT, ctx);
-      lin[kK].forward(A.ln1, A.k, BT, ctx);
-      lin[kV].forward(A.ln1, A.v, BT, ctx);
-    }
-    {
-      Scope s(Cat::kRope);
-      rope_forward(A.q, B, T, H, C / H, cfg_.rope_theta);
-      rope_forward(A.k, B, T, H, C / H, cfg_.rope_theta);
-    }
-    {
-      Scope s(Cat::kAttention);
-      // FLOPs actually done: QKᵀ and PV over the causal triangle, T(T+1)/2 dot products of
-      // length hd each, per (batch, head).
-      prof::add_flops(Cat::kAttention, 2.0 * 2.0 * B * H * (T * (T + 1) / 2) * (C / H));
-      attention_forward(A.y, A.att, A.q, A.k, A.v, B, T, C, H);
-    }
-    lin[kO].forward(A.y, A.x2, BT, ctx);
+    blocks_[l].mixer->forward(call(l, B, ctx, pp, gp), ln, out);
     {
       Scope s(Cat::kResidual);
-      residual_add(A.x2, res, BT * C);
+      residual_add(out, res, BT * C);
     }
-    {
-      Scope s(Cat::kNorm);
-      rmsnorm_forward(A.ln2, A.rstd2, A.x2, P + off_ln2_[l], BT, C, cfg_.norm_eps);
-    }
-    lin[kUp].forward(A.ln2, A.h, BT, ctx);
-    {
-      Scope s(Cat::kActivation);
-      if (swiglu)
-        swiglu_forward(A.a, A.h, BT, F);
-      else
-        squared_relu_forward(A.a, A.h, BT * F);
-    }
-    (void)U;
-    lin[kDown].forward(A.a, A.x3, BT, ctx);
-    {
-      Scope s(Cat::kResidual);
-      residual_add(A.x3, A.x2, BT * C);
-    }
-    res = A.x3;
+    res = out;
   }
   {
     Scope s(Cat::kNorm);
@@ -278,10 +272,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
 
 void Model::backward(const StepContext& ctx) {
   const int B = B_;
-  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size,
-                H = cfg_.n_heads, F = cfg_.mlp_hidden, L = cfg_.n_layers;
-  const bool swiglu = cfg_.mlp == "swiglu";
-  const int64_t U = swiglu ? 2 * F : F;
+  const int64_t T = T_, BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab_size;
+  const int L = n_blocks();
   const float* P = params_.data();
   float* G = grads_.data();
 
@@ -301,60 +293,22 @@ void Model::backward(const StepContext& ctx) {
     sgemm(false, false, BT, C, V, 1.f, dlogits, V, P + off_head_, C, 0.f, dln_.data(), C);
   }
 
-  float* dres = xL_.data();  // gradient of the residual stream, carried down the blocks
+  float* dres = dres_.data();  // gradient of the residual stream, carried down the blocks
   std::fill(dres, dres + BT * C, 0.f);
-  const float* resL = L > 0 ? block(L - 1, BT).x3 : x0_.data();
+  const float* resL = L > 0 ? block_out(L - 1) : x0_.data();
   {
     Scope s(Cat::kNorm);
     rmsnorm_backward(dres, G + off_lnf_, dln_.data(), resL, P + off_lnf_, lnf_rstd_.data(), BT, C);
   }
-
-  for (int64_t l = L - 1; l >= 0; --l) {
-    BlockActs A = block(int(l), BT);
-    Linear* lin = &linears_[l * kLinearsPerBlock];
-    const float* res = l > 0 ? block(int(l) - 1, BT).x3 : x0_.data();
-    // MLP branch: x3 = x2 + down(act(up(rmsnorm(x2)))).
-    std::fill(dact_.begin(), dact_.begin() + BT * F, 0.f);
-    lin[kDown].backward(dres, dact_.data(), BT, ctx);
-    std::fill(dh_.begin(), dh_.begin() + BT * U, 0.f);
-    {
-      Scope s(Cat::kActivation);
-      if (swiglu)
-        swiglu_backward(dh_.data(), dact_.data(), A.h, BT, F);
-      else
-        squared_relu_backward(dh_.data(), dact_.data(), A.h, BT * F);
-    }
-    std::fill(dln_.begin(), dln_.begin() + BT * C, 0.f);
-    lin[kUp].backward(dh_.data(), dln_.data(), BT, ctx);
-    {
-      Scope s(Cat::kNorm);
-      rmsnorm_backward(dres, G + off_ln2_[l], dln_.data(), A.x2, P + off_ln2_[l], A.rstd2, BT, C);
-    }
-    // Attention branch: x2 = res + o(attention(rope(q), rope(k), v)).
-    std::fill(datt_.begin(), datt_.begin() + BT * C, 0.f);
-    lin[kO].backward(dres, datt_.data(), BT, ctx);
-    std::fill(dq_.begin(), dq_.begin() + BT * C, 0.f);
-    std::fill(dk_.begin(), dk_.begin() + BT * C, 0.f);
-    std::fill(dv_.begin(), dv_.begin() + BT * C, 0.f);
-    {
-      Scope s(Cat::kAttention);
-      prof::add_flops(Cat::kAttention, 4.0 * 2.0 * B * H * (T * (T + 1) / 2) * (C / H));  // dP, dQ, dK, dV
-      attention_backward(dq_.data(), dk_.data(), dv_.data(), scratch_.data(), datt_.data(), A.q,
-                         A.k, A.v, A.att, B, T, C, H);
-    }
-    {
-      Scope s(Cat::kRope);
-      rope_backward(dq_.data(), B, T, H, C / H, cfg_.rope_theta);
-      rope_backward(dk_.data(), B, T, H, C / H, cfg_.rope_theta);
-    }
-    std::fill(dln_.begin(), dln_.begin() + BT * C, 0.f);
-    lin[kQ].backward(dq_.data(), dln_.data(), BT, ctx);
-    lin[kK].backward(dk_.data(), dln_.data(), BT, ctx);
-    lin[kV].backward(dv_.data(), dln_.data(), BT, ctx);
-    {
-      Scope s(Cat::kNorm);
-      rmsnorm_backward(dres, G + off_ln1_[l], dln_.data(), res, P + off_ln1_[l], A.rstd1, BT, C);
-    }
+  std::vector<const float*> pp;
+  std::vector<float*> gp;
+  for (int l = L - 1; l >= 0; --l) {
+    // out = res + mixer(rmsnorm(res)): dres passes through, and the branch adds its part.
+    const float* res = l > 0 ? block_out(l - 1) : x0_.data();
+    blocks_[l].mixer->backward(call(l, B, ctx, pp, gp), block_ln(l), dres, dln_.data());
+    Scope s(Cat::kNorm);
+    const int64_t off = blocks_[l].off_norm;
+    rmsnorm_backward(dres, G + off, dln_.data(), res, P + off, block_rstd(l), BT, C);
   }
   Scope s(Cat::kEmbedding);
   embedding_backward(G + off_wte_, dres, tokens_.data(), BT, C);

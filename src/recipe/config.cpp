@@ -12,10 +12,41 @@ namespace {
 RunConfig parse_run_config(detail::TomlReader& r) {
   RunConfig c;
   auto& m = c.model;
-  r.get("model.vocab_size", m.vocab_size);   r.range("model.vocab_size", m.vocab_size, 256, 65535);
+  r.get("model.vocab_size", m.vocab_size);   r.range("model.vocab_size", m.vocab_size, 256, 1 << 20);
   r.get("model.d_model", m.d_model);         r.range("model.d_model", m.d_model, 8, 16384);
   r.get("model.n_layers", m.n_layers);       r.range("model.n_layers", m.n_layers, 1, 512);
+  r.get("model.pattern", m.pattern);
+  if (r.has("model.pattern")) {
+    if (m.pattern.empty() || m.pattern.size() > 1024 ||
+        m.pattern.find_first_not_of("M*-") != std::string::npos)
+      r.fail("model.pattern", "1 to 1024 block characters among 'M' (Mamba-2), '*' (attention) "
+                              "and '-' (MLP), got \"" + m.pattern + "\"");
+    if (r.has("model.n_layers"))
+      r.fail("model.n_layers", "absent when model.pattern is set (the pattern's " +
+                                   std::to_string(m.pattern.size()) + " characters are the blocks)");
+  }
   r.get("model.n_heads", m.n_heads);         r.range("model.n_heads", m.n_heads, 1, 512);
+  r.get("model.n_kv_heads", m.n_kv_heads);   r.range("model.n_kv_heads", m.n_kv_heads, 0, 512);
+  r.get("model.head_dim", m.head_dim);       r.range("model.head_dim", m.head_dim, 0, 4096);
+  r.get("model.rope", m.rope);
+  r.get("model.mamba_num_heads", m.mamba_num_heads);
+  r.range("model.mamba_num_heads", m.mamba_num_heads, 0, 4096);
+  r.get("model.mamba_head_dim", m.mamba_head_dim);
+  r.range("model.mamba_head_dim", m.mamba_head_dim, 1, 4096);
+  r.get("model.mamba_n_groups", m.mamba_n_groups);
+  r.range("model.mamba_n_groups", m.mamba_n_groups, 1, 4096);
+  r.get("model.mamba_state_size", m.mamba_state_size);
+  r.range("model.mamba_state_size", m.mamba_state_size, 1, 4096);
+  r.get("model.mamba_conv_kernel", m.mamba_conv_kernel);
+  r.range("model.mamba_conv_kernel", m.mamba_conv_kernel, 1, 16);
+  r.get("model.mamba_chunk_size", m.mamba_chunk_size);
+  r.range("model.mamba_chunk_size", m.mamba_chunk_size, 1, 4096);
+  r.get("model.mamba_dt_min", m.mamba_dt_min);
+  r.range("model.mamba_dt_min", m.mamba_dt_min, 1e-8f, 10.f);
+  r.get("model.mamba_dt_max", m.mamba_dt_max);
+  r.range("model.mamba_dt_max", m.mamba_dt_max, 1e-8f, 10.f);
+  r.get("model.mamba_dt_init_floor", m.mamba_dt_init_floor);
+  r.range("model.mamba_dt_init_floor", m.mamba_dt_init_floor, 0.f, 10.f);
   r.get("model.mlp", m.mlp);                 r.choice("model.mlp", m.mlp, {"squared_relu", "swiglu"});
   r.get("model.mlp_hidden", m.mlp_hidden);   r.range("model.mlp_hidden", m.mlp_hidden, 1, 1 << 17);
   r.get("model.rope_theta", m.rope_theta);   r.range("model.rope_theta", m.rope_theta, 1.f, 1e9f);
@@ -62,14 +93,38 @@ RunConfig run_config_from_text(const std::string& toml, const std::string& where
   return parse_run_config(r);
 }
 
+std::string ModelConfig::block_pattern() const {
+  if (!pattern.empty()) return pattern;
+  std::string p;
+  for (int l = 0; l < n_layers; ++l) p += "*-";
+  return p;
+}
+
 void validate(const RunConfig& c, const std::string& where) {
   const auto& m = c.model;
-  if (m.d_model % m.n_heads != 0)
-    throw UserError(where + ": model.d_model (" + std::to_string(m.d_model) +
-                    ") must be divisible by model.n_heads (" + std::to_string(m.n_heads) + ")");
-  if ((m.d_model / m.n_heads) % 2 != 0)
-    throw UserError(where + ": head dimension d_model/n_heads = " +
-                    std::to_string(m.d_model / m.n_heads) + " must be even for RoPE");
+  const std::string pat = m.block_pattern();
+  auto err = [&](const std::string& what) { throw UserError(where + ": " + what); };
+  if (pat.find('*') != std::string::npos) {
+    if (m.head_dim == 0 && m.d_model % m.n_heads != 0)
+      err("model.d_model (" + std::to_string(m.d_model) + ") must be divisible by model.n_heads (" +
+          std::to_string(m.n_heads) + "), or set model.head_dim");
+    if (m.n_heads % m.kv_heads() != 0)
+      err("model.n_heads (" + std::to_string(m.n_heads) + ") must be a multiple of "
+          "model.n_kv_heads (" + std::to_string(m.kv_heads()) + ")");
+    if (m.rope && m.attn_head_dim() % 2 != 0)
+      err("head dimension " + std::to_string(m.attn_head_dim()) +
+          (m.head_dim ? " (model.head_dim)" : " (d_model/n_heads)") +
+          " must be even for RoPE (or set model.rope = false)");
+  }
+  if (pat.find('M') != std::string::npos) {
+    if (m.mamba_num_heads < 1)
+      err("model.mamba_num_heads must be set (>= 1): the pattern has Mamba-2 blocks ('M')");
+    if (m.mamba_num_heads % m.mamba_n_groups != 0)
+      err("model.mamba_num_heads (" + std::to_string(m.mamba_num_heads) +
+          ") must be a multiple of model.mamba_n_groups (" + std::to_string(m.mamba_n_groups) + ")");
+    if (m.mamba_dt_min > m.mamba_dt_max)
+      err("model.mamba_dt_min must not exceed model.mamba_dt_max");
+  }
   if (c.train.warmup_steps >= c.train.steps && c.train.steps > 1)
     throw UserError(where + ": train.warmup_steps (" + std::to_string(c.train.warmup_steps) +
                     ") must be smaller than train.steps (" + std::to_string(c.train.steps) + ")");
@@ -80,11 +135,29 @@ std::string run_config_to_toml(const RunConfig& c) {
   std::ostringstream o;
   const auto& m = c.model;
   const auto& t = c.train;
-  o << "[model]\nvocab_size = " << m.vocab_size << "\nd_model = " << m.d_model
-    << "\nn_layers = " << m.n_layers << "\nn_heads = " << m.n_heads << "\nmlp = \"" << m.mlp
+  // Keys added with the hybrid model are written only where they differ from their
+  // defaults, so a Llama-style config keeps the text it had (resume and compare recognise it).
+  o << "[model]\nvocab_size = " << m.vocab_size << "\nd_model = " << m.d_model;
+  if (m.pattern.empty())
+    o << "\nn_layers = " << m.n_layers;
+  else
+    o << "\npattern = " << detail::toml_quote(m.pattern);
+  o << "\nn_heads = " << m.n_heads;
+  if (m.n_kv_heads) o << "\nn_kv_heads = " << m.n_kv_heads;
+  if (m.head_dim) o << "\nhead_dim = " << m.head_dim;
+  if (!m.rope) o << "\nrope = false";
+  o << "\nmlp = \"" << m.mlp
     << "\"\nmlp_hidden = " << m.mlp_hidden << "\nrope_theta = " << toml_number(m.rope_theta)
-    << "\nnorm_eps = " << toml_number(m.norm_eps) << "\ninit_std = " << toml_number(m.init_std)
-    << "\n\n";
+    << "\nnorm_eps = " << toml_number(m.norm_eps) << "\ninit_std = " << toml_number(m.init_std);
+  if (m.block_pattern().find('M') != std::string::npos)
+    o << "\nmamba_num_heads = " << m.mamba_num_heads << "\nmamba_head_dim = " << m.mamba_head_dim
+      << "\nmamba_n_groups = " << m.mamba_n_groups << "\nmamba_state_size = " << m.mamba_state_size
+      << "\nmamba_conv_kernel = " << m.mamba_conv_kernel
+      << "\nmamba_chunk_size = " << m.mamba_chunk_size
+      << "\nmamba_dt_min = " << toml_number(m.mamba_dt_min)
+      << "\nmamba_dt_max = " << toml_number(m.mamba_dt_max)
+      << "\nmamba_dt_init_floor = " << toml_number(m.mamba_dt_init_floor);
+  o << "\n\n";
   o << "[train]\nseq_len = " << t.seq_len << "\nbatch_size = " << t.batch_size
     << "\nsteps = " << t.steps << "\nlr = " << toml_number(t.lr)
     << "\nwarmup_steps = " << t.warmup_steps

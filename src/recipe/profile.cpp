@@ -52,6 +52,9 @@ const char* name(Cat c) {
     case Cat::kAttention: return "attention";
     case Cat::kActivation: return "activation";
     case Cat::kResidual: return "residual";
+    case Cat::kSsmConv: return "ssm.conv";
+    case Cat::kSsmScan: return "ssm.scan";
+    case Cat::kSsmNorm: return "ssm.gated_norm";
     case Cat::kGemmFprop: return "gemm.fprop";
     case Cat::kGemmDgrad: return "gemm.dgrad";
     case Cat::kGemmWgrad: return "gemm.wgrad";

@@ -60,17 +60,62 @@ bool gemm_uses(Gemm g, Operand o) {
 }
 
 const std::vector<std::string>& linear_kinds() {
-  static const std::vector<std::string> k = {"attn.q", "attn.k", "attn.v",
-                                             "attn.o", "mlp.up", "mlp.down"};
+  static const std::vector<std::string> k = {"in_proj", "out_proj", "q_proj",  "k_proj",
+                                             "v_proj",  "o_proj",   "up_proj", "down_proj"};
   return k;
 }
 
-bool LinearOverride::selects_block(int b, int n_blocks) const {
+std::string canonical_linear_kind(const std::string& name) {
+  const auto& kinds = linear_kinds();
+  if (std::find(kinds.begin(), kinds.end(), name) != kinds.end()) return name;
+  static const std::pair<const char*, const char*> aliases[] = {
+      {"attn.q", "q_proj"}, {"attn.k", "k_proj"},   {"attn.v", "v_proj"},
+      {"attn.o", "o_proj"}, {"mlp.up", "up_proj"}, {"mlp.down", "down_proj"}};
+  for (const auto& [a, k] : aliases)
+    if (name == a) return k;
+  return "";
+}
+
+std::vector<LinearSite> llama_linear_sites(int n_layers) {
+  std::vector<LinearSite> s;
+  for (int l = 0; l < n_layers; ++l) {
+    for (const char* k : {"q_proj", "k_proj", "v_proj", "o_proj"}) s.push_back({2 * l, k});
+    for (const char* k : {"up_proj", "down_proj"}) s.push_back({2 * l + 1, k});
+  }
+  return s;
+}
+
+namespace {
+bool has_kind(const LinearOverride& ov, const std::string& kind) {
+  return std::find(ov.linears.begin(), ov.linears.end(), kind) != ov.linears.end();
+}
+// Number of distinct blocks holding one of the override's linears.
+int blocks_holding(const LinearOverride& ov, const std::vector<LinearSite>& sites) {
+  int n = 0, last = -1;
+  for (const LinearSite& s : sites)
+    if (has_kind(ov, s.kind) && s.block != last) {
+      ++n;
+      last = s.block;
+    }
+  return n;
+}
+}  // namespace
+
+bool LinearOverride::selects(const std::vector<LinearSite>& sites, size_t i) const {
+  const LinearSite& site = sites[i];
+  if (!has_kind(*this, site.kind)) return false;
   if (final_blocks == 0 && blocks.empty()) return true;
-  if (b >= n_blocks - final_blocks) return true;
   for (int x : blocks)
-    if (x == b) return true;
-  return false;
+    if (x == site.block) return true;
+  if (final_blocks == 0) return false;
+  // Rank of site.block among the blocks holding the override's linears, from the end.
+  int later = 0, last = site.block;
+  for (size_t j = i + 1; j < sites.size(); ++j)
+    if (has_kind(*this, sites[j].kind) && sites[j].block != last) {
+      ++later;
+      last = sites[j].block;
+    }
+  return later < final_blocks;
 }
 
 std::string LinearOverride::describe() const {
@@ -145,71 +190,76 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   return p;
 }
 
-ResolvedLinears resolve_linear_plans(const Recipe& r, int n_blocks) {
-  const int K = static_cast<int>(linear_kinds().size());
+ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
+                                     int n_blocks) {
   auto fail = [&](const std::string& key, const std::string& what) {
     throw UserError(r.where() + ": key '" + key + "': " + what);
   };
-  auto check_blocks = [&](const std::string& prefix, int final_blocks, const std::vector<int>& bl) {
+  auto check_blocks = [&](const std::string& prefix, const std::vector<int>& bl) {
     for (int b : bl)
       if (b < 0 || b >= n_blocks)
         fail(prefix + "blocks", "holds block " + std::to_string(b) + " but the model has " +
                                     std::to_string(n_blocks) + " blocks (0.." +
                                     std::to_string(n_blocks - 1) + ")");
-    if (final_blocks < 0 || final_blocks > n_blocks)
-      fail(prefix + "final_blocks", "is " + std::to_string(final_blocks) +
-                                        " but the model has only " + std::to_string(n_blocks) +
-                                        " blocks");
   };
-  check_blocks("high_precision.", r.final_blocks, r.blocks);
+  check_blocks("high_precision.", r.blocks);
+  if (r.final_blocks < 0 || r.final_blocks > n_blocks)
+    fail("high_precision.final_blocks", "is " + std::to_string(r.final_blocks) +
+                                            " but the model has only " +
+                                            std::to_string(n_blocks) + " blocks");
   ResolvedLinears res;
-  res.plans.reserve(size_t(n_blocks) * K);
-  for (int b = 0; b < n_blocks; ++b)
-    for (int j = 0; j < K; ++j) res.plans.push_back(LinearPlan::uniform(r, r.block_mode(b, n_blocks)));
+  res.plans.reserve(sites.size());
+  for (const LinearSite& s : sites)
+    res.plans.push_back(LinearPlan::uniform(r, r.block_mode(s.block, n_blocks)));
   res.override_hits.resize(r.overrides.size());
   for (size_t i = 0; i < r.overrides.size(); ++i) {
     const LinearOverride& ov = r.overrides[i];
     const std::string prefix = "override[" + std::to_string(i) + "].";
-    check_blocks(prefix, ov.final_blocks, ov.blocks);
-    for (int b = 0; b < n_blocks; ++b) {
-      if (!ov.selects_block(b, n_blocks)) continue;
-      for (int j = 0; j < K; ++j) {
-        if (std::find(ov.linears.begin(), ov.linears.end(), linear_kinds()[j]) == ov.linears.end())
-          continue;
-        LinearPlan& p = res.plans[size_t(b) * K + j];
-        bool changed = false;
-        // Only real changes count as hits: an override that changes nothing is an error below.
-        if (ov.has_mode && p.mode != ov.mode) {
-          p.mode = ov.mode;
-          changed = true;
-        }
-        if ((ov.has_scale_target || ov.has_rounding) && p.mode == LinearMode::FP4) {
-          for (int g = 0; g < 3; ++g)
-            for (int o = 0; o < 3; ++o) {
-              if (!gemm_uses(Gemm(g), Operand(o))) continue;
-              if (ov.has_gemm && int(ov.gemm) != g) continue;
-              if (ov.has_role && int(ov.role) != o) continue;
-              BlockQuantSpec& sp = p.specs[g][o];
-              // The MX scale rules have no tensor scale, so T means nothing to them.
-              if (ov.has_scale_target && sp.scale_rule == ScaleRule::TensorScaled &&
-                  sp.target != ov.scale_target) {
-                sp.target = ov.scale_target;
-                changed = true;
-              }
-              if (ov.has_rounding && sp.rounding != ov.rounding) {
-                sp.rounding = ov.rounding;
-                changed = true;
-              }
-            }
-        }
-        if (changed) res.override_hits[i].push_back(b * K + j);
+    check_blocks(prefix, ov.blocks);
+    const int holding = blocks_holding(ov, sites);
+    if (ov.final_blocks < 0 || ov.final_blocks > holding) {
+      std::string kinds;
+      for (const auto& k : ov.linears) kinds += (kinds.empty() ? "" : " or ") + k;
+      fail(prefix + "final_blocks", "is " + std::to_string(ov.final_blocks) +
+                                        " but the model has only " + std::to_string(holding) +
+                                        " blocks with " + kinds);
+    }
+    for (size_t j = 0; j < sites.size(); ++j) {
+      if (!ov.selects(sites, j)) continue;
+      LinearPlan& p = res.plans[j];
+      bool changed = false;
+      // Only real changes count as hits: an override that changes nothing is an error below.
+      if (ov.has_mode && p.mode != ov.mode) {
+        p.mode = ov.mode;
+        changed = true;
       }
+      if ((ov.has_scale_target || ov.has_rounding) && p.mode == LinearMode::FP4) {
+        for (int g = 0; g < 3; ++g)
+          for (int o = 0; o < 3; ++o) {
+            if (!gemm_uses(Gemm(g), Operand(o))) continue;
+            if (ov.has_gemm && int(ov.gemm) != g) continue;
+            if (ov.has_role && int(ov.role) != o) continue;
+            BlockQuantSpec& sp = p.specs[g][o];
+            // The MX scale rules have no tensor scale, so T means nothing to them.
+            if (ov.has_scale_target && sp.scale_rule == ScaleRule::TensorScaled &&
+                sp.target != ov.scale_target) {
+              sp.target = ov.scale_target;
+              changed = true;
+            }
+            if (ov.has_rounding && sp.rounding != ov.rounding) {
+              sp.rounding = ov.rounding;
+              changed = true;
+            }
+          }
+      }
+      if (changed) res.override_hits[i].push_back(int(j));
     }
     if (res.override_hits[i].empty())
       throw UserError(r.where() + ": [[override]] " + prefix.substr(0, prefix.size() - 1) + " (" +
                       ov.describe() + ") changes no linear of this " + std::to_string(n_blocks) +
                       "-block model (every selected linear already has these settings, is "
-                      "not FP4, or uses an MX scale rule, which has no scale target)");
+                      "not FP4, or uses an MX scale rule, which has no scale target; or the "
+                      "model has none of its linears)");
   }
   return res;
 }
@@ -225,13 +275,15 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
     for (auto& k : linear_kinds()) kinds += (kinds.empty() ? "\"" : ", \"") + k + "\"";
     r.fail(p + "linears", "a non-empty array of linear kinds (" + kinds + ")");
   }
-  for (const std::string& k : ov.linears) {
-    const auto& kinds = linear_kinds();
-    if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) {
+  for (std::string& k : ov.linears) {
+    const std::string canon = canonical_linear_kind(k);
+    if (canon.empty()) {
       std::string list;
-      for (auto& x : kinds) list += (list.empty() ? "\"" : ", \"") + x + "\"";
-      r.fail(p + "linears", "linear kinds among " + list + ", got \"" + k + "\"");
+      for (auto& x : linear_kinds()) list += (list.empty() ? "\"" : ", \"") + x + "\"";
+      r.fail(p + "linears", "linear kinds among " + list +
+                                " (or the older names attn.q .. mlp.down), got \"" + k + "\"");
     }
+    k = canon;  // "mlp.down" and "down_proj" are one recipe
   }
   r.get(p + "final_blocks", ov.final_blocks);
   r.range(p + "final_blocks", ov.final_blocks, 0, 1 << 20);

@@ -137,6 +137,12 @@ class TomlReader {
     where_ = with_settings(file_, sets);
   }
 
+  /// Whether the (merged) table has `key` (marks it seen).
+  bool has(const std::string& key) {
+    seen_.insert(key);
+    return static_cast<bool>(tbl_.at_path(key));
+  }
+
   template <class T>
   void get(const std::string& key, T& out) {
     seen_.insert(key);

@@ -135,9 +135,9 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
 }  // namespace
 
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
-  const int L = cfg.model.n_layers;
   // Block indices, final_blocks (recipe and overrides), and overrides that change no linear.
-  const ResolvedLinears res = resolve_linear_plans(recipe, L);
+  const ResolvedLinears res =
+      resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
   bool fp4_rht = false;
   for (const LinearPlan& p : res.plans) fp4_rht |= recipe.rht_wgrad && p.mode == LinearMode::FP4;
   const int64_t tokens = int64_t(cfg.train.batch_size) * cfg.train.seq_len;
@@ -148,16 +148,16 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
 }
 
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
-  const int L = model.config().n_layers;
-  const ResolvedLinears res = resolve_linear_plans(recipe, L);
-  const size_t K = linear_kinds().size();
+  const int L = model.n_blocks();
+  const ResolvedLinears res = resolve_linear_plans(recipe, model.linear_sites(), L);
   std::ostringstream o;
   o << "recipe " << recipe.name << " (";
   for (int l = 0; l < L; ++l) {
     // A block's mode, or its linears' modes joined by '+' where overrides made them differ.
     std::string m;
-    for (size_t j = 0; j < K; ++j) {
-      const std::string mj = linear_mode_name(res.plans[l * K + j].mode);
+    for (size_t i = 0; i < res.plans.size(); ++i) {
+      if (model.linear_sites()[i].block != l) continue;
+      const std::string mj = linear_mode_name(res.plans[i].mode);
       if (m.find(mj) == std::string::npos) m += (m.empty() ? "" : "+") + mj;
     }
     o << (l ? "," : "") << m;
@@ -355,8 +355,8 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   {
     std::ostringstream o;
     o << "model: " << model.num_params() << " parameters (" << model.num_body_params()
-      << " in blocks), " << cfg.model.n_layers << " layers, d_model " << cfg.model.d_model
-      << "; ";
+      << " in blocks), " << model.n_blocks() << " blocks " << model.pattern() << ", d_model "
+      << cfg.model.d_model << "; ";
     // The recipe's per-block modes, then one line per [[override]] with the linears it hit.
     const std::string plans = describe_linear_plans(recipe, model);
     const size_t nl = plans.find('\n');

@@ -33,7 +33,7 @@ assert math.isfinite(s["heldout_nll"]) and math.isfinite(s["heldout_nll_quant"])
 tel = [x["step"] for x in m if "telemetry" in x]
 if r in ("ue5m3-b16", "nvfp4-te"):
     assert tel == [1, 10, 20, 30, 40], tel
-    layer = m[0]["telemetry"]["blocks.0.attn.q"]
+    layer = m[0]["telemetry"]["layers.0.mixer.q_proj"]
     assert set(layer) == {"x", "w", "dy", "dyt", "xt"}, layer
     assert 0 < layer["x"]["rel_error"] < 1, layer
 else:
@@ -92,7 +92,7 @@ expect_error "multiple of 16" train --config "$work/odd.toml" --recipe nvfp4-te 
 [ -e "$work/odd" ] && fail "a refused run must not create its directory"
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nblocks = [7]\n' > "$work/hp.toml"
 expect_error "high_precision.blocks" train --config "$work/micro.toml" --recipe "$work/hp.toml" --data "$work/text"
-printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nfinal_blocks = 3\n' > "$work/hp2.toml"
+printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nfinal_blocks = 5\n' > "$work/hp2.toml"
 expect_error "high_precision.final_blocks" train --config "$work/micro.toml" --recipe "$work/hp2.toml" --data "$work/text"
 
 # The recipes added for docs/numerics.md's table run (2 steps, finite loss, resolved recipe kept).
@@ -104,7 +104,7 @@ for r in ue5m3-b32 ue5m3-te nvfp4-all mxfp4; do
   grep -q "^name = \"$r\"" "$work/new-$r/recipe.toml" || fail "$r: recipe.toml"
 done
 
-# The paper's override (final four mlp.down) does not fit the 2-block micro model: refused,
+# The paper's override (final four down_proj) does not fit the 2-layer (4-block) micro model: refused,
 # naming the key. Copy the recipe, change the knob, run it: the start line lists the override.
 expect_error "override[0].final_blocks" train --config "$work/micro.toml" --recipe ue5m3-b16-t2048 --data "$work/text" --out "$work/t2048"
 [ -e "$work/t2048" ] && fail "a refused run must not create its directory"
@@ -112,7 +112,7 @@ sed 's/^final_blocks = 4 /final_blocks = 1 /' "$src/configs/recipes/ue5m3-b16-t2
 grep -q "^final_blocks = 1 " "$work/mine.toml" || fail "sed did not change the knob"
 "$bin" train --config "$work/micro.toml" --recipe "$work/mine.toml" --data "$work/text" --steps 2 \
   --out "$work/mine" > "$work/mine.log" 2>&1 || { cat "$work/mine.log"; fail "train mine.toml"; }
-grep -q 'override\[0\] linears = \["mlp.down"\], final_blocks = 1, gemm = "wgrad", role = "dy": scale_target = 2048.0 -> 1 linear: blocks.1.mlp.down$' "$work/mine.log" \
+grep -q 'override\[0\] linears = \["down_proj"\], final_blocks = 1, gemm = "wgrad", role = "dy": scale_target = 2048.0 -> 1 linear: layers.3.mixer.down_proj$' "$work/mine.log" \
   || { cat "$work/mine.log"; fail "start line must list the override and the linear it hit"; }
 grep -q '^\[\[override\]\]' "$work/mine/recipe.toml" || fail "recipe.toml must keep the override"
 printf 'name = "o"\n[linear]\nmode = "fp4"\n[[override]]\nlinears = ["mlp.gate"]\nscale_target = 2.0\n' > "$work/ov.toml"

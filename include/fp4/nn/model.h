@@ -1,7 +1,11 @@
-// Llama-style decoder: token embedding; L blocks of pre-RMSNorm causal multi-head attention
-// with RoPE (q, k, v, o projections, no biases) and an MLP (squared ReLU or SwiGLU); final
-// RMSNorm; untied FP32 LM head. Every linear except the LM head is an fp4::nn::Linear.
-// Parameters and their gradients each live in one contiguous FP32 buffer (llm.c style).
+// The hybrid decoder of Nemotron-H (arXiv 2504.03624), of which the Llama-style decoder is
+// the pattern "*-*-...": token embedding; a pattern of blocks, each x + mixer(RMSNorm(x))
+// with a Mamba-2 ('M'), attention ('*') or MLP ('-') mixer (fp4/nn/mixer.h); final RMSNorm;
+// untied FP32 LM head. Every linear except the LM head is an fp4::nn::Linear, named as in
+// HF Nemotron-H: layers.N.mixer.{in_proj, out_proj, q_proj, k_proj, v_proj, o_proj,
+// up_proj, down_proj}. Parameters and their gradients each live in one contiguous FP32
+// buffer (llm.c style), in the order embeddings, per block (norm, mixer parameters, linear
+// weights), norm_f, lm_head.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +14,7 @@
 
 #include "fp4/config.h"
 #include "fp4/nn/linear.h"
+#include "fp4/nn/mixer.h"
 #include "fp4/recipe.h"
 
 namespace fp4::nn {
@@ -19,7 +24,9 @@ struct ParamInfo {
   std::string name;
   int64_t offset = 0, size = 0;
   int64_t rows = 0, cols = 0;
-  bool weight_decay = true;  ///< false for norm weights
+  bool weight_decay = true;  ///< false for norm weights and Mamba-2's A_log, D, dt_bias, conv bias
+  ParamInit init = ParamInit::kNormal;
+  int block = -1;            ///< hybrid block holding it; -1 for embeddings, norm_f, lm_head
 };
 
 class Model {
@@ -28,8 +35,11 @@ class Model {
   /// for that). Throws fp4::UserError on inconsistent config.
   Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len);
 
-  /// Initialise parameters: N(0, init_std) for matrices, output projections (o, down) scaled
-  /// by 1/sqrt(2L), norm weights 1. Deterministic in `seed`.
+  /// Initialise parameters, in parameter order from one mt19937_64(seed) stream:
+  /// N(0, init_std) for matrices; projections into the residual stream (o_proj, down_proj,
+  /// out_proj) N(0, init_std/sqrt(n_blocks)) (GPT-2's residual scaling; 1/sqrt(2L) for a
+  /// Llama-style model of L layers, as mamba_ssm's rescale of out_proj by 1/sqrt(n_layer));
+  /// norm weights 1; Mamba-2's own parameters as its mixer says (mixer_mamba2.cpp).
   void init(uint64_t seed);
 
   /// Forward pass over tokens [B, T] (B ≤ batch; T = seq_len, or 1 ≤ T ≤ seq_len when given,
@@ -53,33 +63,48 @@ class Model {
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const std::vector<Linear>& linears() const { return linears_; }
   std::vector<Linear>& linears() { return linears_; }  ///< (checkpoint resume)
-  /// Name of linears()[i], e.g. "blocks.2.mlp.down".
+  /// Name of linears()[i], e.g. "layers.3.mixer.down_proj".
   std::string linear_name(size_t i) const;
+  /// Block and kind of every linear, in linears() order (what the recipe rules select on).
+  const std::vector<LinearSite>& linear_sites() const { return sites_; }
+  /// Number of hybrid blocks (the pattern's length) and the pattern.
+  int n_blocks() const { return static_cast<int>(blocks_.size()); }
+  const std::string& pattern() const { return pattern_; }
   /// Logits [B·T, vocab] of the last forward; backward() overwrites them with their gradient.
   const float* logits() const { return logits_.data(); }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   /// Parameters excluding the token embedding and the LM head.
   int64_t num_body_params() const;
   /// Model FLOPs of one training step per token (forward + backward) at sequence length T,
-  /// the standard count of PaLM (Chowdhery et al. 2022, appendix B): 6·N + 12·L·d·T, where N
-  /// = num_params() − vocab·d, every parameter except the input embedding table (a lookup,
-  /// no FLOPs); the LM head is an untied vocab × d matmul and counts. 6N covers the
-  /// forward (2N) and backward (4N) matmuls; 12·L·d·T the attention score and value
-  /// products (QKᵀ and PV, 2·T·d FLOPs each per token forward, ×3 with backward), counted
-  /// over the full T × T square as in PaLM although the causal kernel skips the masked
-  /// half. Norms, activations, softmax and the optimizer are not counted (as in PaLM).
+  /// the standard count of PaLM (Chowdhery et al. 2022, appendix B): 6·N + Σ over blocks of
+  /// the mixer's extra_flops_per_token(T), where N = num_params() − vocab·d, every parameter
+  /// except the input embedding table (a lookup, no FLOPs); the LM head is an untied vocab × d
+  /// matmul and counts. 6N covers the forward (2N) and backward (4N) matmuls. Attention adds
+  /// 12·(H·hd)·T (QKᵀ and PV, 2·T·H·hd FLOPs each per token forward, ×3 with backward),
+  /// counted over the full T × T square as in PaLM although the causal kernel skips the
+  /// masked half; for a Llama-style model that is PaLM's 12·L·d·T. Mamba-2 adds
+  /// 12·d_inner·N (the SSD's state update and readout, 2·d_inner·N each per token forward,
+  /// ×3). Norms, activations, softmax, the conv and the optimizer are not counted.
   double flops_per_token(int64_t T) const;
+  /// The same without building a model (fp4train info).
+  static double flops_per_token(const ModelConfig& cfg, int64_t T);
+  /// linear_sites() of the model `cfg` describes, without building it. Throws
+  /// fp4::UserError for a bad pattern character.
+  static std::vector<LinearSite> linear_sites(const ModelConfig& cfg);
 
   /// Bytes of the model's buffers, by what they hold (FP32 throughout).
   struct MemoryUse {
     int64_t params = 0;            ///< master weights, num_params() floats
     int64_t grads = 0;             ///< their gradients
-    int64_t activations = 0;       ///< what backward needs from forward: per block ln1, q,
-                                   ///< k, v, y, x2, ln2, h, a, x3, rstd ([BT·(8C+U+F+2)]),
-                                   ///< attention probabilities [B·H·T·T]; embedding out, ln_f
+    int64_t activations = 0;       ///< what backward needs from forward: per block its normed
+                                   ///< input, rstd and output [BT·(2C+1)] and what its mixer
+                                   ///< keeps (Mixer::activation_floats: attention q, k, v, y
+                                   ///< and probabilities [B·H·T·T]; MLP h, a; Mamba-2 see
+                                   ///< mixer_mamba2.cpp); embedding out, norm_f
     int64_t logits = 0;            ///< logits [BT·V]; backward overwrites them with their gradient
-    int64_t backward_scratch = 0;  ///< gradient buffers reused across blocks (dq, dk, dv,
-                                   ///< dln, datt, dh, dact, dres, attention scratch [B·H·T·T])
+    int64_t backward_scratch = 0;  ///< gradient buffers reused across blocks: the residual
+                                   ///< and normed-input gradients [BT·C] each and the largest
+                                   ///< Mixer::scratch_floats
     int64_t linear_scratch = 0;    ///< Linear::scratch_bytes() summed over every linear: what
                                    ///< each keeps from forward to backward (FP4/BF16 weight
                                    ///< copy [N·K]; BF16 mode also its operand copies)
@@ -102,25 +127,40 @@ class Model {
   const LinearWorkspace& linear_workspace() const { return *workspace_; }
 
  private:
-  struct BlockActs;
-  BlockActs block(int l, int64_t BT);
-  int64_t add_param(const std::string& name, int64_t rows, int64_t cols, bool decay);
+  struct Block {
+    char symbol = '*';
+    std::unique_ptr<Mixer> mixer;
+    int64_t off_norm = 0;                 ///< its RMSNorm weight
+    std::vector<int64_t> off_params;      ///< mixer->params(), in order
+    std::vector<int64_t> off_linears;     ///< mixer->linears() weights, in order
+    size_t first_linear = 0;              ///< index of its first linear in linears_
+    std::vector<float> acts;              ///< ln [BT,C] | rstd [BT] | out [BT,C] | mixer's
+  };
+  float* block_ln(int l) { return blocks_[l].acts.data(); }
+  float* block_rstd(int l) { return block_ln(l) + int64_t(batch_) * seq_len_ * cfg_.d_model; }
+  float* block_out(int l) { return block_rstd(l) + int64_t(batch_) * seq_len_; }
+  float* block_mixer_acts(int l) {
+    return block_out(l) + int64_t(batch_) * seq_len_ * cfg_.d_model;
+  }
+  MixerCall call(int l, int B, const StepContext& ctx, std::vector<const float*>& p,
+                 std::vector<float*>& g);
+  int64_t add_param(const std::string& name, int64_t rows, int64_t cols, bool decay,
+                    ParamInit init, int block);
   void bind_linears();
 
   ModelConfig cfg_;
   Recipe recipe_;
   int batch_, seq_len_;
+  std::string pattern_;
   std::vector<ParamInfo> infos_;
   std::vector<float> params_, grads_;
-  std::vector<Linear> linears_;  // 6 per block: q, k, v, o, up, down
+  std::vector<Block> blocks_;
+  std::vector<Linear> linears_;                 // every block's, in block order
+  std::vector<LinearSite> sites_;               // [linears_.size()]
+  std::vector<int64_t> off_lin_;                // weight offset of linears_[i]
   std::shared_ptr<LinearWorkspace> workspace_;  // transient FP4 buffers of every linear
-  // parameter offsets
   int64_t off_wte_, off_lnf_, off_head_;
-  std::vector<int64_t> off_ln1_, off_ln2_, off_lin_;  // off_lin_[6·l + j]
-  // activations
-  std::vector<std::vector<float>> acts_;  // per block, see model.cpp for layout
-  std::vector<float> x0_, lnf_, lnf_rstd_, xL_, logits_, dln_, dq_, dk_, dv_, datt_,
-      dh_, dact_, scratch_;
+  std::vector<float> x0_, lnf_, lnf_rstd_, logits_, dres_, dln_, scratch_;
   std::vector<int32_t> tokens_, targets_;
   int B_ = 0;
   int T_ = 0;  // sequence length of the last forward (seq_len_ unless forward got a T)
