@@ -61,7 +61,8 @@ struct Variant {
   const char* name;
 };
 const Variant kVariants[] = {
-    {SsmIsa::kAvx512, "avx512"}, {SsmIsa::kAvx2, "avx2"}, {SsmIsa::kBase, "base"}};
+    {SsmIsa::kAvx512, "avx512"}, {SsmIsa::kAvx2, "avx2"}, {SsmIsa::kBase, "base"},
+    {SsmIsa::kEmu16, "emu16"}};
 
 // Runs fn(ctx) for every variant the CPU can run and 1, 2, 3 threads.
 void for_variants(const std::function<void(const std::string&)>& fn) {
@@ -554,6 +555,7 @@ TEST(SsmTwin, VariantsAvailable) {
   detail::reset_ssm_isa();
   std::printf("ssm variants on this CPU:%s\n", avail.c_str());
   EXPECT_TRUE(detail::set_ssm_isa(SsmIsa::kBase));
+  EXPECT_TRUE(detail::set_ssm_isa(SsmIsa::kEmu16));
   detail::reset_ssm_isa();
 }
 

@@ -3,7 +3,8 @@
 // The per-unit bodies (ssm_body.inc) are compiled three times, each inside a
 // `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
 // AVX-512 (16 lanes, 4 × 64-column mm tiles), AVX2 (8 lanes, 4 × 16) and baseline SSE2
-// (4 lanes, 4 × 8). The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
+// (4 lanes, 4 × 8), plus, for tests only, the AVX-512 code for the baseline target (emu16).
+// The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
 // (static schedule; units: conv (b, 64-channel block) forward and 64-channel blocks
 // backward; scan (b, h) forward and (b, g) backward with the heads of the group in order;
@@ -60,6 +61,13 @@ constexpr int kNB = 2;
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_base
 
+namespace fp4::nn::ssm_emu16 {
+constexpr int VW = 16;
+constexpr int kNB = 4;
+#include "ssm_vec.inc"
+#include "ssm_body.inc"
+}  // namespace fp4::nn::ssm_emu16
+
 namespace fp4::nn {
 namespace {
 
@@ -74,6 +82,7 @@ bool isa_ok(SsmIsa isa) {
     case SsmIsa::kAvx2:
       return __builtin_cpu_supports("avx2") && cpu_isa_allowed(CpuIsa::Avx2);
     case SsmIsa::kBase:
+    case SsmIsa::kEmu16:
       return true;
   }
   return false;
@@ -86,8 +95,12 @@ SsmIsa best_isa() {
 const Kernels kAvx512 = ssm_avx512::make_kernels();
 const Kernels kAvx2 = ssm_avx2::make_kernels();
 const Kernels kBase = ssm_base::make_kernels();
+const Kernels kEmu16 = ssm_emu16::make_kernels();
 const Kernels* table(SsmIsa isa) {
-  return isa == SsmIsa::kAvx512 ? &kAvx512 : isa == SsmIsa::kAvx2 ? &kAvx2 : &kBase;
+  return isa == SsmIsa::kAvx512 ? &kAvx512
+         : isa == SsmIsa::kAvx2 ? &kAvx2
+         : isa == SsmIsa::kEmu16 ? &kEmu16
+                                 : &kBase;
 }
 const Kernels* g_k = table(best_isa());
 

@@ -41,13 +41,14 @@ inline double dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
-template <int Tri>
+template <int Tri, bool LowerCols = false>
 inline void mm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sr, int64_t sk,
                const float* B, int64_t ldb, float* C, int64_t ldc) {
   for (int64_t i = 0; i < M; ++i) {
     const int64_t k0 = Tri == ::fp4::nn::ssm_internal::kUpper ? i : 0;
     const int64_t k1 = Tri == ::fp4::nn::ssm_internal::kLower ? std::min(K, i + 1) : K;
-    for (int64_t j = 0; j < Nc; ++j) {
+    const int64_t nc = LowerCols ? std::min(Nc, i + 1) : Nc;
+    for (int64_t j = 0; j < nc; ++j) {
       float acc = 0.0f;
       for (int64_t k = k0; k < k1; ++k) acc = acc + A[i * sr + k * sk] * B[k * ldb + j];
       C[i * ldc + j] = acc;

@@ -74,7 +74,7 @@ int64_t ssd_workspace_floats(int64_t B, int64_t T, int64_t H, int64_t P, int64_t
 /// Output y [B·T, H·P] dense; ws: ssd_workspace_floats(d) floats, written (see there).
 /// Math: Δ_t = softplus(dt + dt_bias), A = −exp(A_log), S_t = exp(Δ_t·A)·S_{t−1} + Δ_t·x_t B_tᵀ
 /// (S_{−1} = 0), y_t = S_t C_t + D·x_t. Chunked evaluation, per (b, h) and chunk of q ≤ Q rows:
-///   a_s = Δ_s·A; seg[t,s] = Σ_{r=s+1..t} a_r (FP32, r descending from t), L_t = seg[t,0] + a_0;
+///   a_s = Δ_s·A; seg[t,s] = Σ_{r=s+1..t} a_r (FP32, r ascending), L_t = seg[t,0] + a_0;
 ///   E = exp(seg), M[t,s] = E[t,s]·Δ_s (s ≤ t), e_t = exp(L_t), w_s = M[q−1, s];
 ///   Gm = C Bᵀ; Wm = Gm ∘ M (0 above the diagonal); Yd = Wm X; Yo = C S_prevᵀ;
 ///   y_t = (Yd + e_t·Yo) + D·x_t;  S_end = e_{q−1}·S_prev + Σ_s w_s·x_s B_sᵀ.
@@ -153,8 +153,11 @@ void gated_rmsnorm_backward_ref(float* dy, float* dz, float* dweight, const floa
                                 int64_t d_inner, int64_t G);
 
 namespace detail {
-/// Vector variants of the fast kernels (tests force each one the CPU can run).
-enum class SsmIsa { kAvx512, kAvx2, kBase };
+/// Vector variants of the fast kernels (tests force each one the CPU can run). kEmu16 is
+/// the AVX-512 variant's code (16-lane vectors, 4 × 64-column tiles) compiled for the
+/// baseline target (GCC splits the vectors), so that its 16-lane logic is tested on any CPU;
+/// never chosen by default.
+enum class SsmIsa { kAvx512, kAvx2, kBase, kEmu16 };
 /// Forces a variant; returns false (and changes nothing) if the CPU lacks it or
 /// FP4_MAX_CPU_ISA forbids it. Not thread-safe with running kernels.
 bool set_ssm_isa(SsmIsa isa);
