@@ -217,12 +217,12 @@ TEST(SsmTwin, ScanForwardBackwardBitIdentical) {
 }
 
 // ---------------------------------------------------------------- chunked vs sequential
-// Tolerance: |y_chunked − y_seq| ≤ 2e-5 · y_abs + 1e-30, where y_abs is the sequential
+// Tolerance: |y_chunked − y_seq| ≤ 1e-5 · y_abs + 1e-30, where y_abs is the sequential
 // recurrence run on |x|, |B|, |C|, |D| (the sum of the absolute values of every term of y,
 // so this is a relative error per term). FP32 rounding of the O(Q + N) products and sums
 // along one term, of exp (≤ 2 ulp) and of the in-chunk decay sums (relative error of
 // exp(seg) ≈ |error of seg| ≤ Q·eps·Σ|a|, i.e. ~1e-5 when the decay is still ≥ e^−20)
-// stays below that; the measured maximum is printed.
+// stays below that; the measured maximum is printed (8.5e-7 when written, over random, dt = 15, dt = 30, dt = −40 and power-of-two inputs).
 TEST(SsmScan, ChunkedMatchesSequential) {
   const SsdDims shapes[] = {{2, 37, 4, 8, 2, 16, 16},
                             {2, 64, 4, 8, 1, 16, 16},
@@ -232,7 +232,7 @@ TEST(SsmScan, ChunkedMatchesSequential) {
   double worst = 0.0;
   int n = 0;
   for (const SsdDims& d : shapes)
-    for (Mode m : {Mode::kRandom, Mode::kNegDt, Mode::kPow2}) {
+    for (Mode m : {Mode::kRandom, Mode::kNegDt, Mode::kPow2, Mode::kBigDt, Mode::kMidDt}) {
       const Scan s = make_scan(d, m, 500 + n++);
       std::vector<float> y(s.rows() * s.HP()), ws(ssd_workspace_floats(d));
       ssd_scan_forward(y.data(), ws.data(), s.xp(s.xbc), s.ld, s.bp(s.xbc), s.ld, s.cp(s.xbc),
@@ -255,7 +255,7 @@ TEST(SsmScan, ChunkedMatchesSequential) {
         const double err = std::fabs(static_cast<double>(y[i]) - ys[i]);
         const double rel = err / (ya[i] + 1e-30);
         worst = std::max(worst, rel);
-        ASSERT_LE(err, 2e-5 * ya[i] + 1e-30)
+        ASSERT_LE(err, 1e-5 * ya[i] + 1e-30)
             << "Q=" << d.Q << " T=" << d.T << " " << mode_name(m) << " i=" << i << " y=" << y[i]
             << " seq=" << ys[i] << " abs=" << ya[i];
       }
@@ -288,7 +288,8 @@ void fd_check(const char* name, std::vector<double>& param, const std::vector<fl
 }
 
 TEST(SsmGrad, ScanFiniteDifferences) {
-  for (const SsdDims d : {SsdDims{2, 7, 4, 3, 2, 4, 3}, SsdDims{1, 9, 2, 3, 1, 5, 4}}) {
+  for (const SsdDims d : {SsdDims{2, 7, 4, 3, 2, 4, 3}, SsdDims{1, 9, 2, 3, 1, 5, 4},
+                          SsdDims{1, 5, 2, 2, 2, 3, 1}, SsdDims{1, 6, 2, 2, 1, 3, 8}}) {
     Scan s = make_scan(d, Mode::kRandom, 7);
     std::mt19937 g(8);
     for (auto& v : s.dt) v *= 0.5f;
@@ -316,6 +317,32 @@ TEST(SsmGrad, ScanFiniteDifferences) {
     fd_check("A_log", ad, an.dA_log, 0, loss);
     fd_check("D", Dd, an.dD, 0, loss);
   }
+}
+
+// Backward accumulates: two backward calls from zero give exactly twice one call (v + v = 2v
+// is exact), for every gradient. One head per group (H = G), so that every dB/dC element
+// receives a single addition per call.
+TEST(SsmGrad, ScanBackwardAccumulates) {
+  const Scan s = make_scan(SsdDims{2, 21, 2, 5, 2, 6, 8}, Mode::kRandom, 9);
+  std::mt19937 g(10);
+  const std::vector<float> dy = randn(s.rows() * s.HP(), g);
+  ScanOut zero;
+  zero.dxbc.assign(s.xbc.size(), 0.0f);
+  zero.ddt.assign(s.dt.size(), 0.0f);
+  zero.dA_log.assign(s.d.H, 0.0f);
+  zero.dD.assign(s.d.H, 0.0f);
+  zero.d_dt_bias.assign(s.d.H, 0.0f);
+  const ScanOut once = run_scan(ssd_scan_forward, ssd_scan_backward, s, dy, zero);
+  const ScanOut twice = run_scan(ssd_scan_forward, ssd_scan_backward, s, dy, once);
+  auto dbl = [](std::vector<float> v) {
+    for (auto& x : v) x = x + x;
+    return v;
+  };
+  expect_same("dx/dB/dC", "twice", twice.dxbc, dbl(once.dxbc));
+  expect_same("d_dt", "twice", twice.ddt, dbl(once.ddt));
+  expect_same("dA_log", "twice", twice.dA_log, dbl(once.dA_log));
+  expect_same("dD", "twice", twice.dD, dbl(once.dD));
+  expect_same("d_dt_bias", "twice", twice.d_dt_bias, dbl(once.d_dt_bias));
 }
 
 // ---------------------------------------------------------------- conv
