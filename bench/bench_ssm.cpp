@@ -1,0 +1,129 @@
+// SSD scan (fp4/nn/ssm.h): the fast chunked kernels (ssm.cpp: vector mm tiles + OpenMP over
+// (b, h) forward / (b, g) backward) next to their scalar twins (ssm_ref.cpp, one thread) at a
+// tiny-model shape B = 16, T = 256, H = 8, P = 64, G = 1, N = 64, Q = 64:
+//
+//   ./build/bench_ssm --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//
+// GFLOP/s counts the multiply-adds of the matrix products of the chunked algorithm as
+// implemented (2 FLOP each; triangular products count their triangle), per chunk of q rows:
+//   forward : C Bᵀ (lower triangle) q(q+1)N, (Gm ∘ M) X q(q+1)P, C S 2qNP, state update 2qNP
+//             (not after the last chunk)
+//   backward: C Bᵀ q(q+1)N, C S 2qNP, dY Xᵀ (lower) q(q+1)P, Wᵀ dY, dG B, dGᵀ C q(q+1)(P+2N),
+//             dC, dS, Z, dBw 4 × 2qNP
+// (the elementwise work, the O(q²) decay terms and the exps are not counted).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp4/nn/ssm.h"
+
+using namespace fp4::nn;
+
+namespace {
+
+constexpr SsdDims kDims{16, 256, 8, 64, 1, 64, 64};
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return v;
+}
+
+struct Data {
+  SsdDims d = kDims;
+  int64_t ld = d.H * d.P + 2 * d.G * d.N, lddt = d.H;
+  size_t R = static_cast<size_t>(d.B * d.T);
+  std::vector<float> xbc = randn(R * ld, 1), dt = randn(R * lddt, 2, 0.5f),
+                     dt_bias = randn(d.H, 3, 0.5f), A_log = randn(d.H, 4, 0.5f),
+                     D = randn(d.H, 5), dy = randn(R * d.H * d.P, 6);
+  std::vector<float> y = std::vector<float>(R * d.H * d.P),
+                     ws = std::vector<float>(ssd_workspace_floats(d)),
+                     dxbc = std::vector<float>(R * ld), ddt = std::vector<float>(R * lddt),
+                     g1 = std::vector<float>(d.H), g2 = std::vector<float>(d.H),
+                     g3 = std::vector<float>(d.H);
+  const float* x() const { return xbc.data(); }
+  const float* B() const { return xbc.data() + d.H * d.P; }
+  const float* C() const { return xbc.data() + d.H * d.P + d.G * d.N; }
+  template <bool Fast>
+  void fwd() {
+    (Fast ? ssd_scan_forward : ssd_scan_forward_ref)(y.data(), ws.data(), x(), ld, B(), ld, C(),
+                                                      ld, dt.data(), lddt, dt_bias.data(),
+                                                      A_log.data(), D.data(), d);
+  }
+  template <bool Fast>
+  void bwd() {
+    (Fast ? ssd_scan_backward : ssd_scan_backward_ref)(
+        dxbc.data(), dxbc.data() + d.H * d.P, dxbc.data() + d.H * d.P + d.G * d.N, ddt.data(),
+        g1.data(), g2.data(), g3.data(), dy.data(), ws.data(), x(), ld, B(), ld, C(), ld,
+        dt.data(), lddt, dt_bias.data(), A_log.data(), D.data(), d);
+  }
+};
+
+double flops(bool fwd, bool bwd) {
+  const SsdDims& d = kDims;
+  double f = 0.0;
+  for (int64_t t0 = 0; t0 < d.T; t0 += d.Q) {
+    const double q = static_cast<double>(std::min(d.Q, d.T - t0)), N = d.N, P = d.P;
+    const bool last = t0 + d.Q >= d.T;
+    if (fwd) f += q * (q + 1) * N + q * (q + 1) * P + 2 * q * N * P + (last ? 0 : 2 * q * N * P);
+    if (bwd) f += q * (q + 1) * N + 2 * q * N * P + q * (q + 1) * P + q * (q + 1) * (P + 2 * N) +
+                  4 * 2 * q * N * P;
+  }
+  return f * static_cast<double>(d.B * d.H);
+}
+
+void label(benchmark::State& st, bool fast, double fl) {
+  st.SetLabel(fast ? "fast threads=" + std::to_string(omp_get_max_threads())
+                   : std::string("twin 1 thread"));
+  st.counters["GFLOP"] =
+      benchmark::Counter(fl * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <bool Fast>
+void BM_SsdFwd(benchmark::State& st) {
+  Data dd;
+  for (auto _ : st) {
+    dd.fwd<Fast>();
+    benchmark::DoNotOptimize(dd.y.data());
+  }
+  label(st, Fast, flops(true, false));
+}
+template <bool Fast>
+void BM_SsdBwd(benchmark::State& st) {
+  Data dd;
+  dd.fwd<Fast>();
+  for (auto _ : st) {
+    dd.bwd<Fast>();
+    benchmark::DoNotOptimize(dd.dxbc.data());
+  }
+  label(st, Fast, flops(false, true));
+}
+template <bool Fast>
+void BM_SsdFwdBwd(benchmark::State& st) {
+  Data dd;
+  for (auto _ : st) {
+    dd.fwd<Fast>();
+    dd.bwd<Fast>();
+    benchmark::DoNotOptimize(dd.dxbc.data());
+  }
+  label(st, Fast, flops(true, true));
+}
+
+#define FP4_PAIR(BM)                                                                      \
+  BENCHMARK(BM<true>)->Name(#BM "/fast")->Unit(benchmark::kMillisecond)->UseRealTime(); \
+  BENCHMARK(BM<false>)->Name(#BM "/twin")->Unit(benchmark::kMillisecond)->UseRealTime()
+
+FP4_PAIR(BM_SsdFwd);
+FP4_PAIR(BM_SsdBwd);
+FP4_PAIR(BM_SsdFwdBwd);
+
+}  // namespace
+
+BENCHMARK_MAIN();

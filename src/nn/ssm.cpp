@@ -1,0 +1,158 @@
+// Fast Mamba-2 kernels (see fp4/nn/ssm.h): conv1d + SiLU, chunked SSD scan, gated RMSNorm.
+//
+// The per-unit bodies (ssm_body.inc) are compiled three times, each inside a
+// `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
+// AVX-512 (16 lanes, 4 × 64-column mm tiles), AVX2 (8 lanes, 4 × 16) and baseline SSE2
+// (4 lanes, 4 × 8), plus, for tests only, the AVX-512 code for the baseline target (emu16).
+// The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
+// (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
+// (static schedule; units: conv (b, 64-channel block) forward and 64-channel blocks
+// backward; scan (b, h) forward and (b, g) backward with the heads of the group in order;
+// norm rows, and 64-channel blocks for dweight), so each output is produced by one thread
+// in a fixed order.
+//
+// Why the bits match the scalar twins (ssm_ref.cpp, the same body with scalar primitives):
+//  * mm: each output lane accumulates acc = acc + a·b (separate multiply and add) from +0,
+//    k ascending over exactly the twin's range (the triangular ranges skip the masked terms
+//    per row, as the twin does); the register blocking only decides which outputs are
+//    computed together;
+//  * map: the same generic formula evaluated on vectors, lane by lane; exp is the lane-wise
+//    copy of internal::exp_scalar;
+//  * dot: the canonical sum with the 16 partials spread over 16/VW vectors and tree16.
+// The vector code reads and writes zero padding of the scratch matrices beyond the twin's
+// columns; padding never feeds a valid output.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include "fp4/nn/ssm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "fp4/cpu_isa.h"
+#include "ssm_internal.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace fp4::nn::ssm_avx512 {
+constexpr int VW = 16;
+constexpr int kNB = 4;
+#include "ssm_vec.inc"
+#include "ssm_body.inc"
+}  // namespace fp4::nn::ssm_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace fp4::nn::ssm_avx2 {
+constexpr int VW = 8;
+constexpr int kNB = 2;
+#include "ssm_vec.inc"
+#include "ssm_body.inc"
+}  // namespace fp4::nn::ssm_avx2
+#pragma GCC pop_options
+
+namespace fp4::nn::ssm_base {
+constexpr int VW = 4;
+constexpr int kNB = 2;
+#include "ssm_vec.inc"
+#include "ssm_body.inc"
+}  // namespace fp4::nn::ssm_base
+
+namespace fp4::nn::ssm_emu16 {
+constexpr int VW = 16;
+constexpr int kNB = 4;
+#include "ssm_vec.inc"
+#include "ssm_body.inc"
+}  // namespace fp4::nn::ssm_emu16
+
+namespace fp4::nn {
+namespace {
+
+using ssm_internal::Kernels;
+using detail::SsmIsa;
+
+bool isa_ok(SsmIsa isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case SsmIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && cpu_isa_allowed(CpuIsa::Avx512);
+    case SsmIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && cpu_isa_allowed(CpuIsa::Avx2);
+    case SsmIsa::kBase:
+    case SsmIsa::kEmu16:
+      return true;
+  }
+  return false;
+}
+SsmIsa best_isa() {
+  return isa_ok(SsmIsa::kAvx512) ? SsmIsa::kAvx512
+         : isa_ok(SsmIsa::kAvx2) ? SsmIsa::kAvx2
+                                 : SsmIsa::kBase;
+}
+const Kernels kAvx512 = ssm_avx512::make_kernels();
+const Kernels kAvx2 = ssm_avx2::make_kernels();
+const Kernels kBase = ssm_base::make_kernels();
+const Kernels kEmu16 = ssm_emu16::make_kernels();
+const Kernels* table(SsmIsa isa) {
+  return isa == SsmIsa::kAvx512 ? &kAvx512
+         : isa == SsmIsa::kAvx2 ? &kAvx2
+         : isa == SsmIsa::kEmu16 ? &kEmu16
+                                 : &kBase;
+}
+const Kernels* g_k = table(best_isa());
+
+}  // namespace
+
+namespace detail {
+bool set_ssm_isa(SsmIsa isa) {
+  if (!isa_ok(isa)) return false;
+  g_k = table(isa);
+  return true;
+}
+void reset_ssm_isa() { g_k = table(best_isa()); }
+}  // namespace detail
+
+using namespace ssm_internal;
+
+void ssm_conv_forward(float* out, const float* x, int64_t ldx, const float* w,
+                      const float* bias, int64_t B, int64_t T, int64_t C, int64_t W) {
+  run_conv_forward(*g_k, true, "ssm_conv_forward", out, x, ldx, w, bias, B, T, C, W);
+}
+void ssm_conv_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x,
+                       int64_t ldx, const float* w, const float* bias, int64_t B, int64_t T,
+                       int64_t C, int64_t W) {
+  run_conv_backward(*g_k, true, "ssm_conv_backward", dx, dw, dbias, dout, x, ldx, w, bias, B,
+                    T, C, W);
+}
+void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const float* Bm,
+                      int64_t ldb, const float* Cm, int64_t ldc, const float* dt, int64_t lddt,
+                      const float* dt_bias, const float* A_log, const float* D,
+                      const SsdDims& d) {
+  run_ssd_forward(*g_k, true, "ssd_scan_forward", y, ws, x, ldx, Bm, ldb, Cm, ldc, dt, lddt,
+                  dt_bias, A_log, D, d);
+}
+void ssd_scan_backward(float* dx, float* dB, float* dC, float* d_dt, float* dA_log, float* dD,
+                       float* d_dt_bias, const float* dy, const float* ws, const float* x,
+                       int64_t ldx, const float* Bm, int64_t ldb, const float* Cm, int64_t ldc,
+                       const float* dt, int64_t lddt, const float* dt_bias, const float* A_log,
+                       const float* D, const SsdDims& d) {
+  run_ssd_backward(*g_k, true, "ssd_scan_backward", dx, dB, dC, d_dt, dA_log, dD, d_dt_bias, dy,
+                   ws, x, ldx, Bm, ldb, Cm, ldc, dt, lddt, dt_bias, A_log, D, d);
+}
+void gated_rmsnorm_forward(float* out, float* rstd, const float* y, const float* z, int64_t ldz,
+                           const float* weight, int64_t BT, int64_t d_inner, int64_t G,
+                           float eps) {
+  run_norm_forward(*g_k, true, "gated_rmsnorm_forward", out, rstd, y, z, ldz, weight, BT,
+                   d_inner, G, eps);
+}
+void gated_rmsnorm_backward(float* dy, float* dz, float* dweight, const float* dout,
+                            const float* y, const float* z, int64_t ldz, const float* weight,
+                            const float* rstd, int64_t BT, int64_t d_inner, int64_t G) {
+  run_norm_backward(*g_k, true, "gated_rmsnorm_backward", dy, dz, dweight, dout, y, z, ldz,
+                    weight, rstd, BT, d_inner, G);
+}
+
+}  // namespace fp4::nn
