@@ -75,7 +75,7 @@ void add_source_options(CLI::App* c, SourceArgs& a) {
 
 // The recipe must fit the model: explicit high-precision blocks inside it.
 void check_fits(const Recipe& r, const RunConfig& cfg, const std::string& where) {
-  const int L = cfg.model.n_layers;
+  const int L = cfg.model.n_blocks();
   for (int b : r.blocks)
     if (b < 0 || b >= L)
       throw UserError("recipe " + r.name + " does not fit the model of " + where +

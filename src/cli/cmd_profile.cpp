@@ -103,8 +103,11 @@ void run_profile(const ProfileArgs& a) {
   const double mfu = model_gflops / peak.gflops;
   // The same with attention counted over the causal triangle the kernel computes: per token
   // and layer (T + 1)/2 query-key pairs × 2 FLOPs × d × 2 products (QKᵀ, PV) × 3 (fwd + bwd).
-  const double fpt_causal = fpt - 12.0 * cfg.model.n_layers * double(cfg.model.d_model) * tc.seq_len +
-                            6.0 * cfg.model.n_layers * double(cfg.model.d_model) * (tc.seq_len + 1);
+  const std::string pat = cfg.model.block_pattern();
+  const double att_blocks = double(std::count(pat.begin(), pat.end(), '*'));
+  const double att_width = double(cfg.model.n_heads) * cfg.model.attn_head_dim();
+  const double fpt_causal = fpt - 12.0 * att_blocks * att_width * tc.seq_len +
+                            6.0 * att_blocks * att_width * (tc.seq_len + 1);
   const double mfu_causal = fpt_causal * tok_s / 1e9 / peak.gflops;
   const nn::Model::MemoryUse mem = model.memory_use();
   const int64_t adam = 2 * int64_t(model.num_params()) * int64_t(sizeof(float));
@@ -144,14 +147,14 @@ void run_profile(const ProfileArgs& a) {
   std::printf("\nGEMMs %.1f%% of the step at %.1f GFLOP/s; quantization %.1f%%\n",
               100.0 * gemm_s / total, gemm_s > 0 ? gemm_flops / gemm_s / 1e9 : 0.0,
               100.0 * quant_s / total);
-  std::printf("throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + 12LdT, N = %lld "
+  std::printf("throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + mixers, N = %lld "
               "non-embedding parameters)\n",
               tok_s, fpt / 1e6,
               static_cast<long long>(model.num_params() -
                                      int64_t(cfg.model.vocab_size) * cfg.model.d_model));
   std::printf("MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * mfu,
               model_gflops, peak.gflops, peak.source.c_str());
-  std::printf("    %.1f%% with attention counted over the causal triangle only (6N + 6Ld(T+1))\n",
+  std::printf("    %.1f%% with attention counted over the causal triangle only (6N + 6·A·H·hd·(T+1), A attention blocks)\n",
               100 * mfu_causal);
   std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n", mib(peak_rss).c_str(),
               mib(mem.total() + adam).c_str());

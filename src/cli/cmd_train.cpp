@@ -53,7 +53,7 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
                 s.heldout_nll_quant, recipe.name.c_str());
   std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
   if (s.mfu > 0)
-    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate (6N + 12LdT FLOPs/token)\n", 100 * s.mfu);
+    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate (PaLM model FLOPs/token, README)\n", 100 * s.mfu);
   if (s.resumed_from > 0)
     std::printf("  resumed from the checkpoint of step %d\n", s.resumed_from);
   std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml,checkpoints/}\n",
