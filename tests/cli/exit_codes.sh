@@ -41,7 +41,7 @@ help() {
 }
 
 help --help
-for cmd in train eval sample quant gemm compare report profile; do help "$cmd" --help; done
+for cmd in train eval sample quant gemm compare report profile info; do help "$cmd" --help; done
 
 # --steps -5 (range check), a number beyond the option's type, a malformed number.
 bad "train --steps -5"             "--steps"        train --steps -5
@@ -68,6 +68,8 @@ bad "eval --calib-batches 2.5"     "--calib-batches" eval --checkpoint "$tmp/non
 bad "eval --init-seed -1"          "--init-seed"    eval --checkpoint "$tmp/none" --init-seed -1
 bad "sample --temperature abc"     "--temperature"  sample --checkpoint "$tmp/none" --temperature abc
 bad "sample --tokens -5"           "--tokens"       sample --checkpoint "$tmp/none" --tokens -5
+bad "info without --config"        "--config"       info
+bad "info --bogus"                 "--bogus"        info --config configs/tiny.toml --bogus
 bad "unknown command"              "unknown command" frobnicate
 
 # A bad FP4_MAX_CPU_ISA (fp4/cpu_isa.h) is a bad argument too; --help still works.

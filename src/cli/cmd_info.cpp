@@ -1,0 +1,219 @@
+// `fp4train info`: what a run of a config and recipe would be (parameters, FLOPs, step memory,
+// every linear's mode), without building the model (fp4/info.h).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "fp4/error.h"
+#include "fp4/info.h"
+#include "fp4/train.h"
+#include "paths.h"
+#include "run_control.h"
+
+namespace fp4::cli {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+struct InfoArgs {
+  std::string config;
+  std::string recipe = "ue5m3-b16";
+  bool json = false;
+  std::vector<std::string> sets;  // --set KEY=VALUE
+};
+
+// 8084075520 -> "8,084,075,520".
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v < 0 ? -v : v), o;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) o += ',';
+    o += s[i];
+  }
+  return v < 0 ? "-" + o : o;
+}
+
+std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = double(b);
+  int u = 0;
+  while (v >= 1024 && u < 5) v /= 1024, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string human_count(double v) {
+  char buf[64];
+  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2f T", v / 1e12);
+  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f B", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.2f k", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+std::string shape_str(const LinearInfo& l) {
+  return "[" + std::to_string(l.out) + ", " + std::to_string(l.in) + "]";
+}
+
+void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& recipe) {
+  std::printf("config %s, recipe %s (nothing is allocated: figures from the config)\n",
+              cfg_name.c_str(), recipe.name.c_str());
+  std::printf("pattern %s: %d blocks (%d Mamba-2, %d attention, %d MLP)\n", in.pattern.c_str(),
+              in.n_blocks, in.mamba2.blocks, in.attention.blocks, in.mlp.blocks);
+  std::printf("parameters: %s (%s)\n", grouped(in.parameters).c_str(),
+              human_count(double(in.parameters)).c_str());
+  auto kind_line = [&](const char* what, const BlockKindCount& k) {
+    if (k.blocks == 0) return;
+    std::printf("  %-18s %3d x %15s = %17s\n", what, k.blocks, grouped(k.per_block).c_str(),
+                grouped(k.params).c_str());
+  };
+  kind_line("Mamba-2 blocks", in.mamba2);
+  kind_line("attention blocks", in.attention);
+  kind_line("MLP blocks", in.mlp);
+  std::printf("  %-18s %25s %17s\n", "embeddings", "", grouped(in.embeddings).c_str());
+  std::printf("  %-18s %25s %17s\n", "lm_head", "", grouped(in.lm_head).c_str());
+  std::printf("  %-18s %25s %17s\n", "norm_f", "", grouped(in.norm_f).c_str());
+  std::printf("model FLOPs: %.4e per token at seq_len %d (6N + attention/SSD terms, PaLM), "
+              "%.4e per step (%s tokens = batch %d x seq %d)\n",
+              in.flops_per_token, in.seq_len, in.flops_per_step,
+              grouped(in.tokens_per_step).c_str(), in.batch_size, in.seq_len);
+  const StepMemory& m = in.memory;
+  std::printf("memory of one training step at batch %d x seq %d, the whole batch at once as `train` holds it (FP32 unless noted):\n",
+              in.batch_size, in.seq_len);
+  auto mem_line = [](const char* what, int64_t b, const char* note) {
+    std::printf("  %-30s %12s %22s bytes%s\n", what, human_bytes(b).c_str(), grouped(b).c_str(),
+                note);
+  };
+  mem_line("parameters", m.params, "");
+  mem_line("gradients", m.grads, "");
+  mem_line("AdamW moments", m.adamw, "");
+  mem_line("activations kept for backward", m.activations, "");
+  mem_line("logits", m.logits, "");
+  mem_line("backward scratch", m.backward_scratch, "");
+  mem_line("per-linear copies", m.linear_scratch,
+           "  (estimate: FP4 weight copy [out*in] FP32; BF16 X, W, dY copies)");
+  mem_line("linear workspace", m.linear_workspace,
+           "  (estimate: shared FP4 operand buffers, as reserved at construction)");
+  mem_line("total", m.total(), "");
+
+  std::printf("linears under recipe %s (mode after [high_precision] and [[override]]):\n",
+              recipe.name.c_str());
+  for (const LinearInfo& l : in.linears) {
+    std::string ov;
+    for (int k : l.overrides) ov += (ov.empty() ? "  changed by override[" : ", override[") +
+                                    std::to_string(k) + "]";
+    std::printf("  %-28s %-16s %s%s\n", l.name.c_str(), shape_str(l).c_str(),
+                linear_mode_name(l.mode), ov.c_str());
+  }
+  for (size_t k = 0; k < in.override_hits.size(); ++k) {
+    std::string names;
+    for (int i : in.override_hits[k])
+      names += (names.empty() ? "" : ", ") + in.linears[size_t(i)].name;
+    std::printf("override[%zu] %s -> %zu linears: %s\n", k, in.override_descriptions[k].c_str(),
+                in.override_hits[k].size(), names.c_str());
+  }
+  std::printf("modes: %d FP4-eligible linears: %d fp4, %d bf16, %d fp32; + lm_head fp32\n",
+              in.eligible_linears(), in.mode_counts[int(LinearMode::FP4)],
+              in.mode_counts[int(LinearMode::BF16)], in.mode_counts[int(LinearMode::FP32)]);
+}
+
+json to_json(const ModelInfo& in, const std::string& config, const Settings& sets,
+             const Recipe& recipe) {
+  const StepMemory& m = in.memory;
+  json linears = json::array();
+  for (const LinearInfo& l : in.linears)
+    linears.push_back({{"name", l.name},
+                       {"block", l.block},
+                       {"kind", l.kind},
+                       {"shape", {l.out, l.in}},
+                       {"mode", linear_mode_name(l.mode)},
+                       {"overrides", l.overrides}});
+  json overrides = json::array();
+  for (size_t k = 0; k < in.override_hits.size(); ++k) {
+    std::vector<std::string> names;
+    for (int i : in.override_hits[k]) names.push_back(in.linears[size_t(i)].name);
+    overrides.push_back({{"index", k}, {"description", in.override_descriptions[k]},
+                         {"linears", names}});
+  }
+  auto kind = [](const BlockKindCount& k) {
+    return json{{"blocks", k.blocks}, {"per_block", k.per_block}, {"params", k.params}};
+  };
+  return {{"config", config},
+          {"sets", sets.given},
+          {"recipe", recipe.name},
+          {"pattern", in.pattern},
+          {"blocks", in.n_blocks},
+          {"parameters", in.parameters},
+          {"parameters_by_part",
+           {{"mamba2_blocks", kind(in.mamba2)},
+            {"attention_blocks", kind(in.attention)},
+            {"mlp_blocks", kind(in.mlp)},
+            {"embeddings", in.embeddings},
+            {"lm_head", in.lm_head},
+            {"norm_f", in.norm_f}}},
+          {"batch_size", in.batch_size},
+          {"seq_len", in.seq_len},
+          {"tokens_per_step", in.tokens_per_step},
+          {"flops_per_token", in.flops_per_token},
+          {"flops_per_step", in.flops_per_step},
+          {"memory_bytes",
+           {{"params", m.params},
+            {"grads", m.grads},
+            {"adamw", m.adamw},
+            {"activations", m.activations},
+            {"logits", m.logits},
+            {"backward_scratch", m.backward_scratch},
+            {"linear_scratch", m.linear_scratch},
+            {"linear_workspace", m.linear_workspace},
+            {"total", m.total()}}},
+          {"memory_estimates", {"linear_scratch", "linear_workspace"}},
+          {"linears", linears},
+          {"fp4_eligible_linears", in.eligible_linears()},
+          {"mode_counts",
+           {{"fp4", in.mode_counts[int(LinearMode::FP4)]},
+            {"bf16", in.mode_counts[int(LinearMode::BF16)]},
+            {"fp32", in.mode_counts[int(LinearMode::FP32)]}}},
+          {"overrides", overrides}};
+}
+
+void run_info(const InfoArgs& a) {
+  const Settings sets = parse_set_args(a.sets, {});
+  const fs::path config_file = resolve(a.config);
+  RunConfig cfg = load_run_config(config_file, sets.config);
+  validate(cfg, with_settings(a.config, sets.config));
+  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+  check_recipe_fits(recipe, cfg);
+  const ModelInfo in = model_info(cfg, recipe);
+  if (a.json) {
+    std::printf("%s\n", to_json(in, a.config, sets, recipe).dump(2).c_str());
+    return;
+  }
+  print_text(in, labelled_name(fs::path(a.config).filename().string(), sets.config), recipe);
+}
+}  // namespace
+
+void register_info(CLI::App& app) {
+  auto a = std::make_shared<InfoArgs>();
+  auto* c = app.add_subcommand(
+      "info",
+      "Print what a training run of a config and recipe would be, without building the model\n"
+      "(instant even for configs/nemotron-h-8b.toml): the pattern, the parameter count with a\n"
+      "breakdown by block kind, model FLOPs per token and per step, the memory of one training\n"
+      "step at the config's batch_size x seq_len by part (params, grads, AdamW moments,\n"
+      "activations, logits, backward scratch; the per-linear copies and workspace estimated),\n"
+      "and every linear (layers.N.mixer.<kind>, shape [out, in], mode fp4/bf16/fp32 under the\n"
+      "recipe, the [[override]]s that change it; lm_head fp32). --json prints one JSON object.");
+  c->add_option("--config", a->config, "Run config TOML")->required();
+  c->add_option("--recipe", a->recipe, "Recipe name in configs/recipes/ or a recipe .toml path")
+      ->capture_default_str();
+  c->add_flag("--json", a->json, "Print the same as one JSON object instead of text");
+  add_set_option(c, a->sets, "");
+  c->callback([a] { run_info(*a); });
+}
+
+}  // namespace fp4::cli

@@ -1,0 +1,128 @@
+// model_info (fp4/info.h): a run's size, FLOPs, step memory and linear plan from its config.
+#include "fp4/info.h"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+
+#include "fp4/error.h"
+#include "fp4/nn/mixer.h"
+#include "fp4/nn/model.h"
+
+namespace fp4 {
+
+namespace {
+// Whether two specs quantize identically (every field of BlockQuantSpec), as Linear decides
+// whether dgrad needs its own copy of the quantized weight.
+bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
+  return a.scale_format == b.scale_format && a.block == b.block && a.two_d == b.two_d &&
+         a.target == b.target && a.rounding == b.rounding && a.element.kind == b.element.kind &&
+         a.element.fp == b.element.fp && a.element.int_min == b.element.int_min &&
+         a.element.int_max == b.element.int_max && a.scale_rule == b.scale_rule &&
+         a.scale_desc == b.scale_desc;
+}
+}  // namespace
+
+ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
+  const ModelConfig& m = cfg.model;
+  ModelInfo info;
+  info.pattern = m.block_pattern();
+  info.n_blocks = static_cast<int>(info.pattern.size());
+  if (info.n_blocks == 0) throw UserError("model: the block pattern is empty");
+  const int64_t d = m.d_model, V = m.vocab_size;
+  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, BT = B * T;
+  info.batch_size = cfg.train.batch_size;
+  info.seq_len = cfg.train.seq_len;
+  info.tokens_per_step = BT;
+
+  // One mixer per kind present (they depend on the kind and the config only).
+  std::unique_ptr<nn::Mixer> mixers[3];
+  auto slot = [](char c) { return c == 'M' ? 0 : c == '*' ? 1 : 2; };
+  BlockKindCount* kinds[3] = {&info.mamba2, &info.attention, &info.mlp};
+  for (char c : info.pattern) {
+    std::unique_ptr<nn::Mixer>& mx = mixers[slot(c)];
+    if (!mx) {
+      mx = nn::make_mixer(c, m);  // throws UserError for a bad character
+      kinds[slot(c)]->per_block = nn::block_param_count(c, m);
+    }
+    ++kinds[slot(c)]->blocks;
+  }
+  for (BlockKindCount* k : kinds) k->params = k->blocks * k->per_block;
+  info.embeddings = V * d;
+  info.lm_head = V * d;
+  info.norm_f = d;
+  info.parameters = info.embeddings + info.mamba2.params + info.attention.params +
+                    info.mlp.params + info.norm_f + info.lm_head;
+  info.flops_per_token = nn::Model::flops_per_token(m, T);
+  info.flops_per_step = info.flops_per_token * double(BT);
+
+  // Memory, as nn::Model allocates it (model.cpp), in floats first.
+  constexpr int64_t F = sizeof(float);
+  StepMemory& mem = info.memory;
+  mem.params = F * info.parameters;
+  mem.grads = F * info.parameters;
+  mem.adamw = 2 * F * info.parameters;
+  int64_t acts = 0, scratch = 0;
+  for (char c : info.pattern) {
+    const nn::Mixer& mx = *mixers[slot(c)];
+    acts += BT * (2 * d + 1) + mx.activation_floats(B, T);
+    scratch = std::max(scratch, mx.scratch_floats(B, T));
+  }
+  acts += BT * d + BT * d + BT;  // embedding output x0, final norm output and its rstd
+  mem.activations = F * acts;
+  mem.logits = F * BT * V;
+  mem.backward_scratch = F * (2 * BT * d + scratch);
+
+  // Linears and their plans.
+  const std::vector<LinearSite> sites = nn::Model::linear_sites(m);
+  const ResolvedLinears res = resolve_linear_plans(recipe, sites, info.n_blocks);
+  std::vector<nn::MixerLinear> shapes;
+  for (char c : info.pattern)
+    for (const nn::MixerLinear& l : mixers[slot(c)]->linears()) shapes.push_back(l);
+  if (shapes.size() != sites.size())
+    throw std::logic_error("model_info: linear sites and mixer linears disagree");
+  int64_t row = 0, wqd = 0, t0 = 0, t1 = 0;  // LinearWorkspace buffers (floats)
+  const bool probe = recipe.gemm == "probe-matched";
+  for (size_t i = 0; i < sites.size(); ++i) {
+    LinearInfo li;
+    li.block = sites[i].block;
+    li.kind = sites[i].kind;
+    li.name = "layers." + std::to_string(li.block) + ".mixer." + li.kind;
+    li.out = shapes[i].out;
+    li.in = shapes[i].in;
+    const LinearPlan& plan = res.plans[i];
+    li.mode = plan.mode;
+    ++info.mode_counts[int(li.mode)];
+    const int64_t K = li.in, N = li.out;
+    if (li.mode == LinearMode::FP4) {
+      mem.linear_scratch += F * N * K;  // wq_
+      if (recipe.bf16_boundary) mem.linear_scratch += F * (BT * K + BT * N);  // xr_, dyr_
+      if (!probe) {  // Linear::reserve_workspace
+        row = std::max(row, BT * std::max(K, N));
+        const BlockQuantSpec& sw = plan.spec(Gemm::Dgrad, Operand::W);
+        if (!sw.two_d || !same_quantization(sw, plan.spec(Gemm::Fprop, Operand::W)))
+          wqd = std::max(wqd, N * K);
+        t0 = std::max(t0, std::max(sw.two_d ? int64_t(0) : N * K, N * BT));
+        t1 = std::max(t1, K * BT);
+      }
+    } else if (li.mode == LinearMode::BF16) {
+      mem.linear_scratch += int64_t(sizeof(uint16_t)) * (BT * K + N * K + BT * N);  // xb_, wb_, dyb_
+    }
+    info.linears.push_back(std::move(li));
+  }
+  mem.linear_workspace = F * (row + wqd + t0 + t1);
+  for (size_t k = 0; k < res.override_hits.size(); ++k) {
+    info.override_descriptions.push_back(recipe.overrides[k].describe());
+    info.override_hits.push_back(res.override_hits[k]);
+    for (int i : res.override_hits[k]) info.linears[size_t(i)].overrides.push_back(int(k));
+  }
+  LinearInfo head;
+  head.name = head.kind = "lm_head";
+  head.out = V;
+  head.in = d;
+  head.mode = LinearMode::FP32;
+  info.linears.push_back(head);
+  return info;
+}
+
+}  // namespace fp4
