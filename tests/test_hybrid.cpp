@@ -555,6 +555,42 @@ TEST(HybridModel, EveryParameterTensorMatchesFiniteDifferences) {
   EXPECT_EQ(tensors, 1 + (1 + 6 + 2) * 2 + (1 + 4) + (1 + 2) * 2 + 2);
 }
 
+// Causality and sequence independence of the hybrid model (the Mamba-2 conv and scan must not
+// read across sequence starts nor from later tokens): changing the token at (b = 1, t = 7)
+// leaves every logit of sequence 0 and of tokens 0..6 of sequence 1 bit-identical and changes
+// token 7's; sequence 1 alone (B = 1) gives the logits it had as the second of two; and a
+// forward with T = 9 < seq_len = 12 gives the first 9 tokens' logits of the full forward.
+// (bit for bit: a row of the chunked scan depends only on the rows before it in its chunk).
+TEST(HybridModel, CausalPerSequenceAndShorterT) {
+  const TeamSize team(1);
+  const ModelConfig mc = hybrid_model("M*-M-");
+  const int B = 2, T = 12, V = mc.vocab_size;
+  nn::Model model(mc, Recipe{}, B, T);
+  model.init(3);
+  std::vector<int32_t> in = tokens32(B * T, V, 1);
+  nn::StepContext ctx;
+  ctx.training = false;
+  model.forward(in.data(), nullptr, B, ctx);
+  const std::vector<float> ref(model.logits(), model.logits() + int64_t(B) * T * V);
+  in[T + 7] = (in[T + 7] + 1) % V;
+  model.forward(in.data(), nullptr, B, ctx);
+  const float* l = model.logits();
+  EXPECT_EQ(0, std::memcmp(l, ref.data(), sizeof(float) * (T + 7) * V));
+  EXPECT_NE(0, std::memcmp(l + (T + 7) * V, ref.data() + (T + 7) * V, sizeof(float) * V));
+  const std::vector<float> changed(l, l + int64_t(B) * T * V);
+  model.forward(in.data() + T, nullptr, 1, ctx);  // sequence 1 alone
+  EXPECT_EQ(0, std::memcmp(model.logits(), changed.data() + T * V, sizeof(float) * T * V));
+  // T = 9 on rows of 9 tokens: sequences in[0..9), in[12..21).
+  const int Ts = 9;
+  std::vector<int32_t> shorter;
+  for (int b = 0; b < B; ++b) shorter.insert(shorter.end(), in.begin() + b * T, in.begin() + b * T + Ts);
+  model.forward(shorter.data(), nullptr, B, ctx, Ts);
+  for (int b = 0; b < B; ++b)
+    EXPECT_EQ(0, std::memcmp(model.logits() + int64_t(b) * Ts * V,
+                             changed.data() + int64_t(b) * T * V, sizeof(float) * Ts * V))
+        << "sequence " << b;
+}
+
 // ------------------------------------------------------------------ thread-count independence
 struct StepOut {
   double loss = 0;
