@@ -462,6 +462,7 @@ TEST_P(AttentionMixerGrad, XAndEveryWeightMatchFiniteDifferences) {
 
 // RoPE changes the result (so the rope = true run tests the RoPE backward).
 TEST(AttentionMixer, RopeChangesTheOutput) {
+  const TeamSize team(1);
   ModelConfig c;
   c.d_model = 16;
   c.n_heads = 4;
@@ -669,7 +670,7 @@ TEST(HybridModel, ExplicitLlamaPatternEqualsTwoLayers) {
     b.pattern.clear();
     b.n_layers = 2;
     ASSERT_EQ(b.block_pattern(), "*-*-");
-    const StepOut x = run_step(a, recipe, 2, 16, 2), y = run_step(b, recipe, 2, 16, 2);
+    const StepOut x = run_step(a, recipe, 2, 16, 1), y = run_step(b, recipe, 2, 16, 1);
     EXPECT_EQ(0, std::memcmp(&x.loss, &y.loss, sizeof(double))) << name;
     ASSERT_EQ(x.grads.size(), y.grads.size());
     EXPECT_EQ(0, std::memcmp(x.grads.data(), y.grads.data(), x.grads.size() * sizeof(float)))
