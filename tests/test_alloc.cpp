@@ -102,10 +102,11 @@ using prof::Cat;
 
 namespace {
 
-// (recipe, OpenMP team size). A team larger than the tile count of some GEMMs (4 threads on
+// (recipe, OpenMP team size, model: the two-layer Llama-style one or the hybrid "M*-M-" of
+// Mamba-2, attention and MLP blocks, support/step_test_setup.h). A team larger than the tile count of some GEMMs (4 threads on
 // the tiny shapes) lets a thread run its first tile of a kind only in a later step, which is
 // where per-thread buffers grown lazily would allocate mid-training.
-class SteadyStateAlloc : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+class SteadyStateAlloc : public ::testing::TestWithParam<std::tuple<const char*, int, bool>> {};
 
 // Sets the OpenMP team size for the scope.
 struct TeamSize {
@@ -119,7 +120,8 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   const TeamSize team(std::get<1>(GetParam()));
   const Recipe recipe = fp4::testing::shipped_recipe(name);
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
-  const RunConfig cfg = fp4::testing::two_layer_config(0);
+  const RunConfig cfg = std::get<2>(GetParam()) ? fp4::testing::hybrid_config(0)
+                                                : fp4::testing::two_layer_config(0);
   const std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
   nn::Model model(cfg.model, recipe, cfg.train.batch_size, cfg.train.seq_len);
   model.init(1);
@@ -174,12 +176,13 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
 INSTANTIATE_TEST_SUITE_P(Recipes, SteadyStateAlloc,
                          ::testing::Combine(::testing::Values("fp32", "ue5m3-b16", "nvfp4-te",
                                                               "mxfp4"),
-                                            ::testing::Values(2, 4)),
+                                            ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string s = std::get<0>(info.param);
                            for (char& c : s)
                              if (c == '-') c = '_';
-                           return s + "_threads" + std::to_string(std::get<1>(info.param));
+                           return s + "_threads" + std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "_hybrid" : "");
                          });
 
 // The counter itself works (so a zero above means something).

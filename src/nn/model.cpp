@@ -99,6 +99,10 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   dres_.resize(BT * C);
   dln_.resize(BT * C);
   scratch_.resize(scratch);
+  size_t max_params = 0;  // the MixerCall pointer arrays, grown once (no allocation per step)
+  for (const Block& b : blocks_) max_params = std::max(max_params, b.off_params.size());
+  call_params_.reserve(max_params);
+  call_grads_.reserve(max_params);
   tokens_.resize(BT);
   targets_.resize(BT);
 }
@@ -239,8 +243,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B,
     Scope s(Cat::kEmbedding);
     embedding_forward(x0_.data(), tokens, P + off_wte_, BT, C, V);
   }
-  std::vector<const float*> pp;
-  std::vector<float*> gp;
+  std::vector<const float*>& pp = call_params_;
+  std::vector<float*>& gp = call_grads_;
   const float* res = x0_.data();
   for (int l = 0; l < n_blocks(); ++l) {
     float* ln = block_ln(l);
@@ -300,8 +304,8 @@ void Model::backward(const StepContext& ctx) {
     Scope s(Cat::kNorm);
     rmsnorm_backward(dres, G + off_lnf_, dln_.data(), resL, P + off_lnf_, lnf_rstd_.data(), BT, C);
   }
-  std::vector<const float*> pp;
-  std::vector<float*> gp;
+  std::vector<const float*>& pp = call_params_;
+  std::vector<float*>& gp = call_grads_;
   for (int l = L - 1; l >= 0; --l) {
     // out = res + mixer(rmsnorm(res)): dres passes through, and the branch adds its part.
     const float* res = l > 0 ? block_out(l - 1) : x0_.data();

@@ -1,4 +1,4 @@
-// A two-layer model and random tokens for tests that run whole training steps
+// A two-layer model (and a small hybrid one) and random tokens for tests that run whole training steps
 // (train_step) without the corpus: tests/test_alloc.cpp, test_shared_input.cpp,
 // test_profile.cpp.
 #pragma once
@@ -31,6 +31,22 @@ inline RunConfig two_layer_config(int telemetry_interval) {
   cfg.train.batch_size = 2;
   cfg.train.steps = 10;
   cfg.telemetry_interval = telemetry_interval;
+  return cfg;
+}
+
+/// two_layer_config with the block pattern of a small Nemotron-H ("M*-M-": Mamba-2 blocks of
+/// 4 heads of 8, 2 groups, state 16, chunk 6 over seq_len 16; GQA attention 2 query heads on
+/// 1 KV head without RoPE; squared-ReLU MLP).
+inline RunConfig hybrid_config(int telemetry_interval) {
+  RunConfig cfg = two_layer_config(telemetry_interval);
+  cfg.model.pattern = "M*-M-";
+  cfg.model.n_kv_heads = 1;
+  cfg.model.rope = false;
+  cfg.model.mamba_num_heads = 4;
+  cfg.model.mamba_head_dim = 8;
+  cfg.model.mamba_n_groups = 2;
+  cfg.model.mamba_state_size = 16;
+  cfg.model.mamba_chunk_size = 6;
   return cfg;
 }
 

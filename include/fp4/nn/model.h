@@ -162,6 +162,10 @@ class Model {
   int64_t off_wte_, off_lnf_, off_head_;
   std::vector<float> x0_, lnf_, lnf_rstd_, logits_, dres_, dln_, scratch_;
   std::vector<int32_t> tokens_, targets_;
+  // The params / grads pointer arrays of the current MixerCall (call()), reserved in the
+  // constructor for the largest mixer so that a step allocates nothing.
+  std::vector<const float*> call_params_;
+  std::vector<float*> call_grads_;
   int B_ = 0;
   int T_ = 0;  // sequence length of the last forward (seq_len_ unless forward got a T)
 };
