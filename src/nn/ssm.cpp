@@ -6,10 +6,11 @@
 // (4 lanes, 4 × 8), plus, for tests only, the AVX-512 code for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
-// (static schedule; units: conv (b, 64-channel block) forward and 64-channel blocks
-// backward; scan (b, h) forward and (b, g) backward with the heads of the group in order;
-// norm rows, and 64-channel blocks for dweight), so each output is produced by one thread
-// in a fixed order.
+// (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
+// scan (b, h) forward and (b, g) backward with the heads of the group in order; norm rows
+// forward and 64-row blocks backward; the weight gradients of conv and norm are per-block
+// partials reduced in block order, by 256-column units), so each output is produced by one
+// thread in a fixed order.
 //
 // Why the bits match the scalar twins (ssm_ref.cpp, the same body with scalar primitives):
 //  * mm: each output lane accumulates acc = acc + a·b (separate multiply and add) from +0,

@@ -151,16 +151,19 @@ struct NormArgs {
 struct Kernels {
   void (*ssd_fwd_bh)(const SsdArgs&, float* y, float* ws, int64_t b, int64_t h);
   void (*ssd_bwd_bg)(const SsdArgs&, const SsdGrads&, int64_t b, int64_t g);
-  void (*conv_fwd_block)(const ConvArgs&, float* out, int64_t b, int64_t c0);
-  void (*conv_bwd_block)(const ConvArgs&, float* dx, float* dw, float* dbias,
-                         const float* dout, int64_t c0);
+  void (*conv_fwd_block)(const ConvArgs&, float* out, int64_t b, int64_t t0);
+  void (*conv_bwd_block)(const ConvArgs&, float* dx, float* part, const float* dout, int64_t b,
+                         int64_t t0);
   void (*norm_fwd_row)(const NormArgs&, float* out, float* rstd, float eps, int64_t r);
-  void (*norm_bwd_row)(const NormArgs&, float* dy, float* dz, const float* dout,
-                       const float* rstd, int64_t r);
-  void (*norm_dw_block)(const NormArgs&, float* dweight, const float* dout, const float* rstd,
-                        int64_t c0);
+  void (*norm_bwd_block)(const NormArgs&, float* dy, float* dz, float* part, const float* dout,
+                         const float* rstd, int64_t r0);
+  void (*sum_parts)(float* dst, const float* part, int64_t nu, int64_t ld, int64_t n);
 };
-constexpr int64_t kChanBlock = 64;  // channels per conv / dweight unit (fixed: thread-free)
+// Rows per conv unit (of one sequence) and per gated-norm backward unit. Fixed (never derived
+// from the thread count): the weight-gradient partial sums are per unit, reduced in unit order.
+constexpr int64_t kRowBlock = 64;
+// Columns per unit of the reduction of those partials (sum_parts).
+constexpr int64_t kColBlock = 256;
 
 /// Drivers (defined in ssm_ref.cpp, shared by both builds): check the arguments (throwing
 /// std::invalid_argument naming `fn` and the argument), then run the units with `k`, in

@@ -73,9 +73,9 @@ void run_conv_forward(const Kernels& k, bool par, const char* fn, float* out, co
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < W; ++j) wT[j * C + c] = w[c * W + j];
   const ConvArgs a{x, w, bias, ldx, B, T, C, W, wT.data()};
-  const int64_t nb = (C + kChanBlock - 1) / kChanBlock;
+  const int64_t nb = (T + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < B * nb; ++u) k.conv_fwd_block(a, out, u / nb, (u % nb) * kChanBlock);
+  for (int64_t u = 0; u < B * nb; ++u) k.conv_fwd_block(a, out, u / nb, (u % nb) * kRowBlock);
 }
 
 void run_conv_backward(const Kernels& k, bool par, const char* fn, float* dx, float* dw,
@@ -92,9 +92,29 @@ void run_conv_backward(const Kernels& k, bool par, const char* fn, float* dx, fl
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < W; ++j) wT[j * C + c] = w[c * W + j];
   const ConvArgs a{x, w, bias, ldx, B, T, C, W, wT.data()};
-  const int64_t nb = (C + kChanBlock - 1) / kChanBlock;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < nb; ++u) k.conv_bwd_block(a, dx, dw, dbias, dout, u * kChanBlock);
+  // Units (b, row block) in order u = b·nb + block; unit u's partial dw (transposed, [W, C])
+  // and dbias sums at part[u·(W+1)·C ..]; then reduced over u ascending per column.
+  const int64_t nb = (T + kRowBlock - 1) / kRowBlock, nu = B * nb, ld = (W + 1) * C;
+  thread_local std::vector<float> part, red;
+  if (part.size() < static_cast<size_t>(nu * ld)) part.resize(static_cast<size_t>(nu * ld));
+  red.assign(static_cast<size_t>(ld), 0.0f);
+  const int64_t ncb = (ld + kColBlock - 1) / kColBlock;
+  float* pp = part.data();
+  float* rp = red.data();
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < nu; ++u)
+      k.conv_bwd_block(a, dx, pp + u * ld, dout, u / nb, (u % nb) * kRowBlock);
+#pragma omp for schedule(static)
+    for (int64_t cb = 0; cb < ncb; ++cb)
+      k.sum_parts(rp + cb * kColBlock, pp + cb * kColBlock, nu, ld,
+                  std::min(kColBlock, ld - cb * kColBlock));
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t j = 0; j < W; ++j) dw[c * W + j] += rp[j * C + c];
+    dbias[c] += rp[W * C + c];
+  }
 }
 
 namespace {
@@ -171,13 +191,23 @@ void run_norm_backward(const Kernels& k, bool par, const char* fn, float* dy, fl
   need_ptr(dout, fn, "dout");
   need_ptr(rstd, fn, "rstd");
   const NormArgs a{y, z, weight, ldz, BT, d_inner, G};
-  const int64_t nb = (d_inner + kChanBlock - 1) / kChanBlock;
+  // Units of kRowBlock rows; unit u's partial dweight at part[u·d_inner ..], reduced over u
+  // ascending per column (sum_parts adds the total to dweight).
+  const int64_t nu = (BT + kRowBlock - 1) / kRowBlock;
+  thread_local std::vector<float> part;
+  if (part.size() < static_cast<size_t>(nu * d_inner))
+    part.resize(static_cast<size_t>(nu * d_inner));
+  const int64_t ncb = (d_inner + kColBlock - 1) / kColBlock;
+  float* pp = part.data();
 #pragma omp parallel if (par)
   {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < BT; ++r) k.norm_bwd_row(a, dy, dz, dout, rstd, r);
+    for (int64_t u = 0; u < nu; ++u) k.norm_bwd_block(a, dy, dz, pp + u * d_inner, dout, rstd,
+                                                      u * kRowBlock);
 #pragma omp for schedule(static)
-    for (int64_t u = 0; u < nb; ++u) k.norm_dw_block(a, dweight, dout, rstd, u * kChanBlock);
+    for (int64_t cb = 0; cb < ncb; ++cb)
+      k.sum_parts(dweight + cb * kColBlock, pp + cb * kColBlock, nu, d_inner,
+                  std::min(kColBlock, d_inner - cb * kColBlock));
   }
 }
 

@@ -42,8 +42,11 @@ void ssm_conv_forward(float* out, const float* x, int64_t ldx, const float* w,
 /// x: [B·T, ldx], only columns < C touched), dw [C, W] and dbias [C]. dpre = dout·σ(pre)·
 /// (1 + pre·(1 − σ(pre))); dx[s, c] += Σ_k w[c,k]·dpre[s + W−1−k, c] (k ascending, terms past
 /// the sequence end skipped, FP32 from +0, then added to dx); dw[c,k] += Σ_{b,t} dpre[t,c]·
-/// x[t−(W−1)+k, c] and dbias[c] += Σ_{b,t} dpre[t,c]: FP32 sums from +0 over rows in
-/// ascending order (b, then t), then added. Throws as the forward.
+/// x[t−(W−1)+k, c] and dbias[c] += Σ_{b,t} dpre[t,c], summed in two levels: per row block
+/// (64 rows t = 64·j .. 64·j + 63 of one sequence b; the last block of a sequence may be
+/// shorter) an FP32 partial from +0 over its rows ascending, then the partials in FP32 from
+/// +0 in block order (b, then j), the total added once. The blocks are fixed by T, never by
+/// the thread count. Throws as the forward.
 void ssm_conv_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x,
                        int64_t ldx, const float* w, const float* bias, int64_t B, int64_t T,
                        int64_t C, int64_t W);
@@ -120,8 +123,10 @@ void gated_rmsnorm_forward(float* out, float* rstd, const float* y, const float*
 /// Backward of gated_rmsnorm_forward, ACCUMULATING into dy [BT, d_inner], dz (strided, ldz)
 /// and dweight [d_inner]. Per row and group: tw = weight·dout; dot = canonical sum of tw·g;
 /// k = float(dot·r·r / gs) in FP64; dg = r·(tw − g·k); dy += dg·SiLU(z);
-/// dz += (dg·y)·(σ(z)·(1 + z·(1 − σ(z)))); dweight[c] += Σ_t (dout·g)·r, FP32 from +0 over
-/// rows ascending. Throws as the forward.
+/// dz += (dg·y)·(σ(z)·(1 + z·(1 − σ(z)))); dweight[c] += Σ_t (dout·g)·r in two levels: per
+/// block of 64 rows (t = 64·j .. 64·j + 63, the last block may be shorter) an FP32 partial
+/// from +0 over its rows ascending, then the partials in FP32 from +0, j ascending, the total
+/// added once. Throws as the forward.
 void gated_rmsnorm_backward(float* dy, float* dz, float* dweight, const float* dout,
                             const float* y, const float* z, int64_t ldz, const float* weight,
                             const float* rstd, int64_t BT, int64_t d_inner, int64_t G);
