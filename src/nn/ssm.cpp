@@ -93,10 +93,10 @@ SsmIsa best_isa() {
          : isa_ok(SsmIsa::kAvx2) ? SsmIsa::kAvx2
                                  : SsmIsa::kBase;
 }
-const Kernels kAvx512 = ssm_avx512::make_kernels();
-const Kernels kAvx2 = ssm_avx2::make_kernels();
-const Kernels kBase = ssm_base::make_kernels();
-const Kernels kEmu16 = ssm_emu16::make_kernels();
+constexpr Kernels kAvx512 = ssm_avx512::kKernels;
+constexpr Kernels kAvx2 = ssm_avx2::kKernels;
+constexpr Kernels kBase = ssm_base::kKernels;
+constexpr Kernels kEmu16 = ssm_emu16::kKernels;
 const Kernels* table(SsmIsa isa) {
   return isa == SsmIsa::kAvx512 ? &kAvx512
          : isa == SsmIsa::kAvx2 ? &kAvx2

@@ -28,6 +28,12 @@ enum Tri { kFull = 0, kLower = 1, kUpper = 2 };  // k range: all / k ≤ i / k �
 
 constexpr int64_t kPad = 16;  // padded widths of the scratch matrices (≥ every vector width)
 inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+/// Floats of the SSD forward's shared per-(b, g) pack (ssm_body.inc SsdGroupPack): per chunk
+/// the B and C rows (Qp × Np each) and Gm = C Bᵀ (Qp × Qp), Qp, Np the padded Q, N.
+inline int64_t ssd_pack_total(const SsdDims& d, int64_t nc) {
+  const int64_t Qp = rup(d.Q, kPad), Np = rup(d.N, kPad);
+  return d.B * d.G * nc * (2 * Qp * Np + Qp * Qp);
+}
 
 /// softplus(u) = u > 20 ? u : log1p(exp(u)) (exp = exp_scalar, log1p = std::log1p(float)).
 inline float softplus(float u) {
@@ -149,7 +155,9 @@ struct NormArgs {
 
 // Per-unit kernels of one build (ssm_body.inc).
 struct Kernels {
-  void (*ssd_fwd_bh)(const SsdArgs&, float* y, float* ws, int64_t b, int64_t h);
+  void (*ssd_pack_bgc)(const SsdArgs&, float* pack, int64_t b, int64_t g, int64_t c);
+  void (*ssd_fwd_bh)(const SsdArgs&, float* y, float* ws, const float* pack, int64_t b,
+                     int64_t h);
   void (*ssd_bwd_bg)(const SsdArgs&, const SsdGrads&, int64_t b, int64_t g);
   void (*conv_fwd_block)(const ConvArgs&, float* out, int64_t b, int64_t t0);
   void (*conv_bwd_block)(const ConvArgs&, float* dx, float* part, const float* dout, int64_t b,

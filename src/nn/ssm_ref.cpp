@@ -134,8 +134,21 @@ void run_ssd_forward(const Kernels& k, bool par, const char* fn, float* y, float
   const SsdArgs a = make_ssd_args(fn, x, ldx, Bm, ldb, Cm, ldc, dt, lddt, dt_bias, A_log, D, d);
   need_ptr(y, fn, "y");
   need_ptr(ws, fn, "ws");
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < d.B * d.H; ++u) k.ssd_fwd_bh(a, y, ws, u / d.H, u % d.H);
+  // Phase 1, units (b, g, c): B, C rows and Gm = C Bᵀ of every chunk, shared by the heads of
+  // a group; phase 2, units (b, h).
+  thread_local std::vector<float> pack;
+  const size_t np = static_cast<size_t>(ssd_pack_total(d, a.nc));
+  if (pack.size() < np) pack.resize(np);
+  float* pk = pack.data();
+  const int64_t ngc = d.G * a.nc;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < d.B * ngc; ++u)
+      k.ssd_pack_bgc(a, pk, u / ngc, (u % ngc) / a.nc, u % a.nc);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < d.B * d.H; ++u) k.ssd_fwd_bh(a, y, ws, pk, u / d.H, u % d.H);
+  }
 }
 
 void run_ssd_backward(const Kernels& k, bool par, const char* fn, float* dx, float* dB,
@@ -216,7 +229,7 @@ void run_norm_backward(const Kernels& k, bool par, const char* fn, float* dy, fl
 using namespace ssm_internal;
 
 namespace {
-const Kernels kRef = ssm_scalar::make_kernels();
+constexpr Kernels kRef = ssm_scalar::kKernels;
 }
 
 int64_t ssd_workspace_floats(const SsdDims& d) {
