@@ -2,8 +2,9 @@
 //
 // The per-unit bodies (ssm_body.inc) are compiled three times, each inside a
 // `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
-// AVX-512 (16 lanes, 4 × 64-column mm tiles), AVX2 (8 lanes, 4 × 16) and baseline SSE2
-// (4 lanes, 4 × 8), plus, for tests only, the AVX-512 code for the baseline target (emu16).
+// AVX-512 (16 lanes, 6 × 64-column mm tiles), AVX2 (8 lanes, 6 × 16) and baseline SSE2
+// (4 lanes, 6 × 8), then 4-row and single-row tiles for the remaining rows, plus, for tests
+// only, the AVX-512 code (4 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
 // (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "fp4/cpu_isa.h"
 #include "ssm_internal.h"
@@ -40,6 +42,7 @@
 namespace fp4::nn::ssm_avx512 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx512
@@ -50,6 +53,7 @@ constexpr int kNB = 4;
 namespace fp4::nn::ssm_avx2 {
 constexpr int VW = 8;
 constexpr int kNB = 2;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx2
@@ -58,6 +62,7 @@ constexpr int kNB = 2;
 namespace fp4::nn::ssm_base {
 constexpr int VW = 4;
 constexpr int kNB = 2;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_base
@@ -65,6 +70,7 @@ constexpr int kNB = 2;
 namespace fp4::nn::ssm_emu16 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
+constexpr int kMR = 4;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_emu16
