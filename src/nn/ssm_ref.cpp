@@ -41,6 +41,17 @@ inline double dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
+// dst[j·ldd + i] = src[i·lds + j] for i < rows, j < cols (exact copies), in 16 × 16 tiles.
+inline void transpose(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                      int64_t cols) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 16)
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const int64_t i1 = std::min(rows, i0 + 16), j1 = std::min(cols, j0 + 16);
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
 template <int Tri, bool LowerCols = false>
 inline void mm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sr, int64_t sk,
                const float* B, int64_t ldb, float* C, int64_t ldc) {
