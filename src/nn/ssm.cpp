@@ -8,7 +8,8 @@
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
 // (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
-// scan (b, h) forward and (b, g) backward with the heads of the group in order; norm rows
+// scan forward (b, g, chunk) packing B, C and Gm = C Bᵀ once per group and chunk, then
+// (b, h); scan backward (b, g) (same packing, then the heads of the group in order); norm rows
 // forward and 64-row blocks backward; the weight gradients of conv and norm are per-block
 // partials reduced in block order, by 256-column units), so each output is produced by one
 // thread in a fixed order.

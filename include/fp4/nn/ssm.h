@@ -91,8 +91,12 @@ void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const fl
 /// SSD scan backward: given dy [B·T, H·P] dense and ws from ssd_scan_forward on the same
 /// inputs, ACCUMULATES into dx (strided like x, ldx), dB (like Bm, ldb), dC (like Cm, ldc),
 /// d_dt (like dt, lddt; gradient w.r.t. the raw dt), dA_log, dD, d_dt_bias [H]. The exact
-/// derivative of the chunked forward (reverse over chunks carrying dS; Gm, M, Yo recomputed).
-/// dB/dC: the heads of a group are added in ascending head order (one thread per (b, g)).
+/// derivative of the chunked forward (reverse over chunks carrying dS; Gm, M recomputed).
+/// Per chunk, with U = dY S_prev (q × N, FP32 product over P ascending from +0): the gradient
+/// of e_t is de_t = C_t·U_t (canonical sum over n, rounded to float) and the inter-chunk part
+/// of dC_t is e_t·U_t (Yo is not recomputed). dB/dC: the heads of a group are added in
+/// ascending head order (one thread per (b, g); per row dC += (dC_intra + dC_inter), dB +=
+/// (dB_intra + w·dB_state), head by head).
 /// Parameter grads: per (b, h) FP64 sums over t, then summed over b ascending in FP64,
 /// rounded to float and added. Throws as the forward.
 void ssd_scan_backward(float* dx, float* dB, float* dC, float* d_dt, float* dA_log, float* dD,
