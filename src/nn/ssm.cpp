@@ -4,7 +4,7 @@
 // `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
 // AVX-512 (16 lanes, 6 × 64-column mm tiles), AVX2 (8 lanes, 6 × 16) and baseline SSE2
 // (4 lanes, 6 × 8), then 4-row and single-row tiles for the remaining rows, plus, for tests
-// only, the AVX-512 code (4 × 64 tiles) for the baseline target (emu16).
+// only, the AVX-512 code (the same 6 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
 // (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
@@ -71,7 +71,7 @@ constexpr int kMR = 6;
 namespace fp4::nn::ssm_emu16 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
-constexpr int kMR = 4;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_emu16

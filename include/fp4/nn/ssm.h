@@ -163,7 +163,7 @@ void gated_rmsnorm_backward_ref(float* dy, float* dz, float* dweight, const floa
 
 namespace detail {
 /// Vector variants of the fast kernels (tests force each one the CPU can run). kEmu16 is
-/// the AVX-512 variant's code (16-lane vectors, 4 × 64-column tiles) compiled for the
+/// the AVX-512 variant's code (16-lane vectors, 6 × 64-column tiles) compiled for the
 /// baseline target (GCC splits the vectors), so that its 16-lane logic is tested on any CPU;
 /// never chosen by default.
 enum class SsmIsa { kAvx512, kAvx2, kBase, kEmu16 };
