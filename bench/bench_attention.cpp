@@ -9,7 +9,9 @@
 // do: configs/small.toml (B = 8, H = 8, C = 512) and configs/gpt2-124m.toml (B = 4, H = 12,
 // C = 768), so the head slices have the real row stride C; plus a grouped-query case
 // (Hkv = 2 key/value heads for H = 8 query heads, k/v rows of stride Hkv·hd, as in
-// Nemotron-H), which runs the same products per query head.
+// Nemotron-H), which runs the same products per query head; and the attention block of
+// configs/nemotron-h-tiny.toml (B = 16, T = 256, H = 4, Hkv = 2, hd = 64), the yardstick of
+// bench_ssm's Mamba-2 kernels at the same config.
 // items_per_second is FLOP/s of the causal products actually needed: forward QKᵀ and PV,
 // 2·2·T(T+1)/2·hd per head; backward dP, dQ, dK, dV, 4·2·T(T+1)/2·hd per head (softmax and
 // exp not counted). Kernels run with omp_get_max_threads() threads (OMP_NUM_THREADS); the
@@ -120,6 +122,7 @@ void BM_Attention(benchmark::State& st) {
       ->Args({64, 512, 64, 8, 8})                                                      \
       ->Args({48, 1024, 64, 12, 12})                                                   \
       ->Args({64, 512, 64, 8, 2})                                                      \
+      ->Args({64, 256, 64, 4, 2})                                                      \
       ->Unit(benchmark::kMillisecond)                                                  \
       ->UseRealTime()
 

@@ -120,9 +120,77 @@ void BM_SsdFwdBwd(benchmark::State& st) {
   BENCHMARK(BM<true>)->Name(#BM "/fast")->Unit(benchmark::kMillisecond)->UseRealTime(); \
   BENCHMARK(BM<false>)->Name(#BM "/twin")->Unit(benchmark::kMillisecond)->UseRealTime()
 
+// Conv1d + SiLU and gated RMSNorm at the same config (configs/nemotron-h-tiny.toml): conv over
+// C' = d_inner + 2·G·N = 640 channels of the in_proj output (row stride 2·d_inner + 2·G·N + H),
+// W = 4; norm over [B·T, d_inner = 512], G = 1, z of the same row stride. GFLOP counts the
+// conv's multiply-adds (2·W per output, forward; 3× that backward) and the norm's ~6 FLOPs
+// per element (rough; both are memory- and exp-bound).
+struct ConvNormData {
+  int64_t B = kDims.B, T = kDims.T, di = kDims.H * kDims.P, C = di + 2 * kDims.G * kDims.N,
+          W = 4, Din = 2 * di + 2 * kDims.G * kDims.N + kDims.H;
+  size_t R = static_cast<size_t>(B * T);
+  std::vector<float> zx = randn(R * Din, 11), w = randn(C * W, 12, 0.5f), bias = randn(C, 13),
+                     out = std::vector<float>(R * C), dout = randn(R * C, 14),
+                     dzx = std::vector<float>(R * Din), dw = std::vector<float>(C * W),
+                     db = std::vector<float>(C), y = randn(R * di, 15), nw = randn(di, 16),
+                     yn = std::vector<float>(R * di), rstd = std::vector<float>(R),
+                     dyn = randn(R * di, 17), dy = std::vector<float>(R * di),
+                     dnw = std::vector<float>(di);
+};
+template <bool Fast>
+void BM_ConvFwd(benchmark::State& st) {
+  ConvNormData c;
+  for (auto _ : st) {
+    (Fast ? ssm_conv_forward : ssm_conv_forward_ref)(c.out.data(), c.zx.data() + c.di, c.Din,
+                                                      c.w.data(), c.bias.data(), c.B, c.T, c.C,
+                                                      c.W);
+    benchmark::DoNotOptimize(c.out.data());
+  }
+  label(st, Fast, 2.0 * c.W * c.C * static_cast<double>(c.R));
+}
+template <bool Fast>
+void BM_ConvBwd(benchmark::State& st) {
+  ConvNormData c;
+  for (auto _ : st) {
+    (Fast ? ssm_conv_backward : ssm_conv_backward_ref)(
+        c.dzx.data() + c.di, c.dw.data(), c.db.data(), c.dout.data(), c.zx.data() + c.di, c.Din,
+        c.w.data(), c.bias.data(), c.B, c.T, c.C, c.W);
+    benchmark::DoNotOptimize(c.dzx.data());
+  }
+  label(st, Fast, 6.0 * c.W * c.C * static_cast<double>(c.R));
+}
+template <bool Fast>
+void BM_NormFwd(benchmark::State& st) {
+  ConvNormData c;
+  for (auto _ : st) {
+    (Fast ? gated_rmsnorm_forward : gated_rmsnorm_forward_ref)(
+        c.yn.data(), c.rstd.data(), c.y.data(), c.zx.data(), c.Din, c.nw.data(),
+        static_cast<int64_t>(c.R), c.di, 1, 1e-5f);
+    benchmark::DoNotOptimize(c.yn.data());
+  }
+  label(st, Fast, 6.0 * c.di * static_cast<double>(c.R));
+}
+template <bool Fast>
+void BM_NormBwd(benchmark::State& st) {
+  ConvNormData c;
+  gated_rmsnorm_forward(c.yn.data(), c.rstd.data(), c.y.data(), c.zx.data(), c.Din, c.nw.data(),
+                        static_cast<int64_t>(c.R), c.di, 1, 1e-5f);
+  for (auto _ : st) {
+    (Fast ? gated_rmsnorm_backward : gated_rmsnorm_backward_ref)(
+        c.dy.data(), c.dzx.data(), c.dnw.data(), c.dyn.data(), c.y.data(), c.zx.data(), c.Din,
+        c.nw.data(), c.rstd.data(), static_cast<int64_t>(c.R), c.di, 1);
+    benchmark::DoNotOptimize(c.dy.data());
+  }
+  label(st, Fast, 12.0 * c.di * static_cast<double>(c.R));
+}
+
 FP4_PAIR(BM_SsdFwd);
 FP4_PAIR(BM_SsdBwd);
 FP4_PAIR(BM_SsdFwdBwd);
+FP4_PAIR(BM_ConvFwd);
+FP4_PAIR(BM_ConvBwd);
+FP4_PAIR(BM_NormFwd);
+FP4_PAIR(BM_NormBwd);
 
 }  // namespace
 

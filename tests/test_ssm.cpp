@@ -385,7 +385,8 @@ ConvOut run_conv(decltype(&ssm_conv_forward) fwd, decltype(&ssm_conv_backward) b
 TEST(SsmTwin, ConvBitIdentical) {
   int n = 0;
   for (auto [B, T, C, W] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 37, 70, 4},
-                            {3, 5, 200, 4}, {1, 2, 13, 4}, {2, 9, 64, 3}})
+                            {3, 5, 200, 4}, {1, 2, 13, 4}, {2, 9, 64, 3},
+                            {2, 150, 21, 4}})  // several row blocks (64 rows), the last partial
     for (Mode m : {Mode::kRandom, Mode::kZeros, Mode::kPow2, Mode::kBigDt}) {
       const Conv c = make_conv(B, T, C, W, m, 40 + n);
       std::mt19937 g(50 + n++);
@@ -431,6 +432,37 @@ TEST(SsmGrad, ConvFiniteDifferences) {
   fd_check("conv bias", bias, an.dbias, 0, loss);
 }
 
+// The weight gradients are sums over all B·T rows, computed in row blocks (64 rows of one
+// sequence) whose partials are then added: check them against FP64 sums of the terms straight
+// from the definition on a shape with several blocks per sequence (the last one partial),
+// relative to the sum of the terms' magnitudes.
+TEST(SsmGrad, ConvWeightGradsOverRowBlocks) {
+  const Conv c = make_conv(3, 150, 7, 4, Mode::kRandom, 5);
+  std::mt19937 g(6);
+  const std::vector<float> r = randn(static_cast<size_t>(c.B * c.T * c.C), g);
+  ConvOut zero{{}, std::vector<float>(c.x.size()), std::vector<float>(c.w.size()),
+               std::vector<float>(c.bias.size())};
+  const ConvOut an = run_conv(ssm_conv_forward, ssm_conv_backward, c, r, zero);
+  std::vector<double> dw(c.w.size()), adw(c.w.size()), db(c.C), adb(c.C);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t ch = 0; ch < c.C; ++ch) {
+        auto xv = [&](int64_t k) {
+          const int64_t ts = t - (c.W - 1) + k;
+          return ts < 0 ? 0.0 : double(c.x[(b * c.T + ts) * c.ld + 2 + ch]);
+        };
+        double pre = c.bias[ch];
+        for (int64_t k = 0; k < c.W; ++k) pre += double(c.w[ch * c.W + k]) * xv(k);
+        const double sg = 1.0 / (1.0 + std::exp(-pre));
+        const double dp = r[(b * c.T + t) * c.C + ch] * sg * (1.0 + pre * (1.0 - sg));
+        db[ch] += dp, adb[ch] += std::fabs(dp);
+        for (int64_t k = 0; k < c.W; ++k)
+          dw[ch * c.W + k] += dp * xv(k), adw[ch * c.W + k] += std::fabs(dp * xv(k));
+      }
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(an.dw[i], dw[i], 1e-5 * adw[i] + 1e-6) << i;
+  for (int64_t i = 0; i < c.C; ++i) EXPECT_NEAR(an.dbias[i], db[i], 1e-5 * adb[i] + 1e-6) << i;
+}
+
 // ---------------------------------------------------------------- gated RMSNorm
 struct Norm {
   int64_t BT, Dn, G, ldz;
@@ -471,7 +503,7 @@ NormOut run_norm(decltype(&gated_rmsnorm_forward) fwd, decltype(&gated_rmsnorm_b
 TEST(SsmTwin, GatedNormBitIdentical) {
   int k = 0;
   for (auto [BT, Dn, G] : {std::tuple<int64_t, int64_t, int64_t>{9, 96, 1}, {9, 96, 2},
-                           {5, 200, 4}, {3, 2100, 1}, {4, 6, 3}})
+                           {5, 200, 4}, {3, 2100, 1}, {4, 6, 3}, {150, 24, 2}})
     for (Mode m : {Mode::kRandom, Mode::kZeros, Mode::kPow2, Mode::kBigDt}) {
       const Norm n = make_norm(BT, Dn, G, m, 60 + k);
       std::mt19937 g(70 + k++);
@@ -526,6 +558,36 @@ TEST(SsmGrad, GatedNormFiniteDifferences) {
     fd_check("norm z", z, an.dz, 0, loss);
     fd_check("norm weight", w, an.dw, 0, loss);
   }
+}
+
+// dweight over several 64-row blocks (the last partial) against FP64 sums from the definition.
+TEST(SsmGrad, GatedNormWeightGradOverRowBlocks) {
+  const Norm n = make_norm(150, 24, 2, Mode::kRandom, 13);
+  std::mt19937 g(14);
+  const std::vector<float> r = randn(n.y.size(), g);
+  NormOut zero{{}, {}, std::vector<float>(n.y.size()), std::vector<float>(n.z.size()),
+               std::vector<float>(n.w.size())};
+  const NormOut an = run_norm(gated_rmsnorm_forward, gated_rmsnorm_backward, n, r, zero);
+  const int64_t gs = n.Dn / n.G;
+  std::vector<double> dw(static_cast<size_t>(n.Dn)), adw(static_cast<size_t>(n.Dn));
+  for (int64_t t = 0; t < n.BT; ++t)
+    for (int64_t grp = 0; grp < n.G; ++grp) {
+      std::vector<double> gv(static_cast<size_t>(gs));
+      double ss = 0.0;
+      for (int64_t j = 0; j < gs; ++j) {
+        const int64_t c = grp * gs + j;
+        const double zz = n.z[t * n.ldz + 3 + c];
+        gv[j] = n.y[t * n.Dn + c] * zz / (1.0 + std::exp(-zz));
+        ss += gv[j] * gv[j];
+      }
+      const double rs = 1.0 / std::sqrt(ss / gs + 1e-5);
+      for (int64_t j = 0; j < gs; ++j) {
+        const int64_t c = grp * gs + j;
+        const double term = r[t * n.Dn + c] * gv[j] * rs;
+        dw[c] += term, adw[c] += std::fabs(term);
+      }
+    }
+  for (int64_t c = 0; c < n.Dn; ++c) EXPECT_NEAR(an.dw[c], dw[c], 1e-5 * adw[c] + 1e-6) << c;
 }
 
 // ---------------------------------------------------------------- bad arguments

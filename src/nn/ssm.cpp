@@ -2,14 +2,17 @@
 //
 // The per-unit bodies (ssm_body.inc) are compiled three times, each inside a
 // `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
-// AVX-512 (16 lanes, 4 × 64-column mm tiles), AVX2 (8 lanes, 4 × 16) and baseline SSE2
-// (4 lanes, 4 × 8), plus, for tests only, the AVX-512 code for the baseline target (emu16).
+// AVX-512 (16 lanes, 6 × 64-column mm tiles), AVX2 (8 lanes, 6 × 16) and baseline SSE2
+// (4 lanes, 6 × 8), then 4-row and single-row tiles for the remaining rows, plus, for tests
+// only, the AVX-512 code (the same 6 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
-// (static schedule; units: conv (b, 64-channel block) forward and 64-channel blocks
-// backward; scan (b, h) forward and (b, g) backward with the heads of the group in order;
-// norm rows, and 64-channel blocks for dweight), so each output is produced by one thread
-// in a fixed order.
+// (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
+// scan forward (b, g, chunk) packing B, C and Gm = C Bᵀ once per group and chunk, then
+// (b, h); scan backward (b, g) (same packing, then the heads of the group in order); norm rows
+// forward and 64-row blocks backward; the weight gradients of conv and norm are per-block
+// partials reduced in block order, by 256-column units), so each output is produced by one
+// thread in a fixed order.
 //
 // Why the bits match the scalar twins (ssm_ref.cpp, the same body with scalar primitives):
 //  * mm: each output lane accumulates acc = acc + a·b (separate multiply and add) from +0,
@@ -30,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "fp4/cpu_isa.h"
 #include "ssm_internal.h"
@@ -39,6 +43,7 @@
 namespace fp4::nn::ssm_avx512 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx512
@@ -49,6 +54,7 @@ constexpr int kNB = 4;
 namespace fp4::nn::ssm_avx2 {
 constexpr int VW = 8;
 constexpr int kNB = 2;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx2
@@ -57,6 +63,7 @@ constexpr int kNB = 2;
 namespace fp4::nn::ssm_base {
 constexpr int VW = 4;
 constexpr int kNB = 2;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_base
@@ -64,6 +71,7 @@ constexpr int kNB = 2;
 namespace fp4::nn::ssm_emu16 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
+constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_emu16
@@ -92,10 +100,10 @@ SsmIsa best_isa() {
          : isa_ok(SsmIsa::kAvx2) ? SsmIsa::kAvx2
                                  : SsmIsa::kBase;
 }
-const Kernels kAvx512 = ssm_avx512::make_kernels();
-const Kernels kAvx2 = ssm_avx2::make_kernels();
-const Kernels kBase = ssm_base::make_kernels();
-const Kernels kEmu16 = ssm_emu16::make_kernels();
+constexpr Kernels kAvx512 = ssm_avx512::kKernels;
+constexpr Kernels kAvx2 = ssm_avx2::kKernels;
+constexpr Kernels kBase = ssm_base::kKernels;
+constexpr Kernels kEmu16 = ssm_emu16::kKernels;
 const Kernels* table(SsmIsa isa) {
   return isa == SsmIsa::kAvx512 ? &kAvx512
          : isa == SsmIsa::kAvx2 ? &kAvx2

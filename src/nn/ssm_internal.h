@@ -28,6 +28,12 @@ enum Tri { kFull = 0, kLower = 1, kUpper = 2 };  // k range: all / k ≤ i / k �
 
 constexpr int64_t kPad = 16;  // padded widths of the scratch matrices (≥ every vector width)
 inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+/// Floats of the SSD forward's shared per-(b, g) pack (ssm_body.inc SsdGroupPack): per chunk
+/// the B and C rows (Qp × Np each) and Gm = C Bᵀ (Qp × Qp), Qp, Np the padded Q, N.
+inline int64_t ssd_pack_total(const SsdDims& d, int64_t nc) {
+  const int64_t Qp = rup(d.Q, kPad), Np = rup(d.N, kPad);
+  return d.B * d.G * nc * (2 * Qp * Np + Qp * Qp);
+}
 
 /// softplus(u) = u > 20 ? u : log1p(exp(u)) (exp = exp_scalar, log1p = std::log1p(float)).
 inline float softplus(float u) {
@@ -149,18 +155,23 @@ struct NormArgs {
 
 // Per-unit kernels of one build (ssm_body.inc).
 struct Kernels {
-  void (*ssd_fwd_bh)(const SsdArgs&, float* y, float* ws, int64_t b, int64_t h);
+  void (*ssd_pack_bgc)(const SsdArgs&, float* pack, int64_t b, int64_t g, int64_t c);
+  void (*ssd_fwd_bh)(const SsdArgs&, float* y, float* ws, const float* pack, int64_t b,
+                     int64_t h);
   void (*ssd_bwd_bg)(const SsdArgs&, const SsdGrads&, int64_t b, int64_t g);
-  void (*conv_fwd_block)(const ConvArgs&, float* out, int64_t b, int64_t c0);
-  void (*conv_bwd_block)(const ConvArgs&, float* dx, float* dw, float* dbias,
-                         const float* dout, int64_t c0);
+  void (*conv_fwd_block)(const ConvArgs&, float* out, int64_t b, int64_t t0);
+  void (*conv_bwd_block)(const ConvArgs&, float* dx, float* part, const float* dout, int64_t b,
+                         int64_t t0);
   void (*norm_fwd_row)(const NormArgs&, float* out, float* rstd, float eps, int64_t r);
-  void (*norm_bwd_row)(const NormArgs&, float* dy, float* dz, const float* dout,
-                       const float* rstd, int64_t r);
-  void (*norm_dw_block)(const NormArgs&, float* dweight, const float* dout, const float* rstd,
-                        int64_t c0);
+  void (*norm_bwd_block)(const NormArgs&, float* dy, float* dz, float* part, const float* dout,
+                         const float* rstd, int64_t r0);
+  void (*sum_parts)(float* dst, const float* part, int64_t nu, int64_t ld, int64_t n);
 };
-constexpr int64_t kChanBlock = 64;  // channels per conv / dweight unit (fixed: thread-free)
+// Rows per conv unit (of one sequence) and per gated-norm backward unit. Fixed (never derived
+// from the thread count): the weight-gradient partial sums are per unit, reduced in unit order.
+constexpr int64_t kRowBlock = 64;
+// Columns per unit of the reduction of those partials (sum_parts).
+constexpr int64_t kColBlock = 256;
 
 /// Drivers (defined in ssm_ref.cpp, shared by both builds): check the arguments (throwing
 /// std::invalid_argument naming `fn` and the argument), then run the units with `k`, in

@@ -41,6 +41,17 @@ inline double dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
+// dst[j·ldd + i] = src[i·lds + j] for i < rows, j < cols (exact copies), in 16 × 16 tiles.
+inline void transpose(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows,
+                      int64_t cols) {
+  for (int64_t i0 = 0; i0 < rows; i0 += 16)
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const int64_t i1 = std::min(rows, i0 + 16), j1 = std::min(cols, j0 + 16);
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
 template <int Tri, bool LowerCols = false>
 inline void mm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sr, int64_t sk,
                const float* B, int64_t ldb, float* C, int64_t ldc) {
@@ -73,9 +84,9 @@ void run_conv_forward(const Kernels& k, bool par, const char* fn, float* out, co
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < W; ++j) wT[j * C + c] = w[c * W + j];
   const ConvArgs a{x, w, bias, ldx, B, T, C, W, wT.data()};
-  const int64_t nb = (C + kChanBlock - 1) / kChanBlock;
+  const int64_t nb = (T + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < B * nb; ++u) k.conv_fwd_block(a, out, u / nb, (u % nb) * kChanBlock);
+  for (int64_t u = 0; u < B * nb; ++u) k.conv_fwd_block(a, out, u / nb, (u % nb) * kRowBlock);
 }
 
 void run_conv_backward(const Kernels& k, bool par, const char* fn, float* dx, float* dw,
@@ -92,9 +103,29 @@ void run_conv_backward(const Kernels& k, bool par, const char* fn, float* dx, fl
   for (int64_t c = 0; c < C; ++c)
     for (int64_t j = 0; j < W; ++j) wT[j * C + c] = w[c * W + j];
   const ConvArgs a{x, w, bias, ldx, B, T, C, W, wT.data()};
-  const int64_t nb = (C + kChanBlock - 1) / kChanBlock;
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < nb; ++u) k.conv_bwd_block(a, dx, dw, dbias, dout, u * kChanBlock);
+  // Units (b, row block) in order u = b·nb + block; unit u's partial dw (transposed, [W, C])
+  // and dbias sums at part[u·(W+1)·C ..]; then reduced over u ascending per column.
+  const int64_t nb = (T + kRowBlock - 1) / kRowBlock, nu = B * nb, ld = (W + 1) * C;
+  thread_local std::vector<float> part, red;
+  if (part.size() < static_cast<size_t>(nu * ld)) part.resize(static_cast<size_t>(nu * ld));
+  red.assign(static_cast<size_t>(ld), 0.0f);
+  const int64_t ncb = (ld + kColBlock - 1) / kColBlock;
+  float* pp = part.data();
+  float* rp = red.data();
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < nu; ++u)
+      k.conv_bwd_block(a, dx, pp + u * ld, dout, u / nb, (u % nb) * kRowBlock);
+#pragma omp for schedule(static)
+    for (int64_t cb = 0; cb < ncb; ++cb)
+      k.sum_parts(rp + cb * kColBlock, pp + cb * kColBlock, nu, ld,
+                  std::min(kColBlock, ld - cb * kColBlock));
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t j = 0; j < W; ++j) dw[c * W + j] += rp[j * C + c];
+    dbias[c] += rp[W * C + c];
+  }
 }
 
 namespace {
@@ -114,8 +145,21 @@ void run_ssd_forward(const Kernels& k, bool par, const char* fn, float* y, float
   const SsdArgs a = make_ssd_args(fn, x, ldx, Bm, ldb, Cm, ldc, dt, lddt, dt_bias, A_log, D, d);
   need_ptr(y, fn, "y");
   need_ptr(ws, fn, "ws");
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t u = 0; u < d.B * d.H; ++u) k.ssd_fwd_bh(a, y, ws, u / d.H, u % d.H);
+  // Phase 1, units (b, g, c): B, C rows and Gm = C Bᵀ of every chunk, shared by the heads of
+  // a group; phase 2, units (b, h).
+  thread_local std::vector<float> pack;
+  const size_t np = static_cast<size_t>(ssd_pack_total(d, a.nc));
+  if (pack.size() < np) pack.resize(np);
+  float* pk = pack.data();
+  const int64_t ngc = d.G * a.nc;
+#pragma omp parallel if (par)
+  {
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < d.B * ngc; ++u)
+      k.ssd_pack_bgc(a, pk, u / ngc, (u % ngc) / a.nc, u % a.nc);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < d.B * d.H; ++u) k.ssd_fwd_bh(a, y, ws, pk, u / d.H, u % d.H);
+  }
 }
 
 void run_ssd_backward(const Kernels& k, bool par, const char* fn, float* dx, float* dB,
@@ -171,13 +215,23 @@ void run_norm_backward(const Kernels& k, bool par, const char* fn, float* dy, fl
   need_ptr(dout, fn, "dout");
   need_ptr(rstd, fn, "rstd");
   const NormArgs a{y, z, weight, ldz, BT, d_inner, G};
-  const int64_t nb = (d_inner + kChanBlock - 1) / kChanBlock;
+  // Units of kRowBlock rows; unit u's partial dweight at part[u·d_inner ..], reduced over u
+  // ascending per column (sum_parts adds the total to dweight).
+  const int64_t nu = (BT + kRowBlock - 1) / kRowBlock;
+  thread_local std::vector<float> part;
+  if (part.size() < static_cast<size_t>(nu * d_inner))
+    part.resize(static_cast<size_t>(nu * d_inner));
+  const int64_t ncb = (d_inner + kColBlock - 1) / kColBlock;
+  float* pp = part.data();
 #pragma omp parallel if (par)
   {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < BT; ++r) k.norm_bwd_row(a, dy, dz, dout, rstd, r);
+    for (int64_t u = 0; u < nu; ++u) k.norm_bwd_block(a, dy, dz, pp + u * d_inner, dout, rstd,
+                                                      u * kRowBlock);
 #pragma omp for schedule(static)
-    for (int64_t u = 0; u < nb; ++u) k.norm_dw_block(a, dweight, dout, rstd, u * kChanBlock);
+    for (int64_t cb = 0; cb < ncb; ++cb)
+      k.sum_parts(dweight + cb * kColBlock, pp + cb * kColBlock, nu, d_inner,
+                  std::min(kColBlock, d_inner - cb * kColBlock));
   }
 }
 
@@ -186,7 +240,7 @@ void run_norm_backward(const Kernels& k, bool par, const char* fn, float* dy, fl
 using namespace ssm_internal;
 
 namespace {
-const Kernels kRef = ssm_scalar::make_kernels();
+constexpr Kernels kRef = ssm_scalar::kKernels;
 }
 
 int64_t ssd_workspace_floats(const SsdDims& d) {

@@ -42,8 +42,11 @@ void ssm_conv_forward(float* out, const float* x, int64_t ldx, const float* w,
 /// x: [B·T, ldx], only columns < C touched), dw [C, W] and dbias [C]. dpre = dout·σ(pre)·
 /// (1 + pre·(1 − σ(pre))); dx[s, c] += Σ_k w[c,k]·dpre[s + W−1−k, c] (k ascending, terms past
 /// the sequence end skipped, FP32 from +0, then added to dx); dw[c,k] += Σ_{b,t} dpre[t,c]·
-/// x[t−(W−1)+k, c] and dbias[c] += Σ_{b,t} dpre[t,c]: FP32 sums from +0 over rows in
-/// ascending order (b, then t), then added. Throws as the forward.
+/// x[t−(W−1)+k, c] and dbias[c] += Σ_{b,t} dpre[t,c], summed in two levels: per row block
+/// (64 rows t = 64·j .. 64·j + 63 of one sequence b; the last block of a sequence may be
+/// shorter) an FP32 partial from +0 over its rows ascending, then the partials in FP32 from
+/// +0 in block order (b, then j), the total added once. The blocks are fixed by T, never by
+/// the thread count. Throws as the forward.
 void ssm_conv_backward(float* dx, float* dw, float* dbias, const float* dout, const float* x,
                        int64_t ldx, const float* w, const float* bias, int64_t B, int64_t T,
                        int64_t C, int64_t W);
@@ -88,8 +91,12 @@ void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const fl
 /// SSD scan backward: given dy [B·T, H·P] dense and ws from ssd_scan_forward on the same
 /// inputs, ACCUMULATES into dx (strided like x, ldx), dB (like Bm, ldb), dC (like Cm, ldc),
 /// d_dt (like dt, lddt; gradient w.r.t. the raw dt), dA_log, dD, d_dt_bias [H]. The exact
-/// derivative of the chunked forward (reverse over chunks carrying dS; Gm, M, Yo recomputed).
-/// dB/dC: the heads of a group are added in ascending head order (one thread per (b, g)).
+/// derivative of the chunked forward (reverse over chunks carrying dS; Gm, M recomputed).
+/// Per chunk, with U = dY S_prev (q × N, FP32 product over P ascending from +0): the gradient
+/// of e_t is de_t = C_t·U_t (canonical sum over n, rounded to float) and the inter-chunk part
+/// of dC_t is e_t·U_t (Yo is not recomputed). dB/dC: the heads of a group are added in
+/// ascending head order (one thread per (b, g); per row dC += (dC_intra + dC_inter), dB +=
+/// (dB_intra + w·dB_state), head by head).
 /// Parameter grads: per (b, h) FP64 sums over t, then summed over b ascending in FP64,
 /// rounded to float and added. Throws as the forward.
 void ssd_scan_backward(float* dx, float* dB, float* dC, float* d_dt, float* dA_log, float* dD,
@@ -120,8 +127,10 @@ void gated_rmsnorm_forward(float* out, float* rstd, const float* y, const float*
 /// Backward of gated_rmsnorm_forward, ACCUMULATING into dy [BT, d_inner], dz (strided, ldz)
 /// and dweight [d_inner]. Per row and group: tw = weight·dout; dot = canonical sum of tw·g;
 /// k = float(dot·r·r / gs) in FP64; dg = r·(tw − g·k); dy += dg·SiLU(z);
-/// dz += (dg·y)·(σ(z)·(1 + z·(1 − σ(z)))); dweight[c] += Σ_t (dout·g)·r, FP32 from +0 over
-/// rows ascending. Throws as the forward.
+/// dz += (dg·y)·(σ(z)·(1 + z·(1 − σ(z)))); dweight[c] += Σ_t (dout·g)·r in two levels: per
+/// block of 64 rows (t = 64·j .. 64·j + 63, the last block may be shorter) an FP32 partial
+/// from +0 over its rows ascending, then the partials in FP32 from +0, j ascending, the total
+/// added once. Throws as the forward.
 void gated_rmsnorm_backward(float* dy, float* dz, float* dweight, const float* dout,
                             const float* y, const float* z, int64_t ldz, const float* weight,
                             const float* rstd, int64_t BT, int64_t d_inner, int64_t G);
@@ -154,7 +163,7 @@ void gated_rmsnorm_backward_ref(float* dy, float* dz, float* dweight, const floa
 
 namespace detail {
 /// Vector variants of the fast kernels (tests force each one the CPU can run). kEmu16 is
-/// the AVX-512 variant's code (16-lane vectors, 4 × 64-column tiles) compiled for the
+/// the AVX-512 variant's code (16-lane vectors, 6 × 64-column tiles) compiled for the
 /// baseline target (GCC splits the vectors), so that its 16-lane logic is tested on any CPU;
 /// never chosen by default.
 enum class SsmIsa { kAvx512, kAvx2, kBase, kEmu16 };
