@@ -150,6 +150,19 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(bytes.size(), 8 + hn + 5 * 8 + 3 * 1000 * 4);
 }
 
+// A checkpoint of the Llama-only version (its stored config has n_layers, no pattern) is
+// refused with the reason: its recipe rules counted layers, not hybrid blocks.
+TEST(Checkpoint, PreHybridCheckpointIsRefused) {
+  Checkpoint c = sample_checkpoint(3, 64, 2);
+  const size_t at = c.config_toml.find("\npattern = ");
+  ASSERT_NE(at, std::string::npos) << c.config_toml;
+  const size_t end = c.config_toml.find('\n', at + 1);
+  c.config_toml.replace(at, end - at, "\nn_layers = 2");  // as run_config_to_toml wrote it before
+  const fs::path p = g_scratch.dir / "old.safetensors";
+  save_checkpoint(p, c);
+  expect_error(p, "written before the hybrid model");
+}
+
 TEST(Checkpoint, DamagedFilesAreRejectedWithTheReason) {
   const fs::path good = g_scratch.dir / "good.safetensors";
   save_checkpoint(good, sample_checkpoint(3, 64, 2));

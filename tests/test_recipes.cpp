@@ -559,6 +559,47 @@ TEST(RecipeOverride, StrictParseErrorsNameTheFileAndKey) {
   }
 }
 
+// Override blocks: final_blocks counts per kind; the Llama-only names keep counting layers
+// in `blocks` (so a recipe file written for that version selects what it selected then).
+TEST(RecipeOverride, FinalBlocksCountPerKindAndOldNamesCountLayers) {
+  auto hits = [](const std::string& body, int layers) {
+    const Recipe r = load_recipe_file(write_tmp("k.toml", std::string(kBase) + body));
+    return resolve_layers(r, layers).override_hits[0];
+  };
+  const std::string tail = "gemm = \"wgrad\"\nrole = \"dy\"\nscale_target = 2048.0\n";
+  // The final two of each kind: o_proj and down_proj of layers 2 and 3 (index 6·l + j).
+  const std::vector<int> last2 = {2 * 6 + 3, 2 * 6 + 5, 3 * 6 + 3, 3 * 6 + 5};
+  EXPECT_EQ(hits("[[override]]\nlinears = [\"mlp.down\", \"attn.o\"]\nfinal_blocks = 2\n" + tail, 4), last2);
+  EXPECT_EQ(hits("[[override]]\nlinears = [\"down_proj\", \"o_proj\"]\nfinal_blocks = 2\n" + tail, 4), last2);
+  // blocks: layer 1 with the old names; hybrid block 3 (layer 1's MLP) with the new ones.
+  EXPECT_EQ(hits("[[override]]\nlinears = [\"attn.o\", \"mlp.down\"]\nblocks = [1]\n" + tail, 4),
+            (std::vector<int>{1 * 6 + 3, 1 * 6 + 5}));
+  EXPECT_EQ(hits("[[override]]\nlinears = [\"o_proj\", \"down_proj\"]\nblocks = [3]\n" + tail, 4),
+            (std::vector<int>{1 * 6 + 5}));
+  // The old names write back as they were (their blocks count layers on reload too).
+  const Recipe old = load_recipe_file(write_tmp(
+      "o.toml", std::string(kBase) + "[[override]]\nlinears = [\"mlp.down\"]\nblocks = [1]\n" + tail));
+  EXPECT_TRUE(old.overrides[0].legacy_layers);
+  const Recipe again = recipe_from_text(recipe_to_toml(old), "again");
+  EXPECT_TRUE(again.overrides[0].legacy_layers);
+  EXPECT_EQ(resolve_layers(again, 4).override_hits, resolve_layers(old, 4).override_hits);
+  // Layers exist only in a Llama-style pattern; mixing the two schemes is a parse error.
+  ModelConfig hy = micro_model(2);
+  hy.pattern = "*-M";
+  hy.mamba_num_heads = 2;
+  hy.mamba_head_dim = 4;
+  std::string e = error_of([&] {
+    resolve_linear_plans(old, nn::Model::linear_sites(hy), hy.n_blocks());
+  });
+  EXPECT_NE(e.find("override[0].blocks"), std::string::npos) << e;
+  e = error_of([] {
+    load_recipe_file(write_tmp("mix.toml", std::string(kBase) +
+                                               "[[override]]\nlinears = [\"mlp.down\", \"o_proj\"]\n"
+                                               "scale_target = 2.0\n"));
+  });
+  EXPECT_NE(e.find("override[0].linears"), std::string::npos) << e;
+}
+
 TEST(RecipeOverride, ModelLinearNamesEndInTheRecipeKinds) {
   nn::Model model(micro_model(2), Recipe{}, 1, 8);
   ASSERT_EQ(model.linears().size(), 12u);

@@ -120,8 +120,14 @@ TEST(Settings, ConfigValuesAreAppliedAndValidatedLikeTheFile) {
   // The resolved TOML holds the override, and reloads to the same config.
   const std::string toml = run_config_to_toml(c);
   EXPECT_NE(toml.find("lr = 0.001\n"), std::string::npos) << toml;
-  EXPECT_NE(toml.find("n_layers = 2\n"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("pattern = \"*-*-\"\n"), std::string::npos) << toml;  // 2 layers
   EXPECT_EQ(run_config_to_toml(run_config_from_text(toml, "x")), toml);
+  // A pattern given with --set replaces the file's n_layers; both in --set conflict.
+  const RunConfig h = load_run_config(kTiny, S({"model.pattern=\"-*-\""}).config);
+  EXPECT_EQ(h.model.block_pattern(), "-*-");
+  EXPECT_NE(error_of([] { load_run_config(kTiny, S({"model.pattern=\"-*\"", "model.n_layers=3"}).config); })
+                .find("model.n_layers"),
+            std::string::npos);
 
   // The same bad value in a file and in --set: the same message after the source.
   TempDir tmp;

@@ -28,7 +28,8 @@ enum class Cat : int {
   kActivation,   ///< MLP activation (squared ReLU / SwiGLU) forward and backward
   kResidual,     ///< residual-stream adds
   kSsmConv,      ///< Mamba-2 causal depthwise conv1d + SiLU, forward and backward
-  kSsmScan,      ///< Mamba-2 SSD scan (softplus Δ, decay, state update, readout), fwd and bwd
+  kSsmScan,      ///< Mamba-2 SSD scan forward (softplus Δ, decays, chunk states, readout)
+  kSsmScanBwd,   ///< Mamba-2 SSD scan backward
   kSsmNorm,      ///< Mamba-2 gated RMSNorm (y·SiLU(z), grouped RMSNorm), forward and backward
   kGemmFprop,    ///< Y = X·Wᵀ GEMMs (every Linear and the LM head)
   kGemmDgrad,    ///< dX = dY·W GEMMs

@@ -43,6 +43,10 @@ const std::vector<std::string>& linear_kinds();
 /// "mlp.down", aliases of q_proj .. down_proj). Returns "" for an unknown name.
 std::string canonical_linear_kind(const std::string& name);
 
+/// The Llama-only name of a kind ("down_proj" → "mlp.down"); "" for in_proj, out_proj and
+/// unknown names.
+std::string legacy_linear_name(const std::string& kind);
+
 /// One linear of a model, as the recipe rules see it: the hybrid block that holds it
 /// (0-based, counting every block of the pattern: Mamba-2, attention and MLP alike) and its
 /// kind (linear_kinds()).
@@ -58,11 +62,16 @@ struct LinearSite {
 struct LinearOverride {
   std::vector<std::string> linears;  ///< linear kinds (linear_kinds(); aliases are mapped
                                      ///< by the parser), at least one
-  /// The final k blocks that hold one of `linears` (counted over those blocks only: in a
-  /// hybrid `M-M*-`, final_blocks = 2 of down_proj means the last two MLP blocks); with
+  /// For each of `linears`, the final k blocks that hold that kind (in a hybrid `M-M*-`,
+  /// final_blocks = 2 of down_proj means the last two MLP blocks; of o_proj and down_proj,
+  /// the last two of each, as in the Llama-only version where k counted layers); with
   /// `blocks`, their union.
   int final_blocks = 0;
   std::vector<int> blocks;           ///< explicit 0-based hybrid blocks; neither set = every block
+  /// Set by the parser when `linears` used the names of the Llama-only version (attn.q ..
+  /// mlp.down): `blocks` then counts transformer layers as it did there, which only a
+  /// Llama-style pattern ("*-" per layer) has (resolve_linear_plans refuses others).
+  bool legacy_layers = false;
   bool has_gemm = false;             ///< gemm set: only that GEMM (else all three)
   Gemm gemm = Gemm::Fprop;
   bool has_role = false;             ///< role set: only that operand (else every operand)

@@ -81,7 +81,7 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
 
 /// The start-of-run description of a recipe on a model: "recipe NAME (m0,m1,... per block)"
 /// with each block's linear mode (modes joined by '+' where overrides mix them), then one line
-/// per [[override]]: "  override[i] <describe()> -> n linears: blocks.3.mlp.down ...".
+/// per [[override]]: "  override[i] <describe()> -> n linears: layers.7.mixer.down_proj ...".
 /// Throws what resolve_linear_plans throws.
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model);
 

@@ -114,8 +114,9 @@ void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& 
     std::string names;
     for (int i : in.override_hits[k])
       names += (names.empty() ? "" : ", ") + in.linears[size_t(i)].name;
-    std::printf("override[%zu] %s -> %zu linears: %s\n", k, in.override_descriptions[k].c_str(),
-                in.override_hits[k].size(), names.c_str());
+    const size_t n = in.override_hits[k].size();
+    std::printf("override[%zu] %s -> %zu linear%s: %s\n", k, in.override_descriptions[k].c_str(),
+                n, n == 1 ? "" : "s", names.c_str());
   }
   std::printf("modes: %d FP4-eligible linears: %d fp4, %d bf16, %d fp32; + lm_head fp32\n",
               in.eligible_linears(), in.mode_counts[int(LinearMode::FP4)],

@@ -351,8 +351,10 @@ TokenData prepare_tokens(const fs::path& data_path, int vocab_size, const fs::pa
     if (log) log(s);
   };
   if (vocab_size < 256 || vocab_size > 65535)
-    throw UserError("vocab_size " + std::to_string(vocab_size) +
-                    " is outside [256, 65535] (token ids are stored as uint16)");
+    throw UserError("model.vocab_size = " + std::to_string(vocab_size) +
+                    " cannot be trained: the tokenizer and token shards take 256 to 65535 "
+                    "pieces (token ids are stored as uint16); fp4train info describes larger "
+                    "models");
   const CorpusSplit split = split_corpus(data_path);
   const auto opts = trainer_options(vocab_size);
   const std::string key = cache_key(split, options_string(opts));

@@ -156,8 +156,8 @@ class Mamba2Mixer final : public Mixer {
     }
     std::memset(dxbc, 0, sizeof(float) * BT * Cc_);
     {
-      Scope s(Cat::kSsmScan);
-      prof::add_flops(Cat::kSsmScan, 2.0 * scan_flops(BT));
+      Scope s(Cat::kSsmScanBwd);
+      prof::add_flops(Cat::kSsmScanBwd, 2.0 * scan_flops(BT));
       ssd_scan_backward(dxbc, dxbc + di_, dxbc + di_ + G_ * N_, dzx + di_ + Cc_, g[kALog], g[kD],
                         g[kDtBias], dy, A.ws, A.xbc, Cc_, A.xbc + di_, Cc_,
                         A.xbc + di_ + G_ * N_, Cc_, A.zx + di_ + Cc_, Din_, p[kDtBias], p[kALog],

@@ -21,7 +21,8 @@ RunConfig parse_run_config(detail::TomlReader& r) {
         m.pattern.find_first_not_of("M*-") != std::string::npos)
       r.fail("model.pattern", "1 to 1024 block characters among 'M' (Mamba-2), '*' (attention) "
                               "and '-' (MLP), got \"" + m.pattern + "\"");
-    if (r.has("model.n_layers"))
+    // A pattern given with --set replaces the file's n_layers; in one file the two conflict.
+    if (r.has("model.n_layers") && !(r.from_setting("model.pattern") && !r.from_setting("model.n_layers")))
       r.fail("model.n_layers", "absent when model.pattern is set (the pattern's " +
                                    std::to_string(m.pattern.size()) + " characters are the blocks)");
   }
@@ -135,13 +136,12 @@ std::string run_config_to_toml(const RunConfig& c) {
   std::ostringstream o;
   const auto& m = c.model;
   const auto& t = c.train;
-  // Keys added with the hybrid model are written only where they differ from their
-  // defaults, so a Llama-style config keeps the text it had (resume and compare recognise it).
+  // Keys added with the hybrid model are written only where they differ from their defaults.
   o << "[model]\nvocab_size = " << m.vocab_size << "\nd_model = " << m.d_model;
-  if (m.pattern.empty())
-    o << "\nn_layers = " << m.n_layers;
-  else
-    o << "\npattern = " << detail::toml_quote(m.pattern);
+  // Always the pattern, never n_layers: the run's blocks are what the recipe rules count
+  // (a run made before the hybrid model, whose config.toml has n_layers, is not the same
+  // config to compare and resume).
+  o << "\npattern = " << detail::toml_quote(m.block_pattern());
   o << "\nn_heads = " << m.n_heads;
   if (m.n_kv_heads) o << "\nn_kv_heads = " << m.n_kv_heads;
   if (m.head_dim) o << "\nhead_dim = " << m.head_dim;

@@ -53,7 +53,8 @@ const char* name(Cat c) {
     case Cat::kActivation: return "activation";
     case Cat::kResidual: return "residual";
     case Cat::kSsmConv: return "ssm.conv";
-    case Cat::kSsmScan: return "ssm.scan";
+    case Cat::kSsmScan: return "ssm.scan.fwd";
+    case Cat::kSsmScanBwd: return "ssm.scan.bwd";
     case Cat::kSsmNorm: return "ssm.gated_norm";
     case Cat::kGemmFprop: return "gemm.fprop";
     case Cat::kGemmDgrad: return "gemm.dgrad";

@@ -76,6 +76,15 @@ std::string canonical_linear_kind(const std::string& name) {
   return "";
 }
 
+std::string legacy_linear_name(const std::string& kind) {
+  static const std::pair<const char*, const char*> names[] = {
+      {"q_proj", "attn.q"}, {"k_proj", "attn.k"},   {"v_proj", "attn.v"},
+      {"o_proj", "attn.o"}, {"up_proj", "mlp.up"}, {"down_proj", "mlp.down"}};
+  for (const auto& [k, a] : names)
+    if (kind == k) return a;
+  return "";
+}
+
 std::vector<LinearSite> llama_linear_sites(int n_layers) {
   std::vector<LinearSite> s;
   for (int l = 0; l < n_layers; ++l) {
@@ -89,15 +98,18 @@ namespace {
 bool has_kind(const LinearOverride& ov, const std::string& kind) {
   return std::find(ov.linears.begin(), ov.linears.end(), kind) != ov.linears.end();
 }
-// Number of distinct blocks holding one of the override's linears.
-int blocks_holding(const LinearOverride& ov, const std::vector<LinearSite>& sites) {
-  int n = 0, last = -1;
-  for (const LinearSite& s : sites)
-    if (has_kind(ov, s.kind) && s.block != last) {
-      ++n;
-      last = s.block;
-    }
+// Number of blocks holding a linear of kind `kind`.
+int blocks_holding(const std::string& kind, const std::vector<LinearSite>& sites) {
+  int n = 0;
+  for (const LinearSite& s : sites) n += s.kind == kind;
   return n;
+}
+bool llama_pattern(const std::vector<LinearSite>& sites) {
+  const std::vector<LinearSite> ref = llama_linear_sites(int(sites.size() / 6));
+  if (ref.size() != sites.size()) return false;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (ref[i].block != sites[i].block || ref[i].kind != sites[i].kind) return false;
+  return true;
 }
 }  // namespace
 
@@ -105,16 +117,15 @@ bool LinearOverride::selects(const std::vector<LinearSite>& sites, size_t i) con
   const LinearSite& site = sites[i];
   if (!has_kind(*this, site.kind)) return false;
   if (final_blocks == 0 && blocks.empty()) return true;
+  // Explicit blocks: hybrid block indices, or layers for the Llama-only names (block 2l is
+  // layer l's attention, 2l + 1 its MLP).
+  const int b = legacy_layers ? site.block / 2 : site.block;
   for (int x : blocks)
-    if (x == site.block) return true;
+    if (x == b) return true;
   if (final_blocks == 0) return false;
-  // Rank of site.block among the blocks holding the override's linears, from the end.
-  int later = 0, last = site.block;
-  for (size_t j = i + 1; j < sites.size(); ++j)
-    if (has_kind(*this, sites[j].kind) && sites[j].block != last) {
-      ++later;
-      last = sites[j].block;
-    }
+  // Rank of this linear among the linears of its kind, from the end (one per block).
+  int later = 0;
+  for (size_t j = i + 1; j < sites.size(); ++j) later += sites[j].kind == site.kind;
   return later < final_blocks;
 }
 
@@ -123,7 +134,7 @@ std::string LinearOverride::describe() const {
   for (size_t i = 0; i < linears.size(); ++i) o += (i ? ", \"" : "\"") + linears[i] + "\"";
   o += "]";
   if (final_blocks > 0) o += ", final_blocks = " + std::to_string(final_blocks);
-  if (!blocks.empty()) o += ", blocks = " + int_list(blocks);
+  if (!blocks.empty()) o += std::string(legacy_layers ? ", layers = " : ", blocks = ") + int_list(blocks);
   if (has_gemm) o += std::string(", gemm = \"") + gemm_name(gemm) + "\"";
   if (has_role) o += std::string(", role = \"") + operand_name(role) + "\"";
   o += ":";
@@ -215,15 +226,29 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSi
   for (size_t i = 0; i < r.overrides.size(); ++i) {
     const LinearOverride& ov = r.overrides[i];
     const std::string prefix = "override[" + std::to_string(i) + "].";
-    check_blocks(prefix, ov.blocks);
-    const int holding = blocks_holding(ov, sites);
-    if (ov.final_blocks < 0 || ov.final_blocks > holding) {
-      std::string kinds;
-      for (const auto& k : ov.linears) kinds += (kinds.empty() ? "" : " or ") + k;
-      fail(prefix + "final_blocks", "is " + std::to_string(ov.final_blocks) +
-                                        " but the model has only " + std::to_string(holding) +
-                                        " blocks with " + kinds);
+    if (ov.legacy_layers && !ov.blocks.empty()) {
+      if (!llama_pattern(sites))
+        fail(prefix + "blocks", "counts transformer layers, because the override names its "
+                                "linears the Llama-only way (attn.q .. mlp.down), and this "
+                                "model is not a Llama-style \"*-\" pattern: name the linears "
+                                "q_proj .. down_proj and give hybrid block indices");
+      for (int b : ov.blocks)
+        if (b < 0 || b >= n_blocks / 2)
+          fail(prefix + "blocks", "holds layer " + std::to_string(b) + " but the model has " +
+                                      std::to_string(n_blocks / 2) + " layers (old linear names "
+                                      "count layers; the new names count hybrid blocks)");
+    } else {
+      check_blocks(prefix, ov.blocks);
     }
+    for (const auto& k : ov.linears) {
+      const int holding = blocks_holding(k, sites);
+      if (holding > 0 && ov.final_blocks > holding)
+        fail(prefix + "final_blocks", "is " + std::to_string(ov.final_blocks) +
+                                          " but the model has only " + std::to_string(holding) +
+                                          " blocks with " + k);
+    }
+    if (ov.final_blocks < 0)
+      fail(prefix + "final_blocks", "is negative");
     for (size_t j = 0; j < sites.size(); ++j) {
       if (!ov.selects(sites, j)) continue;
       LinearPlan& p = res.plans[j];
@@ -275,6 +300,7 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
     for (auto& k : linear_kinds()) kinds += (kinds.empty() ? "\"" : ", \"") + k + "\"";
     r.fail(p + "linears", "a non-empty array of linear kinds (" + kinds + ")");
   }
+  size_t legacy = 0;  // names of the Llama-only version
   for (std::string& k : ov.linears) {
     const std::string canon = canonical_linear_kind(k);
     if (canon.empty()) {
@@ -283,8 +309,14 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
       r.fail(p + "linears", "linear kinds among " + list +
                                 " (or the older names attn.q .. mlp.down), got \"" + k + "\"");
     }
-    k = canon;  // "mlp.down" and "down_proj" are one recipe
+    if (canon != k) ++legacy;
+    k = canon;  // "mlp.down" and "down_proj" are one kind
   }
+  ov.legacy_layers = legacy > 0;
+  if (legacy > 0 && legacy < ov.linears.size())
+      r.fail(p + "linears", "the names of one scheme: the current kinds (in_proj .. down_proj, "
+                            "blocks counted over the hybrid pattern) or the older attn.q .. "
+                            "mlp.down (blocks counted in layers), not both");
   r.get(p + "final_blocks", ov.final_blocks);
   r.range(p + "final_blocks", ov.final_blocks, 0, 1 << 20);
   r.get(p + "blocks", ov.blocks);
@@ -501,7 +533,10 @@ std::string recipe_to_toml(const Recipe& r) {
     << "\n";
   for (const LinearOverride& ov : r.overrides) {
     o << "\n[[override]]\nlinears = [";
-    for (size_t i = 0; i < ov.linears.size(); ++i) o << (i ? ", " : "") << detail::toml_quote(ov.linears[i]);
+    // An override written with the older names keeps them: its blocks count layers.
+    for (size_t i = 0; i < ov.linears.size(); ++i)
+      o << (i ? ", " : "")
+        << detail::toml_quote(ov.legacy_layers ? legacy_linear_name(ov.linears[i]) : ov.linears[i]);
     o << "]\n";
     if (ov.final_blocks > 0) o << "final_blocks = " << ov.final_blocks << "\n";
     if (!ov.blocks.empty()) o << "blocks = " << int_list(ov.blocks) << "\n";

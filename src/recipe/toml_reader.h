@@ -137,6 +137,9 @@ class TomlReader {
     where_ = with_settings(file_, sets);
   }
 
+  /// Whether `key`'s value comes from a --set setting rather than the file.
+  bool from_setting(const std::string& key) const { return origin_.count(key) > 0; }
+
   /// Whether the (merged) table has `key` (marks it seen).
   bool has(const std::string& key) {
     seen_.insert(key);

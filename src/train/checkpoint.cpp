@@ -160,6 +160,13 @@ Checkpoint load_checkpoint(const fs::path& file) {
   // Both must parse (errors name the file and the TOML key).
   (void)run_config_from_text(c.config_toml, f.name() + " (metadata 'config_toml')");
   (void)recipe_from_text(c.recipe_toml, f.name() + " (metadata 'recipe_toml')");
+  // Every checkpoint since the hybrid model stores its block pattern; one without it was made
+  // by the Llama-only version, whose recipe rules counted transformer layers (README "Models").
+  if (c.config_toml.find("\npattern = ") == std::string::npos)
+    throw f.error("was written before the hybrid model (its config has no model.pattern): its "
+                  "recipe's block rules counted transformer layers, which this version counts "
+                  "as hybrid blocks, and its linears had other names; it cannot be resumed or "
+                  "evaluated by this version");
 
   c.losses.resize(losses.size() / 8);
   std::memcpy(c.losses.data(), losses.data(), losses.size());

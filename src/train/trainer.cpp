@@ -84,7 +84,7 @@ std::string fmt_duration(double s) {
 }  // namespace
 
 namespace {
-// {"blocks.0.attn.q": {"x": {...}, "w": ..., "dy": ..., "dyt": ..., "xt": ...}, ...} for every
+// {"layers.0.mixer.q_proj": {"x": {...}, "w": ..., "dy": ..., "dyt": ..., "xt": ...}, ...} for every
 // FP4 linear, and a digest line naming the worst layer/operand for each statistic.
 json telemetry_record(const nn::Model& model, std::string& digest) {
   json t = json::object();

@@ -46,10 +46,15 @@ check_file() {  # file room
       fail=1
     fi
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(fp4\/[^"]*\)".*/\1/p' "$f")
+  # A relative include may only name a file of the same room (no "../").
+  while IFS= read -r inc; do
+    echo "layering: $f includes \"$inc\": reach other rooms through include/fp4/ headers"
+    fail=1
+  done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\.\.\/[^"]*\)".*/\1/p' "$f")
 }
 n=0
 for room in numerics gemm recipe nn data eval train cli; do
-  for f in "$src"/src/"$room"/*.cpp "$src"/src/"$room"/*.h; do
+  for f in "$src"/src/"$room"/*.cpp "$src"/src/"$room"/*.h "$src"/src/"$room"/*.inc; do
     [ -e "$f" ] || continue
     check_file "$f" "$room"; n=$((n + 1))
   done
