@@ -1,0 +1,76 @@
+// Data parallelism over MPI (Open MPI): the process group of a run, the few collectives the
+// trainer needs, and the fixed-order reduction of micro-batch gradients that makes a run
+// bit-identical for any process count (README "More than one process").
+//
+// A program not launched by mpirun (no OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_RANK in its
+// environment) never initialises MPI: it is one process of rank 0, every collective is a
+// no-op or a copy, and the binary need not be started through mpirun. Every collective must
+// be called by all ranks in the same order (MPI's rule). Communication time is profiled as
+// prof::Cat::kComm.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fp4::dist {
+
+/// Whether this binary was built with MPI (CMake found Open MPI).
+bool built_with_mpi();
+/// Whether the environment says this process was started by mpirun (or another MPI launcher).
+bool launched_by_mpi();
+
+/// Initialise MPI iff launched_by_mpi(), else nothing (one process). Idempotent.
+/// Throws fp4::UserError if launched by mpirun but built without MPI.
+void init(int* argc, char*** argv);
+/// MPI_Finalize if init() initialised MPI; idempotent.
+void finalize();
+/// Rank of this process in the run and the number of processes (0 and 1 without MPI).
+int rank();
+int size();
+/// Print `msg` (prefixed "rank R: ") to stderr and end every process of the run
+/// (MPI_Abort with `code`; std::exit(code) without MPI).
+[[noreturn]] void abort_all(const std::string& msg, int code = 1);
+
+/// Rank 0's value of v, on every rank (MPI_Bcast).
+float bcast_from_rank0(float v);
+/// The maximum of v over ranks, on every rank (exact: max is order-independent).
+float max_over_ranks(float v);
+/// Elementwise maximum of v[0..n) over ranks, in place on every rank.
+void max_over_ranks(double* v, int64_t n);
+/// all[r·n + i] = rank r's mine[i] for r < size(), i < n, on every rank (MPI_Allgather).
+void allgather(const double* mine, int64_t n, double* all);
+/// Broadcast rank 0's bytes (any length; other ranks' `s` is replaced).
+void bcast_string(std::string& s);
+/// MPI_Barrier.
+void barrier();
+
+// ---------------------------------------------------------------- the gradient tree
+/// The fixed summation tree over the n micro-batches of a step: node [lo, hi) is a leaf if
+/// hi − lo == 1, else the FP32 elementwise sum node[lo, mid) + node[mid, hi) with
+/// mid = lo + (hi − lo) / 2 (left operand first). The result depends only on n.
+struct TreeNode {
+  int lo = 0, hi = 0;
+};
+/// The maximal tree nodes of the tree over [0, n) that lie inside [a, b) (0 ≤ a < b ≤ n),
+/// in ascending order: they tile [a, b). For P a power of two dividing n, each rank's
+/// contiguous share [r·n/P, (r+1)·n/P) is one node. Throws std::invalid_argument on a bad
+/// range.
+std::vector<TreeNode> tree_nodes(int n, int a, int b);
+
+/// Sum of the nodes `nodes` (which tile [0, n), ascending; values[i] holds the sum of
+/// nodes[i] over `len` floats) in tree order, into out[0..len). out may alias values[0].
+void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<const float*>& values,
+                  int64_t len, float* out);
+
+/// The step gradient on every rank: the tree sum over the step's n micro-batches, divided
+/// by n (one FP32 division per element). Micro-batches are spread evenly and contiguously
+/// over ranks: rank r holds [r·n/P, (r+1)·n/P), and `mine` holds the sums of
+/// tree_nodes(n, r·n/P, (r+1)·n/P), in that order, `len` floats each. The parameter vector is
+/// cut into P contiguous shards; each rank receives its shard of every node (MPI_Alltoallv),
+/// combines it in tree order, and the shards are gathered back (MPI_Allgatherv): per rank
+/// about (nodes + 1) · len floats move, len · 2 for P a power of two. The result is
+/// bit-identical to P = 1. Throws std::invalid_argument if n % size() != 0 or `mine` has the
+/// wrong count.
+void reduce_mean(int n, const std::vector<const float*>& mine, int64_t len, float* out);
+
+}  // namespace fp4::dist
