@@ -44,6 +44,7 @@ enum class Cat : int {
   kLoss,         ///< softmax cross-entropy forward and backward
   kGradClip,     ///< global gradient norm and clipping
   kOptimizer,    ///< AdamW update
+  kComm,         ///< MPI communication: gradient reduction, amax broadcasts, evaluation sums
   kCount
 };
 

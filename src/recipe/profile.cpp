@@ -68,6 +68,7 @@ const char* name(Cat c) {
     case Cat::kLoss: return "loss";
     case Cat::kGradClip: return "grad-clip";
     case Cat::kOptimizer: return "optimizer";
+    case Cat::kComm: return "comm";
     case Cat::kCount: break;
   }
   return "?";
