@@ -5,9 +5,37 @@
 
 #include "commands.h"
 #include "fp4/cpu_isa.h"
+#include "fp4/dist.h"
 #include "fp4/error.h"
 
+namespace {
+/// Ends MPI (fp4::dist::finalize) on every return from main; a no-op without mpirun.
+struct DistGuard {
+  DistGuard() = default;
+  DistGuard(const DistGuard&) = delete;
+  DistGuard& operator=(const DistGuard&) = delete;
+  ~DistGuard() { fp4::dist::finalize(); }
+};
+
+/// A command's error: one line on stderr and `code`. Under mpirun with several processes the
+/// error may be this rank's alone while the others wait in a collective, so every process of
+/// the run is ended (fp4::dist::abort_all) instead of returning.
+int command_error(const char* what, int code) {
+  if (fp4::dist::size() > 1) fp4::dist::abort_all(std::string("fp4train: error: ") + what, code);
+  std::fprintf(stderr, "fp4train: error: %s\n", what);
+  return code;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  // MPI first (only when started by mpirun): it may consume its own arguments.
+  try {
+    fp4::dist::init(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp4train: error: %s\n", e.what());
+    return 2;
+  }
+  DistGuard dist_guard;
   bool help = false;
   for (int i = 1; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
   if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty() && !help) {
@@ -61,11 +89,9 @@ int main(int argc, char** argv) {
                  cmd.c_str());
     return 2;
   } catch (const fp4::UserError& e) {
-    std::fprintf(stderr, "fp4train: error: %s\n", e.what());
-    return 2;
+    return command_error(e.what(), 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fp4train: error: %s\n", e.what());
-    return 1;
+    return command_error(e.what(), 1);
   }
   return 0;
 }
