@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The rooms of the source tree and the one direction of includes (README "Architecture"):
-#   cli -> train -> eval -> nn -> recipe -> gemm -> numerics;  data is used by train and eval.
+#   cli -> train -> eval -> nn -> recipe -> gemm -> numerics;  data is used by train and eval;
+#   dist (MPI data parallelism) is used by train and cli and itself uses only fp4/error.h
+#   (numerics) and fp4/profile.h (recipe).
 # Every #include "fp4/..." of a file in a room must name a header of that room or of a room
 # below it. Fails listing each offending include. Usage: layering.sh FP4TRAIN_BIN SOURCE_DIR
 set -u
@@ -17,6 +19,7 @@ room_of() {
     fp4/data.h) echo data ;;
     fp4/eval.h|fp4/report.h) echo eval ;;
     fp4/train.h|fp4/checkpoint.h|fp4/info.h) echo train ;;
+    fp4/dist.h) echo dist ;;
     *) echo unknown ;;
   esac
 }
@@ -28,9 +31,10 @@ allowed() {
     recipe) echo "numerics gemm recipe" ;;
     nn) echo "numerics gemm recipe nn" ;;
     data) echo "numerics data" ;;
+    dist) echo "numerics recipe dist" ;;
     eval) echo "numerics gemm recipe nn data eval" ;;
-    train) echo "numerics gemm recipe nn data eval train" ;;
-    cli) echo "numerics gemm recipe nn data eval train" ;;
+    train) echo "numerics gemm recipe nn data eval dist train" ;;
+    cli) echo "numerics gemm recipe nn data eval dist train" ;;
   esac
 }
 fail=0
@@ -53,7 +57,7 @@ check_file() {  # file room
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\.\.\/[^"]*\)".*/\1/p' "$f")
 }
 n=0
-for room in numerics gemm recipe nn data eval train cli; do
+for room in numerics gemm recipe nn data dist eval train cli; do
   for f in "$src"/src/"$room"/*.cpp "$src"/src/"$room"/*.h "$src"/src/"$room"/*.inc; do
     [ -e "$f" ] || continue
     check_file "$f" "$room"; n=$((n + 1))
@@ -65,7 +69,7 @@ done
 # Every source directory is a known room.
 for d in "$src"/src/*/; do
   case "$(basename "$d")" in
-    numerics|gemm|recipe|nn|data|eval|train|cli) ;;
+    numerics|gemm|recipe|nn|data|dist|eval|train|cli) ;;
     *) echo "layering: src/$(basename "$d") is not a room of tests/cli/layering.sh"; fail=1 ;;
   esac
 done
