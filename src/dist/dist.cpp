@@ -204,7 +204,7 @@ void allgather(const double* mine, int64_t n, double* all) {
     return;
   }
 #endif
-  if (all != mine) std::memmove(all, mine, size_t(cnt) * sizeof(double));
+  if (all != mine) std::copy_n(mine, cnt, all);
 }
 
 void bcast_string(std::string& str) {
