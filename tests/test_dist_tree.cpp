@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "fp4/dist.h"
+#include "fp4/error.h"
 
 namespace {
 using fp4::dist::TreeNode;
@@ -58,16 +60,17 @@ std::set<std::pair<int, int>> all_tree_nodes(int n) {
   return s;
 }
 
-// The parent of every non-root node (to check maximality).
+// The parent of a non-root tree node [lo, hi) (to check maximality); {-1, -1} if there is none.
 std::pair<int, int> parent_of(int n, int lo, int hi) {
   int plo = 0, phi = n;
-  for (;;) {
+  while (phi - plo > 1) {
     const int mid = plo + (phi - plo) / 2;
     if (lo == plo && hi == mid) return {plo, phi};
     if (lo == mid && hi == phi) return {plo, phi};
     if (hi <= mid) phi = mid;
     else plo = mid;
   }
+  return {-1, -1};
 }
 
 bool is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
@@ -88,8 +91,9 @@ TEST(DistTree, SharesTileWithMaximalTreeNodes) {
           EXPECT_GE(t.lo, a);
           EXPECT_LE(t.hi, b);
           EXPECT_TRUE(tree.count({t.lo, t.hi})) << "[" << t.lo << "," << t.hi << ") not a tree node, n=" << n;
-          if (t.hi - t.lo < n) {  // maximal: the parent is not inside the share
+          if (tree.count({t.lo, t.hi}) && t.hi - t.lo < n) {  // maximal: the parent is not inside
             const auto [plo, phi] = parent_of(n, t.lo, t.hi);
+            EXPECT_GE(plo, 0);
             EXPECT_FALSE(a <= plo && phi <= b) << "n=" << n << " P=" << p << " r=" << r;
           }
           next = t.hi;
@@ -261,6 +265,32 @@ TEST(DistTree, CollectivesOneProcess) {
   EXPECT_EQ(s, std::string("abc\0def", 7));
   EXPECT_NO_THROW(fp4::dist::barrier());
   EXPECT_THROW(fp4::dist::max_over_ranks(d, -1), std::invalid_argument);
+}
+
+// The launcher is recognised by its environment; without it init() leaves one process; an
+// MPI-less build refuses to run under a launcher (fp4::UserError).
+TEST(DistTree, InitFollowsTheLauncherEnvironment) {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(v)) GTEST_SKIP() << "running under an MPI launcher (" << v << " is set)";
+  EXPECT_FALSE(fp4::dist::launched_by_mpi());
+  int argc = 1;
+  char name[] = "test_dist_tree";
+  char* args[] = {name, nullptr};
+  char** argv = args;
+  fp4::dist::init(&argc, &argv);  // not launched: nothing happens
+  EXPECT_EQ(fp4::dist::size(), 1);
+  EXPECT_EQ(fp4::dist::rank(), 0);
+  fp4::dist::finalize();
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK"}) {
+    ::setenv(v, "0", 1);
+    EXPECT_TRUE(fp4::dist::launched_by_mpi()) << v;
+    if (!fp4::dist::built_with_mpi()) {
+      EXPECT_THROW(fp4::dist::init(&argc, &argv), fp4::UserError) << v;
+    }
+    ::unsetenv(v);
+  }
+  EXPECT_FALSE(fp4::dist::launched_by_mpi());
+  EXPECT_EQ(fp4::dist::size(), 1);
 }
 
 }  // namespace
