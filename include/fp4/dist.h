@@ -5,8 +5,11 @@
 // A program not launched by mpirun (no OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_RANK in its
 // environment) never initialises MPI: it is one process of rank 0, every collective is a
 // no-op or a copy, and the binary need not be started through mpirun. Every collective must
-// be called by all ranks in the same order (MPI's rule). Communication time is profiled as
-// prof::Cat::kComm.
+// be called by all ranks in the same order (MPI's rule), from the thread that called init()
+// (MPI_THREAD_FUNNELED), outside OpenMP parallel regions. Communication time is profiled as
+// prof::Cat::kComm. Counts are MPI ints: a collective whose message would exceed INT_MAX
+// elements throws std::invalid_argument (on every rank alike, before communicating). The
+// library prints nothing except abort_all's message.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,10 +19,12 @@ namespace fp4::dist {
 
 /// Whether this binary was built with MPI (CMake found Open MPI).
 bool built_with_mpi();
-/// Whether the environment says this process was started by mpirun (or another MPI launcher).
+/// Whether the environment says this process was started by mpirun (or another MPI launcher):
+/// OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK is set.
 bool launched_by_mpi();
 
-/// Initialise MPI iff launched_by_mpi(), else nothing (one process). Idempotent.
+/// Initialise MPI (MPI_Init_thread, MPI_THREAD_FUNNELED) iff launched_by_mpi(), else nothing
+/// (one process). Call first thing in main. Idempotent.
 /// Throws fp4::UserError if launched by mpirun but built without MPI.
 void init(int* argc, char*** argv);
 /// MPI_Finalize if init() initialised MPI; idempotent.
@@ -27,17 +32,21 @@ void finalize();
 /// Rank of this process in the run and the number of processes (0 and 1 without MPI).
 int rank();
 int size();
-/// Print `msg` (prefixed "rank R: ") to stderr and end every process of the run
-/// (MPI_Abort with `code`; std::exit(code) without MPI).
+/// Flush stdout, print `msg` (prefixed "rank R: ") to stderr and end every process of the run
+/// (MPI_Abort with `code`; std::exit(code) without MPI). For an error only some ranks see,
+/// which would leave the others waiting in a collective.
 [[noreturn]] void abort_all(const std::string& msg, int code = 1);
 
 /// Rank 0's value of v, on every rank (MPI_Bcast).
 float bcast_from_rank0(float v);
-/// The maximum of v over ranks, on every rank (exact: max is order-independent).
+/// The maximum of v over ranks, on every rank (exact: max is order-independent). A NaN on any
+/// rank gives NaN (the canonical quiet NaN) on every rank; +0 wins over −0.
 float max_over_ranks(float v);
-/// Elementwise maximum of v[0..n) over ranks, in place on every rank.
+/// Elementwise maximum of v[0..n) over ranks, in place on every rank (NaN and ±0 as above).
+/// Throws std::invalid_argument if n < 0.
 void max_over_ranks(double* v, int64_t n);
-/// all[r·n + i] = rank r's mine[i] for r < size(), i < n, on every rank (MPI_Allgather).
+/// all[r·n + i] = rank r's mine[i] for r < size(), i < n, on every rank (MPI_Allgather);
+/// `all` holds size()·n doubles. Throws std::invalid_argument if n < 0.
 void allgather(const double* mine, int64_t n, double* all);
 /// Broadcast rank 0's bytes (any length; other ranks' `s` is replaced).
 void bcast_string(std::string& s);
@@ -59,6 +68,9 @@ std::vector<TreeNode> tree_nodes(int n, int a, int b);
 
 /// Sum of the nodes `nodes` (which tile [0, n), ascending; values[i] holds the sum of
 /// nodes[i] over `len` floats) in tree order, into out[0..len). out may alias values[0].
+/// Elementwise, threaded over chunks of the vector with OpenMP: the result does not depend on
+/// the thread count. Throws std::invalid_argument if the nodes are not nodes of the tree over
+/// [0, n) tiling it in ascending order, values.size() != nodes.size(), n < 1 or len < 0.
 void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<const float*>& values,
                   int64_t len, float* out);
 
@@ -69,8 +81,10 @@ void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<c
 /// cut into P contiguous shards; each rank receives its shard of every node (MPI_Alltoallv),
 /// combines it in tree order, and the shards are gathered back (MPI_Allgatherv): per rank
 /// about (nodes + 1) · len floats move, len · 2 for P a power of two. The result is
-/// bit-identical to P = 1. Throws std::invalid_argument if n % size() != 0 or `mine` has the
-/// wrong count.
+/// bit-identical to P = 1. out may alias mine[0]. For P = 1, `mine` is the one sum of the
+/// whole tree and the call only divides. Throws std::invalid_argument if n < 1,
+/// n % size() != 0, `mine` has the wrong count, or a count exceeds INT_MAX (per rank, nodes ·
+/// len floats are sent).
 void reduce_mean(int n, const std::vector<const float*>& mine, int64_t len, float* out);
 
 }  // namespace fp4::dist
