@@ -294,3 +294,73 @@ TEST(DistTree, InitFollowsTheLauncherEnvironment) {
 }
 
 }  // namespace
+
+namespace {
+// TreeAccumulator streams every share's leaves into node sums equal, bit for bit, to the
+// recursive reference of each node; over steps (reset) and with reduce_mean on one process.
+TEST(DistTree, AccumulatorNodeSums) {
+  const int64_t len = 29;
+  for (int n = 1; n <= 24; ++n) {
+    const Leaves l = make_leaves(n, len, 500u + uint32_t(n));
+    for (int p = 1; p <= n; ++p) {
+      if (n % p) continue;
+      for (int r = 0; r < p; ++r) {
+        const int a = r * n / p, b = (r + 1) * n / p;
+        fp4::dist::TreeAccumulator acc(n, a, b, len);
+        for (int step = 0; step < 2; ++step) {
+          acc.reset();
+          EXPECT_THROW(acc.node_sums(), std::logic_error);
+          for (int j = a; j < b; ++j) {
+            std::vector<float> g = l[size_t(j)];
+            acc.add(g.data());
+            g.assign(g.size(), 99.0f);  // the accumulator must not keep the caller's buffer
+          }
+          ASSERT_TRUE(acc.complete());
+          EXPECT_THROW(acc.add(l[0].data()), std::logic_error);
+          const auto& sums = acc.node_sums();
+          const auto nodes = fp4::dist::tree_nodes(n, a, b);
+          ASSERT_EQ(sums.size(), nodes.size());
+          for (size_t k = 0; k < nodes.size(); ++k) {
+            const std::vector<float> want = ref_sum(l, nodes[k].lo, nodes[k].hi);
+            EXPECT_EQ(std::memcmp(sums[k], want.data(), size_t(len) * sizeof(float)), 0)
+                << "n=" << n << " P=" << p << " r=" << r << " node " << k << " step " << step;
+          }
+        }
+      }
+    }
+    // One process: accumulate the whole step, then reduce_mean.
+    fp4::dist::TreeAccumulator acc(n, 0, n, len);
+    for (int j = 0; j < n; ++j) acc.add(l[size_t(j)].data());
+    std::vector<float> out(static_cast<size_t>(len));
+    fp4::dist::reduce_mean(n, acc.node_sums(), len, out.data());
+    const std::vector<float> sum = ref_sum(l, 0, n);
+    for (int64_t i = 0; i < len; ++i) {
+      const float want = sum[size_t(i)] / float(n);
+      ASSERT_EQ(std::memcmp(&out[size_t(i)], &want, sizeof(float)), 0) << "n=" << n << " i=" << i;
+    }
+  }
+  EXPECT_THROW(fp4::dist::TreeAccumulator(8, 0, 9, 4), std::invalid_argument);
+  EXPECT_THROW(fp4::dist::TreeAccumulator(8, 0, 8, -1), std::invalid_argument);
+}
+}  // namespace
+
+namespace {
+// The accumulator's threaded additions at 1, 2 and 3 OpenMP threads (vectors long enough to
+// be split).
+TEST(DistTree, AccumulatorAnyThreadCount) {
+  const int n = 6;
+  const int64_t len = 70001;
+  const Leaves l = make_leaves(n, len, 31337u);
+  const std::vector<float> want = ref_sum(l, 0, n);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    fp4::dist::TreeAccumulator acc(n, 0, n, len);
+    for (int j = 0; j < n; ++j) acc.add(l[size_t(j)].data());
+    ASSERT_EQ(acc.node_sums().size(), 1u);
+    EXPECT_EQ(std::memcmp(acc.node_sums()[0], want.data(), size_t(len) * sizeof(float)), 0)
+        << "threads=" << threads;
+  }
+  omp_set_num_threads(saved);
+}
+}  // namespace

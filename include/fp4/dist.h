@@ -87,4 +87,48 @@ void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<c
 /// len floats are sent).
 void reduce_mean(int n, const std::vector<const float*>& mine, int64_t len, float* out);
 
+/// Streams one rank's micro-batch gradients into the sums of its tree nodes in tree order:
+/// after the gradients of micro-batches a, a+1, ..., b−1 were add()ed (in that order),
+/// node_sums() is the `mine` of reduce_mean for the share [a, b) (tree_nodes(n, a, b), each
+/// node the tree sum of its leaves, bit-identical to tree_combine of its leaves). Keeps at most
+/// about log2(b − a) + (number of nodes) buffers of `len` floats, allocated during the first
+/// step and reused after reset(). A micro-batch that is a right child is added straight from
+/// the caller's buffer; a left child is copied. Elementwise additions, threaded with OpenMP
+/// (results independent of the thread count). Not thread-safe; no MPI.
+class TreeAccumulator {
+ public:
+  /// Share [a, b) of the tree over [0, n) (as tree_nodes), vectors of `len` floats. Throws
+  /// std::invalid_argument on a bad range or len < 0.
+  TreeAccumulator(int n, int a, int b, int64_t len);
+  /// Add the gradient of the next micro-batch (a + count()), len floats; `grad` need not
+  /// outlive the call. Throws std::logic_error if all b − a were added already.
+  void add(const float* grad);
+  /// Micro-batches added since construction or reset().
+  int count() const { return count_; }
+  /// Whether all b − a micro-batches were added.
+  bool complete() const { return count_ == b_ - a_; }
+  /// tree_nodes(n, a, b).
+  const std::vector<TreeNode>& nodes() const { return nodes_; }
+  /// The node sums, in nodes() order, `len` floats each; valid until reset() or destruction.
+  /// Throws std::logic_error if !complete().
+  const std::vector<const float*>& node_sums() const;
+  /// Start the next step (buffers kept).
+  void reset();
+
+ private:
+  struct Part {
+    int lo, hi;
+    int buf;  // index into bufs_
+  };
+  int acquire();
+  int n_, a_, b_, count_ = 0;
+  int64_t len_;
+  std::vector<TreeNode> nodes_;
+  std::vector<std::vector<float>> bufs_;
+  std::vector<int> free_;          // indices of unused bufs_
+  std::vector<Part> stack_;        // partial sums of the node being accumulated
+  std::vector<int> done_;          // buffers of the completed nodes
+  std::vector<const float*> sums_;
+};
+
 }  // namespace fp4::dist

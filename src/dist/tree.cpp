@@ -52,6 +52,25 @@ void program(int lo, int hi, const std::vector<TreeNode>& nodes, size_t& k, int 
 
 constexpr int64_t kChunk = 2048;  // floats per scratch slot and per unit of parallel work
 
+// Whether [lo, hi) is a node of the tree over [0, n).
+bool is_tree_node(int n, int lo, int hi) {
+  int tlo = 0, thi = n;
+  for (;;) {
+    if (tlo == lo && thi == hi) return true;
+    if (thi - tlo <= 1) return false;
+    const int mid = tlo + (thi - tlo) / 2;
+    if (hi <= mid) thi = mid;
+    else if (lo >= mid) tlo = mid;
+    else return false;  // straddles the split
+  }
+}
+
+// d[i] = d[i] + r[i] (left operand first), elementwise.
+void add_into(float* d, const float* r, int64_t len) {
+#pragma omp parallel for schedule(static) if (len >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < len; ++i) d[i] = d[i] + r[i];
+}
+
 }  // namespace
 
 std::vector<TreeNode> tree_nodes(int n, int a, int b) {
@@ -138,6 +157,70 @@ void tree_combine_div(int n, const std::vector<TreeNode>& nodes,
 void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<const float*>& values,
                   int64_t len, float* out) {
   detail::tree_combine_div(n, nodes, values, len, out, 0.0f);
+}
+
+// ---------------------------------------------------------------- TreeAccumulator
+TreeAccumulator::TreeAccumulator(int n, int a, int b, int64_t len)
+    : n_(n), a_(a), b_(b), len_(len), nodes_(tree_nodes(n, a, b)) {
+  if (len < 0) throw std::invalid_argument("TreeAccumulator: len must be >= 0, got " + std::to_string(len));
+}
+
+int TreeAccumulator::acquire() {
+  if (!free_.empty()) {
+    const int i = free_.back();
+    free_.pop_back();
+    return i;
+  }
+  bufs_.emplace_back(static_cast<size_t>(len_));
+  return int(bufs_.size()) - 1;
+}
+
+void TreeAccumulator::add(const float* grad) {
+  if (complete())
+    throw std::logic_error("TreeAccumulator::add: all " + std::to_string(b_ - a_) +
+                           " micro-batches of the share were added; reset() first");
+  if (len_ > 0 && !grad) throw std::invalid_argument("TreeAccumulator::add: grad is null");
+  const int j = a_ + count_;
+  int lo = j, hi = j + 1, buf = -1;  // buf -1: still the caller's grad
+  // Merge with the partial sums on the stack while the new part is a right child whose left
+  // sibling is complete: parent = left + right.
+  while (!stack_.empty()) {
+    const Part t = stack_.back();
+    if (t.hi != lo || t.lo + (hi - t.lo) / 2 != t.hi || !is_tree_node(n_, t.lo, hi)) break;
+    add_into(bufs_[size_t(t.buf)].data(), buf < 0 ? grad : bufs_[size_t(buf)].data(), len_);
+    if (buf >= 0) free_.push_back(buf);
+    buf = t.buf;
+    lo = t.lo;
+    stack_.pop_back();
+  }
+  if (buf < 0) {  // a left child (or a one-leaf node): keep a copy
+    buf = acquire();
+    if (len_ > 0) std::memcpy(bufs_[size_t(buf)].data(), grad, size_t(len_) * sizeof(float));
+  }
+  const TreeNode& target = nodes_[done_.size()];
+  if (lo == target.lo && hi == target.hi) done_.push_back(buf);  // the stack is empty now
+  else stack_.push_back({lo, hi, buf});
+  ++count_;
+  if (complete()) {
+    sums_.clear();
+    for (int i : done_) sums_.push_back(bufs_[size_t(i)].data());
+  }
+}
+
+const std::vector<const float*>& TreeAccumulator::node_sums() const {
+  if (!complete())
+    throw std::logic_error("TreeAccumulator::node_sums: " + std::to_string(count_) + " of " +
+                           std::to_string(b_ - a_) + " micro-batches added");
+  return sums_;
+}
+
+void TreeAccumulator::reset() {
+  for (int i : done_) free_.push_back(i);
+  for (const Part& p : stack_) free_.push_back(p.buf);
+  done_.clear();
+  stack_.clear();
+  sums_.clear();
+  count_ = 0;
 }
 
 }  // namespace fp4::dist

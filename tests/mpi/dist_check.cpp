@@ -7,8 +7,9 @@
 // reference written here, reduce_mean combines them, and every rank compares the result bit
 // for bit with the single-process tree sum / n it computes itself. Rank 0 writes one line per
 // (n, len): "n len fnv1a-of-the-result-bytes", which the script compares across P. Also checks
-// bcast_from_rank0, max_over_ranks (float, double arrays, NaN), allgather, bcast_string,
-// barrier and reduce_mean's argument checks. Exit status 0 iff every check passed on every rank.
+// reduce_mean of node sums streamed through a TreeAccumulator, bcast_from_rank0,
+// max_over_ranks (float, double arrays, NaN, ±0), allgather, bcast_string, barrier and
+// reduce_mean's argument checks. Exit status 0 iff every check passed on every rank.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -165,6 +166,13 @@ int main(int argc, char** argv) {
       dist::reduce_mean(n, ptrs, len, alias.data());
       if (std::memcmp(alias.data(), want.data(), size_t(len) * sizeof(float)) != 0)
         fail("reduce_mean with out == mine[0], " + tag);
+      // The trainer's way: stream the share's micro-batches through a TreeAccumulator.
+      dist::TreeAccumulator acc(n, r * (n / P), (r + 1) * (n / P), len);
+      for (int j = r * (n / P); j < (r + 1) * (n / P); ++j) acc.add(leaf(j, len).data());
+      std::vector<float> via_acc(static_cast<size_t>(len), -2.0f);
+      dist::reduce_mean(n, acc.node_sums(), len, via_acc.data());
+      if (std::memcmp(via_acc.data(), want.data(), size_t(len) * sizeof(float)) != 0)
+        fail("reduce_mean of TreeAccumulator sums differs, " + tag);
       char line[128];
       std::snprintf(line, sizeof line, "%d %lld %016llx\n", n, (long long)len,
                     (unsigned long long)fnv1a(out.data(), size_t(len) * sizeof(float)));
