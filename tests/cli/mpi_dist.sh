@@ -16,6 +16,11 @@ if [ ! -x "$check" ]; then
   echo "SKIP: $check missing: fp4train was built without MPI (CMake option FP4_MPI)"
   exit 77
 fi
+# A dist_check left over from an earlier MPI configuration of the same build directory.
+if command -v ldd >/dev/null 2>&1 && ! ldd "$bin" | grep -q 'libmpi'; then
+  echo "SKIP: $bin is not linked with MPI (built with FP4_MPI=OFF); $check is stale"
+  exit 77
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
