@@ -84,7 +84,8 @@ void tree_combine(int n, const std::vector<TreeNode>& nodes, const std::vector<c
 /// bit-identical to P = 1. out may alias mine[0]. For P = 1, `mine` is the one sum of the
 /// whole tree and the call only divides. Throws std::invalid_argument if n < 1,
 /// n % size() != 0, `mine` has the wrong count, or a count exceeds INT_MAX (per rank, nodes ·
-/// len floats are sent).
+/// len floats are sent). Scratch kept between calls (per thread): the send buffer, nodes · len
+/// floats, and the receive buffer, (all ranks' nodes) · len / P floats.
 void reduce_mean(int n, const std::vector<const float*>& mine, int64_t len, float* out);
 
 /// Streams one rank's micro-batch gradients into the sums of its tree nodes in tree order:

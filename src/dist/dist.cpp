@@ -257,7 +257,9 @@ void reduce_mean(int n, const std::vector<const float*>& mine, int64_t len, floa
   const int total_nodes = int(lay.all.size());
   auto shard_lo = [&](int q) { return int64_t(q) * len / p; };
   mpi_count(len, "reduce_mean len");
-  mpi_count(int64_t(mine_count) * len, "reduce_mean nodes of this rank * len");
+  int max_count = 0;
+  for (int c : lay.count) max_count = std::max(max_count, c);
+  mpi_count(int64_t(max_count) * len, "reduce_mean nodes of a rank * len");
   mpi_count(int64_t(total_nodes) * (len / p + 1), "reduce_mean nodes * shard length");
   for (const float* v : mine)
     if (!v) throw std::invalid_argument("reduce_mean: a pointer of mine is null");
