@@ -698,9 +698,31 @@ TEST(Philox, BytesMatchSingleBytesAndRandom123) {
   sr_bytes(key, 0, 0, nullptr);  // n = 0 is a no-op
 }
 
+// The micro-batch index enters the fourth counter word as micro·2^16 + 0x5352 (philox.h), so
+// micro-batch 0 keeps the streams of runs without micro-batching.
+TEST(Philox, MicroBatchIndexEntersTheFourthCounterWord) {
+  r123::Philox4x32 gen;
+  const r123::Philox4x32::key_type k = {{0x89ABCDEFu, 0x01234567u}};
+  for (uint32_t micro : {1u, 7u, 65535u}) {
+    SrKey key{0x123456789ABCDEFull, 17, 5, 2, 1};
+    key.micro = micro;
+    std::vector<uint8_t> buf(200);
+    sr_bytes(key, 3, buf.size(), buf.data());
+    for (size_t j = 0; j < buf.size(); ++j) {
+      const uint64_t i = 3 + j;
+      const r123::Philox4x32::ctr_type c = {{static_cast<uint32_t>(i / 16), 17u,
+                                             (5u << 8) + (2u << 4) + 1u, (micro << 16) + 0x5352u}};
+      const auto out = gen(c, k);
+      ASSERT_EQ(buf[j], static_cast<uint8_t>(out.v[(i % 16) / 4] >> (8 * (i % 4)))) << micro << " " << i;
+      ASSERT_EQ(buf[j], sr_byte(key, i));
+    }
+  }
+}
+
 TEST(Philox, DistinctStreams) {
   const SrKey base{42, 1, 0, 2, 1};
-  std::vector<SrKey> keys(7, base);
+  std::vector<SrKey> keys(8, base);
+  keys[7].micro = 1;
   keys[1].step = 2;
   keys[2].layer = 1;
   keys[3].operand = 0;

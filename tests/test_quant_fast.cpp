@@ -171,6 +171,7 @@ TEST(QuantFast, SrBytesMatchScalarPhilox) {
         SrKey k = kKey;
         k.seed = rng();
         k.step = uint32_t(rng());
+        k.micro = uint32_t(rng() % 65536);  // the micro-batch index (gradient accumulation)
         std::vector<uint8_t> want(n), got(n, 0xAB);
         sr_bytes(k, first, n, want.data());
         sr_bytes_fast(k, first, n, got.data());

@@ -137,6 +137,11 @@ class TensorReference {
     }
     return g_;
   }
+  /// Refresh to v at step t unconditionally (a per-call D = 1 reference); returns v.
+  float set(int64_t step, float v) {
+    g_ = v, t_last_ = step, has_ = true;
+    return v;
+  }
   bool has_value() const { return has_; }
   int64_t last_refresh() const { return t_last_; }
   float held() const { return g_; }

@@ -50,7 +50,14 @@ struct ModelConfig {
 
 struct TrainConfig {
   int seq_len = 256;
-  int batch_size = 16;  ///< sequences per optimizer step
+  int batch_size = 16;  ///< sequences per optimizer step (the global batch, over all ranks)
+  /// Sequences per forward (gradient accumulation): batch_size must be a multiple of it, and
+  /// the step's batch_size / micro_batch_size micro-batches are spread evenly over the MPI
+  /// ranks. 0 (the default) = batch_size: one forward per step.
+  int micro_batch_size = 0;
+  int micro() const { return micro_batch_size > 0 ? micro_batch_size : batch_size; }
+  /// Micro-batches per optimizer step.
+  int n_micro() const { return batch_size / micro(); }
   int steps = 300;
   double lr = 3e-3;             ///< peak learning rate
   int warmup_steps = 30;

@@ -81,6 +81,17 @@ struct EvalWindows {
   std::vector<int64_t> starts;
 };
 
+/// The summed NLL (nats: the batch's mean × its windows) of evaluate_nll's batches
+/// b = part, part + parts, part + 2·parts, ... (0-based, `batch` windows each, in order), for
+/// a data-parallel evaluation whose ranks then add every batch's sum in batch order, as
+/// evaluate_nll does: the mean equals evaluate_nll's bit for bit. Policies whose batches do
+/// not depend on earlier ones only (none, current; else std::invalid_argument). The inference
+/// state is reset before and after. A NonFiniteError gives NaN sums. Throws what
+/// evaluate_nll throws for bad windows or shapes, std::invalid_argument unless
+/// 0 ≤ part < parts.
+std::vector<double> nll_batch_sums(nn::Model& model, const EvalWindows& data, int seq_len,
+                                   int batch, const EvalPolicy& policy, int part, int parts);
+
 /// Held-out NLL of `model` under `policy` over `data` (windows processed `batch` at a time,
 /// in order; batch ≤ the model's batch, seq_len its seq_len). The model's inference state
 /// is reset first (Model::reset_inference). Calibrated runs `calib` (required, non-empty,

@@ -12,13 +12,17 @@
 
 namespace fp4 {
 
-/// Bytes of one training step's buffers at batch_size × seq_len, by part. The fields are those
+/// Bytes of one training step's buffers at micro_batch_size × seq_len (one forward; the
+/// whole batch when there is no micro-batching), by part. The fields are those
 /// of nn::Model::MemoryUse (same meaning, same value for a model built with the same config,
 /// recipe, batch and seq_len), plus the optimizer's moments.
 struct StepMemory {
   int64_t params = 0;            ///< FP32 master weights: 4·N bytes
   int64_t grads = 0;             ///< their gradients: 4·N
   int64_t adamw = 0;             ///< AdamW first and second moments: 2·4·N
+  /// Gradient accumulation (train.micro_batch_size < batch_size), one process: the tree's
+  /// node sums, 4·N·(1 + ceil(log2 n)) for n micro-batches; 0 for one forward per step.
+  int64_t accumulation = 0;
   int64_t activations = 0;       ///< per block BT·(2·d + 1) + Mixer::activation_floats; the
                                  ///< embedding output, final norm and its rstd BT·(2·d + 1)
   int64_t logits = 0;            ///< BT·V
@@ -35,7 +39,7 @@ struct StepMemory {
   /// grows on use (counted as 0 here, as at construction).
   int64_t linear_workspace = 0;
   int64_t total() const {
-    return params + grads + adamw + activations + logits + backward_scratch + linear_scratch +
+    return params + grads + adamw + accumulation + activations + logits + backward_scratch + linear_scratch +
            linear_workspace;
   }
 };
@@ -65,11 +69,11 @@ struct ModelInfo {
   int64_t lm_head = 0;     ///< V·d
   int64_t norm_f = 0;      ///< d
   int64_t parameters = 0;  ///< all of the above: nn::Model::num_params() of the built model
-  int batch_size = 0, seq_len = 0;
+  int batch_size = 0, micro_batch_size = 0, seq_len = 0;
   int64_t tokens_per_step = 0;   ///< batch_size · seq_len
   double flops_per_token = 0;    ///< nn::Model::flops_per_token(cfg, seq_len)
   double flops_per_step = 0;     ///< flops_per_token · tokens_per_step
-  StepMemory memory;             ///< at batch_size × seq_len
+  StepMemory memory;             ///< at micro_batch_size × seq_len
   /// Every FP4-eligible linear in model order (nn::Model::linear_sites), then lm_head (FP32).
   std::vector<LinearInfo> linears;
   /// Per [[override]]: its LinearOverride::describe() and the linears() indices it changed.

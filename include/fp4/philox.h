@@ -15,11 +15,12 @@ struct SrKey {
   uint32_t layer = 0;    ///< linear-layer index in the model
   uint32_t operand = 0;  ///< 0 = X, 1 = W, 2 = dY
   uint32_t gemm = 0;     ///< 0 = fprop, 1 = dgrad, 2 = wgrad
+  uint32_t micro = 0;    ///< micro-batch index within the step (global over ranks), < 2^16
 };
 
 /// The random byte for element `index` of stream `key`: Philox4x32-10 with key
 /// (seed low, seed high) and counter (index / 16, step, layer·2^8 + operand·2^4 + gemm,
-/// 0x5352 "SR"), byte index % 16 of the 128-bit output (little-endian words).
+/// micro·2^16 + 0x5352 "SR"), byte index % 16 of the 128-bit output (little-endian words).
 uint8_t sr_byte(const SrKey& key, uint64_t index);
 
 /// Fill out[0..n) with sr_byte(key, first + j). Faster than n calls (one Philox call per

@@ -27,6 +27,12 @@ enum class Gemm { Fprop = 0, Dgrad = 1, Wgrad = 2 };
 /// "x", "w", "dy". Each GEMM quantizes two of them: fprop X and W, dgrad dY and W, wgrad dY
 /// and X (gemm_uses()).
 enum class Operand { X = 0, W = 1, DY = 2 };
+
+/// [fp4] amax_sample: when a D = 1 reference is measured within a step of several
+/// micro-batches (Recipe::amax_sample).
+enum class AmaxSample { PerCall, PerStep };
+/// [fp4] amax_ranks: how data-parallel ranks agree on a reference (Recipe::amax_ranks).
+enum class AmaxRanks { Invariant, Max };
 const char* gemm_name(Gemm g);
 const char* operand_name(Operand o);
 /// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
@@ -114,6 +120,20 @@ struct Recipe {
   bool weight_2d = true;       ///< weights in block × block tiles (else 1-D along K)
   float scale_target = 448.f;  ///< T
   int amax_interval = 1;       ///< D: 1 = current scaling, 50 = periodic sample-and-hold
+  /// [fp4] amax_sample, for D = 1 with several micro-batches per step (train.micro_batch_size):
+  /// "per-call" (default; Transformer Engine: a new max|x| at every GEMM call, i.e. every
+  /// micro-batch) or "per-step" (the reference implementation: sampled on the step's first
+  /// micro-batch, reused by the others). With one micro-batch per step both are the same.
+  /// D > 1 always samples on the first micro-batch of a refresh step.
+  AmaxSample amax_sample = AmaxSample::PerCall;
+  /// [fp4] amax_ranks, under MPI data parallelism: how the ranks agree on an activation or
+  /// gradient reference (weights are replicated, so theirs agree already). "invariant"
+  /// (default): a sampled reference is the amax of the step's global micro-batch 0, broadcast
+  /// from rank 0 (results do not depend on the process count); a per-call (D = 1) amax is each
+  /// rank's own, per micro-batch (TE; invariant by construction). "max": every sample or
+  /// per-call amax is MAX-reduced over ranks (the reference implementation's rule for held
+  /// references; results depend on the process count).
+  AmaxRanks amax_ranks = AmaxRanks::Invariant;
   bool rht_wgrad = false;      ///< 16-point RHT on the two wgrad operands (NVFP4)
   /// [fp4] rht_precision = "fp32" (default: rht16_rows) | "bf16" (rht16_rows_bf16, the
   /// reference implementation's BF16 matmul with BF16 output); "bf16" needs rht_wgrad.

@@ -20,6 +20,20 @@ struct QuantStats {
                                 ///< (nor measured), so there is no staleness to report
 };
 
+/// The worst of two statistics, field by field (max; has_staleness of either): how the
+/// micro-batches of a step, and the data-parallel ranks, are merged (exact and
+/// order-independent).
+inline QuantStats worst_of(const QuantStats& a, const QuantStats& b) {
+  QuantStats r;
+  r.saturated_blocks = a.saturated_blocks > b.saturated_blocks ? a.saturated_blocks : b.saturated_blocks;
+  r.zero_guard_blocks = a.zero_guard_blocks > b.zero_guard_blocks ? a.zero_guard_blocks : b.zero_guard_blocks;
+  r.zeroed_nonzeros = a.zeroed_nonzeros > b.zeroed_nonzeros ? a.zeroed_nonzeros : b.zeroed_nonzeros;
+  r.rel_error = a.rel_error > b.rel_error ? a.rel_error : b.rel_error;
+  r.staleness = a.staleness > b.staleness ? a.staleness : b.staleness;
+  r.has_staleness = a.has_staleness || b.has_staleness;
+  return r;
+}
+
 /// Statistics of quantizing x [rows, cols] with `spec` and reference g, exactly as
 /// quantize_blocks does it (same SR bytes when `sr` is given), any element format. Slow-ish
 /// (allocates the unpacked codes); meant for every telemetry_interval steps, not every step.

@@ -3,12 +3,14 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fp4/checkpoint.h"
 #include "fp4/config.h"
 #include "fp4/data.h"
+#include "fp4/dist.h"
 #include "fp4/nn/layers.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe.h"
@@ -137,6 +139,15 @@ struct TrainSummary {
   std::filesystem::path checkpoint;  ///< when stopped by stop_signal: the checkpoint written
 };
 
+/// Buffers of a training step with several micro-batches (the gradient tree's node sums,
+/// dist::TreeAccumulator), reused across steps so that steady-state steps allocate nothing.
+struct StepBuffers {
+  std::unique_ptr<dist::TreeAccumulator> tree;
+  int tree_n = 0, tree_a = -1;
+  int64_t tree_len = -1;
+  std::vector<double> losses, all_losses, tel;
+};
+
 /// Outcome of one optimizer step.
 struct StepResult {
   double loss = 0;       ///< mean training cross-entropy of the batch (nats/token)
@@ -146,12 +157,34 @@ struct StepResult {
   /// Non-empty if the step hit a non-finite loss, tensor or gradient norm (what, without the
   /// step); then the optimizer update was NOT applied.
   std::string diverged;
+  /// The divergence was met in one of this process's micro-batches while other data-parallel
+  /// ranks may be waiting in a collective: train() ends the whole run (dist::abort_all).
+  bool diverged_on_this_rank = false;
 };
 
-/// One training step as train() runs it: the next batch from `sampler` into inputs/targets
-/// (each batch·seq_len), zero_grad, forward, backward, global-norm clipping, AdamW at the WSD
-/// learning rate of 1-based `step`. Telemetry on step 1 and every cfg.telemetry_interval-th
-/// step of an FP4 recipe. Timed by component when profiling is on (fp4/profile.h).
+/// The data-parallel agreement on activation and gradient references under `recipe`
+/// (Recipe::amax_ranks) over the MPI ranks of this run; null for one process.
+std::unique_ptr<nn::RankReferences> rank_references(const Recipe& recipe);
+
+/// One training step as train() runs it: the step's global batch (train.batch_size
+/// sequences) from `sampler` into inputs/targets (each batch_size·seq_len), then per
+/// micro-batch of train.micro_batch_size sequences (the model is built for that many) held by
+/// this rank: zero_grad, forward, backward; the micro-batch gradients are summed in the fixed
+/// tree of fp4/dist.h over all ranks and divided by their count (dist::reduce_mean); the loss
+/// is the mean of the micro-batch losses (double, micro-batch order). Then global-norm
+/// clipping and AdamW at the WSD learning rate of 1-based `step`, identical on every rank.
+/// With one micro-batch and one process this is zero_grad, forward, backward, clip, AdamW.
+/// Micro-batch m keys its SR bits (StepContext::micro); held references are sampled on the
+/// first micro-batch (docs/recipes.md "Micro-batches and data parallelism"); `ranks` agrees
+/// on references across processes (rank_references). Telemetry on step 1 and every
+/// cfg.telemetry_interval-th step of an FP4 recipe, the worst over micro-batches and ranks.
+/// Timed by component when profiling is on (fp4/profile.h). Throws fp4::UserError if the
+/// micro-batch count is not a multiple of the process count.
+StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
+                      const RunConfig& cfg, const Recipe& recipe, int step,
+                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                      StepBuffers& buffers, nn::RankReferences* ranks = nullptr);
+/// The same with buffers of the calling thread (kept between calls).
 StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets);

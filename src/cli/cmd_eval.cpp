@@ -213,7 +213,7 @@ void run_eval(const EvalArgs& a) {
       throw UserError("--json " + a.json_file + ": directory " + dir.string() + " does not exist");
   }
   const Source s = load_source(a.src);
-  const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.batch_size;
+  const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates
   auto model = build_model(s, batch);
   const TokenData data = load_data(s, a.src);
   if (data.vocab_size > s.cfg.model.vocab_size)
@@ -302,7 +302,7 @@ void run_sample(const SampleArgs& a) {
   const std::vector<EvalPolicy> pol = parse_eval_policies(a.policy);
   if (pol.size() != 1) throw UserError("sample takes one --policy, got '" + a.policy + "'");
   const Source s = load_source(a.src);
-  const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.batch_size;
+  const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates
   SampleOptions opt;
   opt.max_new_tokens = a.tokens;
   opt.temperature = a.temperature;

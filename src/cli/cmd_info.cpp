@@ -83,8 +83,12 @@ void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& 
               in.flops_per_token, in.seq_len, in.flops_per_step,
               grouped(in.tokens_per_step).c_str(), in.batch_size, in.seq_len);
   const StepMemory& m = in.memory;
-  std::printf("memory of one training step at batch %d x seq %d, the whole batch at once as `train` holds it (FP32 unless noted):\n",
-              in.batch_size, in.seq_len);
+  if (in.micro_batch_size == in.batch_size)
+    std::printf("memory of one training step at batch %d x seq %d, the whole batch at once as `train` holds it (FP32 unless noted):\n",
+                in.batch_size, in.seq_len);
+  else
+    std::printf("memory of one training step in micro-batches of %d x seq %d (%d per step), as `train` holds it in one process (FP32 unless noted):\n",
+                in.micro_batch_size, in.seq_len, in.batch_size / in.micro_batch_size);
   auto mem_line = [](const char* what, int64_t b, const char* note) {
     std::printf("  %-30s %12s %22s bytes%s\n", what, human_bytes(b).c_str(), grouped(b).c_str(),
                 note);
@@ -92,6 +96,8 @@ void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& 
   mem_line("parameters", m.params, "");
   mem_line("gradients", m.grads, "");
   mem_line("AdamW moments", m.adamw, "");
+  if (m.accumulation > 0)
+    mem_line("gradient accumulation", m.accumulation, "  (micro-batch gradient tree: node sums)");
   mem_line("activations kept for backward", m.activations, "");
   mem_line("logits", m.logits, "");
   mem_line("backward scratch", m.backward_scratch, "");
@@ -158,6 +164,7 @@ json to_json(const ModelInfo& in, const std::string& config, const Settings& set
             {"lm_head", in.lm_head},
             {"norm_f", in.norm_f}}},
           {"batch_size", in.batch_size},
+          {"micro_batch_size", in.micro_batch_size},
           {"seq_len", in.seq_len},
           {"tokens_per_step", in.tokens_per_step},
           {"flops_per_token", in.flops_per_token},
@@ -166,6 +173,7 @@ json to_json(const ModelInfo& in, const std::string& config, const Settings& set
            {{"params", m.params},
             {"grads", m.grads},
             {"adamw", m.adamw},
+            {"accumulation", m.accumulation},
             {"activations", m.activations},
             {"logits", m.logits},
             {"backward_scratch", m.backward_scratch},

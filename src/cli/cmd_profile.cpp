@@ -54,7 +54,7 @@ void run_profile(const ProfileArgs& a) {
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.
-  const TokenData data = prepare_tokens(
+  const TokenData data = prepare_tokens_all_ranks(
       data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
       [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   if (data.vocab_size > cfg.model.vocab_size)
@@ -62,9 +62,12 @@ void run_profile(const ProfileArgs& a) {
 
   const auto& tc = cfg.train;
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
-  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
+  check_recipe_fits(recipe, cfg);
+  nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);  // one micro-batch per forward
   model.init(tc.seed);
   AdamW optimizer(model.num_params(), tc);
+  const std::unique_ptr<nn::RankReferences> ranks = rank_references(recipe);
+  StepBuffers buffers;
   BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
   std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
   // The steps run with train's schedule over warmup + steps steps; telemetry only as train
@@ -77,7 +80,8 @@ void run_profile(const ProfileArgs& a) {
   for (int step = 1; step <= a.warmup + a.steps; ++step) {
     if (step == a.warmup + 1) prof::reset();
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets);
+    const StepResult r = train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets,
+                                    buffers, ranks.get());
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (!r.diverged.empty())

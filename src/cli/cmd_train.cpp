@@ -156,7 +156,7 @@ void run_resume(const TrainArgs& a) {
   logf("resuming " + dir.string() + " from " + ck_file.string() + " (step " +
        std::to_string(ck.step) + " of " + std::to_string(cfg.train.steps) + ")");
   logf("data: " + data_path.string());
-  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size,
+  const TokenData data = prepare_tokens_all_ranks(data_path, cfg.model.vocab_size,
                                         resolve(cfg.data.cache), logf);
 
   TrainOptions opt = checkpoint_options(a);
@@ -211,7 +211,7 @@ void run_train(const TrainArgs& a) {
   };
   logf("data: " + data_path.string());
   const TokenData data =
-      prepare_tokens(data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
+      prepare_tokens_all_ranks(data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
   char b[256];
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");

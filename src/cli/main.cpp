@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   DistGuard dist_guard;
+  // Under mpirun rank 0 alone prints results and progress; the other ranks' stdout goes to
+  // /dev/null (their errors still reach stderr, prefixed with the rank).
+  if (fp4::dist::rank() > 0 && !std::freopen("/dev/null", "w", stdout)) return 2;
   bool help = false;
   for (int i = 1; i < argc; ++i) help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
   if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty() && !help) {

@@ -1,5 +1,6 @@
 #include "paths.h"
 
+#include "fp4/dist.h"
 #include "fp4/error.h"
 
 #include <cmath>
@@ -68,6 +69,17 @@ std::string check_peak_gflops(const std::string& text) {
   if (!std::isfinite(v) || v < 0.01 || v > 1e6)
     return text + " is not a GFLOP/s rate in [0.01, 1e6]";
   return "";
+}
+
+TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int vocab_size,
+                                   const std::filesystem::path& cache_root,
+                                   const std::function<void(const std::string&)>& log) {
+  if (dist::size() == 1) return prepare_tokens(data_path, vocab_size, cache_root, log);
+  TokenData d;
+  if (dist::rank() == 0) d = prepare_tokens(data_path, vocab_size, cache_root, log);
+  dist::barrier();
+  if (dist::rank() != 0) d = prepare_tokens(data_path, vocab_size, cache_root);
+  return d;
 }
 
 }  // namespace fp4::cli

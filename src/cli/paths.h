@@ -5,6 +5,9 @@
 #include <string>
 
 #include "fp4/config.h"
+#include "fp4/data.h"
+
+#include <functional>
 
 namespace fp4::cli {
 /// `rel` if it exists relative to the working directory, else FP4_SOURCE_DIR/rel if that
@@ -26,6 +29,12 @@ std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem:
 /// The token cache root of a run: data.cache resolved like the repository's paths when the
 /// corpus is the config's, as given with --data.
 std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& data_arg);
+/// prepare_tokens on every MPI rank: rank 0 first (it may train the tokenizer and write the
+/// cache), then, after a barrier, the other ranks, which read rank 0's cache. One process:
+/// prepare_tokens. `log` is called on rank 0 only.
+TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int vocab_size,
+                                   const std::filesystem::path& cache_root,
+                                   const std::function<void(const std::string&)>& log = {});
 
 /// --steps N on a run config: sets train.steps (N > 0) and, when train.warmup_steps is no
 /// longer below it, warms up for steps / 10 instead, printing a note saying so.

@@ -227,6 +227,37 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
   return r;
 }
 
+std::vector<double> nll_batch_sums(nn::Model& model, const EvalWindows& data, int seq_len,
+                                   int batch, const EvalPolicy& policy, int part, int parts) {
+  check_shape(model, seq_len, batch);
+  check_windows(data, seq_len, "held-out evaluation");
+  if (policy.kind != EvalPolicy::Kind::None && policy.kind != EvalPolicy::Kind::Current)
+    throw std::invalid_argument("nll_batch_sums: policy " + policy.name() +
+                                " carries state across batches (none and current only)");
+  if (parts < 1 || part < 0 || part >= parts)
+    throw std::invalid_argument("nll_batch_sums: part " + std::to_string(part) + " of " +
+                                std::to_string(parts));
+  model.reset_inference(50);
+  nn::StepContext ctx = inference_ctx(policy);
+  std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
+  std::vector<double> sums;
+  const size_t nb = (data.starts.size() + size_t(batch) - 1) / size_t(batch);
+  try {
+    for (size_t b = size_t(part); b < nb; b += size_t(parts)) {
+      const size_t w0 = b * size_t(batch);
+      const int B = static_cast<int>(std::min<size_t>(batch, data.starts.size() - w0));
+      fill_batch(data, w0, B, seq_len, in.data(), tg.data());
+      ctx.infer_batch = int64_t(b) + 1;
+      sums.push_back(model.forward(in.data(), tg.data(), B, ctx) * B);
+    }
+  } catch (const NonFiniteError&) {
+    sums.assign((nb - size_t(part) + size_t(parts) - 1) / size_t(parts),
+                std::numeric_limits<double>::quiet_NaN());
+  }
+  model.reset_inference();
+  return sums;
+}
+
 std::vector<int> sample_tokens(nn::Model& model, const std::vector<int>& prompt,
                                const SampleOptions& opt, int seq_len, int batch,
                                const EvalWindows* calib) {

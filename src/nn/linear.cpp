@@ -152,6 +152,26 @@ void Linear::reset_inference(int replay_interval) {
   inf_.x = TensorReference(replay_interval);
 }
 
+// The training reference of role r (docs/recipes.md "Micro-batches and data parallelism"):
+// sample-and-hold on optimizer steps (TensorReference), except a D = 1 reference under
+// amax_sample = "per-call", measured at every call; every measurement of a role other than W
+// is agreed across data-parallel ranks (ctx.ranks).
+template <class F>
+float Linear::training_reference(Role r, const StepContext& ctx, F&& measure) {
+  TensorReference& ref = ref_[static_cast<int>(r)];
+  const bool per_call = ref.interval() == 1 && recipe_.amax_sample == AmaxSample::PerCall;
+  auto agreed = [&]() -> float {
+    const float v = measure();
+    return ctx.ranks && r != Role::W ? ctx.ranks->agree(v, !per_call) : v;
+  };
+  if (per_call) return ref.set(ctx.step, agreed());
+  return ref.get(ctx.step, agreed);
+}
+
+void Linear::note_stats(int o, const QuantStats& s) {
+  tel_.op[o] = merge_tel_ ? worst_of(tel_.op[o], s) : s;
+}
+
 float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext& ctx) {
   // No quantizer of this operand reads g (MX scale rules): measure nothing, hold nothing;
   // the reference reads 0 (refs(), telemetry staleness absent). The inference calibration
@@ -173,7 +193,7 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
     ws.amax.valid = true, ws.amax.x = x, ws.amax.n = n, ws.amax.value = a;
     return a;
   };
-  if (ctx.training) return ref_[static_cast<int>(r)].get(ctx.step, measure);
+  if (ctx.training) return training_reference(r, ctx, measure);
   // Inference: its own references (InferenceRef), never the training caches ref_.
   if (r == Role::W) {
     if (!inf_.has_w) inf_.w = amax_fast(x, n), inf_.has_w = true;
@@ -243,13 +263,16 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     refs_.g_x = gx = reference_for(Role::X, X, M * K_, ctx);
     refs_.g_w = gw = reference_for(Role::W, W_, N_ * K_, ctx);
   }
-  const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop};
-  const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop};
-  tel_.valid = false;
-  if (ctx.telemetry && ctx.training && mode_ == LinearMode::FP4) {
+  const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop, uint32_t(ctx.micro)};
+  const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
+  // Telemetry: the first micro-batch of a step starts it, later ones merge into it.
+  const bool tel = ctx.telemetry && ctx.training && mode_ == LinearMode::FP4;
+  merge_tel_ = tel && !ctx.first_micro && tel_.valid;
+  if (!merge_tel_) tel_.valid = false;
+  if (tel) {
     Scope s(Cat::kTelemetry);
-    tel_.op[0] = quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx);
-    tel_.op[1] = quant_stats(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw);
+    note_stats(0, quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx));
+    note_stats(1, quant_stats(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw));
   }
   if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
     Scope s(Cat::kGemmFprop);
@@ -312,7 +335,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
                                 std::to_string(M) + " to be a multiple of 16");
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
-  const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_);
+  const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_), micro = uint32_t(ctx.micro);
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
 
@@ -320,15 +343,15 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   const bool tel = ctx.telemetry && ctx.training;
   if (tel) {
     Scope s(Cat::kTelemetry);
-    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
-    tel_.op[2] = quant_stats(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k);
+    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
+    note_stats(2, quant_stats(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k));
   }
   if (probe()) {
     Scope s(Cat::kGemmWgrad);  // probe-matched mode: dgrad and wgrad timed together
     prof::add_flops(Cat::kGemmWgrad, 4.0 * double(M) * double(N_) * double(K_));
     // dgrad contracts over N: dY [M,N] along N and Wᵀ [K,N] along N (tiles are symmetric).
     // wgrad contracts over tokens: dYᵀ [N,M] and Xᵀ [K,M] along M, after the RHT if any.
-    const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad}, kw{ctx.seed, step, id, kOpW, kDgrad};
+    const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad, micro}, kw{ctx.seed, step, id, kOpW, kDgrad, micro};
     if (dX) {
       float* wt = ws.t0.get(N_ * K_);
       transpose(W_, N_, K_, wt);
@@ -348,10 +371,10 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
     }
-    const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad}, kxw{ctx.seed, step, id, kOpX, kWgrad};
+    const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad, micro}, kxw{ctx.seed, step, id, kOpX, kWgrad, micro};
     if (tel) {
-      tel_.op[3] = quant_stats(dyt.data(), N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw);
-      tel_.op[4] = quant_stats(xt.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw);
+      note_stats(3, quant_stats(dyt.data(), N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw));
+      note_stats(4, quant_stats(xt.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw));
       tel_.valid = true;
     }
     probe_product(dyt.data(), N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw, xt.data(), K_,
@@ -359,7 +382,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     return;
   }
   if (dX) {
-    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad};
+    const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
     float* dyq = ws.row.get(M * N_);
     {
       Scope s(Cat::kQuantRow);
@@ -370,7 +393,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     if (sw.two_d && !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W))) {
       // 2-D tiles are the same for W and Wᵀ, but an override gave dgrad's W its own T or
       // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
-      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
+      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad, micro};
       float* wqd = ws.wqd.get(N_ * K_);
       Scope s(Cat::kQuantRow);
       quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd);
@@ -378,7 +401,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     } else if (!sw.two_d) {
       // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
       // [K, N] along N from the high-precision weight, never from the fprop copy.
-      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad};
+      const SrKey kw{ctx.seed, step, id, kOpW, kDgrad, micro};
       float* wt = ws.t0.get(N_ * K_);
       float* wqd = ws.wqd.get(N_ * K_);
       {
@@ -408,16 +431,16 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     const float* x = X_;
     Scope s(Cat::kQuantAmax);
     if (uses_reference(Role::DYT_RHT))
-      g_dyt = ref_[int(Role::DYT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(dY, M, N_, recipe_.rht_precision); });
+      g_dyt = training_reference(Role::DYT_RHT, ctx, [&] { return amax_rht16_transposed(dY, M, N_, recipe_.rht_precision); });
     else
       g_dyt = 0.f;
     if (uses_reference(Role::XT_RHT))
-      g_xt = ref_[int(Role::XT_RHT)].get(ctx.step, [&] { return amax_rht16_transposed(x, M, K_, recipe_.rht_precision); });
+      g_xt = training_reference(Role::XT_RHT, ctx, [&] { return amax_rht16_transposed(x, M, K_, recipe_.rht_precision); });
     else
       g_xt = 0.f;
   }
-  const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad};
-  const SrKey kx{ctx.seed, step, id, kOpX, kWgrad};
+  const SrKey kd{ctx.seed, step, id, kOpDY, kWgrad, micro};
+  const SrKey kx{ctx.seed, step, id, kOpX, kWgrad, micro};
   float* dyt = ws.t0.get(N_ * M);
   float* xt = ws.t1.get(K_ * M);
   if (tel) {
@@ -429,8 +452,8 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       rht16_rows(dyt, N_, M, recipe_.rht_precision);
       rht16_rows(xt, K_, M, recipe_.rht_precision);
     }
-    tel_.op[3] = quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd);
-    tel_.op[4] = quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx);
+    note_stats(3, quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd));
+    note_stats(4, quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx));
     tel_.valid = true;
   }
   {

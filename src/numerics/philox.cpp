@@ -22,7 +22,7 @@ Gen::key_type make_key(const SrKey& k) {
 /// operand (far above any operand size here).
 Gen::ctr_type make_ctr(const SrKey& k, uint64_t block16) {
   Gen::ctr_type ctr = {{static_cast<uint32_t>(block16), k.step,
-                        (k.layer << 8) + (k.operand << 4) + k.gemm, 0x5352u}};
+                        (k.layer << 8) + (k.operand << 4) + k.gemm, (k.micro << 16) + 0x5352u}};
   return ctr;
 }
 

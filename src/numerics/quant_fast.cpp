@@ -356,7 +356,8 @@ HWY_INLINE void Put(VF v, float* p, bool stream) {
 // One-lane target (the generic x86-64 baseline with GCC < 12.3, where Highway's EMU128 is off):
 // 64-bit lanes cannot be split into 32-bit halves, so Philox runs as plain integer code.
 HWY_INLINE void PhiloxOne(const SrKey& key, uint32_t c0, uint64_t* out) {
-  uint32_t c1 = key.step, c2 = (key.layer << 8) + (key.operand << 4) + key.gemm, c3 = 0x5352u;
+  uint32_t c1 = key.step, c2 = (key.layer << 8) + (key.operand << 4) + key.gemm,
+           c3 = (key.micro << 16) + 0x5352u;
   uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = uint64_t{0xD2511F53u} * c0, p1 = uint64_t{0xCD9E8D57u} * c2;
@@ -392,8 +393,8 @@ HWY_INLINE void PhiloxStrided(const SrKey& key, uint64_t first, uint64_t stride,
   }
 }
 #else
-/// Philox4x32-10 of the counters (c0 lanes, step, layer/operand/gemm word, 0x5352) under the
-/// key, in 64-bit lanes holding 32-bit words; stores 16 bytes per lane (v0 | v1 << 32 then
+/// Philox4x32-10 of the counters (c0 lanes, step, layer/operand/gemm word, micro·2^16 + 0x5352)
+/// under the key, in 64-bit lanes holding 32-bit words; stores 16 bytes per lane (v0 | v1 << 32 then
 /// v2 | v3 << 32, little-endian: byte b of the block is word b/4 >> 8·(b%4), as philox.cpp).
 HWY_INLINE void PhiloxStore(const SrKey& key, hn::Vec<hn::ScalableTag<uint64_t>> c0,
                             uint64_t* out) {
@@ -406,7 +407,7 @@ HWY_INLINE void PhiloxStore(const SrKey& key, hn::Vec<hn::ScalableTag<uint64_t>>
   V64 c1 = hn::Set(d64, static_cast<uint64_t>(key.step));
   V64 c2 = hn::Set(d64, static_cast<uint64_t>(
                             static_cast<uint32_t>((key.layer << 8) + (key.operand << 4) + key.gemm)));
-  V64 c3 = hn::Set(d64, 0x5352ull);
+  V64 c3 = hn::Set(d64, static_cast<uint64_t>(static_cast<uint32_t>((key.micro << 16) + 0x5352u)));
   uint32_t k0 = static_cast<uint32_t>(key.seed), k1 = static_cast<uint32_t>(key.seed >> 32);
   for (int round = 0; round < 10; ++round) {
     const V64 p0 = hn::MulEven(hn::BitCast(d32, c0), m0);  // M0·ctr0, full 64-bit product

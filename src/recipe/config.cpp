@@ -56,6 +56,8 @@ RunConfig parse_run_config(detail::TomlReader& r) {
   auto& t = c.train;
   r.get("train.seq_len", t.seq_len);         r.range("train.seq_len", t.seq_len, 2, 1 << 16);
   r.get("train.batch_size", t.batch_size);   r.range("train.batch_size", t.batch_size, 1, 1 << 16);
+  r.get("train.micro_batch_size", t.micro_batch_size);
+  r.range("train.micro_batch_size", t.micro_batch_size, 0, 1 << 16);
   r.get("train.steps", t.steps);             r.range("train.steps", t.steps, 1, 1 << 30);
   r.get("train.lr", t.lr);                   r.range("train.lr", t.lr, 0.0, 1e9);
   r.get("train.warmup_steps", t.warmup_steps); r.range("train.warmup_steps", t.warmup_steps, 0, 1 << 30);
@@ -126,6 +128,9 @@ void validate(const RunConfig& c, const std::string& where) {
     if (m.mamba_dt_min > m.mamba_dt_max)
       err("model.mamba_dt_min must not exceed model.mamba_dt_max");
   }
+  if (c.train.batch_size % c.train.micro() != 0)
+    err("train.batch_size (" + std::to_string(c.train.batch_size) + ") must be a multiple of "
+        "train.micro_batch_size (" + std::to_string(c.train.micro_batch_size) + ")");
   if (c.train.warmup_steps >= c.train.steps && c.train.steps > 1)
     throw UserError(where + ": train.warmup_steps (" + std::to_string(c.train.warmup_steps) +
                     ") must be smaller than train.steps (" + std::to_string(c.train.steps) + ")");
@@ -158,8 +163,11 @@ std::string run_config_to_toml(const RunConfig& c) {
       << "\nmamba_dt_max = " << toml_number(m.mamba_dt_max)
       << "\nmamba_dt_init_floor = " << toml_number(m.mamba_dt_init_floor);
   o << "\n\n";
-  o << "[train]\nseq_len = " << t.seq_len << "\nbatch_size = " << t.batch_size
-    << "\nsteps = " << t.steps << "\nlr = " << toml_number(t.lr)
+  o << "[train]\nseq_len = " << t.seq_len << "\nbatch_size = " << t.batch_size;
+  // Only when it splits the batch: configs without micro-batching keep their text (resume
+  // and compare's reuse compare it).
+  if (t.micro() != t.batch_size) o << "\nmicro_batch_size = " << t.micro_batch_size;
+  o << "\nsteps = " << t.steps << "\nlr = " << toml_number(t.lr)
     << "\nwarmup_steps = " << t.warmup_steps
     << "\ndecay_fraction = " << toml_number(t.decay_fraction)
     << "\nmin_lr_ratio = " << toml_number(t.min_lr_ratio)

@@ -433,6 +433,14 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.range("fp4.scale_target", rc.scale_target, 1e-30f, 3e38f);
   r.get("fp4.amax_interval", rc.amax_interval);
   r.range("fp4.amax_interval", rc.amax_interval, 1, 1000000);
+  s = rc.amax_sample == AmaxSample::PerStep ? "per-step" : "per-call";
+  r.get("fp4.amax_sample", s);
+  r.choice("fp4.amax_sample", s, {"per-call", "per-step"});
+  rc.amax_sample = s == "per-step" ? AmaxSample::PerStep : AmaxSample::PerCall;
+  s = rc.amax_ranks == AmaxRanks::Max ? "max" : "invariant";
+  r.get("fp4.amax_ranks", s);
+  r.choice("fp4.amax_ranks", s, {"invariant", "max"});
+  rc.amax_ranks = s == "max" ? AmaxRanks::Max : AmaxRanks::Invariant;
   r.get("fp4.rht_wgrad", rc.rht_wgrad);
   s = rht_precision_name(rc.rht_precision);
   r.get("fp4.rht_precision", s);
@@ -525,6 +533,8 @@ std::string recipe_to_toml(const Recipe& r) {
   if (r.rht_precision != RhtPrecision::FP32)
     o << "rht_precision = \"" << rht_precision_name(r.rht_precision) << "\"\n";
   if (r.bf16_boundary) o << "bf16_boundary = true\n";
+  if (r.amax_sample != AmaxSample::PerCall) o << "amax_sample = \"per-step\"\n";
+  if (r.amax_ranks != AmaxRanks::Invariant) o << "amax_ranks = \"max\"\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)

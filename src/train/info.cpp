@@ -30,10 +30,13 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   info.n_blocks = static_cast<int>(info.pattern.size());
   if (info.n_blocks == 0) throw UserError("model: the block pattern is empty");
   const int64_t d = m.d_model, V = m.vocab_size;
-  const int64_t B = cfg.train.batch_size, T = cfg.train.seq_len, BT = B * T;
+  // The step's tokens (FLOPs) are the whole batch; its buffers hold one micro-batch.
+  const int64_t T = cfg.train.seq_len, BT_step = int64_t(cfg.train.batch_size) * T;
+  const int64_t B = cfg.train.micro(), BT = B * T;
   info.batch_size = cfg.train.batch_size;
+  info.micro_batch_size = cfg.train.micro();
   info.seq_len = cfg.train.seq_len;
-  info.tokens_per_step = BT;
+  info.tokens_per_step = BT_step;
 
   // One mixer per kind present (they depend on the kind and the config only).
   std::unique_ptr<nn::Mixer> mixers[3];
@@ -54,7 +57,7 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   info.parameters = info.embeddings + info.mamba2.params + info.attention.params +
                     info.mlp.params + info.norm_f + info.lm_head;
   info.flops_per_token = nn::Model::flops_per_token(m, T);
-  info.flops_per_step = info.flops_per_token * double(BT);
+  info.flops_per_step = info.flops_per_token * double(BT_step);
 
   // Memory, as nn::Model allocates it (model.cpp), in floats first.
   constexpr int64_t F = sizeof(float);
@@ -62,6 +65,13 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   mem.params = F * info.parameters;
   mem.grads = F * info.parameters;
   mem.adamw = 2 * F * info.parameters;
+  // Gradient accumulation in one process (trainer.cpp MicroRunner): the root node's sum and
+  // one right-child sum per tree level below it, ceil(log2 n) levels.
+  if (const int n = cfg.train.n_micro(); n > 1) {
+    int levels = 0;
+    while ((1 << levels) < n) ++levels;
+    mem.accumulation = F * info.parameters * (1 + levels);
+  }
   int64_t acts = 0, scratch = 0;
   for (char c : info.pattern) {
     const nn::Mixer& mx = *mixers[slot(c)];

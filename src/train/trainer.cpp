@@ -1,6 +1,7 @@
 // The training loop: batches → forward → loss → backward → clip → AdamW, with progress
 // lines, metrics.jsonl, periodic held-out evaluation and a final summary.
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/eval.h"
 #include "fp4/profile.h"
@@ -140,11 +142,13 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
       resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
   bool fp4_rht = false;
   for (const LinearPlan& p : res.plans) fp4_rht |= recipe.rht_wgrad && p.mode == LinearMode::FP4;
-  const int64_t tokens = int64_t(cfg.train.batch_size) * cfg.train.seq_len;
+  // The RHT runs along the tokens of one forward: a micro-batch.
+  const int64_t tokens = int64_t(cfg.train.micro()) * cfg.train.seq_len;
   if (fp4_rht && tokens % 16 != 0)
     throw UserError(recipe.where() + " applies the 16-point RHT along tokens (fp4.rht_wgrad): " +
-                    "train.batch_size × train.seq_len = " + std::to_string(tokens) +
-                    " must be a multiple of 16");
+                    (cfg.train.micro() == cfg.train.batch_size ? "train.batch_size"
+                                                               : "train.micro_batch_size") +
+                    " × train.seq_len = " + std::to_string(tokens) + " must be a multiple of 16");
 }
 
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
@@ -183,12 +187,71 @@ double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
   return r.nats_per_token;
 }
 
+namespace {
+// A non-finite loss or tensor met in one micro-batch of this process.
+struct MicroDiverged {
+  std::string what;
+};
+
+// The data-parallel agreement on references (Recipe::amax_ranks).
+class MpiReferences final : public nn::RankReferences {
+ public:
+  explicit MpiReferences(AmaxRanks rule) : rule_(rule) {}
+  float agree(float local, bool sample) override {
+    if (rule_ == AmaxRanks::Max) return dist::max_over_ranks(local);
+    return sample ? dist::bcast_from_rank0(local) : local;
+  }
+
+ private:
+  AmaxRanks rule_;
+};
+
+// Micro-batch m of the step (this process's first is `first`): forward and backward from
+// zeroed gradients; its gradient is then in model.grads(). Throws MicroDiverged.
+double run_micro(nn::Model& model, nn::StepContext& ctx, const int32_t* inputs,
+                 const int32_t* targets, int micro, int64_t rows, int m, int first) {
+  model.zero_grad();
+  ctx.micro = m;
+  ctx.first_micro = m == first;
+  try {
+    const double loss =
+        model.forward(inputs + int64_t(m) * rows, targets + int64_t(m) * rows, micro, ctx);
+    if (!std::isfinite(loss))
+      throw MicroDiverged{"non-finite training loss (" + std::to_string(loss) +
+                          ") in micro-batch " + std::to_string(m)};
+    model.backward(ctx);
+    return loss;
+  } catch (const NonFiniteError& e) {
+    throw MicroDiverged{std::string("non-finite tensor (") + e.what() + ") in micro-batch " +
+                        std::to_string(m)};
+  }
+}
+}  // namespace
+
+std::unique_ptr<nn::RankReferences> rank_references(const Recipe& recipe) {
+  if (dist::size() == 1) return nullptr;
+  return std::make_unique<MpiReferences>(recipe.amax_ranks);
+}
+
 StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+  thread_local StepBuffers buffers;
+  return train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets, buffers);
+}
+
+StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
+                      const RunConfig& cfg, const Recipe& recipe, int step,
+                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                      StepBuffers& buf, nn::RankReferences* ranks) {
   using prof::Cat;
   using prof::Scope;
   const auto& tc = cfg.train;
+  const int n = tc.n_micro(), P = dist::size();
+  if (n % P != 0)
+    throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
+                    " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
+                    " processes: make it a multiple of the process count");
   StepResult r;
   {
     Scope s(Cat::kData);
@@ -197,20 +260,75 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
   nn::StepContext ctx;
   ctx.step = step;
   ctx.seed = tc.seed;
+  ctx.ranks = ranks;
   ctx.telemetry = r.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
                                 (step == 1 || step % cfg.telemetry_interval == 0);
-  model.zero_grad();
-  try {
-    r.loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
-    if (!std::isfinite(r.loss)) {
-      r.diverged = "non-finite training loss (" + std::to_string(r.loss) + ")";
+  const int64_t len = model.num_params();
+  if (n == 1 && P == 1) {
+    // One forward per step: the gradient is the model's own.
+    model.zero_grad();
+    try {
+      r.loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
+      if (!std::isfinite(r.loss)) {
+        r.diverged = "non-finite training loss (" + std::to_string(r.loss) + ")";
+        return r;
+      }
+      model.backward(ctx);
+    } catch (const NonFiniteError& e) {
+      // A quantizer met NaN/Inf activations or gradients before the loss showed it.
+      r.diverged = std::string("non-finite tensor (") + e.what() + ")";
       return r;
     }
-    model.backward(ctx);
-  } catch (const NonFiniteError& e) {
-    // A quantizer met NaN/Inf activations or gradients before the loss showed it.
-    r.diverged = std::string("non-finite tensor (") + e.what() + ")";
-    return r;
+  } else {
+    const int k = n / P, a = dist::rank() * k, b = a + k;
+    if (!buf.tree || buf.tree_n != n || buf.tree_a != a ||
+        buf.tree_len != len) {
+      buf.tree = std::make_unique<dist::TreeAccumulator>(n, a, b, len);
+      buf.tree_n = n, buf.tree_a = a, buf.tree_len = len;
+    }
+    buf.tree->reset();
+    buf.losses.resize(size_t(k));
+    const int64_t rows = int64_t(tc.micro()) * tc.seq_len;
+    try {
+      for (int m = a; m < b; ++m) {
+        buf.losses[size_t(m - a)] =
+            run_micro(model, ctx, inputs.data(), targets.data(), tc.micro(), rows, m, a);
+        prof::Scope s(Cat::kOther);
+        buf.tree->add(model.grads().data());
+      }
+    } catch (const MicroDiverged& e) {
+      r.diverged = e.what;
+      r.diverged_on_this_rank = P > 1;
+      return r;
+    }
+    dist::reduce_mean(n, buf.tree->node_sums(), len, model.grads().data());
+    // The step's loss: the mean of the micro-batch losses, in micro-batch order.
+    buf.all_losses.resize(size_t(n));
+    dist::allgather(buf.losses.data(), k, buf.all_losses.data());
+    double sum = 0;
+    for (int m = 0; m < n; ++m) sum += buf.all_losses[size_t(m)];
+    r.loss = sum / n;
+    if (ctx.telemetry && P > 1) {
+      // The worst of every statistic over the ranks (each holds the worst of its micro-batches).
+      constexpr int kF = 6, kO = nn::LinearTelemetry::kOperands;
+      auto& lin = model.linears();
+      buf.tel.assign(lin.size() * kO * kF, 0.0);
+      for (size_t i = 0; i < lin.size(); ++i)
+        for (int o = 0; o < kO; ++o) {
+          const QuantStats& q = lin[i].telemetry().op[o];
+          double* t = &buf.tel[(i * kO + size_t(o)) * kF];
+          t[0] = q.saturated_blocks, t[1] = q.zero_guard_blocks, t[2] = q.zeroed_nonzeros;
+          t[3] = q.rel_error, t[4] = q.staleness, t[5] = q.has_staleness ? 1 : 0;
+        }
+      dist::max_over_ranks(buf.tel.data(), int64_t(buf.tel.size()));
+      for (size_t i = 0; i < lin.size(); ++i)
+        for (int o = 0; o < kO; ++o) {
+          QuantStats& q = lin[i].telemetry_for_reduction().op[o];
+          const double* t = &buf.tel[(i * kO + size_t(o)) * kF];
+          q.saturated_blocks = t[0], q.zero_guard_blocks = t[1], q.zeroed_nonzeros = t[2];
+          q.rel_error = t[3], q.staleness = t[4], q.has_staleness = t[5] != 0;
+        }
+    }
   }
   {
     Scope s(Cat::kGradClip);
@@ -253,9 +371,18 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     throw UserError("train options: save_every >= 0, keep_checkpoints >= 1 and log_every >= 1 "
                     "required, got " + std::to_string(opt.save_every) + ", " +
                     std::to_string(opt.keep_checkpoints) + ", " + std::to_string(opt.log_every));
-  nn::Model model(cfg.model, recipe, tc.batch_size, tc.seq_len);
+  const int n_ranks = dist::size();
+  const bool rank0 = dist::rank() == 0;  // the only rank that writes files and prints
+  if (tc.n_micro() % n_ranks != 0)
+    throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(tc.n_micro()) +
+                    " micro-batches per step cannot be spread evenly over " +
+                    std::to_string(n_ranks) + " processes (mpirun -np): use a process count "
+                    "that divides it, or change train.micro_batch_size");
+  nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);
   model.init(tc.seed);
   AdamW opt_state(model.num_params(), tc);
+  const std::unique_ptr<nn::RankReferences> ranks = rank_references(recipe);
+  StepBuffers step_buffers;
   BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
   const std::string config_text = run_config_to_toml(cfg), recipe_text = recipe_to_toml(recipe);
   // Checkpoints store these texts; a resume reloads them, so they must parse.
@@ -311,9 +438,11 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
   }
 
-  if (!ck) fs::create_directories(opt.out_dir);
+  // Every rank has loaded what it needs (a resume's checkpoint) before rank 0 changes files.
+  dist::barrier();
+  if (!ck && rank0) fs::create_directories(opt.out_dir);
   st.dir_ready = true;  // a resumed run's directory exists already
-  if (ck) {
+  if (ck && rank0) {
     // Newer checkpoints than the one resumed from did not load: keep them aside, do not count
     // them when pruning; leftovers of interrupted writes go.
     for (const fs::path& p : list_checkpoints(opt.out_dir)) {
@@ -330,15 +459,19 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
          it.increment(ec))
       if (it->path().extension() == ".tmp") fs::remove(it->path(), ec);
   }
-  if (!ck || !fs::exists(opt.out_dir / "config.toml"))
-    write_file_atomic(opt.out_dir / "config.toml", config_text);
-  if (!ck || !fs::exists(opt.out_dir / "recipe.toml"))
-    write_file_atomic(opt.out_dir / "recipe.toml", recipe_text);
-  if (!tokenizer_bytes.empty() && (!ck || !fs::exists(tokenizer_copy)))
-    write_file_atomic(tokenizer_copy, tokenizer_bytes);
-  const std::string metrics_note = ck ? cut_metrics(metrics_file, ck->step) : "";
-  std::ofstream metrics(metrics_file, ck ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw UserError("cannot write " + metrics_file.string());
+  std::string metrics_note;
+  std::ofstream metrics;
+  if (rank0) {
+    if (!ck || !fs::exists(opt.out_dir / "config.toml"))
+      write_file_atomic(opt.out_dir / "config.toml", config_text);
+    if (!ck || !fs::exists(opt.out_dir / "recipe.toml"))
+      write_file_atomic(opt.out_dir / "recipe.toml", recipe_text);
+    if (!tokenizer_bytes.empty() && (!ck || !fs::exists(tokenizer_copy)))
+      write_file_atomic(tokenizer_copy, tokenizer_bytes);
+    if (ck) metrics_note = cut_metrics(metrics_file, ck->step);
+    metrics.open(metrics_file, ck ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw UserError("cannot write " + metrics_file.string());
+  }
   std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
   const double flops_per_token = model.flops_per_token(tc.seq_len);
@@ -347,7 +480,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   };
 
   auto log = [&](const std::string& s) {
-    if (!opt.quiet) {
+    if (!opt.quiet && rank0) {
       std::printf("%s\n", s.c_str());
       std::fflush(stdout);
     }
@@ -360,7 +493,14 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     // The recipe's per-block modes, then one line per [[override]] with the linears it hit.
     const std::string plans = describe_linear_plans(recipe, model);
     const size_t nl = plans.find('\n');
-    o << plans.substr(0, nl) << "; " << tokens_per_step << " tokens/step, " << tc.steps << " steps";
+    o << plans.substr(0, nl) << "; " << tokens_per_step << " tokens/step";
+    if (tc.n_micro() > 1 || n_ranks > 1)
+      o << " (" << tc.n_micro() << " micro-batches of " << tc.micro() << " sequences"
+        << (n_ranks > 1 ? ", " + std::to_string(tc.n_micro() / n_ranks) + " on each of " +
+                              std::to_string(n_ranks) + " processes"
+                        : std::string())
+        << ")";
+    o << ", " << tc.steps << " steps";
     if (nl != std::string::npos) o << plans.substr(nl);
     log(o.str());
   }
@@ -370,7 +510,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   if (ck) {
     log("resumed at step " + std::to_string(start) + " of " + std::to_string(tc.steps) + "; " +
         metrics_note);
-    if (ck->references.empty() && recipe.mode == LinearMode::FP4 && recipe.amax_interval > 1)
+    if (rank0 && ck->references.empty() && recipe.mode == LinearMode::FP4 && recipe.amax_interval > 1)
       std::fprintf(stderr,
                    "warning: the checkpoint holds no amax caches (saved with --no-save-amax): "
                    "they refresh at step %d, so this run is not bit-exact with an "
@@ -398,12 +538,29 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   // A NaN/Inf met inside an evaluation (e.g. a quantized forward overflowing in a diverging
   // run) makes that NLL NaN (JSON null) instead of stopping the run; training itself stops
   // on its own non-finite checks.
+  // Evaluation batches of micro_batch_size windows (the model's batch), spread over the ranks
+  // round-robin; their sums are added in batch order, so the NLL is the one-process value.
   auto safe_nll = [&](bool quantize) {
-    try {
-      return heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.batch_size, quantize);
-    } catch (const NonFiniteError&) {
-      return std::numeric_limits<double>::quiet_NaN();
+    if (n_ranks == 1) {
+      try {
+        return heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.micro(), quantize);
+      } catch (const NonFiniteError&) {
+        return std::numeric_limits<double>::quiet_NaN();
+      }
     }
+    EvalPolicy policy;
+    policy.kind = quantize ? EvalPolicy::Kind::Current : EvalPolicy::Kind::None;
+    const EvalWindows w{&data.heldout, eval_starts};
+    const int64_t nb = (int64_t(eval_starts.size()) + tc.micro() - 1) / tc.micro();
+    const int64_t slots = (nb + n_ranks - 1) / n_ranks;
+    std::vector<double> mine = nll_batch_sums(model, w, tc.seq_len, tc.micro(), policy,
+                                              dist::rank(), n_ranks);
+    mine.resize(size_t(slots), 0.0);
+    std::vector<double> all(size_t(slots) * size_t(n_ranks));
+    dist::allgather(mine.data(), slots, all.data());
+    double sum = 0;
+    for (int64_t b = 0; b < nb; ++b) sum += all[size_t((b % n_ranks) * slots + b / n_ranks)];
+    return sum / double(eval_starts.size());
   };
   auto evaluate = [&](int step, json& rec) {
     const double nll = safe_nll(false);
@@ -426,7 +583,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   };
 
   std::string digest = ck ? ck->telemetry_digest : "";  // worst layer at the latest telemetry step
-  auto save = [&](int step) {
+  auto save_rank0 = [&](int step) {
     Checkpoint c;
     c.step = step;
     c.config_toml = config_text;
@@ -439,6 +596,9 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
       for (size_t i = 0; i < model.linears().size(); ++i)
         for (int r = 0; r < 5; ++r) {
           const TensorReference& t = model.linears()[i].reference(static_cast<nn::Role>(r));
+          // A per-call D = 1 reference is measured afresh at every call, never reused: not
+          // state (and under MPI each rank's last one is its own micro-batch's).
+          if (t.interval() == 1 && recipe.amax_sample == AmaxSample::PerCall) continue;
           if (t.has_value())
             c.references.push_back({model.linear_name(i), r, true, t.last_refresh(), t.held()});
         }
@@ -460,19 +620,26 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
     prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
   };
+  auto save = [&](int step) {
+    if (rank0) save_rank0(step);
+  };
 
   for (int step = start + 1; step <= tc.steps; ++step) {
     st.step = step;
     const auto t0 = clock::now();
-    const StepResult r = train_step(model, opt_state, sampler, cfg, recipe, step, inputs, targets);
+    const StepResult r = train_step(model, opt_state, sampler, cfg, recipe, step, inputs,
+                                    targets, step_buffers, ranks.get());
     // A diverged run stops with the step named; metrics so far are kept, no summary written.
     if (!r.diverged.empty()) {
       const std::string msg = r.diverged + " at step " + std::to_string(step) + " with recipe " +
                               recipe.name + "; the run diverged. Metrics up to step " +
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
-      write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
+      // Met by this rank alone (the others wait in a collective): it writes error.txt and
+      // ends every process. Met on every rank alike (the gradient norm): rank 0 writes it.
+      if (r.diverged_on_this_rank || rank0) write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
       st.error_written = true;
+      if (r.diverged_on_this_rank) dist::abort_all(msg, 1);
       throw UserError(msg);
     }
     const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
@@ -514,7 +681,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
     // A step's line is flushed (to the OS) before its checkpoint is written, so a resume
     // after a kill finds every line up to the checkpoint step.
-    if (step % opt.log_every == 0 || eval_step || r.telemetry) {
+    if (rank0 && (step % opt.log_every == 0 || eval_step || r.telemetry)) {
       metrics << rec.dump() << "\n";
       metrics.flush();
       if (!metrics) throw UserError("write failed: " + metrics_file.string());
@@ -528,10 +695,13 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
     // A stop request (SIGINT/SIGTERM) between steps: this step is complete and logged, so its
     // checkpoint is a consistent resume point. The last step completes the run instead.
-    if (opt.stop_signal && *opt.stop_signal != 0 && step < tc.steps) {
+    // Under MPI every rank must stop after the same step: the flag is MAX-reduced each step.
+    int stop_flag = opt.stop_signal ? int(*opt.stop_signal) : 0;
+    if (n_ranks > 1) stop_flag = int(dist::max_over_ranks(float(stop_flag)));
+    if (stop_flag != 0 && step < tc.steps) {
       if (!due) save(step);
       sum.stopped = true;
-      sum.stop_signal = *opt.stop_signal;
+      sum.stop_signal = stop_flag;
       sum.steps = step;
       sum.checkpoint = ckpt_dir / checkpoint_file_name(step);
       return sum;
@@ -568,7 +738,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     js["mfu"] = sum.mfu;
   }
   for (const auto& [k, v] : compute.fields()) js["compute"][k] = v;
-  write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
+  if (rank0) write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }
 }  // namespace
@@ -582,7 +752,7 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     // A run that fails once its directory exists (a oneDNN error at step 1, a full disk, a
     // checkpoint that cannot be written, ...) leaves error.txt naming the cause, as a diverged
     // run does. Failures of the checks before any file is written leave no directory.
-    if (st.dir_ready && !st.error_written) {
+    if (st.dir_ready && !st.error_written && dist::rank() == 0) {
       const std::string when =
           st.step == 0 ? std::string("before the first step")
                        : "in step " + std::to_string(st.step) + " of " + std::to_string(cfg.train.steps);

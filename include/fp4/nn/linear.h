@@ -111,10 +111,30 @@ enum class InferenceRef {
               ///< std::logic_error if the layer was never calibrated since the last reset
 };
 
+/// How data-parallel ranks agree on the activation and gradient references of a training
+/// step (README "More than one process"; Recipe::amax_ranks). Implemented by the trainer
+/// over MPI; a Linear calls it, on every rank in the same order, whenever it has measured a
+/// reference of a role other than W (weights are replicated).
+struct RankReferences {
+  virtual ~RankReferences() = default;
+  /// The value every rank uses, given this rank's measurement `local`. `sample`: a held
+  /// reference being sampled (a D > 1 refresh, or D = 1 with amax_sample = "per-step"), made
+  /// on each rank's first micro-batch of the step; false: a per-call D = 1 amax.
+  virtual float agree(float local, bool sample) = 0;
+};
+
 /// Per-step context handed to every Linear.
 struct StepContext {
   int64_t step = 1;        ///< 1-based optimizer step (keys SR bits and held references)
   uint64_t seed = 0;       ///< run seed (keys SR bits)
+  /// Micro-batch of the step, 0-based, global over MPI ranks (keys SR bits, so draws never
+  /// repeat within a step); < 65536.
+  int micro = 0;
+  /// Whether this is this process's first micro-batch of the step: telemetry restarts there,
+  /// later micro-batches merge into it (the worst value of each statistic).
+  bool first_micro = true;
+  /// Data-parallel agreement on references; null for one process.
+  RankReferences* ranks = nullptr;
   bool training = true;    ///< false: inference, no held-reference updates, no backward
   bool quantize = true;    ///< false: run FP32 whatever the recipe (unquantized evaluation)
   bool telemetry = false;  ///< training step whose FP4 operands get numerics statistics
@@ -184,6 +204,8 @@ class Linear {
   const LinearRefs& refs() const { return refs_; }
   /// Statistics of the last telemetry step (valid == false if none yet or not FP4).
   const LinearTelemetry& telemetry() const { return tel_; }
+  /// The same, writable: the trainer merges it across data-parallel ranks.
+  LinearTelemetry& telemetry_for_reduction() { return tel_; }
   const TensorReference& reference(Role r) const { return ref_[static_cast<int>(r)]; }
   TensorReference& reference(Role r) { return ref_[static_cast<int>(r)]; }  ///< (resume)
 
@@ -211,6 +233,8 @@ class Linear {
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
+  template <class F>
+  float training_reference(Role r, const StepContext& ctx, F&& measure);
   // FP4 fprop X [M, K] quantized into the workspace (or reused there, see LinearWorkspace).
   const float* quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
   // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX
@@ -233,6 +257,8 @@ class Linear {
   InferenceState inf_;        // inference references; never read or written by training
   LinearRefs refs_;
   LinearTelemetry tel_;
+  bool merge_tel_ = false;  // this step's telemetry merges into tel_ (a later micro-batch)
+  void note_stats(int operand, const QuantStats& s);
   AlignedFloats wq_;  // quantized (FP4) weight of the last forward, reused by dgrad
   // recipe.bf16_boundary: X of the last forward (kept for wgrad) and dY, rounded to BF16.
   AlignedFloats xr_, dyr_;
