@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
@@ -126,6 +127,10 @@ void run_profile(const ProfileArgs& a) {
               static_cast<long long>(model.num_params()), static_cast<long long>(tokens_per_step),
               tc.batch_size, tc.seq_len, omp_get_max_threads(),
               telemetry_steps ? " (telemetry steps included)" : "");
+  if (tc.n_micro() > 1 || dist::size() > 1)
+    std::printf("%d micro-batches of %d sequences per step over %d process%s (MPI: rank 0's "
+                "components; `comm` is its communication)\n",
+                tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
   const prof::ComputePaths compute = prof::compute_paths();
   std::printf("compute: %s\n", compute.line().c_str());
   std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
@@ -172,7 +177,7 @@ void run_profile(const ProfileArgs& a) {
               mib(mem.linear_scratch + mem.linear_workspace).c_str(),
               mib(mem.linear_scratch).c_str(), mib(mem.linear_workspace).c_str());
 
-  if (!a.json_file.empty()) {
+  if (!a.json_file.empty() && dist::rank() == 0) {  // rank 0 alone writes (under mpirun)
     json comps = json::object();
     for (const Row& r : rows)
       comps[r.name] = {{"ms_per_step", r.s * 1e3 / n}, {"fraction", r.s / total},
@@ -182,6 +187,8 @@ void run_profile(const ProfileArgs& a) {
               {"sets", sets.given},
               {"recipe", recipe.name},
               {"threads", omp_get_max_threads()},
+              {"processes", dist::size()},
+              {"micro_batch_size", tc.micro()},
               {"steps", n},
               {"warmup", a.warmup},
               {"step_ms", step_ms},

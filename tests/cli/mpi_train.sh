@@ -9,8 +9,8 @@
 #     step 1 under -np 2 it changes held references; block 0's activation references (taken
 #     before any quantization) are >= the P-invariant ones, the weights' equal.
 #   * a SIGKILL of one rank ends the whole run within seconds (no hang), and the run resumes
-#     from its last checkpoint with another process count (1), bit-exact with the
-#     uninterrupted run.
+#     from its last checkpoint under mpirun with another process count (4), and with one
+#     process, bit-exact with the uninterrupted run.
 # A single process with micro_batch_size = batch_size is not bit-identical to these by design
 # (the gradient tree and the per-micro-batch amax change the FP32 operations); test_grad_accum
 # checks that case against its derived tolerance.
@@ -141,9 +141,14 @@ t1=$(date +%s)
 [ "$rc" != 0 ] || fail "mpirun exited 0 after a rank was killed"
 echo "kill: mpirun ended $((t1 - t0)) s after SIGKILL of rank process $victim (status $rc)"
 [ -f "$work/kill/summary.json" ] && fail "a killed run must not have summary.json"
-"$bin" train --resume "$work/kill" --data "$work/text" > "$work/resume.log" 2>&1 \
-  || { cat "$work/resume.log"; fail "resume with one process"; }
+cp -r "$work/kill" "$work/kill1"
+"${mpi[@]}" -np 4 "$bin" train --resume "$work/kill" --data "$work/text" > "$work/resume.log" 2>&1 \
+  || { cat "$work/resume.log"; fail "resume under mpirun -np 4"; }
 grep -q "^resumed at step" "$work/resume.log" || { cat "$work/resume.log"; fail "did not resume"; }
-steps=$long compare "$work/kill-ref" "$work/kill" "killed under -np 2, resumed with 1 process" \
+steps=$long compare "$work/kill-ref" "$work/kill" "killed under -np 2, resumed under -np 4" \
   || fail "the resumed run differs from the uninterrupted one"
+"$bin" train --resume "$work/kill1" --data "$work/text" > "$work/resume1.log" 2>&1 \
+  || { cat "$work/resume1.log"; fail "resume with one process"; }
+steps=$long compare "$work/kill-ref" "$work/kill1" "killed under -np 2, resumed with 1 process" \
+  || fail "the resumed run (1 process) differs from the uninterrupted one"
 echo "mpi_train: all checks passed"
