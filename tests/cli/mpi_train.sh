@@ -90,6 +90,12 @@ grep -q "4 micro-batches of 2 sequences, 2 on each of 2 processes" "$work/talk.l
   > "$work/np3.log" 2>&1 && fail "-np 3 with 4 micro-batches was accepted"
 grep -q "cannot be spread evenly over 3 processes" "$work/np3.log" || { cat "$work/np3.log"; fail "no clear -np 3 error"; }
 
+# Commands that do not spread over processes refuse to run under mpirun.
+"${mpi[@]}" -np 2 "$bin" compare --config "$work/micro.toml" --seeds 1 --out "$work/cmp" \
+  > "$work/cmp.log" 2>&1 && fail "compare under mpirun -np 2 was accepted"
+grep -q "'compare' runs in one process" "$work/cmp.log" || { cat "$work/cmp.log"; fail "no clear compare-under-mpirun error"; }
+[ -e "$work/cmp" ] && fail "compare under mpirun wrote $work/cmp"
+
 # amax_ranks = "max": each rank's first micro-batch, MAX-reduced; it changes the references
 # (P-dependent by design), block 0's q/k/v input references can only grow, weights' stay.
 for rule in invariant max; do
