@@ -39,6 +39,12 @@ class AtomicFile {
 /// Replace `file` by `bytes` with AtomicFile.
 void write_file_atomic(const std::filesystem::path& file, std::string_view bytes);
 
+/// fsync(2) the data of an existing file written through another handle (e.g. the
+/// std::ofstream of metrics.jsonl, after its flush) and of its directory, so that it
+/// survives a power cut. Throws fp4::UserError naming the file if it cannot be opened or
+/// fsync fails.
+void fsync_file(const std::filesystem::path& file);
+
 /// 64-bit FNV-1a hash of bytes [data, data + n), continuing from `h` (start with
 /// kFnvOffset). Used as a corruption check, not as a cryptographic hash.
 inline constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;

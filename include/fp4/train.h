@@ -184,7 +184,8 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
                       StepBuffers& buffers, nn::RankReferences* ranks = nullptr);
-/// The same with buffers of the calling thread (kept between calls).
+/// The same with buffers of the calling thread (kept between calls) and, under mpirun,
+/// rank_references(recipe).
 StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
@@ -193,7 +194,10 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
 /// tokenizer.model, checkpoints (see TrainOptions) and, on success, summary.json into
 /// opt.out_dir. With opt.resume_from, continues the run in opt.out_dir bit for bit. Throws
 /// fp4::UserError on a non-finite loss (message names the step) after writing error.txt;
-/// metrics up to that step are kept. Any other failure once opt.out_dir exists (e.g. a GEMM
+/// metrics up to that step are kept. Under mpirun (fp4/dist.h) the ranks train together and
+/// rank 0 alone writes files; a non-finite loss or tensor met in one rank's micro-batches
+/// writes error.txt from that rank and ends every process (dist::abort_all, status 2)
+/// instead of throwing. Any other failure once opt.out_dir exists (e.g. a GEMM
 /// error at step 1) also writes error.txt, "failed before the first step (recipe R): cause"
 /// or "failed in step N of S (recipe R): cause" (RunError::Failed), and is rethrown.
 /// The run header and summary.json ("compute") name the CPU, the FP32 and BF16 GEMM

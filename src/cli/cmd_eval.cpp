@@ -370,7 +370,7 @@ void register_eval(CLI::App& app) {
       "  calibrated  max of each activation's amax over --calib-batches batches from the start\n"
       "              of the training split (current scaling), then frozen\n"
       "Held-out windows: the first --windows non-overlapping seq_len windows of the held-out\n"
-      "split, train.batch_size per batch. Prints a table; --json writes it for machines.");
+      "split, train.micro_batch_size (batch_size unless micro-batched) per batch. Prints a table; --json writes it for machines.");
   add_source_options(c, a->src);
   c->add_option("--policy", a->policies,
                 "none, current, replay-d50 (replay-d<D>), calibrated; repeatable or a comma list "

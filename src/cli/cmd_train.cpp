@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "fp4/checkpoint.h"
+#include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/profile.h"
 #include "fp4/train.h"
@@ -60,6 +61,18 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
               out.string().c_str());
 }
 
+// Under mpirun: the step's micro-batches must spread evenly over the processes (checked
+// before any data is prepared; train() checks it again).
+void check_process_count(const RunConfig& cfg, bool resume = false) {
+  const int n = cfg.train.n_micro(), P = dist::size();
+  if (n % P == 0) return;
+  throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
+                  " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
+                  " processes (mpirun -np): use a process count that divides it" +
+                  (resume ? std::string(" (a resumed run keeps its micro-batches)")
+                          : std::string(", or change train.micro_batch_size")));
+}
+
 TrainOptions checkpoint_options(const TrainArgs& a) {
   TrainOptions opt;
   opt.quiet = a.quiet;
@@ -67,6 +80,13 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
   opt.keep_checkpoints = a.keep_checkpoints;
   opt.log_every = a.log_every;
   opt.save_amax = !a.no_save_amax;
+  if (dist::size() > 1 && a.peak_gflops <= 0) {
+    // Under mpirun the processes may share cores or not: one process's GEMM rate is no
+    // peak for the run, and measuring it on every rank at once would skew it and race on
+    // the cache file. No MFU unless --peak-gflops gives the run's rate.
+    if (!a.quiet) std::printf("MFU: not reported under mpirun (give --peak-gflops for the run's FP32 GEMM rate)\n");
+    return opt;
+  }
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops);
   opt.peak_gflops = peak.gflops;
   if (!a.quiet)
@@ -89,7 +109,8 @@ TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, con
                     shell_word(opt.out_dir.string());
   if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
   std::fflush(stdout);
-  std::fprintf(stderr,
+  if (dist::rank() == 0)  // under mpirun: once
+    std::fprintf(stderr,
                "\nstopped by %s after step %d of %d; checkpoint %s\n"
                "metrics.jsonl holds the steps so far; no summary.json. Continue, bit for bit as "
                "if never stopped, with:\n  %s\n",
@@ -143,6 +164,7 @@ void run_resume(const TrainArgs& a) {
   if (recipe_to_toml(recipe) != ck.recipe_toml)
     throw UserError(recipe_file.string() + " differs from the recipe stored in " + ck_file.string() +
                     "; the run cannot be resumed with a changed recipe (restore recipe.toml)");
+  check_process_count(cfg, /*resume=*/true);
 
   fs::path data_path = a.data.empty() ? fs::path(cfg.data.path) : fs::path(a.data);
   if (a.data.empty() && data_path.is_relative() && !fs::exists(data_path))
@@ -186,6 +208,7 @@ void run_train(const TrainArgs& a) {
   validate(cfg, with_settings(a.config, sets.config));
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
   check_recipe_fits(recipe, cfg);
+  check_process_count(cfg);
 
   const fs::path data_path =
       run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
@@ -241,6 +264,9 @@ void register_train(CLI::App& app) {
       "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME.\n"
       "Ctrl-C (SIGINT) or SIGTERM finishes the current step, writes a checkpoint, prints that\n"
       "command and exits as killed by the signal (status 130 / 143); a second one stops at once.\n"
+      "Under mpirun: kill -USR1 <mpirun pid> does that on every process (mpirun kills the job\n"
+      "on SIGINT / SIGTERM); mpirun -np P trains the micro-batches (train.micro_batch_size) of\n"
+      "each step on P processes, bit-identical to one process (README \"More than one process\").\n"
       "--set KEY=VALUE changes any key of the config or recipe, e.g. --set train.lr=1e-3\n"
       "--set fp4.block=32: recipe ue5m3-b16+fp4.block=32, config tiny+train.lr=1e-3, run\n"
       "directory runs/tiny+train.lr=1e-3-ue5m3-b16+fp4.block=32-s1.");

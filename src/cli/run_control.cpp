@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "fp4/dist.h"
 #include "fp4/error.h"
 
 namespace fp4::cli {
@@ -59,11 +60,13 @@ std::string shell_word(const std::string& s) {
 std::string signal_name(int sig) {
   if (sig == SIGINT) return "SIGINT";
   if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGUSR1) return "SIGUSR1";
   return "signal " + std::to_string(sig);
 }
 
 namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_quiet = 0;  // an MPI rank other than 0: print nothing
 
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal != 0) {
@@ -77,6 +80,7 @@ extern "C" void on_stop_signal(int sig) {
     return;
   }
   g_stop_signal = sig;
+  if (g_quiet) return;
   static const char msg[] =
       "\nfp4train: stopping after the current step (a checkpoint is written first); a second "
       "Ctrl-C or signal stops at once\n";
@@ -96,13 +100,16 @@ bool install(int sig, struct sigaction& old) {
 
 StopOnSignal::StopOnSignal() {
   g_stop_signal = 0;
+  g_quiet = dist::rank() > 0;
   int_installed_ = install(SIGINT, old_int_);
   term_installed_ = install(SIGTERM, old_term_);
+  usr1_installed_ = install(SIGUSR1, old_usr1_);
 }
 
 StopOnSignal::~StopOnSignal() {
   if (int_installed_) sigaction(SIGINT, &old_int_, nullptr);
   if (term_installed_) sigaction(SIGTERM, &old_term_, nullptr);
+  if (usr1_installed_) sigaction(SIGUSR1, &old_usr1_, nullptr);
 }
 
 const volatile std::sig_atomic_t* StopOnSignal::flag() { return &g_stop_signal; }
@@ -110,6 +117,10 @@ const volatile std::sig_atomic_t* StopOnSignal::flag() { return &g_stop_signal; 
 void StopOnSignal::exit_by(int sig) {
   std::fflush(stdout);
   std::fflush(stderr);
+  if (dist::size() > 1) {
+    dist::finalize();
+    std::exit(128 + sig);
+  }
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);

@@ -27,12 +27,13 @@ std::string dir_safe(const std::string& name);
 /// `s` as one shell word: unchanged if it has only [A-Za-z0-9._+=,/:@%-], else single-quoted.
 std::string shell_word(const std::string& s);
 
-/// While alive, SIGINT and SIGTERM (unless ignored when it was made, e.g. SIGINT of a
-/// background job of a non-interactive shell) only set an async-signal-safe flag, which
+/// While alive, SIGINT, SIGTERM and SIGUSR1 (unless ignored when it was made, e.g. SIGINT of
+/// a background job of a non-interactive shell) only set an async-signal-safe flag, which
 /// train() reads between steps (TrainOptions::stop_signal): the step in progress finishes, a
 /// checkpoint is written, train() returns with TrainSummary::stopped. A second signal
 /// terminates the process at once (default action). The destructor restores the handlers.
-/// Not reentrant: one at a time.
+/// SIGUSR1 is the one to send to `mpirun`, which forwards it to every process (it kills the
+/// job on SIGINT and SIGTERM); ranks other than 0 print nothing. Not reentrant: one at a time.
 class StopOnSignal {
  public:
   StopOnSignal();
@@ -43,15 +44,17 @@ class StopOnSignal {
   static const volatile std::sig_atomic_t* flag();
   /// Flush stdout and stderr, restore the default action of signal `sig` and raise it, so the
   /// process ends as killed by it (shell status 128 + sig: 130 for SIGINT, 143 for SIGTERM);
-  /// exits with 128 + sig should it survive. Does not return.
+  /// exits with 128 + sig should it survive. Under mpirun with several processes: MPI is
+  /// finalised and the process exits with status 128 + sig (a process killed by a signal
+  /// makes mpirun abort the others). Does not return.
   [[noreturn]] static void exit_by(int sig);
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
-  bool int_installed_ = false, term_installed_ = false;
+  struct sigaction old_int_ {}, old_term_ {}, old_usr1_ {};
+  bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
 };
 
-/// "SIGINT", "SIGTERM" or "signal N".
+/// "SIGINT", "SIGTERM", "SIGUSR1" or "signal N".
 std::string signal_name(int sig);
 
 }  // namespace fp4::cli

@@ -117,6 +117,11 @@ void init(int* argc, char*** argv) {
   if (!already) {
     int provided = 0;
     check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    // Collectives run on the main thread while OpenMP teams exist: FUNNELED is required.
+    if (provided < MPI_THREAD_FUNNELED)
+      throw UserError("this MPI library provides thread support level " +
+                      std::to_string(provided) + ", below MPI_THREAD_FUNNELED, which fp4train "
+                      "needs (collectives on the main thread of an OpenMP program)");
   }
   g_initialised = true;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

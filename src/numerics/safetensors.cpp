@@ -28,6 +28,16 @@ void fsync_dir(const fs::path& dir) {
 }
 }  // namespace
 
+void fsync_file(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError("cannot open " + file.string() + " to fsync it: " + errno_text());
+  const int rc = ::fsync(fd);
+  const std::string why = rc != 0 ? errno_text() : "";
+  ::close(fd);
+  if (rc != 0) throw UserError("fsync failed: " + file.string() + ": " + why);
+  fsync_dir(file.parent_path());
+}
+
 AtomicFile::AtomicFile(const fs::path& file) : file_(file), tmp_(file.string() + ".tmp") {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw UserError("cannot write " + tmp_.string() + ": " + errno_text());

@@ -71,6 +71,20 @@ std::string cut_metrics(const fs::path& file, int64_t step) {
          (torn ? " and an incomplete last line" : "");
 }
 
+// error.txt from one MPI rank: written to error.txt.<rank>.tmp, then renamed over
+// error.txt, so that ranks meeting the same divergence at once do not collide (the last
+// rename wins; their messages differ at most in the micro-batch named).
+void write_error_of_rank(const fs::path& file, const std::string& msg) {
+  const fs::path tmp = file.string() + "." + std::to_string(dist::rank()) + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << msg << "\n";
+    if (!f) return;  // the message still reaches stderr (abort_all)
+  }
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+}
+
 std::string fmt_duration(double s) {
   char b[32];
   if (s < 0 || !std::isfinite(s)) return "?";
@@ -237,7 +251,9 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
   thread_local StepBuffers buffers;
-  return train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets, buffers);
+  MpiReferences ranks(recipe.amax_ranks);  // agrees across processes under mpirun
+  return train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets, buffers,
+                    dist::size() > 1 ? &ranks : nullptr);
 }
 
 StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
@@ -616,6 +632,9 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     c.keep_checkpoints = opt.keep_checkpoints;
     c.log_every = opt.log_every;
     c.save_amax = opt.save_amax;
+    // metrics.jsonl (flushed after each line) reaches the disk before the checkpoint that a
+    // resume cuts it back to: after a power cut it holds every line up to that step.
+    fsync_file(metrics_file);
     fs::create_directories(ckpt_dir);
     save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
     prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
@@ -635,11 +654,18 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                               recipe.name + "; the run diverged. Metrics up to step " +
                               std::to_string(step - 1) + " are in " +
                               (opt.out_dir / "metrics.jsonl").string();
-      // Met by this rank alone (the others wait in a collective): it writes error.txt and
-      // ends every process. Met on every rank alike (the gradient norm): rank 0 writes it.
-      if (r.diverged_on_this_rank || rank0) write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
       st.error_written = true;
-      if (r.diverged_on_this_rank) dist::abort_all(msg, 1);
+      if (r.diverged_on_this_rank) {
+        // Met in this rank's micro-batches (the others may be waiting in a collective, or
+        // may have met it too): it writes error.txt through a temporary of its own (ranks
+        // racing on one .tmp name would fail) and ends every process.
+        write_error_of_rank(opt.out_dir / "error.txt", msg);
+        dist::abort_all(msg, 2);
+      }
+      // Met on every rank alike (the reduced gradient's norm, or one process): rank 0
+      // writes error.txt, and no rank ends the run before it has.
+      if (rank0) write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
+      dist::barrier();
       throw UserError(msg);
     }
     const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
@@ -695,11 +721,13 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
     // A stop request (SIGINT/SIGTERM) between steps: this step is complete and logged, so its
     // checkpoint is a consistent resume point. The last step completes the run instead.
-    // Under MPI every rank must stop after the same step: the flag is MAX-reduced each step.
+    // Under MPI every rank must stop after the same step: the flag is MAX-reduced each step
+    // (mpirun forwards SIGUSR1 to every rank; a rank's own SIGINT/SIGTERM works too).
     int stop_flag = opt.stop_signal ? int(*opt.stop_signal) : 0;
     if (n_ranks > 1) stop_flag = int(dist::max_over_ranks(float(stop_flag)));
     if (stop_flag != 0 && step < tc.steps) {
       if (!due) save(step);
+      dist::barrier();  // rank 0's checkpoint is complete before any rank exits
       sum.stopped = true;
       sum.stop_signal = stop_flag;
       sum.steps = step;

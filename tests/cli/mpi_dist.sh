@@ -17,7 +17,7 @@ if [ ! -x "$check" ]; then
   exit 77
 fi
 # A dist_check left over from an earlier MPI configuration of the same build directory.
-if command -v ldd >/dev/null 2>&1 && ! ldd "$bin" | grep -q 'libmpi'; then
+if command -v ldd >/dev/null 2>&1 && ! ldd "$bin" | grep 'libmpi' > /dev/null; then
   echo "SKIP: $bin is not linked with MPI (built with FP4_MPI=OFF); $check is stale"
   exit 77
 fi

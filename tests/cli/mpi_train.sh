@@ -19,7 +19,8 @@
 set -uo pipefail
 bin=$1; src=$2
 command -v mpirun > /dev/null || { echo "SKIP: mpirun not found (scripts/setup installs openmpi-bin)"; exit 77; }
-ldd "$bin" | grep -q libmpi || { echo "SKIP: $bin was built without MPI (configure with Open MPI installed)"; exit 77; }
+# (not grep -q: under pipefail, ldd dying of SIGPIPE would read as "no MPI")
+ldd "$bin" | grep libmpi > /dev/null || { echo "SKIP: $bin was built without MPI (configure with Open MPI installed)"; exit 77; }
 work=$(mktemp -d); pid=
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/micro.bash"
@@ -157,4 +158,37 @@ steps=$long compare "$work/kill-ref" "$work/kill" "killed under -np 2, resumed u
   || { cat "$work/resume1.log"; fail "resume with one process"; }
 steps=$long compare "$work/kill-ref" "$work/kill1" "killed under -np 2, resumed with 1 process" \
   || fail "the resumed run (1 process) differs from the uninterrupted one"
+
+# SIGUSR1 to mpirun (forwarded to every rank; SIGINT/SIGTERM make mpirun kill the job): all
+# ranks stop after the same step, rank 0 writes its checkpoint first, and the run resumes
+# bit-exactly.
+"${mpi[@]}" -np 2 "$bin" train --config "$work/micro.toml" --recipe ue5m3-b16 --set train.steps=$long \
+  --log-every 1 --out "$work/usr1" > "$work/usr1.log" 2> "$work/usr1.err" &
+pid=$!
+for _ in $(seq 1 12000); do
+  [ "$(wc -l 2>/dev/null < "$work/usr1/metrics.jsonl" || echo 0)" -ge 3 ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.01
+done
+kill -USR1 "$pid" 2>/dev/null || fail "the run ended before SIGUSR1 (make it longer)"
+for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && fail "mpirun still running 60 s after SIGUSR1"
+wait "$pid"; rc=$?; pid=
+[ "$rc" != 0 ] || fail "a stopped run exited 0"
+[ -f "$work/usr1/summary.json" ] && fail "a stopped run must not have summary.json"
+[ "$(grep -c '^stopped by SIGUSR1 after step' "$work/usr1.err")" = 1 ] \
+  || { cat "$work/usr1.err"; fail "expected one 'stopped by SIGUSR1 after step K' (rank 0)"; }
+"${mpi[@]}" -np 2 "$bin" train --resume "$work/usr1" --data "$work/text" > "$work/usr1-resume.log" 2>&1 \
+  || { cat "$work/usr1-resume.log"; fail "resume after SIGUSR1"; }
+steps=$long compare "$work/kill-ref" "$work/usr1" "stopped by SIGUSR1 under -np 2, resumed" \
+  || fail "the run stopped by SIGUSR1 and resumed differs from the uninterrupted one"
+
+# A divergence that every rank meets (NaN everywhere): error.txt names it (not a failure).
+"${mpi[@]}" -np 2 "$bin" train --config "$work/micro.toml" --recipe fp32 --set train.lr=1e9 \
+  --set train.warmup_steps=0 --out "$work/nan" > "$work/nan.log" 2>&1
+rc=$?
+[ "$rc" = 2 ] || { cat "$work/nan.log"; fail "a diverged run under mpirun exited $rc, expected 2"; }
+grep -q "^non-finite" "$work/nan/error.txt" 2>/dev/null \
+  || { cat "$work/nan/error.txt" "$work/nan.log"; fail "error.txt does not name the divergence"; }
+ls "$work/nan" | grep -q "\.tmp$" && fail "a temporary file was left in $work/nan"
 echo "mpi_train: all checks passed"
