@@ -704,3 +704,29 @@ TEST(RecipeFidelityKnobs, ParseValidateAndRoundTrip) {
     EXPECT_NE(e.find(c.detail), std::string::npos) << c.body << " -> " << e;
   }
 }
+
+// The ablations of issue 13 differ from their base recipe in exactly one knob: with that knob
+// (and the name and description) set back, the resolved recipe text is the base's.
+TEST(RecipeFiles, AblationsChangeOneKnobOfTheirBase) {
+  auto text_as = [](Recipe r, const Recipe& base) {
+    r.name = base.name;
+    r.description = base.description;
+    return recipe_to_toml(r);
+  };
+  const Recipe b16 = load_recipe("ue5m3-b16", kDir), all = load_recipe("nvfp4-all", kDir);
+  Recipe d1 = load_recipe("ue5m3-d1", kDir);
+  EXPECT_EQ(d1.amax_interval, 1);
+  EXPECT_NE(text_as(d1, b16), recipe_to_toml(b16));
+  d1.amax_interval = b16.amax_interval;
+  EXPECT_EQ(text_as(d1, b16), recipe_to_toml(b16));
+  Recipe d50 = load_recipe("nvfp4-d50", kDir);
+  EXPECT_EQ(d50.amax_interval, 50);
+  EXPECT_EQ(d50.scale_format, ScaleFormat::E4M3);
+  EXPECT_FALSE(d50.rht_wgrad);
+  d50.amax_interval = all.amax_interval;
+  EXPECT_EQ(text_as(d50, all), recipe_to_toml(all));
+  Recipe rne = load_recipe("ue5m3-b16-rne", kDir);
+  EXPECT_EQ(rne.round_dy, Rounding::RNE);
+  rne.round_dy = b16.round_dy;
+  EXPECT_EQ(text_as(rne, b16), recipe_to_toml(b16));
+}
