@@ -248,3 +248,54 @@ TEST(Report, FindBaselineAcceptsLabelledNames) {
   EXPECT_THROW(find_baseline({"fp32+a=1", "fp32+a=2"}, "fp32"), UserError);
   EXPECT_EQ(find_baseline({"fp32+a=1", "fp32"}, "fp32"), "fp32");  // the exact name wins
 }
+
+// Student's t 0.975 quantiles against the published table (e.g. NIST/SEMATECH e-Handbook,
+// table 1.3.6.7.2) and, beyond df 30, the table's df = 40, 60, 100, 120 entries.
+TEST(ReportStats, TQuantilesMatchThePublishedTable) {
+  EXPECT_NEAR(t_quantile_975(1), 12.706, 5e-4);
+  EXPECT_NEAR(t_quantile_975(2), 4.303, 5e-4);
+  EXPECT_NEAR(t_quantile_975(3), 3.182, 5e-4);
+  EXPECT_NEAR(t_quantile_975(10), 2.228, 5e-4);
+  EXPECT_NEAR(t_quantile_975(30), 2.042, 5e-4);
+  EXPECT_NEAR(t_quantile_975(40), 2.021, 5e-4);
+  EXPECT_NEAR(t_quantile_975(60), 2.000, 5e-4);
+  EXPECT_NEAR(t_quantile_975(100), 1.984, 5e-4);
+  EXPECT_NEAR(t_quantile_975(120), 1.980, 5e-4);
+  EXPECT_NEAR(t_quantile_975(100000), 1.960, 5e-4);
+  EXPECT_TRUE(std::isnan(t_quantile_975(0)));
+}
+
+// Hand calculation. Deltas {0.10, 0.12, 0.11}: mean 0.11, std 0.01, t(2) = 4.3027, half-width
+// 4.3027 · 0.01 / √3 = 0.024842 → [0.085158, 0.134842], resolved, higher. Deltas {0.1, 0.3}:
+// 12.7062 · 0.141421 / √2 = 1.27062 → contains 0, not resolved. One seed: no interval.
+TEST(ReportStats, PairedIntervalsAndTheirVerdicts) {
+  PairedInterval c = paired_interval(mean_std({0.10, 0.12, 0.11}));
+  EXPECT_NEAR(c.lo, 0.11 - 0.024842, 1e-6);
+  EXPECT_NEAR(c.hi, 0.11 + 0.024842, 1e-6);
+  EXPECT_TRUE(c.resolved);
+  EXPECT_EQ(c.sign, 1);
+  c = paired_interval(mean_std({-0.10, -0.12, -0.11}));
+  EXPECT_TRUE(c.resolved);
+  EXPECT_EQ(c.sign, -1);
+  c = paired_interval(mean_std({0.1, 0.3}));
+  EXPECT_NEAR(c.hi - c.lo, 2 * 1.27062, 1e-4);
+  EXPECT_FALSE(c.resolved);
+  EXPECT_EQ(c.sign, 0);
+  c = paired_interval(mean_std({0.2}));
+  EXPECT_FALSE(c.resolved);
+  EXPECT_EQ(c.n, 1);
+}
+
+TEST(ReportStats, TheTableShowsTheIntervalAndItsVerdict) {
+  RunRecord b1 = run("bf16", 4.0, 10, 1), b2 = run("bf16", 6.0, 10, 1), b3 = run("bf16", 5.0, 10, 1);
+  RunRecord f1 = run("fp4", 4.10, 10, 1), f2 = run("fp4", 6.12, 10, 1), f3 = run("fp4", 5.11, 10, 1);
+  RunRecord g1 = run("wide", 4.1, 10, 1), g2 = run("wide", 5.7, 10, 1), g3 = run("wide", 5.3, 10, 1);
+  b1.seed = f1.seed = g1.seed = 1;
+  b2.seed = f2.seed = g2.seed = 2;
+  b3.seed = f3.seed = g3.seed = 3;
+  const auto rows = aggregate_runs({b1, b2, b3, f1, f2, f3, g1, g2, g3}, {"bf16", "fp4", "wide"});
+  const std::string md = comparison_report_md(rows, {}, ReportContext{});
+  EXPECT_NE(md.find("| [+0.0852, +0.1348] higher |"), std::string::npos) << md;
+  EXPECT_NE(md.find("not resolved |"), std::string::npos) << md;  // wide: +0.1, −0.3, +0.3
+  EXPECT_NE(md.find("its 95% interval"), std::string::npos);
+}

@@ -59,6 +59,21 @@ struct MeanStd {
   int n = 0;
 };
 MeanStd mean_std(const std::vector<double>& xs);
+/// The 0.975 quantile of Student's t distribution with `df` degrees of freedom (the factor
+/// of a two-sided 95% interval): the standard table's values (4 decimals) for df 1..30, the
+/// Cornish–Fisher expansion in 1/df to the third order beyond (within 2e-4 of the exact
+/// value there). NaN for df < 1.
+double t_quantile_975(int df);
+/// A two-sided 95% t-interval for the mean of paired differences: mean ± t_{0.975, n−1} ·
+/// std / √n. `resolved` is false when n < 2 or the interval contains 0 (issue 13: "not
+/// resolved"); `sign` is then 0, else +1 (the recipe's loss is higher) or −1 (lower).
+struct PairedInterval {
+  double lo = 0, hi = 0;
+  int n = 0;
+  bool resolved = false;
+  int sign = 0;
+};
+PairedInterval paired_interval(const MeanStd& d);
 
 /// Aggregate of one recipe over its seeds (one row of the report).
 struct RecipeRow {
@@ -74,6 +89,8 @@ struct RecipeRow {
   /// run's final-window loss − the baseline run's of the same seed), in nats. A seed fixes the
   /// initialisation and the batches, so pairing removes most seed-to-seed variance.
   MeanStd paired_delta_baseline;
+  /// Its 95% t-interval over the paired seeds (paired_interval).
+  PairedInterval paired_ci95;
   std::map<std::string, MeanStd> heldout;  ///< per inference policy
   int diverged = 0;                      ///< runs that diverged (not in the means)
   std::vector<int> diverged_at;          ///< their divergence steps

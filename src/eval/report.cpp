@@ -77,6 +77,36 @@ MeanStd mean_std(const std::vector<double>& xs) {
   return m;
 }
 
+double t_quantile_975(int df) {
+  // Two-sided 95% critical values of Student's t, df = 1..30 (standard statistical tables).
+  static constexpr double kTable[30] = {
+      12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+      2.2010,  2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+      2.0796,  2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423};
+  if (df < 1) return kNaN;
+  if (df <= 30) return kTable[df - 1];
+  // Cornish–Fisher: t ≈ z + g1/ν + g2/ν² + g3/ν³ with z the normal 0.975 quantile.
+  const double z = 1.959963984540054, v = df;
+  const double z3 = z * z * z, z5 = z3 * z * z, z7 = z5 * z * z;
+  return z + (z3 + z) / (4 * v) + (5 * z5 + 16 * z3 + 3 * z) / (96 * v * v) +
+         (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * v * v * v);
+}
+
+PairedInterval paired_interval(const MeanStd& d) {
+  PairedInterval r;
+  r.n = d.n;
+  if (d.n < 2) {
+    r.lo = r.hi = d.n ? d.mean : kNaN;
+    return r;
+  }
+  const double h = t_quantile_975(d.n - 1) * d.std / std::sqrt(double(d.n));
+  r.lo = d.mean - h;
+  r.hi = d.mean + h;
+  r.resolved = r.lo > 0 || r.hi < 0;
+  r.sign = !r.resolved ? 0 : (r.lo > 0 ? 1 : -1);
+  return r;
+}
+
 int count_loss_spikes(const std::vector<double>& loss, int window, double threshold) {
   if (window < 1) throw std::invalid_argument("count_loss_spikes: window must be >= 1");
   int spikes = 0;
@@ -254,6 +284,7 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
       if (r.recipe == row.recipe && r.diverged_at == 0 && base_loss.count(r.seed))
         d.push_back(r.final_window_loss - base_loss[r.seed]);
     row.paired_delta_baseline = mean_std(d);
+    row.paired_ci95 = paired_interval(row.paired_delta_baseline);
   }
   for (auto& r : rows) {
     r.baseline = baseline;
@@ -263,6 +294,16 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
   }
   return rows;
 }
+
+namespace {
+// "[lo, hi] lower|higher|not resolved", or "—" (the baseline itself, or fewer than 2 seeds).
+std::string interval_cell(const RecipeRow& r, const std::string& base) {
+  if (r.recipe == base || r.paired_ci95.n < 2) return "—";
+  const PairedInterval& c = r.paired_ci95;
+  return "[" + fmt("%+.4f", c.lo) + ", " + fmt("%+.4f", c.hi) + "] " +
+         (c.sign < 0 ? "lower" : c.sign > 0 ? "higher" : "not resolved");
+}
+}  // namespace
 
 std::string comparison_report_md(const std::vector<RecipeRow>& rows,
                                  const std::vector<RunRecord>& runs, const ReportContext& ctx) {
@@ -289,10 +330,10 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << "No baseline among these recipes (bf16 or fp32 by default; `--baseline NAME`): the gap "
          "columns are empty.\n\n";
   o << "| recipe | seeds | final-window loss | vs " << bname << " | Δ vs " << bname
-    << ", paired by seed |";
+    << ", paired by seed | its 95% interval |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
   o << " diverged | loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 "
-       "|\n|---|---|---|---|---|";
+       "|\n|---|---|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
   o << "---|---|---|---|---|\n";
   bool partial_cells = false;
@@ -300,7 +341,7 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
       << (std::isfinite(r.gap_to_baseline_pct) ? fmt("%+.2f%%", r.gap_to_baseline_pct) : "—") << " | "
       << (r.paired_delta_baseline.n ? fmt_ms(r.paired_delta_baseline, "%+.4f") : std::string("—"))
-      << " |";
+      << " | " << interval_cell(r, base) << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
       o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
@@ -367,6 +408,9 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     << ") final-window loss of the same seed (same initialisation and batches), in nats. Its "
        "std is the uncertainty to read when ranking recipes; the unpaired ± mostly measures "
        "how seeds differ.\n"
+       "* **its 95% interval**: mean ± t₀.₉₇₅,ₙ₋₁ · std / √n over the n paired seeds (Student's "
+       "t; needs n ≥ 2). *lower* / *higher*: the interval excludes 0, the recipe's loss is "
+       "below / above the baseline's; *not resolved*: the interval contains 0.\n"
        "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
        "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
        "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "
