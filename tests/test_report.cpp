@@ -299,3 +299,20 @@ TEST(ReportStats, TheTableShowsTheIntervalAndItsVerdict) {
   EXPECT_NE(md.find("not resolved |"), std::string::npos) << md;  // wide: +0.1, −0.3, +0.3
   EXPECT_NE(md.find("its 95% interval"), std::string::npos);
 }
+
+// Grad-norm excursions: logged steps after warmup with a norm above 1 (or not finite).
+TEST(ReportStats, GradNormExcursionsAfterWarmupAreCounted) {
+  RunRecord r = run("fp4", 4.0, 10, 1);
+  r.warmup_steps = 3;
+  ASSERT_EQ(r.grad_norm.size(), r.step.size());
+  for (size_t i = 0; i < r.step.size(); ++i) r.grad_norm[i] = 0.5;
+  r.grad_norm[0] = 9.0;  // step 1: inside the warmup, not counted
+  r.grad_norm[5] = 1.5;
+  r.grad_norm[7] = std::numeric_limits<double>::infinity();
+  r.grad_norm[8] = 1.0;  // not above 1
+  const auto rows = aggregate_runs({r}, {"fp4"});
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].grad_norm_excursions, 2);
+  const std::string md = comparison_report_md(rows, {}, ReportContext{});
+  EXPECT_NE(md.find("grad norm > 1 after warmup"), std::string::npos);
+}

@@ -96,6 +96,8 @@ struct RecipeRow {
   std::vector<int> diverged_at;          ///< their divergence steps
   int spikes = 0;                        ///< loss spikes summed over seeds
   double max_grad_norm = 0;              ///< max over seeds of max grad norm after warmup
+  int grad_norm_excursions = 0;          ///< logged steps after warmup with grad norm > 1
+                                         ///< (or non-finite), summed over seeds
   double tokens_per_s = 0;               ///< tokens per step / median_step_ms
   double median_step_ms = 0;             ///< median step time over all seeds' steps after 5
   double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run

@@ -253,6 +253,8 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
       for (size_t i = 0; i < r.step.size(); ++i) {
         if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
           row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
+        // Grad-norm excursions (the paper's stability count): norm > 1 after warmup.
+        if (r.step[i] > r.warmup_steps && !(r.grad_norm[i] <= 1.0)) ++row.grad_norm_excursions;
         if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
       }
     }
@@ -332,10 +334,10 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   o << "| recipe | seeds | final-window loss | vs " << bname << " | Δ vs " << bname
     << ", paired by seed | its 95% interval |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
-  o << " diverged | loss spikes | max grad norm after warmup | tokens/s | step time vs fp32 "
+  o << " diverged | loss spikes | grad norm > 1 after warmup | max grad norm after warmup | tokens/s | step time vs fp32 "
        "|\n|---|---|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
-  o << "---|---|---|---|---|\n";
+  o << "---|---|---|---|---|---|\n";
   bool partial_cells = false;
   for (const auto& r : rows) {
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
@@ -355,7 +357,7 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     if (r.diverged == 0) o << "0";
     for (size_t i = 0; i < r.diverged_at.size(); ++i)
       o << (i ? ", " : "") << "at step " << r.diverged_at[i];
-    o << " | " << r.spikes << " | " << fmt("%.3f", r.max_grad_norm) << " | "
+    o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm) << " | "
       << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32) << " |\n";
   }
   o << "\nMeans ± sample standard deviations over the completed seeds (runs that diverged are "
@@ -417,6 +419,9 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "measured on disjoint batches then frozen (README, \"Quantized inference evaluation\").\n"
        "* **Loss spikes**: logged steps whose loss exceeds the median of the previous 100 "
        "logged steps by more than 0.5 nats (non-finite losses count), summed over seeds.\n"
+       "* **Grad norm > 1 after warmup**: logged steps after train.warmup_steps whose global "
+       "gradient norm (before clipping) exceeds 1 (or is not finite), summed over seeds; with "
+       "the loss spikes, the paper's count of instability.\n"
        "* **Max grad norm after warmup**: the largest global gradient norm (before clipping) "
        "after train.warmup_steps, over all seeds.\n"
        "* **Diverged**: runs stopped by a non-finite loss or gradient (the step is named).\n"
