@@ -61,7 +61,8 @@ uint32_t bits(float x) {
 /// memcmp of two float arrays; on a mismatch names the first differing index and both values.
 ::testing::AssertionResult same_bits(const Vec& got, const Vec& want) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << "size differs";
-  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
+  // Empty vectors: data() may be null, which memcmp must not be given even for 0 bytes.
+  if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0)
     return ::testing::AssertionSuccess();
   size_t i = 0;
   while (bits(got[i]) == bits(want[i])) ++i;

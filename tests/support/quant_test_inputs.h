@@ -72,7 +72,8 @@ inline std::string spec_str(const BlockQuantSpec& s) {
 template <class T>
 int64_t first_diff(const std::vector<T>& a, const std::vector<T>& b) {
   if (a.size() != b.size()) return 0;
-  if (std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return -1;
+  // Empty vectors: data() may be null, which memcmp must not be given even for 0 bytes.
+  if (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) return -1;
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return int64_t(i);
   return -1;
