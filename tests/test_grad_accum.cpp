@@ -40,11 +40,10 @@ void draw(const AccumSetup& s, std::vector<int32_t>& in, std::vector<int32_t>& t
   sampler.next(in.data(), tg.data());
 }
 
-// Gradient and loss of micro-batch m of step 1 alone, from a fresh model with the weights
-// `params` (its references empty, as at step 1).
-std::vector<float> micro_grad(const AccumSetup& s, const std::vector<float>& params, int m,
-                              double* loss, nn::Model** keep = nullptr) {
-  static std::vector<std::unique_ptr<nn::Model>> models;  // kept when `keep` asks for it
+// A fresh model with the weights `params` (its references empty, as at step 1) after the
+// forward and backward of micro-batch m of step 1 alone.
+std::unique_ptr<nn::Model> run_micro_alone(const AccumSetup& s, const std::vector<float>& params,
+                                           int m) {
   auto model = std::make_unique<nn::Model>(s.cfg.model, s.recipe, s.cfg.train.micro(),
                                            s.cfg.train.seq_len);
   model->params() = params;
@@ -57,14 +56,9 @@ std::vector<float> micro_grad(const AccumSetup& s, const std::vector<float>& par
   ctx.micro = m;
   ctx.first_micro = m == 0;
   model->zero_grad();
-  *loss = model->forward(in.data() + m * rows, tg.data() + m * rows, s.cfg.train.micro(), ctx);
+  model->forward(in.data() + m * rows, tg.data() + m * rows, s.cfg.train.micro(), ctx);
   model->backward(ctx);
-  std::vector<float> g = model->grads();
-  if (keep) {
-    *keep = model.get();
-    models.push_back(std::move(model));
-  }
-  return g;
+  return model;
 }
 
 // Gradients and losses of the n micro-batches of step 1 run one after the other through one
@@ -183,10 +177,7 @@ TEST(GradAccumReferences, HeldReferencesAreSampledOnTheFirstMicroBatch) {
   StepResult r;
   std::vector<float> p0;
   const auto model = run_step(s, &r, &p0);
-  double l;
-  nn::Model *first = nullptr, *second = nullptr;
-  (void)micro_grad(s, p0, 0, &l, &first);
-  (void)micro_grad(s, p0, 1, &l, &second);
+  const auto first = run_micro_alone(s, p0, 0), second = run_micro_alone(s, p0, 1);
   int differs = 0, checked = 0;
   for (size_t i = 0; i < model->linears().size(); ++i)
     for (nn::Role role : {nn::Role::X, nn::Role::W, nn::Role::DY}) {
@@ -211,11 +202,8 @@ TEST(GradAccumReferences, PerCallAndPerStepCurrentScaling) {
     StepResult r;
     std::vector<float> p0;
     const auto model = run_step(s, &r, &p0);
-    double l;
-    nn::Model *first = nullptr, *second = nullptr;
-    (void)micro_grad(s, p0, 0, &l, &first);
-    (void)micro_grad(s, p0, 1, &l, &second);
-    const nn::Model* want = how == AmaxSample::PerCall ? second : first;
+    const auto first = run_micro_alone(s, p0, 0), second = run_micro_alone(s, p0, 1);
+    const nn::Model* want = how == AmaxSample::PerCall ? second.get() : first.get();
     int differs = 0;
     for (size_t i = 0; i < model->linears().size(); ++i) {
       const float got = model->linears()[i].reference(nn::Role::X).held();
