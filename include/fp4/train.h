@@ -162,6 +162,11 @@ struct StepResult {
   bool diverged_on_this_rank = false;
 };
 
+/// Under mpirun: throws fp4::UserError unless the step's micro-batches
+/// (train.batch_size / train.micro_batch_size) spread evenly over the dist::size()
+/// processes; `resume` words the advice for a resumed run (which keeps its micro-batches).
+void check_process_count(const RunConfig& cfg, bool resume = false);
+
 /// The data-parallel agreement on activation and gradient references under `recipe`
 /// (Recipe::amax_ranks) over the MPI ranks of this run; null for one process.
 std::unique_ptr<nn::RankReferences> rank_references(const Recipe& recipe);

@@ -61,18 +61,6 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
               out.string().c_str());
 }
 
-// Under mpirun: the step's micro-batches must spread evenly over the processes (checked
-// before any data is prepared; train() checks it again).
-void check_process_count(const RunConfig& cfg, bool resume = false) {
-  const int n = cfg.train.n_micro(), P = dist::size();
-  if (n % P == 0) return;
-  throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
-                  " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
-                  " processes (mpirun -np): use a process count that divides it" +
-                  (resume ? std::string(" (a resumed run keeps its micro-batches)")
-                          : std::string(", or change train.micro_batch_size")));
-}
-
 TrainOptions checkpoint_options(const TrainArgs& a) {
   TrainOptions opt;
   opt.quiet = a.quiet;
@@ -208,7 +196,7 @@ void run_train(const TrainArgs& a) {
   validate(cfg, with_settings(a.config, sets.config));
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
   check_recipe_fits(recipe, cfg);
-  check_process_count(cfg);
+  check_process_count(cfg);  // before any data is prepared (train() checks it again)
 
   const fs::path data_path =
       run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);

@@ -242,6 +242,16 @@ double run_micro(nn::Model& model, nn::StepContext& ctx, const int32_t* inputs,
 }
 }  // namespace
 
+void check_process_count(const RunConfig& cfg, bool resume) {
+  const int n = cfg.train.n_micro(), P = dist::size();
+  if (n % P == 0) return;
+  throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
+                  " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
+                  " processes (mpirun -np): use a process count that divides it" +
+                  (resume ? std::string(" (a resumed run keeps its micro-batches)")
+                          : std::string(", or change train.micro_batch_size")));
+}
+
 std::unique_ptr<nn::RankReferences> rank_references(const Recipe& recipe) {
   if (dist::size() == 1) return nullptr;
   return std::make_unique<MpiReferences>(recipe.amax_ranks);
@@ -263,11 +273,8 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
   using prof::Cat;
   using prof::Scope;
   const auto& tc = cfg.train;
+  check_process_count(cfg);
   const int n = tc.n_micro(), P = dist::size();
-  if (n % P != 0)
-    throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
-                    " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
-                    " processes: make it a multiple of the process count");
   StepResult r;
   {
     Scope s(Cat::kData);
@@ -389,11 +396,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                     std::to_string(opt.keep_checkpoints) + ", " + std::to_string(opt.log_every));
   const int n_ranks = dist::size();
   const bool rank0 = dist::rank() == 0;  // the only rank that writes files and prints
-  if (tc.n_micro() % n_ranks != 0)
-    throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(tc.n_micro()) +
-                    " micro-batches per step cannot be spread evenly over " +
-                    std::to_string(n_ranks) + " processes (mpirun -np): use a process count "
-                    "that divides it, or change train.micro_batch_size");
+  check_process_count(cfg);
   nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);
   model.init(tc.seed);
   AdamW opt_state(model.num_params(), tc);
