@@ -314,6 +314,31 @@ TEST(EvalModel, NoneIsTheFp32NllAndReplayD1IsCurrent) {
             evaluate_nll(q, one, kT, kB, parse_eval_policy("current")).nats_per_token);
 }
 
+// Per-window NLL (the values the report's paired bootstrap resamples): one per window, in
+// order; each equals that window evaluated alone (an independent forward of batch 1; the
+// GEMM blocking may differ with the batch, hence the FP32-rounding tolerance), and their
+// mean is the reported NLL up to the order of the FP64 sums.
+TEST(EvalModel, WindowNllIsEachWindowsOwnMeanAndAveragesToTheNll) {
+  const ModelConfig mc = tiny_model();
+  nn::Model f(mc, recipe("fp32"), kB, kT);
+  f.init(4);
+  const auto stream = token_stream(300, mc.vocab_size, 5);
+  const EvalWindows w{&stream, heldout_windows(int64_t(stream.size()), kT, 6)};
+  ASSERT_GT(w.starts.size(), size_t(kB));  // several batches, the last one partial or full
+  const NllResult r = evaluate_nll(f, w, kT, kB, parse_eval_policy("none"));
+  ASSERT_EQ(r.window_nll.size(), w.starts.size());
+  double sum = 0;
+  for (size_t i = 0; i < w.starts.size(); ++i) {
+    const EvalWindows alone{&stream, {w.starts[i]}};
+    const double own = evaluate_nll(f, alone, kT, kB, parse_eval_policy("none")).nats_per_token;
+    EXPECT_NEAR(r.window_nll[i], own, 1e-5 * own) << "window " << i;
+    sum += r.window_nll[i];
+  }
+  EXPECT_NEAR(sum / double(w.starts.size()), r.nats_per_token, 1e-12 * r.nats_per_token);
+  // Windows differ (different text), so the values are not one number repeated.
+  EXPECT_NE(r.window_nll.front(), r.window_nll.back());
+}
+
 // One AdamW training step at 1-based `step`; returns the loss.
 double train_step(nn::Model& m, AdamW& opt, const TrainConfig& tc, int step, uint32_t seed) {
   const auto in = token_stream(kB * kT, m.config().vocab_size, seed),

@@ -7,6 +7,7 @@
 #include <limits>
 #include <unistd.h>
 
+#include "fp4/data.h"
 #include "fp4/error.h"
 #include "fp4/report.h"
 
@@ -315,4 +316,267 @@ TEST(ReportStats, GradNormExcursionsAfterWarmupAreCounted) {
   EXPECT_EQ(rows[0].grad_norm_excursions, 2);
   const std::string md = comparison_report_md(rows, {}, ReportContext{});
   EXPECT_NE(md.find("grad norm > 1 after warmup"), std::string::npos);
+}
+
+// Paired bootstrap over windows (issue 13 §2), against hand calculation and normal theory.
+TEST(ReportBootstrap, ConstantDifferencesGiveAPointInterval) {
+  const BootstrapInterval b = paired_bootstrap({std::vector<double>(8, -0.25)}, 1000);
+  EXPECT_EQ(b.lo, -0.25);
+  EXPECT_EQ(b.hi, -0.25);
+  EXPECT_EQ(b.mean, -0.25);
+  EXPECT_TRUE(b.resolved);
+  EXPECT_EQ(b.sign, -1);
+  EXPECT_EQ(b.windows, 8);
+  EXPECT_EQ(b.resamples, 1000);
+}
+
+// Two windows {0, 1}: a resample's mean is 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4, so
+// with 10,000 resamples about 2,500 are 0 and 2,500 are 1: the 2.5% and 97.5% quantiles are
+// exactly 0 and 1, and about a quarter of the draws are each extreme.
+TEST(ReportBootstrap, TwoWindowsByHand) {
+  const BootstrapInterval b = paired_bootstrap({{0.0, 1.0}});
+  EXPECT_EQ(b.lo, 0.0);
+  EXPECT_EQ(b.hi, 1.0);
+  EXPECT_EQ(b.mean, 0.5);
+  EXPECT_FALSE(b.resolved);  // 0 is in [0, 1]: "not resolved"
+  EXPECT_EQ(b.sign, 0);
+}
+
+// Seeds are paired window by window: +x on seed 1 and −x on seed 2 cancel in every window.
+TEST(ReportBootstrap, SeedsArePairedByWindow) {
+  const std::vector<double> a = {0.3, -0.1, 0.2, 0.5}, m = {-0.3, 0.1, -0.2, -0.5};
+  const BootstrapInterval b = paired_bootstrap({a, m});
+  EXPECT_EQ(b.lo, 0.0);
+  EXPECT_EQ(b.hi, 0.0);
+  EXPECT_FALSE(b.resolved);
+  EXPECT_EQ(b.seeds, 2);
+}
+
+// Many windows of i.i.d. N(μ, σ²) differences: the bootstrap interval approaches the normal
+// one, μ̂ ± 1.96·s/√W (here σ = 1, W = 400: half-width 0.098); the draws are reproducible
+// and change with the bootstrap seed.
+TEST(ReportBootstrap, LargeSampleWidthMatchesNormalTheoryAndIsReproducible) {
+  const int W = 400;
+  std::vector<double> d(W);
+  double mean = 0, sq = 0;
+  for (int i = 0; i < W; ++i) {
+    // Box–Muller on splitmix64 uniforms (independent of the bootstrap's own draws).
+    const double u1 = (double(splitmix64(7, 2 * i) >> 11) + 0.5) / 9007199254740992.0;
+    const double u2 = (double(splitmix64(7, 2 * i + 1) >> 11) + 0.5) / 9007199254740992.0;
+    d[i] = 0.05 + std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    mean += d[i];
+  }
+  mean /= W;
+  for (double x : d) sq += (x - mean) * (x - mean);
+  const double s = std::sqrt(sq / (W - 1)), half = 1.959964 * s / std::sqrt(double(W));
+  const BootstrapInterval b = paired_bootstrap({d});
+  EXPECT_NEAR(b.mean, mean, 1e-12);
+  EXPECT_NEAR((b.hi - b.lo) / 2, half, 0.08 * half);  // Monte Carlo error of 10^4 resamples
+  EXPECT_NEAR((b.hi + b.lo) / 2, mean, 0.1 * half);
+  const BootstrapInterval again = paired_bootstrap({d});
+  EXPECT_EQ(again.lo, b.lo);
+  EXPECT_EQ(again.hi, b.hi);
+  const BootstrapInterval other = paired_bootstrap({d}, 10000, 1);
+  EXPECT_NE(other.lo, b.lo);
+  EXPECT_NEAR(other.lo, b.lo, 0.1 * half);
+}
+
+TEST(ReportBootstrap, RejectsRaggedAndEmptyInput) {
+  EXPECT_THROW(paired_bootstrap({}), std::invalid_argument);
+  EXPECT_THROW(paired_bootstrap({{}}), std::invalid_argument);
+  EXPECT_THROW(paired_bootstrap({{1.0, 2.0}, {1.0}}), std::invalid_argument);
+  EXPECT_THROW(paired_bootstrap({{1.0}}, 0), std::invalid_argument);
+}
+
+namespace {
+// Runs of `recipe` for seeds 1..n with the given final-window losses and, optionally,
+// per-window held-out NLL (policy none).
+std::vector<RunRecord> seeded(const std::string& recipe, const std::vector<double>& loss,
+                              const std::vector<std::vector<double>>& windows = {}) {
+  std::vector<RunRecord> out;
+  for (size_t i = 0; i < loss.size(); ++i) {
+    RunRecord r = run(recipe, loss[i], 10, 1);
+    r.seed = i + 1;
+    if (i < windows.size()) {
+      r.heldout_windows["none"] = windows[i];
+      double s = 0;
+      for (double v : windows[i]) s += v;
+      r.heldout["none"] = s / windows[i].size();
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+std::vector<RunRecord> cat(std::vector<RunRecord> a, const std::vector<RunRecord>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+Hypothesis beats(const std::string& a, const std::string& b, const std::string& metric = "final_loss") {
+  Hypothesis h;
+  h.id = "H";
+  h.claim = a + " beats " + b;
+  h.metric = metric;
+  h.contrast = {{a, 1.0}, {b, -1.0}};
+  h.expect = -1;
+  return h;
+}
+}  // namespace
+
+// Verdicts on contrasts, with the t-interval of PairedIntervalsAndTheirVerdicts' hand
+// calculation: A − B = {−0.10, −0.12, −0.11} → [−0.1348, −0.0852].
+TEST(ReportHypotheses, VerdictsFollowTheIntervalAndTheExpectedSign) {
+  const auto runs = cat(seeded("A", {4.90, 5.88, 5.39}), seeded("B", {5.00, 6.00, 5.50}));
+  Verdict v = judge_hypothesis(beats("A", "B"), runs);
+  EXPECT_EQ(v.verdict, "supported");
+  ASSERT_EQ(v.per_seed.size(), 3u);
+  EXPECT_NEAR(v.per_seed[1], -0.12, 1e-12);
+  EXPECT_NEAR(v.t95.lo, -0.11 - 0.024842, 1e-6);
+  EXPECT_EQ(judge_hypothesis(beats("B", "A"), runs).verdict, "contradicted");
+  // Differences {−0.1, +0.3, −0.1}: the interval contains 0.
+  const auto wide = cat(seeded("A", {4.9, 6.3, 5.4}), seeded("B", {5.0, 6.0, 5.5}));
+  v = judge_hypothesis(beats("A", "B"), wide);
+  EXPECT_EQ(v.verdict, "not resolved");
+  EXPECT_NE(v.why.find("contains 0"), std::string::npos) << v.why;
+  EXPECT_EQ(judge_hypothesis(beats("A", "C"), runs).verdict, "not run");
+  EXPECT_EQ(judge_hypothesis(beats("A", "B"), cat(seeded("A", {4.9}), seeded("B", {5.0}))).verdict,
+            "not resolved");
+  // A three-recipe contrast: A − 0.5 B − 0.5 C with C = B − 0.2 on every seed:
+  // per seed (A − B) + 0.1 = {0.0, −0.02, −0.01} → not resolved (contains 0).
+  Hypothesis h;
+  h.id = "H2";
+  h.contrast = {{"A", 1.0}, {"B", -0.5}, {"C", -0.5}};
+  const auto three = cat(runs, seeded("C", {4.80, 5.80, 5.30}));
+  v = judge_hypothesis(h, three);
+  EXPECT_NEAR(v.contrast.mean, -0.01, 1e-12);
+  EXPECT_EQ(v.verdict, "not resolved");
+}
+
+TEST(ReportHypotheses, HeldOutNllNeedsTheBootstrapToAgree) {
+  // Seeds agree (A − B = −0.1 ± small) but on seed 1 the windows disagree wildly.
+  const std::vector<std::vector<double>> wa = {{5.0, 5.0, 5.0, 5.0}, {5.9, 5.9, 5.9, 5.9}, {5.4, 5.4, 5.4, 5.4}};
+  const std::vector<std::vector<double>> wb = {{5.1, 5.1, 5.1, 5.1}, {6.0, 6.0, 6.0, 6.0}, {5.5, 5.5, 5.5, 5.5}};
+  auto runs = cat(seeded("A", {1, 1, 1}, wa), seeded("B", {1, 1, 1}, wb));
+  // Seed 3 a little different so the seed std is not 0: A − B = −0.1, −0.1, −0.12.
+  for (auto& r : runs)
+    if (r.recipe == "A" && r.seed == 3) {
+      for (auto& x : r.heldout_windows["none"]) x = 5.38;
+      r.heldout["none"] = 5.38;
+    }
+  Verdict v = judge_hypothesis(beats("A", "B", "heldout_nll"), runs);
+  EXPECT_EQ(v.verdict, "supported") << v.why;
+  EXPECT_TRUE(v.boot.resolved);
+  EXPECT_EQ(v.boot.windows, 4);
+  // Windows of seed 1 now ±3 around the same mean: the bootstrap over windows contains 0.
+  for (auto& r : runs)
+    if (r.recipe == "A" && r.seed == 1) r.heldout_windows["none"] = {2.0, 8.0, 2.0, 8.0};
+  v = judge_hypothesis(beats("A", "B", "heldout_nll"), runs);
+  EXPECT_EQ(v.verdict, "not resolved");
+  EXPECT_NE(v.why.find("bootstrap"), std::string::npos) << v.why;
+  // Without per-window values: not resolved, and it says why.
+  for (auto& r : runs) r.heldout_windows.clear();
+  v = judge_hypothesis(beats("A", "B", "heldout_nll"), runs);
+  EXPECT_EQ(v.verdict, "not resolved");
+  EXPECT_NE(v.why.find("per-window"), std::string::npos) << v.why;
+}
+
+TEST(ReportHypotheses, EquivalenceWithAMargin) {
+  Hypothesis h;
+  h.id = "H8";
+  h.contrast = {{"A", 1.0}, {"B", -1.0}};
+  h.expect = 0;
+  h.margin = 0.05;
+  // A − B = {0.001, −0.002, 0.0}: mean −0.000333, interval well inside ±0.05.
+  auto runs = cat(seeded("A", {5.001, 5.998, 5.5}), seeded("B", {5.0, 6.0, 5.5}));
+  EXPECT_EQ(judge_hypothesis(h, runs).verdict, "supported");
+  h.margin = 0.001;  // now the interval reaches past ±0.001
+  EXPECT_EQ(judge_hypothesis(h, runs).verdict, "not resolved");
+  h.margin = 0.05;  // A − B = {0.2, 0.21, 0.19}: wholly outside ±0.05
+  runs = cat(seeded("A", {5.2, 6.21, 5.69}), seeded("B", {5.0, 6.0, 5.5}));
+  EXPECT_EQ(judge_hypothesis(h, runs).verdict, "contradicted");
+}
+
+TEST(ReportHypotheses, GradNormExcursionsCountDivergedRunsToo) {
+  Hypothesis h;
+  h.id = "H4";
+  h.metric = "grad_norm_excursions";
+  h.contrast = {{"A", 1.0}, {"B", -1.0}};
+  h.expect = 1;
+  auto a = seeded("A", {5, 5, 5}), b = seeded("B", {5, 5, 5});
+  // run(): grad norm 0.5 after warmup except step 7 (gn_late = 1 → not an excursion).
+  for (int s = 0; s < 3; ++s) a[s].grad_norm[4] = a[s].grad_norm[5] = 2.0;  // steps 5, 6
+  a[0].grad_norm[8] = 3.0;  // and step 9 on seed 1
+  a[2].diverged_at = 9;     // a diverged run still counts
+  const Verdict v = judge_hypothesis(h, cat(a, b));
+  ASSERT_EQ(v.per_seed.size(), 3u);
+  EXPECT_EQ(v.per_seed[0], 3);
+  EXPECT_EQ(v.per_seed[1], 2);
+  EXPECT_EQ(v.per_seed[2], 2);
+  // {3, 2, 2}: mean 7/3, std √(1/3), half-width 4.3027·√(1/3)/√3 = 1.4342 → lo 0.899.
+  EXPECT_EQ(v.verdict, "supported");
+  EXPECT_NEAR(v.t95.lo, 7.0 / 3 - 4.3027 * std::sqrt(1.0 / 3) / std::sqrt(3.0), 1e-4);
+  // B with more: contradicted.
+  h.expect = -1;
+  EXPECT_EQ(judge_hypothesis(h, cat(a, b)).verdict, "contradicted");
+}
+
+namespace {
+fs::path write_study(const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("fp4_study_" + std::to_string(getpid()) + ".toml");
+  std::ofstream(p) << text;
+  return p;
+}
+std::string load_error(const std::string& text) {
+  const fs::path p = write_study(text);
+  try {
+    load_hypotheses(p);
+  } catch (const UserError& e) {
+    fs::remove(p);
+    return e.what();
+  }
+  fs::remove(p);
+  return "";
+}
+}  // namespace
+
+TEST(ReportHypotheses, StudyFilesParseAndBadOnesAreNamed) {
+  const fs::path p = write_study(
+      "[[hypothesis]]\nid = \"H5\"\nclaim = \"b16 beats b32\"\nlower = \"ue5m3-b16\"\nthan = \"ue5m3-b32\"\n"
+      "[[hypothesis]]\nid = \"H2\"\nclaim = \"gap\"\nmetric = \"heldout_nll\"\npolicy = \"current\"\n"
+      "contrast = { \"ue5m3-te\" = 1.0, \"nvfp4-te\" = -0.5, \"bf16\" = -0.5 }\nexpect = \"negative\"\n"
+      "[[hypothesis]]\nid = \"H8\"\nclaim = \"same\"\ncontrast = { a = 1, b = -1 }\nexpect = \"equivalent\"\nmargin = 0.01\n");
+  const auto hs = load_hypotheses(p);
+  fs::remove(p);
+  ASSERT_EQ(hs.size(), 3u);
+  EXPECT_EQ(hs[0].contrast, (std::vector<std::pair<std::string, double>>{{"ue5m3-b16", 1}, {"ue5m3-b32", -1}}));
+  EXPECT_EQ(hs[0].expect, -1);
+  EXPECT_EQ(hs[1].metric, "heldout_nll");
+  EXPECT_EQ(hs[1].policy, "current");
+  // In the file's order, not toml++'s sorted one.
+  EXPECT_EQ(hs[1].contrast, (std::vector<std::pair<std::string, double>>{
+                                {"ue5m3-te", 1}, {"nvfp4-te", -0.5}, {"bf16", -0.5}}));
+  EXPECT_EQ(hs[2].expect, 0);
+  EXPECT_EQ(hs[2].margin, 0.01);
+  const std::string head = "[[hypothesis]]\nid = \"X\"\nclaim = \"c\"\n";
+  EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\ncolour = 1\n").find("unknown key 'colour'"), std::string::npos);
+  EXPECT_NE(load_error("[[hypothesis]]\nclaim = \"c\"\n").find("missing string 'id'"), std::string::npos);
+  EXPECT_NE(load_error(head + "metric = \"loss\"\nlower = \"a\"\nthan = \"b\"\n").find("metric 'loss'"), std::string::npos);
+  EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\ncontrast = { a = 1 }\n").find("either"), std::string::npos);
+  EXPECT_NE(load_error(head + "contrast = { a = 0 }\nexpect = \"negative\"\n").find("every coefficient"), std::string::npos);
+  EXPECT_NE(load_error(head + "contrast = { a = 1 }\nexpect = \"down\"\n").find("expect must be"), std::string::npos);
+  EXPECT_NE(load_error(head + "contrast = { a = 1 }\nexpect = \"equivalent\"\n").find("needs margin"), std::string::npos);
+  EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\nmargin = 1\n").find("'margin' goes with"), std::string::npos);
+  EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"a\"\n").find("same recipe"), std::string::npos);
+  EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\n" + head + "lower = \"a\"\nthan = \"b\"\n").find("used twice"), std::string::npos);
+  EXPECT_NE(load_error("x = 1\n").find("no [[hypothesis]]"), std::string::npos);
+  EXPECT_NE(load_error("[[hypothesis]\n").find("malformed TOML"), std::string::npos);
+}
+
+// The shipped study names only shipped recipes, so every hypothesis can be run.
+TEST(ReportHypotheses, TheShippedStudyNamesShippedRecipes) {
+  const fs::path root = FP4_SOURCE_DIR;
+  const auto hs = load_hypotheses(root / "configs/studies/claims.toml");
+  EXPECT_GE(hs.size(), 8u);
+  for (const auto& h : hs)
+    for (const auto& [name, coef] : h.contrast)
+      EXPECT_TRUE(fs::exists(root / "configs/recipes" / (name + ".toml"))) << h.id << ": " << name;
 }

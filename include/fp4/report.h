@@ -26,6 +26,9 @@ struct RunRecord {
   std::vector<double> step_ms;        ///< wall time of step[i] (ms)
   /// Held-out NLL (nats/token) by inference policy ("none" = FP32 inference, "current", ...).
   std::map<std::string, double> heldout;
+  /// Held-out mean NLL of each window (eval.json results → policy → window_nll, in window
+  /// order), by inference policy; absent for eval.json files written before it was recorded.
+  std::map<std::string, std::vector<double>> heldout_windows;
   /// Held-out bits per byte by inference policy, where known.
   std::map<std::string, double> heldout_bpb;
   /// Step of the checkpoint eval.json was computed from (−1: no eval.json, the summary's
@@ -75,6 +78,30 @@ struct PairedInterval {
 };
 PairedInterval paired_interval(const MeanStd& d);
 
+/// A paired bootstrap over held-out windows (issue 13 §2, as the paper's reference
+/// implementation evaluates held-out loss): a 95% percentile interval for the mean of paired
+/// per-window differences.
+struct BootstrapInterval {
+  double mean = 0;     ///< the observed mean over seeds and windows
+  double lo = 0, hi = 0;
+  int seeds = 0, windows = 0, resamples = 0;
+  bool resolved = false;  ///< the interval excludes 0
+  int sign = 0;           ///< +1 / −1 when resolved (above / below 0), else 0
+};
+/// Paired bootstrap of d[s][w], the difference of two recipes' (or any contrast's) mean NLL
+/// on held-out window w in the runs of seed s. Every row must hold the same W ≥ 1 windows
+/// (the held-out windows are the same text for every seed). Each of `resamples` draws W
+/// window indices uniformly with replacement, the same indices for every seed, and takes the
+/// mean of d over seeds and drawn windows; the interval is the 2.5% and 97.5% quantiles of
+/// those means (linear interpolation between order statistics, Hyndman–Fan type 7). The
+/// draws come from splitmix64(seed + k) with rejection sampling, so the interval is the same
+/// on every machine and compiler. It measures the evaluation sample's noise only (which
+/// windows were held out), not the training noise across seeds: paired_interval does that.
+/// Throws std::invalid_argument for no rows, rows of different or zero length, or
+/// resamples < 1.
+BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d,
+                                   int resamples = 10000, uint64_t seed = 20260902);
+
 /// Aggregate of one recipe over its seeds (one row of the report).
 struct RecipeRow {
   std::string recipe;
@@ -91,6 +118,10 @@ struct RecipeRow {
   MeanStd paired_delta_baseline;
   /// Its 95% t-interval over the paired seeds (paired_interval).
   PairedInterval paired_ci95;
+  /// Held-out NLL (policy `bootstrap_policy` of aggregate_runs) minus the baseline's, paired
+  /// by seed and window: paired_bootstrap over the seeds both have per-window values for
+  /// (seeds = 0 when none has).
+  BootstrapInterval heldout_boot;
   std::map<std::string, MeanStd> heldout;  ///< per inference policy
   int diverged = 0;                      ///< runs that diverged (not in the means)
   std::vector<int> diverged_at;          ///< their divergence steps
@@ -117,9 +148,65 @@ std::string default_baseline(const std::vector<std::string>& names);
 /// `order` are appended in the order first seen). Gaps and paired differences are measured
 /// against the recipe named `baseline` (an exact name; empty: default_baseline of the rows'
 /// names). A baseline without completed runs gives NaN gaps and empty paired differences.
+/// heldout_boot is computed for inference policy `bootstrap_policy` ("none": FP32 inference).
 std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
                                       const std::vector<std::string>& order,
-                                      const std::string& baseline = "");
+                                      const std::string& baseline = "",
+                                      const std::string& bootstrap_policy = "none");
+
+/// One claim of a study (issue 13 §1), as a linear contrast of recipes: the claim holds when
+/// Σ_i coef_i · metric(recipe_i) has the expected sign. "A beats B" is {A: +1, B: −1},
+/// expected negative; "UE5M3 scales close more than half the NVFP4→BF16 gap" is
+/// ue5m3-te − nvfp4-te + 0.5·(nvfp4-te − bf16) = {ue5m3-te: 1, nvfp4-te: −0.5, bf16: −0.5},
+/// expected negative.
+struct Hypothesis {
+  std::string id;      ///< e.g. "H5"
+  std::string claim;   ///< the paper's claim in words
+  /// "final_loss" (final-window training loss, nats), "heldout_nll" (held-out NLL under
+  /// `policy`, nats/token) or "grad_norm_excursions" (logged steps after warmup with grad
+  /// norm > 1, the paper's instability count).
+  std::string metric = "final_loss";
+  std::string policy = "none";  ///< heldout_nll only
+  std::vector<std::pair<std::string, double>> contrast;  ///< recipe name → coefficient
+  int expect = -1;     ///< −1: the claim holds when the contrast is negative; +1: positive;
+                       ///< 0: when it is within ±margin (an equivalence claim)
+  double margin = 0;   ///< expect = 0 only: the largest |contrast| the claim calls "little"
+};
+
+/// Read the [[hypothesis]] tables of a study file (TOML). Each has `id`, `claim`, optional
+/// `metric` and `policy`, and either `lower = "A"` with `than = "B"` (the contrast A − B,
+/// expected negative) or `contrast = { "A" = 1.0, "B" = -1.0, ... }` with
+/// `expect = "negative" | "positive"`, or `expect = "equivalent"` with `margin = m > 0` (the
+/// claim that the contrast is within ±m: "changes little"). Throws fp4::UserError naming the file, the hypothesis
+/// and the key on a missing or malformed entry, an unknown metric or key, or an empty or
+/// all-zero contrast.
+std::vector<Hypothesis> load_hypotheses(const std::filesystem::path& file);
+
+/// The verdict on one hypothesis from the runs (issue 13 §2).
+struct Verdict {
+  /// "supported", "contradicted", "not resolved" or "not run".
+  std::string verdict;
+  std::string why;          ///< e.g. the recipes without runs, or "n < 2 seeds"
+  std::vector<double> per_seed;  ///< the contrast per seed (seeds where every recipe has it)
+  MeanStd contrast;         ///< over those seeds
+  PairedInterval t95;       ///< t-interval over seeds
+  BootstrapInterval boot;   ///< heldout_nll only: paired bootstrap over windows (seeds = 0
+                            ///< without per-window values)
+};
+/// Judge `h` on `runs`: the contrast is evaluated per seed over the seeds where every recipe
+/// of the contrast has a completed run (for grad_norm_excursions, also diverged runs). It is
+/// *resolved* when its 95% t-interval over seeds excludes 0 and, for heldout_nll, also the
+/// paired bootstrap over windows excludes 0 on the same side; then *supported* if the sign
+/// is the expected one, else *contradicted*. Otherwise *not resolved* (including n < 2
+/// seeds); *not run* when a recipe of the contrast has no completed run. An equivalence
+/// claim (expect 0) is *supported* when the interval (both intervals, for heldout_nll) lies
+/// inside (−margin, margin), *contradicted* when one lies wholly outside [−margin, margin],
+/// else *not resolved* (the two one-sided tests at 2.5% each, TOST).
+Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs);
+
+/// The "Hypotheses" section of a report: one row per hypothesis with its contrast, metric,
+/// per-seed values, intervals and verdict, and the rule that decides them.
+std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs);
 
 /// Everything the report states about how the runs were made.
 struct ReportContext {

@@ -74,16 +74,19 @@ struct Plan {
   std::string model_line;
   std::vector<std::string> sets;       ///< --set arguments (KEY=VALUE), applied to every run
   std::string baseline;                ///< --baseline as given; empty: the default rule
+  std::string hypotheses;              ///< --hypotheses study file as given; empty: none
 };
 
 json plan_json(const Plan& p) {
-  return {{"config", p.config_arg},        {"config_name", p.config_name},
+  json j = {{"config", p.config_arg},        {"config_name", p.config_name},
           {"config_toml", p.config_toml},  {"recipes", p.recipes},
           {"names", p.names},              {"policies", p.policies},
           {"seeds", p.seeds},              {"steps", p.steps},
           {"save_every", p.save_every},    {"keep_checkpoints", p.keep_checkpoints},
           {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line},
           {"sets", p.sets},                {"baseline", p.baseline}};
+  if (!p.hypotheses.empty()) j["hypotheses"] = p.hypotheses;  // absent: older files unchanged
+  return j;
 }
 
 Plan read_plan(const fs::path& dir) {
@@ -108,6 +111,7 @@ Plan read_plan(const fs::path& dir) {
     p.model_line = j.value("model", "");
     if (j.contains("sets")) p.sets = j.at("sets").get<std::vector<std::string>>();
     p.baseline = j.value("baseline", "");
+    p.hypotheses = j.value("hypotheses", "");
     return p;
   } catch (const json::exception& e) {
     throw UserError(f.string() + ": malformed (" + e.what() + ")");
@@ -133,6 +137,7 @@ std::string plan_command(const Plan& p, const fs::path& out) {
   }
   for (const auto& x : p.sets) cmd += " --set " + shell_word(x);
   if (!p.baseline.empty()) cmd += " --baseline " + shell_word(p.baseline);
+  if (!p.hypotheses.empty()) cmd += " --hypotheses " + shell_quote(p.hypotheses);
   return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
 }
 
@@ -159,8 +164,12 @@ fs::path run_dir(const fs::path& out, const std::string& recipe_name, uint64_t s
 /// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the
 /// gap columns and the difference plot against `baseline_arg` (empty: the plan's).
 void build_report(const fs::path& out, const Plan& plan, bool plots,
-                  const std::string& baseline_arg = "") {
+                  const std::string& baseline_arg = "", const std::string& hypotheses_arg = "") {
   const std::string baseline = plan_baseline(plan, baseline_arg);
+  const std::string hyp_file = hypotheses_arg.empty() ? plan.hypotheses : hypotheses_arg;
+  // Read before anything is written, so a bad study file changes nothing.
+  const std::vector<Hypothesis> hyps =
+      hyp_file.empty() ? std::vector<Hypothesis>{} : load_hypotheses(resolve(hyp_file));
   std::vector<RunRecord> runs;
   std::vector<std::string> missing;
   for (const auto& r : plan.names)
@@ -202,6 +211,7 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
     }
   }
   std::string md = comparison_report_md(aggregate_runs(runs, plan.names, baseline), runs, ctx);
+  if (!hyps.empty()) md += hypotheses_md(hyps, runs) + "\nStudy file: `" + hyp_file + "`.\n";
   if (!missing.empty()) {
     md += "\n## Not finished\n\n";
     for (const auto& m : missing) md += "* `" + m + "`\n";
@@ -224,6 +234,7 @@ struct CompareArgs {
   int keep_checkpoints = 1;
   std::vector<std::string> sets;  // --set KEY=VALUE
   std::string baseline;           // --baseline NAME
+  std::string hypotheses;         // --hypotheses FILE
   bool steps_given = false;
 };
 
@@ -244,6 +255,8 @@ void run_compare(const CompareArgs& a) {
   plan.config_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
   plan.sets = sets.given;
   plan.baseline = a.baseline;
+  plan.hypotheses = a.hypotheses;
+  if (!a.hypotheses.empty()) (void)load_hypotheses(resolve(a.hypotheses));  // fail before training
   plan.recipes = split_list(a.recipes, "--recipes");
   for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
   for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
@@ -284,6 +297,7 @@ void run_compare(const CompareArgs& a) {
       if (std::find(plan.policies.begin(), plan.policies.end(), q) == plan.policies.end())
         plan.policies.push_back(q);
     if (plan.baseline.empty()) plan.baseline = old.baseline;
+    if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
   }
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
@@ -486,6 +500,10 @@ void register_compare(CLI::App& app) {
                 "are measured against; one of the compared recipes (also its --set-labelled "
                 "name). Default: bf16 when compared, else fp32, else none")
       ->check([](const std::string& v) { return v.empty() ? std::string("empty name") : std::string(); });
+  c->add_option("--hypotheses", a->hypotheses,
+                "Study file of [[hypothesis]] claims (e.g. configs/studies/claims.toml): the "
+                "report judges each as supported / contradicted / not resolved / not run "
+                "(docs/recipes.md, \"Studies\"); remembered in DIR/compare.json");
   add_set_option(c, a->sets,
                  ", in every run of the comparison (recipe keys in every recipe: fp32+fp4.block=32, "
                  "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
@@ -495,6 +513,7 @@ void register_compare(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto no_plots = std::make_shared<bool>(false);
   auto baseline = std::make_shared<std::string>();
+  auto hypotheses = std::make_shared<std::string>();
   auto* r = app.add_subcommand(
       "report",
       "Rebuild DIR/report.md and DIR/plots/ of a `fp4train compare` directory from its finished\n"
@@ -504,8 +523,11 @@ void register_compare(CLI::App& app) {
   r->add_option("--baseline", *baseline,
                 "Recipe the gap columns and the difference plot are measured against (default: "
                 "the comparison's --baseline, else bf16, else fp32)");
-  r->callback([dir, no_plots, baseline] {
-    build_report(*dir, read_plan(*dir), !*no_plots, *baseline);
+  r->add_option("--hypotheses", *hypotheses,
+                "Study file of [[hypothesis]] claims to judge (default: the comparison's "
+                "--hypotheses, if any)");
+  r->callback([dir, no_plots, baseline, hypotheses] {
+    build_report(*dir, read_plan(*dir), !*no_plots, *baseline, *hypotheses);
   });
 }
 

@@ -249,6 +249,9 @@ void run_eval(const EvalArgs& a) {
                {"tokens", r.tokens},
                {"bytes", r.bytes},
                {"batches", r.batches}};
+    json wn = json::array();
+    for (double v : r.window_nll) wn.push_back(num(v));
+    jr["window_nll"] = wn;  // per held-out window, in window order (paired bootstrap)
     if (p.kind == EvalPolicy::Kind::Replay) jr["interval"] = p.interval;
     if (p.kind == EvalPolicy::Kind::Calibrated) jr["calibration_tokens"] = r.calib_tokens;
     results[r.policy] = jr;

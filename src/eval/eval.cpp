@@ -13,6 +13,7 @@
 
 #include "fp4/data.h"
 #include "fp4/error.h"
+#include "fp4/nn/layers.h"
 
 namespace fp4 {
 namespace {
@@ -206,6 +207,8 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
   }
   nn::StepContext ctx = inference_ctx(policy);
   std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
+  const int64_t V = model.config().vocab_size;
+  r.window_nll.reserve(data.starts.size());
   double sum = 0;
   try {
     if (policy.kind == EvalPolicy::Kind::Calibrated)
@@ -215,10 +218,18 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
       fill_batch(data, w0, B, seq_len, in.data(), tg.data());
       ctx.infer_batch = ++r.batches;
       sum += model.forward(in.data(), tg.data(), B, ctx) * B;
+      // Each window's mean NLL, from the logits the forward left: the same cross-entropy
+      // kernel over that window's seq_len rows.
+      for (int b = 0; b < B; ++b) {
+        const int64_t row = int64_t(b) * seq_len;
+        r.window_nll.push_back(nn::cross_entropy_forward(
+            nullptr, model.logits() + row * V, tg.data() + row, seq_len, V));
+      }
     }
     r.nats_per_token = sum / double(data.starts.size());
   } catch (const NonFiniteError&) {
     r.nats_per_token = std::numeric_limits<double>::quiet_NaN();
+    r.window_nll.clear();
   }
   model.reset_inference();
   r.total_nats = r.nats_per_token * double(r.tokens);

@@ -8,9 +8,14 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <stdexcept>
+#include <toml++/toml.h>
 
 #include "fp4/config.h"
+#include "fp4/data.h"
 #include "fp4/error.h"
 #include "fp4/recipe.h"
 
@@ -107,6 +112,57 @@ PairedInterval paired_interval(const MeanStd& d) {
   return r;
 }
 
+BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d, int resamples,
+                                   uint64_t seed) {
+  if (d.empty()) throw std::invalid_argument("paired_bootstrap: no seeds");
+  const size_t W = d[0].size();
+  if (W == 0) throw std::invalid_argument("paired_bootstrap: no windows");
+  for (const auto& row : d)
+    if (row.size() != W)
+      throw std::invalid_argument("paired_bootstrap: seeds hold different numbers of windows (" +
+                                  std::to_string(row.size()) + " and " + std::to_string(W) + ")");
+  if (resamples < 1) throw std::invalid_argument("paired_bootstrap: resamples must be >= 1");
+  BootstrapInterval b;
+  b.seeds = static_cast<int>(d.size());
+  b.windows = static_cast<int>(W);
+  b.resamples = resamples;
+  // Per-window mean over seeds: a resample's statistic is the mean of these over its draws.
+  std::vector<double> m(W, 0.0);
+  for (size_t w = 0; w < W; ++w) {
+    for (const auto& row : d) m[w] += row[w];
+    m[w] /= double(d.size());
+  }
+  double total = 0;
+  for (double v : m) total += v;
+  b.mean = total / double(W);
+  // Unbiased uniform indices in [0, W): reject the top partial range of 2^64.
+  const uint64_t limit = UINT64_MAX - UINT64_MAX % W;
+  uint64_t k = 0;
+  std::vector<double> stats(static_cast<size_t>(resamples));
+  for (auto& st : stats) {
+    double sum = 0;
+    for (size_t i = 0; i < W; ++i) {
+      uint64_t u;
+      do u = splitmix64(seed, k++);
+      while (u >= limit);
+      sum += m[u % W];
+    }
+    st = sum / double(W);
+  }
+  std::sort(stats.begin(), stats.end());
+  auto quantile = [&](double q) {  // type 7: h = (n − 1)·q, interpolate between neighbours
+    const double h = (stats.size() - 1) * q;
+    const size_t lo = static_cast<size_t>(std::floor(h));
+    const size_t hi = std::min(lo + 1, stats.size() - 1);
+    return stats[lo] + (h - double(lo)) * (stats[hi] - stats[lo]);
+  };
+  b.lo = quantile(0.025);
+  b.hi = quantile(0.975);
+  b.resolved = b.lo > 0 || b.hi < 0;
+  b.sign = !b.resolved ? 0 : (b.lo > 0 ? 1 : -1);
+  return b;
+}
+
 int count_loss_spikes(const std::vector<double>& loss, int window, double threshold) {
   if (window < 1) throw std::invalid_argument("count_loss_spikes: window must be >= 1");
   int spikes = 0;
@@ -196,6 +252,17 @@ RunRecord read_run(const fs::path& dir) {
     for (const auto& [pol, v] : e["results"].items()) {
       r.heldout[pol] = num(v, "nats_per_token", ep);
       if (v.contains("bits_per_byte")) r.heldout_bpb[pol] = num(v, "bits_per_byte", ep);
+      if (v.contains("window_nll")) {
+        const json& wn = v.at("window_nll");
+        if (!wn.is_array())
+          throw UserError(ep.string() + ": results." + pol + ".window_nll is not an array");
+        std::vector<double>& out = r.heldout_windows[pol];
+        for (const json& x : wn) {
+          if (!x.is_number() && !x.is_null())
+            throw UserError(ep.string() + ": results." + pol + ".window_nll holds a non-number");
+          out.push_back(x.is_null() ? kNaN : x.get<double>());
+        }
+      }
     }
   } else {
     r.heldout["none"] = num(s, "heldout_nll", sp);
@@ -203,6 +270,56 @@ RunRecord read_run(const fs::path& dir) {
   }
   return r;
 }
+
+namespace {
+// A completed run of `recipe` with seed `seed`, or null.
+const RunRecord* find_run(const std::vector<RunRecord>& runs, const std::string& recipe,
+                          uint64_t seed, bool completed_only = true) {
+  for (const auto& r : runs)
+    if (r.recipe == recipe && r.seed == seed && (!completed_only || r.diverged_at == 0)) return &r;
+  return nullptr;
+}
+
+// Seeds (ascending) at which every recipe of the contrast has a run.
+std::vector<uint64_t> common_seeds(const std::vector<RunRecord>& runs,
+                                   const std::vector<std::pair<std::string, double>>& c,
+                                   bool completed_only = true) {
+  std::set<uint64_t> seeds;
+  for (const auto& r : runs) seeds.insert(r.seed);
+  std::vector<uint64_t> out;
+  for (uint64_t s : seeds)
+    if (std::all_of(c.begin(), c.end(),
+                    [&](const auto& t) { return find_run(runs, t.first, s, completed_only); }))
+      out.push_back(s);
+  return out;
+}
+
+// d[s][w] = Σ coef · window NLL under `policy`, over the seeds where every recipe of the
+// contrast has finite per-window values of the same length; empty when no seed has.
+std::vector<std::vector<double>> window_differences(
+    const std::vector<RunRecord>& runs, const std::vector<std::pair<std::string, double>>& c,
+    const std::string& policy) {
+  std::vector<std::vector<double>> d;
+  for (uint64_t s : common_seeds(runs, c)) {
+    std::vector<double> row;
+    bool ok = true;
+    for (const auto& [name, coef] : c) {
+      const RunRecord* r = find_run(runs, name, s);
+      const auto it = r->heldout_windows.find(policy);
+      if (it == r->heldout_windows.end() || it->second.empty() ||
+          (!row.empty() && it->second.size() != row.size())) {
+        ok = false;
+        break;
+      }
+      if (row.empty()) row.assign(it->second.size(), 0.0);
+      for (size_t w = 0; w < row.size(); ++w) row[w] += coef * it->second[w];
+    }
+    if (ok && std::all_of(row.begin(), row.end(), [](double v) { return std::isfinite(v); }))
+      d.push_back(std::move(row));
+  }
+  return d;
+}
+}  // namespace
 
 std::string find_baseline(const std::vector<std::string>& names, const std::string& want) {
   if (want.empty()) return "";
@@ -225,7 +342,8 @@ std::string default_baseline(const std::vector<std::string>& names) {
 
 std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
                                       const std::vector<std::string>& order,
-                                      const std::string& baseline_arg) {
+                                      const std::string& baseline_arg,
+                                      const std::string& bootstrap_policy) {
   std::vector<std::string> names = order;
   for (const auto& r : runs)
     if (std::find(names.begin(), names.end(), r.recipe) == names.end()) names.push_back(r.recipe);
@@ -287,6 +405,11 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
         d.push_back(r.final_window_loss - base_loss[r.seed]);
     row.paired_delta_baseline = mean_std(d);
     row.paired_ci95 = paired_interval(row.paired_delta_baseline);
+    if (row.recipe != baseline) {
+      const std::vector<std::vector<double>> dw =
+          window_differences(runs, {{row.recipe, 1.0}, {baseline, -1.0}}, bootstrap_policy);
+      if (!dw.empty()) row.heldout_boot = paired_bootstrap(dw);
+    }
   }
   for (auto& r : rows) {
     r.baseline = baseline;
@@ -304,6 +427,13 @@ std::string interval_cell(const RecipeRow& r, const std::string& base) {
   const PairedInterval& c = r.paired_ci95;
   return "[" + fmt("%+.4f", c.lo) + ", " + fmt("%+.4f", c.hi) + "] " +
          (c.sign < 0 ? "lower" : c.sign > 0 ? "higher" : "not resolved");
+}
+
+// "[lo, hi] lower|higher|not resolved" of a bootstrap, or "—".
+std::string boot_cell(const BootstrapInterval& b) {
+  if (b.seeds == 0) return "—";
+  return fmt("%+.4f", b.mean) + " [" + fmt("%+.4f", b.lo) + ", " + fmt("%+.4f", b.hi) + "] " +
+         (b.sign < 0 ? "lower" : b.sign > 0 ? "higher" : "not resolved");
 }
 }  // namespace
 
@@ -332,10 +462,11 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << "No baseline among these recipes (bf16 or fp32 by default; `--baseline NAME`): the gap "
          "columns are empty.\n\n";
   o << "| recipe | seeds | final-window loss | vs " << bname << " | Δ vs " << bname
-    << ", paired by seed | its 95% interval |";
+    << ", paired by seed | its 95% interval | held-out NLL (none) Δ vs " << bname
+    << ", paired bootstrap over windows |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
   o << " diverged | loss spikes | grad norm > 1 after warmup | max grad norm after warmup | tokens/s | step time vs fp32 "
-       "|\n|---|---|---|---|---|---|";
+       "|\n|---|---|---|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
   o << "---|---|---|---|---|---|\n";
   bool partial_cells = false;
@@ -343,7 +474,7 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
       << (std::isfinite(r.gap_to_baseline_pct) ? fmt("%+.2f%%", r.gap_to_baseline_pct) : "—") << " | "
       << (r.paired_delta_baseline.n ? fmt_ms(r.paired_delta_baseline, "%+.4f") : std::string("—"))
-      << " | " << interval_cell(r, base) << " |";
+      << " | " << interval_cell(r, base) << " | " << boot_cell(r.heldout_boot) << " |";
     for (const auto& p : policies) {
       const auto it = r.heldout.find(p);
       o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
@@ -413,6 +544,13 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "* **its 95% interval**: mean ± t₀.₉₇₅,ₙ₋₁ · std / √n over the n paired seeds (Student's "
        "t; needs n ≥ 2). *lower* / *higher*: the interval excludes 0, the recipe's loss is "
        "below / above the baseline's; *not resolved*: the interval contains 0.\n"
+       "* **Paired bootstrap over windows**: the held-out NLL (FP32 inference, policy "
+       "`none`) of the recipe minus the baseline's, per held-out window and seed; 10,000 "
+       "resamples of the windows with replacement (the same windows for every seed, "
+       "splitmix64 draws with a fixed seed), the mean over seeds and drawn windows; the "
+       "interval is its 2.5% and 97.5% quantiles. It measures how much the figure depends on "
+       "which text was held out, not how it varies with the training seed (the t-interval "
+       "does that). Empty for evaluations written before per-window values were recorded.\n"
        "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
        "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
        "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "
@@ -429,6 +567,220 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "5th, all seeds pooled; evaluation excluded). **Step time vs fp32**: that median over "
        "fp32's. Runs were sequential on one machine; shared machines are noisy, so read "
        "ratios, not absolute times.\n";
+  return o.str();
+}
+
+std::vector<Hypothesis> load_hypotheses(const fs::path& file) {
+  const std::string f = file.string();
+  if (!fs::is_regular_file(file)) throw UserError(f + ": file not found (a study file of [[hypothesis]] tables)");
+  toml::table t;
+  try {
+    t = toml::parse_file(f);
+  } catch (const toml::parse_error& e) {
+    throw UserError(f + ":" + std::to_string(e.source().begin.line) + ": malformed TOML: " +
+                    std::string(e.description()));
+  }
+  const toml::array* arr = t["hypothesis"].as_array();
+  if (!arr || !arr->is_array_of_tables() || arr->empty())
+    throw UserError(f + ": no [[hypothesis]] tables");
+  static const std::set<std::string> kKeys = {"id", "claim", "metric", "policy", "lower",
+                                              "than", "contrast", "expect", "margin"};
+  static const std::set<std::string> kMetrics = {"final_loss", "heldout_nll", "grad_norm_excursions"};
+  std::vector<Hypothesis> out;
+  std::set<std::string> ids;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table& h = *arr->at(i).as_table();
+    std::string where = f + ": hypothesis " + std::to_string(i + 1);  // then by its id
+    const std::string& at = where;
+    for (const auto& [k, v] : h)
+      if (!kKeys.count(std::string(k.str())))
+        throw UserError(at + ": unknown key '" + std::string(k.str()) +
+                        "' (keys: id, claim, metric, policy, lower, than, contrast, expect, margin)");
+    auto str = [&](const char* key, bool required) -> std::string {
+      const toml::node* n = h.get(key);
+      if (!n) {
+        if (required) throw UserError(at + ": missing string '" + key + "'");
+        return "";
+      }
+      if (!n->is_string()) throw UserError(at + ": '" + key + "' must be a string");
+      return std::string(*n->value<std::string>());
+    };
+    Hypothesis x;
+    x.id = str("id", true);
+    where = f + ": hypothesis " + x.id;
+    if (!ids.insert(x.id).second) throw UserError(where + ": id is used twice");
+    x.claim = str("claim", true);
+    if (h.contains("metric")) x.metric = str("metric", true);
+    if (!kMetrics.count(x.metric))
+      throw UserError(where + ": metric '" + x.metric +
+                      "' is not one of final_loss, heldout_nll, grad_norm_excursions");
+    if (h.contains("policy")) x.policy = str("policy", true);
+    const bool pair = h.contains("lower") || h.contains("than");
+    if (pair == h.contains("contrast"))
+      throw UserError(where + ": give either lower = \"A\" with than = \"B\", or contrast = { ... }");
+    if (pair) {
+      const std::string a = str("lower", true), b = str("than", true);
+      if (a == b) throw UserError(where + ": lower and than name the same recipe '" + a + "'");
+      if (h.contains("expect")) throw UserError(where + ": 'expect' goes with 'contrast', not lower/than");
+      x.contrast = {{a, 1.0}, {b, -1.0}};
+      x.expect = -1;
+    } else {
+      const toml::table* c = h.get("contrast")->as_table();
+      if (!c || c->empty()) throw UserError(where + ": 'contrast' must be a non-empty table of recipe = coefficient");
+      bool nonzero = false;
+      // toml++ keeps keys sorted; list them in the file's order (their source positions).
+      std::vector<std::pair<std::string, const toml::node*>> entries;
+      for (const auto& [k, v] : *c) entries.emplace_back(std::string(k.str()), &v);
+      std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+        const auto &pa = a.second->source().begin, &pb = b.second->source().begin;
+        return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
+      });
+      for (const auto& [key, node] : entries) {
+        const toml::node& v = *node;
+        const std::string_view k = key;
+        const std::optional<double> coef = v.value<double>();
+        if (!coef || !std::isfinite(*coef) || !(v.is_floating_point() || v.is_integer()))
+          throw UserError(where + ": contrast." + std::string(k) + " must be a finite number");
+        nonzero |= *coef != 0;
+        x.contrast.emplace_back(std::string(k), *coef);
+      }
+      if (!nonzero) throw UserError(where + ": every coefficient of 'contrast' is 0");
+      const std::string e = str("expect", true);
+      if (e == "negative") x.expect = -1;
+      else if (e == "positive") x.expect = 1;
+      else if (e == "equivalent") x.expect = 0;
+      else throw UserError(where + ": expect must be \"negative\", \"positive\" or \"equivalent\", not '" + e + "'");
+    }
+    if (h.contains("margin")) {
+      const std::optional<double> m = h.get("margin")->value<double>();
+      if (x.expect != 0) throw UserError(where + ": 'margin' goes with expect = \"equivalent\"");
+      if (!m || !(*m > 0) || !std::isfinite(*m))
+        throw UserError(where + ": margin must be a finite number > 0");
+      x.margin = *m;
+    } else if (x.expect == 0) {
+      throw UserError(where + ": expect = \"equivalent\" needs margin = m > 0 (the largest |contrast| that counts as little)");
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+namespace {
+// The hypothesis' metric of one run (NaN when it has none).
+double metric_of(const Hypothesis& h, const RunRecord& r) {
+  if (h.metric == "final_loss") return r.final_window_loss;
+  if (h.metric == "heldout_nll") {
+    const auto it = r.heldout.find(h.policy);
+    return it == r.heldout.end() ? kNaN : it->second;
+  }
+  int n = 0;  // grad_norm_excursions, as aggregate_runs counts them
+  for (size_t i = 0; i < r.step.size(); ++i)
+    if (r.step[i] > r.warmup_steps && !(r.grad_norm[i] <= 1.0)) ++n;
+  return n;
+}
+}  // namespace
+
+Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs) {
+  Verdict v;
+  const bool completed_only = h.metric != "grad_norm_excursions";
+  std::string missing;
+  for (const auto& [name, coef] : h.contrast)
+    if (std::none_of(runs.begin(), runs.end(), [&](const RunRecord& r) {
+          return r.recipe == name && (!completed_only || r.diverged_at == 0);
+        }))
+      missing += (missing.empty() ? "" : ", ") + name;
+  if (!missing.empty()) {
+    v.verdict = "not run";
+    v.why = "no completed run of " + missing;
+    return v;
+  }
+  for (uint64_t s : common_seeds(runs, h.contrast, completed_only)) {
+    double c = 0;
+    for (const auto& [name, coef] : h.contrast)
+      c += coef * metric_of(h, *find_run(runs, name, s, completed_only));
+    if (std::isfinite(c)) v.per_seed.push_back(c);
+  }
+  v.contrast = mean_std(v.per_seed);
+  v.t95 = paired_interval(v.contrast);
+  if (h.metric == "heldout_nll") {
+    const auto d = window_differences(runs, h.contrast, h.policy);
+    if (!d.empty()) v.boot = paired_bootstrap(d);
+  }
+  v.verdict = "not resolved";
+  if (h.expect == 0 && v.per_seed.size() >= 2) {
+    // Equivalence: both intervals inside (−m, m) supports; one wholly outside contradicts.
+    const double m = h.margin;
+    auto inside = [m](double lo, double hi) { return lo > -m && hi < m; };
+    auto outside = [m](double lo, double hi) { return lo > m || hi < -m; };
+    const bool boot = h.metric == "heldout_nll";
+    if (boot && v.boot.seeds == 0) {
+      v.why = "no per-window held-out values for the bootstrap";
+    } else if (inside(v.t95.lo, v.t95.hi) && (!boot || inside(v.boot.lo, v.boot.hi))) {
+      v.verdict = "supported";
+    } else if (outside(v.t95.lo, v.t95.hi) || (boot && outside(v.boot.lo, v.boot.hi))) {
+      v.verdict = "contradicted";
+    } else {
+      v.why = "an interval reaches past ±" + fmt("%g", m);
+    }
+    return v;
+  }
+  if (v.per_seed.size() < 2) {
+    v.why = v.per_seed.empty() ? "no seed where every recipe has a value"
+                               : "one seed: no interval over seeds";
+    return v;
+  }
+  int sign = v.t95.sign;
+  if (h.metric == "heldout_nll") {
+    if (v.boot.seeds == 0) {
+      v.why = "no per-window held-out values for the bootstrap";
+      return v;
+    }
+    if (v.boot.sign != sign) {
+      v.why = v.t95.resolved ? "the bootstrap over windows contains 0"
+                             : "the t-interval over seeds contains 0";
+      return v;
+    }
+  }
+  if (!v.t95.resolved) {
+    v.why = "the t-interval over seeds contains 0";
+    return v;
+  }
+  v.verdict = sign == h.expect ? "supported" : "contradicted";
+  return v;
+}
+
+std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs) {
+  std::ostringstream o;
+  o << "\n## Hypotheses\n\n"
+       "| id | claim | metric | contrast (claim: its sign) | per seed | mean | 95% t-interval over "
+       "seeds | paired bootstrap over windows | verdict |\n"
+       "|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& h : hs) {
+    const Verdict v = judge_hypothesis(h, runs);
+    std::string c;
+    for (const auto& [name, coef] : h.contrast) {
+      const std::string mag = std::fabs(coef) == 1 ? "" : fmt("%g·", std::fabs(coef));
+      c += (c.empty() ? (coef < 0 ? "−" : "") : (coef < 0 ? " − " : " + ")) + mag + "`" + name + "`";
+    }
+    c += h.expect < 0 ? " < 0" : h.expect > 0 ? " > 0" : " within ±" + fmt("%g", h.margin);
+    std::string ps;
+    const char* f = h.metric == "grad_norm_excursions" ? "%+.0f" : "%+.4f";
+    for (double x : v.per_seed) ps += (ps.empty() ? "" : ", ") + fmt(f, x);
+    o << "| " << h.id << " | " << h.claim << " | " << h.metric
+      << (h.metric == "heldout_nll" ? " (" + h.policy + ")" : "") << " | " << c << " | "
+      << (ps.empty() ? "—" : ps) << " | " << (v.contrast.n ? fmt(f, v.contrast.mean) : "—") << " | "
+      << (v.t95.n >= 2 ? "[" + fmt("%+.4f", v.t95.lo) + ", " + fmt("%+.4f", v.t95.hi) + "]" : "—")
+      << " | " << (h.metric == "heldout_nll" ? boot_cell(v.boot) : "—") << " | **" << v.verdict
+      << "**" << (v.why.empty() ? "" : " (" + v.why + ")") << " |\n";
+  }
+  o << "\nEach claim is a contrast of recipes, evaluated per seed (the seeds where every recipe "
+       "of it has a run). *Supported*: the 95% t-interval over seeds excludes 0 on the side "
+       "the claim expects (for held-out NLL, the paired bootstrap over windows must also "
+       "exclude 0 on that side); *contradicted*: it excludes 0 on the other side; *not "
+       "resolved*: an interval contains 0, or fewer than 2 seeds; *not run*: a recipe of the "
+       "contrast has no completed run. An equivalence claim (\"within ±m\") is supported when "
+       "the intervals lie inside (−m, m) and contradicted when one lies wholly outside it "
+       "(two one-sided tests). Grad-norm excursions are counts per run.\n";
   return o.str();
 }
 

@@ -126,6 +126,53 @@ mkdir -p other && ls "$src/data/brown/text"/*.txt | tail -20 | xargs -I{} cp {} 
 out=$("$bin" eval --checkpoint cmp/fp32-s1 --data other --policy none 2>&1) && fail "eval on another corpus accepted"
 echo "$out" | grep -q "token-cache key" || fail "corpus mismatch not explained: $out"
 
+# Per-window held-out NLL (eval.json window_nll): one value per window, averaging to the NLL;
+# the report shows the paired bootstrap against bf16.
+python3 - <<'PY' || fail "eval.json window_nll is wrong"
+import json
+e = json.load(open("cmp/ue5m3-b16-s1/eval.json"))
+for pol, r in e["results"].items():
+    w = r["window_nll"]
+    assert len(w) == e["windows"], (pol, len(w), e["windows"])
+    assert abs(sum(w) / len(w) - r["nats_per_token"]) <= 1e-12 * r["nats_per_token"], pol
+PY
+grep -q "^| ue5m3-b16 | 2 | .*\] \(lower\|higher\|not resolved\) | .*\] \(lower\|higher\|not resolved\) |" cmp/report.md \
+  || fail "no t-interval and bootstrap cells for ue5m3-b16: $(grep '^| ue5m3-b16 | 2' cmp/report.md)"
+
+# A study file: every hypothesis gets a verdict; a bad one is refused and changes nothing.
+cat > study.toml <<'TOML'
+[[hypothesis]]
+id = "T1"
+claim = "ue5m3-b16 beats bf16"
+lower = "ue5m3-b16"
+than = "bf16"
+[[hypothesis]]
+id = "T2"
+claim = "held-out"
+metric = "heldout_nll"
+lower = "ue5m3-b16"
+than = "fp32"
+[[hypothesis]]
+id = "T3"
+claim = "needs a recipe not compared"
+lower = "mxfp4"
+than = "fp32"
+TOML
+out=$("$bin" report cmp --no-plots --hypotheses study.toml 2>&1) || fail "report --hypotheses failed: $out"
+grep -q "^## Hypotheses" cmp/report.md || fail "no Hypotheses section"
+grep -q "^| T1 | .* | \*\*\(supported\|contradicted\|not resolved\)\*\*" cmp/report.md || fail "T1 has no verdict: $(grep '^| T1' cmp/report.md)"
+grep -q "^| T2 | .*heldout_nll (none)" cmp/report.md || fail "T2 is not on held-out NLL"
+grep -q "^| T3 | .* | \*\*not run\*\* (no completed run of mxfp4)" cmp/report.md || fail "T3 not 'not run': $(grep '^| T3' cmp/report.md)"
+sum_before=$(md5sum cmp/report.md)
+printf '[[hypothesis]]\nid = "X"\nclaim = "c"\nlower = "a"\n' > bad.toml
+out=$("$bin" report cmp --no-plots --hypotheses bad.toml 2>&1); rc=$?
+[ $rc = 2 ] || fail "bad study file: exit $rc, want 2: $out"
+echo "$out" | grep -q "bad.toml: hypothesis X: missing string 'than'" || fail "bad study not explained: $out"
+[ "$(md5sum cmp/report.md)" = "$sum_before" ] || fail "a refused study changed report.md"
+out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp4 --hypotheses nope.toml 2>&1) \
+  && fail "compare with a missing study file accepted"
+[ -e cmp4 ] && fail "a refused compare created its directory"
+
 # report rebuilds from finished runs and lists an unfinished one.
 rm cmp/bf16-s2/summary.json
 rm cmp/report.md
