@@ -1,8 +1,9 @@
 // The SSD scan against the attention of the same config, in one process, interleaved
 // (issue 11 §5: "never slower than the attention of the same config"). The machine this runs
-// on is shared and noisy, so the two are timed alternately (A B B A per repetition) and the
-// figure that counts is the median over repetitions of the per-repetition ratio scan / attention
-// (each ratio from timings taken seconds apart), next to the medians of each.
+// on is shared and noisy, so the two are timed alternately (A S S A per repetition) and the
+// figure that counts is the median over repetitions of the per-repetition ratio
+// scan / attention (each ratio from timings taken within a fraction of a second), next to the
+// medians of each, both in wall-clock time and in the process's CPU time.
 //
 // Shapes: configs/nemotron-h-tiny.toml, laid out as the model lays them out
 // (src/nn/mixer_mamba2.cpp, src/nn/mixer_attention.cpp):
@@ -12,16 +13,16 @@
 //   attention: B = 16, T = 256, 4 query heads and 2 KV heads of 64 (q [B·T, 256], k, v
 //              [B·T, 128]); fwd = attention_forward, bwd = attention_backward.
 // The accumulating gradients are zeroed outside the timed region (as the mixers memset them
-// before each backward).
+// before each backward). --batch B changes B of both (e.g. 1: every operand hot in cache).
 //
-//   ./build/bench_scan_vs_attention [--reps 15] [--threads 1,2]
+//   ./build/bench_scan_vs_attention [--reps 15] [--threads 1,2] [--batch 16]
 //   ./build/bench_scan_vs_attention --checksum
 //
 // --checksum prints FNV-1a hashes of every output of the fast scan (y, the workspace, dx, dB,
 // dC, d_dt and the three parameter gradients) for a few shapes (the config's, T % Q != 0,
 // P and N not multiples of 16, G = 2) and every kernel variant the CPU runs, at 1, 2 and 3
-// threads, and of the scalar twin: comparing two builds' output shows whether a change kept the scan's results bit
-// for bit.
+// threads, and of the scalar twin: comparing two builds' output shows whether a change kept
+// the scan's results bit for bit.
 #include <omp.h>
 
 #include <algorithm>
@@ -33,6 +34,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <time.h>
 
 #include "fp4/nn/layers.h"
 #include "fp4/nn/ssm.h"
@@ -80,21 +83,23 @@ struct ScanData {
   bool twin = false;  // run the scalar twins (ssd_scan_*_ref) instead
   void fwd() {
     const float* x = xbc.data();
-    (twin ? ssd_scan_forward_ref : ssd_scan_forward)(y.data(), ws.data(), x, ld, x + d.H * d.P, ld, x + d.H * d.P + d.G * d.N,
-                     ld, dt(), lddt, dt_bias.data(), A_log.data(), D.data(), d);
+    (twin ? ssd_scan_forward_ref : ssd_scan_forward)(
+        y.data(), ws.data(), x, ld, x + d.H * d.P, ld, x + d.H * d.P + d.G * d.N, ld, dt(),
+        lddt, dt_bias.data(), A_log.data(), D.data(), d);
   }
   void bwd() {
     const float* x = xbc.data();
     float* dx = dxbc.data();
-    (twin ? ssd_scan_backward_ref : ssd_scan_backward)(dx, dx + d.H * d.P, dx + d.H * d.P + d.G * d.N, dzx.data() + lddt - d.H,
-                      g1.data(), g2.data(), g3.data(), dy.data(), ws.data(), x, ld,
-                      x + d.H * d.P, ld, x + d.H * d.P + d.G * d.N, ld, dt(), lddt,
-                      dt_bias.data(), A_log.data(), D.data(), d);
+    (twin ? ssd_scan_backward_ref : ssd_scan_backward)(
+        dx, dx + d.H * d.P, dx + d.H * d.P + d.G * d.N, dzx.data() + lddt - d.H, g1.data(),
+        g2.data(), g3.data(), dy.data(), ws.data(), x, ld, x + d.H * d.P, ld,
+        x + d.H * d.P + d.G * d.N, ld, dt(), lddt, dt_bias.data(), A_log.data(), D.data(), d);
   }
 };
 
+int64_t g_batch = 16;  // B of both (--batch)
 struct AttnData {
-  int64_t B = 16, T = 256, H = 4, Hkv = 2, hd = 64;
+  int64_t B = g_batch, T = 256, H = 4, Hkv = 2, hd = 64;
   size_t act = static_cast<size_t>(B * T * H * hd), kv = static_cast<size_t>(B * T * Hkv * hd);
   std::vector<float> q = randn(act, 11), k = randn(kv, 12), v = randn(kv, 13),
                      dout = randn(act, 14), out = std::vector<float>(act),
@@ -177,11 +182,14 @@ int checksum() {
 
 int main(int argc, char** argv) {
   int reps = 15;
+  int64_t bsz = 16;
   std::vector<int> threads = {1, 2};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--checksum") return checksum();
-    if (a == "--reps" && i + 1 < argc) {
+    if (a == "--batch" && i + 1 < argc) {
+      bsz = std::atoi(argv[++i]);
+    } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--threads" && i + 1 < argc) {
       threads.clear();
@@ -191,56 +199,73 @@ int main(int argc, char** argv) {
         if (*p == ',') ++p;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--reps N] [--threads 1,2] | --checksum\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--reps N] [--threads 1,2] [--batch B] | --checksum\n",
+                   argv[0]);
       return 2;
     }
   }
-  ScanData s(SsdDims{16, 256, 8, 64, 1, 64, 64});
+  g_batch = bsz;
+  ScanData s(SsdDims{bsz, 256, 8, 64, 1, 64, 64});
   AttnData at;
+  // Each measurement: wall-clock ms and the process's CPU ms (CLOCK_PROCESS_CPUTIME_ID, all
+  // threads; on a loaded machine the CPU time is the steadier figure at 1 thread, since it
+  // does not count the time slices given to other processes; at 2 threads it also counts the
+  // OpenMP threads' spin-waits).
+  struct Tm {
+    double wall, cpu;
+  };
+  auto stamp = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return Tm{now_ms(), 1e3 * static_cast<double>(ts.tv_sec) +
+                            1e-6 * static_cast<double>(ts.tv_nsec)};
+  };
   for (const int th : threads) {
     omp_set_num_threads(th);
-    std::vector<double> sf, sb, af, ab, ratio;
-    auto time_scan = [&](double& f, double& b) {
-      s.zero_grads();
-      const double t0 = now_ms();
-      s.fwd();
-      const double t1 = now_ms();
-      s.bwd();
-      const double t2 = now_ms();
-      f = t1 - t0, b = t2 - t1;
+    // [0] wall, [1] cpu; f = forward, b = backward, per block
+    std::vector<double> sf[2], sb[2], st[2], af[2], ab[2], att[2], ratio[2];
+    auto run = [&](auto& m, std::vector<double>* f, std::vector<double>* b,
+                   std::vector<double>* fb) {
+      m.zero_grads();
+      const Tm t0 = stamp();
+      m.fwd();
+      const Tm t1 = stamp();
+      m.bwd();
+      const Tm t2 = stamp();
+      const double v[2][2] = {{t1.wall - t0.wall, t2.wall - t1.wall},
+                              {t1.cpu - t0.cpu, t2.cpu - t1.cpu}};
+      for (int k = 0; k < 2; ++k) {
+        f[k].push_back(v[k][0]), b[k].push_back(v[k][1]), fb[k].push_back(v[k][0] + v[k][1]);
+      }
     };
-    auto time_attn = [&](double& f, double& b) {
-      at.zero_grads();
-      const double t0 = now_ms();
-      at.fwd();
-      const double t1 = now_ms();
-      at.bwd();
-      const double t2 = now_ms();
-      f = t1 - t0, b = t2 - t1;
-    };
-    double f, b;
-    time_scan(f, b), time_attn(f, b);  // warm-up (page faults, thread scratch)
-    for (int r = 0; r < reps; ++r) {
-      double a1f, a1b, s1f, s1b, s2f, s2b, a2f, a2b;
-      time_attn(a1f, a1b);
-      time_scan(s1f, s1b);
-      time_scan(s2f, s2b);
-      time_attn(a2f, a2b);
-      sf.push_back(s1f), sf.push_back(s2f), sb.push_back(s1b), sb.push_back(s2b);
-      af.push_back(a1f), af.push_back(a2f), ab.push_back(a1b), ab.push_back(a2b);
-      ratio.push_back((s1f + s1b + s2f + s2b) / (a1f + a1b + a2f + a2b));
+    {  // warm-up (page faults, thread scratch), not recorded
+      std::vector<double> w[2], x[2], y[2];
+      run(s, w, x, y), run(at, w, x, y);
     }
-    std::vector<double> st(sf.size()), att(af.size());
-    for (size_t i = 0; i < sf.size(); ++i) st[i] = sf[i] + sb[i], att[i] = af[i] + ab[i];
-    std::printf("threads=%d reps=%d (medians, ms per block)\n", th, reps);
-    std::printf("  scan       fwd %7.2f  bwd %7.2f  fwd+bwd %7.2f\n", median(sf), median(sb),
-                median(st));
-    std::printf("  attention  fwd %7.2f  bwd %7.2f  fwd+bwd %7.2f\n", median(af), median(ab),
-                median(att));
-    std::sort(ratio.begin(), ratio.end());
-    std::printf("  scan / attention (fwd+bwd): median of per-repetition ratios %.3f "
-                "(min %.3f, max %.3f); ratio of medians %.3f\n",
-                median(ratio), ratio.front(), ratio.back(), median(st) / median(att));
+    for (int r = 0; r < reps; ++r) {  // A S S A
+      run(at, af, ab, att);
+      run(s, sf, sb, st);
+      run(s, sf, sb, st);
+      run(at, af, ab, att);
+      for (int k = 0; k < 2; ++k) {
+        const size_t n = st[k].size();
+        ratio[k].push_back((st[k][n - 1] + st[k][n - 2]) / (att[k][n - 1] + att[k][n - 2]));
+      }
+    }
+    std::printf("threads=%d reps=%d (medians over %d runs each, ms per block)\n", th, reps,
+                2 * reps);
+    for (int k = 0; k < 2; ++k) {
+      std::printf(" %s\n", k == 0 ? "wall-clock" : "process CPU time");
+      std::printf("  scan       fwd %7.2f  bwd %7.2f  fwd+bwd %7.2f\n", median(sf[k]),
+                  median(sb[k]), median(st[k]));
+      std::printf("  attention  fwd %7.2f  bwd %7.2f  fwd+bwd %7.2f\n", median(af[k]),
+                  median(ab[k]), median(att[k]));
+      std::sort(ratio[k].begin(), ratio[k].end());
+      std::printf("  scan / attention (fwd+bwd): median of per-repetition ratios %.3f "
+                  "(min %.3f, max %.3f); ratio of medians %.3f\n",
+                  median(ratio[k]), ratio[k].front(), ratio[k].back(),
+                  median(st[k]) / median(att[k]));
+    }
   }
   return 0;
 }

@@ -17,6 +17,8 @@
 
 namespace fp4::nn::ssm_scalar {
 
+constexpr int kVecW = 1;  // no vectors
+
 inline float ex(float x) { return ::fp4::nn::internal::exp_scalar(x); }
 
 template <class F, class... In>
