@@ -7,7 +7,9 @@
 // only, the AVX-512 code (the same 6 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
-// (static schedule; units: conv (b, 64-row block) over all channels, forward and backward;
+// (static schedule, except the scan's (b, h) and (b, g) units: dynamic, one at a time, which
+// balances the threads when a core is shared and cannot change a result, since every unit
+// writes only its own outputs; units: conv (b, 64-row block) over all channels, forward and backward;
 // scan forward (b, g, chunk) packing B, C and Gm = C Bᵀ once per group and chunk, then
 // (b, h); scan backward (b, g) (same packing, then chunks descending, the heads of the group
 // ascending within a chunk, each head carrying its own dS; x, dy, S_prev read in place when
