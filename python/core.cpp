@@ -35,6 +35,7 @@
 #include "fp4/error.h"
 #include "fp4/format.h"
 #include "fp4/info.h"
+#include "fp4/nn/linear.h"
 #include "fp4/nn/model.h"
 #include "fp4/philox.h"
 #include "fp4/probe_gemm.h"
@@ -534,10 +535,102 @@ py::dict named_tensors(const BoundCheckpoint& c, const std::vector<float>& buf) 
   return d;
 }
 
+// ---- the C++ Linear (fp4train.torch.Linear runs it) ---------------------------------------
+
+/// One fp4::nn::Linear with buffers of its own: X and W are copied at forward (the Linear
+/// reads them again in backward), dW is zeroed before each backward (which accumulates).
+struct BoundLinear {
+  std::unique_ptr<fp4::nn::Linear> lin;
+  int64_t K = 0, N = 0, M = 0;
+  fp4::nn::AlignedFloats x, w, dw;
+  bool pending = false;  ///< a training forward waits for its backward
+  fp4::nn::StepContext fwd;
+};
+
+fp4::nn::StepContext step_context(int64_t step, uint64_t seed, int micro, bool training, bool telemetry) {
+  if (step < 1) throw std::invalid_argument("step must be >= 1 (1-based optimizer step), got " + std::to_string(step));
+  if (micro < 0 || micro >= 65536) throw std::invalid_argument("micro must be in 0..65535, got " + std::to_string(micro));
+  fp4::nn::StepContext c;
+  c.step = step, c.seed = seed, c.micro = micro, c.first_micro = micro == 0;
+  c.training = training, c.telemetry = telemetry;
+  return c;
+}
+
+BoundLinear make_linear(int64_t in, int64_t out, const BoundRecipe& r, int layer, const std::string& mode) {
+  if (in < 1 || out < 1) throw std::invalid_argument("in_features and out_features must be >= 1");
+  if (layer < 0) throw std::invalid_argument("layer must be >= 0, got " + std::to_string(layer));
+  fp4::LinearMode m = r.r.mode;
+  if (mode == "fp32") m = fp4::LinearMode::FP32;
+  else if (mode == "bf16") m = fp4::LinearMode::BF16;
+  else if (mode == "fp4") m = fp4::LinearMode::FP4;
+  else if (!mode.empty()) throw std::invalid_argument("mode: unknown value '" + mode + "' (valid choices: fp32, bf16, fp4, or '' for the recipe's)");
+  BoundLinear b;
+  b.K = in, b.N = out;
+  b.lin = std::make_unique<fp4::nn::Linear>(layer, in, out, m, r.r);
+  b.w.resize(static_cast<size_t>(in * out));
+  b.dw.resize(static_cast<size_t>(in * out));
+  b.lin->bind(b.w.data(), b.dw.data());
+  return b;
+}
+
+py::array linear_forward(BoundLinear& b, const py::handle& xh, const py::handle& wh, int64_t step,
+                         uint64_t seed, int micro, bool training, bool telemetry) {
+  py::array x = checked_array(xh, "x", false, 2);
+  py::array w = checked_array(wh, "weight", false, 2);
+  if (x.shape(1) != b.K) throw py::value_error("x must be [M, " + std::to_string(b.K) + "], got [" + std::to_string(x.shape(0)) + ", " + std::to_string(x.shape(1)) + "]");
+  if (w.shape(0) != b.N || w.shape(1) != b.K) throw py::value_error("weight must be [" + std::to_string(b.N) + ", " + std::to_string(b.K) + "]");
+  if (training && b.pending)
+    throw std::logic_error("Linear: a second training forward before the backward of the first (a "
+                           "Linear keeps one forward's operands for its backward; use one Linear per call)");
+  const fp4::nn::StepContext c = step_context(step, seed, micro, training, telemetry);
+  const int64_t M = x.shape(0);
+  py::array_t<float> y = new_f32({static_cast<py::ssize_t>(M), static_cast<py::ssize_t>(b.N)});
+  float* yp = y.mutable_data();
+  const float* xp = static_cast<const float*>(x.data());
+  const float* wp = static_cast<const float*>(w.data());
+  {
+    py::gil_scoped_release nogil;
+    b.x.assign(xp, xp + M * b.K);
+    std::memcpy(b.w.data(), wp, static_cast<size_t>(b.N * b.K) * sizeof(float));
+    b.lin->forward(b.x.data(), yp, M, c);
+  }
+  b.M = M;
+  b.pending = training;
+  b.fwd = c;
+  return y;
+}
+
+py::tuple linear_backward(BoundLinear& b, const py::handle& dyh, bool need_dx) {
+  if (!b.pending) throw std::logic_error("Linear: backward without a training forward");
+  py::array dy = checked_array(dyh, "dy", false, 2);
+  if (dy.shape(0) != b.M || dy.shape(1) != b.N)
+    throw py::value_error("dy must be [" + std::to_string(b.M) + ", " + std::to_string(b.N) + "] (the forward's [M, N])");
+  py::object dxo = py::none();
+  float* dxp = nullptr;
+  if (need_dx) {
+    py::array_t<float> dx = new_f32({static_cast<py::ssize_t>(b.M), static_cast<py::ssize_t>(b.K)});
+    dxp = dx.mutable_data();
+    std::memset(dxp, 0, static_cast<size_t>(b.M * b.K) * sizeof(float));
+    dxo = dx;
+  }
+  py::array_t<float> dw = new_f32({static_cast<py::ssize_t>(b.N), static_cast<py::ssize_t>(b.K)});
+  const float* dyp = static_cast<const float*>(dy.data());
+  {
+    py::gil_scoped_release nogil;
+    std::fill(b.dw.begin(), b.dw.end(), 0.f);
+    b.lin->backward(dyp, dxp, b.M, b.fwd);
+    std::memcpy(dw.mutable_data(), b.dw.data(), b.dw.size() * sizeof(float));
+  }
+  b.pending = false;
+  return py::make_tuple(dxo, dw);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "fp4train C++ core (pybind11). Use the `fp4train` package, not this module.";
+  py::options options;
+  options.disable_function_signatures();  // every docstring starts with its own signature
   py::register_exception<fp4::UserError>(m, "UserError", PyExc_ValueError);
 
   m.def("named_formats", &named_formats,
@@ -756,6 +849,51 @@ PYBIND11_MODULE(_core, m) {
               l.append(py::dict("linear"_a = r.linear, "role"_a = r.role, "has_value"_a = r.has_value,
                                 "last_refresh"_a = r.last_refresh, "held"_a = r.held));
             return l; }, "Held tensor references (linear, role, has_value, last_refresh, held).");
+  py::class_<BoundLinear>(m, "Linear",
+      "The C++ quantized Linear (fp4/nn/linear.h): Y = X·Wᵀ with fprop, dgrad and wgrad "
+      "quantized per the recipe (SR keys, held references D, RHT, telemetry). Used by "
+      "fp4train.torch.Linear; usable directly on numpy arrays.")
+      .def(py::init(&make_linear), "in_features"_a, "out_features"_a, "recipe"_a, "layer"_a = 0,
+           "mode"_a = "",
+           "Linear(in_features, out_features, recipe, layer=0, mode='')\n\n"
+           "K = in_features, N = out_features; recipe: a Recipe; layer: the layer index of the SR "
+           "keys (keys (seed, step, layer, operand, gemm, micro)); mode: 'fp32', 'bf16', 'fp4' or "
+           "'' for the recipe's [linear] mode. Raises ValueError for sizes < 1 or a bad mode.")
+      .def("forward", &linear_forward, "x"_a, "weight"_a, "step"_a, "seed"_a = 0, "micro"_a = 0,
+           "training"_a = true, "telemetry"_a = false,
+           "forward(x, weight, step, seed=0, micro=0, training=True, telemetry=False) -> y\n\n"
+           "fprop: y [M, N] = quant(x [M, K]) · quant(weight [N, K])ᵀ (float32, C-contiguous) at "
+           "1-based optimizer step `step` (held references refresh every D steps; SR keys). "
+           "training=False: inference (no held-reference update, no backward). x and weight are "
+           "copied (kept for backward). Raises ValueError for bad arrays or NaN/Inf, RuntimeError "
+           "for a second training forward before the backward of the first.")
+      .def("backward", &linear_backward, "dy"_a, "need_dx"_a = true,
+           "backward(dy, need_dx=True) -> (dx, dw)\n\n"
+           "dgrad dx [M, K] = quant(dy)·quant(W) and wgrad dw [N, K] = quant(dyᵀ)·quant(xᵀ)ᵀ of the "
+           "last training forward (its step context), dy [M, N] float32; dx is None when "
+           "need_dx is False. Raises RuntimeError without a pending forward, ValueError for "
+           "bad arrays (RHT recipes: M must be a multiple of 16).")
+      .def_property_readonly("in_features", [](const BoundLinear& b) { return b.K; })
+      .def_property_readonly("out_features", [](const BoundLinear& b) { return b.N; })
+      .def_property_readonly("mode", [](const BoundLinear& b) { return std::string(fp4::linear_mode_name(b.lin->mode())); })
+      .def_property_readonly("refs", [](const BoundLinear& b) {
+            const fp4::nn::LinearRefs& r = b.lin->refs();
+            return py::dict("x"_a = r.g_x, "w"_a = r.g_w, "dy"_a = r.g_dy); },
+          "The tensor references g used by the last calls (x, w, dy).")
+      .def_property_readonly("telemetry", [](const BoundLinear& b) -> py::object {
+            const fp4::nn::LinearTelemetry& t = b.lin->telemetry();
+            if (!t.valid) return py::none();
+            py::dict d;
+            for (int i = 0; i < fp4::nn::LinearTelemetry::kOperands; ++i) {
+              const fp4::QuantStats& q = t.op[i];
+              py::dict o("saturated_blocks"_a = q.saturated_blocks, "zero_guard_blocks"_a = q.zero_guard_blocks,
+                         "zeroed_nonzeros"_a = q.zeroed_nonzeros, "rel_error"_a = q.rel_error);
+              if (q.has_staleness) o["staleness"] = q.staleness;
+              d[fp4::nn::LinearTelemetry::kNames[i]] = o;
+            }
+            return d; },
+          "Numerics telemetry of the last telemetry step, or None.");
+
   m.def("load_checkpoint", &load_checkpoint_impl, "path"_a,
         "load_checkpoint(path) -> Checkpoint\n\nA checkpoint file, or a run directory's newest "
         "checkpoint that loads (fp4::resolve_checkpoint). Tensors are split by parameter name "

@@ -17,5 +17,5 @@ for mod in numpy pytest; do
   fi
 done
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
-export FP4TRAIN_BIN="$bin" FP4_SOURCE_DIR="$src"
+export FP4TRAIN_BIN="$bin" FP4_SOURCE_DIR="$src" FP4_LINEAR_REF="$build/fp4_linear_ref"
 cd "$src" && exec "$py" -m pytest -q -p no:cacheprovider tests/python
