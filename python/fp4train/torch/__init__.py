@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from . import Recipe, _core
+from .. import Recipe, _core
 
 __all__ = ["Linear", "StepContext"]
 
