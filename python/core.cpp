@@ -703,10 +703,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("block", [](const BoundQTensor& t) { return t.q.spec.block; }, "Block length / tile side.")
       .def_property_readonly("two_d", [](const BoundQTensor& t) { return t.q.spec.two_d; }, "block x block tiles.")
       .def_property_readonly("target", [](const BoundQTensor& t) { return t.q.spec.target; }, "Scale target T.")
-      .def_property_readonly("element_format", [](const BoundQTensor& t) { return t.q.spec.element.name(); })
-      .def_property_readonly("scale_format", [](const BoundQTensor& t) { return std::string(fp4::spec_scale_format(t.q.spec).name); })
-      .def_property_readonly("scale_rule", [](const BoundQTensor& t) { return std::string(fp4::scale_rule_name(t.q.spec.scale_rule)); })
-      .def_property_readonly("rounding", [](const BoundQTensor& t) { return std::string(t.q.spec.rounding == fp4::Rounding::RNE ? "rne" : "sr8"); })
+      .def_property_readonly("element_format", [](const BoundQTensor& t) { return t.q.spec.element.name(); }, "Element format name (docs/formats.md).")
+      .def_property_readonly("scale_format", [](const BoundQTensor& t) { return std::string(fp4::spec_scale_format(t.q.spec).name); }, "Block-scale format name.")
+      .def_property_readonly("scale_rule", [](const BoundQTensor& t) { return std::string(fp4::scale_rule_name(t.q.spec.scale_rule)); }, "Scale rule: tensor-scaled, mx-te or mx-ocp.")
+      .def_property_readonly("rounding", [](const BoundQTensor& t) { return std::string(t.q.spec.rounding == fp4::Rounding::RNE ? "rne" : "sr8"); }, "Element rounding: rne or sr8.")
       .def_property_readonly("facts", [](const BoundQTensor& t) { return t.facts; },
                              "The metadata facts stored with save() (source, rounding, seed, ...).")
       .def("dequantize", &qt_dequantize,
@@ -772,8 +772,8 @@ PYBIND11_MODULE(_core, m) {
           "Config.from_toml(text, where='<text>') -> Config\n\nParse run-config TOML text.")
       .def_property_readonly("toml", [](const BoundConfig& c) { return fp4::run_config_to_toml(c.c); },
                              "The resolved config as TOML text (what a run writes as config.toml).")
-      .def_property_readonly("pattern", [](const BoundConfig& c) { return c.c.model.block_pattern(); })
-      .def_property_readonly("source", [](const BoundConfig& c) { return c.source; });
+      .def_property_readonly("pattern", [](const BoundConfig& c) { return c.c.model.block_pattern(); }, "The block pattern (model.pattern, or '*-' repeated n_layers times).")
+      .def_property_readonly("source", [](const BoundConfig& c) { return c.source; }, "The file (or text label) the config came from.");
 
   py::class_<BoundRecipe>(m, "Recipe", "A training recipe (fp4::Recipe), e.g. configs/recipes/ue5m3-b16.toml.")
       .def_static("load", [](const std::string& name_or_path, const std::vector<std::string>& sets,
@@ -790,19 +790,19 @@ PYBIND11_MODULE(_core, m) {
             r.r = fp4::recipe_from_text(text, where);
             return r; }, "text"_a, "where"_a = "<text>",
           "Recipe.from_toml(text, where='<text>') -> Recipe\n\nParse recipe TOML text.")
-      .def_property_readonly("name", [](const BoundRecipe& r) { return r.r.name; })
-      .def_property_readonly("description", [](const BoundRecipe& r) { return r.r.description; })
-      .def_property_readonly("mode", [](const BoundRecipe& r) { return std::string(fp4::linear_mode_name(r.r.mode)); })
-      .def_property_readonly("gemm", [](const BoundRecipe& r) { return r.r.gemm; })
-      .def_property_readonly("element_format", [](const BoundRecipe& r) { return r.r.element_format; })
-      .def_property_readonly("scale_format", [](const BoundRecipe& r) { return r.r.scale_format_str(); })
-      .def_property_readonly("scale_rule", [](const BoundRecipe& r) { return std::string(fp4::scale_rule_name(r.r.scale_rule)); })
-      .def_property_readonly("block", [](const BoundRecipe& r) { return r.r.block; })
-      .def_property_readonly("weight_2d", [](const BoundRecipe& r) { return r.r.weight_2d; })
-      .def_property_readonly("scale_target", [](const BoundRecipe& r) { return r.r.scale_target; })
-      .def_property_readonly("amax_interval", [](const BoundRecipe& r) { return r.r.amax_interval; })
-      .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; })
-      .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; })
+      .def_property_readonly("name", [](const BoundRecipe& r) { return r.r.name; }, "[name]")
+      .def_property_readonly("description", [](const BoundRecipe& r) { return r.r.description; }, "[description]")
+      .def_property_readonly("mode", [](const BoundRecipe& r) { return std::string(fp4::linear_mode_name(r.r.mode)); }, "[linear] mode: fp32, bf16 or fp4.")
+      .def_property_readonly("gemm", [](const BoundRecipe& r) { return r.r.gemm; }, "[linear] gemm: decoded or probe-matched.")
+      .def_property_readonly("element_format", [](const BoundRecipe& r) { return r.r.element_format; }, "[fp4] element_format.")
+      .def_property_readonly("scale_format", [](const BoundRecipe& r) { return r.r.scale_format_str(); }, "[fp4] scale_format.")
+      .def_property_readonly("scale_rule", [](const BoundRecipe& r) { return std::string(fp4::scale_rule_name(r.r.scale_rule)); }, "[fp4] scale_rule.")
+      .def_property_readonly("block", [](const BoundRecipe& r) { return r.r.block; }, "[fp4] block.")
+      .def_property_readonly("weight_2d", [](const BoundRecipe& r) { return r.r.weight_2d; }, "[fp4] weight_2d: weights in block x block tiles.")
+      .def_property_readonly("scale_target", [](const BoundRecipe& r) { return r.r.scale_target; }, "[fp4] scale_target T.")
+      .def_property_readonly("amax_interval", [](const BoundRecipe& r) { return r.r.amax_interval; }, "[fp4] amax_interval D (1: current scaling).")
+      .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; }, "[fp4] rht_wgrad: 16-point RHT on the wgrad operands.")
+      .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
       .def_property_readonly("toml", [](const BoundRecipe& r) { return fp4::recipe_to_toml(r.r); },
                              "The recipe as TOML text (recipe_to_toml: what a run writes as recipe.toml).")
       .def("spec", [](const BoundRecipe& r, const std::string& role) {
@@ -824,10 +824,10 @@ PYBIND11_MODULE(_core, m) {
            "recipe does not fit the model.");
 
   py::class_<BoundCheckpoint>(m, "Checkpoint", "A training checkpoint (fp4/checkpoint.h).")
-      .def_property_readonly("file", [](const BoundCheckpoint& c) { return c.file; })
-      .def_property_readonly("step", [](const BoundCheckpoint& c) { return c.ck.step; })
-      .def_property_readonly("config_toml", [](const BoundCheckpoint& c) { return c.ck.config_toml; })
-      .def_property_readonly("recipe_toml", [](const BoundCheckpoint& c) { return c.ck.recipe_toml; })
+      .def_property_readonly("file", [](const BoundCheckpoint& c) { return c.file; }, "The checkpoint file read.")
+      .def_property_readonly("step", [](const BoundCheckpoint& c) { return c.ck.step; }, "Completed optimizer steps.")
+      .def_property_readonly("config_toml", [](const BoundCheckpoint& c) { return c.ck.config_toml; }, "The run config as TOML text (Config.from_toml reads it).")
+      .def_property_readonly("recipe_toml", [](const BoundCheckpoint& c) { return c.ck.recipe_toml; }, "The recipe as TOML text (Recipe.from_toml reads it).")
       .def_property_readonly("params", [](const BoundCheckpoint& c) { return named_tensors(c, c.ck.params); },
                              "FP32 master weights by parameter name (embeddings, layers.N.norm, "
                              "layers.N.mixer.<name>, norm_f, lm_head), float32 [rows, cols] each.")
@@ -873,9 +873,9 @@ PYBIND11_MODULE(_core, m) {
            "last training forward (its step context), dy [M, N] float32; dx is None when "
            "need_dx is False. Raises RuntimeError without a pending forward, ValueError for "
            "bad arrays (RHT recipes: M must be a multiple of 16).")
-      .def_property_readonly("in_features", [](const BoundLinear& b) { return b.K; })
-      .def_property_readonly("out_features", [](const BoundLinear& b) { return b.N; })
-      .def_property_readonly("mode", [](const BoundLinear& b) { return std::string(fp4::linear_mode_name(b.lin->mode())); })
+      .def_property_readonly("in_features", [](const BoundLinear& b) { return b.K; }, "K.")
+      .def_property_readonly("out_features", [](const BoundLinear& b) { return b.N; }, "N.")
+      .def_property_readonly("mode", [](const BoundLinear& b) { return std::string(fp4::linear_mode_name(b.lin->mode())); }, "The Linear's mode: fp32, bf16 or fp4.")
       .def_property_readonly("refs", [](const BoundLinear& b) {
             const fp4::nn::LinearRefs& r = b.lin->refs();
             return py::dict("x"_a = r.g_x, "w"_a = r.g_w, "dy"_a = r.g_dy); },
