@@ -61,8 +61,9 @@ py::array checked_array(const py::handle& h, const char* name, bool want_u8, int
                          "))");
   }
   py::array a = py::reinterpret_borrow<py::array>(h);
-  const bool ok = want_u8 ? a.dtype().is(py::dtype::of<uint8_t>())
-                          : a.dtype().is(py::dtype::of<float>());
+  // By type number (the dtype object need not be numpy's cached one), in native byte order.
+  const py::dtype want = want_u8 ? py::dtype::of<uint8_t>() : py::dtype::of<float>();
+  const bool ok = a.dtype().num() == want.num() && a.dtype().byteorder() != '>';
   if (!ok) {
     throw py::type_error(std::string(name) + " must have dtype " + dt + ", got " +
                          std::string(py::str(a.dtype())) + " (convert it explicitly with " +

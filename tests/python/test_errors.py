@@ -21,6 +21,9 @@ def test_dtype_shape_layout():
         fp.quantize(X.astype(np.float16))
     with pytest.raises(TypeError, match="numpy.ndarray"):
         fp.quantize(X.tolist())
+    with pytest.raises(TypeError, match="float32"):
+        fp.quantize(X.astype(">f4"))              # big-endian float32
+    assert fp.quantize(X.astype("<f4")).shape == X.shape
     with pytest.raises(ValueError, match="2 dimensions"):
         fp.quantize(X.ravel())
     with pytest.raises(ValueError, match="2 dimensions"):
