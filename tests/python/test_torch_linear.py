@@ -114,3 +114,20 @@ def test_torch_mlp_example_learns():
                        capture_output=True, text=True, check=True)
     losses = [float(l.split("loss")[1]) for l in p.stdout.splitlines() if l.startswith("step")]
     assert len(losses) >= 4 and losses[-1] < 0.75 * losses[0], p.stdout  # it learns
+
+
+def test_telemetry_and_references():
+    steps = ft.StepContext(seed=2, telemetry=True)
+    lin = ft.Linear(32, 16, "ue5m3-b16", layer=1, steps=steps)
+    x = torch.randn(16, 32, requires_grad=True)
+    lin(x).sum().backward()
+    tel = lin.telemetry
+    assert set(tel) == {"x", "w", "dy", "dyt", "xt"}
+    assert 0 < tel["x"]["rel_error"] < 1 and 0 <= tel["w"]["zeroed_nonzeros"] < 1
+    # g of x is max|x| at step 1 (held for D = 50 steps afterwards)
+    assert np.float32(lin.core.refs["x"]) == np.abs(x.detach().numpy()).max()
+    steps.advance()
+    steps.telemetry = False
+    x2 = (x.detach() * 2).requires_grad_(True)
+    lin(x2).sum().backward()
+    assert np.float32(lin.core.refs["x"]) == np.abs(x.detach().numpy()).max()  # held, not 2x
