@@ -119,3 +119,30 @@ def test_thread_count_does_not_change_bits():
         outs.append(subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                                    text=True, check=True).stdout)
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 65
+
+
+def test_gil_released_during_quantize():
+    # While one thread is inside a long quantize() call, another Python thread keeps running:
+    # the largest pause of its loop is far below the call's duration (a held GIL would stall
+    # it for the whole call).
+    import threading
+    import time
+    x = np.random.default_rng(0).standard_normal((2048, 4096)).astype(np.float32)
+    fp.quantize(x[:64].copy())  # warm up
+    span = {}
+
+    def work():
+        t0 = time.perf_counter()
+        fp.quantize(x, rounding="sr8", two_d=True)
+        span["t"] = time.perf_counter() - t0
+
+    th = threading.Thread(target=work)
+    stamps = [time.perf_counter()]
+    th.start()
+    while th.is_alive():
+        stamps.append(time.perf_counter())
+    th.join()
+    gap = max(b - a for a, b in zip(stamps, stamps[1:]))
+    if span["t"] < 0.05:
+        pytest.skip(f"quantize took only {span['t']:.3f} s: too short to tell")
+    assert gap < 0.5 * span["t"], (gap, span["t"])
