@@ -376,6 +376,10 @@ BoundQTensor load_qtensor(const std::filesystem::path& file) {
       q.scales[b] = fp4::scale_decode(t.scale_codes[b], t.scale_format);
     q.codes.resize(static_cast<size_t>(t.rows * t.cols));
     for (int64_t i = 0; i < t.rows * t.cols; ++i) q.codes[static_cast<size_t>(i)] = t.code(i);
+    // The element rounding is not part of the layout; `quant --save` and save() record it
+    // as the fact "rounding".
+    const auto rf = t.facts.find("rounding");
+    if (rf != t.facts.end() && rf->second == "sr8") q.spec.rounding = fp4::Rounding::SR8;
     out.facts = t.facts;
     out.packed = std::move(t);
   }

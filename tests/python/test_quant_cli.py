@@ -143,6 +143,8 @@ def test_save_matches_cli_file(tmp_path):
         assert np.array_equal(t.codes, q.codes) and np.array_equal(t.scale_codes, q.scale_codes)
         assert np.array_equal(bits(t.scales), bits(q.scales))
         assert bits(t.gd) == bits(q.gd) and t.facts["source"] == "fp4train quant"
+        assert (t.rounding, t.block, t.two_d, t.scale_format, t.scale_rule) == \
+            (q.rounding, q.block, q.two_d, q.scale_format, q.scale_rule)
         assert np.array_equal(bits(t.dequantize()), bits(q.dequantize()))
 
 
