@@ -1,0 +1,149 @@
+"""Recipe.load and its per-linear plan against `fp4train info --json`; Config; load_run of a
+micro run trained by `fp4train train` (config, recipe, metrics.jsonl, checkpoint tensors by
+parameter name, checked against the checkpoint file's flat buffer read independently)."""
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import fp4train as fp
+from conftest import SRC, run_cli
+
+TINY = os.path.join(SRC, "configs", "tiny.toml")
+
+
+@pytest.mark.parametrize("recipe", ["ue5m3-b16", "nvfp4-te", "mxfp4", "ue5m3-b16-t2048", "fp32"])
+def test_plan_matches_info(recipe):
+    info = json.loads(run_cli(["info", "--config", TINY, "--recipe", recipe, "--json"]).stdout)
+    r = fp.Recipe.load(recipe)
+    plan = r.plan(fp.Config.load(TINY))
+    got = [(p["name"], p["block"], p["kind"], list(p["shape"]), p["mode"], p["overrides"]) for p in plan]
+    want = [(l["name"], l["block"], l["kind"], l["shape"], l["mode"], l["overrides"]) for l in info["linears"]]
+    assert got == want
+
+
+def test_plan_specs_by_hand():
+    cfg = fp.Config.load(TINY)
+    plan = {p["name"]: p for p in fp.Recipe.load("ue5m3-b16-t2048").plan(cfg)}
+    down = plan["layers.7.mixer.down_proj"]["specs"]
+    # the recipe file: T = 2048 only for dY of wgrad in the final four down_proj linears
+    assert down["wgrad"]["dy"]["target"] == 2048.0
+    assert down["dgrad"]["dy"]["target"] == 448.0
+    assert down["wgrad"]["dy"]["rounding"] == "sr8" and down["fprop"]["x"]["rounding"] == "rne"
+    assert down["fprop"]["w"]["two_d"] and not down["fprop"]["x"]["two_d"]
+    assert set(down) == {"fprop", "dgrad", "wgrad"}
+    assert set(down["fprop"]) == {"x", "w"} and set(down["wgrad"]) == {"dy", "x"}
+    q = plan["layers.0.mixer.q_proj"]["specs"]
+    assert q["wgrad"]["dy"]["target"] == 448.0
+    assert plan["lm_head"]["mode"] == "fp32" and plan["lm_head"]["specs"] is None
+    nv = {p["name"]: p for p in fp.Recipe.load("nvfp4-te").plan(cfg)}
+    # round(0.15 * 8 blocks) = 1: the last MLP block in BF16 (README)
+    assert nv["layers.7.mixer.up_proj"]["mode"] == "bf16" and nv["layers.6.mixer.q_proj"]["mode"] == "fp4"
+    assert nv["layers.0.mixer.q_proj"]["specs"]["fprop"]["x"]["scale_format"] == "e4m3"
+    mx = fp.Recipe.load("mxfp4")
+    assert mx.spec("x")["scale_format"] == "ue8m0" and mx.block == 32
+
+
+def test_recipe_fields_and_sets():
+    r = fp.Recipe.load("nvfp4-te")
+    assert r.rht_wgrad and r.scale_format == "e4m3" and r.mode == "fp4"
+    r2 = fp.Recipe.load(os.path.join(SRC, "configs", "recipes", "ue5m3-b16.toml"), sets=["fp4.block=32"])
+    assert r2.block == 32 and r2.name == "ue5m3-b16+fp4.block=32"
+    assert fp.Recipe.from_toml(r2.toml).block == 32
+    with pytest.raises(fp.UserError, match="fp4.block"):
+        fp.Recipe.load("ue5m3-b16", sets=["fp4.block=-1"])
+    c = fp.Config.load(TINY, sets=["model.d_model=128"])
+    assert "d_model = 128" in c.toml and c.pattern == "*-*-*-*-"
+
+
+def read_safetensors(path):
+    """Independent reader of the safetensors layout (8-byte length, JSON header, raw data)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        dt = {"F32": np.float32, "F64": np.float64, "U8": np.uint8}[v["dtype"]]
+        out[k] = np.frombuffer(data[b:e], dt).reshape(v["shape"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory, fp4train_bin):
+    brown = os.path.join(SRC, "data", "brown", "text")
+    if not os.path.isdir(brown):
+        pytest.skip("default corpus missing (scripts/setup installs it)")
+    work = tmp_path_factory.mktemp("run")
+    text = work / "text"
+    text.mkdir()
+    for name in sorted(os.listdir(brown))[:12]:
+        if name.endswith(".txt"):
+            (text / name).write_bytes(open(os.path.join(brown, name), "rb").read())
+    cfg = work / "micro.toml"
+    cfg.write_text(f"""[model]
+vocab_size = 512
+d_model = 32
+n_layers = 1
+n_heads = 2
+mlp_hidden = 64
+[train]
+seq_len = 32
+batch_size = 2
+steps = 3
+warmup_steps = 1
+[data]
+path = "{text}"
+cache = "{work / 'cache'}"
+[eval]
+interval = 3
+windows = 2
+[log]
+progress_seconds = 0.0
+telemetry_interval = 1
+""")
+    out = work / "out"
+    run_cli(["train", "--config", cfg, "--recipe", "ue5m3-b16", "--out", out, "--quiet"])
+    return out
+
+
+def test_load_run(micro_run):
+    run = fp.load_run(micro_run)
+    assert run.recipe.name == "ue5m3-b16" and run.config.pattern == "*-"
+    assert [m["step"] for m in run.metrics] == [1, 2, 3]
+    lines = [json.loads(l) for l in open(micro_run / "metrics.jsonl")]
+    assert run.metrics == lines
+    assert "telemetry" in run.metrics[0]
+    assert run.summary["status"] == "completed"
+    ck = run.checkpoint
+    assert ck.step == 3
+    flat = read_safetensors(ck.file)["params"]
+    names = ck.param_names
+    assert names[0] == "embeddings" and names[-2:] == ["norm_f", "lm_head"]
+    assert "layers.0.mixer.q_proj" in names and "layers.1.mixer.down_proj" in names
+    params = run.params
+    assert list(params) == names
+    assert params["embeddings"].shape == (512, 32)
+    assert params["layers.1.mixer.up_proj"].shape == (64, 32)
+    assert params["layers.0.norm"].shape == (1, 32)
+    # the named tensors tile the flat buffer in order
+    cat = np.concatenate([params[n].ravel() for n in names])
+    assert np.array_equal(cat.view(np.uint32), flat.view(np.uint32))
+    assert np.array_equal(np.asarray(ck.losses), [m["loss"] for m in run.metrics])
+    assert set(ck.adam_m) == set(names)
+    # D = 50: every FP4 linear holds its references (x, w, dy) after step 1
+    held = {(r["linear"], r["role"]) for r in ck.references if r["has_value"]}
+    assert ("layers.0.mixer.q_proj", 0) in held and ("layers.1.mixer.down_proj", 2) in held
+    assert fp.load_run(micro_run, checkpoint=False).checkpoint is None
+
+
+def test_load_run_errors(tmp_path):
+    with pytest.raises(fp.UserError, match="not a run directory"):
+        fp.load_run(tmp_path / "missing")
+    with pytest.raises(fp.UserError, match="config.toml"):
+        fp.load_run(tmp_path)
