@@ -1,6 +1,7 @@
 """fp4train's model against an independent PyTorch implementation (issue 14 §3).
 
-For a tiny Llama-style config and a tiny Nemotron-H hybrid (tests/python/tiny_*.toml), with
+For two tiny Llama-style configs (SwiGLU + RoPE + GQA; squared ReLU without RoPE) and a tiny
+Nemotron-H hybrid (Mamba-2, attention with RoPE, MLP; tests/python/tiny_*.toml), with
 the ``fp32`` recipe: train a few steps with ``fp4train train``, ``fp4train export`` the final
 checkpoint, then check
 
@@ -104,9 +105,26 @@ def _make_run(tmp_path_factory, config_name):
     return r
 
 
-@pytest.fixture(scope="module", params=["tiny_llama", "tiny_hybrid"])
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_relu2", "tiny_hybrid"])
 def trained(request, tmp_path_factory):
     return _make_run(tmp_path_factory, request.param)
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        M.from_pretrained(str(tmp_path))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ValueError, match="exceeds the file"):
+        M.read_safetensors(str(bad))
+    M.write_safetensors(str(bad), {"w": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    blob = bad.read_bytes()
+    bad.write_bytes(blob[:-4])  # truncated data
+    with pytest.raises(ValueError, match="truncated"):
+        M.read_safetensors(str(bad))
+    with pytest.raises(ValueError, match="unknown layout"):
+        M.FP4TrainLM({"vocab_size": 8, "hidden_size": 4, "num_attention_heads": 1, "intermediate_size": 4,
+                      "num_hidden_layers": 1, "fp4train": {"layout": "gpt2"}})
 
 
 def windows(r):
