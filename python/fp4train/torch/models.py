@@ -136,8 +136,9 @@ class RoundingBound:
     and e_v; :meth:`total` takes ∂L/∂v by autograd and sums. The local bounds, with
     u = 2^−24 and γ_n = n·u/(1 − n·u) (any summation order, with or without FMA):
 
-    * a dot product of n terms (linears: n = K; attention scores q·k/sqrt(hd): n = hd + 1; P·V
-      and causal sums: n = T): γ_n · Σ|terms|, i.e. γ_K · (|X| @ |W|ᵀ);
+    * a dot product of n terms (linears: n = K; P·V: n = T): γ_n · Σ|terms|, i.e.
+      γ_K · (|X| @ |W|ᵀ); attention scores (q·k)·(1/sqrt(hd)), the scale rounded too:
+      γ_{hd+2} · Σ|q||k| / sqrt(hd);
     * RMSNorm out = x·r·w, r = 1/sqrt(Σx²/C + eps): Σx² from C squares, γ_{C+1}; /C, +eps,
       sqrt, 1/·, the rounding of r: ≤ 5u relative on r after the sqrt halves the sum's error;
       two products 2u: e = (γ_{C+1}/2 + 7u)·|out|;
@@ -352,7 +353,7 @@ class FP4TrainLM(torch.nn.Module):
         s = torch.matmul(q, k.transpose(-1, -2)) * scale
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         if bound is not None:
-            bound.add(s, gamma(hd + 1) * torch.matmul(q.abs(), k.abs().transpose(-1, -2)) * scale * mask)
+            bound.add(s, gamma(hd + 2) * torch.matmul(q.abs(), k.abs().transpose(-1, -2)) * scale * mask)
         s = s.masked_fill(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
         if bound is not None:
