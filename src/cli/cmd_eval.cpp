@@ -22,6 +22,7 @@
 #include "fp4/eval.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
+#include "hf_layout.h"
 #include "paths.h"
 #include "run_control.h"
 
@@ -195,9 +196,49 @@ struct EvalArgs {
   int windows = 0;
   int calib_batches = 4;
   std::string json_file;
+  std::string grad_out;   // --grad-out: gradient file (safetensors, HF names)
+  int grad_windows = 0;   // --grad-windows: its windows (0: every evaluated window)
 };
 
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+// --grad-out: the FP32 gradient of the mean NLL of the first n held-out windows (one forward
+// of n sequences with quantization off, then Model::backward), written with the names and
+// shapes of `fp4train export` (hf_layout.h), plus the windows ("tokens", I32 [n, seq_len + 1])
+// and the loss (metadata "loss", %.17g of the double mean).
+void write_gradients(const Source& s, const EvalWindows& held, int n, const std::string& file) {
+  const int seq_len = s.cfg.train.seq_len;
+  auto model = build_model(s, n);
+  std::vector<int32_t> in(int64_t(n) * seq_len), tg(in.size()), win(int64_t(n) * (seq_len + 1));
+  for (int b = 0; b < n; ++b)
+    for (int t = 0; t <= seq_len; ++t) {
+      const int32_t id = (*held.tokens)[held.starts[b] + t];
+      win[int64_t(b) * (seq_len + 1) + t] = id;
+      if (t < seq_len) in[int64_t(b) * seq_len + t] = id;
+      if (t > 0) tg[int64_t(b) * seq_len + t - 1] = id;
+    }
+  nn::StepContext ctx;  // a training step (backward allowed) with every linear in FP32
+  ctx.quantize = false;
+  model->zero_grad();
+  const double loss = model->forward(in.data(), tg.data(), n, ctx);
+  model->backward(ctx);
+  const std::vector<HfTensor> grads = hf_tensors(s.cfg.model, model->param_infos(), model->grads());
+  std::vector<safetensors::TensorOut> outs;
+  for (const HfTensor& t : grads)
+    outs.push_back({t.name, "F32", t.shape, t.data.data(), t.data.size() * sizeof(float)});
+  outs.push_back({"tokens", "I32", {n, seq_len + 1}, win.data(), win.size() * sizeof(int32_t)});
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", loss);
+  const json meta = {{"format", "fp4train.grad.v1"},
+                     {"loss", buf},
+                     {"windows", std::to_string(n)},
+                     {"seq_len", std::to_string(seq_len)},
+                     {"checkpoint", s.checkpoint},
+                     {"step", std::to_string(s.step)}};
+  safetensors::write_file(file, safetensors::make_header(outs, meta), outs);
+  std::printf("gradient of the mean NLL of the first %d held-out windows (FP32, loss %.6f) "
+              "written to %s\n", n, loss, file.c_str());
+}
 
 void run_eval(const EvalArgs& a) {
   std::vector<EvalPolicy> policies;
@@ -212,6 +253,12 @@ void run_eval(const EvalArgs& a) {
     if (!dir.empty() && !fs::is_directory(dir))
       throw UserError("--json " + a.json_file + ": directory " + dir.string() + " does not exist");
   }
+  if (!a.grad_out.empty()) {
+    const fs::path dir = fs::path(a.grad_out).parent_path();
+    if (!dir.empty() && !fs::is_directory(dir))
+      throw UserError("--grad-out " + a.grad_out + ": directory " + dir.string() + " does not exist");
+  }
+  if (a.grad_windows > 0 && a.grad_out.empty()) throw UserError("--grad-windows goes with --grad-out FILE");
   const Source s = load_source(a.src);
   const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates
   auto model = build_model(s, batch);
@@ -225,6 +272,13 @@ void run_eval(const EvalArgs& a) {
   if (held.starts.empty())
     throw UserError("the held-out split has " + std::to_string(data.heldout.size()) +
                     " tokens, fewer than train.seq_len + 1 = " + std::to_string(seq_len + 1));
+  if (!a.grad_out.empty()) {
+    const int n = a.grad_windows > 0 ? a.grad_windows : int(held.starts.size());
+    if (n > int(held.starts.size()))
+      throw UserError("--grad-windows " + std::to_string(n) + " exceeds the " +
+                      std::to_string(held.starts.size()) + " held-out windows");
+    write_gradients(s, held, n, a.grad_out);
+  }
   const bool need_calib = std::any_of(policies.begin(), policies.end(), [](const EvalPolicy& p) {
     return p.kind == EvalPolicy::Kind::Calibrated;
   });
@@ -385,6 +439,15 @@ void register_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   c->add_option("--json", a->json_file, "Also write the results as JSON to this file");
+  c->add_option("--grad-out", a->grad_out,
+                "Also write the FP32 gradient (quantization off, whatever the recipe) of the mean "
+                "NLL of the first --grad-windows held-out windows, run as one batch, to this "
+                "safetensors file: one F32 tensor per parameter under the names and shapes of "
+                "`fp4train export` (docs/export.md), \"tokens\" (I32 [windows, seq_len + 1], "
+                "the windows) and the loss in the metadata (\"loss\")");
+  c->add_option("--grad-windows", a->grad_windows,
+                "Windows of --grad-out (default: all evaluated windows)")
+      ->check(CLI::Range(1, 1 << 20));
   c->callback([a] { run_eval(*a); });
 }
 

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
       "compare recipes (fp32, bf16, ue5m3-b16, ue5m3-b32, ue5m3-te, nvfp4-te, nvfp4-all, mxfp4,\n"
-      "or your own TOML file): train, compare/report, eval/sample, profile, info, quant, gemm. See\n"
+      "or your own TOML file): train, compare/report, eval/sample, export, profile, info, quant, gemm. See\n"
       "README.md."};
   app.require_subcommand(1);
   fp4::cli::register_train(app);
@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_compare(app);
   fp4::cli::register_profile(app);
   fp4::cli::register_info(app);
+  fp4::cli::register_export(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

@@ -41,7 +41,7 @@ help() {
 }
 
 help --help
-for cmd in train eval sample quant gemm compare report profile info; do help "$cmd" --help; done
+for cmd in train eval sample export quant gemm compare report profile info; do help "$cmd" --help; done
 
 # --steps -5 (range check), a number beyond the option's type, a malformed number.
 bad "train --steps -5"             "--steps"        train --steps -5
@@ -53,6 +53,8 @@ bad "compare --steps -5"           "--steps"        compare --out "$tmp/c" --ste
 bad "compare --seeds 1e9"          "--seeds"        compare --out "$tmp/c" --seeds 1e9
 bad "compare --seeds abc"          "--seeds"        compare --out "$tmp/c" --seeds abc
 bad "compare without --out"        "--out"          compare
+bad "export without --out"         "--out"          export --checkpoint x
+bad "eval --grad-windows 0"        "--grad-windows" eval --checkpoint x --grad-out g --grad-windows 0
 bad "quant --block 100000000000"   "--block"        quant "$tmp/m.txt" --block 100000000000
 bad "quant --block -5"             "--block"        quant "$tmp/m.txt" --block -5
 bad "quant --target abc"           "--target"       quant "$tmp/m.txt" --target abc

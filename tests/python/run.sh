@@ -18,4 +18,5 @@ for mod in numpy pytest; do
 done
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 export FP4TRAIN_BIN="$bin" FP4_SOURCE_DIR="$src" FP4_LINEAR_REF="$build/fp4_linear_ref"
-cd "$src" && exec "$py" -m pytest -q -p no:cacheprovider tests/python
+# test_torch_model.py is CTest python_torch_model (it needs no compiled package).
+cd "$src" && exec "$py" -m pytest -q -p no:cacheprovider --ignore=tests/python/test_torch_model.py tests/python

@@ -25,6 +25,10 @@ one forward's operands; a second forward first is a RuntimeError); under ``torch
 when neither input nor weight needs a gradient) a forward is an inference forward (no held
 reference is updated). RHT recipes (nvfp4-te) need the token count (all leading dimensions
 multiplied) to be a multiple of 16.
+
+:mod:`fp4train.torch.models` is a plain-PyTorch implementation of fp4train's models (torch's
+own ops, not fp4train's kernels), for checking fp4train against an independent framework and
+for loading ``fp4train export`` directories (docs/export.md).
 """
 import math
 

@@ -1,0 +1,180 @@
+// The Hugging Face layout of a fp4train model: see hf_layout.h and docs/export.md.
+#include "hf_layout.h"
+
+#include <stdexcept>
+
+namespace fp4::cli {
+using json = nlohmann::json;
+
+bool hf_llama_layout(const ModelConfig& cfg) {
+  const std::string p = cfg.block_pattern();
+  if (p.empty() || p.size() % 2) return false;
+  for (size_t i = 0; i < p.size(); i += 2)
+    if (p[i] != '*' || p[i + 1] != '-') return false;
+  return true;
+}
+
+namespace {
+// Rows of a [heads·hd, cols] projection reordered per head from fp4train's interleaved RoPE
+// pairs to HF's halves: HF row j of a head = fp4train row 2j (j < hd/2), 2(j − hd/2) + 1.
+std::vector<float> rope_rows_to_hf(const float* w, int64_t heads, int64_t hd, int64_t cols) {
+  std::vector<float> out(heads * hd * cols);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < hd; ++j) {
+      const int64_t src = j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1;
+      const float* s = w + (h * hd + src) * cols;
+      std::copy(s, s + cols, out.begin() + (h * hd + j) * cols);
+    }
+  return out;
+}
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::ParamInfo>& infos,
+                                 const std::vector<float>& values) {
+  const bool llama = hf_llama_layout(cfg);
+  const std::string pattern = cfg.block_pattern();
+  const int64_t hd = cfg.attn_head_dim();
+  std::vector<HfTensor> out;
+  for (const nn::ParamInfo& p : infos) {
+    if (p.offset + p.size > static_cast<int64_t>(values.size()))
+      throw std::invalid_argument("hf_tensors: values hold " + std::to_string(values.size()) +
+                                  " floats, fewer than the parameters need");
+    const float* v = values.data() + p.offset;
+    auto add = [&](std::string name, std::vector<int64_t> shape, const float* src, int64_t n) {
+      HfTensor t{std::move(name), p.name, std::move(shape), std::vector<float>(src, src + n)};
+      out.push_back(std::move(t));
+    };
+    const std::vector<int64_t> mat = {p.rows, p.cols};
+    const std::vector<int64_t> vec = {p.size};
+    if (p.name == "embeddings") {
+      add(llama ? "model.embed_tokens.weight" : "backbone.embeddings.weight", mat, v, p.size);
+      continue;
+    }
+    if (p.name == "norm_f") {
+      add(llama ? "model.norm.weight" : "backbone.norm_f.weight", vec, v, p.size);
+      continue;
+    }
+    if (p.name == "lm_head") {
+      add("lm_head.weight", mat, v, p.size);
+      continue;
+    }
+    const int L = p.block;
+    const std::string pre = "layers." + std::to_string(L) + ".";
+    if (L < 0 || L >= int(pattern.size()) || p.name.rfind(pre, 0) != 0)
+      throw std::invalid_argument("hf_tensors: unknown parameter " + p.name);
+    const std::string rest = p.name.substr(pre.size());
+    const char kind = pattern[L];
+    const std::string hpre = llama ? "model.layers." + std::to_string(L / 2) + "."
+                                   : "backbone.layers." + std::to_string(L) + ".";
+    if (rest == "norm") {
+      add(hpre + (llama ? (kind == '*' ? "input_layernorm.weight" : "post_attention_layernorm.weight")
+                        : "norm.weight"),
+          vec, v, p.size);
+      continue;
+    }
+    if (rest.rfind("mixer.", 0) != 0) throw std::invalid_argument("hf_tensors: unknown parameter " + p.name);
+    const std::string m = rest.substr(6);
+    const std::string mix = hpre + (llama ? (kind == '*' ? "self_attn." : "mlp.") : "mixer.");
+    if (kind == '*') {
+      if ((m == "q_proj" || m == "k_proj") && cfg.rope) {
+        HfTensor t{mix + m + ".weight", p.name, mat, rope_rows_to_hf(v, p.rows / hd, hd, p.cols)};
+        out.push_back(std::move(t));
+      } else if (m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj") {
+        add(mix + m + ".weight", mat, v, p.size);
+      } else {
+        throw std::invalid_argument("hf_tensors: unknown attention parameter " + p.name);
+      }
+    } else if (kind == '-') {
+      if (m == "up_proj" && cfg.mlp == "swiglu") {
+        const int64_t F = p.rows / 2;
+        add(mix + "gate_proj.weight", {F, p.cols}, v, F * p.cols);
+        add(mix + "up_proj.weight", {F, p.cols}, v + F * p.cols, F * p.cols);
+      } else if (m == "up_proj" || m == "down_proj") {
+        add(mix + m + ".weight", mat, v, p.size);
+      } else {
+        throw std::invalid_argument("hf_tensors: unknown MLP parameter " + p.name);
+      }
+    } else if (kind == 'M') {
+      if (m == "conv1d") add(mix + "conv1d.weight", {p.rows, 1, p.cols}, v, p.size);
+      else if (m == "conv1d_bias") add(mix + "conv1d.bias", vec, v, p.size);
+      else if (m == "dt_bias" || m == "A_log" || m == "D") add(mix + m, vec, v, p.size);
+      else if (m == "norm") add(mix + "norm.weight", vec, v, p.size);
+      else if (m == "in_proj" || m == "out_proj") add(mix + m + ".weight", mat, v, p.size);
+      else throw std::invalid_argument("hf_tensors: unknown Mamba-2 parameter " + p.name);
+    } else {
+      throw std::invalid_argument("hf_tensors: unknown block kind of " + p.name);
+    }
+  }
+  return out;
+}
+
+json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>& tensors) {
+  const bool llama = hf_llama_layout(cfg);
+  const bool swiglu = cfg.mlp == "swiglu";
+  // Floats as the double they are (JSON numbers round-trip doubles exactly).
+  auto f = [](float x) { return double(x); };
+  json j;
+  if (llama) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["num_hidden_layers"] = cfg.n_blocks() / 2;
+    j["hidden_act"] = swiglu ? "silu" : "relu2";
+    j["rms_norm_eps"] = f(cfg.norm_eps);
+    j["rope_theta"] = f(cfg.rope_theta);
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  } else {
+    j["architectures"] = {"NemotronHForCausalLM"};
+    j["model_type"] = "nemotron_h";
+    j["num_hidden_layers"] = cfg.n_blocks();
+    j["hybrid_override_pattern"] = cfg.block_pattern();
+    j["attention_head_dim"] = cfg.attn_head_dim();
+    j["mlp_hidden_act"] = swiglu ? "swiglu" : "relu2";
+    j["layer_norm_epsilon"] = f(cfg.norm_eps);
+    j["mamba_num_heads"] = cfg.mamba_num_heads;
+    j["mamba_head_dim"] = cfg.mamba_head_dim;
+    j["n_groups"] = cfg.mamba_n_groups;
+    j["ssm_state_size"] = cfg.mamba_state_size;
+    j["conv_kernel"] = cfg.mamba_conv_kernel;
+    j["chunk_size"] = cfg.mamba_chunk_size;
+    if (cfg.mamba_num_heads > 0 && cfg.mamba_d_inner() % cfg.d_model == 0)
+      j["expand"] = cfg.mamba_d_inner() / cfg.d_model;
+    j["mamba_hidden_act"] = "silu";
+    j["time_step_min"] = f(cfg.mamba_dt_min);
+    j["time_step_max"] = f(cfg.mamba_dt_max);
+    j["time_step_floor"] = f(cfg.mamba_dt_init_floor);
+    j["use_conv_bias"] = true;
+    j["use_bias"] = false;
+    j["mamba_proj_bias"] = false;
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["residual_in_fp32"] = true;
+  }
+  j["vocab_size"] = cfg.vocab_size;
+  j["hidden_size"] = cfg.d_model;
+  j["intermediate_size"] = cfg.mlp_hidden;
+  j["num_attention_heads"] = cfg.n_heads;
+  j["num_key_value_heads"] = cfg.kv_heads();
+  j["head_dim"] = cfg.attn_head_dim();
+  j["max_position_embeddings"] = seq_len;
+  j["initializer_range"] = f(cfg.init_std);
+  j["tie_word_embeddings"] = false;
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = 2;
+  j["torch_dtype"] = "float32";
+  json names = json::object();
+  for (const HfTensor& t : tensors) names[t.name] = t.source;
+  j["fp4train"] = {{"format", "fp4train.hf_export.v1"},
+                   {"layout", llama ? "llama" : "nemotron_h"},
+                   {"pattern", cfg.block_pattern()},
+                   {"mlp", cfg.mlp},
+                   {"mlp_gated", swiglu},
+                   {"rope", cfg.rope},
+                   {"rope_theta", f(cfg.rope_theta)},
+                   {"rope_pairs", "halves"},
+                   {"norm_eps", f(cfg.norm_eps)},
+                   {"names", names}};
+  return j;
+}
+
+}  // namespace fp4::cli
