@@ -7,7 +7,7 @@
 # metrics line whole, the same checkpoint files as the reference, and a second resume is a
 # no-op ("already completed", nothing changed).
 #
-# Moment classes, taken in turn (kill i has class i mod 6), their parameters drawn from the
+# Moment classes, taken in turn (kill i has class i mod 7), their parameters drawn from the
 # seed (the hooks: include/fp4/safetensors.h "Test hooks of the durable writers"):
 #   checkpoint  FP4_TEST_KILL_AT=checkpoint:N:K  SIGKILL after K bytes of the N-th checkpoint
 #               file; K = `end`: all written, before fsync + rename; K = `after`: renamed
@@ -25,6 +25,8 @@
 #               disk): the run must exit 1 naming the file and "No space left on device",
 #               remove its temporaries, keep whole metrics lines, and its previous checkpoint
 #               must resume bit-identically
+#   prune       FP4_TEST_KILL_AT=checkpoint:N:after  a checkpoint renamed into place, the
+#               older ones not yet pruned (N = the last: the resume has no step to train)
 # Kills are drawn after the first checkpoint is complete (a run killed before it has nothing
 # to resume from, and `--resume` refuses it: README "Checkpoints and resume"). Finally, when
 # run as root with tmpfs mounts allowed, a real full disk: the run directory on a small tmpfs
@@ -157,7 +159,7 @@ for v in FP4_TEST_KILL_AT=checkpoint:1 FP4_TEST_KILL_AT=disk:1:0 FP4_TEST_FAIL_W
 done
 
 declare -A count
-classes=(checkpoint metrics random resume summary enospc)
+classes=(checkpoint metrics random resume summary enospc prune)
 for (( i = 0; i < kills; i++ )); do
   class=${classes[$(( i % ${#classes[@]} ))]}
   d="$work/k$i"
@@ -201,6 +203,15 @@ for (( i = 0; i < kills; i++ )); do
       # Files: config.toml, recipe.toml, tokenizer.model, then summary.json.
       run_env "$d.log" FP4_TEST_KILL_AT=file:4:$n; killed "$d.log"
       [ -f "$d/summary.json" ] && fail "$what: summary.json complete after a kill inside it" ;;
+    prune)
+      # Between a checkpoint's rename and the pruning after it (the final one: the resume has
+      # no step left to train).
+      rand $(( n_ck - KEEP )); n=$(( KEEP + 1 + R ))
+      what="kill $i (checkpoint:$n:after)"
+      run_env "$d.log" FP4_TEST_KILL_AT=checkpoint:$n:after; killed "$d.log"
+      m=$(( n < KEEP + 1 ? n : KEEP + 1 ))
+      [ "$(ls "$d/checkpoints" | grep -c '^step_.*\.safetensors$')" -eq $m ] \
+        || fail "$what: expected $m checkpoints before the pruning: $(ls "$d/checkpoints" | tr '\n' ' ')" ;;
     enospc)
       # After the first checkpoint is complete, before the last one is.
       rand $(( (n_ck - 1) * ck_size )); b=$(( pre_bytes + ck_size + R ))
@@ -241,7 +252,7 @@ else
 fi
 
 summary=""
-for c in checkpoint metrics random random-after-end resume summary enospc; do
+for c in checkpoint metrics random random-after-end resume summary enospc prune; do
   [ -n "${count[$c]:-}" ] && summary+=" $c=${count[$c]}"
 done
 echo "kill_campaign: all $kills kills passed (seed $seed):$summary; real full disk (tmpfs): $tmpfs;" \
