@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,58 @@ TEST(Checkpoint, PruneKeepsTheNewest) {
   EXPECT_EQ(left[1].filename(), "step_00000011.safetensors");
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "notes.txt"));
   EXPECT_THROW(prune_checkpoints(run, 0), std::invalid_argument);
+}
+
+TEST(AppendFile, AppendsWholeRecordsAndTruncatesOnRequest) {
+  const fs::path f = g_scratch.dir / "append.jsonl";
+  auto read = [&] {
+    std::ifstream in(f, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  {
+    AppendFile a;
+    EXPECT_FALSE(a.is_open());
+    EXPECT_THROW(a.append("x\n"), std::logic_error);
+    a.open(f, /*truncate=*/true);
+    a.append("{\"step\":1}\n");
+    a.append("{\"step\":2}\n");
+    a.sync();
+  }
+  EXPECT_EQ(read(), "{\"step\":1}\n{\"step\":2}\n");
+  {
+    AppendFile a;
+    a.open(f, /*truncate=*/false);  // a resume appends after what is there
+    a.append("{\"step\":3}\n");
+  }
+  EXPECT_EQ(read(), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
+  {
+    AppendFile a;
+    a.open(f, /*truncate=*/true);
+    a.append("z\n");
+  }
+  EXPECT_EQ(read(), "z\n");
+  AppendFile bad;
+  try {
+    bad.open(g_scratch.dir / "no" / "such" / "dir.jsonl", false);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("dir.jsonl"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AppendFile, AFullDiskThrowsIoErrorNamingTheFileAndTheReason) {
+  // /dev/full fails every write with ENOSPC, as a full file system does.
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  AppendFile a;
+  a.open("/dev/full", false);
+  try {
+    a.append("{\"step\":1}\n");
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("/dev/full"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::strerror(ENOSPC)), std::string::npos) << m;
+  }
 }
 
 TEST(Checkpoint, StoredConfigAndRecipeReloadExactly) {

@@ -18,10 +18,19 @@
 
 namespace fp4 {
 
+/// A file could not be written (write, fsync, close or rename failed: a full disk, an I/O
+/// error), with a message naming the file and the system's reason; thrown by AtomicFile,
+/// AppendFile and fsync_file. A UserError, so code that reports those reports it too; the
+/// CLI exits with status 1 for it (a failure, not a bad argument: README "Exit codes").
+struct IoError : UserError {
+  using UserError::UserError;
+};
+
 /// A file written to `<file>.tmp` in the same directory and moved over `file` by commit():
 /// fsync of the data, rename, fsync of the directory, so after a crash (SIGKILL, power loss)
 /// `file` holds either its old or its complete new content. If commit() is never reached
-/// the temporary file is removed. Errors throw fp4::UserError naming the file.
+/// the temporary file is removed. Errors throw fp4::UserError naming the file (fp4::IoError
+/// when a write, fsync, close or rename fails).
 class AtomicFile {
  public:
   explicit AtomicFile(const std::filesystem::path& file);
@@ -34,15 +43,60 @@ class AtomicFile {
  private:
   std::filesystem::path file_, tmp_;
   int fd_ = -1;
+  int kind_ = 0;            // test hooks: checkpoint or file
+  uint64_t index_ = 0;      // test hooks: this write's 1-based number of its kind
+  uint64_t written_ = 0;    // bytes written so far
 };
+
+/// An append-only file (metrics.jsonl): append() writes one whole record through one file
+/// descriptor (O_APPEND), sync() makes everything appended so far durable (fsync of the data
+/// and of the directory). A record that cannot be written completely (ENOSPC, EIO) is cut off
+/// again (ftruncate to the size before it, best effort) and throws, so the file keeps whole
+/// records only; a SIGKILL in the middle of append() can still leave a partial last record
+/// (a reader must drop an incomplete last line). A failed open throws fp4::UserError, a failed
+/// write or fsync fp4::IoError, each naming the file and the system's reason; append() or
+/// sync() before open() throws std::logic_error.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  /// Open (creating it) `file` for appending; `truncate`: empty it first.
+  void open(const std::filesystem::path& file, bool truncate);
+  bool is_open() const { return fd_ >= 0; }
+  void append(std::string_view record);
+  void sync();
+
+ private:
+  std::filesystem::path file_;
+  int fd_ = -1;
+};
+
+/// Test hooks of the durable writers (AtomicFile, AppendFile), for the crash-consistency
+/// campaign tests/crash/kill_campaign.sh (docs/robustness.md "Crash consistency"). Compiled in
+/// always; inert unless an environment variable below is set (read at the first write):
+///   FP4_TEST_KILL_AT=KIND:N:K     during the N-th (1-based, counted in this process) write of
+///       KIND, once K bytes of it are written, the process sends itself SIGKILL. KIND is
+///       `checkpoint` (an AtomicFile of a *.safetensors file), `file` (any other AtomicFile:
+///       config.toml, summary.json, the metrics.jsonl rewrite of a resume, ...) or `metrics`
+///       (one AppendFile::append, i.e. one metrics.jsonl line). K is a byte count, `end` (after
+///       the last byte, before AtomicFile::commit's fsync and rename) or `after` (after the
+///       commit: the file complete and in place, before commit() returns); a count equal to
+///       the write's size acts as `end`, one past it as `after`. For an AppendFile record
+///       `end` and `after` both kill before append() returns.
+///   FP4_TEST_FAIL_WRITE_AFTER=B   once B bytes in total have been written by AtomicFile and
+///       AppendFile in this process, write(2) fails with ENOSPC (after a short write up to
+///       B), as on a full disk.
+/// A malformed value throws fp4::UserError naming the variable.
 
 /// Replace `file` by `bytes` with AtomicFile.
 void write_file_atomic(const std::filesystem::path& file, std::string_view bytes);
 
 /// fsync(2) the data of an existing file written through another handle (e.g. the
 /// std::ofstream of metrics.jsonl, after its flush) and of its directory, so that it
-/// survives a power cut. Throws fp4::UserError naming the file if it cannot be opened or
-/// fsync fails.
+/// survives a power cut. Throws fp4::UserError naming the file if it cannot be opened,
+/// fp4::IoError if fsync fails.
 void fsync_file(const std::filesystem::path& file);
 
 /// 64-bit FNV-1a hash of bytes [data, data + n), continuing from `h` (start with

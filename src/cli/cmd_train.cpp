@@ -13,6 +13,7 @@
 #include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/profile.h"
+#include "fp4/safetensors.h"  // fp4::IoError
 #include "fp4/train.h"
 #include "paths.h"
 #include "run_control.h"
@@ -86,16 +87,25 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
 // checkpoint, says how to resume, and the process ends as killed by the signal (130 / 143).
 TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                                  TrainOptions opt, const TrainArgs& a) {
+  std::string cmd = shell_word(a.app->get_parent()->get_name()) + " train --resume " +
+                    shell_word(opt.out_dir.string());
+  if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
   TrainSummary s;
   {
     StopOnSignal guard;
     opt.stop_signal = StopOnSignal::flag();
-    s = train(cfg, recipe, data, opt);
+    try {
+      s = train(cfg, recipe, data, opt);
+    } catch (const IoError& e) {
+      // A full disk (or an I/O error) while writing the run: what to do about it.
+      const bool some = !list_checkpoints(opt.out_dir).empty();
+      throw IoError(std::string(e.what()) + "; the run stopped" +
+                    (some ? "; its checkpoints written before are complete: free space and "
+                            "continue it with " + cmd
+                          : std::string("")));
+    }
   }
   if (s.stop_signal == 0) return s;
-  std::string cmd = shell_word(a.app->get_parent()->get_name()) + " train --resume " +
-                    shell_word(opt.out_dir.string());
-  if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
   std::fflush(stdout);
   if (dist::rank() == 0)  // under mpirun: once
     std::fprintf(stderr,

@@ -7,6 +7,7 @@
 #include "fp4/cpu_isa.h"
 #include "fp4/dist.h"
 #include "fp4/error.h"
+#include "fp4/safetensors.h"  // fp4::IoError
 
 namespace {
 /// Ends MPI (fp4::dist::finalize) on every return from main; a no-op without mpirun.
@@ -99,6 +100,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fp4train: error: %s; see 'fp4train%s --help'\n", what.c_str(),
                  cmd.c_str());
     return 2;
+  } catch (const fp4::IoError& e) {  // a full disk or an I/O error: a failure, not bad input
+    return command_error(e.what(), 1);
   } catch (const fp4::UserError& e) {
     return command_error(e.what(), 2);
   } catch (const std::exception& e) {

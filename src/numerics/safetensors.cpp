@@ -4,7 +4,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
+#include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -26,6 +30,114 @@ void fsync_dir(const fs::path& dir) {
   (void)::fsync(d);
   ::close(d);
 }
+
+// Test hooks (safetensors.h, "Test hooks of the durable writers"). Only the main thread of
+// rank 0 writes these files, so plain counters suffice.
+enum Kind { kCheckpoint = 0, kOtherFile = 1, kMetrics = 2 };
+// FP4_TEST_KILL_AT=...:end and ...:after, as byte counts no write reaches.
+constexpr uint64_t kEnd = UINT64_MAX - 1, kAfter = UINT64_MAX;
+struct Faults {
+  bool kill = false;
+  int kill_kind = 0;
+  uint64_t kill_n = 0, kill_k = 0;
+  bool fail = false;
+  uint64_t fail_after = 0;
+  uint64_t count[3] = {0, 0, 0};  // writes of each kind begun
+  uint64_t total = 0;             // bytes written by all hooked writes
+};
+
+uint64_t parse_u64(const std::string& v, const char* var, const std::string& whole) {
+  uint64_t x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size())
+    throw UserError(std::string(var) + "=" + whole + ": '" + v + "' is not a non-negative integer");
+  return x;
+}
+
+Faults read_faults() {
+  Faults f;
+  if (const char* e = std::getenv("FP4_TEST_KILL_AT"); e && *e) {
+    const std::string v = e;
+    const size_t a = v.find(':'), b = a == std::string::npos ? a : v.find(':', a + 1);
+    const std::string kind = v.substr(0, a);
+    if (b == std::string::npos || (kind != "checkpoint" && kind != "file" && kind != "metrics"))
+      throw UserError("FP4_TEST_KILL_AT=" + v +
+                      ": expected KIND:N:K with KIND checkpoint, file or metrics");
+    f.kill = true;
+    f.kill_kind = kind == "checkpoint" ? kCheckpoint : kind == "file" ? kOtherFile : kMetrics;
+    f.kill_n = parse_u64(v.substr(a + 1, b - a - 1), "FP4_TEST_KILL_AT", v);
+    const std::string k = v.substr(b + 1);
+    f.kill_k = k == "end" ? kEnd : k == "after" ? kAfter : parse_u64(k, "FP4_TEST_KILL_AT", v);
+  }
+  if (const char* e = std::getenv("FP4_TEST_FAIL_WRITE_AFTER"); e && *e) {
+    f.fail = true;
+    f.fail_after = parse_u64(e, "FP4_TEST_FAIL_WRITE_AFTER", e);
+  }
+  return f;
+}
+
+Faults& faults() {
+  static Faults f = read_faults();
+  return f;
+}
+
+// The 1-based number of a new write of `kind`.
+uint64_t begin_write(int kind) { return ++faults().count[kind]; }
+
+bool kill_armed(int kind, uint64_t index) {
+  const Faults& f = faults();
+  return f.kill && f.kill_kind == kind && f.kill_n == index;
+}
+
+// The end of write `index` of `kind`, `written` bytes long: a kill planned at or past its
+// last byte happens here. An AtomicFile calls it before its commit (`committed` false: K equal
+// to its size, or `end`, kills) and after it (the rest: K past its size, `after`); an
+// AppendFile once, after its record (`committed` true).
+void end_write(int kind, uint64_t index, uint64_t written, bool committed) {
+  if (!kill_armed(kind, index)) return;
+  const uint64_t k = faults().kill_k;
+  if (committed || k <= written || k == kEnd) ::raise(SIGKILL);
+}
+
+// write(2) of up to `n` bytes of write `index` of `kind`, `written` bytes of which are done,
+// through the test hooks; returns what write(2) returns (a kill does not return).
+ssize_t hooked_write(int fd, const void* p, size_t n, int kind, uint64_t index, uint64_t written) {
+  Faults& f = faults();
+  size_t allow = n;
+  const bool kill = kill_armed(kind, index) && written + n >= f.kill_k;
+  if (kill) allow = f.kill_k > written ? static_cast<size_t>(f.kill_k - written) : 0;
+  if (f.fail && f.total + allow > f.fail_after) {
+    allow = static_cast<size_t>(f.fail_after - std::min(f.fail_after, f.total));
+    if (allow == 0) {
+      errno = ENOSPC;
+      return -1;
+    }
+  }
+  ssize_t w = allow == 0 ? 0 : ::write(fd, p, allow);
+  if (w > 0) f.total += static_cast<uint64_t>(w);
+  if (kill && w >= 0 && written + static_cast<uint64_t>(w) >= f.kill_k) ::raise(SIGKILL);
+  if (w == 0 && n > 0) {  // nothing allowed by the failure hook
+    errno = ENOSPC;
+    return -1;
+  }
+  return w;
+}
+
+// Write all `n` bytes (retrying short writes and EINTR); false with errno set on failure.
+bool write_all(int fd, const void* data, size_t n, int kind, uint64_t index, uint64_t& written) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = hooked_write(fd, p, n, kind, index, written);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    written += static_cast<uint64_t>(w);
+  }
+  return true;
+}
 }  // namespace
 
 void fsync_file(const fs::path& file) {
@@ -34,13 +146,18 @@ void fsync_file(const fs::path& file) {
   const int rc = ::fsync(fd);
   const std::string why = rc != 0 ? errno_text() : "";
   ::close(fd);
-  if (rc != 0) throw UserError("fsync failed: " + file.string() + ": " + why);
+  if (rc != 0) throw IoError("fsync failed: " + file.string() + ": " + why);
   fsync_dir(file.parent_path());
 }
 
 AtomicFile::AtomicFile(const fs::path& file) : file_(file), tmp_(file.string() + ".tmp") {
+  kind_ = file.extension() == ".safetensors" ? kCheckpoint : kOtherFile;
+  index_ = begin_write(kind_);  // first: it throws on a malformed test-hook variable
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw UserError("cannot write " + tmp_.string() + ": " + errno_text());
+  if (fd_ < 0) {
+    const std::string why = errno_text();
+    throw UserError("cannot write " + tmp_.string() + ": " + why);
+  }
 }
 
 AtomicFile::~AtomicFile() {
@@ -51,30 +168,68 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t w = ::write(fd_, p, bytes);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw UserError("write failed: " + tmp_.string() + ": " + errno_text());
-    }
-    p += w;
-    bytes -= static_cast<size_t>(w);
+  if (!write_all(fd_, data, bytes, kind_, index_, written_)) {
+    const std::string why = errno_text();
+    throw IoError("write failed: " + tmp_.string() + ": " + why);
   }
 }
 
 void AtomicFile::commit() {
-  if (::fsync(fd_) != 0) throw UserError("fsync failed: " + tmp_.string() + ": " + errno_text());
+  end_write(kind_, index_, written_, /*committed=*/false);
+  if (::fsync(fd_) != 0) {
+    const std::string why = errno_text();
+    throw IoError("fsync failed: " + tmp_.string() + ": " + why);
+  }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
+    const std::string why = errno_text();
     ::unlink(tmp_.c_str());
-    throw UserError("write failed: " + tmp_.string() + ": " + errno_text());
+    throw IoError("write failed: " + tmp_.string() + ": " + why);
   }
   if (::rename(tmp_.c_str(), file_.c_str()) != 0) {
     const std::string why = errno_text();
     ::unlink(tmp_.c_str());
-    throw UserError("cannot rename " + tmp_.string() + " to " + file_.string() + ": " + why);
+    throw IoError("cannot rename " + tmp_.string() + " to " + file_.string() + ": " + why);
+  }
+  fsync_dir(file_.parent_path());
+  end_write(kind_, index_, written_, /*committed=*/true);
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void AppendFile::open(const fs::path& file, bool truncate) {
+  if (fd_ >= 0) ::close(fd_);
+  file_ = file;
+  fd_ = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0),
+               0644);
+  if (fd_ < 0) {
+    const std::string why = errno_text();
+    throw UserError("cannot write " + file.string() + ": " + why);
+  }
+}
+
+void AppendFile::append(std::string_view record) {
+  if (fd_ < 0) throw std::logic_error("AppendFile::append: not open");
+  const uint64_t index = begin_write(kMetrics);
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  uint64_t written = 0;
+  if (!write_all(fd_, record.data(), record.size(), kMetrics, index, written)) {
+    const std::string why = errno_text();
+    // Leave whole records only: cut off the part of this one that was written.
+    if (before >= 0 && written > 0) (void)::ftruncate(fd_, before);
+    throw IoError("write failed: " + file_.string() + ": " + why);
+  }
+  end_write(kMetrics, index, written, /*committed=*/true);
+}
+
+void AppendFile::sync() {
+  if (fd_ < 0) throw std::logic_error("AppendFile::sync: not open");
+  if (::fsync(fd_) != 0) {
+    const std::string why = errno_text();
+    throw IoError("fsync failed: " + file_.string() + ": " + why);
   }
   fsync_dir(file_.parent_path());
 }

@@ -473,13 +473,26 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                      p.string().c_str(), n.c_str());
       }
     }
+    // A kill between a checkpoint's rename and the pruning after it leaves one too many;
+    // a resume with nothing left to train (killed in summary.json) would keep it.
+    prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
+    // Temporaries of writes cut off by a kill (AtomicFile's <file>.tmp: a checkpoint, the
+    // metrics.jsonl rewrite below, summary.json, ...) in the checkpoint and run directories.
+    for (const fs::path& dir : {ckpt_dir, opt.out_dir}) {
+      std::error_code ec;
+      std::vector<fs::path> stale;
+      for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+           it.increment(ec))
+        if (it->path().extension() == ".tmp" && it->is_regular_file(ec)) stale.push_back(it->path());
+      for (const fs::path& p : stale) fs::remove(p, ec);
+    }
+    // The error.txt of an earlier failure (a full disk, ...) no longer describes the run,
+    // which continues now (a divergence, met again, writes it again).
     std::error_code ec;
-    for (auto it = fs::directory_iterator(ckpt_dir, ec); !ec && it != fs::directory_iterator();
-         it.increment(ec))
-      if (it->path().extension() == ".tmp") fs::remove(it->path(), ec);
+    fs::remove(opt.out_dir / "error.txt", ec);
   }
   std::string metrics_note;
-  std::ofstream metrics;
+  AppendFile metrics;
   if (rank0) {
     if (!ck || !fs::exists(opt.out_dir / "config.toml"))
       write_file_atomic(opt.out_dir / "config.toml", config_text);
@@ -488,8 +501,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     if (!tokenizer_bytes.empty() && (!ck || !fs::exists(tokenizer_copy)))
       write_file_atomic(tokenizer_copy, tokenizer_bytes);
     if (ck) metrics_note = cut_metrics(metrics_file, ck->step);
-    metrics.open(metrics_file, ck ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw UserError("cannot write " + metrics_file.string());
+    metrics.open(metrics_file, /*truncate=*/!ck);
   }
   std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
@@ -635,9 +647,10 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     c.keep_checkpoints = opt.keep_checkpoints;
     c.log_every = opt.log_every;
     c.save_amax = opt.save_amax;
-    // metrics.jsonl (flushed after each line) reaches the disk before the checkpoint that a
-    // resume cuts it back to: after a power cut it holds every line up to that step.
-    fsync_file(metrics_file);
+    // metrics.jsonl (each line written to the OS at once) reaches the disk before the
+    // checkpoint that a resume cuts it back to: after a power cut it holds every line up to
+    // that step.
+    metrics.sync();
     fs::create_directories(ckpt_dir);
     save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
     prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
@@ -708,13 +721,10 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
       evaluate(step, rec);
       if (!digest.empty()) log(digest);
     }
-    // A step's line is flushed (to the OS) before its checkpoint is written, so a resume
+    // A step's line is written (to the OS) before its checkpoint is written, so a resume
     // after a kill finds every line up to the checkpoint step.
-    if (rank0 && (step % opt.log_every == 0 || eval_step || r.telemetry)) {
-      metrics << rec.dump() << "\n";
-      metrics.flush();
-      if (!metrics) throw UserError("write failed: " + metrics_file.string());
-    }
+    if (rank0 && (step % opt.log_every == 0 || eval_step || r.telemetry))
+      metrics.append(rec.dump() + "\n");
     const bool due = (opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps;
     if (due) save(step);
     if (step == opt.stop_after) {
