@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -235,6 +236,71 @@ TEST(Checkpoint, DamagedFilesAreRejectedWithTheReason) {
   expect_error(p, "metadata 'format' is 'something.else'");
   EXPECT_NE(load_error(g_scratch.dir / "none.safetensors").find("cannot open"), std::string::npos);
   EXPECT_EQ(load_error(good), "(loaded)");
+}
+
+// checkpoint_to_bytes is what save_checkpoint writes, and checkpoint_from_bytes loads it.
+TEST(Checkpoint, InMemoryBytesAreTheFileBytes) {
+  const fs::path p = g_scratch.dir / "mem.safetensors";
+  const Checkpoint c = sample_checkpoint(3, 16, 5);
+  save_checkpoint(p, c);
+  const std::string file = slurp(p);
+  EXPECT_EQ(checkpoint_to_bytes(c), file);
+  EXPECT_EQ(checkpoint_to_bytes(checkpoint_from_bytes(file, "mem")), file);
+  EXPECT_EQ(checkpoint_to_bytes(load_checkpoint(p)), file);
+}
+
+// Integer and float fields of the metadata JSON behind a valid checksum (found by the fuzz
+// target tests/fuzz/fuzz_checkpoint.cpp): checked before conversion, so a non-integer role
+// (1e300: an out-of-range float-to-int conversion) or one that would wrap (2^32 + 1 read as
+// 1) is refused with the field named, not converted.
+TEST(Checkpoint, OutOfRangeMetadataNumbersAreRefused) {
+  Checkpoint c = sample_checkpoint(3, 4, 6);
+  c.references = {{"layers.0.mixer.q_proj", 0, true, 1, 2.5f}};
+  const std::string good = checkpoint_to_bytes(c);
+  // Change one metadata JSON text and store a matching checksum (as checkpoint.cpp computes it).
+  auto edit = [&](const char* key, const std::function<void(json&)>& change) {
+    auto f = safetensors::File::from_bytes(good, "x", "x");
+    json h = f.header();
+    json v = json::parse(h["__metadata__"][key].get<std::string>());
+    change(v);
+    h["__metadata__"][key] = v.dump();
+    h["__metadata__"].erase("checksum");
+    const std::string d = h.dump();
+    uint64_t x = fnv1a64(d.data(), d.size());
+    for (const char* t : {"losses", "params", "adam_m", "adam_v"}) {
+      const auto b = f.tensor(t, std::string(t) == "losses" ? "F64" : "F32");
+      x = fnv1a64(b.data(), b.size(), x);
+    }
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(x));
+    h["__metadata__"]["checksum"] = hex;
+    return safetensors::header_bytes(h) +
+           std::string(reinterpret_cast<const char*>(f.data().data()), f.data().size());
+  };
+  auto error_of = [](const std::string& bytes) {
+    try {
+      checkpoint_from_bytes(bytes, "edited.safetensors");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  EXPECT_EQ(error_of(edit("references", [](json&) {})), "(loaded)");  // the editing itself
+  EXPECT_NE(error_of(edit("references", [](json& r) { r[0]["role"] = 1e300; }))
+                .find("'role' = 1e+300 is not an integer in [0, 4]"), std::string::npos);
+  EXPECT_NE(error_of(edit("references", [](json& r) { r[0]["role"] = 4294967297ull; }))
+                .find("'role' = 4294967297 is not an integer in [0, 4]"), std::string::npos);
+  EXPECT_NE(error_of(edit("references", [](json& r) { r[0]["last_refresh"] = 4; }))
+                .find("'last_refresh' = 4 is not an integer in [0, 3]"), std::string::npos);
+  EXPECT_NE(error_of(edit("references", [](json& r) { r[0]["held"] = 1e300; })).find("held amax"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("references", [](json& r) { r[0] = 7; })).find("entry 0 is not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("trainer", [](json& t) { t["save_every"] = 4294967297ull; }))
+                .find("'save_every' = 4294967297 is not an integer in [0, 2147483647]"),
+            std::string::npos);
+  EXPECT_NE(error_of(edit("trainer", [](json& t) { t["log_every"] = 0; }))
+                .find("'log_every' = 0 is not an integer in [1, 2147483647]"), std::string::npos);
 }
 
 TEST(Checkpoint, ResolveFallsBackToTheOlderGoodCheckpoint) {

@@ -47,6 +47,9 @@ struct BlockQuantSpec {
   /// parse_block_scale_format). When non-null it overrides scale_format. Must point to a
   /// descriptor of static lifetime (every FloatFormat from parse_float_format is).
   const FloatFormat* scale_desc = nullptr;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const BlockQuantSpec&) const = default;
 };
 
 /// The effective block-scale format of a spec: *scale_desc if set, else the enum's descriptor.

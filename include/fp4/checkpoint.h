@@ -9,6 +9,7 @@
 #include <limits>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp4/config.h"
@@ -65,6 +66,17 @@ void save_checkpoint(const std::filesystem::path& file, const Checkpoint& c);
 /// the file and what is wrong (truncated, bad header, sizes that disagree, wrong dtype,
 /// missing or malformed metadata, checksum mismatch).
 Checkpoint load_checkpoint(const std::filesystem::path& file);
+
+/// The bytes save_checkpoint writes for `c` (the same header and tensors, in memory). A
+/// checkpoint loaded by load_checkpoint / checkpoint_from_bytes re-saves to the bytes it was
+/// loaded from when those were written by save_checkpoint; any accepted file re-saves to a
+/// file that loads to the same Checkpoint (tests/fuzz/fuzz_checkpoint.cpp checks both).
+/// Throws std::invalid_argument like save_checkpoint.
+std::string checkpoint_to_bytes(const Checkpoint& c);
+
+/// load_checkpoint of a file already in memory (`bytes`; `name` names it in errors): the
+/// same checks, the same errors (load_checkpoint reads the file and runs the same code).
+Checkpoint checkpoint_from_bytes(std::string_view bytes, const std::string& name);
 
 /// Checkpoint files `step_<digits>.safetensors` of a run directory (looked up in
 /// `<dir>/checkpoints`, or in `dir` itself if it has no such subdirectory), sorted by step,

@@ -46,6 +46,9 @@ struct ModelConfig {
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int attn_head_dim() const { return head_dim > 0 ? head_dim : d_model / n_heads; }
   int mamba_d_inner() const { return mamba_num_heads * mamba_head_dim; }
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -67,16 +70,25 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;
   uint64_t seed = 1;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   std::string path = "data/brown/text";  ///< text file or directory (relative to the repo)
   std::string cache = "data/cache";      ///< tokenizer and token-shard cache root
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct EvalConfig {
   int interval = 100;   ///< evaluate held-out NLL every N steps (and at the end)
   int windows = 64;     ///< held-out windows of seq_len tokens per evaluation
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const EvalConfig&) const = default;
 };
 
 struct RunConfig {
@@ -86,6 +98,9 @@ struct RunConfig {
   EvalConfig eval;
   double progress_seconds = 2.0;  ///< [log] progress_seconds
   int telemetry_interval = 50;    ///< [log] numerics telemetry every N steps (and step 1); 0 = off
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const RunConfig&) const = default;
 };
 
 /// Parse and validate a run config. Unknown sections/keys, wrong types and out-of-range

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fp4 {
@@ -54,6 +55,25 @@ uint64_t splitmix64(uint64_t seed, uint64_t index);
 TokenData prepare_tokens(const std::filesystem::path& data_path, int vocab_size,
                          const std::filesystem::path& cache_root,
                          const std::function<void(const std::string&)>& log = {});
+
+/// Version of the token-shard layout (token_shard_to_bytes), the uint32 after the magic.
+inline constexpr uint32_t kTokenShardVersion = 1;
+
+/// The bytes of one token shard of the cache (train.bin, heldout.bin), little-endian:
+/// "FP4TOK01" | uint32 version (kTokenShardVersion) | uint32 vocab | uint64 count |
+/// count × uint16 token ids. Ids are not checked (token_shard_from_bytes checks them).
+std::string token_shard_to_bytes(const std::vector<uint16_t>& tokens, int vocab);
+
+/// Parse a token shard (the layout of token_shard_to_bytes) read from `name`, for a tokenizer
+/// of `vocab` pieces. Throws fp4::UserError (token_cache_corrupt: names the file and says to
+/// delete the cache directory) if it is shorter than the 24-byte header, has a bad magic, an
+/// unknown version, another vocab, a count that disagrees with its size, or an id >= vocab.
+/// Accepted bytes are exactly token_shard_to_bytes of the result (tests/fuzz/fuzz_token_shard.cpp).
+std::vector<uint16_t> token_shard_from_bytes(std::string_view bytes, int vocab,
+                                             const std::filesystem::path& name);
+
+/// "token cache file '<file>' is corrupt (<why>); delete '<its directory>' to rebuild it".
+std::string token_cache_corrupt(const std::filesystem::path& file, const std::string& why);
 
 /// Decode token ids back to text with the tokenizer (for samples and tests).
 std::string detokenize(const std::filesystem::path& tokenizer_model, const std::vector<int>& ids);

@@ -141,6 +141,9 @@ struct ElementFormat {
   std::string name() const;
   /// True for the default E2M1 element format (the contract's).
   bool is_e2m1() const { return kind == ElementKind::Float && fp == &kE2M1; }
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const ElementFormat&) const = default;
 };
 /// Parse an element format: any signed name of parse_float_format (e2m1, e1m2, e3m0, e2m3,
 /// e3m2, e4m3, e5m2, e<E>m<M>), or `int<N>` (−2^(N−1)..2^(N−1)−1) / `int<N>-sym`

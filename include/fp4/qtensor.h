@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp4/block_quant.h"
@@ -63,5 +64,16 @@ void save_safetensors(const QTensor& t, const std::filesystem::path& file);
 /// layout, unknown format or rule names, an MX rule without ue8m0 scales or with a
 /// decode_scale other than 1).
 QTensor load_safetensors(const std::filesystem::path& file);
+
+/// The bytes save_safetensors writes for `t`, in memory. A QTensor read by load_safetensors /
+/// qtensor_from_bytes re-saves to the bytes it was read from when save_safetensors wrote
+/// them, and any accepted file re-saves to one that reads back to the same QTensor
+/// (tests/fuzz/fuzz_qtensor.cpp checks both). Throws std::invalid_argument if scale_codes does
+/// not hold block_rows() × block_cols() codes.
+std::string qtensor_to_bytes(const QTensor& t);
+
+/// load_safetensors of a file already in memory (`bytes`; `name` names it in errors): the
+/// same checks and errors (load_safetensors reads the file and runs the same code).
+QTensor qtensor_from_bytes(std::string_view bytes, const std::string& name);
 
 }  // namespace fp4

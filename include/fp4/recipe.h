@@ -95,6 +95,9 @@ struct LinearOverride {
   /// One line describing the override, e.g.
   /// `linears = ["mlp.down"], final_blocks = 4, gemm = "wgrad", role = "dy": scale_target = 2048`.
   std::string describe() const;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const LinearOverride&) const = default;
 };
 
 /// Recipe fields (TOML keys in brackets). See configs/recipes/*.toml and README "Recipes".
@@ -177,6 +180,9 @@ struct Recipe {
   BlockQuantSpec spec_x() const;
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const Recipe&) const = default;
 };
 
 /// The resolved quantization of one linear layer: its mode and the block-quantization spec of
@@ -191,6 +197,9 @@ struct LinearPlan {
   /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
   /// X, spec_w() for W, spec_dy() for dY, in every GEMM.
   static LinearPlan uniform(const Recipe& r, LinearMode mode);
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const LinearPlan&) const = default;
 };
 
 /// Per-linear plans of a recipe for a model's linears (one per LinearSite, in model order),

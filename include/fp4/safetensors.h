@@ -131,6 +131,15 @@ nlohmann::json make_header(const std::vector<TensorOut>& tensors, const nlohmann
 void write_file(const std::filesystem::path& file, const nlohmann::json& header,
                 const std::vector<TensorOut>& tensors);
 
+/// The first part of the file write_file writes: the 8-byte little-endian length and the
+/// header's JSON text (nlohmann's compact dump, keys sorted), padded with spaces so the data
+/// starts at a multiple of 8 bytes.
+std::string header_bytes(const nlohmann::json& header);
+
+/// The whole file write_file writes, in memory: header_bytes(header) then the tensors' bytes
+/// in order (for tests, the fuzz targets' round-trip checks and small files).
+std::string to_bytes(const nlohmann::json& header, const std::vector<TensorOut>& tensors);
+
 /// A safetensors file read into memory, with checked access to its parts. Every error is an
 /// fp4::UserError "<file>: not a valid <kind> safetensors file: <what>".
 class File {
@@ -139,6 +148,10 @@ class File {
   /// shorter than 8 bytes, its header length exceeds the file, or the header is not a JSON
   /// object.
   File(const std::filesystem::path& file, std::string kind);
+
+  /// Parse a safetensors file already in memory, `bytes` (the same checks as the constructor
+  /// from a file, which reads the file and calls this); `name` names it in errors.
+  static File from_bytes(std::string_view bytes, std::string name, std::string kind);
 
   const nlohmann::json& header() const { return header_; }
   const std::vector<uint8_t>& data() const { return data_; }  ///< bytes after the header
@@ -156,6 +169,11 @@ class File {
   std::string meta(const std::string& key) const;
 
  private:
+  File(std::string name, std::string kind) : name_(std::move(name)), kind_(std::move(kind)) {}
+  // The checked header length of a file of `size` bytes whose first bytes are `first8`.
+  uint64_t header_length(std::string_view first8, uint64_t size) const;
+  void parse_header(std::string_view text);  // the JSON object of the header
+
   std::string name_, kind_;
   nlohmann::json header_;
   std::vector<uint8_t> data_;

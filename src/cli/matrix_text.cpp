@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "fp4/error.h"
@@ -65,6 +66,20 @@ Matrix read_matrix(std::istream& in, const std::string& name, const std::string&
   if (in.bad()) throw UserError(name + ": read error");
   if (m.rows == 0) throw UserError(name + ": empty " + what + " (expected numbers, one row per line)");
   return m;
+}
+
+std::string format_matrix(const Matrix& m) {
+  std::string out;
+  char buf[32];
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) {
+      std::snprintf(buf, sizeof buf, "%s%.9g", c ? " " : "",
+                    static_cast<double>(m.data[static_cast<size_t>(r * m.cols + c)]));
+      out += buf;
+    }
+    out += '\n';
+  }
+  return out;
 }
 
 std::string num(double v) {

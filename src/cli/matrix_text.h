@@ -24,6 +24,11 @@ float parse_number(const std::string& tok, const std::string& where);
 /// tokens, read errors and empty input.
 Matrix read_matrix(std::istream& in, const std::string& name, const std::string& what = "input");
 
+/// `m` as text read_matrix reads back bit for bit: one row per line, values printed "%.9g"
+/// (every FP32 value, -0 and subnormals included, round-trips through 9 significant digits),
+/// separated by one space, each line ending in '\n'.
+std::string format_matrix(const Matrix& m);
+
 /// Shortest round-trip-ish decimal of v (ostream default formatting).
 std::string num(double v);
 

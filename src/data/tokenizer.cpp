@@ -43,9 +43,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'F', 'P', '4', 'T', 'O', 'K', '0', '1'};
-constexpr uint32_t kShardVersion = 1;
-constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+constexpr uint32_t kShardVersion = kTokenShardVersion;
 // Lines longer than this are cut (at a space where possible) before training;
 // SentencePiece skips sentences longer than max_sentence_length.
 constexpr size_t kMaxTrainLine = 8192;
@@ -124,10 +122,7 @@ std::string cache_key(const CorpusSplit& split, const std::string& options) {
   return hex;
 }
 
-std::string corrupt(const fs::path& file, const std::string& why) {
-  return "token cache file '" + file.string() + "' is corrupt (" + why + "); delete '" +
-         file.parent_path().string() + "' to rebuild it";
-}
+std::string corrupt(const fs::path& file, const std::string& why) { return token_cache_corrupt(file, why); }
 
 void write_file_atomic(const fs::path& path, const std::string& bytes) {
   const fs::path tmp = path.string() + ".tmp";
@@ -143,61 +138,11 @@ void write_file_atomic(const fs::path& path, const std::string& bytes) {
   if (ec) throw UserError("cannot rename '" + tmp.string() + "': " + ec.message());
 }
 
-std::string shard_bytes(const std::vector<uint16_t>& tokens, int vocab) {
-  std::string b(kHeaderBytes + 2 * tokens.size(), '\0');
-  char* p = b.data();
-  std::memcpy(p, kMagic, 8);
-  auto put = [](char* dst, uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) dst[i] = static_cast<char>(v >> (8 * i));
-  };
-  put(p + 8, kShardVersion, 4);
-  put(p + 12, static_cast<uint32_t>(vocab), 4);
-  put(p + 16, tokens.size(), 8);
-  char* d = p + kHeaderBytes;
-  if constexpr (std::endian::native == std::endian::little) {
-    if (!tokens.empty()) std::memcpy(d, tokens.data(), 2 * tokens.size());
-  } else {
-    for (size_t i = 0; i < tokens.size(); ++i) put(d + 2 * i, tokens[i], 2);
-  }
-  return b;
-}
-
 std::vector<uint16_t> read_shard(const fs::path& path, int vocab) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(corrupt(path, "missing or unreadable"));
-  std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (b.size() < kHeaderBytes)
-    throw UserError(corrupt(path, "only " + std::to_string(b.size()) + " bytes, header is " +
-                                      std::to_string(kHeaderBytes)));
-  if (std::memcmp(b.data(), kMagic, 8) != 0) throw UserError(corrupt(path, "bad magic"));
-  auto get = [&](size_t off, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<unsigned char>(b[off + i])} << (8 * i);
-    return v;
-  };
-  const uint64_t version = get(8, 4), file_vocab = get(12, 4), count = get(16, 8);
-  if (version != kShardVersion)
-    throw UserError(corrupt(path, "version " + std::to_string(version) + ", expected " +
-                                      std::to_string(kShardVersion)));
-  if (file_vocab != static_cast<uint64_t>(vocab))
-    throw UserError(corrupt(path, "vocab " + std::to_string(file_vocab) + ", expected " +
-                                      std::to_string(vocab)));
-  const uint64_t payload = b.size() - kHeaderBytes;
-  if (count > payload / 2 || payload != 2 * count)
-    throw UserError(corrupt(path, "header says " + std::to_string(count) + " tokens but the file holds " +
-                                      std::to_string(payload) + " payload bytes"));
-  std::vector<uint16_t> tokens(count);
-  const char* d = b.data() + kHeaderBytes;
-  if constexpr (std::endian::native == std::endian::little) {
-    if (count) std::memcpy(tokens.data(), d, 2 * count);
-  } else {
-    for (size_t i = 0; i < count; ++i) tokens[i] = static_cast<uint16_t>(get(kHeaderBytes + 2 * i, 2));
-  }
-  for (size_t i = 0; i < count; ++i)
-    if (tokens[i] >= vocab)
-      throw UserError(corrupt(path, "token " + std::to_string(tokens[i]) + " at index " +
-                                        std::to_string(i) + " is outside the vocabulary"));
-  return tokens;
+  const std::string b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return token_shard_from_bytes(b, vocab, path);
 }
 
 void load_processor(sentencepiece::SentencePieceProcessor& sp, const fs::path& model) {
@@ -326,10 +271,15 @@ TokenData load_cache(const fs::path& dir, int vocab_size) {
   td.train = read_shard(dir / "train.bin", vocab_size);
   td.heldout = read_shard(dir / "heldout.bin", vocab_size);
   try {
-    if (meta.at("vocab_size").get<int>() != vocab_size)
+    // Compared as non-negative JSON integers: get<int>() of 1e300 would be an out-of-range
+    // float-to-int conversion (undefined behaviour), of 2^32 + 4096 a wrap to 4096.
+    auto is = [&](const char* key, uint64_t want) {
+      const auto& v = meta.at(key);
+      return v.is_number_unsigned() && v.get<uint64_t>() == want;
+    };
+    if (!is("vocab_size", static_cast<uint64_t>(vocab_size)))
       throw UserError(corrupt(meta_path, "vocab_size does not match"));
-    if (meta.at("train_tokens").get<uint64_t>() != td.train.size() ||
-        meta.at("heldout_tokens").get<uint64_t>() != td.heldout.size())
+    if (!is("train_tokens", td.train.size()) || !is("heldout_tokens", td.heldout.size()))
       throw UserError(corrupt(meta_path, "token counts do not match the shards"));
   } catch (const nlohmann::json::exception& e) {
     throw UserError(corrupt(meta_path, e.what()));
@@ -422,8 +372,8 @@ TokenData prepare_tokens(const fs::path& data_path, int vocab_size, const fs::pa
       " held-out) in " + fmt_seconds(seconds_since(t1)));
 
   // 3. Shards and metadata, then publish the directory.
-  write_file_atomic(tmp.path / "train.bin", shard_bytes(td.train, vocab_size));
-  write_file_atomic(tmp.path / "heldout.bin", shard_bytes(td.heldout, vocab_size));
+  write_file_atomic(tmp.path / "train.bin", token_shard_to_bytes(td.train, vocab_size));
+  write_file_atomic(tmp.path / "heldout.bin", token_shard_to_bytes(td.heldout, vocab_size));
   nlohmann::json meta = {
       {"format", "FP4TOK01"},
       {"shard_version", kShardVersion},

@@ -83,7 +83,9 @@ std::string float_repr(float f) {
 }
 }  // namespace
 
-void save_safetensors(const QTensor& t, const fs::path& file) {
+namespace {
+// The header and tensors of t's file, for save_safetensors and qtensor_to_bytes.
+json qtensor_header(const QTensor& t, std::vector<safetensors::TensorOut>& tensors) {
   const int64_t n_codes = static_cast<int64_t>(t.packed.size());
   const int64_t n_scales = static_cast<int64_t>(t.scale_codes.size());
   json meta = {{"format", "fp4train.qtensor.v1"},
@@ -98,16 +100,40 @@ void save_safetensors(const QTensor& t, const fs::path& file) {
                {"reference_amax", float_repr(t.reference)},
                {"scale_target", float_repr(t.target)}};
   for (const auto& [k, v] : t.facts) meta["fact." + k] = v;
-  const std::vector<safetensors::TensorOut> tensors = {
+  tensors = {
       {"codes", "U8", {n_codes}, t.packed.data(), static_cast<uint64_t>(n_codes)},
       {"scales", "U8", {t.block_rows(), t.block_cols()}, t.scale_codes.data(),
        static_cast<uint64_t>(n_scales)},
       {"decode_scale", "F32", {1}, &t.decode_scale, 4}};  // little-endian host (safetensors.cpp)
-  safetensors::write_file(file, safetensors::make_header(tensors, meta), tensors);
+  return safetensors::make_header(tensors, meta);
+}
+
+constexpr const char* kQTensorKind = "fp4train QTensor";
+QTensor parse_qtensor(const safetensors::File& f);
+}  // namespace
+
+void save_safetensors(const QTensor& t, const fs::path& file) {
+  std::vector<safetensors::TensorOut> tensors;
+  const json header = qtensor_header(t, tensors);
+  safetensors::write_file(file, header, tensors);
+}
+
+std::string qtensor_to_bytes(const QTensor& t) {
+  std::vector<safetensors::TensorOut> tensors;
+  const json header = qtensor_header(t, tensors);
+  return safetensors::to_bytes(header, tensors);
 }
 
 QTensor load_safetensors(const fs::path& file) {
-  const safetensors::File f(file, "fp4train QTensor");
+  return parse_qtensor(safetensors::File(file, kQTensorKind));
+}
+
+QTensor qtensor_from_bytes(std::string_view bytes, const std::string& name) {
+  return parse_qtensor(safetensors::File::from_bytes(bytes, name, kQTensorKind));
+}
+
+namespace {
+QTensor parse_qtensor(const safetensors::File& f) {
   auto bad = [&](const std::string& what) -> UserError { return f.error(what); };
   const json& h = f.header();
 
@@ -199,4 +225,5 @@ QTensor load_safetensors(const fs::path& file) {
   return t;
 }
 
+}  // namespace
 }  // namespace fp4

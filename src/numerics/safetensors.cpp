@@ -272,43 +272,76 @@ json make_header(const std::vector<TensorOut>& tensors, const json& metadata) {
   return h;
 }
 
-void write_file(const fs::path& file, const json& header, const std::vector<TensorOut>& tensors) {
+std::string header_bytes(const json& header) {
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data to 8 bytes
   const uint64_t hn = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hn >> (8 * i));
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(hn >> (8 * i));
+  return out + text;
+}
+
+void write_file(const fs::path& file, const json& header, const std::vector<TensorOut>& tensors) {
+  const std::string head = header_bytes(header);
   AtomicFile f(file);
-  f.write(len, 8);
-  f.write(text.data(), text.size());
+  f.write(head.data(), head.size());
   for (const auto& t : tensors) f.write(t.data, t.bytes);
   f.commit();
 }
 
+std::string to_bytes(const json& header, const std::vector<TensorOut>& tensors) {
+  std::string out = header_bytes(header);
+  for (const auto& t : tensors)
+    if (t.bytes > 0) out.append(static_cast<const char*>(t.data), t.bytes);
+  return out;
+}
+
+// The file is not read whole into memory first: the tensor bytes go straight to data_ (a
+// checkpoint can be gigabytes). What is parsed is the same as from_bytes: parse_header.
 File::File(const fs::path& file, std::string kind) : name_(file.string()), kind_(std::move(kind)) {
   std::ifstream f(file, std::ios::binary);
   std::error_code ec;
   if (!f || !fs::is_regular_file(file, ec)) throw UserError(name_ + ": cannot open");
   const auto size = static_cast<uint64_t>(fs::file_size(file, ec));
   if (ec) throw UserError(name_ + ": cannot open (" + ec.message() + ")");
-  unsigned char len[8];
-  if (size < 8 || !f.read(reinterpret_cast<char*>(len), 8)) throw error("shorter than 8 bytes");
+  char len[8] = {};
+  if (size >= 8 && !f.read(len, 8)) throw error("shorter than 8 bytes");
+  const uint64_t hn = header_length(std::string_view(len, size >= 8 ? 8 : 0), size);
+  std::string text(hn, '\0');
+  if (!f.read(text.data(), static_cast<std::streamsize>(hn))) throw error("cannot read the header");
+  parse_header(text);
+  data_.resize(size - 8 - hn);
+  if (!f.read(reinterpret_cast<char*>(data_.data()), static_cast<std::streamsize>(data_.size())))
+    throw error("cannot read the tensor data");
+}
+
+File File::from_bytes(std::string_view bytes, std::string name, std::string kind) {
+  File f(std::move(name), std::move(kind));
+  const uint64_t hn = f.header_length(bytes.substr(0, 8), bytes.size());
+  f.parse_header(bytes.substr(8, hn));
+  const std::string_view rest = bytes.substr(8 + hn);
+  f.data_.assign(rest.begin(), rest.end());
+  return f;
+}
+
+uint64_t File::header_length(std::string_view first8, uint64_t size) const {
+  if (size < 8 || first8.size() < 8) throw error("shorter than 8 bytes");
   uint64_t hn = 0;
-  for (int i = 0; i < 8; ++i) hn |= uint64_t(len[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    hn |= uint64_t(static_cast<unsigned char>(first8[static_cast<size_t>(i)])) << (8 * i);
   if (hn > size - 8)
     throw error("header length " + std::to_string(hn) + " exceeds the file (" +
                 std::to_string(size) + " bytes; truncated?)");
-  std::string text(hn, '\0');
-  if (!f.read(text.data(), static_cast<std::streamsize>(hn))) throw error("cannot read the header");
+  return hn;
+}
+
+void File::parse_header(std::string_view text) {
   try {
     header_ = json::parse(text);
   } catch (const json::exception& e) {
     throw error(std::string("header is not JSON (") + e.what() + ")");
   }
   if (!header_.is_object()) throw error("header is not a JSON object");
-  data_.resize(size - 8 - hn);
-  if (!f.read(reinterpret_cast<char*>(data_.data()), static_cast<std::streamsize>(data_.size())))
-    throw error("cannot read the tensor data");
 }
 
 UserError File::error(const std::string& what) const {

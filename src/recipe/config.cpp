@@ -1,6 +1,7 @@
 // Run configs: TOML → fp4::RunConfig, strictly validated.
 #include "fp4/config.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "fp4/error.h"
@@ -136,8 +137,25 @@ void validate(const RunConfig& c, const std::string& where) {
                     ") must be smaller than train.steps (" + std::to_string(c.train.steps) + ")");
 }
 
+namespace {
+// A floating-point value as detail::toml_number writes it (exact: a resumed run reloads this
+// text bit for bit and compares it with the checkpoint's), made a TOML float where TOML
+// would read the integer-looking text as something else: -0 (the integer 0, so -0.0
+// re-serialised as "0") and integers of 2^53 or more (to_chars writes e.g.
+// 12345678901234567000, beyond TOML's 64-bit integers). Other integral values keep their
+// integer spelling ("rope_theta = 10000"), as the configs stored in existing checkpoints
+// have it. Found by tests/fuzz/fuzz_config.cpp.
+template <class T>
+std::string toml_number(T v) {
+  std::string s = detail::toml_number(v);
+  if (s.find_first_of(".eEn") == std::string::npos &&
+      ((v == 0 && std::signbit(v)) || std::fabs(static_cast<double>(v)) >= 9007199254740992.0))
+    s += ".0";
+  return s;
+}
+}  // namespace
+
 std::string run_config_to_toml(const RunConfig& c) {
-  using detail::toml_number;  // exact: a resumed run reloads this text bit for bit
   std::ostringstream o;
   const auto& m = c.model;
   const auto& t = c.train;

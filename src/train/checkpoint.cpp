@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <type_traits>
@@ -78,7 +79,10 @@ std::string checkpoint_file_name(int64_t step) {
   return b;
 }
 
-void save_checkpoint(const fs::path& file, const Checkpoint& c) {
+namespace {
+// The header of c's file (checksum included) and its tensors, for save_checkpoint and
+// checkpoint_to_bytes.
+json checkpoint_header(const Checkpoint& c, std::vector<safetensors::TensorOut>& tensors) {
   const size_t n = c.params.size();
   if (c.adam_m.size() != n || c.adam_v.size() != n)
     throw std::invalid_argument("save_checkpoint: adam_m/adam_v must have params' size");
@@ -109,16 +113,37 @@ void save_checkpoint(const fs::path& file, const Checkpoint& c) {
                      {"recipe_toml", c.recipe_toml},
                      {"references", refs.dump()},
                      {"trainer", trainer.dump()}};
-  const auto tensors = tensors_of(c);
+  tensors = tensors_of(c);
   json header = safetensors::make_header(tensors, meta);
   const uint64_t hash = content_hash(
       header, {bytes_of(c.losses), bytes_of(c.params), bytes_of(c.adam_m), bytes_of(c.adam_v)});
   header["__metadata__"]["checksum"] = hex64(hash);
+  return header;
+}
+
+Checkpoint parse_checkpoint(const safetensors::File& f);
+}  // namespace
+
+void save_checkpoint(const fs::path& file, const Checkpoint& c) {
+  std::vector<safetensors::TensorOut> tensors;
+  const json header = checkpoint_header(c, tensors);
   safetensors::write_file(file, header, tensors);
 }
 
-Checkpoint load_checkpoint(const fs::path& file) {
-  const safetensors::File f(file, kKind);
+std::string checkpoint_to_bytes(const Checkpoint& c) {
+  std::vector<safetensors::TensorOut> tensors;
+  const json header = checkpoint_header(c, tensors);
+  return safetensors::to_bytes(header, tensors);
+}
+
+Checkpoint load_checkpoint(const fs::path& file) { return parse_checkpoint(safetensors::File(file, kKind)); }
+
+Checkpoint checkpoint_from_bytes(std::string_view bytes, const std::string& name) {
+  return parse_checkpoint(safetensors::File::from_bytes(bytes, name, kKind));
+}
+
+namespace {
+Checkpoint parse_checkpoint(const safetensors::File& f) {
   Checkpoint c;
   const std::string format = f.meta("format");
   if (format != kFormat)
@@ -189,27 +214,51 @@ Checkpoint load_checkpoint(const fs::path& file) {
   };
   const json refs = parse("references");
   if (!refs.is_array()) throw f.error("metadata 'references' is not a JSON array");
+  // An integer field of a JSON object, checked before any conversion: nlohmann's get<int>()
+  // of a non-integer number (1e300) is an out-of-range float-to-int conversion (undefined
+  // behaviour), and of a too-large integer wraps (4294967297 read as 1).
+  auto integer_field = [&](const json& obj, const char* key, int64_t lo, int64_t hi,
+                           const std::string& where) -> int64_t {
+    const auto it = obj.find(key);
+    if (it == obj.end()) throw f.error(where + ": field '" + key + "' is missing");
+    bool in_range = false;  // (0 <= hi)
+    if (it->is_number_unsigned()) {
+      const uint64_t v = it->get<uint64_t>();
+      in_range = v <= static_cast<uint64_t>(hi) && static_cast<int64_t>(v) >= lo;
+    } else if (it->is_number_integer()) {
+      const int64_t v = it->get<int64_t>();
+      in_range = v >= lo && v <= hi;
+    }
+    if (!in_range)
+      throw f.error(where + ": '" + key + "' = " + it->dump() + " is not an integer in [" +
+                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return it->get<int64_t>();
+  };
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   for (size_t i = 0; i < refs.size(); ++i) {
     const json& r = refs[i];
     const std::string where = "metadata 'references' entry " + std::to_string(i);
+    if (!r.is_object()) throw f.error(where + " is not a JSON object");
     HeldReference h;
+    double held = 0;
     try {
       h.linear = r.at("linear").get<std::string>();
-      h.role = r.at("role").get<int>();
       h.has_value = r.at("has_value").get<bool>();
-      h.last_refresh = r.at("last_refresh").get<int64_t>();
-      h.held = static_cast<float>(r.at("held").get<double>());
+      held = r.at("held").get<double>();
     } catch (const json::exception& e) {
       throw f.error(where + ": missing or mistyped field (" + e.what() + ")");
     }
-    if (h.role < 0 || h.role > 4) throw f.error(where + ": role " + std::to_string(h.role) + " is not in 0..4");
-    if (h.last_refresh < 0 || h.last_refresh > c.step)
-      throw f.error(where + ": last_refresh " + std::to_string(h.last_refresh) + " is not in 0..step");
-    if (!std::isfinite(h.held) || h.held < 0) throw f.error(where + ": held amax is not a finite number >= 0");
+    h.role = static_cast<int>(integer_field(r, "role", 0, 4, where));
+    h.last_refresh = integer_field(r, "last_refresh", 0, c.step, where);
+    // Checked as a double: converting one outside the float range is undefined behaviour.
+    if (!std::isfinite(held) || held < 0 || held > std::numeric_limits<float>::max())
+      throw f.error(where + ": held amax " + r.at("held").dump() + " is not a finite FP32 number >= 0");
+    h.held = static_cast<float>(held);
     c.references.push_back(h);
   }
 
   const json t = parse("trainer");
+  if (!t.is_object()) throw f.error("metadata 'trainer' is not a JSON object");
   try {
     auto real = [&](const char* k) {
       const json& v = t.at(k);
@@ -222,17 +271,16 @@ Checkpoint load_checkpoint(const fs::path& file) {
     c.telemetry_digest = t.at("telemetry_digest").get<std::string>();
     c.data_key = t.at("data_key").get<std::string>();
     c.config_name = t.at("config_name").get<std::string>();
-    c.save_every = t.at("save_every").get<int>();
-    c.keep_checkpoints = t.at("keep_checkpoints").get<int>();
-    c.log_every = t.at("log_every").get<int>();
     c.save_amax = t.at("save_amax").get<bool>();
   } catch (const json::exception& e) {
     throw f.error(std::string("metadata 'trainer': missing or mistyped field (") + e.what() + ")");
   }
-  if (c.save_every < 0 || c.keep_checkpoints < 1 || c.log_every < 1)
-    throw f.error("metadata 'trainer': save_every >= 0, keep_checkpoints >= 1 and log_every >= 1 required");
+  c.save_every = static_cast<int>(integer_field(t, "save_every", 0, kIntMax, "metadata 'trainer'"));
+  c.keep_checkpoints = static_cast<int>(integer_field(t, "keep_checkpoints", 1, kIntMax, "metadata 'trainer'"));
+  c.log_every = static_cast<int>(integer_field(t, "log_every", 1, kIntMax, "metadata 'trainer'"));
   return c;
 }
+}  // namespace
 
 std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
   const fs::path dir = checkpoint_dir(run_dir);

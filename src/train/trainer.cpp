@@ -13,6 +13,7 @@
 #include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/metrics_log.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
@@ -36,35 +37,10 @@ std::string read_file_bytes(const fs::path& p) {
 std::string cut_metrics(const fs::path& file, int64_t step) {
   std::error_code ec;
   if (!fs::exists(file, ec)) return "metrics.jsonl was missing; it restarts at step " + std::to_string(step + 1);
-  const std::string text = read_file_bytes(file);
-  std::string kept;
-  int64_t n_kept = 0, n_dropped = 0, line_no = 0;
-  bool torn = false;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t nl = text.find('\n', pos);
-    const bool last = nl == std::string::npos || nl + 1 == text.size();
-    if (nl == std::string::npos) nl = text.size();
-    const std::string line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    ++line_no;
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
-      if (last) {
-        torn = true;
-        continue;
-      }
-      throw UserError(file.string() + ":" + std::to_string(line_no) +
-                      ": not a metrics line with an integer \"step\"; resume does not drop "
-                      "lines it cannot read: repair or remove that line");
-    }
-    if (j["step"].get<int64_t>() <= step) {
-      kept += line + "\n";
-      ++n_kept;
-    } else {
-      ++n_dropped;
-    }
-  }
+  const MetricsCut cut = cut_metrics_text(read_file_bytes(file), step, file.string());
+  const std::string& kept = cut.kept;
+  const int64_t n_kept = cut.n_kept, n_dropped = cut.n_dropped;
+  const bool torn = cut.torn;
   write_file_atomic(file, kept);
   return "metrics.jsonl: kept " + std::to_string(n_kept) + " lines up to step " +
          std::to_string(step) + ", dropped " + std::to_string(n_dropped) + " of later steps" +

@@ -18,7 +18,7 @@ room_of() {
     fp4/nn/*) echo nn ;;
     fp4/data.h) echo data ;;
     fp4/eval.h|fp4/report.h) echo eval ;;
-    fp4/train.h|fp4/checkpoint.h|fp4/info.h) echo train ;;
+    fp4/train.h|fp4/checkpoint.h|fp4/info.h|fp4/metrics_log.h) echo train ;;
     fp4/dist.h) echo dist ;;
     *) echo unknown ;;
   esac
