@@ -479,6 +479,32 @@ TEST(ReportHypotheses, HeldOutNllNeedsTheBootstrapToAgree) {
   EXPECT_NE(v.why.find("per-window"), std::string::npos) << v.why;
 }
 
+// The same contrast on every seed (counts): the t-interval has zero width, which says nothing
+// about the spread, so nothing is resolved.
+TEST(ReportHypotheses, AZeroWidthIntervalResolvesNothing) {
+  Hypothesis h;
+  h.id = "H4";
+  h.metric = "grad_norm_excursions";
+  h.contrast = {{"A", 1.0}, {"B", -1.0}};
+  h.expect = 1;
+  auto a = seeded("A", {5, 5, 5}), b = seeded("B", {5, 5, 5});
+  for (auto& r : a) r.grad_norm[4] = 2.0;  // one excursion in every run of A
+  const Verdict v = judge_hypothesis(h, cat(a, b));
+  EXPECT_EQ(v.per_seed, (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(v.verdict, "not resolved");
+  EXPECT_NE(v.why.find("same value on every seed"), std::string::npos) << v.why;
+  h.expect = 0;
+  h.margin = 5;
+  EXPECT_EQ(judge_hypothesis(h, cat(a, b)).verdict, "not resolved");
+}
+
+TEST(ReportHypotheses, ClaimsAreEscapedInTheTable) {
+  Hypothesis h = beats("A", "B");
+  h.claim = "a | b\nc";
+  const std::string md = hypotheses_md({h}, cat(seeded("A", {4.9, 5.9}), seeded("B", {5.0, 6.0})));
+  EXPECT_NE(md.find("| a \\| b c |"), std::string::npos) << md;
+}
+
 TEST(ReportHypotheses, EquivalenceWithAMargin) {
   Hypothesis h;
   h.id = "H8";
@@ -562,8 +588,14 @@ TEST(ReportHypotheses, StudyFilesParseAndBadOnesAreNamed) {
   EXPECT_NE(load_error(head + "metric = \"loss\"\nlower = \"a\"\nthan = \"b\"\n").find("metric 'loss'"), std::string::npos);
   EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\ncontrast = { a = 1 }\n").find("either"), std::string::npos);
   EXPECT_NE(load_error(head + "contrast = { a = 0 }\nexpect = \"negative\"\n").find("every coefficient"), std::string::npos);
-  EXPECT_NE(load_error(head + "contrast = { a = 1 }\nexpect = \"down\"\n").find("expect must be"), std::string::npos);
-  EXPECT_NE(load_error(head + "contrast = { a = 1 }\nexpect = \"equivalent\"\n").find("needs margin"), std::string::npos);
+  EXPECT_NE(load_error(head + "contrast = { a = 1, b = -1 }\nexpect = \"down\"\n").find("expect must be"), std::string::npos);
+  EXPECT_NE(load_error(head + "contrast = { a = 1, b = -1 }\nexpect = \"equivalent\"\n").find("needs margin"), std::string::npos);
+  // A contrast compares recipes: its coefficients sum to 0.
+  EXPECT_NE(load_error(head + "contrast = { a = 1, b = 0 }\nexpect = \"negative\"\n").find("sum to 1, not 0"), std::string::npos);
+  EXPECT_NE(load_error("[[hypothesis]]\nid = \"\"\nclaim = \"c\"\nlower = \"a\"\nthan = \"b\"\n").find("'id' is empty"), std::string::npos);
+  EXPECT_NE(load_error("[[hypothesis]]\nid = \"X\"\nclaim = \"\"\nlower = \"a\"\nthan = \"b\"\n").find("'claim' is empty"), std::string::npos);
+  EXPECT_NE(load_error(head + "metric = \"heldout_nll\"\npolicy = \"nonee\"\nlower = \"a\"\nthan = \"b\"\n").find("unknown policy 'nonee'"), std::string::npos);
+  EXPECT_NE(load_error(head + "policy = \"current\"\nlower = \"a\"\nthan = \"b\"\n").find("'policy' goes with metric"), std::string::npos);
   EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\nmargin = 1\n").find("'margin' goes with"), std::string::npos);
   EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"a\"\n").find("same recipe"), std::string::npos);
   EXPECT_NE(load_error(head + "lower = \"a\"\nthan = \"b\"\n" + head + "lower = \"a\"\nthan = \"b\"\n").find("used twice"), std::string::npos);

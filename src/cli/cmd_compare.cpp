@@ -168,6 +168,9 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
   const std::string baseline = plan_baseline(plan, baseline_arg);
   const std::string hyp_file = hypotheses_arg.empty() ? plan.hypotheses : hypotheses_arg;
   // Read before anything is written, so a bad study file changes nothing.
+  if (hypotheses_arg.empty() && !hyp_file.empty() && !fs::is_regular_file(resolve(hyp_file)))
+    throw UserError((out / "compare.json").string() + " names the study file '" + hyp_file +
+                    "' (its --hypotheses), which is not found from here; give --hypotheses FILE");
   const std::vector<Hypothesis> hyps =
       hyp_file.empty() ? std::vector<Hypothesis>{} : load_hypotheses(resolve(hyp_file));
   std::vector<RunRecord> runs;

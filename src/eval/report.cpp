@@ -16,6 +16,7 @@
 
 #include "fp4/config.h"
 #include "fp4/data.h"
+#include "fp4/eval.h"
 #include "fp4/error.h"
 #include "fp4/recipe.h"
 
@@ -607,14 +608,25 @@ std::vector<Hypothesis> load_hypotheses(const fs::path& file) {
     };
     Hypothesis x;
     x.id = str("id", true);
+    if (x.id.empty()) throw UserError(at + ": 'id' is empty");
     where = f + ": hypothesis " + x.id;
     if (!ids.insert(x.id).second) throw UserError(where + ": id is used twice");
     x.claim = str("claim", true);
+    if (x.claim.empty()) throw UserError(where + ": 'claim' is empty");
     if (h.contains("metric")) x.metric = str("metric", true);
     if (!kMetrics.count(x.metric))
       throw UserError(where + ": metric '" + x.metric +
                       "' is not one of final_loss, heldout_nll, grad_norm_excursions");
-    if (h.contains("policy")) x.policy = str("policy", true);
+    if (h.contains("policy")) {
+      x.policy = str("policy", true);
+      if (x.metric != "heldout_nll")
+        throw UserError(where + ": 'policy' goes with metric = \"heldout_nll\", not " + x.metric);
+      try {
+        x.policy = parse_eval_policy(x.policy).name();
+      } catch (const UserError& e) {
+        throw UserError(where + ": " + e.what());
+      }
+    }
     const bool pair = h.contains("lower") || h.contains("than");
     if (pair == h.contains("contrast"))
       throw UserError(where + ": give either lower = \"A\" with than = \"B\", or contrast = { ... }");
@@ -645,6 +657,14 @@ std::vector<Hypothesis> load_hypotheses(const fs::path& file) {
         x.contrast.emplace_back(std::string(k), *coef);
       }
       if (!nonzero) throw UserError(where + ": every coefficient of 'contrast' is 0");
+      double sum = 0, mag = 0;
+      for (const auto& [n, c] : x.contrast) {
+        sum += c;
+        mag += std::fabs(c);
+      }
+      if (std::fabs(sum) > 1e-9 * mag)
+        throw UserError(where + ": the coefficients of 'contrast' sum to " + fmt("%g", sum) +
+                        ", not 0 (a contrast compares recipes: e.g. { A = 1, B = -1 })");
       const std::string e = str("expect", true);
       if (e == "negative") x.expect = -1;
       else if (e == "positive") x.expect = 1;
@@ -713,7 +733,9 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
     auto inside = [m](double lo, double hi) { return lo > -m && hi < m; };
     auto outside = [m](double lo, double hi) { return lo > m || hi < -m; };
     const bool boot = h.metric == "heldout_nll";
-    if (boot && v.boot.seeds == 0) {
+    if (v.contrast.std == 0) {
+      v.why = "the same value on every seed: a zero-width t-interval says nothing about the spread";
+    } else if (boot && v.boot.seeds == 0) {
       v.why = "no per-window held-out values for the bootstrap";
     } else if (inside(v.t95.lo, v.t95.hi) && (!boot || inside(v.boot.lo, v.boot.hi))) {
       v.verdict = "supported";
@@ -745,6 +767,10 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
     v.why = "the t-interval over seeds contains 0";
     return v;
   }
+  if (v.contrast.std == 0) {
+    v.why = "the same value on every seed: a zero-width t-interval says nothing about the spread";
+    return v;
+  }
   v.verdict = sign == h.expect ? "supported" : "contradicted";
   return v;
 }
@@ -766,7 +792,16 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
     std::string ps;
     const char* f = h.metric == "grad_norm_excursions" ? "%+.0f" : "%+.4f";
     for (double x : v.per_seed) ps += (ps.empty() ? "" : ", ") + fmt(f, x);
-    o << "| " << h.id << " | " << h.claim << " | " << h.metric
+    std::string claim = h.claim;  // Markdown table cell: no '|' or line break
+    for (size_t p = 0; (p = claim.find_first_of("|\n\r", p)) != std::string::npos;) {
+      if (claim[p] == '|') {
+        claim.insert(p, "\\");
+        p += 2;
+      } else {
+        claim[p++] = ' ';
+      }
+    }
+    o << "| " << h.id << " | " << claim << " | " << h.metric
       << (h.metric == "heldout_nll" ? " (" + h.policy + ")" : "") << " | " << c << " | "
       << (ps.empty() ? "—" : ps) << " | " << (v.contrast.n ? fmt(f, v.contrast.mean) : "—") << " | "
       << (v.t95.n >= 2 ? "[" + fmt("%+.4f", v.t95.lo) + ", " + fmt("%+.4f", v.t95.hi) + "]" : "—")

@@ -159,7 +159,9 @@ void run_ssd_forward(const Kernels& k, bool par, const char* fn, float* y, float
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < d.B * ngc; ++u)
       k.ssd_pack_bgc(a, pk, u / ngc, (u % ngc) / a.nc, u % a.nc);
-#pragma omp for schedule(dynamic, 1)
+    // Static, not dynamic: with a dynamic schedule a thread first given a unit at step 3
+    // would grow its scratch then (an allocation in the steady state, test_alloc).
+#pragma omp for schedule(static)
     for (int64_t u = 0; u < d.B * d.H; ++u) k.ssd_fwd_bh(a, y, ws, pk, u / d.H, u % d.H);
   }
 }
@@ -183,9 +185,10 @@ void run_ssd_backward(const Kernels& k, bool par, const char* fn, float* dx, flo
   thread_local std::vector<double> part;
   part.assign(static_cast<size_t>(d.B * d.H * 3), 0.0);
   const SsdGrads g{dx, dB, dC, d_dt, part.data(), dy, ws};
-  // Dynamic: a unit's results do not depend on the thread that runs it (its own dx, dB, dC,
-  // d_dt rows and part entries; per-thread scratch only).
-#pragma omp parallel for schedule(dynamic, 1) if (par)
+  // A unit's results do not depend on the thread that runs it (its own dx, dB, dC, d_dt rows
+  // and part entries; per-thread scratch only). Static, so every thread meets its scratch
+  // size in the first steps and the steady state allocates nothing (test_alloc).
+#pragma omp parallel for schedule(static) if (par)
   for (int64_t u = 0; u < d.B * d.G; ++u) k.ssd_bwd_bg(a, g, u / d.G, u % d.G);
   for (int64_t h = 0; h < d.H; ++h) {
     double s[3] = {0.0, 0.0, 0.0};
