@@ -754,7 +754,9 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
   int sign = v.t95.sign;
   if (h.metric == "heldout_nll") {
     if (v.boot.seeds == 0) {
-      v.why = "no per-window held-out values for the bootstrap";
+      v.why = v.t95.resolved ? "no per-window held-out values for the bootstrap"
+                             : "the t-interval over seeds contains 0 (and no per-window held-out "
+                               "values for the bootstrap)";
       return v;
     }
     if (v.boot.sign != sign) {
