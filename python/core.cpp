@@ -150,6 +150,20 @@ std::vector<std::string> named_formats() {
   return out;
 }
 
+// The optional random bytes r of encode/round_to (one uint8 per element of x, the shape of x;
+// required for SR8): a pointer into `keep`, which holds the checked array; null without r.
+const uint8_t* random_bytes(const py::object& rh, const py::array& x, fp4::Rounding mode,
+                            py::array& keep) {
+  if (!rh.is_none()) {
+    keep = checked_array(rh, "r", true, -1);
+    if (shape_of(keep) != shape_of(x)) throw py::value_error("r must have the shape of x");
+    return static_cast<const uint8_t*>(keep.data());
+  }
+  if (mode == fp4::Rounding::SR8)
+    throw py::value_error("rounding='sr8' needs r, one random byte (uint8) per element of x");
+  return nullptr;
+}
+
 py::array encode(const py::handle& xh, const std::string& fmt, const std::string& rounding,
                  const py::object& rh) {
   py::array x = checked_array(xh, "x", false, -1);
@@ -158,15 +172,8 @@ py::array encode(const py::handle& xh, const std::string& fmt, const std::string
   std::optional<fp4::ElementFormat> ef;
   const fp4::FloatFormat* ff = nullptr;
   if (int_grid) ef = fp4::parse_element_format(fmt); else ff = &fp4::parse_float_format(fmt);
-  const uint8_t* r = nullptr;
   py::array ra;
-  if (!rh.is_none()) {
-    ra = checked_array(rh, "r", true, -1);
-    if (shape_of(ra) != shape_of(x)) throw py::value_error("r must have the shape of x");
-    r = static_cast<const uint8_t*>(ra.data());
-  } else if (mode == fp4::Rounding::SR8) {
-    throw py::value_error("rounding='sr8' needs r, one random byte (uint8) per element of x");
-  }
+  const uint8_t* r = random_bytes(rh, x, mode, ra);
   py::array_t<uint8_t> out = new_u8(shape_of(x));
   const float* xp = static_cast<const float*>(x.data());
   uint8_t* op = out.mutable_data();
@@ -193,15 +200,8 @@ py::array round_to(const py::handle& xh, const std::string& fmt, const std::stri
   const fp4::Rounding mode = parse_rounding(rounding, "rounding");
   if (is_int_grid(fmt)) throw py::value_error("round_to: integer grids have no format_round; use decode(encode(x))");
   const fp4::FloatFormat& ff = fp4::parse_float_format(fmt);
-  const uint8_t* r = nullptr;
   py::array ra;
-  if (!rh.is_none()) {
-    ra = checked_array(rh, "r", true, -1);
-    if (shape_of(ra) != shape_of(x)) throw py::value_error("r must have the shape of x");
-    r = static_cast<const uint8_t*>(ra.data());
-  } else if (mode == fp4::Rounding::SR8) {
-    throw py::value_error("rounding='sr8' needs r, one random byte (uint8) per element of x");
-  }
+  const uint8_t* r = random_bytes(rh, x, mode, ra);
   py::array_t<float> out = new_f32(shape_of(x));
   const float* xp = static_cast<const float*>(x.data());
   float* op = out.mutable_data();
