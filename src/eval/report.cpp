@@ -164,6 +164,17 @@ BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d, in
   return b;
 }
 
+namespace {
+// Grad-norm excursions of one run (the paper's stability count): logged steps after warmup
+// whose norm is above 1 or not finite.
+int grad_norm_excursions(const RunRecord& r) {
+  int n = 0;
+  for (size_t i = 0; i < r.step.size(); ++i)
+    if (r.step[i] > r.warmup_steps && !(r.grad_norm[i] <= 1.0)) ++n;
+  return n;
+}
+}  // namespace
+
 int count_loss_spikes(const std::vector<double>& loss, int window, double threshold) {
   if (window < 1) throw std::invalid_argument("count_loss_spikes: window must be >= 1");
   int spikes = 0;
@@ -360,6 +371,7 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
       if (r.recipe != name) continue;
       any = true;
       row.spikes += count_loss_spikes(r.loss);
+      row.grad_norm_excursions += grad_norm_excursions(r);
       tokens_per_step = r.tokens_per_step;
       if (r.diverged_at > 0) {
         ++row.diverged;
@@ -372,8 +384,6 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
       for (size_t i = 0; i < r.step.size(); ++i) {
         if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
           row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
-        // Grad-norm excursions (the paper's stability count): norm > 1 after warmup.
-        if (r.step[i] > r.warmup_steps && !(r.grad_norm[i] <= 1.0)) ++row.grad_norm_excursions;
         if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
       }
     }
@@ -693,10 +703,7 @@ double metric_of(const Hypothesis& h, const RunRecord& r) {
     const auto it = r.heldout.find(h.policy);
     return it == r.heldout.end() ? kNaN : it->second;
   }
-  int n = 0;  // grad_norm_excursions, as aggregate_runs counts them
-  for (size_t i = 0; i < r.step.size(); ++i)
-    if (r.step[i] > r.warmup_steps && !(r.grad_norm[i] <= 1.0)) ++n;
-  return n;
+  return grad_norm_excursions(r);
 }
 }  // namespace
 
