@@ -591,6 +591,37 @@ TEST(Resume, HeldAmaxReferencesCarryOverBitExact) {
   EXPECT_NE(a.summary.losses[3], c.summary.losses[3]);
 }
 
+// train.sr_seed re-keys the SR draws and nothing else: -1 (the default) and sr_seed = seed give
+// the same bits; another sr_seed leaves step 1's loss (its forward has no SR: SR is on dY only,
+// NUMERICS.md) and a recipe without SR unchanged, and changes the SR recipe's later steps.
+TEST(SrSeed, ChangesTheSrDrawsAndNothingElse) {
+  RunConfig cfg = micro_config(3);
+  const Recipe ue = recipe_named("ue5m3-b16"), bf = recipe_named("bf16");
+  const RunResult base = run_uninterrupted(cfg, ue, "sr_base");
+  cfg.train.sr_seed = int64_t(cfg.train.seed);
+  const RunResult same = run_uninterrupted(cfg, ue, "sr_same");
+  EXPECT_TRUE(same_bits(base.summary.losses, same.summary.losses));
+  EXPECT_TRUE(same_bits(base.final_ckpt.params, same.final_ckpt.params));
+  cfg.train.sr_seed = 12345;
+  const RunResult other = run_uninterrupted(cfg, ue, "sr_other");
+  EXPECT_EQ(base.summary.losses[0], other.summary.losses[0]);
+  EXPECT_NE(base.summary.losses[2], other.summary.losses[2]);
+  EXPECT_FALSE(same_bits(base.final_ckpt.params, other.final_ckpt.params));
+  EXPECT_EQ(other.summary_json["sr_seed"], 12345);
+  EXPECT_FALSE(base.summary_json.contains("sr_seed"));
+  // The resolved config carries it (a resume must reproduce the same draws) and re-parses.
+  const RunConfig back = run_config_from_text(run_config_to_toml(cfg), "sr_seed config");
+  EXPECT_EQ(back.train.sr_seed, 12345);
+  EXPECT_EQ(run_config_from_text(run_config_to_toml(micro_config(3)), "default").train.sr_seed, -1);
+  // bf16 has no SR: any sr_seed, the same run.
+  RunConfig c0 = micro_config(3);
+  const RunResult b0 = run_uninterrupted(c0, bf, "sr_bf_a");
+  c0.train.sr_seed = 999;
+  const RunResult b1 = run_uninterrupted(c0, bf, "sr_bf_b");
+  EXPECT_TRUE(same_bits(b0.summary.losses, b1.summary.losses));
+  EXPECT_TRUE(same_bits(b0.final_ckpt.params, b1.final_ckpt.params));
+}
+
 TEST(Resume, RefusesACheckpointOfAnotherRun) {
   const RunConfig cfg = micro_config(4);
   const Recipe r = recipe_named("fp32");

@@ -72,6 +72,7 @@ RunConfig parse_run_config(detail::TomlReader& r) {
   int64_t seed = static_cast<int64_t>(t.seed);
   r.get("train.seed", seed);                 r.range<int64_t>("train.seed", seed, 0, INT64_MAX);
   t.seed = static_cast<uint64_t>(seed);
+  r.get("train.sr_seed", t.sr_seed);         r.range<int64_t>("train.sr_seed", t.sr_seed, -1, INT64_MAX);
   r.get("data.path", c.data.path);
   r.get("data.cache", c.data.cache);
   r.get("eval.interval", c.eval.interval);   r.range("eval.interval", c.eval.interval, 1, 1 << 30);
@@ -191,7 +192,9 @@ std::string run_config_to_toml(const RunConfig& c) {
     << "\nmin_lr_ratio = " << toml_number(t.min_lr_ratio)
     << "\nweight_decay = " << toml_number(t.weight_decay) << "\nbeta1 = " << toml_number(t.beta1)
     << "\nbeta2 = " << toml_number(t.beta2) << "\neps = " << toml_number(t.eps)
-    << "\ngrad_clip = " << toml_number(t.grad_clip) << "\nseed = " << t.seed << "\n\n";
+    << "\ngrad_clip = " << toml_number(t.grad_clip) << "\nseed = " << t.seed;
+  if (t.sr_seed >= 0) o << "\nsr_seed = " << t.sr_seed;  // only when set: older texts unchanged
+  o << "\n\n";
   o << "[data]\npath = " << detail::toml_quote(c.data.path)
     << "\ncache = " << detail::toml_quote(c.data.cache) << "\n\n";
   o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";

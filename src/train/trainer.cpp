@@ -296,7 +296,7 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
   }
   nn::StepContext ctx;
   ctx.step = step;
-  ctx.seed = tc.seed;
+  ctx.seed = tc.sr_key_seed();
   ctx.ranks = ranks;
   ctx.telemetry = r.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
                                 (step == 1 || step % cfg.telemetry_interval == 0);
@@ -791,6 +791,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
              {"model_flops_per_token", flops_per_token},
              {"wall_seconds",
               wall_before + std::chrono::duration<double>(clock::now() - t_start).count()}};
+  if (tc.sr_seed >= 0) js["sr_seed"] = tc.sr_seed;
   if (start > 0) js["resumed_from_step"] = start;
   if (opt.peak_gflops > 0) {
     js["peak_gflops"] = opt.peak_gflops;
