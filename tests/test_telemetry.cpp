@@ -91,3 +91,79 @@ TEST(Telemetry, E4M3BlockAtTheTensorAmaxIsNotSaturatedButAStaleOneIs) {
   EXPECT_DOUBLE_EQ(quant_stats(z, 1, 8, s, 3.f, nullptr).saturated_blocks, 0.0);
 }
 }  // namespace
+
+namespace {
+// Block histograms (issue 13 §3), hand-computed from the contract (docs/numerics.md).
+uint32_t total(const std::array<uint32_t, 256>& h) {
+  uint32_t t = 0;
+  for (uint32_t v : h) t += v;
+  return t;
+}
+
+TEST(TelemetryHistograms, HandComputedCodesAndRatios) {
+  // UE5M3, T = 448. Block 0: a_b = 40, g = 4: c_b = RNE(40·448/4 = 4480) = 4608 = 1.125·2^12,
+  // code (12 + 15)·8 + 1 = 217; a_b/g = 10, floor(log2 10) = 3.
+  // Block 1: a_b = 4 = g: c_b = 448 = 1.75·2^8, code 23·8 + 6 = 190; ratio 1, bin 0.
+  // Block 2: all zero: stored c_b = 1.0 (the guard), code 15·8 = 120; no ratio (a_b = 0).
+  // Block 3: a_b = 1e-30: needed scale 1.1e-28 underflows UE5M3: the guard stores 1.0,
+  // code 120; a_b/g = 2.5e-31, floor(log2) = -102, clamped to -96.
+  const float x[] = {1, 2, 3, 40, 4, 0, 0, 1, 0, 0, 0, 0, 1e-30f, 0, 0, 0};
+  const QuantStats s = quant_stats(x, 1, 16, spec4(), 4.f, nullptr);
+  ASSERT_NE(s.scale_format, nullptr);
+  EXPECT_STREQ(s.scale_format->name, "ue5m3");
+  EXPECT_TRUE(s.ratio_to_g);
+  EXPECT_EQ(s.scale_code_blocks[217], 1u);
+  EXPECT_EQ(s.scale_code_blocks[190], 1u);
+  EXPECT_EQ(s.scale_code_blocks[120], 2u);
+  EXPECT_EQ(total(s.scale_code_blocks), 4u);
+  const int B = QuantStats::kRatioBias;
+  EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B + 3)], 1u);
+  EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B + 0)], 1u);
+  EXPECT_EQ(s.log2_amax_ratio_blocks[0], 1u);  // -96, the clamp
+  uint32_t n = 0;
+  for (uint32_t v : s.log2_amax_ratio_blocks) n += v;
+  EXPECT_EQ(n, 3u);  // the all-zero block has no ratio
+}
+
+TEST(TelemetryHistograms, Log2BinsAreExactAtPowersOfTwo) {
+  const int B = QuantStats::kRatioBias;
+  EXPECT_EQ(log2_ratio_bin(1.0), B + 0);
+  EXPECT_EQ(log2_ratio_bin(std::nextafter(1.0, 0.0)), B - 1);
+  EXPECT_EQ(log2_ratio_bin(2.0), B + 1);
+  EXPECT_EQ(log2_ratio_bin(0.75), B - 1);
+  EXPECT_EQ(log2_ratio_bin(std::ldexp(1.0, -96)), 0);
+  EXPECT_EQ(log2_ratio_bin(std::ldexp(1.0, -200)), 0);
+  EXPECT_EQ(log2_ratio_bin(std::ldexp(1.0, 31)), QuantStats::kRatioBins - 1);
+  EXPECT_EQ(log2_ratio_bin(1e300), QuantStats::kRatioBins - 1);
+}
+
+TEST(TelemetryHistograms, MxRulesMeasureAgainstTheOperandAmax) {
+  // OCP MX, UE8M0 scales, no g: the ratio is to max|x| = 40. Block 0 (a_b = 40): bin 0;
+  // block 1 (a_b = 5): 5/40 = 0.125, bin -3. Codes are UE8M0 2^(code - 127): every block's
+  // scale is a power of two, so both land in codes 0..254 and sum to 2.
+  BlockQuantSpec sp = spec4();
+  sp.scale_format = ScaleFormat::UE8M0;
+  sp.scale_rule = ScaleRule::MxOcp;
+  const float x[] = {1, 2, 3, 40, 5, 1, 1, 1};
+  const QuantStats s = quant_stats(x, 1, 8, sp, 0.f, nullptr);
+  EXPECT_FALSE(s.ratio_to_g);
+  const int B = QuantStats::kRatioBias;
+  EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B + 0)], 1u);
+  EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B - 3)], 1u);
+  EXPECT_EQ(total(s.scale_code_blocks), 2u);
+  // OCP: c_b = 2^(floor(log2 a_b) - emax(E2M1) = 2): 40 → 2^(5-2) = 8 (code 130), 5 → 2^0 (127).
+  EXPECT_EQ(s.scale_code_blocks[130], 1u);
+  EXPECT_EQ(s.scale_code_blocks[127], 1u);
+}
+
+TEST(TelemetryHistograms, WorstOfKeepsTheFirstMicroBatchHistograms) {
+  const float a[] = {1, 2, 3, 40}, b[] = {1, 1, 1, 1};
+  const QuantStats sa = quant_stats(a, 1, 4, spec4(), 4.f, nullptr);
+  const QuantStats sb = quant_stats(b, 1, 4, spec4(), 4.f, nullptr);
+  ASSERT_NE(sa.scale_code_blocks, sb.scale_code_blocks);
+  const QuantStats w = worst_of(sa, sb);
+  EXPECT_EQ(w.scale_code_blocks, sa.scale_code_blocks);
+  EXPECT_EQ(w.log2_amax_ratio_blocks, sa.log2_amax_ratio_blocks);
+  EXPECT_EQ(w.rel_error, std::max(sa.rel_error, sb.rel_error));  // the scalars: the worst
+}
+}  // namespace

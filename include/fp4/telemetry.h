@@ -1,9 +1,11 @@
 // Numerics telemetry of one quantized operand: why a recipe is stable or not.
 // Issue 3 §5; definitions follow docs/numerics.md "Quantizing one operand" and "Tensor reference g".
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "fp4/block_quant.h"
+#include "fp4/format.h"
 
 namespace fp4 {
 
@@ -18,6 +20,23 @@ struct QuantStats {
                                 ///< meaningless, and left at 1, when !has_staleness
   bool has_staleness = true;    ///< false under the MX scale rules: no reference g is used
                                 ///< (nor measured), so there is no staleness to report
+
+  // Where the blocks fall (issue 13 §3): histograms of this one quantization. Merged over
+  // micro-batches and ranks they are not: worst_of keeps the first argument's, so a step's
+  // histograms are those of its first micro-batch (global micro-batch 0, rank 0's under MPI),
+  // whatever the thread, micro-batch split or process count.
+  static constexpr int kRatioBins = 128;  ///< log2-ratio bins: floor(log2) in [-96, 31]
+  static constexpr int kRatioBias = 96;   ///< bin b is stored at index b + kRatioBias
+  /// Blocks per stored block-scale code (QuantizedTensor::scale_codes, in `scale_format`: after
+  /// the zero → 1 guard, so a guarded block counts at the code of 1.0, as does an all-zero
+  /// block). Sums to the block count.
+  std::array<uint32_t, 256> scale_code_blocks{};
+  /// Blocks with a_b > 0 per bin floor(log2(a_b / r)), clamped to [-96, 31]: r = g, the
+  /// tensor reference, under the tensor-scaled rules (ratio_to_g); r = max|x| of this operand
+  /// under the MX rules, which have no g. A held g below the current amax gives bins ≥ 0.
+  std::array<uint32_t, kRatioBins> log2_amax_ratio_blocks{};
+  bool ratio_to_g = true;
+  const FloatFormat* scale_format = nullptr;  ///< null until quant_stats fills the histograms
 };
 
 /// The worst of two statistics, field by field (max; has_staleness of either): how the
@@ -31,12 +50,21 @@ inline QuantStats worst_of(const QuantStats& a, const QuantStats& b) {
   r.rel_error = a.rel_error > b.rel_error ? a.rel_error : b.rel_error;
   r.staleness = a.staleness > b.staleness ? a.staleness : b.staleness;
   r.has_staleness = a.has_staleness || b.has_staleness;
+  r.scale_code_blocks = a.scale_code_blocks;  // histograms: the first micro-batch's (above)
+  r.log2_amax_ratio_blocks = a.log2_amax_ratio_blocks;
+  r.ratio_to_g = a.ratio_to_g;
+  r.scale_format = a.scale_format;
   return r;
 }
+
+/// floor(log2(v)) of a finite v > 0 (double, exact: from the binary exponent), clamped to
+/// [-96, 31], plus kRatioBias: the index of v in QuantStats::log2_amax_ratio_blocks.
+int log2_ratio_bin(double v);
 
 /// Statistics of quantizing x [rows, cols] with `spec` and reference g, exactly as
 /// quantize_blocks does it (same SR bytes when `sr` is given), any element format. Slow-ish
 /// (allocates the unpacked codes); meant for every telemetry_interval steps, not every step.
+/// Also fills the two block histograms (scale codes, log2 of a_b / reference).
 /// Throws what quantize_blocks throws.
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr);

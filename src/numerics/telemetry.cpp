@@ -7,6 +7,14 @@
 
 namespace fp4 {
 
+int log2_ratio_bin(double v) {
+  int e = 0;
+  std::frexp(v, &e);  // v = m·2^e, m in [0.5, 1): floor(log2 v) = e − 1
+  const int b = std::clamp(e - 1, -QuantStats::kRatioBias,
+                           QuantStats::kRatioBins - 1 - QuantStats::kRatioBias);
+  return b + QuantStats::kRatioBias;
+}
+
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr) {
   const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
@@ -45,6 +53,15 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
       ++nonzero;
       if (xh[static_cast<size_t>(i)] == 0.0f) ++zeroed;  // decoded value, any element format
     }
+  }
+  // Histograms. Under the MX rules the ratio is to this operand's max|x| (no g).
+  s.scale_format = &sf;
+  s.ratio_to_g = spec.scale_rule == ScaleRule::TensorScaled;
+  const double r = s.ratio_to_g ? double(g) : double(amax);
+  for (size_t b = 0; b < nb; ++b) {
+    ++s.scale_code_blocks[q.scale_codes[b]];
+    const double a = q.block_amax[b];
+    if (a > 0 && r > 0) ++s.log2_amax_ratio_blocks[size_t(log2_ratio_bin(a / r))];
   }
   s.saturated_blocks = nb ? double(sat) / nb : 0;
   s.zero_guard_blocks = nb ? double(guard) / nb : 0;
