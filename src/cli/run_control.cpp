@@ -1,6 +1,9 @@
 #include "run_control.h"
 
+#include <pthread.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cctype>
 #include <cstdio>
@@ -68,14 +71,21 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_quiet = 0;  // an MPI rank other than 0: print nothing
 
-extern "C" void on_stop_signal(int sig) {
+// The first stop signal sets the flag and says so; a later one ends the process at once with
+// that signal's default action. Called by the watcher thread (below) for a signal it
+// accepted, or as the handler of a signal delivered to a thread that did not block it.
+void note_stop_signal(int sig, bool in_handler) {
   if (g_stop_signal != 0) {
-    // The second signal: die of it now (it is blocked while this handler runs and delivered,
-    // with the default action, when it returns).
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, nullptr);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    // In the handler the signal is blocked until it returns; in the watcher it is blocked
+    // all along: unblocked, the raised signal is delivered to this thread and kills.
+    if (!in_handler) pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
     raise(sig);
     return;
   }
@@ -88,6 +98,8 @@ extern "C" void on_stop_signal(int sig) {
   (void)r;
 }
 
+extern "C" void on_stop_signal(int sig) { note_stop_signal(sig, true); }
+
 bool install(int sig, struct sigaction& old) {
   if (sigaction(sig, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) return false;
   struct sigaction sa {};
@@ -96,20 +108,59 @@ bool install(int sig, struct sigaction& old) {
   sa.sa_flags = SA_RESTART;  // file writes and reads in progress are not cut short
   return sigaction(sig, &sa, nullptr) == 0;
 }
+
+// Block (or unblock) `set` in the calling thread and in every OpenMP worker thread. Threads
+// created later by OpenMP inherit the mask of the thread that creates them (a blocked one).
+void mask_compute_threads(int how, const sigset_t& set) {
+  pthread_sigmask(how, &set, nullptr);
+#pragma omp parallel
+  pthread_sigmask(how, &set, nullptr);
+}
+
+std::atomic<bool> g_watch_done{false};
 }  // namespace
 
+// Why a watcher thread: a signal handler runs on the stack of whichever thread the signal is
+// delivered to, and the kernel writes the signal frame just below that thread's stack
+// pointer. oneDNN's JIT f32 GEMM kernels (2.x, and 3.x before 3.11.2) point rsp into a heap
+// workspace while they run (oneDNN issue #4845, fixed by PR #4855), so a stop signal landing
+// on a compute thread inside a GEMM wrote its frame into the heap: the CI failure of
+// tests/cli/interrupt.sh ("corrupted size vs. prev_size", SIGSEGV in malloc a step later).
+// So the stop signals are blocked in every compute thread and accepted, synchronously, by a
+// thread that never computes. The handler stays installed for a thread this misses (e.g. a
+// library's own idle thread): it runs no JIT code.
 StopOnSignal::StopOnSignal() {
   g_stop_signal = 0;
   g_quiet = dist::rank() > 0;
   int_installed_ = install(SIGINT, old_int_);
   term_installed_ = install(SIGTERM, old_term_);
   usr1_installed_ = install(SIGUSR1, old_usr1_);
+  sigemptyset(&set_);
+  if (int_installed_) sigaddset(&set_, SIGINT);
+  if (term_installed_) sigaddset(&set_, SIGTERM);
+  if (usr1_installed_) sigaddset(&set_, SIGUSR1);
+  mask_compute_threads(SIG_BLOCK, set_);
+  g_watch_done = false;
+  watcher_ = std::thread([set = set_] {
+    // Inherits the blocked mask: sigtimedwait accepts the pending signals of the process.
+    const timespec tick{0, 50 * 1000 * 1000};  // checks for the end of the guard 20× a second
+    siginfo_t info;
+    while (!g_watch_done.load()) {
+      const int sig = sigtimedwait(&set, &info, &tick);
+      if (sig > 0) note_stop_signal(sig, false);
+    }
+  });
 }
 
 StopOnSignal::~StopOnSignal() {
+  g_watch_done = true;
+  watcher_.join();
   if (int_installed_) sigaction(SIGINT, &old_int_, nullptr);
   if (term_installed_) sigaction(SIGTERM, &old_term_, nullptr);
   if (usr1_installed_) sigaction(SIGUSR1, &old_usr1_, nullptr);
+  // A signal that arrived since the watcher's last wait is pending: unblocked, it takes the
+  // restored action, as any signal after the guard does.
+  mask_compute_threads(SIG_UNBLOCK, set_);
 }
 
 const volatile std::sig_atomic_t* StopOnSignal::flag() { return &g_stop_signal; }

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fp4/settings.h"
@@ -34,6 +35,11 @@ std::string shell_word(const std::string& s);
 /// terminates the process at once (default action). The destructor restores the handlers.
 /// SIGUSR1 is the one to send to `mpirun`, which forwards it to every process (it kills the
 /// job on SIGINT and SIGTERM); ranks other than 0 print nothing. Not reentrant: one at a time.
+/// Construct it on the thread that runs OpenMP regions (the main thread): it blocks the
+/// three signals there and in every OpenMP worker, and a watcher thread of its own accepts
+/// them (sigtimedwait), so no handler ever runs on a thread inside a GEMM kernel (oneDNN's
+/// JIT GEMM moves rsp into the heap; a signal frame written there corrupts it: see
+/// run_control.cpp). The destructor unblocks them again.
 class StopOnSignal {
  public:
   StopOnSignal();
@@ -52,6 +58,8 @@ class StopOnSignal {
  private:
   struct sigaction old_int_ {}, old_term_ {}, old_usr1_ {};
   bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
+  sigset_t set_{};       ///< the installed ones: blocked in the compute threads
+  std::thread watcher_;  ///< accepts them (sigtimedwait) while the guard lives
 };
 
 /// "SIGINT", "SIGTERM", "SIGUSR1" or "signal N".
