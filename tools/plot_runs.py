@@ -21,6 +21,14 @@ mean. Writes into DIR:
                       dashed: the recipe's quantized inference with current scaling)
     telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
                       guard (worst operand over all layers, mean over seeds), per recipe
+    scale_range.png   where the block scales fall inside each scale format's range (its
+                      smallest subnormal and largest finite value drawn), per operand, at the
+                      first and the last telemetry step: from metrics.jsonl's scale_hist, for
+                      --scale-recipes (default: ue5m3-b16 and nvfp4-all when present, else the
+                      first recipe of each scale format); only when the runs have scale_hist
+    hypotheses.png    with --hypotheses FILE (hypotheses.json, written by fp4train compare /
+                      report): each claim's contrast per seed, its mean and 95% t-interval
+                      (and paired bootstrap, held-out NLL), coloured by verdict
 
 Only the Python standard library and matplotlib (Debian python3-matplotlib) are used.
 Exits with status 2 and a message naming the file on unreadable or malformed input.
@@ -146,6 +154,143 @@ def worst_telemetry(rec, key):
     return max(vals) if vals else None
 
 
+def decode_scale(code, h):
+    """The value of a block-scale code of the format described in a scale_hist record."""
+    e_bits, m_bits, bias = h["exp_bits"], h["frac_bits"], h["bias"]
+    mag = code & ((1 << (e_bits + m_bits)) - 1)  # an unsigned scale: the sign bit is 0
+    e, m = mag >> m_bits, mag & ((1 << m_bits) - 1)
+    if e == 0 and h["subnormals"]:
+        return (m / (1 << m_bits)) * 2.0 ** (1 - bias)
+    return (1 + m / (1 << m_bits)) * 2.0 ** (e - bias)
+
+
+def scale_hists(recs):
+    """(first, last) telemetry steps' scale_hist records with linears == "all", keyed by
+    operand, or None when the run has none."""
+    tel = [r for r in recs if r.get("scale_hist")]
+    if not tel:
+        return None
+    pick = lambda r: {h["operand"]: h for h in r["scale_hist"] if h.get("linears") == "all"}
+    return (tel[0]["step"], pick(tel[0])), (tel[-1]["step"], pick(tel[-1]))
+
+
+def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
+    """scale_range.png (see the module docstring); returns False when no run has scale_hist."""
+    have = {}
+    for r in order:
+        for recs in groups[r]:
+            sh = scale_hists(recs)
+            if sh:
+                have[r] = sh  # the first seed's run with telemetry
+                break
+    if not have:
+        return False
+    if wanted:
+        chosen = [r for r in wanted if r in have]
+        missing = [r for r in wanted if r not in have]
+        if missing:
+            fail(f"--scale-recipes: no scale_hist telemetry in the runs of {', '.join(missing)}")
+    else:
+        chosen = [r for r in ("ue5m3-b16", "nvfp4-all") if r in have]
+        if len(chosen) < 2:
+            seen = {have[r][0][1][next(iter(have[r][0][1]))]["scale_format"] for r in chosen}
+            for r in have:
+                fmt = have[r][0][1][next(iter(have[r][0][1]))]["scale_format"]
+                if fmt not in seen:
+                    chosen.append(r)
+                    seen.add(fmt)
+    operands = [("x", "fprop X"), ("w", "fprop W"), ("dy", "dgrad dY"), ("dyt", "wgrad dY\u1d40")]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, (op, title) in zip(axes.flat, operands):
+        for r in chosen:
+            for (step, hs), style in ((have[r][0], "--"), (have[r][1], "-")):
+                h = hs.get(op)
+                if not h:
+                    continue
+                counts = h["scale_code_blocks"]
+                total = sum(counts)
+                if not total:
+                    continue
+                xs = [math.log2(decode_scale(h["scale_code_first"] + i, h))
+                      for i in range(len(counts))]
+                ys = [100.0 * c / total for c in counts]
+                ax.plot(xs, ys, style, color=colors[r], linewidth=1.2,
+                        label=f"{r} ({h['scale_format']}), step {step}")
+            h = have[r][1][1].get(op)
+            if h:  # the format's range, in the recipe's colour
+                for v in (h["scale_min"], h["scale_max"]):
+                    ax.axvline(math.log2(v), color=colors[r], linestyle=":", linewidth=1)
+        ax.set_xlabel("block scale c_b (log2)")
+        ax.set_ylabel("% of blocks")
+        ax.set_title(pre + f"{title}: block scales, all FP4 linears", fontsize=9)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle("dotted: each format's smallest subnormal and largest finite scale; "
+                 "dashed: first telemetry step, solid: last", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scale_range.png"), dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_hypotheses(plt, out, path, pre):
+    """hypotheses.png: one row per claim (see the module docstring)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            hyps = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{path}: {e}")
+    if not isinstance(hyps, list):
+        fail(f"{path}: not a JSON array of hypotheses")
+    metrics = []
+    for h in hyps:
+        if not isinstance(h, dict) or "id" not in h or "metric" not in h:
+            fail(f"{path}: a hypothesis without id or metric")
+        if h["metric"] not in metrics:
+            metrics.append(h["metric"])
+    colour = {"supported": "tab:green", "contradicted": "tab:red", "not resolved": "tab:gray",
+              "not run": "lightgray"}
+    units = {"final_loss": "final-window training loss contrast (nats/token)",
+             "heldout_nll": "held-out NLL contrast (nats/token)",
+             "grad_norm_excursions": "grad-norm excursions contrast (steps)"}
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 0.5 * len(hyps) + 2),
+                             squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        rows = [h for h in hyps if h["metric"] == metric]
+        for i, h in enumerate(rows):
+            y = len(rows) - 1 - i
+            c = colour.get(h.get("verdict"), "black")
+            per = [x for x in h.get("per_seed", []) if finite(x)]
+            ax.plot(per, [y] * len(per), "o", color=c, alpha=0.5, markersize=4)
+            if h.get("t95"):
+                lo, hi = h["t95"]
+                if finite(lo) and finite(hi):
+                    ax.plot([lo, hi], [y, y], color=c, linewidth=2)
+            b = h.get("bootstrap95")
+            if b and finite(b.get("lo")) and finite(b.get("hi")):
+                ax.plot([b["lo"], b["hi"]], [y - 0.18, y - 0.18], color=c, linewidth=1,
+                        linestyle="--")
+            if finite(h.get("mean")):
+                ax.plot([h["mean"]], [y], "D", color=c, markersize=6)
+            if h.get("expect") == "equivalent" and finite(h.get("margin")):
+                ax.plot([-h["margin"], h["margin"]], [y + 0.25, y + 0.25], color="black",
+                        linewidth=0.8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{h['id']} ({h.get('verdict', '?')})" for h in reversed(rows)],
+                           fontsize=8)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(units.get(metric, metric), fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+        ax.set_title(pre + metric, fontsize=9)
+    fig.suptitle("each claim's contrast: dots per seed, diamond the mean, solid bar the 95% "
+                 "t-interval, dashed the paired bootstrap; black bar: equivalence margin",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "hypotheses.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="directory for the PNG files")
@@ -154,6 +299,11 @@ def main():
     ap.add_argument("--baseline", default=None,
                     help="recipe the difference plot is against (default: bf16, else fp32; "
                          "\"\" for none)")
+    ap.add_argument("--scale-recipes", default="",
+                    help="comma-separated recipes for scale_range.png (default: ue5m3-b16 and "
+                         "nvfp4-all, else one per scale format)")
+    ap.add_argument("--hypotheses", default="",
+                    help="hypotheses.json of fp4train compare/report: also write hypotheses.png")
     ap.add_argument("runs", nargs="+", help="run directories")
     a = ap.parse_args()
     if a.smooth < 1:
@@ -302,8 +452,19 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "telemetry.png"), dpi=110)
     plt.close(fig)
-    print(f"plot_runs.py: wrote loss.png, loss_vs_baseline.png (baseline {baseline}), heldout.png, "
-          f"telemetry.png to {a.out}")
+    made = ["loss.png", "loss_vs_baseline.png", "heldout.png", "telemetry.png"]
+    # 5., 6. only when there is data for them; an old file of a previous call is removed.
+    wanted = [r for r in a.scale_recipes.split(",") if r]
+    if plot_scale_range(plt, a.out, groups, order, colors, pre, wanted):
+        made.append("scale_range.png")
+    elif os.path.exists(os.path.join(a.out, "scale_range.png")):
+        os.remove(os.path.join(a.out, "scale_range.png"))
+    if a.hypotheses:
+        plot_hypotheses(plt, a.out, a.hypotheses, pre)
+        made.append("hypotheses.png")
+    elif os.path.exists(os.path.join(a.out, "hypotheses.png")):
+        os.remove(os.path.join(a.out, "hypotheses.png"))
+    print(f"plot_runs.py: wrote {', '.join(made)} to {a.out} (baseline {baseline})")
 
 
 if __name__ == "__main__":

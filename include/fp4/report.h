@@ -208,6 +208,14 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
 /// per-seed values, intervals and verdict, and the rule that decides them.
 std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs);
 
+/// The same verdicts as JSON (written as DIR/hypotheses.json by compare/report, read by
+/// tools/plot_runs.py --hypotheses): an array of {id, claim, metric, policy (heldout_nll),
+/// contrast {recipe: coefficient}, expect ("negative" | "positive" | "equivalent"), margin
+/// (equivalent), per_seed [...], mean, t95 [lo, hi] (n ≥ 2 seeds), bootstrap95 {lo, hi,
+/// seeds, windows, resamples} (heldout_nll with per-window values), verdict, why}. Units are
+/// the metric's (nats, or counts); a non-finite value is null.
+std::string hypotheses_json(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs);
+
 /// Everything the report states about how the runs were made.
 struct ReportContext {
   std::string title = "Recipe comparison";

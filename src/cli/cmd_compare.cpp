@@ -191,6 +191,13 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
   ctx.model_line = plan.model_line;
   ctx.tokens_per_run = plan.tokens_per_run;
   ctx.policies = plan.policies;
+  // The verdicts as JSON, for the plot (and for anyone's own analysis); removed when the
+  // report has no study file, so a stale one never describes other runs.
+  const fs::path hyp_json = out / "hypotheses.json";
+  if (!hyps.empty())
+    write_file_atomic(hyp_json, hypotheses_json(hyps, runs));
+  else if (fs::exists(hyp_json))
+    fs::remove(hyp_json);
   if (plots) {
     const std::string py = find_plot_python();
     if (py.empty()) {
@@ -200,6 +207,7 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
       std::string cmd = shell_quote(py) + " " + shell_quote(resolve("tools/plot_runs.py").string()) +
                         " --title " + shell_quote(plan.config_name) + " --baseline " +
                         shell_quote(baseline) + " --out " + shell_quote((out / "plots").string());
+      if (!hyps.empty()) cmd += " --hypotheses " + shell_quote(hyp_json.string());
       for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
       const fs::path plots_dir = out / "plots";
       if (fs::exists(plots_dir) && !fs::is_directory(plots_dir))
@@ -208,6 +216,9 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
       if (std::system(cmd.c_str()) == 0) {
         for (const char* p : {"loss.png", "loss_vs_baseline.png", "heldout.png", "telemetry.png"})
           ctx.plots.push_back(std::string("plots/") + p);
+        // Made only when the runs have the data (scale_hist telemetry, a study file).
+        for (const char* p : {"scale_range.png", "hypotheses.png"})
+          if (fs::exists(plots_dir / p)) ctx.plots.push_back(std::string("plots/") + p);
       } else {
         ctx.plots_note = "Plots failed: tools/plot_runs.py exited non-zero (see its message).";
       }

@@ -828,4 +828,34 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
   return o.str();
 }
 
+std::string hypotheses_json(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs) {
+  using nlohmann::json;
+  auto num = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+  json out = json::array();
+  for (const auto& h : hs) {
+    const Verdict v = judge_hypothesis(h, runs);
+    json c = json::object();
+    for (const auto& [name, coef] : h.contrast) c[name] = coef;
+    json per = json::array();
+    for (double x : v.per_seed) per.push_back(num(x));
+    json j{{"id", h.id},
+           {"claim", h.claim},
+           {"metric", h.metric},
+           {"contrast", c},
+           {"expect", h.expect < 0 ? "negative" : h.expect > 0 ? "positive" : "equivalent"},
+           {"per_seed", per},
+           {"verdict", v.verdict},
+           {"why", v.why}};
+    if (h.metric == "heldout_nll") j["policy"] = h.policy;
+    if (h.expect == 0) j["margin"] = h.margin;
+    if (v.contrast.n) j["mean"] = num(v.contrast.mean);
+    if (v.t95.n >= 2) j["t95"] = {num(v.t95.lo), num(v.t95.hi)};
+    if (h.metric == "heldout_nll" && v.boot.seeds > 0)
+      j["bootstrap95"] = {{"lo", num(v.boot.lo)}, {"hi", num(v.boot.hi)}, {"seeds", v.boot.seeds},
+                          {"windows", v.boot.windows}, {"resamples", v.boot.resamples}};
+    out.push_back(j);
+  }
+  return out.dump(2) + "\n";
+}
+
 }  // namespace fp4

@@ -163,6 +163,33 @@ grep -q "^## Hypotheses" cmp/report.md || fail "no Hypotheses section"
 grep -q "^| T1 | .* | \*\*\(supported\|contradicted\|not resolved\)\*\*" cmp/report.md || fail "T1 has no verdict: $(grep '^| T1' cmp/report.md)"
 grep -q "^| T2 | .*heldout_nll (none)" cmp/report.md || fail "T2 is not on held-out NLL"
 grep -q "^| T3 | .* | \*\*not run\*\* (no completed run of mxfp4)" cmp/report.md || fail "T3 not 'not run': $(grep '^| T3' cmp/report.md)"
+# hypotheses.json: the same verdicts; T1's per-seed contrast recomputed from the runs' own
+# summary.json (final-window loss of ue5m3-b16 minus bf16, seed by seed).
+python3 - <<'PY' || fail "hypotheses.json wrong"
+import json
+h = {x["id"]: x for x in json.load(open("cmp/hypotheses.json"))}
+assert sorted(h) == ["T1", "T2", "T3"], sorted(h)
+assert h["T3"]["verdict"] == "not run" and "per_seed" in h["T3"], h["T3"]
+fw = lambda r, s: json.load(open(f"cmp/{r}-s{s}/summary.json"))["final_window_loss"]
+want = [fw("ue5m3-b16", s) - fw("bf16", s) for s in (1, 2)]
+got = h["T1"]["per_seed"]
+assert len(got) == 2 and all(abs(a - b) < 1e-12 for a, b in zip(got, want)), (got, want)
+assert abs(h["T1"]["mean"] - sum(want) / 2) < 1e-12 and len(h["T1"]["t95"]) == 2, h["T1"]
+assert h["T1"]["verdict"] in ("supported", "contradicted", "not resolved"), h["T1"]
+assert h["T2"]["metric"] == "heldout_nll" and h["T2"]["policy"] == "none", h["T2"]
+PY
+if [ -f cmp/plots/loss.png ]; then  # with plots: the hypotheses and the block-scale ranges
+  "$bin" report cmp --hypotheses study.toml > /dev/null 2>&1 || fail "report with plots failed"
+  for p in hypotheses scale_range; do
+    head -c 8 cmp/plots/$p.png | od -An -tx1 | grep -q "89 50 4e 47" || fail "cmp/plots/$p.png is not a PNG"
+    grep -q "plots/$p.png" cmp/report.md || fail "report does not show plots/$p.png"
+  done
+  "$bin" report cmp > /dev/null 2>&1 || fail "report without a study failed"
+  [ -e cmp/plots/hypotheses.png ] && fail "a stale hypotheses.png outlived its study"
+  [ -e cmp/hypotheses.json ] && fail "a stale hypotheses.json outlived its study"
+  grep -q "plots/scale_range.png" cmp/report.md || fail "scale_range.png dropped without a study"
+  "$bin" report cmp --no-plots --hypotheses study.toml > /dev/null 2>&1 || fail "report failed"
+fi
 sum_before=$(md5sum cmp/report.md)
 printf '[[hypothesis]]\nid = "X"\nclaim = "c"\nlower = "a"\n' > bad.toml
 out=$("$bin" report cmp --no-plots --hypotheses bad.toml 2>&1); rc=$?
