@@ -114,8 +114,11 @@ TEST(TelemetryHistograms, HandComputedCodesAndRatios) {
   EXPECT_TRUE(s.ratio_to_g);
   EXPECT_EQ(s.scale_code_blocks[217], 1u);
   EXPECT_EQ(s.scale_code_blocks[190], 1u);
-  EXPECT_EQ(s.scale_code_blocks[120], 2u);
-  EXPECT_EQ(total(s.scale_code_blocks), 4u);
+  // Blocks 2 (all zero) and 3 (guarded) store code 120 (1.0) but are counted apart.
+  EXPECT_EQ(s.scale_code_blocks[120], 0u);
+  EXPECT_EQ(s.zero_blocks, 1u);
+  EXPECT_EQ(s.guarded_blocks, 1u);
+  EXPECT_EQ(total(s.scale_code_blocks), 2u);
   const int B = QuantStats::kRatioBias;
   EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B + 3)], 1u);
   EXPECT_EQ(s.log2_amax_ratio_blocks[size_t(B + 0)], 1u);

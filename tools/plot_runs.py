@@ -22,7 +22,9 @@ mean. Writes into DIR:
     telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
                       guard (worst operand over all layers, mean over seeds), per recipe
     scale_range.png   where the block scales fall inside each scale format's range (its
-                      smallest subnormal and largest finite value drawn), per operand, at the
+                      smallest subnormal and largest finite value drawn; all-zero blocks and
+                      blocks whose scale underflowed are left out, their share in the
+                      legend), per operand, at the
                       first and the last telemetry step: from metrics.jsonl's scale_hist, for
                       --scale-recipes (default: ue5m3-b16 and nvfp4-all when present, else the
                       first recipe of each scale format); only when the runs have scale_hist
@@ -208,14 +210,16 @@ def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
                 if not h:
                     continue
                 counts = h["scale_code_blocks"]
-                total = sum(counts)
-                if not total:
+                apart = h.get("zero_blocks", 0) + h.get("guarded_blocks", 0)
+                total = sum(counts) + apart
+                if not sum(counts):
                     continue
                 xs = [math.log2(decode_scale(h["scale_code_first"] + i, h))
                       for i in range(len(counts))]
                 ys = [100.0 * c / total for c in counts]
                 ax.plot(xs, ys, style, color=colors[r], linewidth=1.2,
-                        label=f"{r} ({h['scale_format']}), step {step}")
+                        label=f"{r} ({h['scale_format']}), step {step}; "
+                              f"{100.0 * apart / total:.1f}% zero or underflowed, not drawn")
             h = have[r][1][1].get(op)
             if h:  # the format's range, in the recipe's colour
                 for v in (h["scale_min"], h["scale_max"]):
@@ -225,7 +229,7 @@ def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
         ax.set_title(pre + f"{title}: block scales, all FP4 linears", fontsize=9)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=6, loc="upper left")  # the scales sit right of centre
     fig.suptitle("dotted: each format's smallest subnormal and largest finite scale; "
                  "dashed: first telemetry step, solid: last", fontsize=9)
     fig.tight_layout()
@@ -273,9 +277,12 @@ def plot_hypotheses(plt, out, path, pre):
                         linestyle="--")
             if finite(h.get("mean")):
                 ax.plot([h["mean"]], [y], "D", color=c, markersize=6)
-            if h.get("expect") == "equivalent" and finite(h.get("margin")):
-                ax.plot([-h["margin"], h["margin"]], [y + 0.25, y + 0.25], color="black",
-                        linewidth=0.8)
+            if (h.get("expect") == "equivalent" and finite(h.get("margin"))
+                    and h.get("verdict") != "not run"):
+                ax.plot([-h["margin"], h["margin"]], [y, y], color="black", linewidth=6,
+                        alpha=0.15, solid_capstyle="butt")
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels([f"{h['id']} ({h.get('verdict', '?')})" for h in reversed(rows)],
                            fontsize=8)
@@ -283,10 +290,13 @@ def plot_hypotheses(plt, out, path, pre):
         ax.set_xlabel(units.get(metric, metric), fontsize=9)
         ax.grid(alpha=0.3, axis="x")
         ax.set_title(pre + metric, fontsize=9)
+    from matplotlib.lines import Line2D
+    fig.legend(handles=[Line2D([], [], color=c, linewidth=2, label=v) for v, c in colour.items()],
+               loc="lower center", ncol=len(colour), fontsize=8, frameon=False)
     fig.suptitle("each claim's contrast: dots per seed, diamond the mean, solid bar the 95% "
-                 "t-interval, dashed the paired bootstrap; black bar: equivalence margin",
+                 "t-interval, dashed the paired bootstrap; grey band: equivalence margin",
                  fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(os.path.join(out, "hypotheses.png"), dpi=110)
     plt.close(fig)
 
@@ -464,7 +474,8 @@ def main():
         made.append("hypotheses.png")
     elif os.path.exists(os.path.join(a.out, "hypotheses.png")):
         os.remove(os.path.join(a.out, "hypotheses.png"))
-    print(f"plot_runs.py: wrote {', '.join(made)} to {a.out} (baseline {baseline})")
+    print(f"plot_runs.py: wrote {', '.join(made)} to {a.out}"
+          + (f" (baseline {baseline})" if baseline else " (no baseline)"))
 
 
 if __name__ == "__main__":

@@ -117,6 +117,26 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
 EvalWindows calibration_windows(const std::vector<uint16_t>& train_tokens, int seq_len,
                                 int batch, int calib_batches);
 
+/// One sequence to score: `tokens` (≤ seq_len + 1 ids: a prefix, then the continuation)
+/// and how many of its last tokens are the continuation (1 ≤ continuation < tokens.size()).
+struct ScoredSequence {
+  std::vector<int32_t> tokens;
+  int continuation = 0;
+};
+
+/// Σ log p(continuation token | everything before it) in nats (≤ 0) of each sequence, under
+/// `policy` (as evaluate_nll: the inference state is reset first; calibrated runs `calib`
+/// through the model first). Sequences go `batch` to a forward, in order; a row shorter than
+/// seq_len + 1 is padded with EOS (id 2) after its end, which a causal model does not see
+/// before the scored tokens (quantized inference still measures its activation amax over the
+/// whole batch, pads included: fixed, since the rows and pads are). Each sum is the same
+/// cross-entropy kernel evaluate_nll uses, over that row's continuation. A NonFiniteError
+/// gives NaN scores. Throws std::invalid_argument on a sequence that breaks the rules above
+/// or an id outside the vocabulary (UserError), and what evaluate_nll throws for bad shapes.
+std::vector<double> continuation_logprobs(nn::Model& model, const std::vector<ScoredSequence>& seqs,
+                                          int seq_len, int batch, const EvalPolicy& policy,
+                                          const EvalWindows* calib = nullptr);
+
 /// Text generation options (`fp4train sample`).
 struct SampleOptions {
   int max_new_tokens = 100;

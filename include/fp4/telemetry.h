@@ -23,14 +23,18 @@ struct QuantStats {
 
   // Where the blocks fall (issue 13 §3): histograms of this one quantization. Merged over
   // micro-batches and ranks they are not: worst_of keeps the first argument's, so a step's
-  // histograms are those of its first micro-batch (global micro-batch 0, rank 0's under MPI),
-  // whatever the thread, micro-batch split or process count.
+  // histograms are those of its first micro-batch (global micro-batch 0, rank 0's under MPI):
+  // the same for any thread or process count, but with micro-batching they cover that one
+  // micro-batch only, while the fractions above are the worst over all of them.
   static constexpr int kRatioBins = 128;  ///< log2-ratio bins: floor(log2) in [-96, 31]
   static constexpr int kRatioBias = 96;   ///< bin b is stored at index b + kRatioBias
-  /// Blocks per stored block-scale code (QuantizedTensor::scale_codes, in `scale_format`: after
-  /// the zero → 1 guard, so a guarded block counts at the code of 1.0, as does an all-zero
-  /// block). Sums to the block count.
+  /// Blocks per stored block-scale code (QuantizedTensor::scale_codes, in `scale_format`),
+  /// counting only blocks with a real scale: not all-zero blocks and not blocks whose scale
+  /// underflowed (both store the guard's 1.0, which is not where their scale fell). Those two
+  /// are counted in zero_blocks and guarded_blocks; the three sum to the block count.
   std::array<uint32_t, 256> scale_code_blocks{};
+  uint32_t zero_blocks = 0;     ///< blocks with a_b = 0
+  uint32_t guarded_blocks = 0;  ///< blocks with a_b > 0 whose scale rounded to 0 (the guard)
   /// Blocks with a_b > 0 per bin floor(log2(a_b / r)), clamped to [-96, 31]: r = g, the
   /// tensor reference, under the tensor-scaled rules (ratio_to_g); r = max|x| of this operand
   /// under the MX rules, which have no g. A held g below the current amax gives bins ≥ 0.
@@ -51,6 +55,8 @@ inline QuantStats worst_of(const QuantStats& a, const QuantStats& b) {
   r.staleness = a.staleness > b.staleness ? a.staleness : b.staleness;
   r.has_staleness = a.has_staleness || b.has_staleness;
   r.scale_code_blocks = a.scale_code_blocks;  // histograms: the first micro-batch's (above)
+  r.zero_blocks = a.zero_blocks;
+  r.guarded_blocks = a.guarded_blocks;
   r.log2_amax_ratio_blocks = a.log2_amax_ratio_blocks;
   r.ratio_to_g = a.ratio_to_g;
   r.scale_format = a.scale_format;

@@ -11,7 +11,9 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sentencepiece_processor.h>
+#include <toml++/toml.h>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,8 @@
 #include "fp4/data.h"
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/report.h"
+#include "fp4/tasks.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
 #include "hf_layout.h"
@@ -153,14 +157,20 @@ std::unique_ptr<nn::Model> build_model(const Source& s, int batch) {
 
 // data.path and data.cache: --data as given; a config's relative path: from the working
 // directory, else beside the config / run directory, else the source tree.
+fs::path locate_path(const Source& s, const std::string& p) {
+  fs::path q(p);
+  if (q.is_absolute() || fs::exists(q)) return q;
+  if (!s.config_dir.empty() && fs::exists(s.config_dir / q)) return s.config_dir / q;
+  return resolve(p);
+}
+
+fs::path data_path_of(const Source& s, const SourceArgs& a) {
+  return a.data.empty() ? locate_path(s, s.cfg.data.path) : fs::path(a.data);
+}
+
 TokenData load_data(const Source& s, const SourceArgs& a) {
-  auto locate = [&](const std::string& p) {
-    fs::path q(p);
-    if (q.is_absolute() || fs::exists(q)) return q;
-    if (!s.config_dir.empty() && fs::exists(s.config_dir / q)) return s.config_dir / q;
-    return resolve(p);
-  };
-  const fs::path data_path = a.data.empty() ? locate(s.cfg.data.path) : fs::path(a.data);
+  auto locate = [&](const std::string& p) { return locate_path(s, p); };
+  const fs::path data_path = data_path_of(s, a);
   if (!fs::exists(data_path))
     throw UserError("data path " + data_path.string() + " does not exist" +
                     (a.data.empty() ? " (data.path of the run config; pass --data PATH)" : ""));
@@ -198,6 +208,8 @@ struct EvalArgs {
   std::string json_file;
   std::string grad_out;   // --grad-out: gradient file (safetensors, HF names)
   int grad_windows = 0;   // --grad-windows: its windows (0: every evaluated window)
+  std::string task;       // --task next-sentence: multiple-choice accuracy instead of NLL
+  std::string items_out;  // --items-out: the task's items as JSON Lines
 };
 
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -240,6 +252,172 @@ void write_gradients(const Source& s, const EvalWindows& held, int n, const std:
               "written to %s\n", n, loss, file.c_str());
 }
 
+// UTF-8 code points of s (bytes that do not continue a sequence).
+int64_t utf8_chars(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// The options and shipped hash of configs/tasks/next-sentence.toml.
+struct TaskFile {
+  NextSentenceOptions opt;
+  std::string shipped_hash;  // of the default corpus (data/brown/text)
+  fs::path path;
+};
+
+TaskFile load_task_file() {
+  TaskFile t;
+  t.path = resolve("configs/tasks/next-sentence.toml");
+  toml::table tb;
+  try {
+    tb = toml::parse_file(t.path.string());
+  } catch (const toml::parse_error& e) {
+    throw UserError(t.path.string() + ": " + std::string(e.description()));
+  }
+  auto get_int = [&](const char* k, int& v, int lo, int hi) {
+    if (auto x = tb[k].value<int64_t>()) {
+      if (*x < lo || *x > hi)
+        throw UserError(t.path.string() + ": " + k + " = " + std::to_string(*x) + " is outside " +
+                        std::to_string(lo) + ".." + std::to_string(hi));
+      v = int(*x);
+    } else if (tb.contains(k)) {
+      throw UserError(t.path.string() + ": " + k + " must be an integer");
+    }
+  };
+  get_int("context_sentences", t.opt.context_sentences, 1, 100);
+  get_int("items", t.opt.items, 1, 1 << 20);
+  get_int("min_chars", t.opt.min_chars, 1, 1 << 20);
+  get_int("max_chars", t.opt.max_chars, 1, 1 << 20);
+  int seed = int(t.opt.seed);
+  get_int("seed", seed, 0, 1 << 30);
+  t.opt.seed = uint64_t(seed);
+  if (auto x = tb["length_tolerance"].value<double>()) t.opt.length_tolerance = *x;
+  if (t.opt.min_chars > t.opt.max_chars || !(t.opt.length_tolerance >= 0))
+    throw UserError(t.path.string() + ": min_chars must be <= max_chars and length_tolerance >= 0");
+  t.shipped_hash = tb["fnv1a64"].value_or(std::string());
+  return t;
+}
+
+// `eval --task next-sentence`: accuracy of choosing the true next sentence among four, scored
+// by the log-likelihood of each choice after the context (raw, and per character), under
+// each policy; 95% bootstrap intervals over items.
+void run_task(const EvalArgs& a, const Source& s, nn::Model& model, const TokenData& data,
+              const std::vector<EvalPolicy>& policies, const EvalWindows* calib) {
+  if (a.task != "next-sentence")
+    throw UserError("--task " + a.task + ": unknown task (next-sentence)");
+  const TaskFile tf = load_task_file();
+  const CorpusSplit split = split_corpus(data_path_of(s, a.src));
+  const std::vector<NextSentenceItem> items = make_next_sentence_items(split, tf.opt);
+  const std::string jsonl = next_sentence_items_jsonl(items);
+  const std::string hash = fnv1a64_hex(jsonl);
+  if (!a.items_out.empty()) write_file_atomic(a.items_out, jsonl);
+  const bool shipped = !tf.shipped_hash.empty() && hash == tf.shipped_hash;
+  std::set<std::string> docs;
+  for (const auto& it : items) docs.insert(it.doc);
+  std::printf("%s\n", describe(s).c_str());
+  std::printf("next-sentence: %zu items from %zu held-out documents (%d context sentences, "
+              "seed %llu), items fnv1a64 %s%s\n",
+              items.size(), docs.size(), tf.opt.context_sentences,
+              static_cast<unsigned long long>(tf.opt.seed), hash.c_str(),
+              shipped ? " = the shipped set" : "");
+  if (!shipped)
+    std::fprintf(stderr,
+                 "warning: these items differ from the shipped set of %s (fnv1a64 %s, made from "
+                 "the default corpus data/brown/text): another corpus or sentence rule; the "
+                 "accuracies are not comparable with docs/results.md\n",
+                 tf.path.string().c_str(), tf.shipped_hash.empty() ? "none" : tf.shipped_hash.c_str());
+  sentencepiece::SentencePieceProcessor sp;
+  if (const auto st = sp.Load(data.tokenizer_model.string()); !st.ok())
+    throw UserError("cannot load tokenizer model '" + data.tokenizer_model.string() + "': " + st.ToString());
+  const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();
+  // Every choice is one row: EOS, the context, the choice; the context is cut from the left
+  // to fit seq_len + 1 tokens, and a choice longer than seq_len tokens is cut to its first
+  // seq_len (counted as truncated).
+  std::vector<ScoredSequence> seqs;
+  std::vector<int64_t> chars;
+  int64_t truncated = 0;
+  for (const auto& it : items) {
+    std::string ctx_text;
+    for (const auto& c : it.context) ctx_text += (ctx_text.empty() ? "" : " ") + c;
+    std::vector<int> ctx_ids;
+    sp.Encode(ctx_text, &ctx_ids);
+    for (const auto& ch : it.choices) {
+      std::vector<int> ch_ids;
+      sp.Encode(ch, &ch_ids);
+      if (ch_ids.empty()) throw UserError("next-sentence: a choice encodes to no token: '" + ch + "'");
+      if (int(ch_ids.size()) > seq_len) ch_ids.resize(size_t(seq_len)), ++truncated;
+      std::vector<int32_t> all = {kTokenEos};
+      all.insert(all.end(), ctx_ids.begin(), ctx_ids.end());
+      all.insert(all.end(), ch_ids.begin(), ch_ids.end());
+      const size_t keep = size_t(seq_len) + 1;
+      if (all.size() > keep) all.erase(all.begin(), all.end() - std::ptrdiff_t(keep));
+      seqs.push_back({all, int(ch_ids.size())});
+      chars.push_back(std::max<int64_t>(1, utf8_chars(ch)));
+    }
+  }
+  std::printf("%zu choice rows, %d per batch, seq_len %d; %lld choices cut to seq_len tokens\n",
+              seqs.size(), batch, seq_len, static_cast<long long>(truncated));
+  std::printf("%-14s %26s %26s %8s\n", "policy", "accuracy raw [95% CI]", "per char [95% CI]",
+              "chance");
+  json results = json::object(), order = json::array();
+  for (const auto& p : policies) {
+    const std::vector<double> lp = continuation_logprobs(model, seqs, seq_len, batch, p, calib);
+    std::vector<double> raw(items.size()), norm(items.size());
+    std::string raw_s, norm_s;
+    bool finite = true;
+    for (size_t i = 0; i < items.size(); ++i) {
+      int best = 0, best_n = 0;
+      for (int c = 0; c < 4; ++c) {
+        const size_t k = i * 4 + size_t(c);
+        finite &= std::isfinite(lp[k]);
+        if (lp[k] > lp[i * 4 + size_t(best)]) best = c;  // ties: the lower index
+        if (lp[k] / double(chars[k]) > lp[i * 4 + size_t(best_n)] / double(chars[i * 4 + size_t(best_n)]))
+          best_n = c;
+      }
+      raw[i] = best == items[i].answer, norm[i] = best_n == items[i].answer;
+      raw_s += raw[i] ? '1' : '0';
+      norm_s += norm[i] ? '1' : '0';
+    }
+    json jr;
+    if (!finite) {
+      std::printf("%-14s %26s %26s %7.1f%%\n", p.name().c_str(), "non-finite", "non-finite", 25.0);
+      jr = {{"accuracy", nullptr}, {"accuracy_per_char", nullptr}};
+    } else {
+      const BootstrapInterval br = paired_bootstrap({raw}), bn = paired_bootstrap({norm});
+      char c1[64], c2[64];
+      std::snprintf(c1, sizeof c1, "%.1f%% [%.1f, %.1f]", 100 * br.mean, 100 * br.lo, 100 * br.hi);
+      std::snprintf(c2, sizeof c2, "%.1f%% [%.1f, %.1f]", 100 * bn.mean, 100 * bn.lo, 100 * bn.hi);
+      std::printf("%-14s %26s %26s %7.1f%%\n", p.name().c_str(), c1, c2, 25.0);
+      jr = {{"accuracy", br.mean},        {"accuracy_ci95", {br.lo, br.hi}},
+            {"accuracy_per_char", bn.mean}, {"accuracy_per_char_ci95", {bn.lo, bn.hi}},
+            {"correct", raw_s},           {"correct_per_char", norm_s}};
+    }
+    std::fflush(stdout);
+    results[p.name()] = jr;
+    order.push_back(p.name());
+  }
+  std::printf("raw: the choice with the highest log-likelihood; per char: divided by its "
+              "characters (OLMES); intervals: percentile bootstrap over items (10,000 resamples)\n");
+  if (a.json_file.empty()) return;
+  const json j = {{"task", "next-sentence"},
+                  {"checkpoint", s.checkpoint.empty() ? json(nullptr) : json(s.checkpoint)},
+                  {"step", s.step},
+                  {"recipe", s.recipe.name},
+                  {"items", items.size()},
+                  {"documents", docs.size()},
+                  {"context_sentences", tf.opt.context_sentences},
+                  {"seed", tf.opt.seed},
+                  {"items_fnv1a64", hash},
+                  {"shipped_fnv1a64", tf.shipped_hash},
+                  {"shipped", shipped},
+                  {"chance", 0.25},
+                  {"truncated_choices", truncated},
+                  {"policies", order},
+                  {"results", results}};
+  write_file_atomic(a.json_file, j.dump(2) + "\n");
+}
+
 void run_eval(const EvalArgs& a) {
   std::vector<EvalPolicy> policies;
   if (a.policies.empty()) policies = default_eval_policies();
@@ -259,6 +437,10 @@ void run_eval(const EvalArgs& a) {
       throw UserError("--grad-out " + a.grad_out + ": directory " + dir.string() + " does not exist");
   }
   if (a.grad_windows > 0 && a.grad_out.empty()) throw UserError("--grad-windows goes with --grad-out FILE");
+  if (!a.items_out.empty() && a.task.empty()) throw UserError("--items-out goes with --task next-sentence");
+  if (!a.task.empty() && a.task != "next-sentence")
+    throw UserError("--task " + a.task + ": unknown task (known: next-sentence)");
+  if (!a.task.empty() && !a.grad_out.empty()) throw UserError("--task and --grad-out are separate runs of eval; give one");
   const Source s = load_source(a.src);
   const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates
   auto model = build_model(s, batch);
@@ -284,6 +466,7 @@ void run_eval(const EvalArgs& a) {
   });
   EvalWindows calib;
   if (need_calib) calib = calibration_windows(data.train, seq_len, batch, a.calib_batches);
+  if (!a.task.empty()) return run_task(a, s, *model, data, policies, need_calib ? &calib : nullptr);
   const std::vector<int> bytes = token_byte_lengths(data.tokenizer_model);
 
   std::printf("%s\n", describe(s).c_str());
@@ -448,6 +631,13 @@ void register_eval(CLI::App& app) {
   c->add_option("--grad-windows", a->grad_windows,
                 "Windows of --grad-out (default: all evaluated windows)")
       ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--task", a->task,
+                "next-sentence: instead of held-out NLL, the accuracy of picking a held-out "
+                "document's true next sentence among 4 (3 length-matched sentences of other "
+                "held-out documents), after 3 sentences of context, under each --policy; items "
+                "drawn as configs/tasks/next-sentence.toml says and checked against its hash "
+                "(README \"Downstream task\")");
+  c->add_option("--items-out", a->items_out, "With --task: also write the items as JSON Lines");
   c->callback([a] { run_eval(*a); });
 }
 

@@ -238,6 +238,63 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
   return r;
 }
 
+std::vector<double> continuation_logprobs(nn::Model& model, const std::vector<ScoredSequence>& seqs,
+                                          int seq_len, int batch, const EvalPolicy& policy,
+                                          const EvalWindows* calib) {
+  check_shape(model, seq_len, batch);
+  const int64_t V = model.config().vocab_size;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& q = seqs[i];
+    if (q.tokens.size() > size_t(seq_len) + 1 || q.continuation < 1 ||
+        size_t(q.continuation) >= q.tokens.size())
+      throw std::invalid_argument("continuation_logprobs: sequence " + std::to_string(i) + " has " +
+                                  std::to_string(q.tokens.size()) + " tokens and a continuation of " +
+                                  std::to_string(q.continuation) + " (seq_len " +
+                                  std::to_string(seq_len) + ")");
+    for (int32_t id : q.tokens)
+      if (id < 0 || id >= V)
+        throw UserError("continuation_logprobs: token id " + std::to_string(id) +
+                        " outside the vocabulary of " + std::to_string(V));
+  }
+  model.reset_inference(policy.kind == EvalPolicy::Kind::Replay ? policy.interval : 50);
+  if (policy.kind == EvalPolicy::Kind::Calibrated && (!calib || calib->starts.empty()))
+    throw UserError("policy calibrated needs calibration windows");
+  nn::StepContext ctx = inference_ctx(policy);
+  std::vector<int32_t> in(int64_t(batch) * seq_len), tg(in.size());
+  std::vector<double> out;
+  out.reserve(seqs.size());
+  try {
+    if (policy.kind == EvalPolicy::Kind::Calibrated) calibrate(model, *calib, seq_len, batch);
+    int64_t batches = 0;
+    for (size_t s0 = 0; s0 < seqs.size(); s0 += size_t(batch)) {
+      const int B = static_cast<int>(std::min<size_t>(size_t(batch), seqs.size() - s0));
+      std::fill(in.begin(), in.end(), kTokenEos);
+      std::fill(tg.begin(), tg.end(), kTokenEos);
+      for (int b = 0; b < B; ++b) {
+        const auto& t = seqs[s0 + size_t(b)].tokens;
+        for (size_t j = 0; j + 1 < t.size(); ++j) {
+          in[size_t(b) * size_t(seq_len) + j] = t[j];
+          tg[size_t(b) * size_t(seq_len) + j] = t[j + 1];
+        }
+      }
+      ctx.infer_batch = ++batches;
+      model.forward(in.data(), tg.data(), B, ctx);
+      for (int b = 0; b < B; ++b) {
+        const auto& q = seqs[s0 + size_t(b)];
+        const int64_t first = int64_t(q.tokens.size()) - 1 - q.continuation;  // target index
+        const int64_t row = int64_t(b) * seq_len + first;
+        out.push_back(-nn::cross_entropy_forward(nullptr, model.logits() + row * V,
+                                                 tg.data() + row, q.continuation, V) *
+                      q.continuation);
+      }
+    }
+  } catch (const NonFiniteError&) {
+    out.assign(seqs.size(), std::numeric_limits<double>::quiet_NaN());
+  }
+  model.reset_inference();
+  return out;
+}
+
 std::vector<double> nll_batch_sums(nn::Model& model, const EvalWindows& data, int seq_len,
                                    int batch, const EvalPolicy& policy, int part, int parts) {
   check_shape(model, seq_len, batch);

@@ -30,6 +30,7 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   std::frexp(sf.max_finite, &e_max);  // max_finite = m·2^e_max, m in [0.5, 1)
   const float clip_above = sf.max_finite + std::ldexp(0.5f, e_max - 1 - sf.frac_bits);
   int64_t sat = 0, guard = 0;
+  std::vector<uint8_t> guarded(nb, 0);
   for (size_t b = 0; b < nb; ++b) {
     const float a = q.block_amax[b];
     // MX rules have no tensor scale: there a scale code at the format max counts.
@@ -37,7 +38,7 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
                                                    : q.scales[b] >= sf.max_finite)
       ++sat;
     if (spec.scale_rule == ScaleRule::TensorScaled && a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
-      ++guard;
+      ++guard, guarded[b] = 1;
   }
   std::vector<float> xh(static_cast<size_t>(rows * cols));
   dequantize(q, xh.data());
@@ -59,8 +60,13 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   s.ratio_to_g = spec.scale_rule == ScaleRule::TensorScaled;
   const double r = s.ratio_to_g ? double(g) : double(amax);
   for (size_t b = 0; b < nb; ++b) {
-    ++s.scale_code_blocks[q.scale_codes[b]];
     const double a = q.block_amax[b];
+    if (a == 0)
+      ++s.zero_blocks;
+    else if (guarded[b])
+      ++s.guarded_blocks;
+    else
+      ++s.scale_code_blocks[q.scale_codes[b]];
     if (a > 0 && r > 0) ++s.log2_amax_ratio_blocks[size_t(log2_ratio_bin(a / r))];
   }
   s.saturated_blocks = nb ? double(sat) / nb : 0;

@@ -174,6 +174,8 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
 //     "scale_format": "ue5m3", "exp_bits": 5, "frac_bits": 3, "bias": 15, "subnormals": true,
 //     "scale_min": min subnormal, "scale_max": max finite,
 //     "scale_code_first": c0, "scale_code_blocks": [blocks at code c0, c0 + 1, ...],
+//     "zero_blocks": all-zero blocks, "guarded_blocks": blocks whose scale underflowed
+//     (neither is in scale_code_blocks: both store the guard's 1.0),
 //     "ratio_to": "g" | "amax", "log2_ratio_first": b0,
 //     "log2_ratio_blocks": [blocks with floor(log2(a_b / r)) = b0, b0 + 1, ...]}, ...]
 // A code decodes as (1 + m/2^M)·2^(e − bias), or (m/2^M)·2^(1 − bias) for e = 0 with
@@ -184,12 +186,15 @@ json scale_hist_record(const nn::Model& model) {
     bool ratio_to_g = true;
     std::array<uint64_t, 256> codes{};
     std::array<uint64_t, QuantStats::kRatioBins> ratio{};
+    uint64_t zero = 0, guarded = 0;
   };
   auto add = [](Acc& a, const QuantStats& s) {
     a.fmt = s.scale_format;
     a.ratio_to_g = s.ratio_to_g;
     for (size_t c = 0; c < a.codes.size(); ++c) a.codes[c] += s.scale_code_blocks[c];
     for (size_t b = 0; b < a.ratio.size(); ++b) a.ratio[b] += s.log2_amax_ratio_blocks[b];
+    a.zero += s.zero_blocks;
+    a.guarded += s.guarded_blocks;
   };
   auto dense = [](const auto& h, int offset, json& first, json& blocks) {
     size_t lo = h.size(), hi = 0;
@@ -205,7 +210,8 @@ json scale_hist_record(const nn::Model& model) {
            {"scale_format", f.name}, {"exp_bits", f.exp_bits},
            {"frac_bits", f.frac_bits}, {"bias", f.bias},
            {"subnormals", f.subnormals}, {"scale_min", double(format_min_subnormal(f))},
-           {"scale_max", double(f.max_finite)}, {"ratio_to", a.ratio_to_g ? "g" : "amax"}};
+           {"scale_max", double(f.max_finite)}, {"ratio_to", a.ratio_to_g ? "g" : "amax"},
+           {"zero_blocks", a.zero},  {"guarded_blocks", a.guarded}};
     dense(a.codes, 0, j["scale_code_first"], j["scale_code_blocks"]);
     dense(a.ratio, QuantStats::kRatioBias, j["log2_ratio_first"], j["log2_ratio_blocks"]);
     return j;
