@@ -42,8 +42,20 @@
 #include "fp4/qtensor.h"
 #include "fp4/recipe.h"
 #include "fp4/settings.h"
+#include "fp4/signal_mask.h"
 
 namespace py = pybind11;
+
+// Around every long C++ call: the GIL released (other Python threads run) and the asynchronous
+// signals blocked on this thread and the OpenMP workers (fp4/signal_mask.h: a handler, e.g.
+// Python's for SIGINT, running on a thread inside oneDNN's JIT GEMM corrupts the heap). A
+// Ctrl-C meanwhile stays pending and is delivered when the call returns: KeyboardInterrupt
+// then, not in the middle of a kernel. Destroyed in reverse order: signals unblocked (Python's
+// C-level handler only records them), then the GIL taken back.
+struct NoGil {
+  py::gil_scoped_release release;
+  fp4::ComputeSignalMask mask;
+};
 using namespace pybind11::literals;
 
 namespace {
@@ -179,7 +191,7 @@ py::array encode(const py::handle& xh, const std::string& fmt, const std::string
   uint8_t* op = out.mutable_data();
   const int64_t n = x.size();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t ri = r ? r[i] : 0;
       try {
@@ -207,7 +219,7 @@ py::array round_to(const py::handle& xh, const std::string& fmt, const std::stri
   float* op = out.mutable_data();
   const int64_t n = x.size();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     for (int64_t i = 0; i < n; ++i) {
       try {
         op[i] = fp4::format_round(xp[i], ff, mode, r ? r[i] : 0);
@@ -230,7 +242,7 @@ py::array decode(const py::handle& ch, const std::string& fmt) {
   float* op = out.mutable_data();
   const int64_t n = c.size();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     for (int64_t i = 0; i < n; ++i) {
       try {
         op[i] = int_grid ? fp4::element_decode(cp[i], *ef) : fp4::format_decode(cp[i], *ff);
@@ -250,7 +262,7 @@ py::array sr_bytes(uint64_t seed, uint32_t step, uint32_t layer, uint32_t operan
   py::array_t<uint8_t> out = new_u8({static_cast<py::ssize_t>(n)});
   uint8_t* op = out.mutable_data();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     fp4::sr_bytes(k, first, static_cast<uint64_t>(n), op);
   }
   return out;
@@ -331,7 +343,7 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
   const float* xp = static_cast<const float*>(x.data());
   BoundQTensor out;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     const float g = ref_given ? static_cast<float>(ref) : fp4::tensor_amax(xp, rows * cols);
     out.q = fp4::quantize_blocks(xp, rows, cols, spec, g, &key);
     if (check_finite) {
@@ -348,7 +360,7 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
 BoundQTensor load_qtensor(const std::filesystem::path& file) {
   BoundQTensor out;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     fp4::QTensor t = fp4::load_safetensors(file);
     fp4::QuantizedTensor& q = out.q;
     q.rows = t.rows, q.cols = t.cols;
@@ -391,7 +403,7 @@ py::array qt_dequantize(const BoundQTensor& t) {
   py::array_t<float> out = new_f32({static_cast<py::ssize_t>(t.q.rows), static_cast<py::ssize_t>(t.q.cols)});
   float* op = out.mutable_data();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     if (t.packed) fp4::dequantize(*t.packed, op); else fp4::dequantize(t.q, op);
   }
   return out;
@@ -402,7 +414,7 @@ void qt_save(const BoundQTensor& t, const std::filesystem::path& file, const py:
   if (!facts.is_none()) {
     for (auto item : py::cast<py::dict>(facts)) f[py::cast<std::string>(item.first)] = py::cast<std::string>(item.second);
   }
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   if (t.packed && facts.is_none()) {
     fp4::save_safetensors(*t.packed, file);
   } else {
@@ -433,7 +445,7 @@ py::array gemm(const BoundQTensor& a, const BoundQTensor& b, const std::string& 
   py::array_t<float> c = new_f32({static_cast<py::ssize_t>(a.q.rows), static_cast<py::ssize_t>(b.q.rows)});
   float* cp = c.mutable_data();
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     prefixed("gemm: ", [&] { fp4::quantized_gemm(mode, a.q, b.q, cp); return 0; });
   }
   return c;
@@ -515,7 +527,7 @@ struct BoundCheckpoint {
 
 BoundCheckpoint load_checkpoint_impl(const std::filesystem::path& path) {
   BoundCheckpoint out;
-  py::gil_scoped_release nogil;
+  NoGil nogil;
   std::string warn;
   out.file = fp4::resolve_checkpoint(path, &warn);
   out.ck = fp4::load_checkpoint(out.file);
@@ -594,7 +606,7 @@ py::array linear_forward(BoundLinear& b, const py::handle& xh, const py::handle&
   const float* xp = static_cast<const float*>(x.data());
   const float* wp = static_cast<const float*>(w.data());
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     b.x.assign(xp, xp + M * b.K);
     std::memcpy(b.w.data(), wp, static_cast<size_t>(b.N * b.K) * sizeof(float));
     b.lin->forward(b.x.data(), yp, M, c);
@@ -621,7 +633,7 @@ py::tuple linear_backward(BoundLinear& b, const py::handle& dyh, bool need_dx) {
   py::array_t<float> dw = new_f32({static_cast<py::ssize_t>(b.N), static_cast<py::ssize_t>(b.K)});
   const float* dyp = static_cast<const float*>(dy.data());
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     std::fill(b.dw.begin(), b.dw.end(), 0.f);
     b.lin->backward(dyp, dxp, b.M, b.fwd);
     std::memcpy(dw.mutable_data(), b.dw.data(), b.dw.size() * sizeof(float));

@@ -382,10 +382,22 @@ void run_compare(const CompareArgs& a) {
   // says how to continue, and the process ends as killed by the signal.
   auto train_run = [&](const RunConfig& rc, const Recipe& recipe, TrainOptions opt) {
     TrainSummary s;
+    int late = 0;
     {
       StopOnSignal guard;
       opt.stop_signal = StopOnSignal::flag();
       s = train(rc, recipe, data, opt);
+      // During the run's last step: it completed; the comparison stops before the next.
+      if (s.stop_signal == 0) late = *StopOnSignal::flag();
+    }
+    if (late != 0) {
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "\n%s arrived during the last step of %s, which completed; its held-out "
+                   "evaluation and the other runs are left. Continue the comparison with:\n  %s\n",
+                   signal_name(late).c_str(), opt.out_dir.string().c_str(),
+                   plan_command(plan, out).c_str());
+      StopOnSignal::exit_by(late);
     }
     if (s.stop_signal == 0) return;
     std::fflush(stdout);

@@ -91,11 +91,15 @@ TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, con
                     shell_word(opt.out_dir.string());
   if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
   TrainSummary s;
+  int late_signal = 0;
   {
     StopOnSignal guard;
     opt.stop_signal = StopOnSignal::flag();
     try {
       s = train(cfg, recipe, data, opt);
+      // A signal during the last step: the run completed (the last step is never cut short),
+      // and the process still ends as killed by it, as promised.
+      if (s.stop_signal == 0 && *StopOnSignal::flag() != 0) late_signal = *StopOnSignal::flag();
     } catch (const IoError& e) {
       // A full disk (or an I/O error) while writing the run: what to do about it.
       const bool some = !list_checkpoints(opt.out_dir).empty();
@@ -104,6 +108,13 @@ TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, con
                             "continue it with " + cmd
                           : std::string("")));
     }
+  }
+  if (late_signal != 0) {
+    std::fflush(stdout);
+    if (dist::rank() == 0)
+      std::fprintf(stderr, "\n%s arrived during the last step: the run completed (%s)\n",
+                   signal_name(late_signal).c_str(), (opt.out_dir / "summary.json").string().c_str());
+    StopOnSignal::exit_by(late_signal);
   }
   if (s.stop_signal == 0) return s;
   std::fflush(stdout);

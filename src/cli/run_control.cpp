@@ -109,14 +109,6 @@ bool install(int sig, struct sigaction& old) {
   return sigaction(sig, &sa, nullptr) == 0;
 }
 
-// Block (or unblock) `set` in the calling thread and in every OpenMP worker thread. Threads
-// created later by OpenMP inherit the mask of the thread that creates them (a blocked one).
-void mask_compute_threads(int how, const sigset_t& set) {
-  pthread_sigmask(how, &set, nullptr);
-#pragma omp parallel
-  pthread_sigmask(how, &set, nullptr);
-}
-
 std::atomic<bool> g_watch_done{false};
 }  // namespace
 
@@ -139,7 +131,7 @@ StopOnSignal::StopOnSignal() {
   if (int_installed_) sigaddset(&set_, SIGINT);
   if (term_installed_) sigaddset(&set_, SIGTERM);
   if (usr1_installed_) sigaddset(&set_, SIGUSR1);
-  mask_compute_threads(SIG_BLOCK, set_);
+  mask_.emplace(set_);  // the main thread and every OpenMP worker (fp4/signal_mask.h)
   g_watch_done = false;
   watcher_ = std::thread([set = set_] {
     // Inherits the blocked mask: sigtimedwait accepts the pending signals of the process.
@@ -160,7 +152,7 @@ StopOnSignal::~StopOnSignal() {
   if (usr1_installed_) sigaction(SIGUSR1, &old_usr1_, nullptr);
   // A signal that arrived since the watcher's last wait is pending: unblocked, it takes the
   // restored action, as any signal after the guard does.
-  mask_compute_threads(SIG_UNBLOCK, set_);
+  mask_.reset();
 }
 
 const volatile std::sig_atomic_t* StopOnSignal::flag() { return &g_stop_signal; }

@@ -3,11 +3,13 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fp4/settings.h"
+#include "fp4/signal_mask.h"
 
 namespace fp4::cli {
 
@@ -60,6 +62,7 @@ class StopOnSignal {
   bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
   sigset_t set_{};       ///< the installed ones: blocked in the compute threads
   std::thread watcher_;  ///< accepts them (sigtimedwait) while the guard lives
+  std::optional<ComputeSignalMask> mask_;  ///< blocks them on the compute threads
 };
 
 /// "SIGINT", "SIGTERM", "SIGUSR1" or "signal N".

@@ -13,11 +13,11 @@ room_of() {
     fp4/bf16.h|fp4/block_quant.h|fp4/format.h|fp4/hadamard.h|fp4/pack_fast.h|fp4/philox.h|\
     fp4/qtensor.h|fp4/quant_fast.h|fp4/safetensors.h|fp4/telemetry.h|fp4/cpu_isa.h|fp4/error.h)
       echo numerics ;;
-    fp4/gemm.h|fp4/probe_gemm.h) echo gemm ;;
+    fp4/gemm.h|fp4/probe_gemm.h|fp4/signal_mask.h) echo gemm ;;
     fp4/recipe.h|fp4/config.h|fp4/settings.h|fp4/profile.h) echo recipe ;;
     fp4/nn/*) echo nn ;;
     fp4/data.h) echo data ;;
-    fp4/eval.h|fp4/report.h) echo eval ;;
+    fp4/eval.h|fp4/report.h|fp4/tasks.h) echo eval ;;
     fp4/train.h|fp4/checkpoint.h|fp4/info.h|fp4/metrics_log.h) echo train ;;
     fp4/dist.h) echo dist ;;
     *) echo unknown ;;
