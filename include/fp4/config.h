@@ -70,9 +70,9 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;
   uint64_t seed = 1;
-  /// Seed of the stochastic-rounding stream (the Philox key of every SR draw, NUMERICS.md);
+  /// Seed of the stochastic-rounding stream (the Philox key of every SR draw, docs/numerics.md "Stochastic rounding");
   /// -1, the default, means `seed`. Changing only this isolates SR noise from the
-  /// initialisation and batch order (the noise floor of docs/results.md).
+  /// initialisation and batch order (the noise floor of docs/results.md, "The study").
   int64_t sr_seed = -1;
   uint64_t sr_key_seed() const { return sr_seed >= 0 ? uint64_t(sr_seed) : seed; }
 
