@@ -612,3 +612,77 @@ TEST(ReportHypotheses, TheShippedStudyNamesShippedRecipes) {
     for (const auto& [name, coef] : h.contrast)
       EXPECT_TRUE(fs::exists(root / "configs/recipes" / (name + ".toml"))) << h.id << ": " << name;
 }
+
+// task.json (`fp4train eval --task next-sentence --json`): read back, checked, pooled over
+// seeds with the same items, and tabulated (issue 13 §4). Values by hand.
+TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_task_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"bf16","seed":1,"steps":2,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6})";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n";
+  auto task = [&](const std::string& results) {
+    std::ofstream(d / "task.json") << R"({"task":"next-sentence","items":4,"chance":0.25,
+      "items_fnv1a64":"abc","results":{)" << results << "}}";
+  };
+  auto expect_error = [&](const std::string& needle) {
+    try {
+      read_run(d);
+      ADD_FAILURE() << "no error, expected one containing " << needle;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  task(R"("none":{"accuracy":0.5,"accuracy_per_char":0.25,"correct":"1100","correct_per_char":"1000"},
+          "current":{"accuracy":null,"accuracy_per_char":null})");
+  RunRecord a = read_run(d);
+  EXPECT_EQ(a.task, "next-sentence");
+  EXPECT_EQ(a.task_items_hash, "abc");
+  EXPECT_DOUBLE_EQ(a.task_chance, 0.25);
+  EXPECT_EQ(a.task_results.at("none").correct, "1100");
+  EXPECT_TRUE(a.task_results.at("current").correct.empty());  // non-finite scores
+  // An accuracy that disagrees with its outcomes, or outcomes of the wrong length.
+  task(R"("none":{"accuracy":0.75,"accuracy_per_char":0.25,"correct":"1100","correct_per_char":"1000"})");
+  expect_error("disagrees");
+  task(R"("none":{"accuracy":0.5,"accuracy_per_char":0.25,"correct":"110","correct_per_char":"1000"})");
+  expect_error("not 4 characters");
+  std::ofstream(d / "task.json") << R"({"results":{}})";
+  expect_error("task.json");
+  fs::remove_all(d);
+
+  // Two seeds on the same items pool their outcomes: 2/4 and 4/4 correct → 6/8 = 75%; a run
+  // on other items is left out of the pool.
+  RunRecord b = a;
+  b.seed = 2;
+  b.task_results["none"] = {"1111", "0110"};
+  RunRecord c = a;
+  c.seed = 3;
+  c.task_items_hash = "other";
+  c.task_results["none"] = {"0000", "0000"};
+  const auto rows = aggregate_runs({a, b, c}, {"bf16"});
+  ASSERT_EQ(rows.size(), 1u);
+  const TaskRow& t = rows[0].task_rows.at("none");
+  EXPECT_EQ(t.seeds, 2);
+  EXPECT_EQ(t.items, 4);
+  EXPECT_DOUBLE_EQ(t.raw.mean, 0.75);
+  EXPECT_DOUBLE_EQ(t.per_char.mean, 0.375);  // (1 + 2) / 8
+  // Per item, over the two seeds: 1, 1, 0.5, 0.5. A resample of the 4 items draws only
+  // items 3 and 4 (mean 0.5) with probability 1/16 = 6.25% > 2.5%, only items 1 and 2
+  // (mean 1) likewise: the percentile interval is exactly [0.5, 1].
+  EXPECT_DOUBLE_EQ(t.raw.lo, 0.5);
+  EXPECT_DOUBLE_EQ(t.raw.hi, 1.0);
+  EXPECT_EQ(rows[0].task_rows.count("current"), 0u);  // no finite scores: no row
+  ReportContext ctx;
+  ctx.policies = {"none", "current"};
+  const std::string md = comparison_report_md(rows, {a, b, c}, ctx);
+  EXPECT_NE(md.find("## Downstream task: next-sentence"), std::string::npos) << md;
+  EXPECT_NE(md.find("chance is 25%"), std::string::npos) << md;
+  EXPECT_NE(md.find("| bf16 | 2 | 75.0% ["), std::string::npos) << md;
+  EXPECT_NE(md.find("| — | — |"), std::string::npos) << md;  // current: no value
+  // Without any task.json there is no task section.
+  EXPECT_EQ(comparison_report_md(aggregate_runs({run("bf16", 4.0, 20, 1)}, {"bf16"}),
+                                 {run("bf16", 4.0, 20, 1)}, ReportContext{})
+                .find("Downstream task"),
+            std::string::npos);
+}

@@ -38,13 +38,26 @@ struct RunRecord {
   /// 0 for a completed run; else the step at which the run diverged (error.txt, no summary).
   int diverged_at = 0;
   std::string error;                  ///< error.txt of a diverged run
+  /// The downstream task of task.json (`fp4train eval --task ... --json`), if present: its
+  /// name ("" when there is none), the items' FNV-1a 64 hash, and per inference policy the
+  /// per-item outcomes, raw and per character ('1' correct, '0' wrong, in item order;
+  /// empty for a policy whose scores were non-finite).
+  std::string task;
+  std::string task_items_hash;
+  double task_chance = 0;
+  struct TaskOutcome {
+    std::string correct, correct_per_char;
+  };
+  std::map<std::string, TaskOutcome> task_results;
 };
 
 /// Read run `dir`: summary.json (status "completed") or, for a run that diverged, error.txt
 /// (diverged_at from its "at step N"; recipe and seed from recipe.toml / config.toml),
-/// metrics.jsonl, config.toml's train.warmup_steps, and eval.json if present (`fp4train eval --json` output: results →
+/// metrics.jsonl, config.toml's train.warmup_steps, eval.json if present (`fp4train eval --json` output: results →
 /// policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none" and
-/// "current" come from summary.json. Throws fp4::UserError
+/// "current" come from summary.json; and task.json if present (a completed run only: task,
+/// items_fnv1a64, chance, results → policy → correct / correct_per_char, each accuracy
+/// checked against its outcome string). Throws fp4::UserError
 /// naming the file and line on a missing or malformed file.
 RunRecord read_run(const std::filesystem::path& dir);
 
@@ -102,6 +115,17 @@ struct BootstrapInterval {
 BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d,
                                    int resamples = 10000, uint64_t seed = 20260902);
 
+/// Downstream-task accuracy of one recipe under one inference policy (issue 13 §4), over
+/// the seeds whose task.json has the same items (those of the recipe's first such run).
+struct TaskRow {
+  int seeds = 0;
+  int items = 0;
+  /// Accuracy pooled over seeds and items, with a 95% percentile bootstrap over items (the
+  /// same items resampled for every seed: paired_bootstrap of the 0/1 outcomes), raw and
+  /// per character (OLMES's normalisation).
+  BootstrapInterval raw, per_char;
+};
+
 /// Aggregate of one recipe over its seeds (one row of the report).
 struct RecipeRow {
   std::string recipe;
@@ -132,6 +156,10 @@ struct RecipeRow {
   double tokens_per_s = 0;               ///< tokens per step / median_step_ms
   double median_step_ms = 0;             ///< median step time over all seeds' steps after 5
   double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run
+  std::string task;                      ///< the runs' downstream task ("" when none has one)
+  std::string task_items_hash;           ///< the items its task rows are measured on
+  double task_chance = 0;
+  std::map<std::string, TaskRow> task_rows;  ///< per inference policy
 };
 
 /// The recipe among `names` that a baseline argument `want` (e.g. `--baseline fp32`) selects:

@@ -75,6 +75,7 @@ struct Plan {
   std::vector<std::string> sets;       ///< --set arguments (KEY=VALUE), applied to every run
   std::string baseline;                ///< --baseline as given; empty: the default rule
   std::string hypotheses;              ///< --hypotheses study file as given; empty: none
+  std::string task;                    ///< --task (next-sentence); empty: none
 };
 
 json plan_json(const Plan& p) {
@@ -86,6 +87,7 @@ json plan_json(const Plan& p) {
           {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line},
           {"sets", p.sets},                {"baseline", p.baseline}};
   if (!p.hypotheses.empty()) j["hypotheses"] = p.hypotheses;  // absent: older files unchanged
+  if (!p.task.empty()) j["task"] = p.task;
   return j;
 }
 
@@ -112,6 +114,7 @@ Plan read_plan(const fs::path& dir) {
     if (j.contains("sets")) p.sets = j.at("sets").get<std::vector<std::string>>();
     p.baseline = j.value("baseline", "");
     p.hypotheses = j.value("hypotheses", "");
+    p.task = j.value("task", "");
     return p;
   } catch (const json::exception& e) {
     throw UserError(f.string() + ": malformed (" + e.what() + ")");
@@ -138,6 +141,7 @@ std::string plan_command(const Plan& p, const fs::path& out) {
   for (const auto& x : p.sets) cmd += " --set " + shell_word(x);
   if (!p.baseline.empty()) cmd += " --baseline " + shell_word(p.baseline);
   if (!p.hypotheses.empty()) cmd += " --hypotheses " + shell_quote(p.hypotheses);
+  if (!p.task.empty()) cmd += " --task " + shell_word(p.task);
   return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
 }
 
@@ -249,6 +253,7 @@ struct CompareArgs {
   std::vector<std::string> sets;  // --set KEY=VALUE
   std::string baseline;           // --baseline NAME
   std::string hypotheses;         // --hypotheses FILE
+  std::string task;               // --task next-sentence
   bool steps_given = false;
 };
 
@@ -270,6 +275,9 @@ void run_compare(const CompareArgs& a) {
   plan.sets = sets.given;
   plan.baseline = a.baseline;
   plan.hypotheses = a.hypotheses;
+  plan.task = a.task;
+  if (!a.task.empty() && a.task != "next-sentence")
+    throw UserError("--task " + a.task + ": unknown task (known: next-sentence)");
   if (!a.hypotheses.empty()) (void)load_hypotheses(resolve(a.hypotheses));  // fail before training
   plan.recipes = split_list(a.recipes, "--recipes");
   for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
@@ -312,6 +320,7 @@ void run_compare(const CompareArgs& a) {
         plan.policies.push_back(q);
     if (plan.baseline.empty()) plan.baseline = old.baseline;
     if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
+    if (plan.task.empty()) plan.task = old.task;
   }
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
@@ -342,6 +351,15 @@ void run_compare(const CompareArgs& a) {
         ss << f.rdbuf();
         return ss.str() == text;
       };
+      // A summary without the files a run writes first is not a finished run (another
+      // process, still running or killed mid-way, wrote into a recreated directory): it
+      // would be reused with no config to check and no metrics to report.
+      if (fs::exists(d / "summary.json"))
+        for (const char* f : {"config.toml", "recipe.toml", "metrics.jsonl"})
+          if (!fs::exists(d / f))
+            throw UserError(d.string() + " holds summary.json but no " + f +
+                            ": not a complete run (was another process writing into it?); "
+                            "remove that run directory to train it again (nothing was changed)");
       if (!same("config.toml", run_config_to_toml(rc)) ||
           !same("recipe.toml", recipe_to_toml(recipes[ri])))
         throw UserError(d.string() + " holds a run made with a different " +
@@ -481,6 +499,27 @@ void run_compare(const CompareArgs& a) {
         logf(std::string(head) + "held-out NLL under " + policies);
         eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), data_path.string());
       }
+      // The downstream task under every policy (DIR/<run>/task.json), when the plan has one;
+      // recomputed when task.json lacks a policy. It needs the final checkpoint, which a
+      // fresh clone of committed runs does not have: then the run is listed and skipped.
+      if (!plan.task.empty()) {
+        bool need_task = !fs::exists(d / "task.json");
+        if (!need_task) {
+          std::ifstream f(d / "task.json");
+          json e = json::parse(f, nullptr, false);
+          need_task = e.is_discarded() || e.value("task", "") != plan.task || !e.contains("results");
+          if (!need_task)
+            for (const auto& p : plan.policies) need_task |= !e["results"].contains(p);
+        }
+        if (need_task && list_checkpoints(d).empty()) {
+          logf(std::string(head) + "no checkpoint to run --task " + plan.task + " on (" +
+               d.string() + "); its task.json is left out of the report");
+        } else if (need_task) {
+          logf(std::string(head) + plan.task + " under " + policies);
+          task_checkpoint_to_json(d.string(), plan.task, policies, (d / "task.json").string(),
+                                  data_path.string());
+        }
+      }
     }
   if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
   build_report(out, plan, !a.no_plots);
@@ -533,6 +572,10 @@ void register_compare(CLI::App& app) {
   add_set_option(c, a->sets,
                  ", in every run of the comparison (recipe keys in every recipe: fp32+fp4.block=32, "
                  "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
+  c->add_option("--task", a->task,
+                "Downstream task run on every run's final checkpoint under every --policies "
+                "policy: next-sentence (README \"Downstream task\"), into DIR/<run>/task.json; "
+                "the report adds its accuracy table; remembered in DIR/compare.json");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
   c->callback([a] { run_compare(*a); });
 

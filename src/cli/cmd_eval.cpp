@@ -596,6 +596,18 @@ void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& p
   run_eval(a);
 }
 
+void task_checkpoint_to_json(const std::string& checkpoint, const std::string& task,
+                             const std::string& policies, const std::string& json_file,
+                             const std::string& data) {
+  EvalArgs a;
+  a.src.checkpoint = checkpoint;
+  a.src.data = data;
+  a.task = task;
+  a.policies = {policies};
+  a.json_file = json_file;
+  run_eval(a);
+}
+
 void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   auto* c = app.add_subcommand(

@@ -280,6 +280,40 @@ RunRecord read_run(const fs::path& dir) {
     r.heldout["none"] = num(s, "heldout_nll", sp);
     if (r.recipe != "fp32") r.heldout["current"] = num(s, "heldout_nll_quant", sp);
   }
+
+  const fs::path tp = dir / "task.json";
+  if (r.diverged_at == 0 && fs::exists(tp)) {
+    const json t = read_json_file(tp);
+    if (!t.contains("task") || !t["task"].is_string() || !t.contains("results") ||
+        !t["results"].is_object())
+      throw UserError(tp.string() + ": missing 'task' or object 'results' (expected `fp4train "
+                      "eval --task ... --json` output)");
+    r.task = t["task"].get<std::string>();
+    r.task_items_hash = t.value("items_fnv1a64", "");
+    r.task_chance = num(t, "chance", tp);
+    const int64_t items = static_cast<int64_t>(num(t, "items", tp));
+    for (const auto& [pol, v] : t["results"].items()) {
+      RunRecord::TaskOutcome o;
+      if (v.contains("accuracy") && !v["accuracy"].is_null()) {
+        for (const char* k : {"correct", "correct_per_char"}) {
+          const std::string c = v.value(k, "");
+          std::string& dst = std::string(k) == "correct" ? o.correct : o.correct_per_char;
+          dst = c;
+          if (int64_t(c.size()) != items || c.find_first_not_of("01") != std::string::npos)
+            throw UserError(tp.string() + ": results." + pol + "." + k + " is not " +
+                            std::to_string(items) + " characters of 0 and 1");
+          const double acc = double(std::count(c.begin(), c.end(), '1')) / double(items);
+          const double said = num(v, std::string(k) == "correct" ? "accuracy" : "accuracy_per_char",
+                                  tp);
+          if (std::fabs(acc - said) > 1e-9)
+            throw UserError(tp.string() + ": results." + pol + ": the accuracy " +
+                            fmt("%.6f", said) + " disagrees with its outcomes " + k + " (" +
+                            fmt("%.6f", acc) + ")");
+        }
+      }
+      r.task_results[pol] = o;
+    }
+  }
   return r;
 }
 
@@ -393,6 +427,30 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
     row.median_step_ms = median(ms);
     row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
+    // The downstream task: per policy, the 0/1 outcomes of every seed on the same items.
+    std::map<std::string, std::vector<std::vector<double>>> raw, per_char;
+    for (const auto& r : runs) {
+      if (r.recipe != name || r.diverged_at > 0 || r.task.empty()) continue;
+      if (row.task.empty()) {
+        row.task = r.task, row.task_items_hash = r.task_items_hash, row.task_chance = r.task_chance;
+      }
+      if (r.task != row.task || r.task_items_hash != row.task_items_hash) continue;
+      for (const auto& [p, o] : r.task_results) {
+        if (o.correct.empty()) continue;
+        std::vector<double> a, b;
+        for (char c : o.correct) a.push_back(c == '1');
+        for (char c : o.correct_per_char) b.push_back(c == '1');
+        raw[p].push_back(a), per_char[p].push_back(b);
+      }
+    }
+    for (const auto& [p, v] : raw) {
+      TaskRow t;
+      t.seeds = int(v.size());
+      t.items = int(v[0].size());
+      t.raw = paired_bootstrap(v);
+      t.per_char = paired_bootstrap(per_char[p]);
+      row.task_rows[p] = t;
+    }
     rows.push_back(row);
   }
   std::vector<std::string> row_names;
@@ -513,6 +571,52 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
       o << "\nNote: the held-out values of `" << r.dir.filename().string()
         << "` come from its checkpoint at step " << r.eval_step << ", not the final step "
         << r.steps << " (the final checkpoint could not be loaded).\n";
+
+  // The downstream task, when any run has one.
+  std::string task, task_hash;
+  double chance = 0;
+  for (const auto& r : rows)
+    if (!r.task.empty() && task.empty()) task = r.task, task_hash = r.task_items_hash, chance = r.task_chance;
+  if (!task.empty()) {
+    o << "\n## Downstream task: " << task << "\n\n"
+      << "Accuracy under each inference policy, from each run's final checkpoint (task.json); "
+         "chance is " << fmt("%.0f%%", 100 * chance) << ". Items fnv1a64 `" << task_hash << "`.\n\n"
+      << "| recipe | seeds |";
+    for (const auto& p : policies) o << " " << p << ", raw | " << p << ", per char |";
+    o << "\n|---|---|";
+    for (size_t i = 0; i < policies.size(); ++i) o << "---|---|";
+    o << "\n";
+    bool other_items = false;
+    for (const auto& r : rows) {
+      if (r.task.empty()) continue;
+      if (r.task != task || r.task_items_hash != task_hash) {
+        other_items = true;
+        continue;
+      }
+      int seeds = 0;
+      for (const auto& [p, t] : r.task_rows) seeds = std::max(seeds, t.seeds);
+      o << "| " << r.recipe << " | " << seeds << " |";
+      for (const auto& p : policies) {
+        const auto it = r.task_rows.find(p);
+        if (it == r.task_rows.end()) {
+          o << " — | — |";
+          continue;
+        }
+        for (const BootstrapInterval* b : {&it->second.raw, &it->second.per_char})
+          o << " " << fmt("%.1f%%", 100 * b->mean) << " [" << fmt("%.1f", 100 * b->lo) << ", "
+            << fmt("%.1f", 100 * b->hi) << "] |";
+      }
+      o << "\n";
+    }
+    o << "\nRaw: the choice with the highest log-likelihood after the context; per char: "
+         "log-likelihood divided by the choice's characters (OLMES). Accuracy pooled over the "
+         "seeds' runs; 95% percentile bootstrap over items (10,000 resamples, the same items "
+         "for every seed). An interval that contains the chance level is no evidence the "
+         "model does the task. Recipes without a task.json are not listed.\n";
+    if (other_items)
+      o << "\nSome recipes' task.json hold other items (another task, corpus or item rule); "
+           "they are left out of this table.\n";
+  }
 
   o << "\n## Per run\n\n| recipe | seed | final-window loss |";
   for (const auto& p : policies) o << " held-out " << p << " |";
@@ -812,8 +916,13 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
     }
     o << "| " << h.id << " | " << claim << " | " << h.metric
       << (h.metric == "heldout_nll" ? " (" + h.policy + ")" : "") << " | " << c << " | "
-      << (ps.empty() ? "—" : ps) << " | " << (v.contrast.n ? fmt(f, v.contrast.mean) : "—") << " | "
-      << (v.t95.n >= 2 ? "[" + fmt("%+.4f", v.t95.lo) + ", " + fmt("%+.4f", v.t95.hi) + "]" : "—")
+      << (ps.empty() ? "—" : ps) << " | "
+      // A mean of counts is not a count ("-0" for −1/3): two decimals, as its interval.
+      << (v.contrast.n ? fmt(h.metric == "grad_norm_excursions" ? "%+.2f" : "%+.4f", v.contrast.mean) : "—")
+      << " | "
+      << (v.t95.n >= 2 ? "[" + fmt(h.metric == "grad_norm_excursions" ? "%+.2f" : "%+.4f", v.t95.lo) + ", " +
+                             fmt(h.metric == "grad_norm_excursions" ? "%+.2f" : "%+.4f", v.t95.hi) + "]"
+                       : "—")
       << " | " << (h.metric == "heldout_nll" ? boot_cell(v.boot) : "—") << " | **" << v.verdict
       << "**" << (v.why.empty() ? "" : " (" + v.why + ")") << " |\n";
   }

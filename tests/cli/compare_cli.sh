@@ -200,6 +200,30 @@ out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp4 --hypotheses 
   && fail "compare with a missing study file accepted"
 [ -e cmp4 ] && fail "a refused compare created its directory"
 
+# --task: the downstream task on every run's final checkpoint (reused runs too), remembered in
+# compare.json, tabulated by the report; a rerun does not recompute it.
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --task next-sentence --no-plots 2>&1) || fail "compare --task failed: $out"
+for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
+  python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); assert t["task"]=="next-sentence" and set(t["policies"])>={"none","current","replay-d2"}, t["policies"]' \
+    "cmp/$r/task.json" || fail "cmp/$r/task.json missing or lacks a policy"
+done
+grep -q "^## Downstream task: next-sentence" cmp/report.md || fail "report lacks the task table"
+grep -q "^| ue5m3-b16 | 2 | [0-9.]*% \[" cmp/report.md || fail "no ue5m3-b16 task row: $(grep -A8 Downstream cmp/report.md)"
+python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="next-sentence"' || fail "compare.json lacks the task"
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) || fail "rerun after --task failed: $out"
+echo "$out" | grep -q "next-sentence under" && fail "the task was recomputed on a rerun: $out"
+out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp5 --task cloze 2>&1) && fail "unknown task accepted"
+echo "$out" | grep -q "unknown task" || fail "unknown task not explained: $out"
+
+# A summary.json without the files a run writes first is refused, not reused.
+mv cmp/bf16-s1/config.toml cmp/bf16-s1/config.toml.away
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) && fail "an incomplete run was reused: $out"
+echo "$out" | grep -q "bf16-s1 holds summary.json but no config.toml" || fail "incomplete run not named: $out"
+mv cmp/bf16-s1/config.toml.away cmp/bf16-s1/config.toml
+
 # report rebuilds from finished runs and lists an unfinished one.
 rm cmp/bf16-s2/summary.json
 rm cmp/report.md
