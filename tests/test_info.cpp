@@ -147,6 +147,16 @@ TEST(ModelInfo, Nemotron8BT2048OverrideSelectsFinalFourDownProj) {
       << in.override_descriptions[0];
 }
 
+// ue5m3-b16-t2048-last1 (the study's H7) fits the 2-block study model and selects its last
+// down_proj only, where ue5m3-b16-t2048's final four are refused.
+TEST(ModelInfo, StudyLast1OverrideSelectsTheFinalDownProj) {
+  const ModelInfo in = model_info(config("study.toml"), recipe("ue5m3-b16-t2048-last1"));
+  ASSERT_EQ(in.override_hits.size(), 1u);
+  ASSERT_EQ(in.override_hits[0].size(), 1u);
+  EXPECT_EQ(in.linears[size_t(in.override_hits[0][0])].name, "layers.3.mixer.down_proj");
+  EXPECT_THROW(model_info(config("study.toml"), recipe("ue5m3-b16-t2048")), UserError);
+}
+
 TEST(ModelInfo, BadPatternCharacterThrows) {
   RunConfig c = config("nemotron-h-tiny.toml");
   c.model.pattern = "M-X";

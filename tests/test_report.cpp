@@ -648,7 +648,11 @@ TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
   task(R"("none":{"accuracy":0.5,"accuracy_per_char":0.25,"correct":"110","correct_per_char":"1000"})");
   expect_error("not 4 characters");
   std::ofstream(d / "task.json") << R"({"results":{}})";
-  expect_error("task.json");
+  expect_error("missing 'task'");
+  std::ofstream(d / "task.json") << R"({"task":"next-sentence","items":4,"chance":0.25,"results":{}})";
+  expect_error("items_fnv1a64");
+  task(R"("none":{"accuracy":0.5,"accuracy_per_char":0.25,"correct_per_char":"1000"})");
+  expect_error("missing string 'correct'");
   fs::remove_all(d);
 
   // Two seeds on the same items pool their outcomes: 2/4 and 4/4 correct → 6/8 = 75%; a run
@@ -673,13 +677,23 @@ TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
   EXPECT_DOUBLE_EQ(t.raw.lo, 0.5);
   EXPECT_DOUBLE_EQ(t.raw.hi, 1.0);
   EXPECT_EQ(rows[0].task_rows.count("current"), 0u);  // no finite scores: no row
+  EXPECT_EQ(rows[0].task_excluded, 1);                 // c: other items
   ReportContext ctx;
   ctx.policies = {"none", "current"};
   const std::string md = comparison_report_md(rows, {a, b, c}, ctx);
   EXPECT_NE(md.find("## Downstream task: next-sentence"), std::string::npos) << md;
   EXPECT_NE(md.find("chance is 25%"), std::string::npos) << md;
-  EXPECT_NE(md.find("| bf16 | 2 | 75.0% ["), std::string::npos) << md;
-  EXPECT_NE(md.find("| — | — |"), std::string::npos) << md;  // current: no value
+  // The whole row: none pooled over 2 seeds, current without a value.
+  EXPECT_NE(md.find("| bf16 | 2 | 75.0% [50.0, 100.0] | 37.5% ["), std::string::npos) << md;
+  EXPECT_NE(md.find("] | — | — |\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("1 run(s) hold a task.json of other items"), std::string::npos) << md;
+  // Most runs decide the items: with two runs on "other", a's and b's items are left out.
+  RunRecord c2 = c;
+  c2.seed = 4;
+  const auto rows2 = aggregate_runs({a, c, c2}, {"bf16"});
+  EXPECT_EQ(rows2[0].task_items_hash, "other");
+  EXPECT_EQ(rows2[0].task_excluded, 1);
+  EXPECT_DOUBLE_EQ(rows2[0].task_rows.at("none").raw.mean, 0.0);
   // Without any task.json there is no task section.
   EXPECT_EQ(comparison_report_md(aggregate_runs({run("bf16", 4.0, 20, 1)}, {"bf16"}),
                                  {run("bf16", 4.0, 20, 1)}, ReportContext{})

@@ -45,6 +45,7 @@ struct RunRecord {
   std::string task;
   std::string task_items_hash;
   double task_chance = 0;
+  int64_t task_step = -1;  ///< step of the checkpoint task.json was computed from (−1: unknown)
   struct TaskOutcome {
     std::string correct, correct_per_char;
   };
@@ -56,7 +57,7 @@ struct RunRecord {
 /// metrics.jsonl, config.toml's train.warmup_steps, eval.json if present (`fp4train eval --json` output: results →
 /// policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none" and
 /// "current" come from summary.json; and task.json if present (a completed run only: task,
-/// items_fnv1a64, chance, results → policy → correct / correct_per_char, each accuracy
+/// items_fnv1a64, chance, step, results → policy → correct / correct_per_char, each accuracy
 /// checked against its outcome string). Throws fp4::UserError
 /// naming the file and line on a missing or malformed file.
 RunRecord read_run(const std::filesystem::path& dir);
@@ -116,7 +117,8 @@ BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d,
                                    int resamples = 10000, uint64_t seed = 20260902);
 
 /// Downstream-task accuracy of one recipe under one inference policy (issue 13 §4), over
-/// the seeds whose task.json has the same items (those of the recipe's first such run).
+/// the seeds whose task.json holds the items most runs of the comparison hold (same task
+/// and items_fnv1a64; others are counted in RecipeRow::task_excluded).
 struct TaskRow {
   int seeds = 0;
   int items = 0;
@@ -160,6 +162,8 @@ struct RecipeRow {
   std::string task_items_hash;           ///< the items its task rows are measured on
   double task_chance = 0;
   std::map<std::string, TaskRow> task_rows;  ///< per inference policy
+  /// Runs of this recipe whose task.json holds other items than most runs' (not pooled).
+  int task_excluded = 0;
 };
 
 /// The recipe among `names` that a baseline argument `want` (e.g. `--baseline fp32`) selects:

@@ -503,17 +503,28 @@ void run_compare(const CompareArgs& a) {
       // recomputed when task.json lacks a policy. It needs the final checkpoint, which a
       // fresh clone of committed runs does not have: then the run is listed and skipped.
       if (!plan.task.empty()) {
-        bool need_task = !fs::exists(d / "task.json");
-        if (!need_task) {
-          std::ifstream f(d / "task.json");
-          json e = json::parse(f, nullptr, false);
-          need_task = e.is_discarded() || e.value("task", "") != plan.task || !e.contains("results");
-          if (!need_task)
-            for (const auto& p : plan.policies) need_task |= !e["results"].contains(p);
+        // Checked as the report reads it (read_run), so a file the report would refuse is
+        // recomputed, not reused.
+        bool need_task = true, unusable = false;
+        if (fs::exists(d / "task.json")) {
+          try {
+            const RunRecord rr = read_run(d);
+            need_task = rr.task != plan.task;
+            for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
+          } catch (const UserError& e) {
+            unusable = true;
+            logf(std::string(head) + "task.json is unusable (" + e.what() + ")");
+          }
         }
         if (need_task && list_checkpoints(d).empty()) {
+          if (unusable) {
+            fs::rename(d / "task.json", d / "task.json.unusable");
+            logf(std::string(head) + "moved it to " + (d / "task.json.unusable").string());
+          }
           logf(std::string(head) + "no checkpoint to run --task " + plan.task + " on (" +
-               d.string() + "); its task.json is left out of the report");
+               d.string() + "): " +
+               (fs::exists(d / "task.json") ? "its task.json is reported as it is"
+                                            : "the report has no task accuracy for it"));
         } else if (need_task) {
           logf(std::string(head) + plan.task + " under " + policies);
           task_checkpoint_to_json(d.string(), plan.task, policies, (d / "task.json").string(),

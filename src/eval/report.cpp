@@ -289,14 +289,20 @@ RunRecord read_run(const fs::path& dir) {
       throw UserError(tp.string() + ": missing 'task' or object 'results' (expected `fp4train "
                       "eval --task ... --json` output)");
     r.task = t["task"].get<std::string>();
-    r.task_items_hash = t.value("items_fnv1a64", "");
+    if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
+        t["items_fnv1a64"].get<std::string>().empty())
+      throw UserError(tp.string() + ": missing string 'items_fnv1a64' (the items' hash)");
+    r.task_items_hash = t["items_fnv1a64"].get<std::string>();
     r.task_chance = num(t, "chance", tp);
+    r.task_step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
     const int64_t items = static_cast<int64_t>(num(t, "items", tp));
     for (const auto& [pol, v] : t["results"].items()) {
       RunRecord::TaskOutcome o;
       if (v.contains("accuracy") && !v["accuracy"].is_null()) {
         for (const char* k : {"correct", "correct_per_char"}) {
-          const std::string c = v.value(k, "");
+          if (!v.contains(k) || !v[k].is_string())
+            throw UserError(tp.string() + ": results." + pol + ": missing string '" + k + "'");
+          const std::string c = v[k].get<std::string>();
           std::string& dst = std::string(k) == "correct" ? o.correct : o.correct_per_char;
           dst = c;
           if (int64_t(c.size()) != items || c.find_first_not_of("01") != std::string::npos)
@@ -393,6 +399,21 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
   std::vector<std::string> names = order;
   for (const auto& r : runs)
     if (std::find(names.begin(), names.end(), r.recipe) == names.end()) names.push_back(r.recipe);
+  // The items every recipe's task row is measured on: those of most runs (ties: the first
+  // seen), so one run on other items cannot take its recipe's row away.
+  std::string task_hash;
+  {
+    std::map<std::string, int> count;
+    std::vector<std::string> seen;
+    for (const auto& r : runs)
+      if (r.diverged_at == 0 && !r.task.empty()) {
+        const std::string k = r.task + "\n" + r.task_items_hash;
+        if (count[k]++ == 0) seen.push_back(k);
+      }
+    int best = 0;
+    for (const auto& k : seen)
+      if (count[k] > best) best = count[k], task_hash = k;
+  }
   std::vector<RecipeRow> rows;
   for (const auto& name : names) {
     RecipeRow row;
@@ -431,10 +452,11 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     std::map<std::string, std::vector<std::vector<double>>> raw, per_char;
     for (const auto& r : runs) {
       if (r.recipe != name || r.diverged_at > 0 || r.task.empty()) continue;
-      if (row.task.empty()) {
-        row.task = r.task, row.task_items_hash = r.task_items_hash, row.task_chance = r.task_chance;
+      if (r.task + "\n" + r.task_items_hash != task_hash) {
+        ++row.task_excluded;
+        continue;
       }
-      if (r.task != row.task || r.task_items_hash != row.task_items_hash) continue;
+      row.task = r.task, row.task_items_hash = r.task_items_hash, row.task_chance = r.task_chance;
       for (const auto& [p, o] : r.task_results) {
         if (o.correct.empty()) continue;
         std::vector<double> a, b;
@@ -575,8 +597,11 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   // The downstream task, when any run has one.
   std::string task, task_hash;
   double chance = 0;
-  for (const auto& r : rows)
+  int excluded = 0;
+  for (const auto& r : rows) {
+    excluded += r.task_excluded;
     if (!r.task.empty() && task.empty()) task = r.task, task_hash = r.task_items_hash, chance = r.task_chance;
+  }
   if (!task.empty()) {
     o << "\n## Downstream task: " << task << "\n\n"
       << "Accuracy under each inference policy, from each run's final checkpoint (task.json); "
@@ -586,13 +611,9 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << "\n|---|---|";
     for (size_t i = 0; i < policies.size(); ++i) o << "---|---|";
     o << "\n";
-    bool other_items = false;
+    bool partial = false;
     for (const auto& r : rows) {
       if (r.task.empty()) continue;
-      if (r.task != task || r.task_items_hash != task_hash) {
-        other_items = true;
-        continue;
-      }
       int seeds = 0;
       for (const auto& [p, t] : r.task_rows) seeds = std::max(seeds, t.seeds);
       o << "| " << r.recipe << " | " << seeds << " |";
@@ -602,9 +623,11 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
           o << " — | — |";
           continue;
         }
+        const std::string n = it->second.seeds < seeds ? " (n=" + std::to_string(it->second.seeds) + ")" : "";
+        partial |= !n.empty();
         for (const BootstrapInterval* b : {&it->second.raw, &it->second.per_char})
           o << " " << fmt("%.1f%%", 100 * b->mean) << " [" << fmt("%.1f", 100 * b->lo) << ", "
-            << fmt("%.1f", 100 * b->hi) << "] |";
+            << fmt("%.1f", 100 * b->hi) << "]" << n << " |";
       }
       o << "\n";
     }
@@ -613,9 +636,16 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
          "seeds' runs; 95% percentile bootstrap over items (10,000 resamples, the same items "
          "for every seed). An interval that contains the chance level is no evidence the "
          "model does the task. Recipes without a task.json are not listed.\n";
-    if (other_items)
-      o << "\nSome recipes' task.json hold other items (another task, corpus or item rule); "
-           "they are left out of this table.\n";
+    if (partial)
+      o << "\n(n=k): only k of the recipe's seeds have finite scores under this policy.\n";
+    if (excluded > 0)
+      o << "\n" << excluded << " run(s) hold a task.json of other items (another task, corpus "
+           "or item rule) and are left out of this table.\n";
+    for (const auto& r : runs)
+      if (r.diverged_at == 0 && !r.task.empty() && r.task_step >= 0 && r.task_step != r.steps)
+        o << "\nNote: the task accuracy of `" << r.dir.filename().string()
+          << "` comes from its checkpoint at step " << r.task_step << ", not the final step "
+          << r.steps << ".\n";
   }
 
   o << "\n## Per run\n\n| recipe | seed | final-window loss |";

@@ -214,6 +214,15 @@ python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="ne
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) || fail "rerun after --task failed: $out"
 echo "$out" | grep -q "next-sentence under" && fail "the task was recomputed on a rerun: $out"
+python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="next-sentence"' || fail "a rerun without --task forgot the task"
+# A missing task.json is computed again; one the report would refuse is recomputed, not reused.
+rm cmp/fp32-s1/task.json
+echo '{"task":"next-sentence","items":3,"chance":0.25,"results":{}}' > cmp/bf16-s2/task.json
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) || fail "rerun with a lost task.json failed: $out"
+echo "$out" | grep -q "recipe fp32, seed 1: next-sentence under" || fail "lost task.json not recomputed: $out"
+echo "$out" | grep -q "recipe bf16, seed 2: task.json is unusable" || fail "bad task.json not noticed: $out"
+python3 -c 'import json; t=json.load(open("cmp/bf16-s2/task.json")); assert "none" in t["results"]' || fail "bad task.json not recomputed"
 out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp5 --task cloze 2>&1) && fail "unknown task accepted"
 echo "$out" | grep -q "unknown task" || fail "unknown task not explained: $out"
 
