@@ -63,14 +63,14 @@ def main():
                                 a["err"].append(t["rel_error"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             fail(f"{mp}:{ln}: {e}")
-    print(f"{'recipe':18} {'runs':>4} {'saturated mean':>15} {'max':>9} {'zero-guard':>11}"
+    print(f"{'recipe':22} {'runs':>4} {'saturated mean':>15} {'max':>9} {'zero-guard':>11}"
           f" {'max amax/held':>14} {'dY rel. err':>12}")
     for r, a in acc.items():
         if not a["sat"]:
-            print(f"{r:18} {a['runs']:4d}   no FP4 telemetry")
+            print(f"{r:22} {a['runs']:4d}   no FP4 telemetry")
             continue
         mean = lambda v: sum(v) / len(v)
-        print(f"{r:18} {a['runs']:4d} {100 * mean(a['sat']):14.4f}% {100 * max(a['sat']):8.3f}%"
+        print(f"{r:22} {a['runs']:4d} {100 * mean(a['sat']):14.4f}% {100 * max(a['sat']):8.3f}%"
               f" {100 * mean(a['zg']):10.4f}% {max(a['stale']) if a['stale'] else float('nan'):14.2f}"
               f" {mean(a['err']) if a['err'] else float('nan'):12.4f}")
 
