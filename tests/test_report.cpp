@@ -88,18 +88,21 @@ TEST(Report, AggregateWithoutBaselinesGivesDashes) {
   EXPECT_NE(md.find("| a | 1 | 5.0000 | — |"), std::string::npos) << md;
 }
 
+// read_run(d) throws a UserError whose message contains `needle`.
+static void expect_read_run_error(const fs::path& d, const std::string& needle) {
+  try {
+    read_run(d);
+    ADD_FAILURE() << "no error, expected one containing " << needle;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   const fs::path d = fs::temp_directory_path() / ("fp4_report_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  auto expect_error = [&](const std::string& needle) {
-    try {
-      read_run(d);
-      ADD_FAILURE() << "no error, expected one containing " << needle;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& needle) { expect_read_run_error(d, needle); };
   expect_error("did not complete");
   std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"fp32","seed":3,"steps":2,
     "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6})";
@@ -626,14 +629,7 @@ TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
     std::ofstream(d / "task.json") << R"({"task":"next-sentence","items":4,"chance":0.25,
       "items_fnv1a64":"abc","results":{)" << results << "}}";
   };
-  auto expect_error = [&](const std::string& needle) {
-    try {
-      read_run(d);
-      ADD_FAILURE() << "no error, expected one containing " << needle;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  auto expect_error = [&](const std::string& needle) { expect_read_run_error(d, needle); };
   task(R"("none":{"accuracy":0.5,"accuracy_per_char":0.25,"correct":"1100","correct_per_char":"1000"},
           "current":{"accuracy":null,"accuracy_per_char":null})");
   RunRecord a = read_run(d);
