@@ -160,21 +160,29 @@ struct FdStats {
   int checked = 0;
 };
 
-// Central differences (L(v + h) − L(v − h)) / 2h of `loss` w.r.t. v[i] for the chosen
-// elements, against the analytic gradient g[i]; tolerance rel·|g| + abs.
+// Finite differences of `loss` w.r.t. v[i] for the chosen elements, against the analytic
+// gradient g[i]; tolerance rel·|g| + abs. Richardson-extrapolated central differences:
+// D(h) = (L(v + h) − L(v − h)) / (step actually taken), fd = (4·D(h) − D(2h)) / 3, whose
+// truncation error is O(h⁴) instead of O(h²). That lets h be large enough that the FP32
+// noise of the forward (L ≈ 30 summed from FP32 outputs, noise of a few 1e-6 whose bits
+// depend on the GEMM kernels' summation order) divided by h stays far below `abs`: with a
+// plain central difference at h = 2e-3 it did not (q_proj element 227 of the attention
+// test failed on oneDNN's AVX-512 sgemm with a correct gradient, issue 21).
 FdStats fd_check(const std::string& name, float* v, const float* g, int64_t n,
                  const std::function<double()>& loss, float h, double rel, double abs,
                  int max_checks, uint32_t seed) {
   FdStats st;
   for (int64_t i : check_indices(n, max_checks, seed)) {
     const float s = v[i];
-    v[i] = s + h;
-    const double lp = loss();
-    v[i] = s - h;
-    const double lm = loss();
-    v[i] = s;
-    // The step actually taken (s ± h rounded to float).
-    const double fd = (lp - lm) / (double(s + h) - double(s - h));
+    auto central = [&](float step) {
+      v[i] = s + step;
+      const double lp = loss();
+      v[i] = s - step;
+      const double lm = loss();
+      v[i] = s;
+      return (lp - lm) / (double(s + step) - double(s - step));  // the step s ± h in float
+    };
+    const double fd = (4.0 * central(h) - central(2.0f * h)) / 3.0;
     const double tol = rel * std::fabs(g[i]) + abs;
     EXPECT_NEAR(fd, g[i], tol) << name << " element " << i;
     st.worst = std::max(st.worst, std::fabs(fd - g[i]) / tol);
@@ -247,7 +255,7 @@ TEST_P(Mamba2MixerGrad, EveryParameterAndInputMatchFiniteDifferences) {
   const std::vector<std::vector<float>> g = rig.g, dw = rig.dw;
   const std::vector<float> dx = rig.dx;
   auto loss = [&] { return rig.loss(x, rw); };
-  const float h = 2e-3f;
+  const float h = 1e-2f;
   const double rel = 1e-2, abs = 1.5e-3;
   const int all = 1 << 30;  // every element
   std::string summary;
@@ -448,15 +456,19 @@ TEST_P(AttentionMixerGrad, XAndEveryWeightMatchFiniteDifferences) {
   const std::vector<std::vector<float>> dw = rig.dw;
   const std::vector<float> dx = rig.dx;
   auto loss = [&] { return rig.loss(x, rw); };
-  const float h = 2e-3f;
+  const float h = 1e-2f;
   const double rel = 1e-2, abs = 1.5e-3;
   for (size_t i = 0; i < rig.w.size(); ++i) {
     const FdStats st = fd_check(kinds[i], rig.w[i].data(), dw[i].data(),
                                 int64_t(rig.w[i].size()), loss, h, rel, abs, 1 << 30, 2);
+    std::printf("%-7s %d el, max|g| %.3g, worst err/tol %.3f\n", kinds[i], st.checked,
+                st.max_abs_g, st.worst);
     EXPECT_GT(st.max_abs_g, 10 * abs) << kinds[i];
   }
   const FdStats st = fd_check("x", x.data(), dx.data(), int64_t(x.size()), loss, h, rel, abs,
                               1 << 30, 3);
+  std::printf("x       %d el, max|g| %.3g, worst err/tol %.3f\n", st.checked, st.max_abs_g,
+              st.worst);
   EXPECT_GT(st.max_abs_g, 10 * abs);
 }
 
@@ -556,12 +568,26 @@ TEST(HybridModel, EveryParameterTensorMatchesFiniteDifferences) {
   EXPECT_EQ(tensors, 1 + (1 + 6 + 2) * 2 + (1 + 4) + (1 + 2) * 2 + 2);
 }
 
+// Max over elements of |a − b| / (1 + |b|), for n floats.
+double max_rel_diff(const float* a, const float* b, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])) / (1.0 + std::fabs(double(b[i]))));
+  return m;
+}
+
 // Causality and sequence independence of the hybrid model (the Mamba-2 conv and scan must not
-// read across sequence starts nor from later tokens): changing the token at (b = 1, t = 7)
-// leaves every logit of sequence 0 and of tokens 0..6 of sequence 1 bit-identical and changes
-// token 7's; sequence 1 alone (B = 1) gives the logits it had as the second of two; and a
-// forward with T = 9 < seq_len = 12 gives the first 9 tokens' logits of the full forward.
-// (bit for bit: a row of the chunked scan depends only on the rows before it in its chunk).
+// read across sequence starts nor from later tokens). Bit for bit where the GEMM shapes are
+// the same: changing the token at (b = 1, t = 7) leaves every logit of sequence 0 and of tokens
+// 0..6 of sequence 1 bit-identical and changes token 7's; changing every token of sequence 0
+// leaves sequence 1's logits bit-identical.
+// Where the shapes differ (sequence 1 alone, B = 1; a forward with T = 9 < seq_len = 12) the
+// logits agree to FP32 rounding only: fp4::sgemm's bits depend on the thread count never, but
+// a row's bits may depend on M, the number of rows computed with it (oneDNN picks kernels and
+// blocking by shape; see fp4/gemm.h). A leak across sequences or from later tokens would be
+// O(1); the bound 1e-5 is ~100 ulp of the O(1) logits. (This test asserted bit-identity
+// there until issue 21: it failed on oneDNN's AVX-512 sgemm and passed on AVX2 by luck of
+// the shapes.) The scan's own prefix property is bit-exact: SsmScan.PrefixOfLongerT.
 TEST(HybridModel, CausalPerSequenceAndShorterT) {
   const TeamSize team(1);
   const ModelConfig mc = hybrid_model("M*-M-");
@@ -579,17 +605,30 @@ TEST(HybridModel, CausalPerSequenceAndShorterT) {
   EXPECT_EQ(0, std::memcmp(l, ref.data(), sizeof(float) * (T + 7) * V));
   EXPECT_NE(0, std::memcmp(l + (T + 7) * V, ref.data() + (T + 7) * V, sizeof(float) * V));
   const std::vector<float> changed(l, l + int64_t(B) * T * V);
+  {  // every token of sequence 0 changed: sequence 1 bit-identical, sequence 0 changed
+    std::vector<int32_t> other = in;
+    for (int t = 0; t < T; ++t) other[t] = (other[t] + 1 + t) % V;
+    model.forward(other.data(), nullptr, B, ctx);
+    EXPECT_EQ(0, std::memcmp(model.logits() + T * V, changed.data() + T * V,
+                             sizeof(float) * T * V));
+    EXPECT_NE(0, std::memcmp(model.logits(), changed.data(), sizeof(float) * T * V));
+  }
   model.forward(in.data() + T, nullptr, 1, ctx);  // sequence 1 alone
-  EXPECT_EQ(0, std::memcmp(model.logits(), changed.data() + T * V, sizeof(float) * T * V));
+  const double d1 = max_rel_diff(model.logits(), changed.data() + T * V, int64_t(T) * V);
+  std::printf("B = 1 against the second of B = 2: max rel diff %.3g\n", d1);
+  EXPECT_LE(d1, 1e-5);
   // T = 9 on rows of 9 tokens: sequences in[0..9), in[12..21).
   const int Ts = 9;
   std::vector<int32_t> shorter;
   for (int b = 0; b < B; ++b) shorter.insert(shorter.end(), in.begin() + b * T, in.begin() + b * T + Ts);
   model.forward(shorter.data(), nullptr, B, ctx, Ts);
-  for (int b = 0; b < B; ++b)
-    EXPECT_EQ(0, std::memcmp(model.logits() + int64_t(b) * Ts * V,
-                             changed.data() + int64_t(b) * T * V, sizeof(float) * Ts * V))
-        << "sequence " << b;
+  for (int b = 0; b < B; ++b) {
+    const double d = max_rel_diff(model.logits() + int64_t(b) * Ts * V,
+                                  changed.data() + int64_t(b) * T * V, int64_t(Ts) * V);
+    std::printf("T = 9 against the first 9 tokens of T = 12, sequence %d: max rel diff %.3g\n",
+                b, d);
+    EXPECT_LE(d, 1e-5) << "sequence " << b;
+  }
 }
 
 // ------------------------------------------------------------------ thread-count independence

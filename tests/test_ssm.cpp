@@ -216,6 +216,69 @@ TEST(SsmTwin, ScanForwardBackwardBitIdentical) {
     }
 }
 
+// Rows [t0, t0 + Tn) of every sequence of s, as a scan of B' = B (or the one sequence b1 when
+// b1 >= 0) sequences of Tn tokens with the same parameters and strides.
+Scan sub_scan(const Scan& s, int64_t Tn, int64_t b1 = -1) {
+  Scan r = s;
+  r.d.T = Tn;
+  r.d.B = b1 >= 0 ? 1 : s.d.B;
+  r.xbc.clear();
+  r.dt.clear();
+  for (int64_t b = 0; b < s.d.B; ++b) {
+    if (b1 >= 0 && b != b1) continue;
+    const int64_t r0 = b * s.d.T;
+    r.xbc.insert(r.xbc.end(), s.xbc.begin() + r0 * s.ld, s.xbc.begin() + (r0 + Tn) * s.ld);
+    r.dt.insert(r.dt.end(), s.dt.begin() + r0 * s.lddt, s.dt.begin() + (r0 + Tn) * s.lddt);
+  }
+  return r;
+}
+
+// The scan is causal and per sequence, bit for bit: a forward over the first Tn < T tokens
+// (chunks cut at the same multiples of Q, the last one shorter) gives the first Tn rows of y
+// of the full forward, and sequence 1 alone (B = 1) gives the rows it had as the second of
+// B = 2; for the scalar twin and every vector variant (the property the whole-model test
+// HybridModel.CausalPerSequenceAndShorterT can only check to FP32 rounding, as its GEMMs
+// change shape).
+TEST(SsmScan, PrefixOfLongerTAndOneSequenceAlone) {
+  const SsdDims shapes[] = {{2, 12, 4, 4, 2, 4, 5}, {2, 37, 4, 8, 1, 16, 16},
+                            {2, 70, 2, 17, 2, 5, 32}};
+  using Fwd = ScanFwd;
+  auto forward = [](Fwd fwd, const Scan& s) {
+    std::vector<float> y(s.rows() * s.HP(), -7.0f);
+    std::vector<float> ws(static_cast<size_t>(ssd_workspace_floats(s.d)), -7.0f);
+    fwd(y.data(), ws.data(), s.xp(s.xbc), s.ld, s.bp(s.xbc), s.ld, s.cp(s.xbc), s.ld,
+        s.dtp(s.dt), s.lddt, s.dt_bias.data(), s.A_log.data(), s.D.data(), s.d);
+    return y;
+  };
+  uint32_t seed = 900;
+  for (const SsdDims& d : shapes) {
+    const Scan full = make_scan(d, Mode::kRandom, seed++);
+    const int64_t HP = full.HP();
+    for (const int64_t Tn : {d.T - 3, d.Q, d.Q + 1, int64_t{1}}) {
+      const Scan part = sub_scan(full, Tn);
+      auto check = [&](Fwd fwd, const std::string& ctx) {
+        const std::vector<float> yf = forward(fwd, full), yp = forward(fwd, part);
+        for (int64_t b = 0; b < d.B; ++b) {
+          const std::vector<float> want(yf.begin() + b * d.T * HP, yf.begin() + (b * d.T + Tn) * HP);
+          const std::vector<float> got(yp.begin() + b * Tn * HP, yp.begin() + (b + 1) * Tn * HP);
+          expect_same("y prefix", ctx + " T=" + std::to_string(d.T) + " Tn=" +
+                      std::to_string(Tn) + " b=" + std::to_string(b), got, want);
+        }
+      };
+      check(ssd_scan_forward_ref, "scalar twin");
+      for_variants([&](const std::string& ctx) { check(ssd_scan_forward, ctx); });
+    }
+    const Scan alone = sub_scan(full, d.T, 1);
+    auto check_alone = [&](Fwd fwd, const std::string& ctx) {
+      const std::vector<float> yf = forward(fwd, full), ya = forward(fwd, alone);
+      expect_same("y of sequence 1 alone", ctx + " T=" + std::to_string(d.T), ya,
+                  std::vector<float>(yf.begin() + d.T * HP, yf.end()));
+    };
+    check_alone(ssd_scan_forward_ref, "scalar twin");
+    for_variants([&](const std::string& ctx) { check_alone(ssd_scan_forward, ctx); });
+  }
+}
+
 // ---------------------------------------------------------------- chunked vs sequential
 // Tolerance: |y_chunked − y_seq| ≤ 1e-5 · y_abs + 1e-30, where y_abs is the sequential
 // recurrence run on |x|, |B|, |C|, |D| (the sum of the absolute values of every term of y,
