@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fp4/nn/ssm.h"
+#include "support/variant_set.h"
 
 using namespace fp4::nn;
 using detail::SsmIsa;
@@ -59,15 +60,19 @@ void expect_same(const char* what, const std::string& ctx, const std::vector<flo
 struct Variant {
   SsmIsa isa;
   const char* name;
+  bool emulated;  // selected by FP4_TEST_VARIANTS=emulated (tests/support/variant_set.h)
 };
-const Variant kVariants[] = {
-    {SsmIsa::kAvx512, "avx512"}, {SsmIsa::kAvx2, "avx2"}, {SsmIsa::kBase, "base"},
-    {SsmIsa::kEmu16, "emu16"}};
+const Variant kVariants[] = {{SsmIsa::kAvx512, "avx512", false},
+                             {SsmIsa::kAvx2, "avx2", false},
+                             {SsmIsa::kBase, "base", false},
+                             {SsmIsa::kEmu16, "emu16", true}};
 
-// Runs fn(ctx) for every variant the CPU can run and 1, 2, 3 threads.
+// Runs fn(ctx) for every variant the CPU can run that FP4_TEST_VARIANTS selects, at 1, 2, 3
+// threads.
 void for_variants(const std::function<void(const std::string&)>& fn) {
   const int saved = omp_get_max_threads();
   for (const Variant& v : kVariants) {
+    if (!fp4::test::variant_selected(v.emulated)) continue;
     if (!detail::set_ssm_isa(v.isa)) continue;
     for (int th = 1; th <= 3; ++th) {
       omp_set_num_threads(th);

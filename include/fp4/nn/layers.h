@@ -160,9 +160,10 @@ void residual_add(float* x, const float* r, int64_t n);
 namespace detail {
 /// Attention kernel variants (AVX-512: 8 × 32 register blocks; AVX2 + FMA: 4 × 16; baseline:
 /// 4 × 16 with std::fma per lane). kScalarTwin is the baseline x86-64 build of the same
-/// kernel (4-lane SSE2 vectors, the same per-lane fused multiply-add sequence); all three
-/// must match attention_*_ref bit for bit.
-enum class AttentionIsa { kAuto, kAvx512, kAvx2, kScalarTwin };
+/// kernel (4-lane SSE2 vectors, the same per-lane fused multiply-add sequence). kEmu16 is the
+/// AVX-512 body (16 lanes, 8 × 32 blocks) emulated on any x86-64 CPU (GCC vectors lowered to
+/// SSE2, std::fma per lane), for tests only. All must match attention_*_ref bit for bit.
+enum class AttentionIsa { kAuto, kAvx512, kAvx2, kScalarTwin, kEmu16 };
 /// For tests and benchmarks: force a variant (not thread-safe; call between layer calls).
 /// Returns false, changing nothing, if this CPU cannot run it.
 bool set_attention_isa(AttentionIsa isa);
