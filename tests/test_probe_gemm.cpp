@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "support/variant_set.h"
 #include "fp4/block_quant.h"
 #include "fp4/format.h"
 #include "fp4/probe_gemm.h"
@@ -247,11 +248,17 @@ std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b)
 
 // ------------------------------------------------------------------ helpers
 
-/// Every kernel this CPU can run (every test below runs against each of them).
+/// Every kernel this CPU can run that FP4_TEST_VARIANTS selects (tests/support/variant_set.h;
+/// every test below runs against each of them): the portable twin always; the native SIMD
+/// kernels by default; the AVX-512 kernel's code with its instructions emulated
+/// (Avx512Emulated, any x86-64 CPU) under FP4_TEST_VARIANTS=emulated.
 std::vector<ProbeKernel> kernels() {
   std::vector<ProbeKernel> k = {ProbeKernel::Portable};
-  if (probe_gemm_avx512_available()) k.push_back(ProbeKernel::Avx512Vnni);
-  if (probe_gemm_avx2_available()) k.push_back(ProbeKernel::Avx2);
+  if (fp4::test::variant_selected(false)) {
+    if (probe_gemm_avx512_available()) k.push_back(ProbeKernel::Avx512Vnni);
+    if (probe_gemm_avx2_available()) k.push_back(ProbeKernel::Avx2);
+  }
+  if (fp4::test::variant_selected(true)) k.push_back(ProbeKernel::Avx512Emulated);
   return k;
 }
 const char* kname(ProbeKernel k) { return probe_kernel_name(k); }
@@ -981,6 +988,7 @@ TEST(ProbeGemm, ModeNamesAndDispatch) {
                    : probe_gemm_avx2_available() ? ProbeKernel::Avx2
                                                  : ProbeKernel::Portable);
   EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx2), "avx2");
+  EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx512Emulated), "avx512-emulated");
   EXPECT_STREQ(probe_kernel_name(ProbeKernel::Avx512Vnni), "avx512-vnni");
   EXPECT_STREQ(probe_kernel_name(ProbeKernel::Portable), "portable");
 }

@@ -48,6 +48,9 @@ enum class ProbeKernel {
   Avx512Vnni,  ///< int8 dot products with vpdpbusd; throws std::runtime_error if unsupported
   Avx2,        ///< int8 dot products with vpmaddubsw (src/gemm/probe_gemm_avx2.cpp); needs
                ///< AVX2 and FMA, throws std::runtime_error if unsupported
+  Avx512Emulated,  ///< the Avx512Vnni kernel's code with every instruction emulated in
+                   ///< portable C++ (src/gemm/probe_tile_avx512.inc): any x86-64 CPU, slow;
+                   ///< for tests of that code on CPUs without AVX-512. Never chosen by Auto.
 };
 
 struct ProbeGemmOptions {

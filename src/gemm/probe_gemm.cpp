@@ -301,7 +301,7 @@ enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
 /// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
 /// The kernel a call runs (ProbeKernel with Auto resolved). pack_row converts codes with the
 /// matching vector width (every width gives the same bytes).
-enum class Impl { Portable, Avx512, Avx2 };
+enum class Impl { Portable, Avx512, Avx2, Avx512Emu };
 unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
                   Packed& P, Impl impl) {
   const int64_t K = q.cols, Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk, B = q.spec.block;
@@ -573,121 +573,169 @@ void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P) {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+namespace avx512 {
+// The instructions of the AVX-512 VNNI tile kernel (probe_tile_avx512.inc), as thin wrappers.
+using VI = __m512i;  // 16 × int32 (or 64 bytes)
+using VD = __m512d;  // 8 × double
+using VF = __m512;   // 16 × float
+
 /// acc += Σ_{4 bytes} u8(b)·s8(a) per 32-bit lane, in place (the intrinsic's copy-in/copy-out
 /// of the accumulator makes GCC 12 emit a register move per instruction).
-FP4_AVX512 inline void dpbusd(__m512i& acc, __m512i b_u8, __m512i a_s8) {
+FP4_AVX512 inline void dpbusd(VI& acc, VI b_u8, VI a_s8) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(b_u8), "v"(a_s8));
 }
-
 /// The 4 bytes at p broadcast to every 32-bit lane.
-FP4_AVX512 inline __m512i bcast4(const int8_t* p) {
+FP4_AVX512 inline VI bcast4(const int8_t* p) {
   int32_t a4;
   std::memcpy(&a4, p, 4);
   return _mm512_set1_epi32(a4);
 }
-
-/// One kMR × kNR output tile: rows i0.. of A, panel p of B, written to c (row stride ldc):
-/// its first `rows` rows and `cols` columns (the rest are padding).
-/// Per segment: int32 dots D by vpdpbusd (from −12·Σ n_a, undoing B's +12), then chunk += (D)·(c_a/2)·(c_b/2) in
-/// double (exact); per chunk: one RNE conversion to FP32 and an RTZ addition; at the end the
-/// 1/1024 snap and α.
-FP4_AVX512 void simd_tile(const Plan& pl, const Packed& A, const Panels& BP, int64_t i0,
-                          int64_t p, float alpha, float* c, int64_t ldc, int64_t rows,
-                          int64_t cols) {
-  const int64_t Kp = pl.Kp, ns = pl.nseg;
-  const int8_t* an = A.n.data() + i0 * Kp;
-  const double* sa = A.hs.data() + i0 * ns;
-  const int32_t* corr = A.corr.data() + i0 * ns;
-  const uint8_t* bpan = BP.bytes.data() + p * Kp * kNR;
-  const double* sb = BP.hs.data() + p * ns * kNR;
-  // Registers: 8 int32 dot accumulators (named variables below), 16 double chunk
-  // accumulators, operands. The FP32 RTZ accumulators, touched once per chunk, live in L1.
-  alignas(64) float accbuf[kMR][kNR] = {};
-  for (int64_t c = 0; c < pl.nchunk; ++c) {
-    __m512d dlo[kMR][kNRV], dhi[kMR][kNRV];
-#pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < kNRV; ++v) dlo[r][v] = dhi[r][v] = _mm512_setzero_pd();
-    for (int64_t s = pl.chunk_first[c]; s < pl.chunk_first[c + 1]; ++s) {
-      const Segment& sg = pl.segs[static_cast<size_t>(s)];
-      // Start from −12·Σ n_a so that the dots come out as D = Σ n_a·n_b directly. The eight
-      // accumulators are named variables: in an array GCC keeps them in memory around the asm.
-      static_assert(kMR == 4 && kNRV == 2, "the inner loop is written out for 4 x 32 tiles");
-      __m512i c00 = _mm512_set1_epi32(corr[0 * ns + s]), c01 = c00;
-      __m512i c10 = _mm512_set1_epi32(corr[1 * ns + s]), c11 = c10;
-      __m512i c20 = _mm512_set1_epi32(corr[2 * ns + s]), c21 = c20;
-      __m512i c30 = _mm512_set1_epi32(corr[3 * ns + s]), c31 = c30;
-      const uint8_t* bk = bpan + sg.p0 * kNR;
-      const int8_t* ak = an + sg.p0;
-      for (int64_t kk = 0; kk < sg.plen; kk += 4) {
-        const __m512i b0 = _mm512_loadu_si512(bk + kk * kNR);
-        const __m512i b1 = _mm512_loadu_si512(bk + kk * kNR + 64);
-        __m512i a = bcast4(ak + 0 * Kp + kk);
-        dpbusd(c00, b0, a);
-        dpbusd(c01, b1, a);
-        a = bcast4(ak + 1 * Kp + kk);
-        dpbusd(c10, b0, a);
-        dpbusd(c11, b1, a);
-        a = bcast4(ak + 2 * Kp + kk);
-        dpbusd(c20, b0, a);
-        dpbusd(c21, b1, a);
-        a = bcast4(ak + 3 * Kp + kk);
-        dpbusd(c30, b0, a);
-        dpbusd(c31, b1, a);
-      }
-      const __m512i ia[kMR][kNRV] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
-      // Segment epilogue: chunk += D·(c_a/2)·(c_b/2), exact in double.
-#pragma GCC unroll 4
-      for (int v = 0; v < kNRV; ++v) {
-        const __m512d sbl = _mm512_loadu_pd(sb + s * kNR + v * 16);
-        const __m512d sbh = _mm512_loadu_pd(sb + s * kNR + v * 16 + 8);
-#pragma GCC unroll 8
-        for (int r = 0; r < kMR; ++r) {
-          const __m512d sar = _mm512_set1_pd(sa[r * ns + s]);
-          const __m512i d = ia[r][v];
-          const __m512d dl = _mm512_cvtepi32_pd(_mm512_castsi512_si256(d));
-          const __m512d dh = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1));
-          dlo[r][v] = _mm512_fmadd_pd(dl, _mm512_mul_pd(sbl, sar), dlo[r][v]);
-          dhi[r][v] = _mm512_fmadd_pd(dh, _mm512_mul_pd(sbh, sar), dhi[r][v]);
-        }
-      }
-    }
-    // Chunk epilogue: one RNE rounding to FP32, then the RTZ accumulation.
-#pragma GCC unroll 8
-    for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < kNRV; ++v) {
-        const __m256 lo = _mm512_cvt_roundpd_ps(dlo[r][v], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m256 hi = _mm512_cvt_roundpd_ps(dhi[r][v], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-        float* ap = &accbuf[r][v * 16];
-        _mm512_store_ps(ap, _mm512_add_round_ps(_mm512_load_ps(ap), f,
-                                                _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
-      }
-  }
-  const __m512 al = _mm512_set1_ps(alpha);
-  __mmask16 mask[kNRV];
-#pragma GCC unroll 4
-  for (int v = 0; v < kNRV; ++v) {
-    const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
-    mask[v] = static_cast<__mmask16>((uint32_t{1} << left) - 1);
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < kMR; ++r) {
-    if (r >= rows) break;
-#pragma GCC unroll 4
-    for (int v = 0; v < kNRV; ++v) {
-      // vrndscaleps imm: bits 7:4 = 10 fraction bits kept, bit 3 = suppress precision, 1:0 = RNE.
-      const __m512 snapped =
-          _mm512_roundscale_ps(_mm512_load_ps(&accbuf[r][v * 16]), (kProbeSnapBits << 4) | 0x08);
-      const __m512 y = _mm512_mul_round_ps(snapped, al, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm512_mask_storeu_ps(c + r * ldc + v * 16, mask[v], y);
-    }
-  }
+FP4_AVX512 inline VI set1_epi32(int32_t x) { return _mm512_set1_epi32(x); }
+FP4_AVX512 inline VI loadu_si512(const uint8_t* p) { return _mm512_loadu_si512(p); }
+FP4_AVX512 inline VD setzero_pd() { return _mm512_setzero_pd(); }
+FP4_AVX512 inline VD loadu_pd(const double* p) { return _mm512_loadu_pd(p); }
+FP4_AVX512 inline VD set1_pd(double x) { return _mm512_set1_pd(x); }
+/// int32 lanes 0..7 / 8..15 of d as doubles (exact).
+FP4_AVX512 inline VD cvt_lo_pd(VI d) { return _mm512_cvtepi32_pd(_mm512_castsi512_si256(d)); }
+FP4_AVX512 inline VD cvt_hi_pd(VI d) { return _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d, 1)); }
+FP4_AVX512 inline VD fmadd_pd(VD a, VD b, VD c) { return _mm512_fmadd_pd(a, b, c); }
+FP4_AVX512 inline VD mul_pd(VD a, VD b) { return _mm512_mul_pd(a, b); }
+/// lo (lanes 0..7) and hi (lanes 8..15) rounded to FP32 (RNE).
+FP4_AVX512 inline VF cvt_rne_ps(VD lo, VD hi) {
+  const __m256 l = _mm512_cvt_roundpd_ps(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 h = _mm512_cvt_roundpd_ps(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(l), h, 1);
 }
+FP4_AVX512 inline VF load_ps(const float* p) { return _mm512_load_ps(p); }
+FP4_AVX512 inline void store_ps(float* p, VF v) { _mm512_store_ps(p, v); }
+/// a + b rounded toward zero (vaddps {rz-sae}: IEEE RTZ).
+FP4_AVX512 inline VF add_rtz_ps(VF a, VF b) {
+  return _mm512_add_round_ps(a, b, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+}
+FP4_AVX512 inline VF set1_ps(float x) { return _mm512_set1_ps(x); }
+/// 2^-10·RNE(2^10·x) per lane: vrndscaleps imm bits 7:4 = 10 fraction bits kept, bit 3 =
+/// suppress precision, 1:0 = RNE.
+FP4_AVX512 inline VF snap_ps(VF x) { return _mm512_roundscale_ps(x, (kProbeSnapBits << 4) | 0x08); }
+FP4_AVX512 inline VF mul_rne_ps(VF a, VF b) {
+  return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+/// Lanes 0..n − 1 of v to p (n ≤ 16).
+FP4_AVX512 inline void store_first(float* p, int64_t n, VF v) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((uint32_t{1} << n) - 1), v);
+}
+#define FP4_TILE_ATTR FP4_AVX512
+#include "probe_tile_avx512.inc"
+#undef FP4_TILE_ATTR
+}  // namespace avx512
 
 #pragma GCC diagnostic pop
+
+namespace avx512_emu {
+// The same instructions emulated lane by lane in portable C++ (baseline x86-64), each giving
+// the instruction's result by its definition in the Intel SDM: integer ops exactly, double
+// fma correctly rounded (std::fma), double → float and float · float in the default RNE mode,
+// the RTZ addition by add_rtz (exact, see there), the snap by finish's exact double rounding.
+// So simd_tile here is the AVX-512 kernel's code (blocking, loop order, epilogues) on any CPU.
+struct VI {
+  int32_t v[16];
+};
+struct VD {
+  double v[8];
+};
+struct VF {
+  float v[16];
+};
+inline void dpbusd(VI& acc, VI b_u8, VI a_s8) {
+  uint8_t b[64];
+  int8_t a[64];
+  std::memcpy(b, b_u8.v, 64);
+  std::memcpy(a, a_s8.v, 64);
+  for (int l = 0; l < 16; ++l) {
+    uint32_t s = static_cast<uint32_t>(acc.v[l]);  // wrap-around int32 sum, as vpdpbusd
+    for (int j = 0; j < 4; ++j)
+      s += static_cast<uint32_t>(int32_t{b[4 * l + j]} * int32_t{a[4 * l + j]});
+    acc.v[l] = static_cast<int32_t>(s);
+  }
+}
+inline VI set1_epi32(int32_t x) {
+  VI r;
+  for (int32_t& e : r.v) e = x;
+  return r;
+}
+inline VI bcast4(const int8_t* p) {
+  int32_t a4;
+  std::memcpy(&a4, p, 4);
+  return set1_epi32(a4);
+}
+inline VI loadu_si512(const uint8_t* p) {
+  VI r;
+  std::memcpy(r.v, p, 64);
+  return r;
+}
+inline VD setzero_pd() { return VD{}; }
+inline VD loadu_pd(const double* p) {
+  VD r;
+  std::memcpy(r.v, p, 64);
+  return r;
+}
+inline VD set1_pd(double x) {
+  VD r;
+  for (double& e : r.v) e = x;
+  return r;
+}
+inline VD cvt_lo_pd(VI d) {
+  VD r;
+  for (int l = 0; l < 8; ++l) r.v[l] = d.v[l];
+  return r;
+}
+inline VD cvt_hi_pd(VI d) {
+  VD r;
+  for (int l = 0; l < 8; ++l) r.v[l] = d.v[8 + l];
+  return r;
+}
+inline VD fmadd_pd(VD a, VD b, VD c) {
+  for (int l = 0; l < 8; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+  return c;
+}
+inline VD mul_pd(VD a, VD b) {
+  for (int l = 0; l < 8; ++l) a.v[l] *= b.v[l];
+  return a;
+}
+inline VF cvt_rne_ps(VD lo, VD hi) {
+  VF r;
+  for (int l = 0; l < 8; ++l) r.v[l] = static_cast<float>(lo.v[l]);
+  for (int l = 0; l < 8; ++l) r.v[8 + l] = static_cast<float>(hi.v[l]);
+  return r;
+}
+inline VF load_ps(const float* p) {
+  VF r;
+  std::memcpy(r.v, p, 64);
+  return r;
+}
+inline void store_ps(float* p, VF v) { std::memcpy(p, v.v, 64); }
+inline VF add_rtz_ps(VF a, VF b) {
+  for (int l = 0; l < 16; ++l) a.v[l] = add_rtz(a.v[l], b.v[l]);
+  return a;
+}
+inline VF set1_ps(float x) {
+  VF r;
+  for (float& e : r.v) e = x;
+  return r;
+}
+inline VF snap_ps(VF x) {
+  static_assert(kProbeSnapBits == 10, "snap_ps emulates 10 fraction bits");
+  for (float& e : x.v) e = static_cast<float>(std::nearbyint(static_cast<double>(e) * 1024.0) / 1024.0);
+  return x;
+}
+inline VF mul_rne_ps(VF a, VF b) {
+  for (int l = 0; l < 16; ++l) a.v[l] *= b.v[l];
+  return a;
+}
+inline void store_first(float* p, int64_t n, VF v) { std::memcpy(p, v.v, sizeof(float) * n); }
+#define FP4_TILE_ATTR
+#include "probe_tile_avx512.inc"
+#undef FP4_TILE_ATTR
+}  // namespace avx512_emu
 
 bool cpu_has_avx512_vnni() {
   __builtin_cpu_init();
@@ -697,10 +745,15 @@ bool cpu_has_avx512_vnni() {
 }
 #else
 bool cpu_has_avx512_vnni() { return false; }
+namespace avx512 {
 void simd_tile(const Plan&, const Packed&, const Panels&, int64_t, int64_t, float, float*,
                int64_t, int64_t, int64_t) {
   throw std::logic_error("probe_gemm: the AVX-512 VNNI kernel is not built for this target");
 }
+}  // namespace avx512
+namespace avx512_emu {
+using avx512::simd_tile;
+}  // namespace avx512_emu
 #endif
 
 struct Workspace {
@@ -751,6 +804,7 @@ const char* probe_kernel_name(ProbeKernel k) {
     case ProbeKernel::Portable: return "portable";
     case ProbeKernel::Avx512Vnni: return "avx512-vnni";
     case ProbeKernel::Avx2: return "avx2";
+    case ProbeKernel::Avx512Emulated: return "avx512-emulated";
   }
   return "?";
 }
@@ -771,9 +825,10 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
     throw std::runtime_error("probe_gemm: this CPU has no AVX-512 VNNI (use kernel Auto)");
   if (kernel == ProbeKernel::Avx2 && !probe_gemm_avx2_available())
     throw std::runtime_error("probe_gemm: this CPU has no AVX2 and FMA (use kernel Auto)");
-  const Impl impl = kernel == ProbeKernel::Avx512Vnni ? Impl::Avx512
-                    : kernel == ProbeKernel::Avx2     ? Impl::Avx2
-                                                      : Impl::Portable;
+  const Impl impl = kernel == ProbeKernel::Avx512Vnni       ? Impl::Avx512
+                    : kernel == ProbeKernel::Avx2           ? Impl::Avx2
+                    : kernel == ProbeKernel::Avx512Emulated ? Impl::Avx512Emu
+                                                            : Impl::Portable;
   const bool simd = impl != Impl::Portable;
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   if (M == 0 || N == 0) return;
@@ -839,7 +894,10 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
         });
         if (impl == Impl::Avx512) {
           for (int64_t r0 = i0; r0 < i1; r0 += kMR)
-            simd_tile(pl, A, BP, r0, p, alpha, c + r0 * N + j0, N, i1 - r0, j1 - j0);
+            avx512::simd_tile(pl, A, BP, r0, p, alpha, c + r0 * N + j0, N, i1 - r0, j1 - j0);
+        } else if (impl == Impl::Avx512Emu) {
+          for (int64_t r0 = i0; r0 < i1; r0 += kMR)
+            avx512_emu::simd_tile(pl, A, BP, r0, p, alpha, c + r0 * N + j0, N, i1 - r0, j1 - j0);
         } else if (impl == Impl::Avx2) {
           for (int64_t r0 = i0; r0 < i1; r0 += kMR)
             avx2_tile(pl, A, B, BP, r0, p, alpha, limit, c + r0 * N + j0, N, i1 - r0, j1 - j0);
