@@ -233,9 +233,12 @@ void register_gemm(CLI::App& app) {
       "C is [M, N], printed one row per line (%.9g) or as JSON with --json.\n"
       "Modes (docs/numerics.md \"GEMM emulation\", docs/gemm.md): probe-matched (default here) models\n"
       "the native FP4 GEMM: products q·c_b, exact 64-long chunk sums rounded once to FP32,\n"
-      "round-toward-zero accumulation, 1/1024 snap, times gd_a·gd_b; decoded dequantizes both\n"
-      "operands to FP32 and runs an FP32 GEMM. Each --X option applies to both operands unless\n"
-      "its --a-X / --b-X form overrides it for one.");
+      "round-toward-zero accumulation, 1/1024 snap, then times\n"
+      "α = fl(fl(g_a·g_b) / fl(fl(T_a·6)·fl(T_b·6))) in FP32, from each operand's tensor\n"
+      "reference g and scale target T (not fl(gd_a·gd_b), which can differ in the last bit; an\n"
+      "operand without a tensor scale, as under the MX rules, enters with g = T·6 = 1);\n"
+      "decoded dequantizes both operands to FP32 and runs an FP32 GEMM. Each --X option\n"
+      "applies to both operands unless its --a-X / --b-X form overrides it for one.");
   sub->add_option("A", o->file_a, "Matrix A [M, K] (text file)")->required();
   sub->add_option("B", o->file_b, "Matrix B [N, K] (text file); C = A·Bᵀ")->required();
   sub->add_option("--mode", o->mode, "GEMM emulation: probe-matched or decoded")->capture_default_str();
