@@ -622,6 +622,37 @@ TEST(SrSeed, ChangesTheSrDrawsAndNothingElse) {
   EXPECT_TRUE(same_bits(b0.final_ckpt.params, b1.final_ckpt.params));
 }
 
+// train.final_window on a tiny run of 8 steps: the default gives max(1, 8 / 10) = 1 step (as
+// before the key existed), 3 gives the last 3 steps, 0.3 gives floor(2.4) = 2. The
+// final-window loss is the mean of those steps' losses in metrics.jsonl, summary.json names
+// the window, and the key changes nothing else (the losses are the same bits).
+TEST(FinalWindow, StepsAndFractionGiveTheirWindowOnATinyRun) {
+  const Recipe r = recipe_named("fp32");
+  struct Case {
+    const char* name;
+    double final_window;
+    int want_window;
+  };
+  std::vector<double> losses0;
+  for (const Case& k : {Case{"fw_default", 0.1, 1}, Case{"fw_steps", 3, 3}, Case{"fw_frac", 0.3, 2}}) {
+    RunConfig cfg = micro_config(8);
+    cfg.train.final_window = k.final_window;
+    const RunResult res = run_uninterrupted(cfg, r, k.name);
+    ASSERT_EQ(res.metrics.size(), 8u) << k.name;
+    EXPECT_EQ(res.summary_json["final_window_steps"], k.want_window) << k.name;
+    EXPECT_EQ(res.summary.final_window_steps, k.want_window) << k.name;
+    double s = 0;  // the last want_window logged losses, summed in step order as the trainer does
+    for (int step = 8 - k.want_window + 1; step <= 8; ++step)
+      s += res.metrics[size_t(step - 1)]["loss"].get<double>();
+    EXPECT_DOUBLE_EQ(res.summary_json["final_window_loss"].get<double>(), s / k.want_window) << k.name;
+    EXPECT_DOUBLE_EQ(res.summary.final_window_loss, s / k.want_window) << k.name;
+    if (losses0.empty())
+      losses0 = res.summary.losses;
+    else
+      EXPECT_TRUE(same_bits(losses0, res.summary.losses)) << k.name;
+  }
+}
+
 TEST(Resume, RefusesACheckpointOfAnotherRun) {
   const RunConfig cfg = micro_config(4);
   const Recipe r = recipe_named("fp32");

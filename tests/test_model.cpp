@@ -261,6 +261,71 @@ TEST(Config, TinyConfigAndErrors) {
   EXPECT_EQ(c2.train.lr, c.train.lr);
   EXPECT_EQ(c2.model.norm_eps, c.model.norm_eps);
 }
+
+// train.final_window: a fraction (float in (0, 1)) or a step count (integer >= 1).
+TEST(Config, FinalWindowStepsOrFraction) {
+  // The default is the window of every earlier run: max(1, steps / 10), for every steps.
+  TrainConfig d;
+  EXPECT_EQ(d.final_window, 0.1);
+  for (int n = 1; n <= 300000; ++n) {
+    d.steps = n;
+    ASSERT_EQ(d.final_window_steps(), std::max(1, n / 10)) << n;
+  }
+  for (int n : {1 << 29, (1 << 30) - 1, 1 << 30}) {
+    d.steps = n;
+    EXPECT_EQ(d.final_window_steps(), n / 10) << n;
+  }
+  auto window = [](const std::string& value, int steps) {
+    const RunConfig c = load_run_config(write_tmp(
+        "fw.toml", "[train]\nsteps = " + std::to_string(steps) + "\nwarmup_steps = 0\n" +
+                       "final_window = " + value + "\n"));
+    return c.train.final_window_steps();
+  };
+  EXPECT_EQ(window("250", 30000), 250);   // the paper's window
+  EXPECT_EQ(window("250", 250), 250);     // the whole run
+  EXPECT_EQ(window("1", 10), 1);          // an integer 1 is one step
+  EXPECT_EQ(window("0.3", 10), 3);        // 0.3·10 = 3 (not 2 from 0.3's binary rounding)
+  EXPECT_EQ(window("0.25", 30), 7);       // floor(7.5)
+  EXPECT_EQ(window("0.01", 50), 1);       // floor(0.5) = 0: at least one step
+  EXPECT_EQ(window("0.5", 1), 1);
+  EXPECT_EQ(window("0.1", 200), 20);      // the default, written out
+  // Refused, with the key named: zero, negative, a float of 1 or more (a step count is an
+  // integer), a step count above train.steps, a non-number.
+  auto error = [](const std::string& value) {
+    return error_of([&] {
+      load_run_config(write_tmp("fwe.toml", "[train]\nsteps = 100\nwarmup_steps = 0\n"
+                                            "final_window = " + value + "\n"));
+    });
+  };
+  for (const char* bad : {"0", "-3", "0.0", "-0.5", "1.0", "1.5", "250.0", "nan", "inf", "\"10%\""}) {
+    const std::string e = error(bad);
+    EXPECT_NE(e.find("train.final_window"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(error("250.0").find("written as an integer: 250"), std::string::npos) << error("250.0");
+  EXPECT_NE(error("0").find("a fraction of train.steps in (0, 1)"), std::string::npos) << error("0");
+  EXPECT_NE(error("\"10%\"").find("a number"), std::string::npos) << error("\"10%\"");
+  const std::string over = error("101");
+  EXPECT_NE(over.find("train.final_window (101 steps) must not exceed train.steps (100)"),
+            std::string::npos) << over;
+  // With --set the error names the argument.
+  const fs::path f = write_tmp("fws.toml", "[train]\nsteps = 100\nwarmup_steps = 0\n");
+  const std::string se = error_of([&] { load_run_config(f, parse_settings({"train.final_window=2.5"}).config); });
+  EXPECT_NE(se.find("--set train.final_window=2.5"), std::string::npos) << se;
+  EXPECT_NE(se.find("train.final_window"), std::string::npos) << se;
+  EXPECT_EQ(load_run_config(f, parse_settings({"train.final_window=40"}).config).train.final_window_steps(), 40);
+
+  // The resolved config: absent at the default (earlier texts unchanged), else as written.
+  RunConfig c;
+  EXPECT_EQ(run_config_to_toml(c).find("final_window"), std::string::npos);
+  c.train.final_window = 250;
+  std::string toml = run_config_to_toml(c);
+  EXPECT_NE(toml.find("\nfinal_window = 250\n"), std::string::npos) << toml;
+  EXPECT_EQ(run_config_from_text(toml, "x").train.final_window, 250.0);
+  c.train.final_window = 0.3;
+  toml = run_config_to_toml(c);
+  EXPECT_NE(toml.find("\nfinal_window = 0.3\n"), std::string::npos) << toml;
+  EXPECT_EQ(run_config_from_text(toml, "x").train, c.train);
+}
 }  // namespace
 
 namespace {

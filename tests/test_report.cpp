@@ -114,6 +114,7 @@ TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n{\"step\":2,\"loss\":null,\"grad_norm\":1}\n";
   const RunRecord r = read_run(d);
   EXPECT_EQ(r.seed, 3u);
+  EXPECT_EQ(r.final_window_steps, 1);  // no final_window_steps: max(1, 2 / 10), the old rule
   EXPECT_EQ(r.loss.size(), 2u);
   EXPECT_TRUE(std::isnan(r.loss[1]));  // a NaN written as null is read back as NaN
   EXPECT_EQ(r.heldout.count("current"), 0u);  // fp32 has no quantized inference
@@ -128,6 +129,50 @@ TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   std::ofstream(d / "eval.json") << R"({"policies":{}})";
   expect_error("eval.json");
   fs::remove_all(d);
+}
+
+// The definition of the final-window loss names the window the runs used (summary.json
+// final_window_steps of steps), not a fixed 10%.
+TEST(Report, FinalWindowDefinitionNamesTheWindowUsed) {
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_fw_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"fp32","seed":1,"steps":30000,
+    "final_window_loss":2.5,"final_window_steps":250,"tokens_per_s":10,"heldout_nll":2.6,"heldout_nll_quant":2.6})";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n";
+  RunRecord a = read_run(d);
+  fs::remove_all(d);
+  EXPECT_EQ(a.final_window_steps, 250);
+  EXPECT_EQ(a.steps, 30000);
+  auto definition = [](const std::vector<RunRecord>& runs) {
+    const std::string md = comparison_report_md(aggregate_runs(runs, {"fp32"}), runs, ReportContext{});
+    const size_t at = md.find("* **Final-window loss**: ");
+    EXPECT_NE(at, std::string::npos) << md;
+    return md.substr(at, md.find('\n', at) - at);
+  };
+  // 250 of 30,000 steps: 0.833%.
+  EXPECT_EQ(definition({a}),
+            "* **Final-window loss**: mean training loss over the last 250 of 30000 steps (0.833%) "
+            "of each run (`train.final_window`; by default the last 10% of the steps).");
+  RunRecord b = a, c = a;
+  b.final_window_steps = 20;
+  b.steps = 200;
+  c.final_window_steps = 20;
+  c.steps = 200;
+  EXPECT_EQ(definition({b, c}),
+            "* **Final-window loss**: mean training loss over the last 20 of 200 steps (10%) of "
+            "each run (`train.final_window`; by default the last 10% of the steps).");
+  EXPECT_EQ(definition({a, b, c}),
+            "* **Final-window loss**: mean training loss over the last steps of a run "
+            "(`train.final_window`; by default the last 10% of the steps); here the last 20 of "
+            "200 steps (10%) in 2 runs, 250 of 30000 steps (0.833%) in 1 run.");
+  // A diverged run has no window; with no completed run the definition names no numbers.
+  RunRecord dv = b;
+  dv.diverged_at = 7;
+  dv.final_window_steps = 0;
+  EXPECT_EQ(definition({dv}),
+            "* **Final-window loss**: mean training loss over the last steps of a run "
+            "(`train.final_window`; by default the last 10% of the steps).");
 }
 
 TEST(Report, DivergedRunsAreCountedNotAveraged) {

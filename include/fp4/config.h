@@ -69,6 +69,20 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;
+  /// The window of the final-window loss (summary.json final_window_loss, the comparison
+  /// report's headline figure): train.final_window, either a fraction of train.steps in
+  /// (0, 1) (a TOML float: the last floor(fraction·steps) steps, at least 1) or a whole
+  /// number of steps >= 1 (a TOML integer, at most train.steps). The default 0.1 is the last
+  /// 10% of the steps, max(1, steps / 10), the window of every run made before the key
+  /// existed. The paper (arXiv 2609.02846) averages the ten losses it logged, one every 25
+  /// steps, in the last 250 of its 30,000 steps; `final_window = 250` is that window, with
+  /// every step's loss in the mean (fp4train has the loss of every step).
+  double final_window = 0.1;
+  /// The number of steps of the final window for this config: final_window as a step count
+  /// when >= 1 (capped at steps), else max(1, floor(final_window·steps)), the product rounded
+  /// down to the step within 1e-6 (so 0.3 of 10 steps is 3, whatever the binary rounding of
+  /// 0.3). With the default 0.1 it is max(1, steps / 10) for every steps. Throws nothing.
+  int final_window_steps() const;
   uint64_t seed = 1;
   /// Seed of the stochastic-rounding stream (the Philox key of every SR draw, docs/numerics.md "Stochastic rounding");
   /// -1, the default, means `seed`. Changing only this isolates SR noise from the

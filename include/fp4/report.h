@@ -18,7 +18,12 @@ struct RunRecord {
   uint64_t seed = 0;
   int steps = 0;                      ///< configured optimizer steps
   int warmup_steps = 0;               ///< train.warmup_steps of the run's config.toml
-  double final_window_loss = 0;       ///< summary.json: mean loss over the last 10% of steps
+  /// summary.json: mean training loss over the last final_window_steps steps.
+  double final_window_loss = 0;
+  /// summary.json final_window_steps: the window of final_window_loss (train.final_window;
+  /// by default the last 10%, max(1, steps / 10), which is also what a summary without the
+  /// field had); 0 for a diverged run (no summary).
+  int final_window_steps = 0;
   double tokens_per_s = 0;            ///< summary.json: training throughput
   std::vector<int> step;              ///< logged steps, ascending (metrics.jsonl)
   std::vector<double> loss;           ///< training loss at step[i] (nats/token)

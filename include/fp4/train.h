@@ -124,7 +124,10 @@ struct TrainOptions {
 
 struct TrainSummary {
   int steps = 0;
-  double final_window_loss = 0;    ///< mean training loss over the last 10% of steps
+  /// Mean training loss over the last final_window_steps steps (train.final_window; by
+  /// default the last 10% of the steps).
+  double final_window_loss = 0;
+  int final_window_steps = 0;      ///< TrainConfig::final_window_steps() of the run
   double heldout_nll = 0;          ///< final held-out NLL, unquantized (FP32 inference)
   double heldout_nll_quant = 0;    ///< final held-out NLL, recipe's quantized inference, policy `current`
   double tokens_per_s = 0;         ///< training throughput over the whole run (excl. evaluation)

@@ -46,7 +46,7 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
               recipe.name.c_str(), s.steps, static_cast<unsigned long long>(cfg.train.seed));
   std::printf("  first-step loss                     %.4f   (ln vocab = %.4f)\n", s.first_loss,
               std::log(double(cfg.model.vocab_size)));
-  const int window = std::max(1, s.steps / 10);
+  const int window = s.final_window_steps;
   std::printf("  final-window training loss          %.4f   (mean of the last %d step%s)\n",
               s.final_window_loss, window, window == 1 ? "" : "s");
   std::printf("  held-out NLL, FP32 inference        %.4f nats/token\n", s.heldout_nll);

@@ -43,6 +43,14 @@ void override_steps(RunConfig& cfg, int steps) {
     std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
                 cfg.train.steps, was, cfg.train.warmup_steps);
   }
+  if (cfg.train.final_window >= 1.0 && cfg.train.final_window > cfg.train.steps) {
+    const auto was = static_cast<long long>(cfg.train.final_window);
+    cfg.train.final_window = TrainConfig{}.final_window;
+    const int w = cfg.train.final_window_steps();
+    std::printf("note: --steps %d is below train.final_window = %lld steps; the final-window loss "
+                "is the mean of the last %d step%s (the default, 10%%)\n",
+                cfg.train.steps, was, w, w == 1 ? "" : "s");
+  }
 }
 std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem::path& config_file,
                                     const std::string& config_arg, const std::string& data_arg) {

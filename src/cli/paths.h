@@ -37,7 +37,9 @@ TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int v
                                    const std::function<void(const std::string&)>& log = {});
 
 /// --steps N on a run config: sets train.steps (N > 0) and, when train.warmup_steps is no
-/// longer below it, warms up for steps / 10 instead, printing a note saying so.
+/// longer below it, warms up for steps / 10 instead, printing a note saying so; likewise,
+/// when train.final_window is a step count above the new steps, the final window becomes the
+/// default last 10% (with a note).
 void override_steps(RunConfig& cfg, int steps);
 
 /// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11

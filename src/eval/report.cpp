@@ -208,6 +208,9 @@ RunRecord read_run(const fs::path& dir) {
     r.seed = s.value("seed", uint64_t{0});
     r.steps = static_cast<int>(num(s, "steps", sp));
     r.final_window_loss = num(s, "final_window_loss", sp);
+    r.final_window_steps = s.contains("final_window_steps")
+                               ? static_cast<int>(num(s, "final_window_steps", sp))
+                               : std::max(1, r.steps / 10);
     r.tokens_per_s = num(s, "tokens_per_s", sp);
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
   } else if (fs::exists(errp)) {
@@ -528,6 +531,35 @@ std::string boot_cell(const BootstrapInterval& b) {
 }
 }  // namespace
 
+namespace {
+// The report's definition of the final-window loss, with the window its completed runs used
+// (summary.json final_window_steps of steps): one phrase when they share it, else each window
+// with its number of runs.
+std::string final_window_definition(const std::vector<RunRecord>& runs) {
+  std::map<std::pair<int, int>, int> windows;  // (window, steps) -> runs
+  for (const auto& r : runs)
+    if (r.diverged_at == 0 && r.final_window_steps > 0) ++windows[{r.final_window_steps, r.steps}];
+  auto window = [](int w, int n) {
+    return std::to_string(w) + " of " + std::to_string(n) + " steps (" +
+           fmt("%.3g%%", 100.0 * w / std::max(n, 1)) + ")";
+  };
+  const std::string key = " (`train.final_window`; by default the last 10% of the steps)";
+  if (windows.empty()) return "mean training loss over the last steps of a run" + key + ".";
+  if (windows.size() == 1)
+    return "mean training loss over the last " +
+           window(windows.begin()->first.first, windows.begin()->first.second) +
+           " of each run" + key + ".";
+  std::string s = "mean training loss over the last steps of a run" + key + "; here the last ";
+  bool first = true;
+  for (const auto& [wn, count] : windows) {
+    s += (first ? "" : ", ") + window(wn.first, wn.second) + " in " + std::to_string(count) +
+         " run" + (count == 1 ? "" : "s");
+    first = false;
+  }
+  return s + ".";
+}
+}  // namespace
+
 std::string comparison_report_md(const std::vector<RecipeRow>& rows,
                                  const std::vector<RunRecord>& runs, const ReportContext& ctx) {
   std::ostringstream o;
@@ -676,8 +708,8 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   }
 
   o << "\n## Definitions\n\n"
-       "* **Final-window loss**: mean training loss over the last 10% of steps of a run.\n"
-       "* **Baseline**: the recipe the gaps are measured against (`--baseline`; by default "
+    << "* **Final-window loss**: " << final_window_definition(runs) << "\n"
+    << "* **Baseline**: the recipe the gaps are measured against (`--baseline`; by default "
        "bf16 when compared, else fp32)"
     << (base.empty() ? "; none here" : ": `" + base + "` here") << ".\n"
     << "* **vs " << bname << "**: (recipe mean − " << bname << " mean) / " << bname

@@ -1,6 +1,7 @@
 // Run configs: TOML → fp4::RunConfig, strictly validated.
 #include "fp4/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -10,6 +11,39 @@
 namespace fp4 {
 
 namespace {
+// train.final_window: an integer is a step count (>= 1; at most train.steps, checked by
+// validate), a float a fraction of the steps in (0, 1). A float of 1 or more is refused rather
+// than read as a step count, so that `final_window = 1.0` cannot mean one step to one reader
+// and the whole run to another.
+void parse_final_window(detail::TomlReader& r, TrainConfig& t) {
+  const std::string key = "train.final_window";
+  if (!r.has(key)) return;
+  const std::string want =
+      "a fraction of train.steps in (0, 1) (a float, e.g. 0.1 for the last 10%) or a whole "
+      "number of steps >= 1 (an integer, e.g. 250)";
+  if (r.is_integer(key)) {
+    int64_t steps = 0;
+    r.get(key, steps);
+    if (steps < 1 || steps > (int64_t{1} << 30))
+      r.fail(key, want + ", got " + std::to_string(steps));
+    t.final_window = static_cast<double>(steps);
+  } else {
+    double f = 0;
+    r.get(key, f);  // refuses a non-number, naming the key
+    if (!(f > 0.0 && f < 1.0)) {
+      std::ostringstream m;
+      m << want << ", got ";
+      if (f >= 1.0 && f <= double(int64_t{1} << 30) && f == std::floor(f))
+        m << "the float " << static_cast<int64_t>(f) << ".0 (a step count is written as an "
+          << "integer: " << static_cast<int64_t>(f) << ")";
+      else
+        m << f;
+      r.fail(key, m.str());
+    }
+    t.final_window = f;
+  }
+}
+
 RunConfig parse_run_config(detail::TomlReader& r) {
   RunConfig c;
   auto& m = c.model;
@@ -69,6 +103,7 @@ RunConfig parse_run_config(detail::TomlReader& r) {
   r.get("train.beta2", t.beta2);             r.range("train.beta2", t.beta2, 0.0, 0.999999);
   r.get("train.eps", t.eps);                 r.range("train.eps", t.eps, 0.0, 1.0);
   r.get("train.grad_clip", t.grad_clip);     r.range("train.grad_clip", t.grad_clip, 0.0, 1e30);
+  parse_final_window(r, t);
   int64_t seed = static_cast<int64_t>(t.seed);
   r.get("train.seed", seed);                 r.range<int64_t>("train.seed", seed, 0, INT64_MAX);
   t.seed = static_cast<uint64_t>(seed);
@@ -96,6 +131,12 @@ RunConfig load_run_config(const std::filesystem::path& file, const std::vector<S
 RunConfig run_config_from_text(const std::string& toml, const std::string& where) {
   detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
   return parse_run_config(r);
+}
+
+int TrainConfig::final_window_steps() const {
+  if (final_window >= 1.0) return static_cast<int>(std::min<double>(final_window, steps));
+  const double w = std::floor(final_window * steps + 1e-6);
+  return std::max(1, static_cast<int>(std::min<double>(w, steps)));
 }
 
 std::string ModelConfig::block_pattern() const {
@@ -133,6 +174,10 @@ void validate(const RunConfig& c, const std::string& where) {
   if (c.train.batch_size % c.train.micro() != 0)
     err("train.batch_size (" + std::to_string(c.train.batch_size) + ") must be a multiple of "
         "train.micro_batch_size (" + std::to_string(c.train.micro_batch_size) + ")");
+  if (c.train.final_window >= 1.0 && c.train.final_window > c.train.steps)
+    err("train.final_window (" + std::to_string(static_cast<int64_t>(c.train.final_window)) +
+        " steps) must not exceed train.steps (" + std::to_string(c.train.steps) +
+        "); a fraction of the steps, e.g. 0.1, fits any train.steps");
   if (c.train.warmup_steps >= c.train.steps && c.train.steps > 1)
     throw UserError(where + ": train.warmup_steps (" + std::to_string(c.train.warmup_steps) +
                     ") must be smaller than train.steps (" + std::to_string(c.train.steps) + ")");
@@ -192,7 +237,16 @@ std::string run_config_to_toml(const RunConfig& c) {
     << "\nmin_lr_ratio = " << toml_number(t.min_lr_ratio)
     << "\nweight_decay = " << toml_number(t.weight_decay) << "\nbeta1 = " << toml_number(t.beta1)
     << "\nbeta2 = " << toml_number(t.beta2) << "\neps = " << toml_number(t.eps)
-    << "\ngrad_clip = " << toml_number(t.grad_clip) << "\nseed = " << t.seed;
+    << "\ngrad_clip = " << toml_number(t.grad_clip);
+  // Only when it is not the default: the texts of earlier configs stay as they were (resume
+  // and compare's reuse compare them). A step count as an integer, a fraction as a float.
+  if (t.final_window != TrainConfig{}.final_window) {
+    if (t.final_window >= 1.0)
+      o << "\nfinal_window = " << static_cast<int64_t>(t.final_window);
+    else
+      o << "\nfinal_window = " << toml_number(t.final_window);
+  }
+  o << "\nseed = " << t.seed;
   if (t.sr_seed >= 0) o << "\nsr_seed = " << t.sr_seed;  // only when set: older texts unchanged
   o << "\n\n";
   o << "[data]\npath = " << detail::toml_quote(c.data.path)

@@ -194,6 +194,13 @@ class TomlReader {
   /// Whether `key` is present in the file (does not mark it as read).
   bool has(const std::string& key) const { return bool(tbl_.at_path(key)); }
 
+  /// Whether `key` is present and holds a TOML integer, not a float (`250`, not `250.0`), for
+  /// keys whose meaning depends on which (train.final_window). Does not mark it as read.
+  bool is_integer(const std::string& key) const {
+    const auto node = tbl_.at_path(key);
+    return node && node.is_integer();
+  }
+
   /// Number of tables in the array of tables `key` ([[key]] sections), 0 if absent. Throws
   /// fp4::UserError naming the key if it is present but not an array of tables.
   size_t table_array_size(const std::string& key) {

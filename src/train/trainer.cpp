@@ -856,10 +856,12 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     }
   }
 
-  const int n = tc.steps, w = std::max(1, n / 10);
+  // The final window: train.final_window (default: the last 10%, max(1, n / 10) steps).
+  const int n = tc.steps, w = tc.final_window_steps();
   double s = 0;
   for (int i = n - w; i < n; ++i) s += sum.losses[i];
   sum.steps = n;
+  sum.final_window_steps = w;
   sum.final_window_loss = s / w;
   sum.tokens_per_s = double(n) * tokens_per_step / std::max(train_seconds, 1e-9);
   sum.mfu = mfu(sum.tokens_per_s);
