@@ -262,6 +262,32 @@ TEST(Config, TinyConfigAndErrors) {
   EXPECT_EQ(c2.model.norm_eps, c.model.norm_eps);
 }
 
+// The paper's schedule (arXiv 2609.02846, Table 8) as configs/nemotron-h-8b.toml states it:
+// peak 8e-4, no warmup, constant through 85% of 30,000 steps, then linear decay to 1% of
+// peak over the last 4,500 (steps 25,501..30,000).
+TEST(Schedule, Nemotron8BConfigHasThePaperTable8Schedule) {
+  const RunConfig c = load_run_config(fs::path(FP4_SOURCE_DIR) / "configs/nemotron-h-8b.toml");
+  const TrainConfig& t = c.train;
+  EXPECT_EQ(t.steps, 30000);
+  EXPECT_EQ(t.warmup_steps, 0);
+  EXPECT_EQ(t.beta1, 0.9);
+  EXPECT_EQ(t.beta2, 0.95);
+  EXPECT_EQ(t.eps, 1e-8);
+  EXPECT_EQ(t.weight_decay, 0.1);
+  EXPECT_EQ(t.grad_clip, 1.0);
+  EXPECT_EQ(t.batch_size, 768);
+  EXPECT_EQ(t.seq_len, 8192);
+  EXPECT_EQ(c.model.mamba_chunk_size, 256);
+  EXPECT_DOUBLE_EQ(wsd_lr(t, 1), 8e-4);       // no warmup: the peak from step 1
+  EXPECT_DOUBLE_EQ(wsd_lr(t, 25500), 8e-4);   // the last constant step (85% of 30,000)
+  EXPECT_LT(wsd_lr(t, 25501), 8e-4);          // the first decay step
+  // Midpoint of the decay, step 25,500 + 4,500/2: 8e-4·(1 − 0.5·(1 − 0.01)) = 4.04e-4.
+  EXPECT_NEAR(wsd_lr(t, 27750), 4.04e-4, 1e-15);
+  EXPECT_NEAR(wsd_lr(t, 30000), 8e-6, 1e-15);  // the last step: 1% of peak
+  // The paper's final window: the last 250 steps.
+  EXPECT_EQ(t.final_window_steps(), 250);
+}
+
 // train.final_window: a fraction (float in (0, 1)) or a step count (integer >= 1).
 TEST(Config, FinalWindowStepsOrFraction) {
   // The default is the window of every earlier run: max(1, steps / 10), for every steps.
