@@ -1,6 +1,7 @@
 // The Hugging Face layout of a fp4train model: see hf_layout.h and docs/export.md.
 #include "hf_layout.h"
 
+#include <limits>
 #include <stdexcept>
 
 namespace fp4::cli {
@@ -143,12 +144,20 @@ json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>&
     j["time_step_min"] = f(cfg.mamba_dt_min);
     j["time_step_max"] = f(cfg.mamba_dt_max);
     j["time_step_floor"] = f(cfg.mamba_dt_init_floor);
+    // The clamp of Δ after softplus: fp4train applies none. nvidia's configs say
+    // [0.0, Infinity], Python's json spelling of an infinite bound, which is not JSON
+    // (RFC 8259 has no non-finite numbers; nlohmann would write null). The upper bound here is
+    // FLT_MAX, the largest finite FP32, which clamps no finite FP32 Δ (and rounds to +inf in
+    // BF16): the same no-clamp in valid JSON. docs/export.md "config.json".
+    j["time_step_limit"] = {0.0, double(std::numeric_limits<float>::max())};
     j["use_conv_bias"] = true;
     j["use_bias"] = false;
     j["mamba_proj_bias"] = false;
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
-    j["residual_in_fp32"] = true;
+    // As nvidia's Nemotron-H configs. fp4train's residual stream is FP32, and so is HF's for
+    // this FP32 export (torch_dtype float32) whatever this flag says.
+    j["residual_in_fp32"] = false;
   }
   j["vocab_size"] = cfg.vocab_size;
   j["hidden_size"] = cfg.d_model;

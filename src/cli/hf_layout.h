@@ -60,7 +60,10 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
 /// The config.json of the export: HF transformers' keys for LlamaForCausalLM or
 /// NemotronHForCausalLM, and an "fp4train" object with what HF has no key for (MLP kind,
 /// RoPE on/off and its pair layout, the fp4train pattern and config TOML, the map from HF
-/// names to fp4train names). `seq_len` becomes max_position_embeddings.
+/// names to fp4train names). `seq_len` becomes max_position_embeddings. The Nemotron-H layout
+/// says residual_in_fp32 = false and time_step_limit = [0.0, FLT_MAX], as nvidia's configs
+/// (whose [0.0, Infinity] is not JSON; FLT_MAX clamps no finite FP32 Δ, and fp4train clamps Δ
+/// nowhere): docs/export.md "config.json".
 nlohmann::json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>& tensors);
 
 }  // namespace fp4::cli

@@ -104,4 +104,29 @@ assert math.isfinite(loss) and 3 < loss < 8, loss
 g = gget("lm_head.weight")
 assert any(x != 0 for x in g) and all(math.isfinite(x) for x in g)
 PY
+
+# --- a micro hybrid (Mamba-2, attention, MLP), exported in the Nemotron-H layout ----------------
+# config.json as nvidia's Nemotron-H configs have it: residual_in_fp32 false; time_step_limit
+# [0.0, FLT_MAX] (nvidia's [0.0, Infinity] is Python's JSON dialect, not JSON: this file must
+# parse as strict JSON). Everything else of the layout is checked by tests/python/test_torch_model.py.
+"$bin" train --config "$work/micro.toml" --recipe fp32 --out "$work/hyb" --quiet \
+  --set 'model.pattern="M-*-"' --set model.mamba_num_heads=2 --set model.mamba_head_dim=32 \
+  --set model.mamba_state_size=16 --set model.mamba_chunk_size=16 --set model.rope=false \
+  > "$work/hyb.txt" 2>&1 || { cat "$work/hyb.txt"; fail "hybrid train exited non-zero"; }
+"$bin" export --checkpoint "$work/hyb" --out "$work/hyb_hf" > "$work/hyb_export.txt" 2>&1 \
+  || { cat "$work/hyb_export.txt"; fail "hybrid export exited non-zero"; }
+grep -q "Nemotron-H layout" "$work/hyb_export.txt" || { cat "$work/hyb_export.txt"; fail "hybrid export summary"; }
+python3 - "$work/hyb_hf/config.json" <<'PY' || fail "Nemotron-H config.json"
+import json, struct, sys
+def no_constant(name):
+    raise ValueError("not strict JSON: " + name)
+c = json.loads(open(sys.argv[1]).read(), parse_constant=no_constant)
+assert c["architectures"] == ["NemotronHForCausalLM"] and c["model_type"] == "nemotron_h", c
+assert c["hybrid_override_pattern"] == "M-*-" and c["chunk_size"] == 16, c
+assert c["residual_in_fp32"] is False, c["residual_in_fp32"]
+flt_max = struct.unpack("<f", bytes.fromhex("ffff7f7f"))[0]  # 3.4028234663852886e+38
+assert c["time_step_limit"] == [0.0, flt_max], c["time_step_limit"]
+assert all(isinstance(x, float) for x in c["time_step_limit"]), c["time_step_limit"]
+assert any(k.startswith("backbone.layers.0.mixer.") for k in c["fp4train"]["names"]), sorted(c["fp4train"]["names"])
+PY
 echo "export_cli: ok"

@@ -143,6 +143,11 @@ def test_export_round_trip(trained):
     exported, meta = M.read_safetensors(os.path.join(r.hf, "model.safetensors"))
     assert meta.get("format") == "pt"
     conf = json.load(open(os.path.join(r.hf, "config.json")))
+    if conf["model_type"] == "nemotron_h":
+        # As nvidia's Nemotron-H configs: residual_in_fp32 false; time_step_limit with FLT_MAX
+        # for their Infinity (no clamp; docs/export.md "config.json").
+        assert conf["residual_in_fp32"] is False
+        assert conf["time_step_limit"] == [0.0, float(np.finfo(np.float32).max)]
     mine = M.hf_state_dict_from_flat(r.cfg, r.ck_tensors["params"])
     assert sorted(mine) == sorted(exported)
     assert sorted(conf["fp4train"]["names"]) == sorted(exported)
