@@ -4,6 +4,7 @@
 #include <string>
 
 #include "commands.h"
+#include "omp_wait.h"
 #include "fp4/cpu_isa.h"
 #include "fp4/dist.h"
 #include "fp4/error.h"
@@ -29,6 +30,8 @@ int command_error(const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Passive OpenMP waiting unless the user chose (re-executes this program once; omp_wait.h).
+  fp4::cli::default_omp_wait_policy(argv);
   // MPI first (only when started by mpirun): it may consume its own arguments.
   try {
     fp4::dist::init(&argc, &argv);
