@@ -79,6 +79,35 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   EXPECT_DOUBLE_EQ(rows[2].paired_delta_baseline.mean, -0.5);
 }
 
+// Step-time ratios that are not measurements are marked (issue 27): fewer than 10 timed
+// steps, a run on a busy machine, an interquartile spread above half the median, and fp32's
+// own marks on every ratio to it. run() gives 5 timed steps (6..10) per run.
+TEST(Report, UnreliableStepTimesAreMarked) {
+  std::vector<RunRecord> runs = {run("fp32", 5.0, 10, 1), run("fp32", 5.0, 10, 1),
+                                 run("a", 5.0, 20, 1), run("a", 5.0, 20, 1),
+                                 run("b", 5.0, 30, 1)};
+  runs[3].busy_machine = true;
+  // b: steps 6..10 at 10, 10, 30, 50, 50 ms: median 30, quartiles 10 and 50 → spread 133%.
+  runs[4].step_ms = {1000, 1000, 1000, 1000, 1000, 10, 10, 30, 50, 50};
+  const auto rows = aggregate_runs(runs, {"fp32", "a", "b"});
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].timed_steps, 10);
+  EXPECT_EQ(rows[0].timing_note, "");  // 10 steps, no spread, quiet
+  EXPECT_EQ(rows[1].busy_runs, 1);
+  EXPECT_EQ(rows[1].timing_note, "busy machine");
+  EXPECT_DOUBLE_EQ(rows[2].step_spread, 40.0 / 30.0);
+  EXPECT_EQ(rows[2].timing_note, "5 steps, spread 133%");
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  EXPECT_NE(md.find("| 2.00× (busy machine) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 3.00× (5 steps, spread 133%) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 1.00× |"), std::string::npos) << md;
+  // A marked reference marks every ratio to it.
+  runs[0].busy_machine = true;
+  const auto rows2 = aggregate_runs(runs, {"fp32", "a", "b"});
+  EXPECT_EQ(rows2[0].timing_note, "busy machine");
+  EXPECT_EQ(rows2[1].timing_note, "busy machine; fp32: busy machine");
+}
+
 TEST(Report, AggregateWithoutBaselinesGivesDashes) {
   const auto rows = aggregate_runs({run("a", 5.0, 10, 1)}, {});
   ASSERT_EQ(rows.size(), 1u);
@@ -128,6 +157,12 @@ TEST(Report, ReadRunRejectsUnfinishedAndMalformedRuns) {
   EXPECT_TRUE(std::isnan(e.heldout.at("replay-d50")));
   std::ofstream(d / "eval.json") << R"({"policies":{}})";
   expect_error("eval.json");
+  fs::remove(d / "eval.json");
+  EXPECT_FALSE(read_run(d).busy_machine);  // a summary without machine_load
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"fp32","seed":3,"steps":2,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6,
+    "machine_load":{"max_load1":3.1,"cores":2,"threads":2,"busy":true}})";
+  EXPECT_TRUE(read_run(d).busy_machine);
   fs::remove_all(d);
 }
 

@@ -25,6 +25,9 @@ struct RunRecord {
   /// field had); 0 for a diverged run (no summary).
   int final_window_steps = 0;
   double tokens_per_s = 0;            ///< summary.json: training throughput
+  /// summary.json machine_load.busy: the machine had more runnable threads than cores at a
+  /// progress line or at the end (fp4/machine_load.h); false where the summary predates it.
+  bool busy_machine = false;
   std::vector<int> step;              ///< logged steps, ascending (metrics.jsonl)
   std::vector<double> loss;           ///< training loss at step[i] (nats/token)
   std::vector<double> grad_norm;      ///< global gradient norm before clipping at step[i]
@@ -163,6 +166,14 @@ struct RecipeRow {
   double tokens_per_s = 0;               ///< tokens per step / median_step_ms
   double median_step_ms = 0;             ///< median step time over all seeds' steps after 5
   double step_ratio_fp32 = 0;            ///< median_step_ms / fp32's; NaN if no fp32 run
+  int timed_steps = 0;                   ///< step times in median_step_ms (all seeds)
+  /// Interquartile range of those step times over their median (0 when fewer than 4).
+  double step_spread = 0;
+  int busy_runs = 0;                     ///< runs timed on a busy machine (RunRecord::busy_machine)
+  /// Why median_step_ms (or fp32's, for step_ratio_fp32) is not a reliable timing: "" or a
+  /// list such as "busy machine, 3 steps" (fewer than 10 timed steps, a spread above 50%,
+  /// any run on a busy machine).
+  std::string timing_note;
   std::string task;                      ///< the runs' downstream task ("" when none has one)
   std::string task_items_hash;           ///< the items its task rows are measured on
   double task_chance = 0;

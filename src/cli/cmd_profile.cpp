@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "fp4/dist.h"
 #include "fp4/error.h"
+#include "fp4/machine_load.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
 #include "fp4/train.h"
@@ -133,6 +134,12 @@ void run_profile(const ProfileArgs& a) {
                 tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
   const prof::ComputePaths compute = prof::compute_paths();
   std::printf("compute: %s\n", compute.line().c_str());
+  const MachineLoad load = machine_load();
+  if (load.busy())
+    std::printf("warning: busy machine (%s): more runnable threads than cores, so these timings "
+                "measure the scheduler too; rerun on a quieter machine or with fewer threads "
+                "(OMP_NUM_THREADS)\n",
+                load.describe().c_str());
   std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
   double total = 0;
   for (int c = 0; c < int(prof::Cat::kCount); ++c) total += t.seconds[c];
@@ -187,6 +194,7 @@ void run_profile(const ProfileArgs& a) {
               {"sets", sets.given},
               {"recipe", recipe.name},
               {"threads", omp_get_max_threads()},
+              {"machine_load", {{"load1", load.load1}, {"cores", load.cores}, {"busy", load.busy()}}},
               {"processes", dist::size()},
               {"micro_batch_size", tc.micro()},
               {"steps", n},

@@ -213,6 +213,8 @@ RunRecord read_run(const fs::path& dir) {
                                : std::max(1, r.steps / 10);
     r.tokens_per_s = num(s, "tokens_per_s", sp);
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
+    if (s.contains("machine_load") && s["machine_load"].is_object())
+      r.busy_machine = s["machine_load"].value("busy", false);
   } else if (fs::exists(errp)) {
     if (run_error(dir, &r.error) == RunError::Failed)
       throw UserError(dir.string() + " did not complete: " + r.error);
@@ -451,6 +453,19 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
     row.median_step_ms = median(ms);
     row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
+    row.timed_steps = int(ms.size());
+    if (ms.size() >= 4) {
+      std::vector<double> q = ms;
+      std::sort(q.begin(), q.end());
+      auto at = [&](double f) {  // linear interpolation between order statistics
+        const double x = f * double(q.size() - 1);
+        const size_t i = size_t(x);
+        return i + 1 < q.size() ? q[i] + (x - double(i)) * (q[i + 1] - q[i]) : q[i];
+      };
+      row.step_spread = (at(0.75) - at(0.25)) / row.median_step_ms;
+    }
+    for (const auto& r : runs)
+      if (r.recipe == name && r.busy_machine) ++row.busy_runs;
     // The downstream task: per policy, the 0/1 outcomes of every seed on the same items.
     std::map<std::string, std::vector<std::vector<double>>> raw, per_char;
     for (const auto& r : runs) {
@@ -510,6 +525,21 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     r.gap_to_baseline_pct =
         base ? 100.0 * (r.final_loss.mean - base->final_loss.mean) / base->final_loss.mean : kNaN;
     r.step_ratio_fp32 = fp32 ? r.median_step_ms / fp32->median_step_ms : kNaN;
+  }
+  // Marks on timings that should not be read as measurements (a ratio inherits fp32's).
+  auto own_note = [](const RecipeRow& r) {
+    std::string n;
+    auto add = [&](const std::string& x) { n += (n.empty() ? "" : ", ") + x; };
+    if (r.busy_runs > 0) add("busy machine");
+    if (r.timed_steps < 10) add(std::to_string(r.timed_steps) + " step" + (r.timed_steps == 1 ? "" : "s"));
+    if (r.step_spread > 0.5) add(fmt("spread %.0f%%", 100 * r.step_spread));
+    return n;
+  };
+  const std::string fp32_note = fp32 ? own_note(*fp32) : "";
+  for (auto& r : rows) {
+    r.timing_note = own_note(r);
+    if (&r != fp32 && !fp32_note.empty() && fp32 && r.recipe != fp32->recipe)
+      r.timing_note += (r.timing_note.empty() ? "fp32: " : "; fp32: ") + fp32_note;
   }
   return rows;
 }
@@ -612,7 +642,8 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     for (size_t i = 0; i < r.diverged_at.size(); ++i)
       o << (i ? ", " : "") << "at step " << r.diverged_at[i];
     o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm) << " | "
-      << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32) << " |\n";
+      << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32)
+      << (r.timing_note.empty() ? "" : " (" + r.timing_note + ")") << " |\n";
   }
   o << "\nMeans ± sample standard deviations over the completed seeds (runs that diverged are "
        "counted under *diverged*, not in the means). Held-out NLL in nats/token; policy `none` "
@@ -743,7 +774,11 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "* **tokens/s**: training tokens per step over the median step time (steps after the "
        "5th, all seeds pooled; evaluation excluded). **Step time vs fp32**: that median over "
        "fp32's. Runs were sequential on one machine; shared machines are noisy, so read "
-       "ratios, not absolute times.\n";
+       "ratios, not absolute times. A ratio is marked, in parentheses, when it is not a "
+       "measurement to rely on: *busy machine* (a run saw more runnable threads than cores, "
+       "summary.json machine_load), *N steps* (fewer than 10 timed steps), *spread P%* (the "
+       "interquartile range of the step times above half their median); *fp32: …* when the "
+       "reference is.\n";
   return o.str();
 }
 

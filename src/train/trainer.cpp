@@ -2,6 +2,7 @@
 // lines, metrics.jsonl, periodic held-out evaluation and a final summary.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "fp4/dist.h"
 #include "fp4/error.h"
 #include "fp4/eval.h"
+#include "fp4/machine_load.h"
 #include "fp4/metrics_log.h"
 #include "fp4/profile.h"
 #include "fp4/safetensors.h"
@@ -668,6 +670,10 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   }
   int64_t window_tokens = 0;
   auto last_print = clock::now();
+  // The busiest the machine was at a progress line or at the end (fp4/machine_load.h): step
+  // times and tokens/s taken on a busy machine are marked as such in summary.json, the
+  // progress line and compare's report.
+  MachineLoad worst_load = machine_load();
   const auto t_start = clock::now();
 
   // A NaN/Inf met inside an evaluation (e.g. a quantized forward overflowing in a diverging
@@ -814,7 +820,11 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                     "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s",
                     int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps, m,
                     fmt_duration(eta).c_str());
-      log(b);
+      const MachineLoad ml = machine_load();
+      if (ml.load1 > worst_load.load1) worst_load = ml;
+      log(ml.busy() ? std::string(b) + " | busy machine (" + ml.describe() +
+                          "): timings unreliable"
+                    : std::string(b));
       last_print = clock::now();
       window_seconds = 0;
       window_tokens = 0;
@@ -889,6 +899,11 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     js["mfu"] = sum.mfu;
   }
   for (const auto& [k, v] : compute.fields()) js["compute"][k] = v;
+  if (const MachineLoad ml = machine_load(); ml.load1 > worst_load.load1) worst_load = ml;
+  js["machine_load"] = {{"max_load1", worst_load.load1},
+                        {"cores", worst_load.cores},
+                        {"threads", omp_get_max_threads()},
+                        {"busy", worst_load.busy()}};
   if (rank0) write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
   return sum;
 }

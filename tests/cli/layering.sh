@@ -11,7 +11,8 @@ src=${2:?source dir}
 room_of() {
   case "$1" in
     fp4/bf16.h|fp4/block_quant.h|fp4/format.h|fp4/hadamard.h|fp4/pack_fast.h|fp4/philox.h|\
-    fp4/qtensor.h|fp4/quant_fast.h|fp4/safetensors.h|fp4/telemetry.h|fp4/cpu_isa.h|fp4/error.h)
+    fp4/qtensor.h|fp4/quant_fast.h|fp4/safetensors.h|fp4/telemetry.h|fp4/cpu_isa.h|fp4/error.h|\
+    fp4/machine_load.h)
       echo numerics ;;
     fp4/gemm.h|fp4/probe_gemm.h|fp4/signal_mask.h) echo gemm ;;
     fp4/recipe.h|fp4/config.h|fp4/settings.h|fp4/profile.h) echo recipe ;;
