@@ -330,10 +330,36 @@ QuantizedTensor row_qt(const std::vector<std::pair<float, float>>& qc, float gd 
   return make_qt(1, static_cast<int64_t>(qc.size()), 1, false, std::move(codes), std::move(scales), gd);
 }
 
-/// Probe-matched product of two one-row operands, checked against the reference and every kernel.
+/// A one-row block-1 operand repeated as `rows` identical rows.
+QuantizedTensor repeat_rows(const QuantizedTensor& q, int64_t rows) {
+  QuantizedTensor r = q;
+  r.rows = rows;
+  r.block_rows = rows;
+  for (auto* v : {&r.block_amax}) v->assign(static_cast<size_t>(rows * q.block_cols), 0.0f);
+  r.scale_codes.assign(static_cast<size_t>(rows * q.block_cols), 0);
+  r.codes.clear();
+  r.scales.clear();
+  for (int64_t i = 0; i < rows; ++i) {
+    r.codes.insert(r.codes.end(), q.codes.begin(), q.codes.end());
+    r.scales.insert(r.scales.end(), q.scales.begin(), q.scales.end());
+  }
+  return r;
+}
+
+/// Probe-matched product of two one-row operands, checked against the reference and every
+/// kernel; also as a 5 × 37 product of repeated rows (every output the same value), so that
+/// the SIMD kernels compute it in every lane of their 16-lane vectors, in every row of a
+/// 4-row tile, and in a ragged tile.
 float probe1(const QuantizedTensor& a, const QuantizedTensor& b) {
   const std::vector<float> want = ref_probe(a, b);
   for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(a, b, k), want, 1)) << kname(k);
+  if (a.rows == 1 && b.rows == 1 && a.spec.block == 1 && b.spec.block == 1 && !a.spec.two_d &&
+      !b.spec.two_d) {
+    const QuantizedTensor a5 = repeat_rows(a, 5), b37 = repeat_rows(b, 37);
+    const std::vector<float> all(5 * 37, want[0]);
+    for (ProbeKernel k : kernels())
+      EXPECT_TRUE(same_bits(run_probe(a5, b37, k), all, 37)) << kname(k) << ", 5 x 37";
+  }
   return want[0];
 }
 

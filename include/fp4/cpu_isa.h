@@ -1,10 +1,11 @@
 // The SIMD level fp4train's own kernels may use, capped by the environment variable
 // FP4_MAX_CPU_ISA, so that one machine can run (and test) what a smaller CPU runs.
 //
-// fp4train has three families of SIMD kernels, each chosen once per process from the CPU's
-// features: the Highway kernels of quant_fast.cpp / pack_fast.cpp / layers_fast.cpp (targets
-// AVX3 = AVX-512, AVX2, SSE4, SSSE3, EMU128, SCALAR), the attention micro-kernels of
-// attention.cpp (AVX-512, AVX2+FMA, base) and the probe-matched GEMM kernels of probe_gemm.cpp.
+// fp4train's SIMD kernels are each chosen once per process from the CPU's features: the
+// Highway kernels of quant_fast.cpp / pack_fast.cpp / layers_fast.cpp (targets AVX3 =
+// AVX-512, AVX2, SSE4, SSSE3, SCALAR as Debian's libhwy builds them), the attention and
+// Mamba-2 kernels (AVX-512, AVX2, base), the probe-matched GEMM kernels of probe_gemm.cpp and
+// the FP32 → BF16 conversion of bf16.cpp (docs/design.md, "SIMD bodies, per kernel").
 // Every one of them is bit-identical to its scalar twin, so the cap changes speed, never bits.
 // The cap also caps oneDNN (dnnl_set_max_cpu_isa before its first use, in gemm.cpp: AVX2 for
 // AVX2, SSE4.1 below), and there it does change bits: oneDNN's FP32 GEMM kernels sum in an order

@@ -267,7 +267,9 @@ void register_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   auto* c = app.add_subcommand(
       "train",
-      "Pretrain a Llama-style model on text with one recipe. Prints a progress line every few\n"
+      "Pretrain a model on text with one recipe: any block pattern of attention, MLP and Mamba-2\n"
+      "blocks, e.g. configs/tiny.toml (Llama-style, the default) or configs/nemotron-h-tiny.toml\n"
+      "(the paper's Nemotron-H hybrid). Prints a progress line every few\n"
       "seconds (loss, LR, grad norm, tokens/s, model FLOPs utilization, ETA), evaluates held-out NLL (FP32 and quantized inference) periodically, and writes\n"
       "runs/NAME/{metrics.jsonl,config.toml,recipe.toml,tokenizer.model,checkpoints/,summary.json}.\n"
       "A stopped or killed run continues bit for bit with: fp4train train --resume runs/NAME.\n"

@@ -8,6 +8,7 @@
 #include "fp4/cpu_isa.h"
 #include "fp4/dist.h"
 #include "fp4/error.h"
+#include "fp4/profile.h"  // compute_paths, for --version
 #include "fp4/safetensors.h"  // fp4::IoError
 
 namespace {
@@ -52,8 +53,14 @@ int main(int argc, char** argv) {
   CLI::App app{
       "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
       "compare recipes (fp32, bf16, ue5m3-b16, ue5m3-b32, ue5m3-te, nvfp4-te, nvfp4-all, mxfp4,\n"
-      "or your own TOML file): train, compare/report, eval/sample, export, profile, info, quant, gemm. See\n"
-      "README.md."};
+      "or your own TOML file): train, compare/report, eval/sample, export, profile, info, quant, gemm.\n"
+      "Models: configs/tiny.toml (Llama-style), configs/nemotron-h-tiny.toml (the paper's\n"
+      "Nemotron-H hybrid of Mamba-2, attention and MLP blocks), configs/nemotron-h-8b.toml (its 8B\n"
+      "shape, for info and profile). See README.md."};
+  // --version: the version and the compute paths this machine would use (as `info` prints).
+  app.set_version_flag("--version", [] {
+    return std::string("fp4train ") + FP4_VERSION + "\ncompute: " + fp4::prof::compute_paths().line();
+  });
   app.require_subcommand(1);
   fp4::cli::register_train(app);
   fp4::cli::register_eval(app);

@@ -80,4 +80,13 @@ bad "FP4_MAX_CPU_ISA=bogus"        "FP4_MAX_CPU_ISA=bogus is not a SIMD level" t
 help train --help
 unset FP4_MAX_CPU_ISA
 
+# --version (issue 27 §2): exit 0, the version and the compute paths, nothing on stderr.
+out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?
+if [ "$rc" -ne 0 ] || ! echo "$out" | grep -q '^fp4train [0-9]*\.[0-9]*\.[0-9]*$' ||
+   ! echo "$out" | grep -q '^compute: .*FP32 GEMM' || [ -s "$tmp/err" ]; then
+  echo "FAIL [--version]: exit $rc, stdout: $out, stderr: $(cat "$tmp/err")"; fail=1
+else
+  echo "ok   [--version]"
+fi
+
 exit $fail

@@ -5,7 +5,8 @@
 //                          baseline x86-64 (GCC vectors, per-lane operations), which any
 //                          x86-64 CPU runs; the CTest copies labelled `emulated` set this;
 //   "all"                  both.
-// Any other value fails the test program at start-up (a typo must not silently run nothing).
+// Any other value ends the test program with exit status 2 at the first test that reads it (a
+// typo must not silently run nothing).
 #pragma once
 #include <cstdio>
 #include <cstdlib>
