@@ -487,11 +487,12 @@ inline float add_rtz(float a, float b) {
   return t;
 }
 
-/// 2^-10·RNE(2^10·x) (exact; sign of zero kept, Inf/NaN pass through), then times α (RNE).
-inline float finish(float acc, float alpha) {
-  const double s = std::nearbyint(static_cast<double>(acc) * 1024.0) / 1024.0;
-  return static_cast<float>(s) * alpha;
+/// 2^-10·RNE(2^10·x) (exact; sign of zero kept, Inf/NaN pass through).
+inline float snap1024(float x) {
+  return static_cast<float>(std::nearbyint(static_cast<double>(x) * 1024.0) / 1024.0);
 }
+/// snap1024(acc), then times α (RNE).
+inline float finish(float acc, float alpha) { return snap1024(acc) * alpha; }
 
 inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
   int32_t s = 0;
@@ -724,7 +725,7 @@ inline VF set1_ps(float x) {
 }
 inline VF snap_ps(VF x) {
   static_assert(kProbeSnapBits == 10, "snap_ps emulates 10 fraction bits");
-  for (float& e : x.v) e = static_cast<float>(std::nearbyint(static_cast<double>(e) * 1024.0) / 1024.0);
+  for (float& e : x.v) e = snap1024(e);
   return x;
 }
 inline VF mul_rne_ps(VF a, VF b) {

@@ -122,6 +122,15 @@ inline int64_t bwd_ws_floats(const Dims& d) {
   return 4 * d.Tp * d.hdp + (kPad + 1) * d.Tp + 2 * d.Tp * d.Tp;
 }
 
+// The 16-lane vector types and micro-kernel block shared by the native AVX-512 body and its
+// emulated twin (namespace emu), so both run the same 8 × 32 blocks.
+struct Lanes16 {
+  typedef float V __attribute__((vector_size(64)));
+  typedef float U __attribute__((vector_size(64), aligned(4), may_alias));
+  typedef int32_t I __attribute__((vector_size(64)));
+  static constexpr int kMR = 8, kNV = 2;  // 8 × 32: 16 zmm accumulators
+};
+
 namespace native {
 
 // Native vectors of VW floats / int32 (16: AVX-512, 8: AVX2, 4: SSE2) with the operations
@@ -133,11 +142,7 @@ namespace native {
 template <int VW>
 struct Simd;
 template <>
-struct Simd<16> {
-  typedef float V __attribute__((vector_size(64)));
-  typedef float U __attribute__((vector_size(64), aligned(4), may_alias));
-  typedef int32_t I __attribute__((vector_size(64)));
-  static constexpr int kMR = 8, kNV = 2;  // 8 × 32: 16 zmm accumulators
+struct Simd<16> : Lanes16 {
   [[gnu::always_inline]] static inline V set1(float x) { return __builtin_shuffle(V{x}, I{}); }
   [[gnu::always_inline]] static inline V fma(V a, V b, V c) {
     asm("vfmadd231ps %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
@@ -192,11 +197,7 @@ namespace emu {
 template <int VW>
 struct Simd;
 template <>
-struct Simd<16> {
-  typedef float V __attribute__((vector_size(64)));
-  typedef float U __attribute__((vector_size(64), aligned(4), may_alias));
-  typedef int32_t I __attribute__((vector_size(64)));
-  static constexpr int kMR = 8, kNV = 2;  // as native Simd<16>
+struct Simd<16> : Lanes16 {  // the native Simd<16>'s types and blocks
   [[gnu::always_inline]] static inline V set1(float x) {
     V v;
     for (int l = 0; l < 16; ++l) v[l] = x;
