@@ -33,10 +33,10 @@
 #include <tuple>
 #include <vector>
 
-#include "fp4/bf16.h"
-#include "fp4/block_quant.h"
-#include "fp4/gemm.h"
-#include "fp4/probe_gemm.h"
+#include "fp4/numerics/bf16.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/gemm/gemm.h"
+#include "fp4/gemm/probe_gemm.h"
 
 namespace {
 

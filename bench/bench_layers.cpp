@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "fp4/config.h"
+#include "fp4/recipe/config.h"
 #include "fp4/nn/layers.h"
 #include "fp4/nn/model.h"
-#include "fp4/quant_fast.h"
-#include "fp4/train.h"
+#include "fp4/numerics/quant_fast.h"
+#include "fp4/train/train.h"
 
 using namespace fp4;
 using namespace fp4::nn;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fp4/nn/linear.h"
-#include "fp4/recipe.h"
+#include "fp4/recipe/recipe.h"
 
 namespace {
 constexpr int64_t kM = 4096, kK = 1024, kN = 1024;

@@ -25,11 +25,11 @@
 #include <string>
 #include <vector>
 
-#include "fp4/block_quant.h"
-#include "fp4/hadamard.h"
-#include "fp4/pack_fast.h"
-#include "fp4/qtensor.h"
-#include "fp4/quant_fast.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/hadamard.h"
+#include "fp4/numerics/pack_fast.h"
+#include "fp4/numerics/qtensor.h"
+#include "fp4/numerics/quant_fast.h"
 
 using namespace fp4;
 
@@ -298,7 +298,7 @@ void BM_PackFast2D(benchmark::State& state) {
   finish(state, t);
 }
 
-/// Packed quantize-transpose (fp4/pack_fast.h), into a reused QTensor as quantize_pack_fast
+/// Packed quantize-transpose (fp4/numerics/pack_fast.h), into a reused QTensor as quantize_pack_fast
 /// above (a fresh QTensor per call would time the kernel zeroing new pages).
 void BM_PackTransposedFast(benchmark::State& state) {
   Tensor& t = tensor(state.range(0), state.range(1));

@@ -1,10 +1,10 @@
 // fp4train._core: the pybind11 extension behind the `fp4train` Python package (python/fp4train/,
 // docs/python.md). Every numeric result comes from the C++ library the CLI uses (fp4core):
-// format_encode / format_decode / element_encode / element_decode (fp4/format.h),
-// quantize_blocks, dequantize and check_dequantized_finite (fp4/block_quant.h, as
-// `fp4train quant`), pack / save_safetensors / load_safetensors (fp4/qtensor.h, `quant --save`),
-// decoded_gemm / probe_gemm (fp4/probe_gemm.h, `fp4train gemm`), recipes, run configs and
-// checkpoints (fp4/recipe.h, fp4/config.h, fp4/checkpoint.h). Nothing numeric is computed here.
+// format_encode / format_decode / element_encode / element_decode (fp4/numerics/format.h),
+// quantize_blocks, dequantize and check_dequantized_finite (fp4/numerics/block_quant.h, as
+// `fp4train quant`), pack / save_safetensors / load_safetensors (fp4/numerics/qtensor.h, `quant --save`),
+// decoded_gemm / probe_gemm (fp4/gemm/probe_gemm.h, `fp4train gemm`), recipes, run configs and
+// checkpoints (fp4/recipe/recipe.h, fp4/recipe/config.h, fp4/train/checkpoint.h). Nothing numeric is computed here.
 //
 // Arrays: numpy float32 (codes: uint8), C-contiguous; anything else is refused with TypeError
 // (not an ndarray, wrong dtype) or ValueError (not C-contiguous, wrong number of dimensions).
@@ -29,25 +29,25 @@
 #include <string>
 #include <vector>
 
-#include "fp4/block_quant.h"
-#include "fp4/checkpoint.h"
-#include "fp4/config.h"
-#include "fp4/error.h"
-#include "fp4/format.h"
-#include "fp4/info.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/recipe/config.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/format.h"
+#include "fp4/train/info.h"
 #include "fp4/nn/linear.h"
 #include "fp4/nn/model.h"
-#include "fp4/philox.h"
-#include "fp4/probe_gemm.h"
-#include "fp4/qtensor.h"
-#include "fp4/recipe.h"
-#include "fp4/settings.h"
-#include "fp4/signal_mask.h"
+#include "fp4/numerics/philox.h"
+#include "fp4/gemm/probe_gemm.h"
+#include "fp4/numerics/qtensor.h"
+#include "fp4/recipe/recipe.h"
+#include "fp4/recipe/settings.h"
+#include "fp4/base/signal_mask.h"
 
 namespace py = pybind11;
 
 // Around every long C++ call: the GIL released (other Python threads run) and the asynchronous
-// signals blocked on this thread and the OpenMP workers (fp4/signal_mask.h: a handler, e.g.
+// signals blocked on this thread and the OpenMP workers (fp4/base/signal_mask.h: a handler, e.g.
 // Python's for SIGINT, running on a thread inside oneDNN's JIT GEMM corrupts the heap). A
 // Ctrl-C meanwhile stays pending and is delivered when the call returns: KeyboardInterrupt
 // then, not in the middle of a kernel. Destroyed in reverse order: signals unblocked (Python's
@@ -372,7 +372,7 @@ BoundQTensor load_qtensor(const std::filesystem::path& file) {
     q.spec.target = t.target;
     q.g = t.reference;
     q.gd = t.decode_scale;
-    // The encode scale as quantize_blocks sets it (fp4/block_quant.h), so that the
+    // The encode scale as quantize_blocks sets it (fp4/numerics/block_quant.h), so that the
     // probe-matched GEMM accepts the operand; the MX rules have no tensor scale.
     if (t.scale_rule == fp4::ScaleRule::TensorScaled) {
       float ge = t.reference == 0.f ? 1.f : (t.target * q.spec.element.max()) / t.reference;
@@ -684,7 +684,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("sr_bytes", &sr_bytes, "seed"_a, "step"_a, "layer"_a, "operand"_a, "gemm"_a, "micro"_a,
         "first"_a, "n"_a,
         "sr_bytes(seed, step, layer, operand, gemm, micro, first, n) -> numpy.ndarray[uint8]\n\n"
-        "The SR random bytes first..first+n-1 of one Philox4x32-10 stream (fp4/philox.h "
+        "The SR random bytes first..first+n-1 of one Philox4x32-10 stream (fp4/numerics/philox.h "
         "sr_byte): the bytes quantize(rounding='sr8') uses, element i of the operand taking byte "
         "i. Raises ValueError for n < 0.");
 
@@ -730,7 +730,7 @@ PYBIND11_MODULE(_core, m) {
            "dequantize() -> numpy.ndarray[float32] [rows, cols]\n\nx_hat = q * (c_b * gd) "
            "(fp4::dequantize; for a loaded file the packed dequantize, bit-identical).")
       .def("save", &qt_save, "path"_a, "facts"_a = py::none(),
-           "save(path, facts=None)\n\nWrite the packed QTensor safetensors file (fp4/qtensor.h; the "
+           "save(path, facts=None)\n\nWrite the packed QTensor safetensors file (fp4/numerics/qtensor.h; the "
            "file `fp4train quant --save` writes): two E2M1 codes per byte, one scale byte per "
            "block. facts: extra metadata strings. Raises ValueError for a spec that cannot be "
            "packed (elements other than e2m1, scale formats outside ue5m3/ue5m3-ptx/e4m3/ue8m0) "
@@ -840,7 +840,7 @@ PYBIND11_MODULE(_core, m) {
            "fprop x/w, dgrad dy/w, wgrad dy/x; else None). Raises fp4train.UserError when the "
            "recipe does not fit the model.");
 
-  py::class_<BoundCheckpoint>(m, "Checkpoint", "A training checkpoint (fp4/checkpoint.h).")
+  py::class_<BoundCheckpoint>(m, "Checkpoint", "A training checkpoint (fp4/train/checkpoint.h).")
       .def_property_readonly("file", [](const BoundCheckpoint& c) { return c.file; }, "The checkpoint file read.")
       .def_property_readonly("step", [](const BoundCheckpoint& c) { return c.ck.step; }, "Completed optimizer steps.")
       .def_property_readonly("config_toml", [](const BoundCheckpoint& c) { return c.ck.config_toml; }, "The run config as TOML text (Config.from_toml reads it).")

@@ -11,12 +11,12 @@
 #include <sstream>
 
 #include "commands.h"
-#include "fp4/checkpoint.h"
-#include "fp4/error.h"
-#include "fp4/eval.h"
-#include "fp4/report.h"
-#include "fp4/safetensors.h"
-#include "fp4/train.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/base/error.h"
+#include "fp4/eval/eval.h"
+#include "fp4/study/report.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/train/train.h"
 #include "paths.h"
 #include "run_control.h"
 

@@ -3,7 +3,7 @@
 // with the checkpoint's recipe or another one. See README "Quantized inference evaluation".
 //
 // The only checkpoint-specific code is load_source(): resolve_checkpoint, load_checkpoint,
-// run_config_from_text and recipe_from_text of fp4/checkpoint.h.
+// run_config_from_text and recipe_from_text of fp4/train/checkpoint.h.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "commands.h"
-#include "fp4/checkpoint.h"
-#include "fp4/data.h"
-#include "fp4/error.h"
-#include "fp4/eval.h"
-#include "fp4/report.h"
-#include "fp4/tasks.h"
-#include "fp4/safetensors.h"
-#include "fp4/train.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
+#include "fp4/eval/eval.h"
+#include "fp4/study/report.h"
+#include "fp4/eval/tasks.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/train/train.h"
 #include "hf_layout.h"
 #include "paths.h"
 #include "run_control.h"

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "fp4/checkpoint.h"
-#include "fp4/error.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/base/error.h"
 #include "fp4/nn/model.h"
-#include "fp4/safetensors.h"
+#include "fp4/base/safetensors.h"
 #include "hf_layout.h"
 
 namespace fp4::cli {

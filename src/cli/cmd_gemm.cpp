@@ -18,11 +18,11 @@
 
 #include "commands.h"
 #include "matrix_text.h"
-#include "fp4/block_quant.h"
-#include "fp4/error.h"
-#include "fp4/format.h"
-#include "fp4/philox.h"
-#include "fp4/probe_gemm.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/philox.h"
+#include "fp4/gemm/probe_gemm.h"
 
 namespace fp4::cli {
 

@@ -1,5 +1,5 @@
 // `fp4train info`: what a run of a config and recipe would be (parameters, FLOPs, step memory,
-// every linear's mode), without building the model (fp4/info.h).
+// every linear's mode), without building the model (fp4/train/info.h).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "commands.h"
-#include "fp4/error.h"
-#include "fp4/info.h"
-#include "fp4/train.h"
+#include "fp4/base/error.h"
+#include "fp4/train/info.h"
+#include "fp4/train/train.h"
 #include "paths.h"
 #include "run_control.h"
 

@@ -11,12 +11,13 @@
 #include <vector>
 
 #include "commands.h"
-#include "fp4/dist.h"
-#include "fp4/error.h"
-#include "fp4/machine_load.h"
-#include "fp4/profile.h"
-#include "fp4/safetensors.h"
-#include "fp4/train.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
+#include "fp4/base/machine_load.h"
+#include "fp4/base/profile.h"
+#include "fp4/gemm/machine.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/train/train.h"
 #include "paths.h"
 #include "run_control.h"
 

@@ -18,13 +18,13 @@
 
 #include "commands.h"
 #include "matrix_text.h"
-#include "fp4/block_quant.h"
-#include "fp4/error.h"
-#include "fp4/format.h"
-#include "fp4/pack_fast.h"
-#include "fp4/philox.h"
-#include "fp4/qtensor.h"
-#include "fp4/quant_fast.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/pack_fast.h"
+#include "fp4/numerics/philox.h"
+#include "fp4/numerics/qtensor.h"
+#include "fp4/numerics/quant_fast.h"
 
 namespace fp4::cli {
 
@@ -216,7 +216,7 @@ void register_quant(CLI::App& app) {
           "NONNEGATIVE"));
   sub->add_option("--save", opts->save,
                   "Also write the packed QTensor (two E2M1 codes per byte + one scale byte per "
-                  "block, safetensors as fp4/qtensor.h describes; MXFP4 too) to this file");
+                  "block, safetensors as fp4/numerics/qtensor.h describes; MXFP4 too) to this file");
   sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
 }
 

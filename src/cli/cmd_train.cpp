@@ -9,12 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "fp4/checkpoint.h"
-#include "fp4/dist.h"
-#include "fp4/error.h"
-#include "fp4/profile.h"
-#include "fp4/safetensors.h"  // fp4::IoError
-#include "fp4/train.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
+#include "fp4/base/profile.h"
+#include "fp4/gemm/machine.h"
+#include "fp4/base/safetensors.h"  // fp4::IoError
+#include "fp4/train/train.h"
 #include "paths.h"
 #include "run_control.h"
 

@@ -5,11 +5,11 @@
 
 #include "commands.h"
 #include "omp_wait.h"
-#include "fp4/cpu_isa.h"
-#include "fp4/dist.h"
-#include "fp4/error.h"
-#include "fp4/profile.h"  // compute_paths, for --version
-#include "fp4/safetensors.h"  // fp4::IoError
+#include "fp4/base/cpu_isa.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
+#include "fp4/gemm/machine.h"  // compute_paths, for --version
+#include "fp4/base/safetensors.h"  // fp4::IoError
 
 namespace {
 /// Ends MPI (fp4::dist::finalize) on every return from main; a no-op without mpirun.

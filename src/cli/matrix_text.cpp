@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 
 namespace fp4::cli {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/format.h"
+#include "fp4/numerics/format.h"
 
 namespace fp4::cli {
 

@@ -1,7 +1,7 @@
 #include "paths.h"
 
-#include "fp4/dist.h"
-#include "fp4/error.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
 
 #include <cmath>
 #include <cstdlib>

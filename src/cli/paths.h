@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <string>
 
-#include "fp4/config.h"
-#include "fp4/data.h"
+#include "fp4/recipe/config.h"
+#include "fp4/data/data.h"
 
 #include <functional>
 

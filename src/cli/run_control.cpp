@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "fp4/dist.h"
-#include "fp4/error.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
 
 namespace fp4::cli {
 
@@ -131,7 +131,7 @@ StopOnSignal::StopOnSignal() {
   if (int_installed_) sigaddset(&set_, SIGINT);
   if (term_installed_) sigaddset(&set_, SIGTERM);
   if (usr1_installed_) sigaddset(&set_, SIGUSR1);
-  mask_.emplace(set_);  // the main thread and every OpenMP worker (fp4/signal_mask.h)
+  mask_.emplace(set_);  // the main thread and every OpenMP worker (fp4/base/signal_mask.h)
   g_watch_done = false;
   watcher_ = std::thread([set = set_] {
     // Inherits the blocked mask: sigtimedwait accepts the pending signals of the process.

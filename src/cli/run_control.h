@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "fp4/settings.h"
-#include "fp4/signal_mask.h"
+#include "fp4/recipe/settings.h"
+#include "fp4/base/signal_mask.h"
 
 namespace fp4::cli {
 

@@ -1,9 +1,9 @@
 // Seeded random training windows and deterministic held-out windows (see
-// include/fp4/data.h).
+// include/fp4/data/data.h).
 #include <string>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 

@@ -1,4 +1,4 @@
-// Corpus loading and the deterministic train / held-out split (see include/fp4/data.h).
+// Corpus loading and the deterministic train / held-out split (see include/fp4/data/data.h).
 //
 // Details beyond the header:
 //  * Directory mode: files and directories whose name starts with '.' are skipped (so
@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;

@@ -1,11 +1,11 @@
-// Token shards of the token cache (see include/fp4/data.h): bytes to token ids and back.
+// Token shards of the token cache (see include/fp4/data/data.h): bytes to token ids and back.
 // Layout (little-endian): "FP4TOK01" | uint32 version = 1 | uint32 vocab | uint64 count |
 // count x uint16 token ids.
 #include <bit>
 #include <cstring>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 namespace {

@@ -1,4 +1,4 @@
-// SentencePiece BPE tokenizer and the on-disk token cache (see include/fp4/data.h).
+// SentencePiece BPE tokenizer and the on-disk token cache (see include/fp4/data/data.h).
 //
 // Tokenizer: SentencePiece BPE trained on the training split only, with byte fallback (any
 // UTF-8 encodes, no <unk>), identity normalization and no whitespace collapsing, so
@@ -35,8 +35,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;

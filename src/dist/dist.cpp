@@ -1,7 +1,7 @@
-// The process group of a run and its collectives over MPI (fp4/dist.h). Built with
+// The process group of a run and its collectives over MPI (fp4/dist/dist.h). Built with
 // FP4_HAVE_MPI=1 when CMake found Open MPI (option FP4_MPI); otherwise, or when the program
 // was not started by mpirun, one process: rank 0 of 1, collectives copy or do nothing.
-#include "fp4/dist.h"
+#include "fp4/dist/dist.h"
 
 #include <algorithm>
 #include <climits>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/profile.h"
+#include "fp4/base/error.h"
+#include "fp4/base/profile.h"
 #include "tree_internal.h"
 
 #if FP4_HAVE_MPI

@@ -1,4 +1,4 @@
-// The fixed summation tree over a step's micro-batches (fp4/dist.h): which tree nodes a
+// The fixed summation tree over a step's micro-batches (fp4/dist/dist.h): which tree nodes a
 // contiguous range of micro-batches covers, and the combine of node sums in tree order.
 // Pure computation, no MPI.
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/dist.h"
+#include "fp4/dist/dist.h"
 #include "tree_internal.h"
 
 namespace fp4::dist {

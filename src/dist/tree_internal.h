@@ -3,11 +3,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp4/dist.h"
+#include "fp4/dist/dist.h"
 
 namespace fp4::dist::detail {
 
-/// tree_combine (fp4/dist.h), then, if divisor != 0, out[i] = sum[i] / divisor (one FP32
+/// tree_combine (fp4/dist/dist.h), then, if divisor != 0, out[i] = sum[i] / divisor (one FP32
 /// division of the FP32 sum, so the result equals a separate combine and division bit for
 /// bit). Same arguments and throws as tree_combine.
 void tree_combine_div(int n, const std::vector<TreeNode>& nodes,

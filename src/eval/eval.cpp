@@ -1,6 +1,6 @@
 // Held-out NLL under the inference reference policies, bits per byte, sampling
-// (see include/fp4/eval.h and README "Quantized inference evaluation").
-#include "fp4/eval.h"
+// (see include/fp4/eval/eval.h and README "Quantized inference evaluation").
+#include "fp4/eval/eval.h"
 
 #include <sentencepiece_processor.h>
 
@@ -11,8 +11,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 #include "fp4/nn/layers.h"
 
 namespace fp4 {

@@ -1,5 +1,5 @@
-// Next-sentence multiple-choice items from the held-out split (see include/fp4/tasks.h).
-#include "fp4/tasks.h"
+// Next-sentence multiple-choice items from the held-out split (see include/fp4/eval/tasks.h).
+#include "fp4/eval/tasks.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 namespace {

@@ -1,8 +1,8 @@
 // FP32 GEMM backend over oneDNN's sgemm and BF16 GEMM backend over oneDNN's matmul
 // primitive, both made thread-count independent by fixed output tiling.
-#include "fp4/gemm.h"
+#include "fp4/gemm/gemm.h"
 
-#include "fp4/cpu_isa.h"
+#include "fp4/base/cpu_isa.h"
 
 #include <dnnl.h>
 #include <dnnl_version.h>
@@ -27,7 +27,7 @@ namespace {
 constexpr int64_t kTileM = 128;
 constexpr int64_t kTileN = 512;
 
-// FP4_MAX_CPU_ISA (fp4/cpu_isa.h) caps oneDNN too: applied once, before the first oneDNN call
+// FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h) caps oneDNN too: applied once, before the first oneDNN call
 // of the process (oneDNN accepts dnnl_set_max_cpu_isa only before its first JIT kernel).
 void apply_isa_cap() {
   static const bool done = [] {
@@ -90,7 +90,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 //  * The tile executions run inside our OpenMP loop. oneDNN's parallel() runs its work
 //    sequentially in the calling thread when omp_in_parallel() is true or when its thread
 //    count is 1 (adjust_num_threads), so every tile is computed by one thread with the
-//    configuration above. tests/test_gemm.cpp checks 1, 2 and 3 threads bit for bit.
+//    configuration above. tests/gemm/test_gemm.cpp checks 1, 2 and 3 threads bit for bit.
 //  * The scratchpad is user-managed (one buffer per OpenMP thread), so concurrent executions
 //    of one primitive share no memory.
 namespace {
@@ -329,7 +329,7 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
 // (called inside our OpenMP loop, oneDNN's sgemm runs in the calling thread, as fp4::sgemm
 // relies on). Each product of two BF16 values has at most 8 + 8 significant bits, so it is
 // exact in FP32 whether the kernel uses FMA or multiply-then-add; the sum is FP32 in
-// oneDNN's (fixed, single-thread) order, so the contract of fp4/gemm.h holds. Unlike the
+// oneDNN's (fixed, single-thread) order, so the contract of fp4/gemm/gemm.h holds. Unlike the
 // AVX512_BF16 instructions, subnormal inputs and results are kept (IEEE FP32 arithmetic).
 namespace {
 void widen_bf16(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {

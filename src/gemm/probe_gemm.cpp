@@ -1,6 +1,6 @@
 // Quantized GEMM emulation: decoded (dequantize + FP32 sgemm) and probe-matched (the native
 // FP4 GEMM's chunked arithmetic, bit-exact). Contract: docs/numerics.md "GEMM emulation";
-// rules and exactness arguments restated in include/fp4/probe_gemm.h and docs/gemm.md.
+// rules and exactness arguments restated in include/fp4/gemm/probe_gemm.h and docs/gemm.md.
 //
 // How the probe-matched result is computed exactly and fast
 // ---------------------------------------------------------
@@ -52,8 +52,8 @@
 // result fits FP32 since it is either x itself (|x| ≥ 2^13) or k·2^-10 with |k| < 2^23); the
 // AVX-512 kernel uses vrndscaleps with 10 fraction bits and RNE, the same function, and the AVX2
 // kernel vroundps(x·1024, RNE)·2^-10 for |x| < 2^13.
-#include "fp4/cpu_isa.h"
-#include "fp4/probe_gemm.h"
+#include "fp4/base/cpu_isa.h"
+#include "fp4/gemm/probe_gemm.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -74,7 +74,7 @@
 #include <thread>
 #include <vector>
 
-#include "fp4/gemm.h"
+#include "fp4/gemm/gemm.h"
 #include "probe_gemm_impl.h"
 
 namespace fp4 {

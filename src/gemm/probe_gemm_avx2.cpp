@@ -2,11 +2,11 @@
 // chunked arithmetic of docs/numerics.md "GEMM emulation" (64-product chunks, each summed
 // exactly and rounded once to FP32 with RNE, RTZ accumulation of the chunk sums from +0 in K
 // order, snap to the 1/1024 grid with RNE, then α), bit for bit, for CPUs with AVX2 and FMA
-// but no AVX-512 VNNI. Rules and exactness arguments: include/fp4/probe_gemm.h,
+// but no AVX-512 VNNI. Rules and exactness arguments: include/fp4/gemm/probe_gemm.h,
 // src/gemm/probe_gemm.cpp (file comment), docs/gemm.md.
 //
 // Scalar twin: probe_impl::probe_output (src/gemm/probe_gemm.cpp, ProbeKernel::Portable).
-// Test: tests/test_probe_gemm.cpp runs every test against every available kernel and an
+// Test: tests/gemm/test_probe_gemm.cpp runs every test against every available kernel and an
 // independent exact reference, bit for bit (ProbeGemm.*, ProbeGemmHand.*, ProbeGemmAlpha.*,
 // ProbeGemmKernels.*). Benchmark: BM_ProbeVsSgemm in bench/bench_gemm.cpp.
 //

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp4/probe_gemm.h"
+#include "fp4/gemm/probe_gemm.h"
 
 namespace fp4::probe_impl {
 

@@ -48,7 +48,7 @@
 // multiply/add-only expf, also used by cross-entropy and SwiGLU).
 //
 // The kernels match the plain scalar twin in attention_ref.cpp (detail::attention_*_ref)
-// bit for bit (tests/test_attention_twin.cpp). Sums over the causal range never include the
+// bit for bit (tests/nn/test_attention_twin.cpp). Sums over the causal range never include the
 // masked terms above the diagonal (see Tri below) and vector tails mask the lanes j > i, so
 // neither the zero padding nor whatever lies above the diagonal can change a bit.
 //
@@ -56,7 +56,7 @@
 // functions built for the matching target, so the -Wpsabi note about the ABI does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#include "fp4/cpu_isa.h"
+#include "fp4/base/cpu_isa.h"
 
 #include <algorithm>
 #include <cmath>

@@ -21,7 +21,7 @@
 //    order in which the kernel's thread for (b, KV head) runs the group's heads;
 //  * sums restricted to the causal range: the kernel never adds a masked (j > i) term (see
 //    the triangular tails of micro() in attention.cpp), so none appear here either.
-// Keep this file in sync with attention.cpp; tests/test_attention_twin.cpp compares them.
+// Keep this file in sync with attention.cpp; tests/nn/test_attention_twin.cpp compares them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "fp4/nn/layers.h"
-#include "fp4/quant_fast.h"
+#include "fp4/numerics/quant_fast.h"
 #include "layers_internal.h"
 
 namespace fp4::nn::lf {
@@ -84,7 +84,7 @@ struct Kernels {
 // ------------------------------------------------------------------------------------------
 // Per-target kernels.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/nn/layers_fast.cpp"  // found via the include/ dir
+#define HWY_TARGET_INCLUDE "layers_fast.cpp"  // found via the room's own src/ dir (fp4_room)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 

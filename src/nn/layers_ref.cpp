@@ -8,7 +8,7 @@
 //    sum_squares (layers_internal.h, "sum of squares");
 //  * exp is internal::exp_scalar (the vector ExpV repeats its operations lane-wise);
 //  * elementwise formulas are parenthesised exactly as the vector code evaluates them.
-// Keep this file in sync with layers_fast.cpp; tests/test_layers_twin.cpp compares them.
+// Keep this file in sync with layers_fast.cpp; tests/nn/test_layers_twin.cpp compares them.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

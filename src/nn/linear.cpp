@@ -6,13 +6,13 @@
 #include <bit>
 #include <stdexcept>
 
-#include "fp4/bf16.h"
-#include "fp4/format.h"
-#include "fp4/gemm.h"
-#include "fp4/hadamard.h"
-#include "fp4/probe_gemm.h"
-#include "fp4/profile.h"
-#include "fp4/quant_fast.h"
+#include "fp4/numerics/bf16.h"
+#include "fp4/numerics/format.h"
+#include "fp4/gemm/gemm.h"
+#include "fp4/numerics/hadamard.h"
+#include "fp4/gemm/probe_gemm.h"
+#include "fp4/base/profile.h"
+#include "fp4/numerics/quant_fast.h"
 
 namespace fp4::nn {
 namespace {

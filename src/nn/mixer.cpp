@@ -1,7 +1,7 @@
 // make_mixer: pattern character → mixer kind (fp4/nn/mixer.h).
 #include "fp4/nn/mixer.h"
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "mixers.h"
 
 namespace fp4::nn {

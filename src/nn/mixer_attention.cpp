@@ -4,10 +4,10 @@
 // positional embedding). Attention itself: fp4/nn/layers.h attention_forward/backward.
 #include <cstring>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "fp4/nn/layers.h"
 #include "fp4/nn/mixer.h"
-#include "fp4/profile.h"
+#include "fp4/base/profile.h"
 #include "mixers.h"
 
 namespace fp4::nn {

@@ -27,7 +27,7 @@
 #include "fp4/nn/layers.h"
 #include "fp4/nn/mixer.h"
 #include "fp4/nn/ssm.h"
-#include "fp4/profile.h"
+#include "fp4/base/profile.h"
 #include "mixers.h"
 
 namespace fp4::nn {

@@ -2,7 +2,7 @@
 // d → 2F (SwiGLU, gate and value fused in one linear), down_proj: F → d, no biases.
 #include "fp4/nn/layers.h"
 #include "fp4/nn/mixer.h"
-#include "fp4/profile.h"
+#include "fp4/base/profile.h"
 #include "mixers.h"
 
 #include <cstring>

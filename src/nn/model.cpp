@@ -7,10 +7,10 @@
 #include <cstring>
 #include <random>
 
-#include "fp4/error.h"
-#include "fp4/gemm.h"
+#include "fp4/base/error.h"
+#include "fp4/gemm/gemm.h"
 #include "fp4/nn/layers.h"
-#include "fp4/profile.h"
+#include "fp4/base/profile.h"
 
 namespace fp4::nn {
 using prof::Cat;

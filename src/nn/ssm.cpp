@@ -39,7 +39,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "fp4/cpu_isa.h"
+#include "fp4/base/cpu_isa.h"
 #include "ssm_internal.h"
 
 #pragma GCC push_options

@@ -5,7 +5,7 @@
 // (acc = acc + A·B from +0, k ascending over the row's range), map a loop applying the
 // formula to floats, dot the canonical sum (layers_internal.h), ex internal::exp_scalar.
 // The twins run every unit on the calling thread (no OpenMP) in unit order. Keep in sync
-// with ssm.cpp / ssm_vec.inc; tests/test_ssm.cpp compares them bit for bit.
+// with ssm.cpp / ssm_vec.inc; tests/nn/test_ssm.cpp compares them bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

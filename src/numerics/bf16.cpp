@@ -1,18 +1,18 @@
 // FP32 → BF16 bit patterns, vectorised: bf16_bits (bf16.h) over arrays.
-#include "fp4/bf16.h"
+#include "fp4/numerics/bf16.h"
 
 #include <omp.h>
 
 #include <algorithm>
 
-#include "fp4/cpu_isa.h"
+#include "fp4/base/cpu_isa.h"
 
 namespace fp4 {
 namespace {
 // One contiguous range, written so that GCC vectorises it (`omp simd`; the select is a
 // blend). The body is compiled three times, for AVX-512, AVX2 and baseline x86-64; the
 // integer operations are exact, so every build computes the same bits. The build is chosen
-// once per process from the CPU and FP4_MAX_CPU_ISA (fp4/cpu_isa.h), so the AVX2 cap runs what
+// once per process from the CPU and FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h), so the AVX2 cap runs what
 // an AVX2-only CPU runs (test_bf16 and its .isa_avx2 copy compare it with bf16_bits).
 [[gnu::always_inline]] inline void convert_body(const float* __restrict in, int64_t n,
                                                 uint16_t* __restrict out) {

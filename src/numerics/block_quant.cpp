@@ -15,9 +15,9 @@
 // Element formats: E2M1 (the contract), any signed small float, or a uniform integer grid.
 // emax = the element format's max replaces the 6 of the contract's formulas; for E2M1 every
 // FP32 operation is the one docs/numerics.md spells out (ge = (T·6)/g, mult = ge·fl(1/6)).
-#include "fp4/block_quant.h"
+#include "fp4/numerics/block_quant.h"
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 
 #include <omp.h>
 

@@ -2,7 +2,7 @@
 // Contract: docs/numerics.md "Formats" and "Rounding a magnitude". The rounding algorithm
 // itself lives in fp4::detail::round_magnitude_params (format.h) so that the hot loops of
 // block_quant.cpp can inline it; this file gives it its FloatFormat-level interface.
-#include "fp4/format.h"
+#include "fp4/numerics/format.h"
 
 #include <bit>
 #include <cfloat>

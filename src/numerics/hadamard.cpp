@@ -1,11 +1,11 @@
 // 16-point random Hadamard transform of the NVFP4 recipe's wgrad operands.
 // Contract: docs/numerics.md "Random Hadamard transform".
-#include "fp4/hadamard.h"
+#include "fp4/numerics/hadamard.h"
 
 #include <stdexcept>
 #include <string>
 
-#include "fp4/format.h"
+#include "fp4/numerics/format.h"
 
 namespace fp4 {
 

@@ -43,7 +43,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#include "fp4/pack_fast.h"
+#include "fp4/numerics/pack_fast.h"
 
 #include <omp.h>
 
@@ -59,10 +59,10 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/format.h"
-#include "fp4/hadamard.h"
-#include "fp4/quant_fast.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/hadamard.h"
+#include "fp4/numerics/quant_fast.h"
 
 namespace fp4::pf {
 
@@ -167,7 +167,7 @@ struct Kernels {
 // ------------------------------------------------------------------------------------------
 // Per-target kernels.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/numerics/pack_fast.cpp"  // found via the include/ dir
+#define HWY_TARGET_INCLUDE "pack_fast.cpp"  // found via the room's own src/ dir (fp4_room)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 

@@ -1,7 +1,7 @@
 // Counter-based SR random bytes: Random123 Philox4x32-10 (r123::Philox4x32).
 // Contract: philox.h and docs/numerics.md "Rounding a magnitude" (SR bits keyed by
 // seed, step, layer, operand, GEMM and element).
-#include "fp4/philox.h"
+#include "fp4/numerics/philox.h"
 
 #include <Random123/philox.h>
 

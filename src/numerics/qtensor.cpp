@@ -1,5 +1,5 @@
 // Packed FP4 tensors and their safetensors files.
-#include "fp4/qtensor.h"
+#include "fp4/numerics/qtensor.h"
 
 #include <charconv>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "fp4/error.h"
-#include "fp4/safetensors.h"
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;

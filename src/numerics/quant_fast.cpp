@@ -46,8 +46,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#include "fp4/cpu_isa.h"
-#include "fp4/quant_fast.h"
+#include "fp4/base/cpu_isa.h"
+#include "fp4/numerics/quant_fast.h"
 
 #include <cpuid.h>
 #include <omp.h>
@@ -63,9 +63,9 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/format.h"
-#include "fp4/hadamard.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/hadamard.h"
 
 namespace fp4::qf {
 
@@ -170,7 +170,7 @@ struct Kernels {
 // ------------------------------------------------------------------------------------------
 // Per-target kernels.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/numerics/quant_fast.cpp"  // found via the include/ dir
+#define HWY_TARGET_INCLUDE "quant_fast.cpp"  // found via the room's own src/ dir (fp4_room)
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
@@ -915,7 +915,7 @@ bool cpu_sse4() {
 }
 bool cpu_ssse3() { return __builtin_cpu_supports("ssse3"); }
 
-/// Targets compiled in, supported by this CPU and allowed by FP4_MAX_CPU_ISA (fp4/cpu_isa.h),
+/// Targets compiled in, supported by this CPU and allowed by FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h),
 /// best first.
 const std::vector<Kernels>& available() {
   static const std::vector<Kernels> v = [] {

@@ -1,5 +1,5 @@
-// Numerics telemetry (see fp4/telemetry.h).
-#include "fp4/telemetry.h"
+// Numerics telemetry (see fp4/numerics/telemetry.h).
+#include "fp4/numerics/telemetry.h"
 
 #include <algorithm>
 #include <cmath>

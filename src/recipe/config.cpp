@@ -1,11 +1,11 @@
 // Run configs: TOML → fp4::RunConfig, strictly validated.
-#include "fp4/config.h"
+#include "fp4/recipe/config.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "toml_reader.h"
 
 namespace fp4 {

@@ -1,11 +1,11 @@
 // Recipe files: TOML → fp4::Recipe, strictly validated.
-#include "fp4/recipe.h"
+#include "fp4/recipe/recipe.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "toml_reader.h"
 
 namespace fp4 {

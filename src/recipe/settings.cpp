@@ -1,12 +1,12 @@
-// `--set KEY=VALUE` command-line overrides: parsing and naming (fp4/settings.h). Applying them
+// `--set KEY=VALUE` command-line overrides: parsing and naming (fp4/recipe/settings.h). Applying them
 // is TomlReader::apply (toml_reader.h), called by the config and recipe loaders.
-#include "fp4/settings.h"
+#include "fp4/recipe/settings.h"
 
 #include <toml++/toml.h>
 
 #include <cctype>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "toml_reader.h"
 
 namespace fp4 {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/settings.h"
+#include "fp4/base/error.h"
+#include "fp4/recipe/settings.h"
 
 namespace fp4::detail {
 
@@ -84,7 +84,7 @@ class TomlReader {
   /// Same as where(): the source named by cross-key errors.
   const std::string& file() const { return where(); }
 
-  /// Apply `--set` overrides (fp4/settings.h) to the parsed file, before any get(): each
+  /// Apply `--set` overrides (fp4/recipe/settings.h) to the parsed file, before any get(): each
   /// key's value is replaced (or added) with the setting's TOML value, creating its table if
   /// the file lacks it; an index `name[N]` must name an existing table of the array of tables
   /// `name`. Later errors about an overridden key name its --set argument instead of the file.

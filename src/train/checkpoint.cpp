@@ -1,5 +1,5 @@
-// Training checkpoints as safetensors files (see include/fp4/checkpoint.h).
-#include "fp4/checkpoint.h"
+// Training checkpoints as safetensors files (see include/fp4/train/checkpoint.h).
+#include "fp4/train/checkpoint.h"
 
 #include <algorithm>
 #include <charconv>
@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "fp4/error.h"
-#include "fp4/safetensors.h"
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;

@@ -1,11 +1,11 @@
-// model_info (fp4/info.h): a run's size, FLOPs, step memory and linear plan from its config.
-#include "fp4/info.h"
+// model_info (fp4/train/info.h): a run's size, FLOPs, step memory and linear plan from its config.
+#include "fp4/train/info.h"
 
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "fp4/nn/mixer.h"
 #include "fp4/nn/model.h"
 

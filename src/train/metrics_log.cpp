@@ -1,9 +1,9 @@
-// Cutting metrics.jsonl back for a resume (see include/fp4/metrics_log.h).
-#include "fp4/metrics_log.h"
+// Cutting metrics.jsonl back for a resume (see include/fp4/train/metrics_log.h).
+#include "fp4/train/metrics_log.h"
 
 #include <nlohmann/json.hpp>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 
 namespace fp4 {
 using json = nlohmann::json;

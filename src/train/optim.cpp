@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "fp4/nn/layers.h"
-#include "fp4/train.h"
+#include "fp4/train/train.h"
 
 namespace fp4 {
 

@@ -18,15 +18,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "fp4/dist.h"
-#include "fp4/error.h"
-#include "fp4/eval.h"
-#include "fp4/machine_load.h"
-#include "fp4/metrics_log.h"
-#include "fp4/profile.h"
-#include "fp4/safetensors.h"
-#include "fp4/telemetry.h"
-#include "fp4/train.h"
+#include "fp4/dist/dist.h"
+#include "fp4/base/error.h"
+#include "fp4/eval/eval.h"
+#include "fp4/base/machine_load.h"
+#include "fp4/train/metrics_log.h"
+#include "fp4/base/profile.h"
+#include "fp4/gemm/machine.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/numerics/telemetry.h"
+#include "fp4/train/train.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;
@@ -670,7 +671,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
   }
   int64_t window_tokens = 0;
   auto last_print = clock::now();
-  // The busiest the machine was at a progress line or at the end (fp4/machine_load.h): step
+  // The busiest the machine was at a progress line or at the end (fp4/base/machine_load.h): step
   // times and tokens/s taken on a busy machine are marked as such in summary.json, the
   // progress line and compare's report.
   MachineLoad worst_load = machine_load();

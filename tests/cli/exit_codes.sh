@@ -74,7 +74,7 @@ bad "info without --config"        "--config"       info
 bad "info --bogus"                 "--bogus"        info --config configs/tiny.toml --bogus
 bad "unknown command"              "unknown command" frobnicate
 
-# A bad FP4_MAX_CPU_ISA (fp4/cpu_isa.h) is a bad argument too; --help still works.
+# A bad FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h) is a bad argument too; --help still works.
 export FP4_MAX_CPU_ISA=bogus
 bad "FP4_MAX_CPU_ISA=bogus"        "FP4_MAX_CPU_ISA=bogus is not a SIMD level" train --steps 1
 help train --help

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data parallelism over MPI (fp4/dist.h, issue 12): the gradient reduction gives the same bytes
+# Data parallelism over MPI (fp4/dist/dist.h, issue 12): the gradient reduction gives the same bytes
 # for P = 1, 2, 3, 4 processes, equal to the single-process tree sum / n (checked inside
 # dist_check on every rank), and the other collectives work (tests/mpi/dist_check.cpp).
 # Also fp4train itself starts and ends under mpirun. Exits 77 (CTest: skipped) with a

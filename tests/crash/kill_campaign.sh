@@ -8,14 +8,15 @@
 # no-op ("already completed", nothing changed).
 #
 # Moment classes, taken in turn (kill i has class i mod 7), their parameters drawn from the
-# seed (the hooks: include/fp4/safetensors.h "Test hooks of the durable writers"):
+# seed (the hooks: include/fp4/base/safetensors.h "Test hooks of the durable writers"):
 #   checkpoint  FP4_TEST_KILL_AT=checkpoint:N:K  SIGKILL after K bytes of the N-th checkpoint
 #               file; K = `end`: all written, before fsync + rename; K = `after`: renamed
 #               into place, before the pruning of older checkpoints
 #   metrics     FP4_TEST_KILL_AT=metrics:N:K     after K bytes of the N-th metrics.jsonl line
 #   random      kill -9 a random time after the first checkpoint (a fraction of the
 #               reference's time from there to its end; under load it may come too late:
-#               counted as random-after-end, and the completed run is still checked)
+#               counted as random-after-end, as is a kill while a completed run exits, and the completed
+#               run is still checked)
 #   resume      a checkpoint kill, then the resume itself killed (in its rewrite of
 #               metrics.jsonl, FP4_TEST_KILL_AT=file:1:K, or in its first checkpoint or one
 #               of its first lines), then resumed again
@@ -184,7 +185,9 @@ for (( i = 0; i < kills; i++ )); do
       sleep "$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))"
       kill -9 "$pid" 2>/dev/null
       { wait "$pid"; } 2>/dev/null; rc=$?; pid=
-      if [ "$rc" = 0 ]; then class=random-after-end; else killed "$d.log"; fi ;;  # finished first: still verified
+      if [ "$rc" = 0 ]; then class=random-after-end; else killed "$d.log"; fi  # finished first: still verified
+      # Killed after its summary was written (while the process was exiting): it completed.
+      grep -qs '"status": *"completed"' "$d/summary.json" && class=random-after-end ;;
     resume)
       rand $(( n_ck - 2 )); n=$(( 2 + R )); rand_bytes "$ck_size" noafter; k=$B
       run_env "$d.log" FP4_TEST_KILL_AT=checkpoint:$n:$k; what="kill $i (checkpoint:$n:$k)"; killed "$d.log"

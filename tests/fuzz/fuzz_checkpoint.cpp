@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "fp4/checkpoint.h"
-#include "fp4/error.h"
-#include "fp4/safetensors.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
 #include "fuzz_common.h"
 
 namespace {

@@ -7,8 +7,8 @@
 // 'M' blocks, which alone use them).
 #include <string>
 
-#include "fp4/config.h"
-#include "fp4/error.h"
+#include "fp4/recipe/config.h"
+#include "fp4/base/error.h"
 #include "fuzz_common.h"
 
 namespace {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "fp4/error.h"
+#include "fp4/base/error.h"
 #include "fuzz_common.h"
 #include "matrix_text.h"
 

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "fp4/error.h"
-#include "fp4/metrics_log.h"
+#include "fp4/base/error.h"
+#include "fp4/train/metrics_log.h"
 #include "fuzz_common.h"
 
 namespace {

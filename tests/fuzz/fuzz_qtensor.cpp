@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/qtensor.h"
+#include "fp4/base/error.h"
+#include "fp4/numerics/qtensor.h"
 #include "fuzz_common.h"
 
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/error.h"
-#include "fp4/recipe.h"
+#include "fp4/base/error.h"
+#include "fp4/recipe/recipe.h"
 #include "fuzz_common.h"
 
 namespace {

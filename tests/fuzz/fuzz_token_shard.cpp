@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/data.h"
-#include "fp4/error.h"
+#include "fp4/data/data.h"
+#include "fp4/base/error.h"
 #include "fuzz_common.h"
 
 namespace {

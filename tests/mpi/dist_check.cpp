@@ -1,4 +1,4 @@
-// MPI check of fp4/dist.h, run by tests/cli/mpi_dist.sh under mpirun with P = 1, 2, 3, 4
+// MPI check of fp4/dist/dist.h, run by tests/cli/mpi_dist.sh under mpirun with P = 1, 2, 3, 4
 // processes. Usage: dist_check OUT_FILE N1 [N2 ...]
 //
 // For each number of micro-batches n (those divisible by P) and a few vector lengths, every
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/dist.h"
+#include "fp4/dist/dist.h"
 
 namespace dist = fp4::dist;
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "fp4/nn/linear.h"
-#include "fp4/recipe.h"
+#include "fp4/recipe/recipe.h"
 
 namespace {
 std::vector<float> read_f32(const std::string& f, size_t n) {

@@ -2,7 +2,7 @@
 
 oneDNN's JIT GEMM points rsp into the heap while it runs (oneDNN issue #4845); Python's SIGINT
 handler, run on such a thread, wrote its signal frame there. Before the package blocked the
-asynchronous signals around its C++ calls (fp4/signal_mask.h), such a loop aborted with
+asynchronous signals around its C++ calls (fp4/base/signal_mask.h), such a loop aborted with
 "corrupted size vs. prev_size while consolidating" in 4 runs out of 4 (a review, 25 s each),
 and this 8-second one in about half the runs (2-core AMD EPYC, AVX2): it can miss the bug,
 never report it falsely.

@@ -1,5 +1,5 @@
 // Inputs and helpers shared by the bit-exact tests of the SIMD quantizers against their scalar
-// twins (tests/test_quant_fast.cpp, tests/test_pack_fast.cpp): random tensors from several
+// twins (tests/numerics/test_quant_fast.cpp, tests/numerics/test_pack_fast.cpp): random tensors from several
 // distributions, the scale formats and roundings to sweep, and a first-differing-element
 // search.
 #pragma once
@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "fp4/block_quant.h"
-#include "fp4/philox.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/philox.h"
 
 namespace fp4::testing {
 

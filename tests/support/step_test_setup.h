@@ -1,5 +1,5 @@
 // A two-layer model (and a small hybrid one) and random tokens for tests that run whole training steps
-// (train_step) without the corpus: tests/test_alloc.cpp, test_shared_input.cpp,
+// (train_step) without the corpus: tests/nn/test_alloc.cpp, test_shared_input.cpp,
 // test_profile.cpp.
 #pragma once
 #include <cstdint>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fp4/config.h"
-#include "fp4/recipe.h"
+#include "fp4/recipe/config.h"
+#include "fp4/recipe/recipe.h"
 
 namespace fp4::testing {
 

@@ -11,7 +11,7 @@
 //    OpenMP over rows or fixed chunks. Every kernel has a plain scalar twin in `detail`
 //    (layers_ref.cpp) performing the same FP32/FP64 operations in the same order, and the
 //    fast kernel matches it bit for bit on every target and for any thread count
-//    (tests/test_layers_twin.cpp). The project compiles with -ffp-contract=off: no FMA.
+//    (tests/nn/test_layers_twin.cpp). The project compiles with -ffp-contract=off: no FMA.
 //
 // Canonical sum (the one reduction order used by every sum below, over n terms):
 //   chunks of 1024 consecutive terms (from term 0): 16 FP32 partials starting at +0, term i
@@ -23,7 +23,7 @@
 //
 // exp: the softmax (cross-entropy) and SwiGLU use detail::exp_ref's algorithm (range
 // reduction + polynomial, multiplies and adds only), not std::exp, so vector and scalar code
-// agree bit for bit. Max error measured against exp in double: see tests/test_layers_twin.cpp
+// agree bit for bit. Max error measured against exp in double: see tests/nn/test_layers_twin.cpp
 // (ExpTwin.AccuracyAgainstDoubleExp: ≤ 1 ulp measured, 2 asserted); exact special cases: −inf and x < −104 → +0, x > 88.7228317 → +inf,
 // NaN → NaN.
 #pragma once

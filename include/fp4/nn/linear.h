@@ -9,14 +9,14 @@
 #include <new>
 #include <vector>
 
-#include "fp4/block_quant.h"
-#include "fp4/recipe.h"
-#include "fp4/telemetry.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/recipe/recipe.h"
+#include "fp4/numerics/telemetry.h"
 
 namespace fp4::nn {
 
 /// std::allocator with 64-byte alignment: the SIMD quantizers write large outputs with
-/// streaming stores only to 64-byte-aligned buffers (see fp4/quant_fast.h).
+/// streaming stores only to 64-byte-aligned buffers (see fp4/numerics/quant_fast.h).
 template <class T>
 struct Aligned64 {
   using value_type = T;

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "fp4/config.h"
+#include "fp4/recipe/config.h"
 #include "fp4/nn/linear.h"
 #include "fp4/nn/mixer.h"
-#include "fp4/recipe.h"
+#include "fp4/recipe/recipe.h"
 
 namespace fp4::nn {
 
@@ -55,7 +55,7 @@ class Model {
   void zero_grad();
 
   /// Linear::reset_inference on every linear: forget the inference references (frozen weight
-  /// amax, Replay holds of interval `replay_interval`, calibration). See fp4/eval.h.
+  /// amax, Replay holds of interval `replay_interval`, calibration). See fp4/eval/eval.h.
   void reset_inference(int replay_interval = 50);
 
   std::vector<float>& params() { return params_; }

@@ -8,7 +8,7 @@
 //    AVX2 and baseline SSE2, chosen once from the CPU and FP4_MAX_CPU_ISA, OpenMP over
 //    independent units) has a scalar twin X_ref (src/nn/ssm_ref.cpp: plain loops, no
 //    vectors, no OpenMP) that performs the same FP32/FP64 operations in the same order, and
-//    the two agree bit for bit for finite inputs (tests/test_ssm.cpp, every variant, 1/2/3
+//    the two agree bit for bit for finite inputs (tests/nn/test_ssm.cpp, every variant, 1/2/3
 //    threads). The project builds with -ffp-contract=off: no FMA.
 //  * exp is internal::exp_scalar (layers_internal.h; lane-wise copy in the vector code);
 //    σ(u) = 1 / (1 + exp(−u)); SiLU(u) = u · σ(u);

@@ -1,0 +1,105 @@
+// FP32 and BF16 GEMM backends (oneDNN). Deterministic: results do not depend on the thread count.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace fp4 {
+
+/// Row-major C[M,N] = alpha · op(A) · op(B) + beta · C, op(A) = A [M,K] or Aᵀ (A stored [K,M]),
+/// op(B) = B [K,N] or Bᵀ (B stored [N,K]); lda/ldb/ldc are row strides in elements.
+/// Runs oneDNN's single-threaded sgemm on fixed output tiles in an OpenMP loop, so the
+/// per-element accumulation order is independent of thread count.
+/// Not batch-invariant: a row's bits may depend on M (and a column's on N), because oneDNN
+/// picks its kernel and blocking by the tile's shape. Measured with oneDNN 2.6.3 on an Intel
+/// Xeon (Sapphire Rapids class, AVX-512): rows [M − m, M) computed alone, m ≤ 16, differed
+/// from the same rows of the M-row product in 576 of 2,240 random cases (M 24..128, N 16..100,
+/// K 16..256, every transpose); with ONEDNN_MAX_CPU_ISA=AVX2 in 1,309 of 2,240. The
+/// differences are FP32 rounding (another summation order); for one shape the bits are fixed.
+/// Throws std::runtime_error if oneDNN reports an error.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc);
+
+/// Row-major FP32 C[M,N] = op(A)·op(B) (accumulate == false) or C[M,N] += op(A)·op(B)
+/// (accumulate == true), with A and B given as BF16 bit patterns (fp4/numerics/bf16.h: bf16_bits):
+/// op(A) = A [M,K] (trans_a == false, row stride lda ≥ K) or Aᵀ with A stored [K,M] (row
+/// stride lda ≥ M); op(B) = B [K,N] (trans_b == false, ldb ≥ N) or Bᵀ with B stored [N,K]
+/// (ldb ≥ K); C has row stride ldc ≥ N; strides in elements. C must not overlap A or B.
+///
+/// Numerics (docs/numerics.md, recipe `bf16`: BF16 operands, FP32 accumulate): each product
+/// of two BF16 values is exact in FP32; the products (and, with accumulate, the old C) are
+/// summed in FP32 in an order fixed by oneDNN's kernel. So
+/// |C − exact| ≤ γ_(K+1)·(Σ_k |a_ik·b_kj| + |C_old|), γ_n = n·2^-24/(1 − n·2^-24).
+///
+/// Two paths (gemm_bf16_path), chosen once per process from what the CPU and oneDNN offer:
+///  * Native: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
+///    to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes as memory-descriptor
+///    strides, one primitive per distinct output tile shape, cached process-wide (thread-safe)
+///    by (tile shape, K, transposes, strides, accumulate), created with oneDNN's thread count
+///    forced to 1; accumulate through oneDNN's sum post-op. Needs AVX512_CORE (oneDNN 2.6).
+///    Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
+///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM").
+///  * Widened (every other x86-64 CPU, e.g. AVX2 only, or ONEDNN_MAX_CPU_ISA=AVX2): per output
+///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
+///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
+///    IEEE FP32 arithmetic: subnormals kept.
+/// The two paths sum in different orders, so their bits differ (within the bound above).
+/// NaN/Inf propagate as in IEEE arithmetic.
+///
+/// Determinism: C is cut into fixed tiles (never derived from the thread count) run in an
+/// OpenMP loop; each tile is one single-threaded oneDNN execution over the full K, so
+/// every element's summation order is the same for any thread count (same CPU ISA and path).
+/// M, N ≤ 0: nothing. K == 0: C = 0, or C unchanged with accumulate.
+/// Throws std::invalid_argument on negative K, a null pointer with M, N > 0 (A, B only when
+/// K > 0) or a stride below the minimum; std::runtime_error if oneDNN reports an error.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
+               int64_t ldc);
+
+/// oneDNN's implementation name (e.g. "gemm:jit") of the primitive that the native path of
+/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it.
+/// "widened:sgemm" when gemm_bf16_path() is Widened. For
+/// benchmarks, tests and logs. Throws as gemm_bf16 (M, N, K must be positive).
+const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                           int64_t lda, int64_t ldb, int64_t ldc, bool accumulate);
+
+/// The two implementations of gemm_bf16 (see there).
+enum class Bf16GemmPath { Native, Widened };
+
+/// The path gemm_bf16 takes in this process: Native when oneDNN offers a BF16 matmul for this
+/// CPU (and ONEDNN_MAX_CPU_ISA), else Widened; decided at the first call (which creates a small
+/// oneDNN primitive to find out), or set by gemm_bf16_set_path.
+Bf16GemmPath gemm_bf16_path();
+
+/// True if oneDNN offers a native BF16 matmul here (AVX512_CORE or better, not capped).
+bool gemm_bf16_native_available();
+
+/// Forces the path for the rest of the process (tests use it to run both on one machine).
+/// Not to be called while a gemm_bf16 runs. Throws std::runtime_error for Native when
+/// gemm_bf16_native_available() is false.
+void gemm_bf16_set_path(Bf16GemmPath path);
+
+/// One line naming the FP32 GEMM implementation, e.g. "oneDNN 2.6 sgemm, ISA avx2"
+/// (oneDNN's effective CPU ISA). For run headers and summary.json.
+std::string gemm_fp32_description();
+
+/// One line naming gemm_bf16's path and implementation, e.g.
+/// "native: oneDNN BF16 matmul (gemm:jit)" or
+/// "widened: BF16 operands widened to FP32, oneDNN sgemm (ISA avx2)". For run headers and
+/// summary.json. May create a small oneDNN primitive (first call).
+std::string gemm_bf16_description();
+
+/// Naive reference of sgemm accumulating in double, for tests.
+void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
+
+namespace detail {
+/// True on a thread while it is inside oneDNN's primitive execution for gemm_bf16. oneDNN 2.6
+/// builds its execution-argument map on the heap there (a couple of operator new calls per
+/// tile), which the project cannot avoid; tests/nn/test_alloc.cpp counts those separately from
+/// the project's own allocations.
+bool in_onednn_execute();
+}  // namespace detail
+
+}  // namespace fp4

@@ -1,0 +1,117 @@
+// Fast (SIMD + OpenMP) twins of the scalar block quantizers of block_quant.h.
+//
+// Every function here is bit-identical to a composition of the scalar reference functions
+// (named in each docstring) for every input, including the errors it throws; the scalar code is
+// the contract (docs/numerics.md "Quantizing one operand", "Rounding a magnitude", "Random
+// Hadamard transform") and tests/numerics/test_quant_fast.cpp compares the two with memcmp.
+//
+// Implementation: Google Highway, compiled for several x86 targets (AVX-512 "AVX3", AVX2, SSE4,
+// SSSE3 and a portable fallback, "EMU128" or, with GCC < 12.3, "SCALAR") and chosen at run time
+// from the CPU's features, so the project keeps its generic x86-64 flags. Work is split over
+// OpenMP threads in fixed units (block-rows; panels of whole blocks for the quantize-transpose),
+// and every block's result depends only on its own inputs and on the counter-based SR bytes of
+// its elements, so the bits never depend on the thread count or schedule.
+//
+// Fast path: E2M1 elements with block-scale formats UE5M3, UE5M3-PTX, E4M3 and UE8M0 (the
+// plain RNE power-of-two scale of block_quant.cpp), any block size, 1-D blocks and 2-D tiles,
+// RNE and SR8; and MXFP4: the MX scale rules mx-te / mx-ocp with UE8M0 scales. Anything else (a scale format added later) runs the scalar reference instead;
+// quant_fast_supports() says which path a spec takes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/hadamard.h"
+#include "fp4/numerics/philox.h"
+
+namespace fp4 {
+
+/// max |x_i| over x [n] (FP32), 0 for n == 0: the same value as tensor_amax(x, n).
+/// Throws NonFiniteError (fp4/base/error.h) naming the first NaN/Inf index if any element is not
+/// finite, std::invalid_argument if n < 0 — as tensor_amax does. Parallel over fixed chunks;
+/// max is exact, so the result does not depend on the thread count.
+float amax_fast(const float* x, int64_t n);
+
+/// Fused quantize → dequantize of x [rows, cols] (row-major FP32) into out [rows, cols]:
+/// bit-identical to quantize_dequantize(x, rows, cols, spec, g, sr, out) (docs/numerics.md
+/// "Quantizing one operand"): 1-D blocks of spec.block along cols (fprop X and W, dgrad dY), or
+/// spec.block × spec.block tiles when spec.two_d (weights). SR8 element (i, j) uses
+/// sr_byte(*sr, i·cols + j). out may alias x exactly (not partially).
+/// Throws what quantize_dequantize throws (same types; messages name this function):
+/// std::invalid_argument for negative shapes,
+/// block ≤ 0, g negative/NaN/Inf, T ≤ 0 or non-finite, null sr with SR8; NonFiniteError (a
+/// std::invalid_argument) naming the first non-finite element of x. If it throws for a
+/// non-finite x, out is left partly written (block-rows holding the bad value are never written).
+void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
+                              const BlockQuantSpec& spec, float g, const SrKey* sr, float* out);
+
+/// The wgrad quantize-transpose (docs/numerics.md "Notation": dYᵀ and Xᵀ, blocks along tokens):
+/// x is [rows, cols] (rows = tokens M), out is [cols, rows] and equals, bit for bit,
+///     t = xᵀ [cols, rows];  if (rht) rht16_rows(t, cols, rows);
+///     quantize_dequantize(t, cols, rows, spec, g, sr, out);
+/// i.e. blocks of spec.block run along the ORIGINAL rows, the optional 16-point RHT
+/// (docs/numerics.md "Random Hadamard transform") acts on each 16-long chunk along the original rows
+/// before quantization, and SR8 element (c, r) of xᵀ uses sr_byte(*sr, c·rows + r).
+/// g is the caller's tensor reference of the operand as quantized: with rht it must be the
+/// amax of the TRANSFORMED tensor (held or current), e.g. amax_rht16_transposed(x, rows, cols)
+/// for current scaling; without rht it is the amax of x itself (amax_fast(x, rows·cols)).
+/// out must not overlap x. spec.two_d (tiles of xᵀ), and the RHT with a block that is not a
+/// multiple of 16, go through a slower path (transpose, RHT, quantize_dequantize_fast in place).
+/// Throws what the reference composition throws: std::invalid_argument if rht and
+/// rows % 16 != 0 (the RHT works on 16-long chunks) and for the spec/g/sr errors above;
+/// NonFiniteError if x, or its RHT, holds NaN/Inf (the message names an element of x, or the
+/// transformed chunk when only the RHT overflowed).
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, float* out);
+/// The same with the RHT's arithmetic chosen by `precision` (recipe key fp4.rht_precision):
+/// RhtPrecision::FP32 is the function above; RhtPrecision::BF16 replaces rht16_rows by
+/// rht16_rows_bf16 in the reference composition (inputs and outputs of the transform rounded to
+/// BF16, docs/numerics.md "Random Hadamard transform"), fused into the SIMD kernel and
+/// bit-identical to that composition on every target. Ignored without rht. Same errors.
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         bool rht, RhtPrecision precision, float* out);
+
+/// max |RHT16(xᵀ)| for x [rows, cols]: the same value as
+/// tensor_amax(rht16_rows(xᵀ [cols, rows])), without materialising the transpose (the RHT of
+/// xᵀ along its rows is the RHT of x along its columns). This is the current-scaling reference g
+/// of an RHT wgrad operand. Throws std::invalid_argument if rows % 16 != 0 or a shape is
+/// negative; NonFiniteError if x or its transform holds NaN/Inf.
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols);
+/// The same for the RHT of `precision`: with RhtPrecision::BF16 the value of
+/// tensor_amax(rht16_rows_bf16(xᵀ)). Same errors.
+float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision);
+
+/// Whether quantize_dequantize_fast / quantize_dequantize_transposed_fast run the SIMD path
+/// for this spec (true for E2M1 elements with UE5M3, UE5M3-PTX, E4M3, UE8M0 scales under the
+/// tensor-scaled rule, and with UE8M0 scales under mx-te / mx-ocp), rather than
+/// falling back to the scalar reference. Results are identical either way.
+bool quant_fast_supports(const BlockQuantSpec& spec);
+
+/// SIMD Philox4x32-10: out[0..n) = sr_byte(key, first + j), identical to sr_bytes.
+void sr_bytes_fast(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out);
+
+/// SIMD targets compiled into this build that the running CPU supports, best first
+/// (e.g. {"AVX3", "AVX2", "SSE4", "SSSE3", "EMU128"}).
+std::vector<std::string> quant_fast_targets();
+/// The target the kernels currently use (the best supported one unless overridden).
+std::string quant_fast_target();
+/// Use target `name` (one of quant_fast_targets()) for all later calls, or the best one for
+/// "". For tests and benchmarks; not thread-safe against concurrent kernel calls.
+/// Throws std::invalid_argument naming the available targets if `name` is not one of them.
+void quant_fast_use_target(const std::string& name);
+
+/// Large outputs are written with streaming (non-temporal) stores, which skip the read of every
+/// output line: by default outputs of ≥ 16 MiB for the quantize-transpose and ≥ 32 MiB for the
+/// row-wise quantizer (smaller ones stay in cache for the GEMM that reads them), when whole
+/// 64-byte lines can be formed (cols resp. rows % 16 == 0, block % 16 == 0; a 64-byte aligned out
+/// on every target, any float-aligned out on 16-lane targets (AVX-512), where misaligned lines
+/// are assembled in registers; the quantize-transpose into a misaligned out is still ~1.4×
+/// slower than into an aligned one). Values never depend on it. Sets one threshold in bytes for
+/// both (a negative value restores the defaults) and returns the previous override (−1 if none);
+/// for tests and benchmarks, not thread-safe against concurrent kernel calls.
+int64_t quant_fast_stream_min_bytes(int64_t bytes);
+
+}  // namespace fp4

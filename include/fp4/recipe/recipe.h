@@ -1,0 +1,251 @@
+// A training recipe is plain data: every knob of docs/numerics.md's recipe table, parsed from a
+// TOML file in configs/recipes/, so new recipes need no code changes.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/hadamard.h"
+#include "fp4/recipe/settings.h"
+
+namespace fp4 {
+
+/// How one linear layer's three GEMMs treat their operands.
+enum class LinearMode {
+  FP32,  ///< unquantized reference
+  BF16,  ///< operands rounded to BF16 (RNE), FP32 accumulation
+  FP4,   ///< E2M1 elements with block scales (docs/numerics.md "Quantizing one operand")
+};
+const char* linear_mode_name(LinearMode m);
+
+/// The three GEMMs of a linear layer (docs/numerics.md "Notation"): fprop Y = X·Wᵀ, dgrad
+/// dX = dY·W, wgrad dW = dYᵀ·X. Recipe names "fprop", "dgrad", "wgrad".
+enum class Gemm { Fprop = 0, Dgrad = 1, Wgrad = 2 };
+/// The three quantized operands: activation X, weight W, upstream gradient dY. Recipe names
+/// "x", "w", "dy". Each GEMM quantizes two of them: fprop X and W, dgrad dY and W, wgrad dY
+/// and X (gemm_uses()).
+enum class Operand { X = 0, W = 1, DY = 2 };
+
+/// [fp4] amax_sample: when a D = 1 reference is measured within a step of several
+/// micro-batches (Recipe::amax_sample).
+enum class AmaxSample { PerCall, PerStep };
+/// [fp4] amax_ranks: how data-parallel ranks agree on a reference (Recipe::amax_ranks).
+enum class AmaxRanks { Invariant, Max };
+const char* gemm_name(Gemm g);
+const char* operand_name(Operand o);
+/// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
+bool gemm_uses(Gemm g, Operand o);
+
+/// The FP4-eligible linear kinds of the model's mixers, as the reference implementation
+/// (mamba_ssm) and HF Nemotron-H name them: "in_proj", "out_proj" (Mamba-2), "q_proj",
+/// "k_proj", "v_proj", "o_proj" (attention), "up_proj", "down_proj" (MLP; SwiGLU's gate is
+/// fused into "up_proj"). Model::linear_name is "layers.<block>.mixer.<kind>". Overrides
+/// select linears by these names.
+const std::vector<std::string>& linear_kinds();
+/// The kind a recipe name stands for: a kind of linear_kinds() itself, or one of the names
+/// used before the hybrid model ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.up",
+/// "mlp.down", aliases of q_proj .. down_proj). Returns "" for an unknown name.
+std::string canonical_linear_kind(const std::string& name);
+
+/// The Llama-only name of a kind ("down_proj" → "mlp.down"); "" for in_proj, out_proj and
+/// unknown names.
+std::string legacy_linear_name(const std::string& kind);
+
+/// One linear of a model, as the recipe rules see it: the hybrid block that holds it
+/// (0-based, counting every block of the pattern: Mamba-2, attention and MLP alike) and its
+/// kind (linear_kinds()).
+struct LinearSite {
+  int block = 0;
+  std::string kind;
+};
+
+/// One [[override]] of a recipe file: a change to some GEMMs/operands of some linears, applied
+/// after the recipe's own settings and its [high_precision] rules, in file order (a later
+/// override wins where two set the same knob). Never applied silently: the trainer's start-of-run
+/// line lists every override and the linears it changed; one that changes no linear is an error.
+struct LinearOverride {
+  std::vector<std::string> linears;  ///< linear kinds (linear_kinds(); aliases are mapped
+                                     ///< by the parser), at least one
+  /// For each of `linears`, the final k blocks that hold that kind (in a hybrid `M-M*-`,
+  /// final_blocks = 2 of down_proj means the last two MLP blocks; of o_proj and down_proj,
+  /// the last two of each, as in the Llama-only version where k counted layers); with
+  /// `blocks`, their union.
+  int final_blocks = 0;
+  std::vector<int> blocks;           ///< explicit 0-based hybrid blocks; neither set = every block
+  /// Set by the parser when `linears` used the names of the Llama-only version (attn.q ..
+  /// mlp.down): `blocks` then counts transformer layers as it did there, which only a
+  /// Llama-style pattern ("*-" per layer) has (resolve_linear_plans refuses others).
+  bool legacy_layers = false;
+  bool has_gemm = false;             ///< gemm set: only that GEMM (else all three)
+  Gemm gemm = Gemm::Fprop;
+  bool has_role = false;             ///< role set: only that operand (else every operand)
+  Operand role = Operand::X;
+  bool has_mode = false;             ///< mode set: the whole linear's mode (no gemm/role)
+  LinearMode mode = LinearMode::FP4;
+  bool has_scale_target = false;     ///< scale_target set: T of the selected quantizations
+  float scale_target = 448.f;
+  bool has_rounding = false;         ///< rounding set: element rounding of those quantizations
+  Rounding rounding = Rounding::RNE;
+
+  /// Whether the override selects linear `sites[i]` of a model whose linears are `sites`
+  /// (its kind is in `linears` and its block is selected; see final_blocks).
+  bool selects(const std::vector<LinearSite>& sites, size_t i) const;
+  /// One line describing the override, e.g.
+  /// `linears = ["mlp.down"], final_blocks = 4, gemm = "wgrad", role = "dy": scale_target = 2048`.
+  std::string describe() const;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const LinearOverride&) const = default;
+};
+
+/// Recipe fields (TOML keys in brackets). See configs/recipes/*.toml and README "Recipes".
+struct Recipe {
+  std::string name;         ///< [name]
+  std::string description;  ///< [description]
+  LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
+  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md)
+
+  // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
+  /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
+  /// e<E>m<M>, int4, int4-sym (parse_element_format); stored in canonical lower case.
+  std::string element_format = "e2m1";
+  /// [fp4] scale_format when it is one of the four conventions of ScaleFormat.
+  ScaleFormat scale_format = ScaleFormat::UE5M3;
+  /// [fp4] scale_format naming any other block-scale format (ue4m3, ue6m2, ...): set, it
+  /// overrides scale_format (see BlockQuantSpec::scale_desc); null for the four.
+  const FloatFormat* scale_desc = nullptr;
+  /// [fp4] scale_rule = "tensor-scaled" (default) | "mx-te" | "mx-ocp" (ScaleRule); the MX
+  /// rules need a power-of-two scale format (ue8m0).
+  ScaleRule scale_rule = ScaleRule::TensorScaled;
+  int block = 16;              ///< block length along the contraction dim
+  bool weight_2d = true;       ///< weights in block × block tiles (else 1-D along K)
+  float scale_target = 448.f;  ///< T
+  int amax_interval = 1;       ///< D: 1 = current scaling, 50 = periodic sample-and-hold
+  /// [fp4] amax_sample, for D = 1 with several micro-batches per step (train.micro_batch_size):
+  /// "per-call" (default; Transformer Engine: a new max|x| at every GEMM call, i.e. every
+  /// micro-batch) or "per-step" (the reference implementation: sampled on the step's first
+  /// micro-batch, reused by the others). With one micro-batch per step both are the same.
+  /// D > 1 always samples on the first micro-batch of a refresh step.
+  AmaxSample amax_sample = AmaxSample::PerCall;
+  /// [fp4] amax_ranks, under MPI data parallelism: how the ranks agree on an activation or
+  /// gradient reference (weights are replicated, so theirs agree already). "invariant"
+  /// (default): a sampled reference is the amax of the step's global micro-batch 0, broadcast
+  /// from rank 0 (results do not depend on the process count); a per-call (D = 1) amax is each
+  /// rank's own, per micro-batch (TE; invariant by construction). "max": every sample or
+  /// per-call amax is MAX-reduced over ranks (the reference implementation's rule for held
+  /// references; results depend on the process count).
+  AmaxRanks amax_ranks = AmaxRanks::Invariant;
+  bool rht_wgrad = false;      ///< 16-point RHT on the two wgrad operands (NVFP4)
+  /// [fp4] rht_precision = "fp32" (default: rht16_rows) | "bf16" (rht16_rows_bf16, the
+  /// reference implementation's BF16 matmul with BF16 output); "bf16" needs rht_wgrad.
+  RhtPrecision rht_precision = RhtPrecision::FP32;
+  /// [fp4] bf16_boundary: every FP4 linear rounds X (forward) and dY (backward) to BF16 (RNE)
+  /// and uses the rounded copy for the amax and every quantization of that operand, as the
+  /// paper's BF16-activation runs do (docs/numerics.md "BF16 boundary"). Default false.
+  bool bf16_boundary = false;
+  Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
+  Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
+  Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
+
+  // [high_precision] which hybrid blocks keep their linears out of FP4 (blocks are counted
+  // over the whole pattern: a Llama-style layer is two blocks, attention and MLP).
+  LinearMode high_precision_mode = LinearMode::BF16;  ///< format of those linears
+  /// [high_precision] final_blocks: keep the final k blocks (0..n_blocks; check_recipe_fits).
+  int final_blocks = 0;
+  double final_blocks_fraction = 0.0;  ///< keep the final round(f·L) blocks (≥1 if f>0)
+  std::vector<int> blocks;             ///< explicit 0-based block indices
+  // The three rules combine as a union: a block is high precision if any rule selects it.
+
+  /// [[override]] tables, in file order (LinearOverride).
+  std::vector<LinearOverride> overrides;
+  /// The file the recipe was loaded from (for error messages; not written by recipe_to_toml).
+  std::string source;
+
+  /// Mode of the linears of hybrid block `b` in a model of `n_blocks` blocks, from
+  /// [linear] mode and the [high_precision] rules (before any [[override]]; see
+  /// resolve_linear_plans for the per-linear result).
+  LinearMode block_mode(int b, int n_blocks) const;
+  /// Number of final blocks kept high precision by final_blocks and final_blocks_fraction
+  /// together: max(final_blocks, round(f·n_blocks) (≥ 1 if f > 0)).
+  int final_high_precision_blocks(int n_blocks) const;
+  /// "recipe NAME (FILE)" or "recipe NAME" when no file: the prefix of recipe errors.
+  std::string where() const;
+  /// Name of the block-scale format (scale_desc's if set, else scale_format's).
+  std::string scale_format_str() const;
+  /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block,
+  /// 2-D (W), target, rounding of the role, element format, scale rule. Throws
+  /// std::invalid_argument if element_format is not a valid element format name.
+  BlockQuantSpec spec_x() const;
+  BlockQuantSpec spec_w() const;
+  BlockQuantSpec spec_dy() const;
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const Recipe&) const = default;
+};
+
+/// The resolved quantization of one linear layer: its mode and the block-quantization spec of
+/// every (GEMM, operand) pair it quantizes, after [high_precision] and [[override]].
+/// The dY reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
+/// reference"); specs may differ only in what the quantization does with it (T, rounding).
+struct LinearPlan {
+  LinearMode mode = LinearMode::FP32;
+  BlockQuantSpec specs[3][3];  ///< [Gemm][Operand]; pairs a GEMM does not use are unused
+
+  const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
+  /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
+  /// X, spec_w() for W, spec_dy() for dY, in every GEMM.
+  static LinearPlan uniform(const Recipe& r, LinearMode mode);
+
+  /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
+  bool operator==(const LinearPlan&) const = default;
+};
+
+/// Per-linear plans of a recipe for a model's linears (one per LinearSite, in model order),
+/// and for each override the linear indices it changed.
+struct ResolvedLinears {
+  std::vector<LinearPlan> plans;                ///< [sites.size()]
+  std::vector<std::vector<int>> override_hits;  ///< [overrides.size()], ascending indices
+};
+
+/// Resolve [linear], [high_precision] and every [[override]] for the linears `sites` of a
+/// model of `n_blocks` hybrid blocks. An override changes a linear when it selects it and
+/// (for scale_target/rounding) the linear is FP4 after the mode rules. Throws
+/// fp4::UserError naming the recipe file and the key when high_precision.blocks /
+/// final_blocks or an override's blocks / final_blocks do not fit the model (an override's
+/// final_blocks counts the blocks that hold its linears), or when an override changes no
+/// linear.
+ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
+                                     int n_blocks);
+
+/// The linears of the Llama-style pattern "*-" repeated n_layers times (2·n_layers blocks;
+/// q, k, v, o_proj in each even block, up, down_proj in each odd one): for tests and tools
+/// that think in transformer layers.
+std::vector<LinearSite> llama_linear_sites(int n_layers);
+
+/// Parse a recipe file. Throws fp4::UserError naming the file, the key and the expected
+/// value for malformed TOML, unknown keys, wrong types or out-of-range values.
+/// `sets` (the recipe part of parse_settings) override keys of the file first and are
+/// validated exactly as the file's values; an error about an overridden key names its --set
+/// argument. A recipe changed by `sets` is renamed so that it is never reported under the
+/// file's name: "NAME+KEY=VALUE+..." (labelled_name; `description` changes no name), or the
+/// name a `recipe.name` setting gives.
+Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Setting>& sets = {});
+
+/// Resolve a recipe argument: an existing .toml path, or a name looked up as
+/// `<recipes_dir>/<name>.toml`, then load_recipe_file with `sets`. Throws fp4::UserError
+/// listing the available names.
+Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir,
+                   const std::vector<Setting>& sets = {});
+
+/// Recipe as TOML text (for the resolved config written next to a run).
+std::string recipe_to_toml(const Recipe& r);
+
+/// Parse recipe TOML text (e.g. the resolved recipe stored in a checkpoint); `where` names
+/// the source in error messages; `sets` as in load_recipe_file (`fp4train eval --set` on a
+/// checkpoint's recipe). Throws fp4::UserError like load_recipe_file.
+Recipe recipe_from_text(const std::string& toml, const std::string& where,
+                        const std::vector<Setting>& sets = {});
+
+}  // namespace fp4
