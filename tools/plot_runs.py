@@ -17,21 +17,25 @@ mean. Writes into DIR:
                       --baseline NAME (a recipe among the runs, or the one recipe that is NAME
                       changed by `--set`, "NAME+key=value"), by default bf16 if present, else
                       fp32; `--baseline ""` for none
-    heldout.png       held-out NLL at evaluation steps (solid: FP32 inference,
-                      dashed: the recipe's quantized inference with current scaling)
+    heldout.png       held-out NLL at evaluation steps (solid line, filled circles: FP32
+                      inference; dashed line, open squares: the recipe's quantized inference
+                      with current scaling)
     telemetry.png     fraction of FP4 blocks whose scale saturated, and that hit the zero
                       guard (worst operand over all layers, mean over seeds), per recipe
     scale_range.png   where the block scales fall inside each scale format's range (its
                       smallest subnormal and largest finite value drawn; all-zero blocks and
                       blocks whose scale underflowed are left out, their share in the
                       legend), per operand, at the
-                      first and the last telemetry step: from metrics.jsonl's scale_hist, for
+                      first and the last telemetry step (drawn once when a run has only one):
+                      from metrics.jsonl's scale_hist, for
                       --scale-recipes (default: ue5m3-b16 and nvfp4-all when present, else the
                       first recipe of each scale format); only when the runs have scale_hist
     hypotheses.png    with --hypotheses FILE (hypotheses.json, written by fp4train compare /
                       report): each claim's contrast per seed, its mean and 95% t-interval
                       (and paired bootstrap, held-out NLL), coloured by verdict
 
+Step axes have integer ticks; a series of few points (at most FEW_POINTS, a short run) is
+drawn with larger markers, and one of a single point names its step and value in the legend.
 Only the Python standard library and matplotlib (Debian python3-matplotlib) are used.
 Exits with status 2 and a message naming the file on unreadable or malformed input.
 """
@@ -136,6 +140,35 @@ def finite(x):
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
 
+FEW_POINTS = 20  # a series of at most this many points is drawn with larger markers
+
+
+def line_marker(n):
+    """Marker of a loss curve of n points: none on a long one, circles on a short one."""
+    return "o" if n <= FEW_POINTS else None
+
+
+def marker_size(n):
+    """Marker size for a series of n points: larger when few, largest for one point."""
+    return 7 if n == 1 else 5 if n <= FEW_POINTS else 3
+
+
+def only_point(steps, values, fmt, unit=""):
+    """Legend suffix for a series of a single point: its step and value; else ""."""
+    return f" (step {steps[0]} only: {values[0]:{fmt}}{unit})" if len(steps) == 1 else ""
+
+
+def step_axis(ax, steps):
+    """Integer ticks on a step axis (else as matplotlib's default locator places them); a span
+    under 2 steps is padded to one step either side."""
+    if not steps:
+        return
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+    if max(steps) - min(steps) < 2:
+        ax.set_xlim(min(steps) - 1, max(steps) + 1)
+
+
 def seed_stats(series_list):
     """Mean, min and max over seeds at the steps every seed has."""
     common = set(series_list[0])
@@ -203,9 +236,17 @@ def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
                     seen.add(fmt)
     operands = [("x", "fprop X"), ("w", "fprop W"), ("dy", "dgrad dY"), ("dyt", "wgrad dY\u1d40")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+
+    def views(r):
+        """(step, hists), line style and step label of each telemetry step drawn for r."""
+        (s0, h0), (s1, h1) = have[r]
+        if s0 == s1:
+            return [((s1, h1), "-", f"step {s1} only")]
+        return [((s0, h0), "--", f"step {s0}"), ((s1, h1), "-", f"step {s1}")]
+
     for ax, (op, title) in zip(axes.flat, operands):
         for r in chosen:
-            for (step, hs), style in ((have[r][0], "--"), (have[r][1], "-")):
+            for (step, hs), style, when in views(r):
                 h = hs.get(op)
                 if not h:
                     continue
@@ -218,7 +259,7 @@ def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
                       for i in range(len(counts))]
                 ys = [100.0 * c / total for c in counts]
                 ax.plot(xs, ys, style, color=colors[r], linewidth=1.2,
-                        label=f"{r} ({h['scale_format']}), step {step}; "
+                        label=f"{r} ({h['scale_format']}), {when}; "
                               f"{100.0 * apart / total:.1f}% zero or underflowed, not drawn")
             h = have[r][1][1].get(op)
             if h:  # the format's range, in the recipe's colour
@@ -230,8 +271,15 @@ def plot_scale_range(plt, out, groups, order, colors, pre, wanted):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6, loc="upper left")  # the scales sit right of centre
+    single = [len(views(r)) == 1 for r in chosen]
+    if all(single):
+        steps_key = "solid: the only telemetry step"
+    elif any(single):
+        steps_key = "dashed: first telemetry step, solid: last (or the only one)"
+    else:
+        steps_key = "dashed: first telemetry step, solid: last"
     fig.suptitle("dotted: each format's smallest subnormal and largest finite scale; "
-                 "dashed: first telemetry step, solid: last", fontsize=9)
+                 + steps_key, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "scale_range.png"), dpi=110)
     plt.close(fig)
@@ -358,14 +406,19 @@ def main():
     # 1. training loss
     fig, ax = plt.subplots(figsize=(8, 5))
     means = {}
+    all_steps = []
     for r in order:
         steps, mean, lo, hi = seed_stats(smoothed_losses(groups[r]))
         means[r] = dict(zip(steps, mean))
+        all_steps += steps
         n = len(groups[r])
-        ax.plot(steps, mean, color=colors[r], label=f"{r} ({n} seed{'s' if n > 1 else ''})")
+        ax.plot(steps, mean, color=colors[r], marker=line_marker(len(steps)),
+                markersize=marker_size(len(steps)),
+                label=f"{r} ({n} seed{'s' if n > 1 else ''})" + only_point(steps, mean, ".4f"))
         if n > 1:
             ax.fill_between(steps, lo, hi, color=colors[r], alpha=0.2, linewidth=0)
     ax.set_xlabel("step")
+    step_axis(ax, all_steps)
     ax.set_ylabel(f"training loss (nats/token, trailing mean of {a.smooth})")
     ax.set_title(pre + "training loss (band: min..max over seeds)")
     if means:
@@ -380,6 +433,7 @@ def main():
 
     # 2. difference to the baseline, paired by seed where the seeds match (same init and batches)
     fig, ax = plt.subplots(figsize=(8, 5))
+    all_steps = []
     if baseline is not None:
         base = dict(zip(seeds[baseline], smoothed_losses(groups[baseline])))
         for r in order:
@@ -391,13 +445,19 @@ def main():
             if diffs:
                 steps, mean, lo, hi = seed_stats(diffs)
                 n = len(diffs)
-                ax.plot(steps, mean, color=colors[r], label=f"{r} ({n} paired seed{'s' if n > 1 else ''})")
+                ax.plot(steps, mean, color=colors[r], marker=line_marker(len(steps)),
+                        markersize=marker_size(len(steps)),
+                        label=f"{r} ({n} paired seed{'s' if n > 1 else ''})"
+                              + only_point(steps, mean, "+.3g"))
                 if n > 1:
                     ax.fill_between(steps, lo, hi, color=colors[r], alpha=0.15, linewidth=0)
             else:  # no common seed: difference of the means
                 steps = [t for t in sorted(means[r]) if t in means[baseline]]
-                ax.plot(steps, [means[r][t] - means[baseline][t] for t in steps], "--",
-                        color=colors[r], label=f"{r} (unpaired means)")
+                d = [means[r][t] - means[baseline][t] for t in steps]
+                ax.plot(steps, d, "--", color=colors[r], marker=line_marker(len(steps)),
+                        markersize=marker_size(len(steps)),
+                        label=f"{r} (unpaired means)" + only_point(steps, d, "+.3g"))
+            all_steps += steps
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_title(pre + f"smoothed training loss minus {baseline} of the same seed (band: min..max)",
                      fontsize=9)
@@ -406,6 +466,7 @@ def main():
         ax.text(0.5, 0.5, "no baseline (bf16 or fp32 by default, --baseline NAME) among the inputs",
                 ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
+    step_axis(ax, all_steps)
     ax.set_ylabel("loss difference (nats/token)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -413,20 +474,28 @@ def main():
     plt.close(fig)
 
     # 3. held-out NLL
+    # FP32 inference: solid line, filled circles; quantized: dashed line, open squares drawn
+    # a size larger, so that a square rings its circle where the two values coincide.
     fig, ax = plt.subplots(figsize=(8, 5))
+    all_steps = []
     for r in order:
-        for key, style, what in (("val_nll", "-", "FP32 inference"),
-                                 ("val_nll_quant", "--", "quantized inference")):
+        for key, style, marker, fill, grow, what in (
+                ("val_nll", "-", "o", None, 0, "FP32 inference"),
+                ("val_nll_quant", "--", "s", "none", 2, "quantized inference")):
             series = [{x["step"]: x[key] for x in recs if finite(x.get(key))} for recs in groups[r]]
             if not all(series) or (key == "val_nll_quant" and r == "fp32"):
                 continue
             steps, mean, lo, hi = seed_stats(series)
             if steps:
-                ax.plot(steps, mean, style, color=colors[r], marker="o", markersize=3,
-                        label=f"{r}, {what}")
+                all_steps += steps
+                ax.plot(steps, mean, style, color=colors[r], marker=marker,
+                        markersize=marker_size(len(steps)) + grow, markerfacecolor=fill,
+                        markeredgewidth=1.2, label=f"{r}, {what}" + only_point(steps, mean, ".4f"))
     ax.set_xlabel("step")
+    step_axis(ax, all_steps)
     ax.set_ylabel("held-out NLL (nats/token)")
-    ax.set_title(pre + "held-out NLL (mean over seeds)")
+    ax.set_title(pre + "held-out NLL (mean over seeds)\nsolid line, filled circles: FP32 "
+                 "inference; dashed line, open squares: quantized inference", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -438,6 +507,7 @@ def main():
     any_tel = False
     for ax, key, what in ((axes[0], "saturated_blocks", "blocks with saturated scale"),
                           (axes[1], "zero_guard_blocks", "blocks hitting the zero guard")):
+        all_steps, top = [], 0.0
         for r in order:
             series = []
             for recs in groups[r]:
@@ -448,9 +518,15 @@ def main():
             steps, mean, lo, hi = seed_stats(series)
             if steps:
                 any_tel = True
-                ax.plot(steps, [100 * v for v in mean], color=colors[r], marker="o",
-                        markersize=3, label=r)
+                all_steps += steps
+                pct = [100 * v for v in mean]
+                top = max(top, max(pct))
+                ax.plot(steps, pct, color=colors[r], marker="o", markersize=marker_size(len(steps)),
+                        label=r + only_point(steps, pct, ".3g", "%"))
         ax.set_xlabel("step")
+        step_axis(ax, all_steps)
+        if all_steps and top == 0:  # every series at 0%: no negative percentages below it
+            ax.set_ylim(-0.05, 1)
         ax.set_ylabel(f"% of {what}")
         ax.set_title(pre + f"worst operand: {what}", fontsize=9)
         ax.grid(alpha=0.3)
