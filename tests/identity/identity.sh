@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Behaviour fingerprint of fp4train, for restructurings that must not change a bit (issue 25):
+# short runs of every shipped recipe on the configs tiny, study and nemotron-h-tiny (the
+# metrics.jsonl of each without its timing fields, and every tensor and non-timing metadata
+# field of its final checkpoint), `fp4train info --json` of every shipped config, and
+# `fp4train report` of the committed study. One line per item: "<item> <sha256>" (or
+# "<item> refused" where the config refuses the recipe).
+#
+# Usage:
+#   identity.sh record FP4TRAIN_BIN SOURCE_DIR OUT.txt      write the fingerprint
+#   identity.sh check  FP4TRAIN_BIN SOURCE_DIR [BASELINE]   compare with the baseline
+#   identity.sh baseline REV SOURCE_DIR                     build REV (a git worktree) and
+#                                                           record its fingerprint as this
+#                                                           CPU family's baseline
+# The default baseline is tests/identity/baseline-<family>.txt, <family> x86-64-avx512 or
+# x86-64-avx2 (from /proc/cpuinfo; FP4_MAX_CPU_ISA=AVX2 counts as avx2). Results may differ
+# between CPU families (docs/numerics.md), so each family has its own baseline, recorded from
+# the same commit. Runs take about 10 minutes on 2 cores. Exit 0: identical; 1: differences
+# (listed); 2: usage; 77: no baseline for this family (record one with `baseline`).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+family() {
+  if [ "${FP4_MAX_CPU_ISA:-}" = AVX2 ] || ! grep -q ' avx512f' /proc/cpuinfo; then
+    echo x86-64-avx2
+  else
+    echo x86-64-avx512
+  fi
+}
+
+# Hash of a metrics.jsonl without timings, or of a checkpoint's tensors and metadata.
+py_hash() {  # kind file [workdir srcdir: replaced by WORK, SRC in the checkpoint's metadata]
+  python3 - "$1" "$2" "${3:-}" "${4:-}" <<'PY'
+import hashlib, json, struct, sys
+kind, path, work, src = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+TIMING = {"tokens_per_s", "step_ms", "mfu", "train_seconds", "wall_seconds", "machine_load"}
+def scrub(x):
+    if isinstance(x, dict):
+        return {k: scrub(v) for k, v in x.items() if k not in TIMING and not k.endswith("_seconds")}
+    if isinstance(x, list):
+        return [scrub(v) for v in x]
+    return x
+h = hashlib.sha256()
+if kind == "metrics":
+    for line in open(path):
+        h.update(json.dumps(scrub(json.loads(line)), sort_keys=True).encode() + b"\n")
+else:  # safetensors checkpoint
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    meta = header.pop("__metadata__", {})
+    meta.pop("checksum", None)  # covers the timings of 'trainer'
+    if "trainer" in meta:
+        meta["trainer"] = json.dumps(scrub(json.loads(meta["trainer"])), sort_keys=True)
+    # The config_toml and names hold the run's temporary directory (data.cache) and
+    # the source tree's (data.path).
+    text = json.dumps(meta, sort_keys=True)
+    if work:
+        text = text.replace(work, "WORK")
+        # The config's label: fp4train since issue 27 adds none for data.cache (a key that
+        # changes no result); the baseline's binary labelled it "tiny+data.cache=WORK/cache".
+        text = text.replace("+data.cache=WORK/cache", "")
+    if src:
+        text = text.replace(src, "SRC")
+    h.update(text.encode())
+    for name in sorted(header):
+        t = header[name]
+        a, b = t["data_offsets"]
+        h.update(json.dumps([name, t["dtype"], t["shape"]]).encode())
+        h.update(body[a:b])
+print(h.hexdigest())
+PY
+}
+
+record() {  # bin src out
+  local bin src out=$3 work cfg r rd log
+  bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); src=$(cd "$2" && pwd)
+  work=$(mktemp -d); trap 'rm -rf "$work"' RETURN
+  : > "$work/fingerprint"
+  local recipes; recipes=$(cd "$src/configs/recipes" && ls *.toml | sed 's/\.toml$//' | sort)
+  for cfg in $(cd "$src/configs" && ls *.toml | sed 's/\.toml$//' | sort); do
+    # From inside the source tree: the JSON names the config file as given.
+    (cd "$src" && "$bin" info --config "configs/$cfg.toml" --json) > "$work/info.json" 2>&1 || true
+    echo "info/$cfg $(sha256sum < "$work/info.json" | cut -c1-64)" >> "$work/fingerprint"
+  done
+  for cfg in tiny study nemotron-h-tiny; do
+    for r in $recipes; do
+      rd="$work/runs/$cfg-$r"; log="$work/$cfg-$r.log"
+      echo "identity: $cfg $r" >&2
+      if OMP_NUM_THREADS=2 "$bin" train --config "$src/configs/$cfg.toml" --recipe "$r" \
+          --data "$src/data/brown/text" --steps 3 --out "$rd" --quiet \
+          --set data.cache="$work/cache" --set eval.interval=2 --set eval.windows=4 \
+          --set log.telemetry_interval=2 > "$log" 2>&1; then
+        echo "run/$cfg/$r/metrics $(py_hash metrics "$rd/metrics.jsonl")" >> "$work/fingerprint"
+        local ck; ck=$(ls "$rd"/checkpoints/*.safetensors 2>/dev/null | sort | tail -1)
+        if [ -n "$ck" ]; then
+          echo "run/$cfg/$r/checkpoint $(py_hash checkpoint "$ck" "$work" "$src")" >> "$work/fingerprint"
+        else
+          echo "run/$cfg/$r/checkpoint none" >> "$work/fingerprint"
+        fi
+      else
+        echo "run/$cfg/$r refused" >> "$work/fingerprint"
+      fi
+    done
+  done
+  cp -r "$src/docs/results/study" "$work/study"
+  # Without its report and plots: `report --no-plots` notes a plots/ directory left from an
+  # earlier report (since issue 27), which the baseline's binary did not.
+  rm -rf "$work/study/report.md" "$work/study/plots"
+  # From inside $work: the report names the directory it was given.
+  (cd "$work" && "$bin" report study --hypotheses "$src/configs/studies/claims.toml" --no-plots \
+    > report.log 2>&1)
+  echo "report/study $(sha256sum < "$work/study/report.md" | cut -c1-64)" >> "$work/fingerprint"
+  mv "$work/fingerprint" "$out"
+}
+
+case "${1:-}" in
+  record) [ $# -eq 4 ] || exit 2; record "$2" "$3" "$4" ;;
+  check)
+    [ $# -ge 3 ] || exit 2
+    base=${4:-$here/baseline-$(family).txt}
+    if [ ! -f "$base" ]; then
+      echo "identity: no baseline $base for this CPU family; record one with" \
+           "'bash tests/identity/identity.sh baseline $(cat "$here/BASELINE_REV" 2>/dev/null || echo REV) .'"
+      exit 77
+    fi
+    now=$(mktemp); record "$2" "$3" "$now"
+    if diff -u "$base" "$now"; then
+      echo "identity: $(wc -l < "$now") items identical to $(basename "$base")"; rm -f "$now"; exit 0
+    fi
+    echo "identity: differences from $(basename "$base") (above)"; rm -f "$now"; exit 1 ;;
+  baseline)
+    [ $# -eq 3 ] || exit 2
+    rev=$2; src=$(cd "$3" && pwd); wt=$(mktemp -d)/fp4train-$rev
+    git -C "$src" worktree add --detach "$wt" "$rev" >&2 || exit 2
+    ln -s "$src/data" "$wt/data"
+    cmake -S "$wt" -B "$wt/build" -DCMAKE_BUILD_TYPE=Release -DFP4_PYTHON=OFF > /dev/null &&
+      cmake --build "$wt/build" -j"$(nproc)" --target fp4train > /dev/null || exit 2
+    record "$wt/build/fp4train" "$src" "$here/baseline-$(family).txt"
+    git -C "$src" worktree remove --force "$wt"
+    echo "identity: wrote $here/baseline-$(family).txt from $rev" ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
+esac
