@@ -31,7 +31,7 @@ struct Fixture {
 void run(benchmark::State& state, const fp4::Recipe& r) {
   static Fixture f;
   // The recipe's own mode (block_mode() would put a 1-block model's only block in BF16 for nvfp4-te).
-  fp4::nn::Linear lin(0, kK, kN, r.mode, r);
+  fp4::nn::Linear lin(0, kK, kN, fp4::LinearPlan::uniform(r, r.mode));
   lin.bind(f.W.data(), f.dW.data());
   fp4::nn::StepContext ctx;
   int64_t step = 1;

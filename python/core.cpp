@@ -583,7 +583,7 @@ BoundLinear make_linear(int64_t in, int64_t out, const BoundRecipe& r, int layer
   else if (!mode.empty()) throw std::invalid_argument("mode: unknown value '" + mode + "' (valid choices: fp32, bf16, fp4, or '' for the recipe's)");
   BoundLinear b;
   b.K = in, b.N = out;
-  b.lin = std::make_unique<fp4::nn::Linear>(layer, in, out, m, r.r);
+  b.lin = std::make_unique<fp4::nn::Linear>(layer, in, out, fp4::LinearPlan::uniform(r.r, m));
   b.w.resize(static_cast<size_t>(in * out));
   b.dw.resize(static_cast<size_t>(in * out));
   b.lin->bind(b.w.data(), b.dw.data());

@@ -81,17 +81,6 @@ namespace fp4 {
 
 using namespace probe_impl;
 
-GemmMode parse_gemm_mode(const std::string& s) {
-  if (s == "decoded") return GemmMode::Decoded;
-  if (s == "probe-matched") return GemmMode::ProbeMatched;
-  throw std::invalid_argument("unknown GEMM mode '" + s +
-                              "' (valid choices: decoded, probe-matched)");
-}
-
-const char* gemm_mode_name(GemmMode m) {
-  return m == GemmMode::Decoded ? "decoded" : "probe-matched";
-}
-
 namespace {
 /// One operand's part of α = g_a·g_b / ((T_a·6)(T_b·6)): (g, fl(T·6)); (1, 1) where the
 /// quantizer used ge = gd = 1 instead of (T·6)/g (the g = 0 guard and the MX scale rules).

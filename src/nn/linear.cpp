@@ -62,15 +62,6 @@ void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float g
   for (int64_t i = 0; i < ra * rb; ++i) c[i] += sc[i];
 }
 
-// Whether two specs quantize identically (every field of BlockQuantSpec).
-bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
-  return a.scale_format == b.scale_format && a.block == b.block && a.two_d == b.two_d &&
-         a.target == b.target && a.rounding == b.rounding && a.element.kind == b.element.kind &&
-         a.element.fp == b.element.fp && a.element.int_min == b.element.int_min &&
-         a.element.int_max == b.element.int_max &&
-         a.scale_rule == b.scale_rule && a.scale_desc == b.scale_desc;
-}
-
 // out[i] = round_bf16(in[i]) for i < n (the recipe's BF16 boundary, docs/numerics.md "BF16
 // boundary"): elementwise, so any thread count gives the same bits.
 void round_bf16_into(const float* in, int64_t n, float* out) {
@@ -100,15 +91,10 @@ int64_t LinearWorkspace::bytes() const {
          int64_t(sizeof(float));
 }
 
-Linear::Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe)
-    : Linear(id, in, out, LinearPlan::uniform(recipe, mode), recipe) {}
-
-Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe)
-    : id_(id), K_(in), N_(out), mode_(plan.mode), recipe_(recipe), plan_(plan),
+Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
+    : id_(id), K_(in), N_(out), mode_(plan.mode), plan_(plan),
       ws_(std::make_shared<LinearWorkspace>()) {
-  const LinearMode mode = plan.mode;
-  const int D = mode == LinearMode::FP4 ? recipe.amax_interval : 1;
-  for (auto& r : ref_) r = TensorReference(D);
+  for (auto& r : ref_) r = TensorReference(plan.reference_interval());
 }
 
 int64_t Linear::scratch_bytes() const {
@@ -122,20 +108,32 @@ void Linear::bind_workspace(std::shared_ptr<LinearWorkspace> ws) {
   ws_ = ws ? std::move(ws) : std::make_shared<LinearWorkspace>();
 }
 
+Linear::WorkspaceFloats Linear::workspace_floats(const LinearPlan& plan, int64_t K, int64_t N,
+                                                 int64_t M) {
+  WorkspaceFloats f;
+  if (plan.mode != LinearMode::FP4 || plan.probe()) return f;  // probe-matched: grows on use
+  f.row = M * std::max(K, N);  // fprop X; dgrad dY
+  const BlockQuantSpec& sw = plan.spec(Gemm::Dgrad, Operand::W);
+  const bool own_dgrad_w = !sw.two_d || sw != plan.spec(Gemm::Fprop, Operand::W);
+  if (own_dgrad_w) f.wqd = N * K;
+  f.t0 = std::max(sw.two_d ? 0 : N * K, N * M);  // dgrad Wᵀ (1-D weights); wgrad dYᵀ
+  f.t1 = K * M;                                   // wgrad Xᵀ
+  return f;
+}
+
 void Linear::reserve_workspace(int64_t M) {
-  if (mode_ != LinearMode::FP4 || probe()) return;  // probe-matched: scratch grows on use
+  if (mode_ != LinearMode::FP4 || probe()) return;
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;
-  ws.row.get(M * std::max(K_, N_));                   // fprop X; dgrad dY
-  const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
-  const bool own_dgrad_w = !sw.two_d || !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W));
-  if (own_dgrad_w) ws.wqd.get(N_ * K_);
-  ws.t0.get(std::max(sw.two_d ? 0 : N_ * K_, N_ * M));  // dgrad Wᵀ (1-D weights); wgrad dYᵀ
-  ws.t1.get(K_ * M);                                   // wgrad Xᵀ
+  const WorkspaceFloats f = workspace_floats(plan_, K_, N_, M);
+  ws.row.get(f.row);
+  if (f.wqd) ws.wqd.get(f.wqd);
+  ws.t0.get(f.t0);
+  ws.t1.get(f.t1);
 }
 
 bool Linear::uses_reference(Role r) const {
-  const bool rht = recipe_.rht_wgrad;
+  const bool rht = plan_.rht_wgrad;
   auto sp = [&](Gemm g, Operand o) { return uses_g(plan_.spec(g, o)); };
   switch (r) {
     case Role::X: return sp(Gemm::Fprop, Operand::X) || (!rht && sp(Gemm::Wgrad, Operand::X));
@@ -159,7 +157,7 @@ void Linear::reset_inference(int replay_interval) {
 template <class F>
 float Linear::training_reference(Role r, const StepContext& ctx, F&& measure) {
   TensorReference& ref = ref_[static_cast<int>(r)];
-  const bool per_call = ref.interval() == 1 && recipe_.amax_sample == AmaxSample::PerCall;
+  const bool per_call = ref.interval() == 1 && plan_.amax_sample == AmaxSample::PerCall;
   auto agreed = [&]() -> float {
     const float v = measure();
     return ctx.ranks && r != Role::W ? ctx.ranks->agree(v, !per_call) : v;
@@ -249,7 +247,7 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     timed_gemm_bf16(Cat::kGemmFprop, false, true, M, N_, K_, xb_.data(), K_, wb_.data(), K_, false, Y, N_);
     return;
   }
-  if (recipe_.bf16_boundary && mode_ == LinearMode::FP4) {
+  if (plan_.bf16_boundary && mode_ == LinearMode::FP4) {
     // BF16 boundary: X rounded to BF16 once; the copy is what every quantization of X reads,
     // here and in backward (wgrad), and what its amax is taken of.
     Scope s(Cat::kQuantBf16);
@@ -293,7 +291,7 @@ const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const
   // tensor, shape, spec and g, and RNE (SR bits are keyed by the layer id).
   const bool shareable = ws.sharing && X == ws.shared_x && sx.rounding == Rounding::RNE;
   const bool reuse = shareable && ws.xq.valid && ws.xq.x == X && ws.xq.M == M && ws.xq.K == K_ &&
-                     same_quantization(ws.xq.spec, sx) &&
+                     ws.xq.spec == sx &&
                      std::bit_cast<uint32_t>(ws.xq.g) == std::bit_cast<uint32_t>(gx);
   float* xq = ws.row.get(M * K_);  // reuse: the same size, so the same buffer and contents
   if (reuse) {
@@ -324,16 +322,14 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     return;
   }
   // FP4. dY has one reference shared by dgrad and wgrad (docs/numerics.md "Tensor reference").
-  if (recipe_.bf16_boundary && mode_ == LinearMode::FP4) {
+  if (plan_.bf16_boundary && mode_ == LinearMode::FP4) {
     // BF16 boundary: dY rounded to BF16 once; the copy feeds its amax, dgrad and wgrad.
     Scope s(Cat::kQuantBf16);
     dyr_.resize(M * N_);
     round_bf16_into(dY, M * N_, dyr_.data());
     dY = dyr_.data();
   }
-  if (recipe_.rht_wgrad && M % 16 != 0)  // checked before any gradient is accumulated
-    throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
-                                std::to_string(M) + " to be a multiple of 16");
+  check_rht_tokens(plan_, M, "Linear " + std::to_string(id_));  // before any gradient is accumulated
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_), micro = uint32_t(ctx.micro);
   LinearWorkspace& ws = *ws_;
@@ -362,12 +358,9 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     transpose(dY, M, N_, dyt.data());
     transpose(X_, M, K_, xt.data());
     float g_dyt = gdy, g_xt = refs_.g_x;
-    if (recipe_.rht_wgrad) {
-      if (M % 16 != 0)
-        throw std::invalid_argument("Linear " + std::to_string(id_) +
-                                    ": RHT needs the token count to be a multiple of 16");
-      rht16_rows(dyt.data(), N_, M, recipe_.rht_precision);
-      rht16_rows(xt.data(), K_, M, recipe_.rht_precision);
+    if (plan_.rht_wgrad) {  // M % 16 == 0: checked above
+      rht16_rows(dyt.data(), N_, M, plan_.rht_precision);
+      rht16_rows(xt.data(), K_, M, plan_.rht_precision);
       g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
     }
@@ -390,7 +383,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     }
     const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
     const float* wd = wq_.data();
-    if (sw.two_d && !same_quantization(sw, plan_.spec(Gemm::Fprop, Operand::W))) {
+    if (sw.two_d && sw != plan_.spec(Gemm::Fprop, Operand::W)) {
       // 2-D tiles are the same for W and Wᵀ, but an override gave dgrad's W its own T or
       // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad, micro};
@@ -422,20 +415,17 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
   // transposes (and the RHT) fused into the quantizer. With the RHT the references are those
   // of the transformed tensors; without it, the fprop X and dgrad dY references are reused.
-  const bool rht = recipe_.rht_wgrad;
-  if (rht && M % 16 != 0)
-    throw std::invalid_argument("Linear " + std::to_string(id_) + ": RHT needs the token count " +
-                                std::to_string(M) + " to be a multiple of 16");
+  const bool rht = plan_.rht_wgrad;  // M % 16 == 0: checked above (check_rht_tokens)
   float g_dyt = gdy, g_xt = refs_.g_x;
   if (rht) {
     const float* x = X_;
     Scope s(Cat::kQuantAmax);
     if (uses_reference(Role::DYT_RHT))
-      g_dyt = training_reference(Role::DYT_RHT, ctx, [&] { return amax_rht16_transposed(dY, M, N_, recipe_.rht_precision); });
+      g_dyt = training_reference(Role::DYT_RHT, ctx, [&] { return amax_rht16_transposed(dY, M, N_, plan_.rht_precision); });
     else
       g_dyt = 0.f;
     if (uses_reference(Role::XT_RHT))
-      g_xt = training_reference(Role::XT_RHT, ctx, [&] { return amax_rht16_transposed(x, M, K_, recipe_.rht_precision); });
+      g_xt = training_reference(Role::XT_RHT, ctx, [&] { return amax_rht16_transposed(x, M, K_, plan_.rht_precision); });
     else
       g_xt = 0.f;
   }
@@ -449,8 +439,8 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     transpose(dY, M, N_, dyt);
     transpose(X_, M, K_, xt);
     if (rht) {
-      rht16_rows(dyt, N_, M, recipe_.rht_precision);
-      rht16_rows(xt, K_, M, recipe_.rht_precision);
+      rht16_rows(dyt, N_, M, plan_.rht_precision);
+      rht16_rows(xt, K_, M, plan_.rht_precision);
     }
     note_stats(3, quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd));
     note_stats(4, quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx));
@@ -459,10 +449,10 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
   {
     Scope s(Cat::kQuantWgrad);
     quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht,
-                                        recipe_.rht_precision, dyt);
+                                        plan_.rht_precision, dyt);
   quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
                                       plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
-                                      recipe_.rht_precision, xt);
+                                      plan_.rht_precision, xt);
   }
   timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
 }

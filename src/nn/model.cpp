@@ -32,7 +32,7 @@ int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bo
 }
 
 Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len)
-    : cfg_(cfg), recipe_(recipe), batch_(batch), seq_len_(seq_len),
+    : cfg_(cfg), batch_(batch), seq_len_(seq_len),
       pattern_(cfg.block_pattern()), T_(seq_len) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size;
   if (pattern_.empty()) throw UserError("model: the block pattern is empty");
@@ -69,13 +69,14 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   grads_.assign(params_.size(), 0.f);
 
   // Per-linear mode and specs: [high_precision] rules and [[override]]s (recipe.h).
-  const ResolvedLinears resolved = resolve_linear_plans(recipe, sites_, L);
+  resolved_ = resolve_linear_plans(recipe, sites_, L);
+  const ResolvedLinears& resolved = resolved_;
   linears_.reserve(sites_.size());
   for (int l = 0; l < L; ++l) {
     const std::vector<MixerLinear> ls = blocks_[l].mixer->linears();
     for (size_t j = 0; j < ls.size(); ++j) {
       const size_t i = blocks_[l].first_linear + j;
-      linears_.emplace_back(int(i), ls[j].in, ls[j].out, resolved.plans[i], recipe);
+      linears_.emplace_back(int(i), ls[j].in, ls[j].out, resolved.plans[i]);
     }
   }
   bind_linears();

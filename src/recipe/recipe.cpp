@@ -198,7 +198,19 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   const BlockQuantSpec by_op[3] = {r.spec_x(), r.spec_w(), r.spec_dy()};
   for (int g = 0; g < 3; ++g)
     for (int o = 0; o < 3; ++o) p.specs[g][o] = by_op[o];
+  p.gemm = parse_gemm_mode(r.gemm);
+  p.amax_interval = r.amax_interval;
+  p.amax_sample = r.amax_sample;
+  p.rht_wgrad = r.rht_wgrad;
+  p.rht_precision = r.rht_precision;
+  p.bf16_boundary = r.bf16_boundary;
   return p;
+}
+
+void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who) {
+  if (plan.rht() && M % 16 != 0)
+    throw std::invalid_argument(who + ": RHT needs the token count M = " + std::to_string(M) +
+                                " to be a multiple of 16");
 }
 
 ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,

@@ -11,18 +11,6 @@
 
 namespace fp4 {
 
-namespace {
-// Whether two specs quantize identically (every field of BlockQuantSpec), as Linear decides
-// whether dgrad needs its own copy of the quantized weight.
-bool same_quantization(const BlockQuantSpec& a, const BlockQuantSpec& b) {
-  return a.scale_format == b.scale_format && a.block == b.block && a.two_d == b.two_d &&
-         a.target == b.target && a.rounding == b.rounding && a.element.kind == b.element.kind &&
-         a.element.fp == b.element.fp && a.element.int_min == b.element.int_min &&
-         a.element.int_max == b.element.int_max && a.scale_rule == b.scale_rule &&
-         a.scale_desc == b.scale_desc;
-}
-}  // namespace
-
 ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   const ModelConfig& m = cfg.model;
   ModelInfo info;
@@ -92,7 +80,6 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   if (shapes.size() != sites.size())
     throw std::logic_error("model_info: linear sites and mixer linears disagree");
   int64_t row = 0, wqd = 0, t0 = 0, t1 = 0;  // LinearWorkspace buffers (floats)
-  const bool probe = recipe.gemm == "probe-matched";
   for (size_t i = 0; i < sites.size(); ++i) {
     LinearInfo li;
     li.block = sites[i].block;
@@ -106,15 +93,12 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
     const int64_t K = li.in, N = li.out;
     if (li.mode == LinearMode::FP4) {
       mem.linear_scratch += F * N * K;  // wq_
-      if (recipe.bf16_boundary) mem.linear_scratch += F * (BT * K + BT * N);  // xr_, dyr_
-      if (!probe) {  // Linear::reserve_workspace
-        row = std::max(row, BT * std::max(K, N));
-        const BlockQuantSpec& sw = plan.spec(Gemm::Dgrad, Operand::W);
-        if (!sw.two_d || !same_quantization(sw, plan.spec(Gemm::Fprop, Operand::W)))
-          wqd = std::max(wqd, N * K);
-        t0 = std::max(t0, std::max(sw.two_d ? int64_t(0) : N * K, N * BT));
-        t1 = std::max(t1, K * BT);
-      }
+      if (plan.bf16_boundary) mem.linear_scratch += F * (BT * K + BT * N);  // xr_, dyr_
+      const nn::Linear::WorkspaceFloats w = nn::Linear::workspace_floats(plan, K, N, BT);
+      row = std::max(row, w.row);
+      wqd = std::max(wqd, w.wqd);
+      t0 = std::max(t0, w.t0);
+      t1 = std::max(t1, w.t1);
     } else if (li.mode == LinearMode::BF16) {
       mem.linear_scratch += int64_t(sizeof(uint16_t)) * (BT * K + N * K + BT * N);  // xb_, wb_, dyb_
     }

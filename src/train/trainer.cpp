@@ -258,7 +258,7 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   const ResolvedLinears res =
       resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
   bool fp4_rht = false;
-  for (const LinearPlan& p : res.plans) fp4_rht |= recipe.rht_wgrad && p.mode == LinearMode::FP4;
+  for (const LinearPlan& p : res.plans) fp4_rht |= p.rht();
   // The RHT runs along the tokens of one forward: a micro-batch.
   const int64_t tokens = int64_t(cfg.train.micro()) * cfg.train.seq_len;
   if (fp4_rht && tokens % 16 != 0)
@@ -270,7 +270,7 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
 
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
   const int L = model.n_blocks();
-  const ResolvedLinears res = resolve_linear_plans(recipe, model.linear_sites(), L);
+  const ResolvedLinears& res = model.resolved_linears();
   std::ostringstream o;
   o << "recipe " << recipe.name << " (";
   for (int l = 0; l < L; ++l) {

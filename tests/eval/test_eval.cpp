@@ -77,7 +77,7 @@ TEST(InferenceLinear, CurrentEqualsQuantizeWithTensorAmaxThenGemm) {
   const Recipe r = recipe("ue5m3-b16");
   auto X = randn(M * K, 1, 3.f), W = randn(N * K, 2, 0.05f);
   std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Current));
   EXPECT_EQ(lin.refs().g_x, amax(X));
@@ -96,7 +96,7 @@ TEST(InferenceLinear, ReplayHoldsBatchOneAndRefreshesAtBatch51WeightsFrozen) {
   const auto X0 = randn(M * K, 3), W0 = randn(N * K, 4, 0.05f);
   auto W = W0;
   std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   lin.reset_inference(50);
   float g1 = 0;
@@ -136,7 +136,7 @@ TEST(InferenceLinear, CalibratedUsesTheCalibrationMaxAndIgnoresTheEvaluatedAmax)
   const auto Xa = randn(M * K, 5, 1.f), Xb = randn(M * K, 6, 2.f), Xe = randn(M * K, 7, 0.3f);
   auto W = randn(N * K, 8, 0.05f);
   std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   EXPECT_THROW(lin.forward(Xe.data(), Y.data(), M, infer(nn::InferenceRef::Frozen)),
                std::logic_error);
@@ -159,7 +159,7 @@ TEST(InferenceLinear, TrainingForwardForgetsInferenceState) {
   const auto X = randn(M * K, 9);
   auto W = randn(N * K, 10, 0.05f);
   std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Calibrate));
   EXPECT_TRUE(lin.inference_state().has_w);

@@ -83,8 +83,11 @@ TEST(NextSentence, ItemsFollowTheirDocumentAndDistractorsComeFromOthers) {
     EXPECT_EQ(it.choices[size_t(it.answer)], truth);
     std::set<std::string> distinct(it.choices.begin(), it.choices.end());
     EXPECT_EQ(distinct.size(), 4u);
-    for (int c = 0; c < 4; ++c)
-      if (c != it.answer) EXPECT_NE(it.choices[size_t(c)].substr(0, 5), "Doc " + d) << it.choices[size_t(c)];
+    for (int c = 0; c < 4; ++c) {
+      if (c != it.answer) {
+        EXPECT_NE(it.choices[size_t(c)].substr(0, 5), "Doc " + d) << it.choices[size_t(c)];
+      }
+    }
     ++answers[it.answer];
   }
   EXPECT_GE(answers.size(), 3u);  // the answer's position varies

@@ -72,7 +72,7 @@ struct MixerRig {
       w.emplace_back(linfo[i].in * linfo[i].out, 0.f);
       dw.emplace_back(linfo[i].in * linfo[i].out, 0.f);
       lin.emplace_back(int(i), linfo[i].in, linfo[i].out,
-                       LinearPlan::uniform(recipe, LinearMode::FP32), recipe);
+                       LinearPlan::uniform(recipe, LinearMode::FP32));
     }
     for (size_t i = 0; i < lin.size(); ++i) {
       lin[i].bind(w[i].data(), dw[i].data());

@@ -88,7 +88,7 @@ TEST_P(LinearGemms, ThreeGemmsMatchNaiveQuantizedReference) {
   auto X = randn(M * K, 1), W = randn(N * K, 2, 0.1f), dY = randn(M * N, 3, 1e-3f);
   X[5] = 30.f;  // an outlier block
   std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(7, K, N, LinearMode::FP4, r);
+  nn::Linear lin(7, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   nn::StepContext ctx;
   ctx.step = 3;
@@ -158,7 +158,7 @@ TEST(Linear, Bf16ModeRoundsEveryOperand) {
   r.mode = LinearMode::BF16;
   auto X = randn(M * K, 4), W = randn(N * K, 5), dY = randn(M * N, 6);
   std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(0, K, N, LinearMode::BF16, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::BF16));
   lin.bind(W.data(), dW.data());
   nn::StepContext ctx;
   lin.forward(X.data(), Y.data(), M, ctx);
@@ -184,7 +184,7 @@ struct LinearFd {
   nn::StepContext ctx;
   LinearFd(LinearMode mode, uint32_t seed)
       : X(randn(M * K, seed)), W(randn(N * K, seed + 1)), R(randn(M * N, seed + 2)),
-        r(with_mode(mode)), lin(0, K, N, mode, r) {
+        r(with_mode(mode)), lin(0, K, N, LinearPlan::uniform(r, mode)) {
     lin.bind(W.data(), dW.data());
     loss();
     lin.backward(R.data(), dX.data(), M, ctx);
@@ -256,7 +256,7 @@ TEST(Linear, HeldReferenceRefreshesEvery50StepsInsideTheLayer) {
   Recipe r = fp4_recipe(ScaleFormat::UE5M3, false, true, 50);
   auto X = randn(M * K, 10), W = randn(N * K, 11);
   std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearMode::FP4, r);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   nn::StepContext ctx;
   const float g1 = amax(X);
@@ -290,7 +290,7 @@ TEST(Linear, HeldReferencesFeedAllThreeGemmsAtAHoldStep) {
   const Recipe r = fp4_recipe(ScaleFormat::UE5M3, false, true, 50);
   auto X1 = randn(M * K, 21), W = randn(N * K, 22, 0.1f), dY1 = randn(M * N, 23, 1e-3f);
   std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(3, K, N, LinearMode::FP4, r);
+  nn::Linear lin(3, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   nn::StepContext ctx;
   ctx.seed = 5;
@@ -335,7 +335,7 @@ TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
   r.gemm = "probe-matched";
   auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
   std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
-  nn::Linear lin(2, K, N, LinearMode::FP4, r);
+  nn::Linear lin(2, K, N, LinearPlan::uniform(r, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   nn::StepContext ctx;
   ctx.step = 4;
@@ -403,8 +403,8 @@ TEST(Linear, Bf16BoundaryEqualsQuantizingPreRoundedOperands) {
     on.bf16_boundary = true;
     auto W = randn(N * K, 42, 0.1f);
     std::vector<float> dWa(N * K, 0.f), dWb(N * K, 0.f), dWc(N * K, 0.f);
-    nn::Linear a(5, K, N, LinearMode::FP4, on), b(5, K, N, LinearMode::FP4, off),
-        c(5, K, N, LinearMode::FP4, off);
+    nn::Linear a(5, K, N, LinearPlan::uniform(on, LinearMode::FP4)), b(5, K, N, LinearPlan::uniform(off, LinearMode::FP4)),
+        c(5, K, N, LinearPlan::uniform(off, LinearMode::FP4));
     a.bind(W.data(), dWa.data());
     b.bind(W.data(), dWb.data());
     c.bind(W.data(), dWc.data());
@@ -467,7 +467,7 @@ TEST(Linear, Bf16RhtEqualsItsReferenceComposition) {
     auto X = randn(M * K, 81), W = randn(N * K, 82, 0.1f), dY = randn(M * N, 83, 1e-3f);
     std::vector<float> dW(N * K, 0.f), dW32(N * K, 0.f), Y(M * N), Y32(M * N), dX(M * K, 0.f),
         dX32(M * K, 0.f);
-    nn::Linear lin(4, K, N, LinearMode::FP4, r), lin32(4, K, N, LinearMode::FP4, r32);
+    nn::Linear lin(4, K, N, LinearPlan::uniform(r, LinearMode::FP4)), lin32(4, K, N, LinearPlan::uniform(r32, LinearMode::FP4));
     lin.bind(W.data(), dW.data());
     lin32.bind(W.data(), dW32.data());
     nn::StepContext ctx;

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     const std::string dir = argv[8];
     std::vector<float> W(static_cast<size_t>(N * K)), dW(W.size()), Y(static_cast<size_t>(M * N)),
         dX(static_cast<size_t>(M * K));
-    fp4::nn::Linear lin(layer, K, N, r.mode, r);
+    fp4::nn::Linear lin(layer, K, N, fp4::LinearPlan::uniform(r, r.mode));
     lin.bind(W.data(), dW.data());
     for (int s = 1; s <= steps; ++s) {
       const std::string t = "_" + std::to_string(s);

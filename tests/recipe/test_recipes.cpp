@@ -236,7 +236,7 @@ void check_fprop(const Recipe& recipe, const BlockQuantSpec& sx, const BlockQuan
   const int64_t M = 40, K = 72, N = 48;  // K not a multiple of 32: a zero-padded block
   std::vector<float> X = randn(M * K, 1), W = randn(N * K, 2, 0.05f), dW(N * K, 0.f);
   for (int64_t k = 0; k < K; k += 5) X[3 * K + k] *= 40.f;  // uneven blocks
-  nn::Linear lin(0, K, N, LinearMode::FP4, recipe);
+  nn::Linear lin(0, K, N, LinearPlan::uniform(recipe, LinearMode::FP4));
   lin.bind(W.data(), dW.data());
   std::vector<float> Y(M * N);
   nn::StepContext ctx;
@@ -373,7 +373,7 @@ TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
     std::vector<float> W = W0, Y(M * N);
     dW[v].assign(N * K, 0.f);
     dX[v].assign(M * K, 0.f);
-    nn::Linear lin(id, K, N, v ? over : base, r);
+    nn::Linear lin(id, K, N, v ? over : base);
     lin.bind(W.data(), dW[v].data());
     lin.forward(X.data(), Y.data(), M, ctx);
     lin.backward(dY.data(), dX[v].data(), M, ctx);
@@ -633,7 +633,7 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
     Y[v].assign(M * N, 0.f);
     dW[v].assign(N * K, 0.f);
     dX[v].assign(M * K, 0.f);
-    nn::Linear lin(id, K, N, v ? res.plans[id] : LinearPlan::uniform(r, LinearMode::FP4), r);
+    nn::Linear lin(id, K, N, v ? res.plans[id] : LinearPlan::uniform(r, LinearMode::FP4));
     lin.bind(W.data(), dW[v].data());
     lin.forward(X.data(), Y[v].data(), M, ctx);
     lin.backward(dY.data(), dX[v].data(), M, ctx);

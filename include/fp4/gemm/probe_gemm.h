@@ -21,18 +21,10 @@
 #include <cstdint>
 #include <string>
 
+#include "fp4/gemm/gemm_mode.h"
 #include "fp4/numerics/block_quant.h"
 
 namespace fp4 {
-
-/// How a quantized GEMM is emulated (recipe field `[linear] gemm`).
-enum class GemmMode { Decoded, ProbeMatched };
-
-/// Parse "decoded" or "probe-matched". Throws std::invalid_argument naming the value and the
-/// valid choices.
-GemmMode parse_gemm_mode(const std::string& s);
-/// Canonical name, inverse of parse_gemm_mode: "decoded", "probe-matched".
-const char* gemm_mode_name(GemmMode m);
 
 /// Products per K-chunk of the probe-matched mode.
 inline constexpr int kProbeChunk = 64;

@@ -175,14 +175,13 @@ class Linear {
  public:
   /// A linear of `in` (K) inputs and `out` (N) outputs whose weight W [N, K] and gradient
   /// dW [N, K] live in buffers owned by the model. `id` is the layer index used in SR keys.
-  /// In FP4 mode with recipe.rht_wgrad, the token count M of every call must be a multiple of 16.
-  Linear(int id, int64_t in, int64_t out, LinearMode mode, const Recipe& recipe);
-  /// The same with a resolved per-layer plan (resolve_linear_plans: the mode and the spec of
-  /// every GEMM × operand after [high_precision] and [[override]]); the constructor above uses
-  /// LinearPlan::uniform(recipe, mode). The recipe still supplies gemm, rht_wgrad and
-  /// amax_interval. dY keeps one reference per layer shared by dgrad and wgrad, whatever the
-  /// two specs' T or rounding (docs/numerics.md "Tensor reference g").
-  Linear(int id, int64_t in, int64_t out, const LinearPlan& plan, const Recipe& recipe);
+  /// `plan` is everything it needs from the recipe, resolved once (resolve_linear_plans, or
+  /// LinearPlan::uniform(recipe, mode) for a linear without overrides): the mode, the spec of
+  /// every GEMM × operand, the GEMM mode, D, the RHT and the BF16 boundary. A Linear never
+  /// reads a Recipe. With plan.rht(), the token count M of every call must be a multiple of 16.
+  /// dY keeps one reference per layer shared by dgrad and wgrad, whatever the two specs' T or
+  /// rounding (docs/numerics.md "Tensor reference g").
+  Linear(int id, int64_t in, int64_t out, const LinearPlan& plan);
 
   /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
   void bind(float* W, float* dW) { W_ = W; dW_ = dW; }
@@ -223,8 +222,17 @@ class Linear {
   /// Use `ws` (shared, e.g. by all linears of a Model) for the transient FP4 operand buffers
   /// instead of this layer's own. Null: back to a workspace of its own.
   void bind_workspace(std::shared_ptr<LinearWorkspace> ws);
-  /// Grow the workspace so that FP4 calls of M tokens allocate nothing (no-op unless FP4).
+  /// Grow the workspace so that FP4 calls of M tokens allocate nothing (no-op unless FP4):
+  /// to workspace_floats(plan(), in(), out(), M).
   void reserve_workspace(int64_t M);
+  /// The floats of each LinearWorkspace buffer that an FP4 linear of `plan`, K inputs and N
+  /// outputs needs for calls of M tokens (all zero unless FP4 in the decoded GEMM mode; the
+  /// probe-matched mode's scratch grows on use). The one formula behind reserve_workspace and
+  /// fp4::model_info's memory estimate.
+  struct WorkspaceFloats {
+    int64_t row = 0, wqd = 0, t0 = 0, t1 = 0;
+  };
+  static WorkspaceFloats workspace_floats(const LinearPlan& plan, int64_t K, int64_t N, int64_t M);
   const LinearWorkspace& workspace() const { return *ws_; }
   LinearWorkspace& workspace() { return *ws_; }
 
@@ -240,13 +248,12 @@ class Linear {
   // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX
   // scale rules never do); the amax behind an unused reference is never measured.
   bool uses_reference(Role r) const;
-  // FP4 with recipe gemm = "probe-matched" (fidelity mode, slow).
-  bool probe() const { return mode_ == LinearMode::FP4 && recipe_.gemm == "probe-matched"; }
+  // FP4 with gemm = probe-matched (fidelity mode, slow).
+  bool probe() const { return plan_.probe(); }
 
   int id_;
   int64_t K_, N_;
   LinearMode mode_;
-  Recipe recipe_;
   LinearPlan plan_;
   float* W_ = nullptr;
   float* dW_ = nullptr;

@@ -67,6 +67,10 @@ class Model {
   std::string linear_name(size_t i) const;
   /// Block and kind of every linear, in linears() order (what the recipe rules select on).
   const std::vector<LinearSite>& linear_sites() const { return sites_; }
+  /// The recipe resolved for every linear (resolve_linear_plans, once, at construction): the
+  /// plan each Linear was built from, in linears() order, and the linears each [[override]]
+  /// changed. For `info`, the run's log line and the fit checks.
+  const ResolvedLinears& resolved_linears() const { return resolved_; }
   /// Number of hybrid blocks (the pattern's length) and the pattern.
   int n_blocks() const { return static_cast<int>(blocks_.size()); }
   const std::string& pattern() const { return pattern_; }
@@ -149,7 +153,7 @@ class Model {
   void bind_linears();
 
   ModelConfig cfg_;
-  Recipe recipe_;
+  ResolvedLinears resolved_;  // the recipe, resolved once per linear (resolve_linear_plans)
   int batch_, seq_len_;
   std::string pattern_;
   std::vector<ParamInfo> infos_;

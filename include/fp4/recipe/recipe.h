@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4/gemm/gemm_mode.h"
 #include "fp4/numerics/block_quant.h"
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/hadamard.h"
@@ -185,17 +186,35 @@ struct Recipe {
   bool operator==(const Recipe&) const = default;
 };
 
-/// The resolved quantization of one linear layer: its mode and the block-quantization spec of
-/// every (GEMM, operand) pair it quantizes, after [high_precision] and [[override]].
-/// The dY reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
+/// The resolved recipe of one linear layer: everything an nn::Linear needs, so that a Linear
+/// never reads a Recipe (the recipe is resolved once, by resolve_linear_plans or uniform()).
+/// Its mode and the block-quantization spec of every (GEMM, operand) pair it quantizes, after
+/// [high_precision] and [[override]]; and the recipe-wide knobs of its FP4 path. The dY
+/// reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
 /// reference"); specs may differ only in what the quantization does with it (T, rounding).
+/// The knobs below mode and specs are the recipe's values, whatever the mode; a Linear applies
+/// them only in FP4 mode (rht(), probe(), reference_interval()).
 struct LinearPlan {
   LinearMode mode = LinearMode::FP32;
   BlockQuantSpec specs[3][3];  ///< [Gemm][Operand]; pairs a GEMM does not use are unused
+  GemmMode gemm = GemmMode::Decoded;  ///< [linear] gemm (docs/numerics.md "GEMM emulation")
+  int amax_interval = 1;              ///< [fp4] amax_interval: D of the tensor references
+  AmaxSample amax_sample = AmaxSample::PerCall;  ///< [fp4] amax_sample
+  bool rht_wgrad = false;             ///< [fp4] rht_wgrad: 16-point RHT on the wgrad operands
+  RhtPrecision rht_precision = RhtPrecision::FP32;  ///< [fp4] rht_precision
+  bool bf16_boundary = false;         ///< [fp4] bf16_boundary: X and dY rounded to BF16 first
 
   const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
+  /// FP4 with gemm = probe-matched: quantized operands multiplied by fp4::probe_gemm.
+  bool probe() const { return mode == LinearMode::FP4 && gemm == GemmMode::ProbeMatched; }
+  /// FP4 with rht_wgrad: every call's token count M must be a multiple of 16 (check_rht_tokens).
+  bool rht() const { return mode == LinearMode::FP4 && rht_wgrad; }
+  /// D of this linear's training references: amax_interval in FP4 mode, else 1.
+  int reference_interval() const { return mode == LinearMode::FP4 ? amax_interval : 1; }
   /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
-  /// X, spec_w() for W, spec_dy() for dY, in every GEMM.
+  /// X, spec_w() for W, spec_dy() for dY, in every GEMM, and the recipe's knobs. Throws
+  /// std::invalid_argument for a recipe whose gemm is neither "decoded" nor "probe-matched"
+  /// (parse_recipe refuses such files first).
   static LinearPlan uniform(const Recipe& r, LinearMode mode);
 
   /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
@@ -218,6 +237,12 @@ struct ResolvedLinears {
 /// linear.
 ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
                                      int n_blocks);
+
+/// The one check of the RHT's shape rule (docs/numerics.md "RHT"): the 16-point RHT of the
+/// wgrad operands runs along the M tokens of one call, so M must be a multiple of 16 when the
+/// plan applies it (plan.rht()). Throws std::invalid_argument "<who>: RHT needs the token
+/// count M = <M> to be a multiple of 16" otherwise; no-op for plans without the RHT.
+void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who);
 
 /// The linears of the Llama-style pattern "*-" repeated n_layers times (2·n_layers blocks;
 /// q, k, v, o_proj in each even block, up, down_proj in each odd one): for tests and tools
