@@ -119,6 +119,25 @@ std::vector<py::ssize_t> shape_of(const py::array& a) {
   return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
+/// ValueError "<name>: element [i, j] is NaN (<why>)" for the first non-finite element of a
+/// checked float32 array (its index in the array's own shape), so the message names the
+/// argument and the position the caller knows, not a flat index inside a kernel.
+void require_finite(const py::array& a, const char* name, const char* why) {
+  const float* p = static_cast<const float*>(a.data());
+  const py::ssize_t n = a.size();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (std::isfinite(p[i])) continue;
+    std::string idx;
+    py::ssize_t rest = i;
+    for (py::ssize_t d = a.ndim() - 1; d >= 0; --d) {
+      idx = std::to_string(rest % a.shape(d)) + (idx.empty() ? "" : ", ") + idx;
+      rest /= a.shape(d);
+    }
+    throw py::value_error(std::string(name) + ": element [" + idx + "] is " +
+                          (std::isnan(p[i]) ? "NaN" : p[i] > 0 ? "+Inf" : "-Inf") + " (" + why + ")");
+  }
+}
+
 // ---- formats -----------------------------------------------------------------------------
 
 bool is_int_grid(const std::string& name) {
@@ -323,7 +342,9 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
                                 " needs a power-of-two scale format: pass scale_format='ue8m0' (got " +
                                 fp4::spec_scale_format(spec).name + ")");
   }
-  if (block <= 0) throw std::invalid_argument("block must be a positive integer, got " + std::to_string(block));
+  if (block <= 0 || block > fp4::kMaxBlock)
+    throw std::invalid_argument("block must be an integer in 1.." + std::to_string(fp4::kMaxBlock) +
+                                " (as a recipe's fp4.block), got " + std::to_string(block));
   spec.block = block;
   spec.two_d = two_d;
   if (!(target > 0.f) || std::isinf(target))
@@ -339,6 +360,7 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
   }
   fp4::SrKey key = sr_key_from(sr_key);
   key.seed = seed;
+  require_finite(x, "x", "quantize needs finite values");
   const int64_t rows = x.shape(0), cols = x.shape(1);
   const float* xp = static_cast<const float*>(x.data());
   BoundQTensor out;
@@ -599,6 +621,8 @@ py::array linear_forward(BoundLinear& b, const py::handle& xh, const py::handle&
   if (training && b.pending)
     throw std::logic_error("Linear: a second training forward before the backward of the first (a "
                            "Linear keeps one forward's operands for its backward; use one Linear per call)");
+  require_finite(x, "x", "Linear.forward needs finite inputs");
+  require_finite(w, "weight", "Linear.forward needs finite weights");
   const fp4::nn::StepContext c = step_context(step, seed, micro, training, telemetry);
   const int64_t M = x.shape(0);
   py::array_t<float> y = new_f32({static_cast<py::ssize_t>(M), static_cast<py::ssize_t>(b.N)});
@@ -622,6 +646,7 @@ py::tuple linear_backward(BoundLinear& b, const py::handle& dyh, bool need_dx) {
   py::array dy = checked_array(dyh, "dy", false, 2);
   if (dy.shape(0) != b.M || dy.shape(1) != b.N)
     throw py::value_error("dy must be [" + std::to_string(b.M) + ", " + std::to_string(b.N) + "] (the forward's [M, N])");
+  require_finite(dy, "dy", "Linear.backward needs a finite upstream gradient");
   py::object dxo = py::none();
   float* dxp = nullptr;
   if (need_dx) {
@@ -790,7 +815,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("toml", [](const BoundConfig& c) { return fp4::run_config_to_toml(c.c); },
                              "The resolved config as TOML text (what a run writes as config.toml).")
       .def_property_readonly("pattern", [](const BoundConfig& c) { return c.c.model.block_pattern(); }, "The block pattern (model.pattern, or '*-' repeated n_layers times).")
-      .def_property_readonly("source", [](const BoundConfig& c) { return c.source; }, "The file (or text label) the config came from.");
+      .def_property_readonly("source", [](const BoundConfig& c) { return c.source; }, "The file (or text label) the config came from.")
+      .def("__repr__", [](const BoundConfig& c) {
+            const fp4::ModelConfig& m = c.c.model;
+            const fp4::TrainConfig& t = c.c.train;
+            return "<fp4train.Config " + c.source + ": pattern " + m.block_pattern() +
+                   ", d_model " + std::to_string(m.d_model) + ", vocab " +
+                   std::to_string(m.vocab_size) + "; " + std::to_string(t.batch_size) + " x " +
+                   std::to_string(t.seq_len) + " tokens per step, " + std::to_string(t.steps) +
+                   " steps, lr " + py::str(py::float_(t.lr)).cast<std::string>() + ", seed " +
+                   std::to_string(t.seed) + " (.toml: the whole config)>"; });
 
   py::class_<BoundRecipe>(m, "Recipe", "A training recipe (fp4::Recipe), e.g. configs/recipes/ue5m3-b16.toml.")
       .def_static("load", [](const std::string& name_or_path, const std::vector<std::string>& sets,
@@ -822,6 +856,17 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
       .def_property_readonly("toml", [](const BoundRecipe& r) { return fp4::recipe_to_toml(r.r); },
                              "The recipe as TOML text (recipe_to_toml: what a run writes as recipe.toml).")
+      .def("__repr__", [](const BoundRecipe& b) {
+            const fp4::Recipe& r = b.r;
+            std::string s = "<fp4train.Recipe " + r.name + ": " + fp4::linear_mode_name(r.mode);
+            if (r.mode == fp4::LinearMode::FP4) {
+              s += " " + r.element_format + ", " + r.scale_format_str() + " scales, block " +
+                   std::to_string(r.block) + (r.weight_2d ? " (2-D weights)" : "") + ", D " +
+                   std::to_string(r.amax_interval) + ", RHT " + (r.rht_wgrad ? "on" : "off") +
+                   ", " + std::to_string(r.overrides.size()) + " overrides";
+              if (r.gemm != "decoded") s += ", gemm " + r.gemm;
+            }
+            return s + " (.toml: the whole recipe)>"; })
       .def("spec", [](const BoundRecipe& r, const std::string& role) {
             if (role == "x") return spec_dict(r.r.spec_x());
             if (role == "w") return spec_dict(r.r.spec_w());

@@ -47,6 +47,48 @@ __all__ = [
     "probe_gemm_alpha", "quantize", "round_to", "sr_bytes",
 ]
 
+def _friendly_arguments(f, name):
+    """``f`` (a pybind11 function) whose argument errors are one short TypeError.
+
+    pybind11's own message for a misspelt keyword or a wrong type lists every overload and
+    then the call's arguments, printing whole arrays. This names the unknown keyword (with the
+    closest valid one) or the argument types, and the signature; nothing of the values."""
+    import difflib
+    import functools
+    import re
+
+    doc = (f.__doc__ or "").split("\n", 1)[0]
+    sig = doc[doc.find("("):doc.rfind(")") + 1] if "(" in doc else "(...)"
+    # Parameter names: each word after "(" or "," that a ":", "=", "," or ")" follows.
+    valid = re.findall(r"(?:\(|,)\s*(\w+)\s*(?=[:=,)])", sig)
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except TypeError as e:
+            if "incompatible function arguments" not in str(e):
+                raise
+            unknown = [k for k in kwargs if k not in valid]
+            if unknown:
+                k = unknown[0]
+                close = difflib.get_close_matches(k, valid, n=1)
+                hint = f"did you mean '{close[0]}'? " if close else ""
+                msg = (f"{name}() got an unexpected keyword argument '{k}' ({hint}"
+                       f"its arguments: {', '.join(valid)})")
+            else:
+                got = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+                msg = f"{name}(): arguments of the wrong type ({', '.join(got)}); expected {name}{sig}"
+            raise TypeError(msg) from None
+    return wrapper
+
+
+for _name in ("decode", "encode", "format_info", "load_checkpoint", "load_qtensor",
+              "probe_gemm_alpha", "quantize", "round_to", "sr_bytes"):
+    globals()[_name] = _friendly_arguments(getattr(_core, _name), _name)
+del _name
+
+
 def _as_dict(self):
     """The TOML text (``.toml``) parsed into nested dicts (tomllib), e.g. ``["model"]["d_model"]``."""
     import tomllib

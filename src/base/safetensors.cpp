@@ -329,6 +329,22 @@ uint64_t File::header_length(std::string_view first8, uint64_t size) const {
   uint64_t hn = 0;
   for (int i = 0; i < 8; ++i)
     hn |= uint64_t(static_cast<unsigned char>(first8[static_cast<size_t>(i)])) << (8 * i);
+  // A text file (a TOML config, a JSON log) given where a checkpoint belongs: its first 8
+  // bytes are characters, where a safetensors file has a little-endian length whose high
+  // bytes are 0.
+  bool text = true;
+  for (int i = 0; i < 8; ++i) {
+    const unsigned char c = static_cast<unsigned char>(first8[static_cast<size_t>(i)]);
+    text &= (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\r' || c == '\t';
+  }
+  if (text && hn > size - 8) {
+    std::string head(first8.substr(0, 8));
+    for (char& c : head)
+      if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    throw error("not a safetensors file (a checkpoint such as runs/NAME/checkpoints/"
+                "step_N.safetensors): it starts with text \"" + head + "\", where a safetensors "
+                "file starts with the 8-byte length of its JSON header");
+  }
   if (hn > size - 8)
     throw error("header length " + std::to_string(hn) + " exceeds the file (" +
                 std::to_string(size) + " bytes; truncated?)");

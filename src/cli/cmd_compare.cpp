@@ -167,8 +167,47 @@ fs::path run_dir(const fs::path& out, const std::string& recipe_name, uint64_t s
 
 /// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the
 /// gap columns and the difference plot against `baseline_arg` (empty: the plan's).
+/// The first columns (recipe .. the paired interval of the final-window loss) of the report's
+/// main table, aligned for a terminal: what `compare` prints at its end.
+void print_main_table(const std::string& md, const fs::path& report) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(md);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (!in_table && line.rfind("| recipe |", 0) != 0) continue;
+    if (line.empty() || line[0] != '|') break;
+    in_table = true;
+    if (line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells;
+    size_t p = 1;
+    while (cells.size() < 6) {
+      const size_t q = line.find(" |", p);
+      if (q == std::string::npos) break;
+      std::string c = line.substr(p, q - p);
+      c.erase(0, c.find_first_not_of(' '));
+      cells.push_back(c);
+      p = q + 2;
+    }
+    rows.push_back(cells);
+  }
+  if (rows.size() < 2) return;
+  std::vector<size_t> w(6, 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  std::printf("\nFinal-window loss (the full table, with held-out NLL per inference policy, "
+              "stability and throughput: %s):\n", report.string().c_str());
+  for (const auto& r : rows) {
+    std::string s = " ";
+    for (size_t i = 0; i < r.size(); ++i) s += " " + r[i] + std::string(w[i] - r[i].size() + 1, ' ');
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::printf("%s\n", s.c_str());
+  }
+}
+
 void build_report(const fs::path& out, const Plan& plan, bool plots,
-                  const std::string& baseline_arg = "", const std::string& hypotheses_arg = "") {
+                  const std::string& baseline_arg = "", const std::string& hypotheses_arg = "",
+                  bool print_table = false) {
   const std::string baseline = plan_baseline(plan, baseline_arg);
   const std::string hyp_file = hypotheses_arg.empty() ? plan.hypotheses : hypotheses_arg;
   // Read before anything is written, so a bad study file changes nothing.
@@ -202,6 +241,9 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
     write_file_atomic(hyp_json, hypotheses_json(hyps, runs));
   else if (fs::exists(hyp_json))
     fs::remove(hyp_json);
+  if (!plots && fs::is_directory(out / "plots") && !fs::is_empty(out / "plots"))
+    ctx.plots_note = "Plots were not remade (--no-plots): plots/ holds those of an earlier "
+                     "report, which may not match this one (another baseline, other runs).";
   if (plots) {
     const std::string py = find_plot_python();
     if (py.empty()) {
@@ -235,6 +277,7 @@ void build_report(const fs::path& out, const Plan& plan, bool plots,
     for (const auto& m : missing) md += "* `" + m + "`\n";
   }
   write_file_atomic(out / "report.md", md);
+  if (print_table) print_main_table(md, out / "report.md");
   std::printf("report: %s (%zu runs%s)\n", (out / "report.md").string().c_str(), runs.size(),
               missing.empty() ? "" : (", " + std::to_string(missing.size()) + " not finished").c_str());
 }
@@ -533,7 +576,7 @@ void run_compare(const CompareArgs& a) {
       }
     }
   if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
-  build_report(out, plan, !a.no_plots);
+  build_report(out, plan, !a.no_plots, "", "", /*print_table=*/true);
 }
 }  // namespace
 

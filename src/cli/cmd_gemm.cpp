@@ -95,9 +95,10 @@ OperandSetup resolve(const GemmOptions& o, const OperandOptions& p, char which) 
                     " (got " + spec_scale_format(s.spec).name + ")");
   }
   const int block = p.block_given ? p.block : o.block;
-  if (block <= 0) {
+  if (block <= 0 || block > kMaxBlock) {
     throw UserError((p.block_given ? pre + "block" : std::string("--block")) +
-                    " must be a positive integer, got " + std::to_string(block));
+                    " must be an integer in 1.." + std::to_string(kMaxBlock) +
+                    " (as a recipe's fp4.block), got " + std::to_string(block));
   }
   s.spec.block = block;
   s.spec.two_d = p.two_d;

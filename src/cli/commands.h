@@ -13,6 +13,7 @@ void register_compare(CLI::App& app);  // compare and report
 void register_profile(CLI::App& app);
 void register_info(CLI::App& app);    // model size, FLOPs, memory and linear plan
 void register_export(CLI::App& app);  // Hugging Face style directory of a checkpoint
+void register_list(CLI::App& app);    // configs and recipes: the shipped files, one line each
 
 /// `fp4train eval --checkpoint CHECKPOINT --policy POLICIES --json JSON_FILE [--data DATA]`
 /// as a call (prints the table too; DATA empty: the run's data.path); throws what the

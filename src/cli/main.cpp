@@ -1,7 +1,10 @@
 // fp4train: pretrain language models with FP4 block-scaled linear layers and compare recipes.
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "commands.h"
 #include "omp_wait.h"
@@ -28,6 +31,35 @@ int command_error(const char* what, int code) {
   std::fprintf(stderr, "fp4train: error: %s\n", what);
   return code;
 }
+/// The top-level --help lists each command with one line (kCommandSummaries); `CMD --help`
+/// prints the command's full description, as before.
+const std::pair<const char*, const char*> kCommandSummaries[] = {
+    {"train", "Pretrain a model (Llama-style or the Nemotron-H hybrid) on text with one recipe"},
+    {"compare", "Train recipes x seeds on one config, then write a comparison report"},
+    {"report", "Rebuild a comparison's report.md and plots from its finished runs"},
+    {"eval", "Held-out NLL, or a downstream task, of a checkpoint under quantized inference"},
+    {"sample", "Generate text from a checkpoint"},
+    {"export", "Write a checkpoint as a Hugging Face style model directory"},
+    {"profile", "Where a training step's time goes, per component, and model FLOPs utilization"},
+    {"info", "Parameters, FLOPs, step memory and every linear's mode of a config and recipe"},
+    {"quant", "Quantize a matrix with block-scaled FP4; print scales, codes and values"},
+    {"gemm", "Quantize two matrices and print their emulated FP4 product"},
+    {"configs", "List the shipped run configs"},
+    {"recipes", "List the shipped recipes"},
+};
+
+class OneLineCommands : public CLI::Formatter {
+ public:
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::string line = sub->get_description();
+    line = line.substr(0, line.find('\n'));
+    for (const auto& [name, summary] : kCommandSummaries)
+      if (sub->get_name() == name) line = summary;
+    std::stringstream out;
+    CLI::detail::format_help(out, sub->get_display_name(true), line, column_width_);
+    return out.str();
+  }
+};
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,12 +83,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   CLI::App app{
-      "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers and\n"
-      "compare recipes (fp32, bf16, ue5m3-b16, ue5m3-b32, ue5m3-te, nvfp4-te, nvfp4-all, mxfp4,\n"
-      "or your own TOML file): train, compare/report, eval/sample, export, profile, info, quant, gemm.\n"
-      "Models: configs/tiny.toml (Llama-style), configs/nemotron-h-tiny.toml (the paper's\n"
-      "Nemotron-H hybrid of Mamba-2, attention and MLP blocks), configs/nemotron-h-8b.toml (its 8B\n"
-      "shape, for info and profile). See README.md."};
+      "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers on CPUs and\n"
+      "compare FP4 recipes (UE5M3, NVFP4, MXFP4) with BF16 and FP32. First run: bash scripts/demo.\n"
+      "'fp4train CMD --help' explains a command; 'fp4train configs' and 'fp4train recipes' list\n"
+      "the shipped models and recipes. README.md and docs/ hold the rest."};
+  // One line per command here, the details under `fp4train CMD --help` (as git and cargo do).
+  app.formatter(std::make_shared<OneLineCommands>());
   // --version: the version and the compute paths this machine would use (as `info` prints).
   app.set_version_flag("--version", [] {
     return std::string("fp4train ") + FP4_VERSION + "\ncompute: " + fp4::prof::compute_paths().line();
@@ -71,6 +103,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_profile(app);
   fp4::cli::register_info(app);
   fp4::cli::register_export(app);
+  fp4::cli::register_list(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

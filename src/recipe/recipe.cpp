@@ -255,9 +255,13 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSi
     for (const auto& k : ov.linears) {
       const int holding = blocks_holding(k, sites);
       if (holding > 0 && ov.final_blocks > holding)
-        fail(prefix + "final_blocks", "is " + std::to_string(ov.final_blocks) +
-                                          " but the model has only " + std::to_string(holding) +
-                                          " blocks with " + k);
+        fail(prefix + "final_blocks",
+             "is " + std::to_string(ov.final_blocks) + " but the model has only " +
+                 std::to_string(holding) + " blocks with " + k + "; for this model use --set " +
+                 prefix + "final_blocks=" + std::to_string(holding) + " or less" +
+                 (r.name.rfind("ue5m3-b16-t2048", 0) == 0 && r.name != "ue5m3-b16-t2048-last1"
+                      ? ", or the recipe ue5m3-b16-t2048-last1 (the same on the final block only)"
+                      : ""));
     }
     if (ov.final_blocks < 0)
       fail(prefix + "final_blocks", "is negative");
@@ -439,7 +443,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
     }
   }
   r.get("fp4.block", rc.block);
-  r.range("fp4.block", rc.block, 1, 256);
+  r.range("fp4.block", rc.block, 1, kMaxBlock);
   r.get("fp4.weight_2d", rc.weight_2d);
   r.get("fp4.scale_target", rc.scale_target);
   r.range("fp4.scale_target", rc.scale_target, 1e-30f, 3e38f);
@@ -521,11 +525,21 @@ Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path&
   fs::path f = recipes_dir / (name_or_path + ".toml");
   if (fs::exists(f)) return load_recipe_file(f, sets);
   std::string names;
-  if (fs::is_directory(recipes_dir))
-    for (auto& e : fs::directory_iterator(recipes_dir))
-      if (e.path().extension() == ".toml") names += " " + e.path().stem().string();
+  for (const std::string& n : recipe_names(recipes_dir)) names += " " + n;
   throw UserError("unknown recipe '" + name_or_path + "' (no file " + f.string() +
-                  "); available:" + (names.empty() ? " none found" : names));
+                  "); available:" + (names.empty() ? " none found" : names) +
+                  " ('fp4train recipes' describes them)");
+}
+
+std::vector<std::string> recipe_names(const std::filesystem::path& recipes_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (fs::is_directory(recipes_dir, ec))
+    for (auto& e : fs::directory_iterator(recipes_dir, ec))
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::string recipe_to_toml(const Recipe& r) {

@@ -162,9 +162,14 @@ std::string with_settings(const std::string& where, const std::vector<Setting>& 
   return o;
 }
 
+bool names_no_result(const std::string& key) {
+  return key == "data.cache" || key == "log.progress_seconds";
+}
+
 std::string labelled_name(const std::string& name, const std::vector<Setting>& sets) {
   std::string o = name;
-  for (const auto& s : sets) o += "+" + s.label;
+  for (const auto& s : sets)
+    if (!names_no_result(s.key)) o += "+" + s.label;
   return o;
 }
 

@@ -327,7 +327,10 @@ Checkpoint load_newest_checkpoint(const fs::path& run_dir, fs::path* file, std::
                  ", which does not load: " + e.what() + "\n";
     }
   }
-  throw UserError(run_dir.string() + ": no usable checkpoint; every one failed to load:\n" + skipped);
+  throw UserError(run_dir.string() + ": no usable checkpoint; every one failed to load:\n" + skipped +
+                  "Nothing of this run can be resumed or evaluated. To continue, train it again from "
+                  "step 0 with the command that started it and another --out (or after moving " + run_dir.string() +
+                  " away); its metrics.jsonl so far stays where it is.");
 }
 
 fs::path resolve_checkpoint(const fs::path& file_or_run_dir, std::string* warn) {

@@ -14,6 +14,12 @@ cd "$work"
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 2>&1) || fail "compare failed: $out"
 echo "$out" | grep -q "\[6/6\] recipe ue5m3-b16, seed 2" || fail "no progress header for run 6/6: $out"
+# At its end, compare prints the first columns of the report's main table, then its path.
+echo "$out" | grep -q "^Final-window loss (the full table" || fail "compare printed no table: $out"
+for r in fp32 bf16 ue5m3-b16; do
+  echo "$out" | grep -Eq "^  $r +2 +[0-9.]+ ± [0-9.]+ " || fail "compare's table lacks the $r row: $out"
+done
+[ "$(echo "$out" | tail -1 | cut -c1-8)" = "report: " ] || fail "compare's last line is not the report path"
 for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
   [ -f "cmp/$r/summary.json" ] || fail "cmp/$r/summary.json missing"
 done
@@ -189,6 +195,9 @@ if [ -f cmp/plots/loss.png ]; then  # with plots: the hypotheses and the block-s
   [ -e cmp/hypotheses.json ] && fail "a stale hypotheses.json outlived its study"
   grep -q "plots/scale_range.png" cmp/report.md || fail "scale_range.png dropped without a study"
   "$bin" report cmp --no-plots --hypotheses study.toml > /dev/null 2>&1 || fail "report failed"
+  # --no-plots links none of the old plots (another baseline may have drawn them) and says so.
+  grep -q '](plots/' cmp/report.md && fail "report --no-plots links the old plots"
+  grep -q "Plots were not remade (--no-plots)" cmp/report.md || fail "report --no-plots does not say plots/ is stale"
 fi
 sum_before=$(md5sum cmp/report.md)
 printf '[[hypothesis]]\nid = "X"\nclaim = "c"\nlower = "a"\n' > bad.toml

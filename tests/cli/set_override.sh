@@ -44,6 +44,7 @@ assert s["config"] == "micro+train.lr=2e-3", s["config"]
 PY
 # The resolved files are a complete run: `--resume` of the finished run reads them back.
 "$bin" train --resume "$dir" 2>&1 | grep -q "already completed" || fail "resume of the --set run"
+
 # eval of its checkpoint names the labelled recipe; --set changes it again, labelled again.
 "$bin" eval --checkpoint "$dir" --policy current --json e.json > /dev/null 2>&1 || fail "eval"
 python3 -c "import json,sys; r=json.load(open('e.json'))['recipe']; assert r == sys.argv[1], r" "$name" \
@@ -65,6 +66,13 @@ expect_exit2 "--set cannot be combined" train --resume "$dir" --set train.lr=1
 expect_exit2 "--set train.lr=1: a checkpoint's run config is fixed" eval --checkpoint "$dir" --set train.lr=1
 expect_exit2 "--set fp4.block=0" profile --config micro.toml --set fp4.block=0
 [ "$(ls runs | wc -l)" = 1 ] || fail "a refused command made a run directory: $(ls runs)"
+
+# Keys that change no result (data.cache, log.progress_seconds) rename neither the config nor
+# the run directory; the value is still used (the cache goes where it says).
+out=$("$bin" train --config micro.toml --recipe fp32 --steps 2 --set data.cache="$work/cache2" \
+      --set log.progress_seconds=5 --set train.seed=3 2>&1) || fail "train with data.cache: $out"
+[ -d "runs/micro+train.seed=3-fp32-s3" ] || fail "a data.cache / progress_seconds setting renamed the run: $(ls runs)"
+[ -d "$work/cache2" ] || fail "--set data.cache was not used"
 
 # profile labels the recipe and config it timed.
 "$bin" profile --config micro.toml --recipe mxfp4 --steps 1 --warmup 0 --peak-gflops 100 \

@@ -40,10 +40,10 @@ def test_nan_and_inf_refused():
     for bad in (np.nan, np.inf, -np.inf):
         x = X.copy()
         x[2, 7] = bad
-        with pytest.raises(ValueError, match="element 71 is (NaN|Inf)"):
+        # the argument's name and its [row, column], not a kernel's flat index
+        with pytest.raises(ValueError, match=r"^x: element \[2, 7\] is (NaN|\+Inf|-Inf) "):
             fp.quantize(x)
-        # with a given reference the quantizer itself refuses it too
-        with pytest.raises(ValueError, match="element 71"):
+        with pytest.raises(ValueError, match=r"^x: element \[2, 7\]"):
             fp.quantize(x, reference=1.0)
 
 
@@ -65,8 +65,11 @@ def test_same_message_as_cli(tmp_path, kw, opt, cli):
 
 
 def test_bad_values():
-    with pytest.raises(ValueError, match="block must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"block must be an integer in 1\.\.256 .*got 0"):
         fp.quantize(X, block=0)
+    # the recipes' cap (fp4.block <= 256) holds here too
+    with pytest.raises(ValueError, match=r"block must be an integer in 1\.\.256 .*got 1000"):
+        fp.quantize(X, block=1000)
     with pytest.raises(ValueError, match="target"):
         fp.quantize(X, target=-1.0)
     with pytest.raises(ValueError, match="reference"):
@@ -146,3 +149,24 @@ def test_gil_released_during_quantize():
     if span["t"] < 0.05:
         pytest.skip(f"quantize took only {span['t']:.3f} s: too short to tell")
     assert gap < 0.5 * span["t"], (gap, span["t"])
+
+
+def test_misspelt_keyword_is_named_without_dumping_the_array():
+    big = np.ones((64, 64), np.float32)
+    with pytest.raises(TypeError) as e:
+        fp.quantize(big, blok=32)
+    msg = str(e.value)
+    assert "unexpected keyword argument 'blok'" in msg, msg
+    assert "did you mean 'block'" in msg, msg
+    assert "array(" not in msg and len(msg) < 600, msg
+
+
+def test_reprs_show_what_they_hold():
+    r = fp.Recipe.load("ue5m3-b16")
+    assert repr(r).startswith("<fp4train.Recipe ue5m3-b16: fp4 e2m1, ue5m3 scales, block 16"), repr(r)
+    assert "D 50" in repr(r) and "RHT off" in repr(r), repr(r)
+    import os
+    src = os.environ.get("FP4_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+    c = fp.Config.load(os.path.join(src, "configs", "tiny.toml"))
+    assert "pattern *-*-*-*-," in repr(c) and "d_model 256" in repr(c), repr(c)
+    assert "16 x 256 tokens per step" in repr(c), repr(c)

@@ -161,6 +161,14 @@ TEST(RecipeFiles, NewRecipesHaveTheirTableValues) {
   EXPECT_TRUE(t.overrides[0].has_gemm && t.overrides[0].gemm == Gemm::Wgrad);
   EXPECT_TRUE(t.overrides[0].has_role && t.overrides[0].role == Operand::DY);
   EXPECT_EQ(t.overrides[0].scale_target, 2048.f);
+
+  // On a model with two down_proj blocks (llama_linear_sites(2)) its final four do not fit:
+  // the error says what fits and names the shipped recipe that does.
+  const std::string e = error_of([&] { resolve_linear_plans(t, llama_linear_sites(2), 4); });
+  EXPECT_NE(e.find("override[0].final_blocks"), std::string::npos) << e;
+  EXPECT_NE(e.find("has only 2 blocks with down_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("--set override[0].final_blocks=2 or less"), std::string::npos) << e;
+  EXPECT_NE(e.find("ue5m3-b16-t2048-last1"), std::string::npos) << e;
 }
 
 // Every file in configs/recipes parses, round-trips through recipe_to_toml, and trains two

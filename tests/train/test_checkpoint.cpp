@@ -179,6 +179,11 @@ TEST(Checkpoint, DamagedFilesAreRejectedWithTheReason) {
   expect_error(p, "exceeds the file");
   spit(p, bytes.substr(0, 5));
   expect_error(p, "shorter than 8 bytes");
+  // A text file (here a run config) where a checkpoint belongs: said so, not "header length
+  // 2459032605894205806 exceeds the file".
+  spit(p, "# Tiny Llama-style model\n[model]\nvocab_size = 4096\n");
+  expect_error(p, "not a safetensors file");
+  expect_error(p, "starts with text \"# Tiny L\"");
   {
     std::string b = bytes;  // header length far past the end of the file
     b[6] = 1;
@@ -333,6 +338,7 @@ TEST(Checkpoint, ResolveFallsBackToTheOlderGoodCheckpoint) {
     FAIL() << "expected UserError";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("no usable checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train it again from step 0"), std::string::npos) << e.what();
   }
   EXPECT_THROW(resolve_checkpoint(g_scratch.dir / "no_such_run"), UserError);
 }

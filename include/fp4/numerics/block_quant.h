@@ -34,6 +34,11 @@ enum class ScaleRule { TensorScaled, MxTe, MxOcp };
 ScaleRule parse_scale_rule(const std::string& s);
 const char* scale_rule_name(ScaleRule r);
 
+/// The largest block length (1-D) or tile side (2-D) fp4train accepts anywhere: recipes
+/// ([fp4] block), `fp4train quant` / `gemm --block` and the Python quantize functions. The
+/// formats in use have 16 or 32; 256 leaves room for studies and bounds the scratch of a block.
+inline constexpr int kMaxBlock = 256;
+
 /// How one operand is quantized.
 struct BlockQuantSpec {
   ScaleFormat scale_format = ScaleFormat::UE5M3;

@@ -46,7 +46,12 @@ Settings parse_settings(const std::vector<std::string>& args);
 std::string with_settings(const std::string& where, const std::vector<Setting>& sets);
 
 /// `name` labelled by the settings: "name+fp4.block=32+rounding.dy=rne" (each Setting::label,
-/// in order); `name` itself when `sets` is empty.
+/// in order); `name` itself when `sets` is empty. Settings of keys that change no result
+/// (names_no_result) add no label, so they rename neither the config nor the run directory.
 std::string labelled_name(const std::string& name, const std::vector<Setting>& sets);
+
+/// Whether a config key changes nothing a run computes or reports, only where or how often it
+/// works: data.cache (where the token cache lives) and log.progress_seconds.
+bool names_no_result(const std::string& key);
 
 }  // namespace fp4
