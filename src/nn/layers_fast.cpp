@@ -412,6 +412,7 @@ HWY_AFTER_NAMESPACE();
 // ------------------------------------------------------------------------------------------
 // Dispatch and public API (compiled once).
 #if HWY_ONCE
+#include "fp4/numerics/hwy_dispatch.h"
 namespace fp4::nn {
 namespace lf {
 namespace {
@@ -429,41 +430,22 @@ constexpr int64_t kDwChunk = 64;                  // channels per task of the RM
         &NS::AddInto, &NS::AdamW, &NS::SumSq, &NS::Scale, &NS::Exp                          \
   }
 
-/// Every target compiled in (named as quant_fast_targets() names them).
-const std::vector<Kernels>& compiled() {
-  static const std::vector<Kernels> v = [] {
-    std::vector<Kernels> k;
-#if HWY_TARGETS & HWY_AVX3
-    k.push_back(FP4_LF_KERNELS(N_AVX3, "AVX3"));
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    k.push_back(FP4_LF_KERNELS(N_AVX2, "AVX2"));
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    k.push_back(FP4_LF_KERNELS(N_SSE4, "SSE4"));
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    k.push_back(FP4_LF_KERNELS(N_SSSE3, "SSSE3"));
-#endif
-#if HWY_TARGETS & HWY_EMU128
-    k.push_back(FP4_LF_KERNELS(N_EMU128, "EMU128"));
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    k.push_back(FP4_LF_KERNELS(N_SCALAR, "SCALAR"));
-#endif
-    return k;
-  }();
-  return v;
+/// Every target compiled in (fp4/numerics/hwy_dispatch.h, named as quant_fast_targets() names
+/// them); the one used is the one quant_fast_target() reports, so quant_fast_use_target()
+/// selects these kernels too.
+#define FP4_LF_ENTRY(NS, TARGET) {TARGET, FP4_LF_KERNELS(NS, hwy_dispatch::target_name(TARGET))},
+const hwy_dispatch::Table<Kernels>& compiled() {
+  static const hwy_dispatch::Table<Kernels> t({FP4_HWY_FOR_EACH_TARGET(FP4_LF_ENTRY)});
+  return t;
 }
+#undef FP4_LF_ENTRY
 #undef FP4_LF_KERNELS
 
 /// The kernels of the target quant_fast_target() names.
 const Kernels& active() {
   const std::string name = quant_fast_target();
-  for (const Kernels& k : compiled())
-    if (name == k.name) return k;
-  throw std::logic_error("layers_fast: SIMD target '" + name +
-                         "' is not compiled into layers_fast.cpp");
+  if (const Kernels* k = compiled().find(name)) return *k;
+  throw std::logic_error("layers_fast: SIMD target '" + name + "' is not compiled into layers_fast.cpp");
 }
 
 /// f(i0, i1) over [0, n) in chunks of kElemChunk, threaded when n is large.

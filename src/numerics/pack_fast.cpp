@@ -697,6 +697,7 @@ HWY_AFTER_NAMESPACE();
 // ------------------------------------------------------------------------------------------
 // Dispatch and public API (compiled once).
 #if HWY_ONCE
+#include "fp4/numerics/hwy_dispatch.h"
 namespace fp4 {
 namespace pf {
 namespace {
@@ -706,39 +707,20 @@ constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never
 #define FP4_PF_KERNELS(NS, NAME) \
   Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel, &NS::PackPanel }
 
-/// Every target compiled in (named as quant_fast_targets() names them); the one used is the
-/// one quant_fast_target() reports, so quant_fast_use_target() selects these kernels too.
-const std::vector<Kernels>& compiled() {
-  static const std::vector<Kernels> v = [] {
-    std::vector<Kernels> k;
-#if HWY_TARGETS & HWY_AVX3
-    k.push_back(FP4_PF_KERNELS(N_AVX3, "AVX3"));
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    k.push_back(FP4_PF_KERNELS(N_AVX2, "AVX2"));
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    k.push_back(FP4_PF_KERNELS(N_SSE4, "SSE4"));
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    k.push_back(FP4_PF_KERNELS(N_SSSE3, "SSSE3"));
-#endif
-#if HWY_TARGETS & HWY_EMU128
-    k.push_back(FP4_PF_KERNELS(N_EMU128, "EMU128"));
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    k.push_back(FP4_PF_KERNELS(N_SCALAR, "SCALAR"));
-#endif
-    return k;
-  }();
-  return v;
+/// Every target compiled in (fp4/numerics/hwy_dispatch.h, named as quant_fast_targets() names
+/// them); the one used is the one quant_fast_target() reports, so quant_fast_use_target()
+/// selects these kernels too.
+#define FP4_PF_ENTRY(NS, TARGET) {TARGET, FP4_PF_KERNELS(NS, hwy_dispatch::target_name(TARGET))},
+const hwy_dispatch::Table<Kernels>& compiled() {
+  static const hwy_dispatch::Table<Kernels> t({FP4_HWY_FOR_EACH_TARGET(FP4_PF_ENTRY)});
+  return t;
 }
+#undef FP4_PF_ENTRY
 #undef FP4_PF_KERNELS
 
 const Kernels& active() {
   const std::string name = quant_fast_target();
-  for (const Kernels& k : compiled())
-    if (name == k.name) return k;
+  if (const Kernels* k = compiled().find(name)) return *k;
   throw std::logic_error("pack_fast: SIMD target '" + name + "' is not compiled into pack_fast.cpp");
 }
 

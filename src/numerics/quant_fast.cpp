@@ -28,10 +28,10 @@
 // streaming stores, which skip reading every output line first (3× faster here at 64 MiB);
 // tests force every store mode on every target (quant_fast_stream_min_bytes).
 //
-// Dispatch: foreach_target.h compiles the kernels below once per target in HWY_TARGETS. The
-// project does not link libhwy (whose hwy::GetChosenTarget backs HWY_DYNAMIC_DISPATCH), so the
-// HWY_ONCE section picks the best target itself from the CPU's features (the same feature sets
-// Highway's targets are compiled for); quant_fast_use_target() lets tests run every target.
+// Dispatch: foreach_target.h compiles the kernels below once per target in HWY_TARGETS; the
+// HWY_ONCE section keeps one table of them, and fp4/numerics/hwy_dispatch.h (shared with
+// pack_fast.cpp and layers_fast.cpp) picks the best target this CPU and FP4_MAX_CPU_ISA allow;
+// quant_fast_use_target() lets tests run every target.
 
 // ------------------------------------------------------------------------------------------
 // Shared declarations (compiled once; this file is re-included once per target).
@@ -857,6 +857,7 @@ HWY_AFTER_NAMESPACE();
 // ------------------------------------------------------------------------------------------
 // Dispatch and public API (compiled once).
 #if HWY_ONCE
+#include "fp4/numerics/hwy_dispatch.h"
 namespace fp4 {
 namespace qf {
 namespace {
@@ -898,52 +899,15 @@ bool use_stream(const float* out, int64_t n, int64_t default_min_bytes) {
 #define FP4_QF_KERNELS(NS, NAME) \
   Kernels { NAME, &NS::Rows, &NS::Cols, &NS::AmaxBits, &NS::AmaxRht, &NS::PhiloxContig }
 
-bool cpu_avx3() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+/// Targets compiled in, supported by this CPU and allowed by FP4_MAX_CPU_ISA, best first
+/// (fp4/numerics/hwy_dispatch.h: the dispatch shared with pack_fast.cpp and layers_fast.cpp).
+#define FP4_QF_ENTRY(NS, TARGET) {TARGET, FP4_QF_KERNELS(NS, hwy_dispatch::target_name(TARGET))},
+const hwy_dispatch::Table<Kernels>& table() {
+  static const hwy_dispatch::Table<Kernels> t({FP4_HWY_FOR_EACH_TARGET(FP4_QF_ENTRY)});
+  return t;
 }
-bool cpu_avx2() {
-  unsigned a, b, c, d;
-  bool f16c = false;
-  if (__get_cpuid(1, &a, &b, &c, &d)) f16c = (c >> 29) & 1;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && f16c;
-}
-bool cpu_sse4() {
-  return __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("sse4.2") &&
-         __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("aes");
-}
-bool cpu_ssse3() { return __builtin_cpu_supports("ssse3"); }
-
-/// Targets compiled in, supported by this CPU and allowed by FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h),
-/// best first.
-const std::vector<Kernels>& available() {
-  static const std::vector<Kernels> v = [] {
-    __builtin_cpu_init();
-    std::vector<Kernels> k;
-#if HWY_TARGETS & HWY_AVX3
-    if (cpu_avx3() && cpu_avx2() && cpu_sse4() && cpu_isa_allowed(CpuIsa::Avx512))
-      k.push_back(FP4_QF_KERNELS(N_AVX3, "AVX3"));
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    if (cpu_avx2() && cpu_sse4() && cpu_isa_allowed(CpuIsa::Avx2)) k.push_back(FP4_QF_KERNELS(N_AVX2, "AVX2"));
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    if (cpu_sse4() && cpu_isa_allowed(CpuIsa::Sse4)) k.push_back(FP4_QF_KERNELS(N_SSE4, "SSE4"));
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    if (cpu_ssse3() && cpu_isa_allowed(CpuIsa::Ssse3)) k.push_back(FP4_QF_KERNELS(N_SSSE3, "SSSE3"));
-#endif
-#if HWY_TARGETS & HWY_EMU128
-    k.push_back(FP4_QF_KERNELS(N_EMU128, "EMU128"));
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    k.push_back(FP4_QF_KERNELS(N_SCALAR, "SCALAR"));
-#endif
-    return k;
-  }();
-  return v;
-}
+#undef FP4_QF_ENTRY
+const std::vector<Kernels>& available() { return table().runnable(); }
 
 std::atomic<const Kernels*> g_active{nullptr};
 
