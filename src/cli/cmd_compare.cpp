@@ -604,7 +604,7 @@ void register_compare(CLI::App& app) {
   c->add_option("--out", a->out, "Comparison directory (runs, report.md, plots/)")->required();
   c->add_option("--policies", a->policies,
                 "Quantized-inference policies for held-out NLL: none, current, replay-d<D>, "
-                "calibrated (README \"Quantized inference evaluation\")")
+                "calibrated (docs/evaluation.md)")
       ->capture_default_str();
   c->add_option("--save-every", a->save_every,
                 "Checkpoint every N steps, so an interrupted comparison resumes its current run "
@@ -628,7 +628,7 @@ void register_compare(CLI::App& app) {
                  "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
   c->add_option("--task", a->task,
                 "Downstream task run on every run's final checkpoint under every --policies "
-                "policy: next-sentence (README \"Downstream task\"), into DIR/<run>/task.json; "
+                "policy: next-sentence (docs/evaluation.md \"Downstream task\"), into DIR/<run>/task.json; "
                 "the report adds its accuracy table; remembered in DIR/compare.json");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
   c->callback([a] { run_compare(*a); });

@@ -648,7 +648,7 @@ void register_eval(CLI::App& app) {
                 "document's true next sentence among 4 (3 length-matched sentences of other "
                 "held-out documents), after 3 sentences of context, under each --policy; items "
                 "drawn as configs/tasks/next-sentence.toml says and checked against its hash "
-                "(README \"Downstream task\")");
+                "(docs/evaluation.md \"Downstream task\")");
   c->add_option("--items-out", a->items_out, "With --task: also write the items as JSON Lines");
   c->callback([a] { run_eval(*a); });
 }

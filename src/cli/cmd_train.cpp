@@ -56,7 +56,7 @@ void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& re
                 s.heldout_nll_quant, recipe.name.c_str());
   std::printf("  throughput                          %.0f tokens/s (training steps only)\n", s.tokens_per_s);
   if (s.mfu > 0)
-    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate (PaLM model FLOPs/token, README)\n", 100 * s.mfu);
+    std::printf("  model FLOPs utilization (MFU)       %.1f%% of the FP32 GEMM rate (PaLM model FLOPs/token, docs/performance.md)\n", 100 * s.mfu);
   if (s.resumed_from > 0)
     std::printf("  resumed from the checkpoint of step %d\n", s.resumed_from);
   std::printf("  written: %s/{summary.json,metrics.jsonl,config.toml,recipe.toml,checkpoints/}\n",
@@ -278,7 +278,7 @@ void register_train(CLI::App& app) {
       "command and exits as killed by the signal (status 130 / 143); a second one stops at once.\n"
       "Under mpirun: kill -USR1 <mpirun pid> does that on every process (mpirun kills the job\n"
       "on SIGINT / SIGTERM); mpirun -np P trains the micro-batches (train.micro_batch_size) of\n"
-      "each step on P processes, bit-identical to one process (README \"More than one process\").\n"
+      "each step on P processes, bit-identical to one process (docs/parallel.md).\n"
       "--set KEY=VALUE changes any key of the config or recipe, e.g. --set train.lr=1e-3\n"
       "--set fp4.block=32: recipe ue5m3-b16+fp4.block=32, config tiny+train.lr=1e-3, run\n"
       "directory runs/tiny+train.lr=1e-3-ue5m3-b16+fp4.block=32-s1.");

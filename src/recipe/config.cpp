@@ -123,6 +123,9 @@ RunConfig parse_run_config(detail::TomlReader& r) {
 }  // namespace
 
 RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets) {
+  if (!std::filesystem::exists(file))
+    throw UserError(file.string() + ": file not found (a run config TOML; 'fp4train configs' "
+                    "lists the shipped ones)");
   detail::TomlReader r(file);
   r.apply(sets);
   return parse_run_config(r);

@@ -5,8 +5,9 @@
 # compiler cannot see:
 #   - src/<room>/ and include/fp4/<room>/ mirror each other, and every room is one of the
 #     build's (build/rooms/<room>.rooms, written by CMake; cli has no public headers);
-#   - a public header includes only headers of its own room and of the rooms below it (a
-#     header that no file of its room compiles would otherwise slip through);
+#   - a public header, and every file of src/<room>/ (private headers included), includes only
+#     headers of its own room and of the rooms below it, in "..." or <...> form (a header that
+#     no file of its room compiles would otherwise slip through);
 #   - no include reaches another directory with "../".
 # Usage: layering.sh FP4TRAIN_BIN SOURCE_DIR   (the build directory is FP4TRAIN_BIN's)
 set -u
@@ -25,6 +26,10 @@ for r in $rooms; do
   [ -d "$src/src/$r" ] || { echo "layering: room $r has no src/$r/"; fail=1; }
   [ -d "$src/include/fp4/$r" ] || { echo "layering: room $r has no include/fp4/$r/"; fail=1; }
 done
+# includes_of FILE: the fp4/... headers FILE includes, in "..." or <...> form.
+includes_of() {
+  sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]\(fp4\/[^">]*\)[">].*/\1/p' "$1"
+}
 for f in $(cd "$src/include" && find fp4 -type f | sort); do
   r=$(echo "$f" | cut -d/ -f2)
   if [ ! -f "$rooms_dir/$r.rooms" ]; then
@@ -35,7 +40,19 @@ for f in $(cd "$src/include" && find fp4 -type f | sort); do
     if ! [[ " $(allowed "$r") " == *" $ir "* ]]; then
       echo "layering: include/$f (room $r) includes $inc (room $ir), not below it"; fail=1
     fi
-  done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\(fp4\/[^"]*\)".*/\1/p' "$src/include/$f")
+  done < <(includes_of "$src/include/$f")
+done
+# A room's own sources and private headers (src/<room>/): a private header that no source of
+# the room compiles would slip past the compiler too. cli may include every room.
+for r in $rooms; do
+  for f in $(cd "$src" && find "src/$r" -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.inc' \) | sort); do
+    while IFS= read -r inc; do
+      ir=$(echo "$inc" | cut -d/ -f2)
+      if ! [[ " $(allowed "$r") " == *" $ir "* ]]; then
+        echo "layering: $f (room $r) includes $inc (room $ir), not below it"; fail=1
+      fi
+    done < <(includes_of "$src/$f")
+  done
 done
 n=0
 while IFS= read -r f; do

@@ -44,4 +44,6 @@ err=$("$bin" train --config configs/tiny.toml --recipe nope 2>&1 >/dev/null)
 names=$(echo "$err" | sed -n 's/.*available: \([^(]*\) (.*/\1/p')
 [ "$names" = "$(echo $want)" ] || fail "unknown recipe: available list '$names' is not the sorted names"
 echo "$err" | grep -q "fp4train recipes" || fail "unknown recipe: no pointer to 'fp4train recipes'"
+err=$("$bin" train --config nope.toml 2>&1 >/dev/null)
+echo "$err" | grep -q "nope.toml: file not found.*'fp4train configs'" || fail "a missing config does not point to 'fp4train configs': $err"
 echo "list_cli: --help one line per command; configs, recipes listed; recipe errors sorted"
