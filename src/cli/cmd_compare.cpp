@@ -442,33 +442,22 @@ void run_compare(const CompareArgs& a) {
   // One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
   // says how to continue, and the process ends as killed by the signal.
   auto train_run = [&](const RunConfig& rc, const Recipe& recipe, TrainOptions opt) {
-    TrainSummary s;
-    int late = 0;
-    {
-      StopOnSignal guard;
-      opt.stop_signal = StopOnSignal::flag();
-      s = train(rc, recipe, data, opt);
-      // During the run's last step: it completed; the comparison stops before the next.
-      if (s.stop_signal == 0) late = *StopOnSignal::flag();
-    }
-    if (late != 0) {
-      std::fflush(stdout);
-      std::fprintf(stderr,
-                   "\n%s arrived during the last step of %s, which completed; its held-out "
-                   "evaluation and the other runs are left. Continue the comparison with:\n  %s\n",
-                   signal_name(late).c_str(), opt.out_dir.string().c_str(),
-                   plan_command(plan, out).c_str());
-      StopOnSignal::exit_by(late);
-    }
+    const InterruptibleRun run = train_interruptible(rc, recipe, data, opt);
+    const TrainSummary& s = run.summary;
+    // During the run's last step: it completed; the comparison stops before the next.
+    if (run.late_signal != 0)
+      end_by_signal(run.late_signal,
+                    "\n" + signal_name(run.late_signal) + " arrived during the last step of " +
+                        opt.out_dir.string() + ", which completed; its held-out evaluation and "
+                        "the other runs are left. Continue the comparison with:\n  " +
+                        plan_command(plan, out) + "\n");
     if (s.stop_signal == 0) return;
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "\nstopped by %s in %s after step %d of %d; checkpoint %s\nContinue the "
-                 "comparison (finished runs are reused, this one resumes bit for bit) with:\n"
-                 "  %s\n",
-                 signal_name(s.stop_signal).c_str(), opt.out_dir.string().c_str(), s.steps,
-                 rc.train.steps, s.checkpoint.string().c_str(), plan_command(plan, out).c_str());
-    StopOnSignal::exit_by(s.stop_signal);
+    end_by_signal(s.stop_signal,
+                  "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
+                      " after step " + std::to_string(s.steps) + " of " +
+                      std::to_string(rc.train.steps) + "; checkpoint " + s.checkpoint.string() +
+                      "\nContinue the comparison (finished runs are reused, this one resumes "
+                      "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
   };
   const size_t total = recipes.size() * plan.seeds.size();
   size_t k = 0, diverged = 0;

@@ -86,47 +86,36 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
 
 // train() under StopOnSignal: on SIGINT/SIGTERM the run stops after its current step with a
 // checkpoint, says how to resume, and the process ends as killed by the signal (130 / 143).
-TrainSummary train_interruptible(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                                 TrainOptions opt, const TrainArgs& a) {
+TrainSummary train_or_stop(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                           TrainOptions opt, const TrainArgs& a) {
   std::string cmd = shell_word(a.app->get_parent()->get_name()) + " train --resume " +
                     shell_word(opt.out_dir.string());
   if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
-  TrainSummary s;
-  int late_signal = 0;
-  {
-    StopOnSignal guard;
-    opt.stop_signal = StopOnSignal::flag();
-    try {
-      s = train(cfg, recipe, data, opt);
-      // A signal during the last step: the run completed (the last step is never cut short),
-      // and the process still ends as killed by it, as promised.
-      if (s.stop_signal == 0 && *StopOnSignal::flag() != 0) late_signal = *StopOnSignal::flag();
-    } catch (const IoError& e) {
-      // A full disk (or an I/O error) while writing the run: what to do about it.
-      const bool some = !list_checkpoints(opt.out_dir).empty();
-      throw IoError(std::string(e.what()) + "; the run stopped" +
-                    (some ? "; its checkpoints written before are complete: free space and "
-                            "continue it with " + cmd
-                          : std::string("")));
-    }
+  InterruptibleRun run;
+  try {
+    run = train_interruptible(cfg, recipe, data, opt);
+  } catch (const IoError& e) {
+    // A full disk (or an I/O error) while writing the run: what to do about it.
+    const bool some = !list_checkpoints(opt.out_dir).empty();
+    throw IoError(std::string(e.what()) + "; the run stopped" +
+                  (some ? "; its checkpoints written before are complete: free space and "
+                          "continue it with " + cmd
+                        : std::string("")));
   }
-  if (late_signal != 0) {
-    std::fflush(stdout);
-    if (dist::rank() == 0)
-      std::fprintf(stderr, "\n%s arrived during the last step: the run completed (%s)\n",
-                   signal_name(late_signal).c_str(), (opt.out_dir / "summary.json").string().c_str());
-    StopOnSignal::exit_by(late_signal);
-  }
+  const TrainSummary& s = run.summary;
+  // A signal during the last step: the run completed, and the process still ends as killed
+  // by it, as promised.
+  if (run.late_signal != 0)
+    end_by_signal(run.late_signal, "\n" + signal_name(run.late_signal) +
+                                       " arrived during the last step: the run completed (" +
+                                       (opt.out_dir / "summary.json").string() + ")\n");
   if (s.stop_signal == 0) return s;
-  std::fflush(stdout);
-  if (dist::rank() == 0)  // under mpirun: once
-    std::fprintf(stderr,
-               "\nstopped by %s after step %d of %d; checkpoint %s\n"
-               "metrics.jsonl holds the steps so far; no summary.json. Continue, bit for bit as "
-               "if never stopped, with:\n  %s\n",
-               signal_name(s.stop_signal).c_str(), s.steps, cfg.train.steps,
-               s.checkpoint.string().c_str(), cmd.c_str());
-  StopOnSignal::exit_by(s.stop_signal);
+  end_by_signal(s.stop_signal,
+                "\nstopped by " + signal_name(s.stop_signal) + " after step " +
+                    std::to_string(s.steps) + " of " + std::to_string(cfg.train.steps) +
+                    "; checkpoint " + s.checkpoint.string() +
+                    "\nmetrics.jsonl holds the steps so far; no summary.json. Continue, bit for "
+                    "bit as if never stopped, with:\n  " + cmd + "\n");
 }
 
 // `train --resume runs/NAME`: continue a run from its newest checkpoint that loads, with the
@@ -199,7 +188,7 @@ void run_resume(const TrainArgs& a) {
   opt.out_dir = dir;
   opt.config_name = ck.config_name.empty() ? "run" : ck.config_name;
   opt.resume_from = &ck;
-  const TrainSummary s = train_interruptible(cfg, recipe, data, opt, a);
+  const TrainSummary s = train_or_stop(cfg, recipe, data, opt, a);
   print_summary(s, cfg, recipe, opt.config_name, dir);
 }
 
@@ -259,7 +248,7 @@ void run_train(const TrainArgs& a) {
   TrainOptions opt = checkpoint_options(a);
   opt.out_dir = out;
   opt.config_name = cfg_name;
-  const TrainSummary s = train_interruptible(cfg, recipe, data, opt, a);
+  const TrainSummary s = train_or_stop(cfg, recipe, data, opt, a);
   print_summary(s, cfg, recipe, cfg_name, out);
 }
 }  // namespace

@@ -176,4 +176,20 @@ void StopOnSignal::exit_by(int sig) {
   std::_Exit(128 + sig);
 }
 
+InterruptibleRun train_interruptible(const RunConfig& cfg, const Recipe& recipe,
+                                     const TokenData& data, TrainOptions opt) {
+  InterruptibleRun r;
+  StopOnSignal guard;
+  opt.stop_signal = StopOnSignal::flag();
+  r.summary = train(cfg, recipe, data, opt);
+  if (r.summary.stop_signal == 0) r.late_signal = *StopOnSignal::flag();
+  return r;
+}
+
+void end_by_signal(int sig, const std::string& message) {
+  std::fflush(stdout);
+  if (dist::rank() == 0) std::fprintf(stderr, "%s", message.c_str());
+  StopOnSignal::exit_by(sig);
+}
+
 }  // namespace fp4::cli
