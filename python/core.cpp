@@ -121,7 +121,10 @@ std::vector<py::ssize_t> shape_of(const py::array& a) {
 
 /// ValueError "<name>: element [i, j] is NaN (<why>)" for the first non-finite element of a
 /// checked float32 array (its index in the array's own shape), so the message names the
-/// argument and the position the caller knows, not a flat index inside a kernel.
+/// argument and the position the caller knows, not a flat index inside a kernel. Called only
+/// once a C++ call has thrown fp4::NonFiniteError (catch it, call this for each input, then
+/// rethrow): the kernels find non-finite values themselves, so the good path pays no second
+/// pass over the data. Needs the GIL.
 void require_finite(const py::array& a, const char* name, const char* why) {
   const float* p = static_cast<const float*>(a.data());
   const py::ssize_t n = a.size();
@@ -342,9 +345,8 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
                                 " needs a power-of-two scale format: pass scale_format='ue8m0' (got " +
                                 fp4::spec_scale_format(spec).name + ")");
   }
-  if (block <= 0 || block > fp4::kMaxBlock)
-    throw std::invalid_argument("block must be an integer in 1.." + std::to_string(fp4::kMaxBlock) +
-                                " (as a recipe's fp4.block), got " + std::to_string(block));
+  if (const std::string e = fp4::block_length_error(block); !e.empty())
+    throw std::invalid_argument("block " + e);
   spec.block = block;
   spec.two_d = two_d;
   if (!(target > 0.f) || std::isinf(target))
@@ -360,11 +362,10 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
   }
   fp4::SrKey key = sr_key_from(sr_key);
   key.seed = seed;
-  require_finite(x, "x", "quantize needs finite values");
   const int64_t rows = x.shape(0), cols = x.shape(1);
   const float* xp = static_cast<const float*>(x.data());
   BoundQTensor out;
-  {
+  try {
     NoGil nogil;
     const float g = ref_given ? static_cast<float>(ref) : fp4::tensor_amax(xp, rows * cols);
     out.q = fp4::quantize_blocks(xp, rows, cols, spec, g, &key);
@@ -373,6 +374,9 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
       fp4::dequantize(out.q, deq.data());
       fp4::check_dequantized_finite("quantize", out.q, xp, deq.data());
     }
+  } catch (const fp4::NonFiniteError&) {
+    require_finite(x, "x", "quantize needs finite values");
+    throw;  // a result that dequantizes to +-Inf (check_finite), not an input
   }
   out.facts = {{"source", "fp4train python"}, {"rounding", rounding}};
   if (spec.rounding == fp4::Rounding::SR8) out.facts["seed"] = std::to_string(seed);
@@ -621,19 +625,21 @@ py::array linear_forward(BoundLinear& b, const py::handle& xh, const py::handle&
   if (training && b.pending)
     throw std::logic_error("Linear: a second training forward before the backward of the first (a "
                            "Linear keeps one forward's operands for its backward; use one Linear per call)");
-  require_finite(x, "x", "Linear.forward needs finite inputs");
-  require_finite(w, "weight", "Linear.forward needs finite weights");
   const fp4::nn::StepContext c = step_context(step, seed, micro, training, telemetry);
   const int64_t M = x.shape(0);
   py::array_t<float> y = new_f32({static_cast<py::ssize_t>(M), static_cast<py::ssize_t>(b.N)});
   float* yp = y.mutable_data();
   const float* xp = static_cast<const float*>(x.data());
   const float* wp = static_cast<const float*>(w.data());
-  {
+  try {
     NoGil nogil;
     b.x.assign(xp, xp + M * b.K);
     std::memcpy(b.w.data(), wp, static_cast<size_t>(b.N * b.K) * sizeof(float));
     b.lin->forward(b.x.data(), yp, M, c);
+  } catch (const fp4::NonFiniteError&) {  // a quantized (FP4) linear refuses NaN/Inf operands
+    require_finite(x, "x", "Linear.forward needs finite inputs");
+    require_finite(w, "weight", "Linear.forward needs finite weights");
+    throw;
   }
   b.M = M;
   b.pending = training;
@@ -646,7 +652,6 @@ py::tuple linear_backward(BoundLinear& b, const py::handle& dyh, bool need_dx) {
   py::array dy = checked_array(dyh, "dy", false, 2);
   if (dy.shape(0) != b.M || dy.shape(1) != b.N)
     throw py::value_error("dy must be [" + std::to_string(b.M) + ", " + std::to_string(b.N) + "] (the forward's [M, N])");
-  require_finite(dy, "dy", "Linear.backward needs a finite upstream gradient");
   py::object dxo = py::none();
   float* dxp = nullptr;
   if (need_dx) {
@@ -657,11 +662,14 @@ py::tuple linear_backward(BoundLinear& b, const py::handle& dyh, bool need_dx) {
   }
   py::array_t<float> dw = new_f32({static_cast<py::ssize_t>(b.N), static_cast<py::ssize_t>(b.K)});
   const float* dyp = static_cast<const float*>(dy.data());
-  {
+  try {
     NoGil nogil;
     std::fill(b.dw.begin(), b.dw.end(), 0.f);
     b.lin->backward(dyp, dxp, b.M, b.fwd);
     std::memcpy(dw.mutable_data(), b.dw.data(), b.dw.size() * sizeof(float));
+  } catch (const fp4::NonFiniteError&) {
+    require_finite(dy, "dy", "Linear.backward needs a finite upstream gradient");
+    throw;
   }
   b.pending = false;
   return py::make_tuple(dxo, dw);
@@ -927,14 +935,15 @@ PYBIND11_MODULE(_core, m) {
            "fprop: y [M, N] = quant(x [M, K]) · quant(weight [N, K])ᵀ (float32, C-contiguous) at "
            "1-based optimizer step `step` (held references refresh every D steps; SR keys). "
            "training=False: inference (no held-reference update, no backward). x and weight are "
-           "copied (kept for backward). Raises ValueError for bad arrays or NaN/Inf, RuntimeError "
+           "copied (kept for backward). Raises ValueError for bad arrays or, in FP4 mode (whose "
+           "quantizers refuse them), NaN/Inf, naming the argument and [row, col]; RuntimeError "
            "for a second training forward before the backward of the first.")
       .def("backward", &linear_backward, "dy"_a, "need_dx"_a = true,
            "backward(dy, need_dx=True) -> (dx, dw)\n\n"
            "dgrad dx [M, K] = quant(dy)·quant(W) and wgrad dw [N, K] = quant(dyᵀ)·quant(xᵀ)ᵀ of the "
            "last training forward (its step context), dy [M, N] float32; dx is None when "
            "need_dx is False. Raises RuntimeError without a pending forward, ValueError for "
-           "bad arrays (RHT recipes: M must be a multiple of 16).")
+           "bad arrays (RHT recipes: M must be a multiple of 16) or, in FP4 mode, a NaN/Inf in dy.")
       .def_property_readonly("in_features", [](const BoundLinear& b) { return b.K; }, "K.")
       .def_property_readonly("out_features", [](const BoundLinear& b) { return b.N; }, "N.")
       .def_property_readonly("mode", [](const BoundLinear& b) { return std::string(fp4::linear_mode_name(b.lin->mode())); }, "The Linear's mode: fp32, bf16 or fp4.")

@@ -95,11 +95,8 @@ OperandSetup resolve(const GemmOptions& o, const OperandOptions& p, char which) 
                     " (got " + spec_scale_format(s.spec).name + ")");
   }
   const int block = p.block_given ? p.block : o.block;
-  if (block <= 0 || block > kMaxBlock) {
-    throw UserError((p.block_given ? pre + "block" : std::string("--block")) +
-                    " must be an integer in 1.." + std::to_string(kMaxBlock) +
-                    " (as a recipe's fp4.block), got " + std::to_string(block));
-  }
+  if (const std::string e = block_length_error(block); !e.empty())
+    throw UserError((p.block_given ? pre + "block" : std::string("--block")) + " " + e);
   s.spec.block = block;
   s.spec.two_d = p.two_d;
   const float target = p.target_given ? p.target : o.target;

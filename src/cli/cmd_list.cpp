@@ -1,6 +1,5 @@
 // `fp4train configs` and `fp4train recipes`: one line per shipped run config and recipe, with
 // what it is, so that a user can find them without reading configs/ (issue 27 §2).
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include "fp4/recipe/config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/info.h"
+#include "hf_layout.h"
 #include "paths.h"
 
 namespace fp4::cli {
@@ -61,31 +61,19 @@ std::string millions(int64_t n) {
   return b;
 }
 
-std::vector<fs::path> tomls(const fs::path& dir) {
-  std::vector<fs::path> v;
-  std::error_code ec;
-  if (fs::is_directory(dir, ec))
-    for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".toml") v.push_back(e.path());
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
 void run_configs() {
   const fs::path dir = resolve("configs");
-  const std::vector<fs::path> files = tomls(dir);
-  if (files.empty()) throw UserError("no run configs in " + dir.string() + " (is this an fp4train checkout?)");
+  const std::vector<std::string> names = toml_names(dir);
+  if (names.empty()) throw UserError("no run configs in " + dir.string() + " (is this an fp4train checkout?)");
   std::printf("Run configs in %s (fp4train train --config configs/NAME.toml; details: fp4train info --config ...):\n",
               dir.string().c_str());
-  for (const fs::path& f : files) {
+  for (const std::string& n : names) {
+    const fs::path f = dir / (n + ".toml");
     std::string facts;
     try {
       const RunConfig cfg = load_run_config(f);
       const ModelInfo mi = model_info(cfg, Recipe{});
-      const std::string& p = mi.pattern;
-      const bool llama = p.find('M') == std::string::npos && p.size() % 2 == 0 &&
-                         [&] { for (size_t i = 0; i < p.size(); ++i) if (p[i] != "*-"[i % 2]) return false; return true; }();
-      facts = (llama ? "Llama-style, " + std::to_string(p.size() / 2) + " layers"
+      facts = (hf_llama_layout(cfg.model) ? "Llama-style, " + std::to_string(mi.n_blocks / 2) + " layers"
                      : "hybrid, " + std::to_string(mi.mamba2.blocks) + " Mamba-2 + " +
                            std::to_string(mi.attention.blocks) + " attention + " +
                            std::to_string(mi.mlp.blocks) + " MLP blocks") +
@@ -96,14 +84,14 @@ void run_configs() {
     } catch (const std::exception& e) {
       facts = std::string("(does not load: ") + e.what() + ")";
     }
-    std::printf("  %-16s %s\n  %-16s %s\n", f.stem().string().c_str(), facts.c_str(), "",
+    std::printf("  %-16s %s\n  %-16s %s\n", n.c_str(), facts.c_str(), "",
                 leading_comment_sentence(f).c_str());
   }
 }
 
 void run_recipes() {
   const fs::path dir = resolve("configs/recipes");
-  const std::vector<std::string> names = recipe_names(dir);
+  const std::vector<std::string> names = toml_names(dir);
   if (names.empty()) throw UserError("no recipes in " + dir.string() + " (is this an fp4train checkout?)");
   std::printf("Recipes in %s (fp4train train --recipe NAME, or --recipe FILE.toml for your own; docs/recipes.md):\n",
               dir.string().c_str());

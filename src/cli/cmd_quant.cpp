@@ -67,9 +67,7 @@ void run_quant(const QuantOptions& o, bool reference_given) {
                     " needs a power-of-two scale format: add --scale-format ue8m0 (got " +
                     spec_scale_format(spec).name + ")");
   }
-  if (o.block <= 0 || o.block > kMaxBlock)
-    throw UserError("--block must be an integer in 1.." + std::to_string(kMaxBlock) +
-                    " (as a recipe's fp4.block), got " + std::to_string(o.block));
+  if (const std::string e = block_length_error(o.block); !e.empty()) throw UserError("--block " + e);
   spec.block = o.block;
   spec.two_d = o.two_d;
   if (!(o.target > 0.f) || std::isinf(o.target)) {

@@ -368,6 +368,12 @@ const FloatFormat& spec_scale_format(const BlockQuantSpec& spec) {
   return spec.scale_desc ? *spec.scale_desc : scale_format_desc(spec.scale_format);
 }
 
+std::string block_length_error(int block) {
+  if (block >= 1 && block <= kMaxBlock) return "";
+  return "must be an integer in 1.." + std::to_string(kMaxBlock) + " (as a recipe's fp4.block), got " +
+         std::to_string(block);
+}
+
 void set_scale_format(BlockQuantSpec& spec, const std::string& name) {
   const FloatFormat& f = parse_block_scale_format(name);
   ScaleFormat e;

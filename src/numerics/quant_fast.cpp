@@ -46,10 +46,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#include "fp4/base/cpu_isa.h"
 #include "fp4/numerics/quant_fast.h"
 
-#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>

@@ -525,18 +525,18 @@ Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path&
   fs::path f = recipes_dir / (name_or_path + ".toml");
   if (fs::exists(f)) return load_recipe_file(f, sets);
   std::string names;
-  for (const std::string& n : recipe_names(recipes_dir)) names += " " + n;
+  for (const std::string& n : toml_names(recipes_dir)) names += " " + n;
   throw UserError("unknown recipe '" + name_or_path + "' (no file " + f.string() +
                   "); available:" + (names.empty() ? " none found" : names) +
                   " ('fp4train recipes' describes them)");
 }
 
-std::vector<std::string> recipe_names(const std::filesystem::path& recipes_dir) {
+std::vector<std::string> toml_names(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> names;
   std::error_code ec;
-  if (fs::is_directory(recipes_dir, ec))
-    for (auto& e : fs::directory_iterator(recipes_dir, ec))
+  if (fs::is_directory(dir, ec))
+    for (auto& e : fs::directory_iterator(dir, ec))
       if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
   std::sort(names.begin(), names.end());
   return names;

@@ -170,3 +170,27 @@ def test_reprs_show_what_they_hold():
     c = fp.Config.load(os.path.join(src, "configs", "tiny.toml"))
     assert "pattern *-*-*-*-," in repr(c) and "d_model 256" in repr(c), repr(c)
     assert "16 x 256 tokens per step" in repr(c), repr(c)
+
+
+def test_linear_names_a_non_finite_operand_where_fp4_refuses_it():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    w = rng.standard_normal((8, 32)).astype(np.float32)
+    lin = fp._core.Linear(32, 8, fp.Recipe.load("ue5m3-b16"))
+    bad = x.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"^x: element \[1, 2\] is NaN "):
+        lin.forward(bad, w, 1)
+    badw = w.copy()
+    badw[0, 5] = np.inf
+    with pytest.raises(ValueError, match=r"^weight: element \[0, 5\] is \+Inf "):
+        lin.forward(x, badw, 1)
+    lin.forward(x, w, 1)
+    dy = np.ones((4, 8), np.float32)
+    dy[2, 3] = -np.inf
+    with pytest.raises(ValueError, match=r"^dy: element \[2, 3\] is -Inf "):
+        lin.backward(dy)
+    # FP32 mode quantizes nothing and refuses nothing: NaN propagates, as in the C++ Linear.
+    lin32 = fp._core.Linear(32, 8, fp.Recipe.load("fp32"))
+    y = lin32.forward(bad, w, 1)
+    assert np.isnan(y[1]).all() and np.isfinite(np.delete(y, 1, axis=0)).all()

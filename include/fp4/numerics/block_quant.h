@@ -39,6 +39,11 @@ const char* scale_rule_name(ScaleRule r);
 /// formats in use have 16 or 32; 256 leaves room for studies and bounds the scratch of a block.
 inline constexpr int kMaxBlock = 256;
 
+/// "" if `block` is a valid block length (1..kMaxBlock), else why not: "must be an integer in
+/// 1..256 (as a recipe's fp4.block), got N", for the caller to prefix with the option or
+/// argument that gave it (`quant --block`, `gemm --a-block`, Python's `block`).
+std::string block_length_error(int block);
+
 /// How one operand is quantized.
 struct BlockQuantSpec {
   ScaleFormat scale_format = ScaleFormat::UE5M3;

@@ -264,9 +264,9 @@ Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Set
 Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir,
                    const std::vector<Setting>& sets = {});
 
-/// The recipe names of `recipes_dir` (its *.toml files without the extension), sorted; empty
-/// if it is not a readable directory.
-std::vector<std::string> recipe_names(const std::filesystem::path& recipes_dir);
+/// The names of the *.toml files of `dir` without the extension, sorted: the recipes of
+/// configs/recipes/, the run configs of configs/. Empty if `dir` is not a readable directory.
+std::vector<std::string> toml_names(const std::filesystem::path& dir);
 
 /// Recipe as TOML text (for the resolved config written next to a run).
 std::string recipe_to_toml(const Recipe& r);
