@@ -63,18 +63,17 @@ std::string shape_str(const LinearInfo& l) {
 void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& recipe) {
   std::printf("config %s, recipe %s (nothing is allocated: figures from the config)\n",
               cfg_name.c_str(), recipe.name.c_str());
-  std::printf("pattern %s: %d blocks (%d Mamba-2, %d attention, %d MLP)\n", in.pattern.c_str(),
-              in.n_blocks, in.mamba2.blocks, in.attention.blocks, in.mlp.blocks);
+  std::string counts;
+  for (const BlockKindCount& k : in.kinds)
+    counts += (counts.empty() ? "" : ", ") + std::to_string(k.blocks) + " " + k.name;
+  std::printf("pattern %s: %d blocks (%s)\n", in.pattern.c_str(), in.n_blocks, counts.c_str());
   std::printf("parameters: %s (%s)\n", grouped(in.parameters).c_str(),
               human_count(double(in.parameters)).c_str());
-  auto kind_line = [&](const char* what, const BlockKindCount& k) {
-    if (k.blocks == 0) return;
-    std::printf("  %-18s %3d x %15s = %17s\n", what, k.blocks, grouped(k.per_block).c_str(),
-                grouped(k.params).c_str());
-  };
-  kind_line("Mamba-2 blocks", in.mamba2);
-  kind_line("attention blocks", in.attention);
-  kind_line("MLP blocks", in.mlp);
+  for (const BlockKindCount& k : in.kinds) {
+    if (k.blocks == 0) continue;
+    std::printf("  %-18s %3d x %15s = %17s\n", (k.name + " blocks").c_str(), k.blocks,
+                grouped(k.per_block).c_str(), grouped(k.params).c_str());
+  }
   std::printf("  %-18s %25s %17s\n", "embeddings", "", grouped(in.embeddings).c_str());
   std::printf("  %-18s %25s %17s\n", "lm_head", "", grouped(in.lm_head).c_str());
   std::printf("  %-18s %25s %17s\n", "norm_f", "", grouped(in.norm_f).c_str());
@@ -147,22 +146,16 @@ json to_json(const ModelInfo& in, const std::string& config, const Settings& set
     overrides.push_back({{"index", k}, {"description", in.override_descriptions[k]},
                          {"linears", names}});
   }
-  auto kind = [](const BlockKindCount& k) {
-    return json{{"blocks", k.blocks}, {"per_block", k.per_block}, {"params", k.params}};
-  };
+  json by_part = {{"embeddings", in.embeddings}, {"lm_head", in.lm_head}, {"norm_f", in.norm_f}};
+  for (const BlockKindCount& k : in.kinds)
+    by_part[k.key + "_blocks"] = {{"blocks", k.blocks}, {"per_block", k.per_block}, {"params", k.params}};
   return {{"config", config},
           {"sets", sets.given},
           {"recipe", recipe.name},
           {"pattern", in.pattern},
           {"blocks", in.n_blocks},
           {"parameters", in.parameters},
-          {"parameters_by_part",
-           {{"mamba2_blocks", kind(in.mamba2)},
-            {"attention_blocks", kind(in.attention)},
-            {"mlp_blocks", kind(in.mlp)},
-            {"embeddings", in.embeddings},
-            {"lm_head", in.lm_head},
-            {"norm_f", in.norm_f}}},
+          {"parameters_by_part", by_part},
           {"batch_size", in.batch_size},
           {"micro_batch_size", in.micro_batch_size},
           {"seq_len", in.seq_len},

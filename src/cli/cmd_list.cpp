@@ -9,7 +9,7 @@
 
 #include "commands.h"
 #include "fp4/base/error.h"
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/info.h"
 #include "hf_layout.h"
@@ -19,6 +19,14 @@ namespace fp4::cli {
 namespace fs = std::filesystem;
 
 namespace {
+// "24 Mamba-2 + 4 attention + 24 MLP": the kinds the pattern has, in registry order.
+std::string kind_counts(const ModelInfo& mi) {
+  std::string s;
+  for (const BlockKindCount& k : mi.kinds)
+    if (k.blocks) s += (s.empty() ? "" : " + ") + std::to_string(k.blocks) + " " + k.name;
+  return s;
+}
+
 // `s` cut at a word boundary to at most 100 characters ("..." marks a cut).
 std::string shortened(const std::string& s) {
   constexpr size_t kMax = 100;
@@ -74,9 +82,7 @@ void run_configs() {
       const RunConfig cfg = load_run_config(f);
       const ModelInfo mi = model_info(cfg, Recipe{});
       facts = (hf_llama_layout(cfg.model) ? "Llama-style, " + std::to_string(mi.n_blocks / 2) + " layers"
-                     : "hybrid, " + std::to_string(mi.mamba2.blocks) + " Mamba-2 + " +
-                           std::to_string(mi.attention.blocks) + " attention + " +
-                           std::to_string(mi.mlp.blocks) + " MLP blocks") +
+                     : "hybrid, " + kind_counts(mi) + " blocks") +
               ", d_model " + std::to_string(cfg.model.d_model) + ", " + millions(mi.parameters) +
               " parameters, " + std::to_string(cfg.train.batch_size) + " x " +
               std::to_string(cfg.train.seq_len) + " tokens per step, " +

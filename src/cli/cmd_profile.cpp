@@ -108,13 +108,9 @@ void run_profile(const ProfileArgs& a) {
   const double tok_s = tokens_per_step / (mean_ms / 1e3);
   const double model_gflops = fpt * tok_s / 1e9;
   const double mfu = model_gflops / peak.gflops;
-  // The same with attention counted over the causal triangle the kernel computes: per token
-  // and layer (T + 1)/2 query-key pairs × 2 FLOPs × d × 2 products (QKᵀ, PV) × 3 (fwd + bwd).
-  const std::string pat = cfg.model.block_pattern();
-  const double att_blocks = double(std::count(pat.begin(), pat.end(), '*'));
-  const double att_width = double(cfg.model.n_heads) * cfg.model.attn_head_dim();
-  const double fpt_causal = fpt - 12.0 * att_blocks * att_width * tc.seq_len +
-                            6.0 * att_blocks * att_width * (tc.seq_len + 1);
+  // The same with attention counted over the causal triangle the kernel computes (the
+  // mixers' causal_flops_per_token).
+  const double fpt_causal = model.flops_per_token(tc.seq_len, /*causal=*/true);
   const double mfu_causal = fpt_causal * tok_s / 1e9 / peak.gflops;
   const nn::Model::MemoryUse mem = model.memory_use();
   const int64_t adam = 2 * int64_t(model.num_params()) * int64_t(sizeof(float));

@@ -15,21 +15,6 @@ bool hf_llama_layout(const ModelConfig& cfg) {
   return true;
 }
 
-namespace {
-// Rows of a [heads·hd, cols] projection reordered per head from fp4train's interleaved RoPE
-// pairs to HF's halves: HF row j of a head = fp4train row 2j (j < hd/2), 2(j − hd/2) + 1.
-std::vector<float> rope_rows_to_hf(const float* w, int64_t heads, int64_t hd, int64_t cols) {
-  std::vector<float> out(heads * hd * cols);
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = 0; j < hd; ++j) {
-      const int64_t src = j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1;
-      const float* s = w + (h * hd + src) * cols;
-      std::copy(s, s + cols, out.begin() + (h * hd + j) * cols);
-    }
-  return out;
-}
-}  // namespace
-
 std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::ParamInfo>& infos,
                                  const std::vector<float>& values) {
   const bool llama = hf_llama_layout(cfg);
@@ -64,47 +49,23 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
     if (L < 0 || L >= int(pattern.size()) || p.name.rfind(pre, 0) != 0)
       throw std::invalid_argument("hf_tensors: unknown parameter " + p.name);
     const std::string rest = p.name.substr(pre.size());
-    const char kind = pattern[L];
+    const nn::MixerKind& kind = nn::mixer_kind(pattern[L]);
+    if (llama && kind.hf_llama_module.empty())
+      throw std::invalid_argument("hf_tensors: " + kind.name + " blocks have no Llama layout");
     const std::string hpre = llama ? "model.layers." + std::to_string(L / 2) + "."
                                    : "backbone.layers." + std::to_string(L) + ".";
     if (rest == "norm") {
-      add(hpre + (llama ? (kind == '*' ? "input_layernorm.weight" : "post_attention_layernorm.weight")
-                        : "norm.weight"),
-          vec, v, p.size);
+      add(hpre + (llama ? kind.hf_llama_norm : "norm.weight"), vec, v, p.size);
       continue;
     }
     if (rest.rfind("mixer.", 0) != 0) throw std::invalid_argument("hf_tensors: unknown parameter " + p.name);
-    const std::string m = rest.substr(6);
-    const std::string mix = hpre + (llama ? (kind == '*' ? "self_attn." : "mlp.") : "mixer.");
-    if (kind == '*') {
-      if ((m == "q_proj" || m == "k_proj") && cfg.rope) {
-        HfTensor t{mix + m + ".weight", p.name, mat, rope_rows_to_hf(v, p.rows / hd, hd, p.cols)};
-        out.push_back(std::move(t));
-      } else if (m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj") {
-        add(mix + m + ".weight", mat, v, p.size);
-      } else {
-        throw std::invalid_argument("hf_tensors: unknown attention parameter " + p.name);
-      }
-    } else if (kind == '-') {
-      if (m == "up_proj" && cfg.mlp == "swiglu") {
-        const int64_t F = p.rows / 2;
-        add(mix + "gate_proj.weight", {F, p.cols}, v, F * p.cols);
-        add(mix + "up_proj.weight", {F, p.cols}, v + F * p.cols, F * p.cols);
-      } else if (m == "up_proj" || m == "down_proj") {
-        add(mix + m + ".weight", mat, v, p.size);
-      } else {
-        throw std::invalid_argument("hf_tensors: unknown MLP parameter " + p.name);
-      }
-    } else if (kind == 'M') {
-      if (m == "conv1d") add(mix + "conv1d.weight", {p.rows, 1, p.cols}, v, p.size);
-      else if (m == "conv1d_bias") add(mix + "conv1d.bias", vec, v, p.size);
-      else if (m == "dt_bias" || m == "A_log" || m == "D") add(mix + m, vec, v, p.size);
-      else if (m == "norm") add(mix + "norm.weight", vec, v, p.size);
-      else if (m == "in_proj" || m == "out_proj") add(mix + m + ".weight", mat, v, p.size);
-      else throw std::invalid_argument("hf_tensors: unknown Mamba-2 parameter " + p.name);
-    } else {
-      throw std::invalid_argument("hf_tensors: unknown block kind of " + p.name);
-    }
+    const std::string mix = hpre + (llama ? kind.hf_llama_module : "mixer.");
+    std::vector<nn::HfPiece> pieces;
+    if (kind.hf) pieces = kind.hf(rest.substr(6), v, p.rows, p.cols, cfg);
+    if (pieces.empty())
+      throw std::invalid_argument("hf_tensors: unknown " + kind.name + " parameter " + p.name);
+    for (nn::HfPiece& piece : pieces)
+      out.push_back(HfTensor{mix + piece.name, p.name, std::move(piece.shape), std::move(piece.data)});
   }
   return out;
 }

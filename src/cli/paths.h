@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/data/data.h"
 
 #include <functional>

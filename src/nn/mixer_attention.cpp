@@ -2,7 +2,9 @@
 // RoPE). q_proj: d → H·hd, k_proj, v_proj: d → Hkv·hd, o_proj: H·hd → d, no biases; RoPE on
 // q and k when model.rope (Llama), none for Nemotron-H (HF NemotronHAttention applies no
 // positional embedding). Attention itself: fp4/nn/layers.h attention_forward/backward.
+#include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "fp4/base/error.h"
 #include "fp4/nn/layers.h"
@@ -117,6 +119,11 @@ class AttentionMixer final : public Mixer {
   double extra_flops_per_token(int64_t T) const override {
     return 12.0 * double(H_ * hd_) * double(T);
   }
+  // Over the causal triangle the kernel computes: per token (T + 1)/2 query-key pairs ×
+  // 2 FLOPs × H·hd × 2 products (QKᵀ, PV) × 3 (forward + backward) = 6·(H·hd)·(T + 1).
+  double causal_flops_per_token(int64_t T) const override {
+    return 6.0 * double(H_ * hd_) * double(T + 1);
+  }
 
  private:
   int64_t d_, H_, Hkv_, hd_;
@@ -125,8 +132,62 @@ class AttentionMixer final : public Mixer {
 };
 }  // namespace
 
-std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c) {
+namespace {
+void check_attention(const ModelConfig& m, const ConfigFail& fail) {
+  if (m.n_heads < 1) fail("model.n_heads (" + std::to_string(m.n_heads) + ") must be >= 1");
+  if (m.head_dim == 0 && m.d_model % m.n_heads != 0)
+    fail("model.d_model (" + std::to_string(m.d_model) + ") must be divisible by model.n_heads (" +
+         std::to_string(m.n_heads) + "), or set model.head_dim");
+  if (m.n_heads % m.kv_heads() != 0)
+    fail("model.n_heads (" + std::to_string(m.n_heads) + ") must be a multiple of "
+         "model.n_kv_heads (" + std::to_string(m.kv_heads()) + ")");
+  if (m.rope && m.attn_head_dim() % 2 != 0)
+    fail("head dimension " + std::to_string(m.attn_head_dim()) +
+         (m.head_dim ? " (model.head_dim)" : " (d_model/n_heads)") +
+         " must be even for RoPE (or set model.rope = false)");
+}
+
+std::unique_ptr<Mixer> make_attention(const ModelConfig& c) {
   return std::make_unique<AttentionMixer>(c);
+}
+
+// Rows of a [heads·hd, cols] projection reordered per head from fp4train's interleaved RoPE
+// pairs to HF's halves: HF row j of a head = fp4train row 2j (j < hd/2), 2(j − hd/2) + 1.
+std::vector<float> rope_rows_to_hf(const float* w, int64_t heads, int64_t hd, int64_t cols) {
+  std::vector<float> out(heads * hd * cols);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < hd; ++j) {
+      const int64_t src = j < hd / 2 ? 2 * j : 2 * (j - hd / 2) + 1;
+      const float* s = w + (h * hd + src) * cols;
+      std::copy(s, s + cols, out.begin() + (h * hd + j) * cols);
+    }
+  return out;
+}
+
+std::vector<HfPiece> hf_attention(const std::string& m, const float* v, int64_t rows, int64_t cols,
+                                  const ModelConfig& cfg) {
+  if ((m == "q_proj" || m == "k_proj") && cfg.rope) {
+    const int64_t hd = cfg.attn_head_dim();
+    return {{m + ".weight", {rows, cols}, rope_rows_to_hf(v, rows / hd, hd, cols)}};
+  }
+  if (m == "q_proj" || m == "k_proj" || m == "v_proj" || m == "o_proj")
+    return {{m + ".weight", {rows, cols}, std::vector<float>(v, v + rows * cols)}};
+  return {};
+}
+}  // namespace
+
+MixerKind attention_mixer_kind() {
+  MixerKind k;
+  k.symbol = '*';
+  k.name = "attention";
+  k.key = "attention";
+  k.linears = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  k.check = check_attention;
+  k.make = make_attention;
+  k.hf_llama_module = "self_attn.";
+  k.hf_llama_norm = "input_layernorm.weight";
+  k.hf = hf_attention;
+  return k;
 }
 
 }  // namespace fp4::nn

@@ -23,6 +23,7 @@
 //   A_log[h] = log(h + 1) (HF NemotronH: A = arange(1, H + 1)); D = 1; norm = 1.
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "fp4/nn/layers.h"
 #include "fp4/nn/mixer.h"
@@ -184,8 +185,44 @@ class Mamba2Mixer final : public Mixer {
 };
 }  // namespace
 
-std::unique_ptr<Mixer> make_mamba2_mixer(const ModelConfig& c) {
-  return std::make_unique<Mamba2Mixer>(c);
+namespace {
+void check_mamba2(const ModelConfig& m, const ConfigFail& fail) {
+  if (m.mamba_num_heads < 1)
+    fail("model.mamba_num_heads must be set (>= 1): the pattern has Mamba-2 blocks ('M')");
+  if (m.mamba_n_groups < 1 || m.mamba_num_heads % m.mamba_n_groups != 0)
+    fail("model.mamba_num_heads (" + std::to_string(m.mamba_num_heads) +
+         ") must be a multiple of model.mamba_n_groups (" + std::to_string(m.mamba_n_groups) + ")");
+  if (m.mamba_dt_min > m.mamba_dt_max) fail("model.mamba_dt_min must not exceed model.mamba_dt_max");
+}
+
+std::unique_ptr<Mixer> make_mamba2(const ModelConfig& c) { return std::make_unique<Mamba2Mixer>(c); }
+
+// HF NemotronHMamba2Mixer: conv1d.weight [C', 1, W], conv1d.bias, dt_bias, A_log, D,
+// norm.weight, in_proj.weight, out_proj.weight.
+std::vector<HfPiece> hf_mamba2(const std::string& m, const float* v, int64_t rows, int64_t cols,
+                               const ModelConfig& cfg) {
+  (void)cfg;
+  const int64_t n = rows * cols;
+  std::vector<float> data(v, v + n);
+  if (m == "conv1d") return {{"conv1d.weight", {rows, 1, cols}, std::move(data)}};
+  if (m == "conv1d_bias") return {{"conv1d.bias", {n}, std::move(data)}};
+  if (m == "dt_bias" || m == "A_log" || m == "D") return {{m, {n}, std::move(data)}};
+  if (m == "norm") return {{"norm.weight", {n}, std::move(data)}};
+  if (m == "in_proj" || m == "out_proj") return {{m + ".weight", {rows, cols}, std::move(data)}};
+  return {};
+}
+}  // namespace
+
+MixerKind mamba2_mixer_kind() {
+  MixerKind k;
+  k.symbol = 'M';
+  k.name = "Mamba-2";
+  k.key = "mamba2";
+  k.linears = {"in_proj", "out_proj"};
+  k.check = check_mamba2;
+  k.make = make_mamba2;
+  k.hf = hf_mamba2;  // no Llama layout: hf_llama_module stays empty
+  return k;
 }
 
 }  // namespace fp4::nn

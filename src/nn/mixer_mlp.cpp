@@ -6,6 +6,7 @@
 #include "mixers.h"
 
 #include <cstring>
+#include <string>
 
 namespace fp4::nn {
 using prof::Cat;
@@ -69,6 +70,34 @@ class MlpMixer final : public Mixer {
 };
 }  // namespace
 
-std::unique_ptr<Mixer> make_mlp_mixer(const ModelConfig& c) { return std::make_unique<MlpMixer>(c); }
+namespace {
+std::unique_ptr<Mixer> make_mlp(const ModelConfig& c) { return std::make_unique<MlpMixer>(c); }
+
+// SwiGLU's fused up_proj [2F, d] is HF's gate_proj (rows 0..F) and up_proj (rows F..2F).
+std::vector<HfPiece> hf_mlp(const std::string& m, const float* v, int64_t rows, int64_t cols,
+                            const ModelConfig& cfg) {
+  if (m == "up_proj" && cfg.mlp == "swiglu") {
+    const int64_t F = rows / 2;
+    return {{"gate_proj.weight", {F, cols}, std::vector<float>(v, v + F * cols)},
+            {"up_proj.weight", {F, cols}, std::vector<float>(v + F * cols, v + 2 * F * cols)}};
+  }
+  if (m == "up_proj" || m == "down_proj")
+    return {{m + ".weight", {rows, cols}, std::vector<float>(v, v + rows * cols)}};
+  return {};
+}
+}  // namespace
+
+MixerKind mlp_mixer_kind() {
+  MixerKind k;
+  k.symbol = '-';
+  k.name = "MLP";
+  k.key = "mlp";
+  k.linears = {"up_proj", "down_proj"};
+  k.make = make_mlp;  // model.mlp's values are the parser's
+  k.hf_llama_module = "mlp.";
+  k.hf_llama_norm = "post_attention_layernorm.weight";
+  k.hf = hf_mlp;
+  return k;
+}
 
 }  // namespace fp4::nn

@@ -1,12 +1,9 @@
-// Factories of the mixer kinds (one file each), for make_mixer (mixer.cpp).
+// The built-in mixer kinds' registry entries (one file each), for mixer.cpp's registry.
 #pragma once
-#include <memory>
-
 #include "fp4/nn/mixer.h"
 
 namespace fp4::nn {
-std::unique_ptr<Mixer> make_attention_mixer(const ModelConfig& c);
-std::unique_ptr<Mixer> make_mlp_mixer(const ModelConfig& c);
-std::unique_ptr<Mixer> make_mamba2_mixer(const ModelConfig& c);
+MixerKind mamba2_mixer_kind();     // mixer_mamba2.cpp
+MixerKind attention_mixer_kind();  // mixer_attention.cpp
+MixerKind mlp_mixer_kind();        // mixer_mlp.cpp
 }  // namespace fp4::nn
-

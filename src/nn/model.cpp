@@ -36,11 +36,7 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
       pattern_(cfg.block_pattern()), T_(seq_len) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size;
   if (pattern_.empty()) throw UserError("model: the block pattern is empty");
-  if (pattern_.find('*') != std::string::npos &&
-      (cfg.n_heads < 1 || cfg.n_heads % cfg.kv_heads() ||
-       (cfg.head_dim == 0 && C % cfg.n_heads) || (cfg.rope && cfg.attn_head_dim() % 2)))
-    throw UserError("model: attention needs n_heads a multiple of n_kv_heads, d_model a "
-                    "multiple of n_heads (or head_dim set), and an even head dim with RoPE");
+  check_block_kinds(cfg, [](const std::string& what) { throw UserError("model: " + what); });
   off_wte_ = add_param("embeddings", V, C, true, ParamInit::kNormal, -1);
   const int L = static_cast<int>(pattern_.size());
   blocks_.resize(L);
@@ -130,22 +126,24 @@ int64_t Model::num_body_params() const {
   return num_params() - 2 * VC;
 }
 
-double Model::flops_per_token(const ModelConfig& cfg, int64_t T) {
+double Model::flops_per_token(const ModelConfig& cfg, int64_t T, bool causal) {
   const std::string pat = cfg.block_pattern();
   const double VC = double(cfg.vocab_size) * cfg.d_model;
   double n = 2.0 * VC + cfg.d_model;  // embeddings, lm_head, norm_f
   double extra = 0.0;
   for (char c : pat) {
     n += double(block_param_count(c, cfg));
-    extra += make_mixer(c, cfg)->extra_flops_per_token(T);
+    const std::unique_ptr<Mixer> m = make_mixer(c, cfg);
+    extra += causal ? m->causal_flops_per_token(T) : m->extra_flops_per_token(T);
   }
   return 6.0 * (n - VC) + extra;
 }
 
-double Model::flops_per_token(int64_t T) const {
+double Model::flops_per_token(int64_t T, bool causal) const {
   const double N = double(num_params()) - double(cfg_.vocab_size) * cfg_.d_model;
   double extra = 0.0;
-  for (const Block& b : blocks_) extra += b.mixer->extra_flops_per_token(T);
+  for (const Block& b : blocks_)
+    extra += causal ? b.mixer->causal_flops_per_token(T) : b.mixer->extra_flops_per_token(T);
   return 6.0 * N + extra;
 }
 

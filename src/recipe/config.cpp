@@ -44,7 +44,7 @@ void parse_final_window(detail::TomlReader& r, TrainConfig& t) {
   }
 }
 
-RunConfig parse_run_config(detail::TomlReader& r) {
+RunConfig parse_run_config(detail::TomlReader& r, const BlockKindRules& kinds) {
   RunConfig c;
   auto& m = c.model;
   r.get("model.vocab_size", m.vocab_size);   r.range("model.vocab_size", m.vocab_size, 256, 1 << 20);
@@ -53,9 +53,9 @@ RunConfig parse_run_config(detail::TomlReader& r) {
   r.get("model.pattern", m.pattern);
   if (r.has("model.pattern")) {
     if (m.pattern.empty() || m.pattern.size() > 1024 ||
-        m.pattern.find_first_not_of("M*-") != std::string::npos)
-      r.fail("model.pattern", "1 to 1024 block characters among 'M' (Mamba-2), '*' (attention) "
-                              "and '-' (MLP), got \"" + m.pattern + "\"");
+        m.pattern.find_first_not_of(kinds.symbols) != std::string::npos)
+      r.fail("model.pattern", "1 to 1024 block characters among " + kinds.listing + ", got \"" +
+                                  m.pattern + "\"");
     // A pattern given with --set replaces the file's n_layers; in one file the two conflict.
     if (r.has("model.n_layers") && !(r.from_setting("model.pattern") && !r.from_setting("model.n_layers")))
       r.fail("model.n_layers", "absent when model.pattern is set (the pattern's " +
@@ -117,23 +117,33 @@ RunConfig parse_run_config(detail::TomlReader& r) {
   r.get("log.telemetry_interval", c.telemetry_interval);
   r.range("log.telemetry_interval", c.telemetry_interval, 0, 1 << 30);
   r.reject_unknown();
-  validate(c, r.file());
+  validate_run_config(c, r.file(), kinds);
   return c;
 }
 }  // namespace
 
-RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets) {
+BlockKindRules any_block_kinds() {
+  BlockKindRules r;
+  for (char c = '!'; c <= '~'; ++c)
+    if (c != '"' && c != '\'' && c != '\\') r.symbols += c;
+  r.listing = "printable characters";
+  return r;
+}
+
+RunConfig parse_run_config_file(const std::filesystem::path& file, const std::vector<Setting>& sets,
+                                const BlockKindRules& kinds) {
   if (!std::filesystem::exists(file))
     throw UserError(file.string() + ": file not found (a run config TOML; 'fp4train configs' "
                     "lists the shipped ones)");
   detail::TomlReader r(file);
   r.apply(sets);
-  return parse_run_config(r);
+  return parse_run_config(r, kinds);
 }
 
-RunConfig run_config_from_text(const std::string& toml, const std::string& where) {
+RunConfig parse_run_config_text(const std::string& toml, const std::string& where,
+                                const BlockKindRules& kinds) {
   detail::TomlReader r(detail::TomlReader::FromText{}, toml, where);
-  return parse_run_config(r);
+  return parse_run_config(r, kinds);
 }
 
 int TrainConfig::final_window_steps() const {
@@ -149,31 +159,9 @@ std::string ModelConfig::block_pattern() const {
   return p;
 }
 
-void validate(const RunConfig& c, const std::string& where) {
-  const auto& m = c.model;
-  const std::string pat = m.block_pattern();
+void validate_run_config(const RunConfig& c, const std::string& where, const BlockKindRules& kinds) {
   auto err = [&](const std::string& what) { throw UserError(where + ": " + what); };
-  if (pat.find('*') != std::string::npos) {
-    if (m.head_dim == 0 && m.d_model % m.n_heads != 0)
-      err("model.d_model (" + std::to_string(m.d_model) + ") must be divisible by model.n_heads (" +
-          std::to_string(m.n_heads) + "), or set model.head_dim");
-    if (m.n_heads % m.kv_heads() != 0)
-      err("model.n_heads (" + std::to_string(m.n_heads) + ") must be a multiple of "
-          "model.n_kv_heads (" + std::to_string(m.kv_heads()) + ")");
-    if (m.rope && m.attn_head_dim() % 2 != 0)
-      err("head dimension " + std::to_string(m.attn_head_dim()) +
-          (m.head_dim ? " (model.head_dim)" : " (d_model/n_heads)") +
-          " must be even for RoPE (or set model.rope = false)");
-  }
-  if (pat.find('M') != std::string::npos) {
-    if (m.mamba_num_heads < 1)
-      err("model.mamba_num_heads must be set (>= 1): the pattern has Mamba-2 blocks ('M')");
-    if (m.mamba_num_heads % m.mamba_n_groups != 0)
-      err("model.mamba_num_heads (" + std::to_string(m.mamba_num_heads) +
-          ") must be a multiple of model.mamba_n_groups (" + std::to_string(m.mamba_n_groups) + ")");
-    if (m.mamba_dt_min > m.mamba_dt_max)
-      err("model.mamba_dt_min must not exceed model.mamba_dt_max");
-  }
+  if (kinds.check) kinds.check(c.model, err);
   if (c.train.batch_size % c.train.micro() != 0)
     err("train.batch_size (" + std::to_string(c.train.batch_size) + ") must be a multiple of "
         "train.micro_batch_size (" + std::to_string(c.train.micro_batch_size) + ")");

@@ -182,8 +182,11 @@ Checkpoint parse_checkpoint(const safetensors::File& f) {
   integer("sampler_draws", c.sampler_draws);
   c.config_toml = f.meta("config_toml");
   c.recipe_toml = f.meta("recipe_toml");
-  // Both must parse (errors name the file and the TOML key).
-  (void)run_config_from_text(c.config_toml, f.name() + " (metadata 'config_toml')");
+  // Both must parse (errors name the file and the TOML key). The block kinds' checks are
+  // for those who use the config (run_config_from_text), so the model-free fuzz build can
+  // link this reader.
+  (void)parse_run_config_text(c.config_toml, f.name() + " (metadata 'config_toml')",
+                              any_block_kinds());
   (void)recipe_from_text(c.recipe_toml, f.name() + " (metadata 'recipe_toml')");
   // Every checkpoint since the hybrid model stores its block pattern; one without it was made
   // by the Llama-only version, whose recipe rules counted transformer layers (README "Models").

@@ -11,6 +11,12 @@
 
 namespace fp4 {
 
+const BlockKindCount& ModelInfo::kind(char symbol) const {
+  for (const BlockKindCount& k : kinds)
+    if (k.symbol == symbol) return k;
+  throw std::out_of_range(std::string("ModelInfo::kind: no block kind '") + symbol + "'");
+}
+
 ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   const ModelConfig& m = cfg.model;
   ModelInfo info;
@@ -27,23 +33,37 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   info.tokens_per_step = BT_step;
 
   // One mixer per kind present (they depend on the kind and the config only).
-  std::unique_ptr<nn::Mixer> mixers[3];
-  auto slot = [](char c) { return c == 'M' ? 0 : c == '*' ? 1 : 2; };
-  BlockKindCount* kinds[3] = {&info.mamba2, &info.attention, &info.mlp};
+  nn::check_block_kinds(m, [](const std::string& what) { throw UserError("model: " + what); });
+  const std::vector<nn::MixerKind>& registry = nn::mixer_kinds();
+  std::vector<std::unique_ptr<nn::Mixer>> mixers(registry.size());
+  for (const nn::MixerKind& k : registry) {
+    BlockKindCount c;
+    c.symbol = k.symbol;
+    c.name = k.name;
+    c.key = k.key;
+    info.kinds.push_back(c);
+  }
+  auto slot = [&](char c) {
+    for (size_t i = 0; i < registry.size(); ++i)
+      if (registry[i].symbol == c) return i;
+    throw std::logic_error("model_info: unchecked block character");
+  };
   for (char c : info.pattern) {
     std::unique_ptr<nn::Mixer>& mx = mixers[slot(c)];
     if (!mx) {
-      mx = nn::make_mixer(c, m);  // throws UserError for a bad character
-      kinds[slot(c)]->per_block = nn::block_param_count(c, m);
+      mx = nn::make_mixer(c, m);
+      info.kinds[slot(c)].per_block = nn::block_param_count(c, m);
     }
-    ++kinds[slot(c)]->blocks;
+    ++info.kinds[slot(c)].blocks;
   }
-  for (BlockKindCount* k : kinds) k->params = k->blocks * k->per_block;
   info.embeddings = V * d;
   info.lm_head = V * d;
   info.norm_f = d;
-  info.parameters = info.embeddings + info.mamba2.params + info.attention.params +
-                    info.mlp.params + info.norm_f + info.lm_head;
+  info.parameters = info.embeddings + info.norm_f + info.lm_head;
+  for (BlockKindCount& k : info.kinds) {
+    k.params = k.blocks * k.per_block;
+    info.parameters += k.params;
+  }
   info.flops_per_token = nn::Model::flops_per_token(m, T);
   info.flops_per_step = info.flops_per_token * double(BT_step);
 

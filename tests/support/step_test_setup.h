@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4::testing {

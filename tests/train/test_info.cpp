@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/base/error.h"
 #include "fp4/train/info.h"
 #include "fp4/nn/model.h"
@@ -60,12 +60,12 @@ TEST(ModelInfo, Nemotron8BParameterCountFromTheShape) {
   EXPECT_EQ(total, int64_t{8084075520});  // the figure published with the config
   EXPECT_EQ(in.parameters, total);
   EXPECT_EQ(in.n_blocks, 52);
-  EXPECT_EQ(in.mamba2.blocks, 24);
-  EXPECT_EQ(in.attention.blocks, 4);
-  EXPECT_EQ(in.mlp.blocks, 24);
-  EXPECT_EQ(in.mamba2.per_block, mamba);
-  EXPECT_EQ(in.attention.per_block, attention);
-  EXPECT_EQ(in.mlp.per_block, mlp);
+  EXPECT_EQ(in.kind('M').blocks, 24);
+  EXPECT_EQ(in.kind('*').blocks, 4);
+  EXPECT_EQ(in.kind('-').blocks, 24);
+  EXPECT_EQ(in.kind('M').per_block, mamba);
+  EXPECT_EQ(in.kind('*').per_block, attention);
+  EXPECT_EQ(in.kind('-').per_block, mlp);
   EXPECT_EQ(in.embeddings, V * d);
   EXPECT_EQ(in.lm_head, V * d);
   EXPECT_EQ(in.norm_f, d);

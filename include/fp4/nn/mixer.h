@@ -2,14 +2,21 @@
 // block. A block computes x + mixer(RMSNorm(x)); the Model owns the norm, the residual
 // stream, the parameter buffer and the Linears, and asks each block's mixer for its
 // parameters, its linears, the activation memory it keeps and its forward and backward.
-// A new kind of mixer is a new class (and file) plus one line in make_mixer.
 //
-// Kinds (pattern characters):
+// Everything fp4train knows about a kind of block is in its MixerKind entry (below): the
+// pattern character, its names, its config checks, its linears, its factory, its Hugging
+// Face names; its FLOPs are the Mixer's own. Config validation (nn/config.h), the model,
+// `info`, `profile`, `export` and the recipe rules all read the registry, mixer_kinds(). A new
+// kind is one file (the Mixer class and its MixerKind) and one line in mixer.cpp's list of
+// built-in kinds; tests/nn/test_mixer_registry.cpp registers a toy kind at run time.
+//
+// Built-in kinds (pattern characters), in registry order:
 //   '*' attention: grouped-query causal attention, q/k/v/o_proj, optional RoPE (mixer_attention.cpp)
 //   '-' MLP: up_proj, squared ReLU (or SwiGLU), down_proj (mixer_mlp.cpp)
 //   'M' Mamba-2: in_proj, causal conv1d, SSD scan, gated RMSNorm, out_proj (mixer_mamba2.cpp)
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -83,10 +90,68 @@ class Mixer {
     (void)T;
     return 0.0;
   }
+  /// The same FLOPs counted over the work the kernels do (attention: the causal triangle,
+  /// (T + 1)/2 query-key pairs per token instead of T), for `fp4train profile`'s second MFU.
+  /// Defaults to extra_flops_per_token(T).
+  virtual double causal_flops_per_token(int64_t T) const { return extra_flops_per_token(T); }
 };
 
-/// The mixer of pattern character `symbol` ('M', '*', '-') for `cfg`. Throws
-/// fp4::UserError for any other character.
+/// One tensor of the Hugging Face layout made from one mixer parameter (docs/export.md).
+struct HfPiece {
+  std::string name;             ///< after the block's module prefix: "q_proj.weight", "A_log"
+  std::vector<int64_t> shape;   ///< HF shape
+  std::vector<float> data;      ///< row-major, reordered where the layouts differ
+};
+
+/// Reports a config error of a kind's check: the message names the key ("model.n_heads
+/// (6) must be ..."); the caller prefixes the source and throws fp4::UserError.
+using ConfigFail = std::function<void(const std::string& message)>;
+
+/// Everything fp4train knows about one kind of hybrid block (the registry's entry).
+struct MixerKind {
+  char symbol = 0;    ///< pattern character ('M', '*', '-'); printable ASCII, not a space or quote
+  std::string name;   ///< for people: "Mamba-2", "attention", "MLP" (info, errors)
+  std::string key;    ///< for files: "mamba2", "attention", "mlp" (info --json "<key>_blocks")
+  /// Its linears' kinds in execution order, each a recipe linear kind (linear_kinds()).
+  std::vector<std::string> linears;
+  /// Cross-key checks of the model section for configs whose pattern has this kind; calls
+  /// fail(message) for the first violation. Null: nothing to check.
+  void (*check)(const ModelConfig& cfg, const ConfigFail& fail) = nullptr;
+  /// The mixer of one block (config already checked).
+  std::unique_ptr<Mixer> (*make)(const ModelConfig& cfg) = nullptr;
+  /// Hugging Face names: the submodule of a Llama layer ("self_attn.", "mlp."; empty: the
+  /// kind has no Llama layout) and the name of the block's norm there.
+  std::string hf_llama_module, hf_llama_norm;
+  /// The HF tensors of the mixer parameter `param` (mixer-relative: "q_proj", "A_log"),
+  /// `v` its rows × cols floats; empty for a name the kind does not have. Null: the kind
+  /// cannot be exported.
+  std::vector<HfPiece> (*hf)(const std::string& param, const float* v, int64_t rows,
+                             int64_t cols, const ModelConfig& cfg) = nullptr;
+};
+
+/// The registered kinds: the built-in ones ('M' Mamba-2, '*' attention, '-' MLP, in that
+/// order), then any register_mixer_kind added, in the order added. Not thread-safe against a
+/// concurrent register_mixer_kind.
+const std::vector<MixerKind>& mixer_kinds();
+/// The kind of pattern character `symbol`, or nullptr.
+const MixerKind* find_mixer_kind(char symbol);
+/// The kind of `symbol`; throws fp4::UserError naming the character and the registered kinds.
+const MixerKind& mixer_kind(char symbol);
+/// "'M' (Mamba-2), '*' (attention) and '-' (MLP)": the registered kinds for messages.
+std::string mixer_kinds_listing();
+/// Add a kind (tests, extensions), before any model or config uses it. Throws
+/// std::invalid_argument for a symbol already taken or not printable, a null make, or a
+/// linear kind that linear_kinds() does not name (the recipe rules would not match it).
+void register_mixer_kind(MixerKind kind);
+/// Remove a kind register_mixer_kind added (tests); built-in kinds cannot be removed
+/// (std::invalid_argument).
+void unregister_mixer_kind(char symbol);
+/// Run the checks of every kind in `cfg`'s pattern (registry order), and refuse characters
+/// that no kind has; fail(message) as MixerKind::check. The pattern's length is the parser's.
+void check_block_kinds(const ModelConfig& cfg, const ConfigFail& fail);
+
+/// The mixer of pattern character `symbol` for `cfg` (mixer_kind(symbol).make). Throws
+/// fp4::UserError for a character no registered kind has.
 std::unique_ptr<Mixer> make_mixer(char symbol, const ModelConfig& cfg);
 
 /// Parameter and linear counts of one block kind without building a model (for

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/nn/linear.h"
 #include "fp4/nn/mixer.h"
 #include "fp4/recipe/recipe.h"
@@ -89,9 +89,11 @@ class Model {
   /// masked half; for a Llama-style model that is PaLM's 12·L·d·T. Mamba-2 adds
   /// 12·d_inner·N (the SSD's state update and readout, 2·d_inner·N each per token forward,
   /// ×3). Norms, activations, softmax, the conv and the optimizer are not counted.
-  double flops_per_token(int64_t T) const;
+  /// `causal`: the mixers' causal_flops_per_token instead (attention over the causal
+  /// triangle, 6·(H·hd)·(T + 1); `fp4train profile`'s second MFU).
+  double flops_per_token(int64_t T, bool causal = false) const;
   /// The same without building a model (fp4train info).
-  static double flops_per_token(const ModelConfig& cfg, int64_t T);
+  static double flops_per_token(const ModelConfig& cfg, int64_t T, bool causal = false);
   /// linear_sites() of the model `cfg` describes, without building it. Throws
   /// fp4::UserError for a bad pattern character.
   static std::vector<LinearSite> linear_sites(const ModelConfig& cfg);

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -122,16 +123,37 @@ struct RunConfig {
   bool operator==(const RunConfig&) const = default;
 };
 
-/// Parse and validate a run config. Unknown sections/keys, wrong types and out-of-range
-/// values throw fp4::UserError naming the file, key and allowed range. `sets` (the config
-/// part of parse_settings) override keys of the file first and are validated as the file's
-/// values are; their errors name the --set argument, cross-key errors the file "with --set ...".
-RunConfig load_run_config(const std::filesystem::path& file, const std::vector<Setting>& sets = {});
-/// Check cross-field constraints (d_model % n_heads, even head dim, ...); throws UserError.
-void validate(const RunConfig& c, const std::string& where);
+/// What the parser needs to know of the block kinds, from the mixer registry one room up
+/// (nn::block_kind_rules() in fp4/nn/config.h, which also declares load_run_config, the
+/// entry point most callers want). The parser itself knows no kind.
+struct BlockKindRules {
+  std::string symbols;  ///< the pattern characters: "M*-"
+  std::string listing;  ///< for the pattern error: "'M' (Mamba-2), '*' (attention) and '-' (MLP)"
+  /// The kinds' cross-key checks of the model section (nn::check_block_kinds): calls
+  /// fail(message) for the first violation. Null: none.
+  std::function<void(const ModelConfig&, const std::function<void(const std::string&)>& fail)> check;
+};
+
+/// Rules that take every printable ASCII character (other than space, quotes and backslash)
+/// for a block kind and check nothing of the kinds: for readers that only need the text to
+/// be a well-formed config and validate it with the registry later (the checkpoint reader,
+/// which the model-free fuzz build links).
+BlockKindRules any_block_kinds();
+
+/// Parse and validate a run config under `kinds`. Unknown sections/keys, wrong types and
+/// out-of-range values throw fp4::UserError naming the file, key and allowed range. `sets`
+/// (the config part of parse_settings) override keys of the file first and are validated as
+/// the file's values are; their errors name the --set argument, cross-key errors the file
+/// "with --set ...". Most callers want fp4::load_run_config (fp4/nn/config.h).
+RunConfig parse_run_config_file(const std::filesystem::path& file, const std::vector<Setting>& sets,
+                                const BlockKindRules& kinds);
+/// Check cross-field constraints (batch and micro-batch, final window, warm-up, and the
+/// kinds' checks: d_model % n_heads, even head dim, ...); throws UserError prefixed `where`.
+void validate_run_config(const RunConfig& c, const std::string& where, const BlockKindRules& kinds);
 /// Parse run-config TOML text (e.g. the resolved config stored in a checkpoint); `where`
-/// names the source in error messages. Throws fp4::UserError like load_run_config.
-RunConfig run_config_from_text(const std::string& toml, const std::string& where);
+/// names the source in error messages. Throws fp4::UserError like parse_run_config_file.
+RunConfig parse_run_config_text(const std::string& toml, const std::string& where,
+                                const BlockKindRules& kinds);
 /// The resolved config as TOML text.
 std::string run_config_to_toml(const RunConfig& c);
 

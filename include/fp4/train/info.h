@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4 {
@@ -56,6 +56,8 @@ struct LinearInfo {
 
 /// Parameters of one kind of block, summed over the pattern.
 struct BlockKindCount {
+  char symbol = 0;          ///< nn::MixerKind::symbol
+  std::string name, key;    ///< nn::MixerKind::name ("Mamba-2"), key ("mamba2")
   int blocks = 0;           ///< blocks of this kind in the pattern
   int64_t per_block = 0;    ///< nn::block_param_count (norm weight included)
   int64_t params = 0;       ///< blocks · per_block
@@ -64,7 +66,11 @@ struct BlockKindCount {
 struct ModelInfo {
   std::string pattern;  ///< ModelConfig::block_pattern()
   int n_blocks = 0;
-  BlockKindCount mamba2, attention, mlp;  ///< 'M', '*', '-' blocks
+  /// Every registered kind (nn::mixer_kinds(), in registry order: 'M' Mamba-2, '*'
+  /// attention, '-' MLP, then any registered later), absent ones with 0 blocks.
+  std::vector<BlockKindCount> kinds;
+  /// The count of kind `symbol`; throws std::out_of_range for an unregistered one.
+  const BlockKindCount& kind(char symbol) const;
   int64_t embeddings = 0;  ///< V·d
   int64_t lm_head = 0;     ///< V·d
   int64_t norm_f = 0;      ///< d
