@@ -1,4 +1,5 @@
-// `fp4train eval` (held-out NLL under the inference policies) and `fp4train sample` (text
+// `fp4train eval` (held-out NLL under the inference policies; the downstream task, scored by
+// fp4/eval/tasks.h) and `fp4train sample` (text
 // generation), both on a checkpoint (or, for baselines and tests, a freshly initialised model)
 // with the checkpoint's recipe or another one. See README "Quantized inference evaluation".
 //
@@ -12,8 +13,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sentencepiece_processor.h>
-#include <toml++/toml.h>
 #include <string>
 #include <vector>
 
@@ -252,53 +251,6 @@ void write_gradients(const Source& s, const EvalWindows& held, int n, const std:
               "written to %s\n", n, loss, file.c_str());
 }
 
-// UTF-8 code points of s (bytes that do not continue a sequence).
-int64_t utf8_chars(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
-// The options and shipped hash of configs/tasks/next-sentence.toml.
-struct TaskFile {
-  NextSentenceOptions opt;
-  std::string shipped_hash;  // of the default corpus (data/brown/text)
-  fs::path path;
-};
-
-TaskFile load_task_file() {
-  TaskFile t;
-  t.path = resolve("configs/tasks/next-sentence.toml");
-  toml::table tb;
-  try {
-    tb = toml::parse_file(t.path.string());
-  } catch (const toml::parse_error& e) {
-    throw UserError(t.path.string() + ": " + std::string(e.description()));
-  }
-  auto get_int = [&](const char* k, int& v, int lo, int hi) {
-    if (auto x = tb[k].value<int64_t>()) {
-      if (*x < lo || *x > hi)
-        throw UserError(t.path.string() + ": " + k + " = " + std::to_string(*x) + " is outside " +
-                        std::to_string(lo) + ".." + std::to_string(hi));
-      v = int(*x);
-    } else if (tb.contains(k)) {
-      throw UserError(t.path.string() + ": " + k + " must be an integer");
-    }
-  };
-  get_int("context_sentences", t.opt.context_sentences, 1, 100);
-  get_int("items", t.opt.items, 1, 1 << 20);
-  get_int("min_chars", t.opt.min_chars, 1, 1 << 20);
-  get_int("max_chars", t.opt.max_chars, 1, 1 << 20);
-  int seed = int(t.opt.seed);
-  get_int("seed", seed, 0, 1 << 30);
-  t.opt.seed = uint64_t(seed);
-  if (auto x = tb["length_tolerance"].value<double>()) t.opt.length_tolerance = *x;
-  if (t.opt.min_chars > t.opt.max_chars || !(t.opt.length_tolerance >= 0))
-    throw UserError(t.path.string() + ": min_chars must be <= max_chars and length_tolerance >= 0");
-  t.shipped_hash = tb["fnv1a64"].value_or(std::string());
-  return t;
-}
-
 // `eval --task next-sentence`: accuracy of choosing the true next sentence among four, scored
 // by the log-likelihood of each choice after the context (raw, and per character), under
 // each policy; 95% bootstrap intervals over items.
@@ -306,7 +258,7 @@ void run_task(const EvalArgs& a, const Source& s, nn::Model& model, const TokenD
               const std::vector<EvalPolicy>& policies, const EvalWindows* calib) {
   if (a.task != "next-sentence")
     throw UserError("--task " + a.task + ": unknown task (next-sentence)");
-  const TaskFile tf = load_task_file();
+  const NextSentenceTask tf = load_next_sentence_task(resolve("configs/tasks/next-sentence.toml"));
   const CorpusSplit split = split_corpus(data_path_of(s, a.src));
   const std::vector<NextSentenceItem> items = make_next_sentence_items(split, tf.opt);
   const std::string jsonl = next_sentence_items_jsonl(items);
@@ -327,55 +279,20 @@ void run_task(const EvalArgs& a, const Source& s, nn::Model& model, const TokenD
                  "the default corpus data/brown/text): another corpus or sentence rule; the "
                  "accuracies are not comparable with docs/results.md\n",
                  tf.path.string().c_str(), tf.shipped_hash.empty() ? "none" : tf.shipped_hash.c_str());
-  sentencepiece::SentencePieceProcessor sp;
-  if (const auto st = sp.Load(data.tokenizer_model.string()); !st.ok())
-    throw UserError("cannot load tokenizer model '" + data.tokenizer_model.string() + "': " + st.ToString());
   const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();
-  // Every choice is one row: EOS, the context, the choice; the context is cut from the left
-  // to fit seq_len + 1 tokens, and a choice longer than seq_len tokens is cut to its first
-  // seq_len (counted as truncated).
-  std::vector<ScoredSequence> seqs;
-  std::vector<int64_t> chars;
-  int64_t truncated = 0;
-  for (const auto& it : items) {
-    std::string ctx_text;
-    for (const auto& c : it.context) ctx_text += (ctx_text.empty() ? "" : " ") + c;
-    std::vector<int> ctx_ids;
-    sp.Encode(ctx_text, &ctx_ids);
-    for (const auto& ch : it.choices) {
-      std::vector<int> ch_ids;
-      sp.Encode(ch, &ch_ids);
-      if (ch_ids.empty()) throw UserError("next-sentence: a choice encodes to no token: '" + ch + "'");
-      if (int(ch_ids.size()) > seq_len) ch_ids.resize(size_t(seq_len)), ++truncated;
-      std::vector<int32_t> all = {kTokenEos};
-      all.insert(all.end(), ctx_ids.begin(), ctx_ids.end());
-      all.insert(all.end(), ch_ids.begin(), ch_ids.end());
-      const size_t keep = size_t(seq_len) + 1;
-      if (all.size() > keep) all.erase(all.begin(), all.end() - std::ptrdiff_t(keep));
-      seqs.push_back({all, int(ch_ids.size())});
-      chars.push_back(std::max<int64_t>(1, utf8_chars(ch)));
-    }
-  }
+  const NextSentenceRows rows = next_sentence_rows(items, Tokenizer(data.tokenizer_model), seq_len);
+  const int64_t truncated = rows.truncated;
   std::printf("%zu choice rows, %d per batch, seq_len %d; %lld choices cut to seq_len tokens\n",
-              seqs.size(), batch, seq_len, static_cast<long long>(truncated));
+              rows.seqs.size(), batch, seq_len, static_cast<long long>(truncated));
   std::printf("%-14s %26s %26s %8s\n", "policy", "accuracy raw [95% CI]", "per char [95% CI]",
               "chance");
   json results = json::object(), order = json::array();
   for (const auto& p : policies) {
-    const std::vector<double> lp = continuation_logprobs(model, seqs, seq_len, batch, p, calib);
-    std::vector<double> raw(items.size()), norm(items.size());
+    const NextSentenceScore sc = score_next_sentence(model, items, rows, seq_len, batch, p, calib);
+    const std::vector<double>&raw = sc.raw, &norm = sc.per_char;
+    const bool finite = sc.finite;
     std::string raw_s, norm_s;
-    bool finite = true;
     for (size_t i = 0; i < items.size(); ++i) {
-      int best = 0, best_n = 0;
-      for (int c = 0; c < 4; ++c) {
-        const size_t k = i * 4 + size_t(c);
-        finite &= std::isfinite(lp[k]);
-        if (lp[k] > lp[i * 4 + size_t(best)]) best = c;  // ties: the lower index
-        if (lp[k] / double(chars[k]) > lp[i * 4 + size_t(best_n)] / double(chars[i * 4 + size_t(best_n)]))
-          best_n = c;
-      }
-      raw[i] = best == items[i].answer, norm[i] = best_n == items[i].answer;
       raw_s += raw[i] ? '1' : '0';
       norm_s += norm[i] ? '1' : '0';
     }
@@ -557,18 +474,14 @@ void run_sample(const SampleArgs& a) {
     data = load_data(s, a.src);
     if (tok.empty() || !fs::exists(tok)) tok = data.tokenizer_model;
   }
-  sentencepiece::SentencePieceProcessor sp;
-  if (const auto st = sp.Load(tok.string()); !st.ok())
-    throw UserError("cannot load tokenizer model '" + tok.string() + "': " + st.ToString());
-  if (sp.GetPieceSize() > s.cfg.model.vocab_size)
-    throw UserError("tokenizer " + tok.string() + " has " + std::to_string(sp.GetPieceSize()) +
+  const Tokenizer sp(tok);
+  if (sp.pieces() > s.cfg.model.vocab_size)
+    throw UserError("tokenizer " + tok.string() + " has " + std::to_string(sp.pieces()) +
                     " pieces, more than model.vocab_size " + std::to_string(s.cfg.model.vocab_size));
   // Every document follows an EOS in the training streams: start from one.
   std::vector<int> prompt = {kTokenEos};
   if (!a.prompt.empty()) {
-    std::vector<int> ids;
-    if (const auto st = sp.Encode(a.prompt, &ids); !st.ok())
-      throw UserError("cannot encode --prompt: " + st.ToString());
+    const std::vector<int> ids = sp.encode(a.prompt, "--prompt");
     prompt.insert(prompt.end(), ids.begin(), ids.end());
   }
   EvalWindows calib;

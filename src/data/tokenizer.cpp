@@ -406,6 +406,26 @@ TokenData prepare_tokens(const fs::path& data_path, int vocab_size, const fs::pa
   return td;
 }
 
+struct Tokenizer::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+};
+
+Tokenizer::Tokenizer(const fs::path& model) : impl_(std::make_unique<Impl>()), path_(model) {
+  load_processor(impl_->sp, model);
+}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+std::vector<int> Tokenizer::encode(std::string_view text, const std::string& what) const {
+  std::vector<int> ids;
+  if (const auto st = impl_->sp.Encode(std::string(text), &ids); !st.ok())
+    throw UserError("cannot encode " + what + " with " + path_.string() + ": " + st.ToString());
+  return ids;
+}
+
+int Tokenizer::pieces() const { return impl_->sp.GetPieceSize(); }
+
 std::string detokenize(const fs::path& tokenizer_model, const std::vector<int>& ids) {
   sentencepiece::SentencePieceProcessor sp;
   load_processor(sp, tokenizer_model);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <toml++/toml.h>
 
 #include "fp4/base/error.h"
 
@@ -176,6 +177,97 @@ std::string fnv1a64_hex(std::string_view bytes) {
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
   return b;
+}
+
+NextSentenceTask load_next_sentence_task(const std::filesystem::path& file) {
+  NextSentenceTask t;
+  t.path = file;
+  toml::table tb;
+  try {
+    tb = toml::parse_file(t.path.string());
+  } catch (const toml::parse_error& e) {
+    throw UserError(t.path.string() + ": " + std::string(e.description()));
+  }
+  auto get_int = [&](const char* k, int& v, int lo, int hi) {
+    if (auto x = tb[k].value<int64_t>()) {
+      if (*x < lo || *x > hi)
+        throw UserError(t.path.string() + ": " + k + " = " + std::to_string(*x) + " is outside " +
+                        std::to_string(lo) + ".." + std::to_string(hi));
+      v = int(*x);
+    } else if (tb.contains(k)) {
+      throw UserError(t.path.string() + ": " + k + " must be an integer");
+    }
+  };
+  get_int("context_sentences", t.opt.context_sentences, 1, 100);
+  get_int("items", t.opt.items, 1, 1 << 20);
+  get_int("min_chars", t.opt.min_chars, 1, 1 << 20);
+  get_int("max_chars", t.opt.max_chars, 1, 1 << 20);
+  int seed = int(t.opt.seed);
+  get_int("seed", seed, 0, 1 << 30);
+  t.opt.seed = uint64_t(seed);
+  if (auto x = tb["length_tolerance"].value<double>()) t.opt.length_tolerance = *x;
+  if (t.opt.min_chars > t.opt.max_chars || !(t.opt.length_tolerance >= 0))
+    throw UserError(t.path.string() + ": min_chars must be <= max_chars and length_tolerance >= 0");
+  t.shipped_hash = tb["fnv1a64"].value_or(std::string());
+  return t;
+}
+
+namespace {
+// UTF-8 code points of s (bytes that do not continue a sequence).
+int64_t utf8_chars(const std::string& s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+}  // namespace
+
+NextSentenceRows next_sentence_rows(const std::vector<NextSentenceItem>& items, const Tokenizer& tok,
+                                    int seq_len) {
+  NextSentenceRows rows;
+  for (const auto& it : items) {
+    std::string ctx_text;
+    for (const auto& c : it.context) ctx_text += (ctx_text.empty() ? "" : " ") + c;
+    const std::vector<int> ctx_ids = tok.encode(ctx_text, "a next-sentence context");
+    for (const auto& ch : it.choices) {
+      std::vector<int> ch_ids = tok.encode(ch, "a next-sentence choice");
+      if (ch_ids.empty()) throw UserError("next-sentence: a choice encodes to no token: '" + ch + "'");
+      if (int(ch_ids.size()) > seq_len) ch_ids.resize(size_t(seq_len)), ++rows.truncated;
+      std::vector<int32_t> all = {kTokenEos};
+      all.insert(all.end(), ctx_ids.begin(), ctx_ids.end());
+      all.insert(all.end(), ch_ids.begin(), ch_ids.end());
+      const size_t keep = size_t(seq_len) + 1;
+      if (all.size() > keep) all.erase(all.begin(), all.end() - std::ptrdiff_t(keep));
+      rows.seqs.push_back({all, int(ch_ids.size())});
+      rows.chars.push_back(std::max<int64_t>(1, utf8_chars(ch)));
+    }
+  }
+  return rows;
+}
+
+NextSentenceScore score_next_sentence(nn::Model& model, const std::vector<NextSentenceItem>& items,
+                                      const NextSentenceRows& rows, int seq_len, int batch,
+                                      const EvalPolicy& policy, const EvalWindows* calib) {
+  if (rows.seqs.size() != 4 * items.size() || rows.chars.size() != rows.seqs.size())
+    throw std::invalid_argument("score_next_sentence: " + std::to_string(rows.seqs.size()) +
+                                " rows for " + std::to_string(items.size()) + " items (4 each)");
+  const std::vector<double> lp = continuation_logprobs(model, rows.seqs, seq_len, batch, policy, calib);
+  const std::vector<int64_t>& chars = rows.chars;
+  NextSentenceScore sc;
+  sc.raw.resize(items.size());
+  sc.per_char.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    int best = 0, best_n = 0;
+    for (int c = 0; c < 4; ++c) {
+      const size_t k = i * 4 + size_t(c);
+      sc.finite &= std::isfinite(lp[k]);
+      if (lp[k] > lp[i * 4 + size_t(best)]) best = c;  // ties: the lower index
+      if (lp[k] / double(chars[k]) > lp[i * 4 + size_t(best_n)] / double(chars[i * 4 + size_t(best_n)]))
+        best_n = c;
+    }
+    sc.raw[i] = best == items[i].answer;
+    sc.per_char[i] = best_n == items[i].answer;
+  }
+  return sc;
 }
 
 }  // namespace fp4

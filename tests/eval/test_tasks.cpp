@@ -1,5 +1,6 @@
 // The next-sentence task (include/fp4/eval/tasks.h) and continuation scoring (fp4/eval/eval.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -199,4 +200,92 @@ TEST(NextSentence, TheBrownItemsAreTheShippedSet) {
       << "the items changed: a changed sentence rule or draw must update the shipped hash "
          "(and the results that used the old items)";
 }
+// score_next_sentence picks, per item, the choice of highest log-likelihood (raw) and of
+// highest log-likelihood per character, against continuation_logprobs of the same rows
+// (the independent reference above checks those); the lower index wins a tie (two identical
+// rows); the answer is what decides correctness; rows that are not 4 per item are refused.
+TEST(NextSentence, ScoreTakesTheArgmaxOfTheRowsAndTheLowerIndexOnTies) {
+  ModelConfig m;
+  m.vocab_size = 64;
+  m.d_model = 32;
+  m.n_layers = 1;
+  m.n_heads = 2;
+  m.mlp_hidden = 64;
+  const int seq_len = 8, batch = 4;
+  Recipe fp32;
+  fp32.mode = LinearMode::FP32;
+  nn::Model model(m, fp32, batch, seq_len);
+  model.init(5);
+  EvalPolicy none;
+  none.kind = EvalPolicy::Kind::None;
+  NextSentenceRows rows;
+  std::vector<NextSentenceItem> items(3);
+  for (int i = 0; i < 3; ++i) {
+    for (int c = 0; c < 4; ++c) {
+      // Item 2's choices 1 and 3 are one row twice: a tie, whatever the model.
+      const int cc = (i == 2 && c == 3) ? 1 : c;
+      rows.seqs.push_back({{2, 10 + i, 20 + cc, 30 + cc, 40 + i * cc}, 2 + (cc % 2)});
+      rows.chars.push_back(1 + 3 * cc);
+    }
+  }
+  const std::vector<double> lp = continuation_logprobs(model, rows.seqs, seq_len, batch, none);
+  for (int i = 0; i < 3; ++i) {
+    int best = 0, best_n = 0;
+    for (int c = 1; c < 4; ++c) {
+      if (lp[4 * i + c] > lp[4 * i + best]) best = c;
+      if (lp[4 * i + c] / rows.chars[4 * i + c] > lp[4 * i + best_n] / rows.chars[4 * i + best_n]) best_n = c;
+    }
+    items[size_t(i)].answer = i == 0 ? best : i == 1 ? (best + 1) % 4 : best_n;
+    if (i == 2) {
+      ASSERT_EQ(lp[8 + 1], lp[8 + 3]);  // the tie
+      EXPECT_NE(best, 3);
+    }
+  }
+  const NextSentenceScore sc = score_next_sentence(model, items, rows, seq_len, batch, none);
+  EXPECT_TRUE(sc.finite);
+  ASSERT_EQ(sc.raw.size(), 3u);
+  EXPECT_EQ(sc.raw[0], 1.0);  // the answer is the argmax
+  EXPECT_EQ(sc.raw[1], 0.0);  // it is not
+  EXPECT_EQ(sc.per_char[2], 1.0);
+  rows.seqs.pop_back();
+  EXPECT_THROW(score_next_sentence(model, items, rows, seq_len, batch, none), std::invalid_argument);
+}
+
+// The task file: its keys, defaults for absent ones, and errors naming the file and key.
+TEST(NextSentence, TaskFileKeysAndErrors) {
+  const fs::path dir = fs::temp_directory_path() / ("fp4_task_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const fs::path f = dir / name;
+    std::ofstream(f) << text;
+    return f;
+  };
+  const NextSentenceTask t = load_next_sentence_task(
+      write("ok.toml", "context_sentences = 2\nitems = 7\nseed = 9\nfnv1a64 = \"0123456789abcdef\"\n"));
+  EXPECT_EQ(t.opt.context_sentences, 2);
+  EXPECT_EQ(t.opt.items, 7);
+  EXPECT_EQ(t.opt.seed, 9u);
+  EXPECT_EQ(t.opt.min_chars, NextSentenceOptions{}.min_chars);
+  EXPECT_EQ(t.shipped_hash, "0123456789abcdef");
+  auto error_of = [&](const std::string& text) {
+    try {
+      (void)load_next_sentence_task(write("bad.toml", text));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e = error_of("items = 0\n");
+  EXPECT_NE(e.find("bad.toml: items = 0 is outside 1.."), std::string::npos) << e;
+  e = error_of("seed = \"x\"\n");
+  EXPECT_NE(e.find("seed must be an integer"), std::string::npos) << e;
+  e = error_of("min_chars = 50\nmax_chars = 10\n");
+  EXPECT_NE(e.find("min_chars must be <= max_chars"), std::string::npos) << e;
+  e = error_of("items = [\n");
+  EXPECT_NE(e.find("bad.toml"), std::string::npos) << e;
+  // The shipped file loads, with a hash.
+  EXPECT_EQ(load_next_sentence_task(fs::path(FP4_SOURCE_DIR) / "configs/tasks/next-sentence.toml").shipped_hash.size(), 16u);
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -74,6 +75,28 @@ std::vector<uint16_t> token_shard_from_bytes(std::string_view bytes, int vocab,
 
 /// "token cache file '<file>' is corrupt (<why>); delete '<its directory>' to rebuild it".
 std::string token_cache_corrupt(const std::filesystem::path& file, const std::string& why);
+
+/// A trained SentencePiece model (the run's tokenizer.model), loaded once: what the commands
+/// above `data` use instead of SentencePiece itself.
+class Tokenizer {
+ public:
+  /// Loads `model`; throws fp4::UserError "cannot load tokenizer model '<file>': <why>".
+  explicit Tokenizer(const std::filesystem::path& model);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  /// The ids of `text` (no EOS added; the model's dummy prefix applies). Throws
+  /// fp4::UserError naming `what` (e.g. "--prompt") if SentencePiece refuses the text.
+  std::vector<int> encode(std::string_view text, const std::string& what = "text") const;
+  /// Pieces of the vocabulary (ids 0 .. pieces() − 1).
+  int pieces() const;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::filesystem::path path_;
+};
 
 /// Decode token ids back to text with the tokenizer (for samples and tests).
 std::string detokenize(const std::filesystem::path& tokenizer_model, const std::vector<int>& ids);

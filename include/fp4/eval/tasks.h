@@ -6,7 +6,10 @@
 #include <string_view>
 #include <vector>
 
+#include <filesystem>
+
 #include "fp4/data/data.h"
+#include "fp4/eval/eval.h"
 
 namespace fp4 {
 
@@ -62,5 +65,45 @@ std::string next_sentence_items_jsonl(const std::vector<NextSentenceItem>& items
 /// FNV-1a, 64 bits, of `bytes` (offset basis 0xcbf29ce484222325, prime 0x100000001b3), as 16
 /// lowercase hex digits: an identity check for shipped item sets, not a cryptographic hash.
 std::string fnv1a64_hex(std::string_view bytes);
+
+/// The task file (configs/tasks/next-sentence.toml): the draw options (keys
+/// context_sentences, items, min_chars, max_chars, seed, length_tolerance; absent keys keep
+/// NextSentenceOptions' defaults) and fnv1a64, the hash of the items the default corpus
+/// gives (the shipped set).
+struct NextSentenceTask {
+  NextSentenceOptions opt;
+  std::string shipped_hash;  ///< "" when the file has none
+  std::filesystem::path path;
+};
+/// Read the task file. Throws fp4::UserError naming the file and key for malformed TOML, a
+/// non-integer or out-of-range value, min_chars > max_chars or a negative length_tolerance.
+NextSentenceTask load_next_sentence_task(const std::filesystem::path& file);
+
+/// The rows to score: for every item, one row per choice (4 per item, in order): EOS, the
+/// context sentences joined by spaces, then the choice, all encoded with `tok`; the context
+/// is cut from the left to fit seq_len + 1 tokens, and a choice longer than seq_len tokens is
+/// cut to its first seq_len (counted in `truncated`). `chars[k]` is row k's choice length in
+/// UTF-8 code points (at least 1), the per-character normaliser (OLMES). Throws
+/// fp4::UserError for a choice that encodes to no token.
+struct NextSentenceRows {
+  std::vector<ScoredSequence> seqs;
+  std::vector<int64_t> chars;
+  int64_t truncated = 0;
+};
+NextSentenceRows next_sentence_rows(const std::vector<NextSentenceItem>& items, const Tokenizer& tok,
+                                    int seq_len);
+
+/// The task under one inference policy: per item, 1 if the choice with the highest
+/// log-likelihood (continuation_logprobs of its row) is the answer, else 0 (`raw`; ties go to
+/// the lower index), and the same with each log-likelihood divided by the choice's
+/// characters (`per_char`). `finite` is false when any score is not finite (the accuracies
+/// then mean nothing). Throws what continuation_logprobs throws.
+struct NextSentenceScore {
+  bool finite = true;
+  std::vector<double> raw, per_char;  ///< [items], 0 or 1
+};
+NextSentenceScore score_next_sentence(nn::Model& model, const std::vector<NextSentenceItem>& items,
+                                      const NextSentenceRows& rows, int seq_len, int batch,
+                                      const EvalPolicy& policy, const EvalWindows* calib = nullptr);
 
 }  // namespace fp4
