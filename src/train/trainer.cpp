@@ -1,12 +1,12 @@
-// The training loop: batches → forward → loss → backward → clip → AdamW, with progress
-// lines, metrics.jsonl, periodic held-out evaluation and a final summary.
+// The training run: its checks, a fresh start or a resume, the loop of steps (train_step.cpp)
+// with progress lines, metrics.jsonl, periodic held-out evaluation and checkpoints, and the
+// final summary.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -26,8 +26,8 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
-#include "fp4/numerics/telemetry.h"
 #include "fp4/train/train.h"
+#include "telemetry_json.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;
@@ -119,140 +119,6 @@ std::string fmt_duration(double s) {
 }
 }  // namespace
 
-namespace {
-// {"layers.0.mixer.q_proj": {"x": {...}, "w": ..., "dy": ..., "dyt": ..., "xt": ...}, ...} for every
-// FP4 linear, and a digest line naming the worst layer/operand for each statistic.
-json telemetry_record(const nn::Model& model, std::string& digest) {
-  json t = json::object();
-  struct Worst {
-    double v = -1;
-    std::string where;
-  } err, sat, guard, zeroed, stale;
-  auto upd = [](Worst& w, double v, const std::string& where) {
-    if (v > w.v) w = {v, where};
-  };
-  for (size_t i = 0; i < model.linears().size(); ++i) {
-    const auto& tel = model.linears()[i].telemetry();
-    if (!tel.valid) continue;
-    const std::string name = model.linear_name(i);
-    json layer;
-    for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
-      const QuantStats& s = tel.op[o];
-      const std::string where = name + " " + nn::LinearTelemetry::kNames[o];
-      json& op = layer[nn::LinearTelemetry::kNames[o]];
-      op = {{"saturated_blocks", s.saturated_blocks},
-            {"zero_guard_blocks", s.zero_guard_blocks},
-            {"zeroed_nonzeros", s.zeroed_nonzeros},
-            {"rel_error", s.rel_error}};
-      if (s.has_staleness) op["staleness"] = s.staleness;  // absent under the MX rules
-      upd(err, s.rel_error, where);
-      upd(sat, s.saturated_blocks, where);
-      upd(guard, s.zero_guard_blocks, where);
-      upd(zeroed, s.zeroed_nonzeros, where);
-      if (s.has_staleness) upd(stale, s.staleness, where);
-    }
-    t[name] = layer;
-  }
-  if (err.v >= 0) {
-    char b[512];
-    std::snprintf(b, sizeof b,
-                  "numerics | worst rel. error %.4f (%s) | saturated scales %.2f%% (%s) | "
-                  "zero-guard %.2f%% | nonzeros to 0 %.1f%% (%s)",
-                  err.v, err.where.c_str(), 100 * sat.v, sat.where.c_str(), 100 * guard.v,
-                  100 * zeroed.v, zeroed.where.c_str());
-    digest = b;
-    if (stale.v >= 0) {  // no operand has one under the MX rules
-      std::snprintf(b, sizeof b, " | amax/held %.2f (%s)", stale.v, stale.where.c_str());
-      digest += b;
-    }
-  }
-  return t;
-}
-
-// Where the blocks fall (issue 13 §3), on a telemetry step: for each operand role, the
-// histograms of QuantStats summed over every FP4 linear of that role and scale format, and
-// the same for the model's final down_proj alone (the reference implementation captures
-// those). Dense from the first to the last nonzero bin, to keep metrics.jsonl small:
-//   [{"linears": "all" | NAME, "operand": "x" | "w" | "dy" | "dyt" | "xt",
-//     "scale_format": "ue5m3", "exp_bits": 5, "frac_bits": 3, "bias": 15, "subnormals": true,
-//     "scale_min": min subnormal, "scale_max": max finite,
-//     "scale_code_first": c0, "scale_code_blocks": [blocks at code c0, c0 + 1, ...],
-//     "zero_blocks": all-zero blocks, "guarded_blocks": blocks whose scale underflowed
-//     (neither is in scale_code_blocks: both store the guard's 1.0),
-//     "ratio_to": "g" | "amax", "log2_ratio_first": b0,
-//     "log2_ratio_blocks": [blocks with floor(log2(a_b / r)) = b0, b0 + 1, ...]}, ...]
-// A code decodes as (1 + m/2^M)·2^(e − bias), or (m/2^M)·2^(1 − bias) for e = 0 with
-// subnormals (e = code >> M, m = code mod 2^M; docs/formats.md).
-json scale_hist_record(const nn::Model& model) {
-  struct Acc {
-    const FloatFormat* fmt = nullptr;
-    bool ratio_to_g = true;
-    std::array<uint64_t, 256> codes{};
-    std::array<uint64_t, QuantStats::kRatioBins> ratio{};
-    uint64_t zero = 0, guarded = 0;
-  };
-  auto add = [](Acc& a, const QuantStats& s) {
-    a.fmt = s.scale_format;
-    a.ratio_to_g = s.ratio_to_g;
-    for (size_t c = 0; c < a.codes.size(); ++c) a.codes[c] += s.scale_code_blocks[c];
-    for (size_t b = 0; b < a.ratio.size(); ++b) a.ratio[b] += s.log2_amax_ratio_blocks[b];
-    a.zero += s.zero_blocks;
-    a.guarded += s.guarded_blocks;
-  };
-  auto dense = [](const auto& h, int offset, json& first, json& blocks) {
-    size_t lo = h.size(), hi = 0;
-    for (size_t i = 0; i < h.size(); ++i)
-      if (h[i]) lo = std::min(lo, i), hi = i;
-    blocks = json::array();
-    first = lo < h.size() ? int(lo) - offset : 0;
-    for (size_t i = lo; i <= hi && lo < h.size(); ++i) blocks.push_back(h[i]);
-  };
-  auto to_json = [&](const std::string& linears, const char* operand, const Acc& a) {
-    const FloatFormat& f = *a.fmt;
-    json j{{"linears", linears},     {"operand", operand},
-           {"scale_format", f.name}, {"exp_bits", f.exp_bits},
-           {"frac_bits", f.frac_bits}, {"bias", f.bias},
-           {"subnormals", f.subnormals}, {"scale_min", double(format_min_subnormal(f))},
-           {"scale_max", double(f.max_finite)}, {"ratio_to", a.ratio_to_g ? "g" : "amax"},
-           {"zero_blocks", a.zero},  {"guarded_blocks", a.guarded}};
-    dense(a.codes, 0, j["scale_code_first"], j["scale_code_blocks"]);
-    dense(a.ratio, QuantStats::kRatioBias, j["log2_ratio_first"], j["log2_ratio_blocks"]);
-    return j;
-  };
-  constexpr int kO = nn::LinearTelemetry::kOperands;
-  std::vector<std::pair<std::string, Acc>> all[kO];  // per operand: per scale format
-  int last_down = -1;
-  for (size_t i = 0; i < model.linears().size(); ++i) {
-    const auto& tel = model.linears()[i].telemetry();
-    if (!tel.valid) continue;
-    const std::string name = model.linear_name(i);
-    if (name.size() >= 9 && name.compare(name.size() - 9, 9, "down_proj") == 0) last_down = int(i);
-    for (int o = 0; o < kO; ++o) {
-      const QuantStats& s = tel.op[o];
-      if (!s.scale_format) continue;
-      auto& v = all[o];
-      auto it = std::find_if(v.begin(), v.end(),
-                             [&](const auto& e) { return e.first == s.scale_format->name; });
-      if (it == v.end()) it = v.insert(v.end(), {s.scale_format->name, Acc{}});
-      add(it->second, s);
-    }
-  }
-  json out = json::array();
-  for (int o = 0; o < kO; ++o)
-    for (const auto& [fmt, acc] : all[o]) out.push_back(to_json("all", nn::LinearTelemetry::kNames[o], acc));
-  if (last_down >= 0) {
-    const auto& tel = model.linears()[size_t(last_down)].telemetry();
-    for (int o = 0; o < kO; ++o) {
-      if (!tel.op[o].scale_format) continue;
-      Acc a;
-      add(a, tel.op[o]);
-      out.push_back(to_json(model.linear_name(size_t(last_down)), nn::LinearTelemetry::kNames[o], a));
-    }
-  }
-  return out;
-}
-}  // namespace
-
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   // Block indices, final_blocks (recipe and overrides), and overrides that change no linear.
   const ResolvedLinears res =
@@ -302,172 +168,6 @@ double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
   // Callers decide how a non-finite tensor is reported (see safe_nll in train()).
   if (std::isnan(r.nats_per_token)) throw NonFiniteError("held-out evaluation: non-finite tensor");
   return r.nats_per_token;
-}
-
-namespace {
-// A non-finite loss or tensor met in one micro-batch of this process.
-struct MicroDiverged {
-  std::string what;
-};
-
-// The data-parallel agreement on references (Recipe::amax_ranks).
-class MpiReferences final : public nn::RankReferences {
- public:
-  explicit MpiReferences(AmaxRanks rule) : rule_(rule) {}
-  float agree(float local, bool sample) override {
-    if (rule_ == AmaxRanks::Max) return dist::max_over_ranks(local);
-    return sample ? dist::bcast_from_rank0(local) : local;
-  }
-
- private:
-  AmaxRanks rule_;
-};
-
-// Micro-batch m of the step (this process's first is `first`): forward and backward from
-// zeroed gradients; its gradient is then in model.grads(). Throws MicroDiverged.
-double run_micro(nn::Model& model, nn::StepContext& ctx, const int32_t* inputs,
-                 const int32_t* targets, int micro, int64_t rows, int m, int first) {
-  model.zero_grad();
-  ctx.micro = m;
-  ctx.first_micro = m == first;
-  try {
-    const double loss =
-        model.forward(inputs + int64_t(m) * rows, targets + int64_t(m) * rows, micro, ctx);
-    if (!std::isfinite(loss))
-      throw MicroDiverged{"non-finite training loss (" + std::to_string(loss) +
-                          ") in micro-batch " + std::to_string(m)};
-    model.backward(ctx);
-    return loss;
-  } catch (const NonFiniteError& e) {
-    throw MicroDiverged{std::string("non-finite tensor (") + e.what() + ") in micro-batch " +
-                        std::to_string(m)};
-  }
-}
-}  // namespace
-
-void check_process_count(const RunConfig& cfg, bool resume) {
-  const int n = cfg.train.n_micro(), P = dist::size();
-  if (n % P == 0) return;
-  throw UserError("train.batch_size / train.micro_batch_size = " + std::to_string(n) +
-                  " micro-batches per step cannot be spread evenly over " + std::to_string(P) +
-                  " processes (mpirun -np): use a process count that divides it" +
-                  (resume ? std::string(" (a resumed run keeps its micro-batches)")
-                          : std::string(", or change train.micro_batch_size")));
-}
-
-std::unique_ptr<nn::RankReferences> rank_references(const Recipe& recipe) {
-  if (dist::size() == 1) return nullptr;
-  return std::make_unique<MpiReferences>(recipe.amax_ranks);
-}
-
-StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
-                      const RunConfig& cfg, const Recipe& recipe, int step,
-                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-  thread_local StepBuffers buffers;
-  MpiReferences ranks(recipe.amax_ranks);  // agrees across processes under mpirun
-  return train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets, buffers,
-                    dist::size() > 1 ? &ranks : nullptr);
-}
-
-StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
-                      const RunConfig& cfg, const Recipe& recipe, int step,
-                      std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
-                      StepBuffers& buf, nn::RankReferences* ranks) {
-  using prof::Cat;
-  using prof::Scope;
-  const auto& tc = cfg.train;
-  check_process_count(cfg);
-  const int n = tc.n_micro(), P = dist::size();
-  StepResult r;
-  {
-    Scope s(Cat::kData);
-    sampler.next(inputs.data(), targets.data());
-  }
-  nn::StepContext ctx;
-  ctx.step = step;
-  ctx.seed = tc.sr_key_seed();
-  ctx.ranks = ranks;
-  ctx.telemetry = r.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
-                                (step == 1 || step % cfg.telemetry_interval == 0);
-  const int64_t len = model.num_params();
-  if (n == 1 && P == 1) {
-    // One forward per step: the gradient is the model's own.
-    model.zero_grad();
-    try {
-      r.loss = model.forward(inputs.data(), targets.data(), tc.batch_size, ctx);
-      if (!std::isfinite(r.loss)) {
-        r.diverged = "non-finite training loss (" + std::to_string(r.loss) + ")";
-        return r;
-      }
-      model.backward(ctx);
-    } catch (const NonFiniteError& e) {
-      // A quantizer met NaN/Inf activations or gradients before the loss showed it.
-      r.diverged = std::string("non-finite tensor (") + e.what() + ")";
-      return r;
-    }
-  } else {
-    const int k = n / P, a = dist::rank() * k, b = a + k;
-    if (!buf.tree || buf.tree_n != n || buf.tree_a != a ||
-        buf.tree_len != len) {
-      buf.tree = std::make_unique<dist::TreeAccumulator>(n, a, b, len);
-      buf.tree_n = n, buf.tree_a = a, buf.tree_len = len;
-    }
-    buf.tree->reset();
-    buf.losses.resize(size_t(k));
-    const int64_t rows = int64_t(tc.micro()) * tc.seq_len;
-    try {
-      for (int m = a; m < b; ++m) {
-        buf.losses[size_t(m - a)] =
-            run_micro(model, ctx, inputs.data(), targets.data(), tc.micro(), rows, m, a);
-        prof::Scope s(Cat::kOther);
-        buf.tree->add(model.grads().data());
-      }
-    } catch (const MicroDiverged& e) {
-      r.diverged = e.what;
-      r.diverged_on_this_rank = P > 1;
-      return r;
-    }
-    dist::reduce_mean(n, buf.tree->node_sums(), len, model.grads().data());
-    // The step's loss: the mean of the micro-batch losses, in micro-batch order.
-    buf.all_losses.resize(size_t(n));
-    dist::allgather(buf.losses.data(), k, buf.all_losses.data());
-    double sum = 0;
-    for (int m = 0; m < n; ++m) sum += buf.all_losses[size_t(m)];
-    r.loss = sum / n;
-    if (ctx.telemetry && P > 1) {
-      // The worst of every statistic over the ranks (each holds the worst of its micro-batches).
-      constexpr int kF = 6, kO = nn::LinearTelemetry::kOperands;
-      auto& lin = model.linears();
-      buf.tel.assign(lin.size() * kO * kF, 0.0);
-      for (size_t i = 0; i < lin.size(); ++i)
-        for (int o = 0; o < kO; ++o) {
-          const QuantStats& q = lin[i].telemetry().op[o];
-          double* t = &buf.tel[(i * kO + size_t(o)) * kF];
-          t[0] = q.saturated_blocks, t[1] = q.zero_guard_blocks, t[2] = q.zeroed_nonzeros;
-          t[3] = q.rel_error, t[4] = q.staleness, t[5] = q.has_staleness ? 1 : 0;
-        }
-      dist::max_over_ranks(buf.tel.data(), int64_t(buf.tel.size()));
-      for (size_t i = 0; i < lin.size(); ++i)
-        for (int o = 0; o < kO; ++o) {
-          QuantStats& q = lin[i].telemetry_for_reduction().op[o];
-          const double* t = &buf.tel[(i * kO + size_t(o)) * kF];
-          q.saturated_blocks = t[0], q.zero_guard_blocks = t[1], q.zeroed_nonzeros = t[2];
-          q.rel_error = t[3], q.staleness = t[4], q.has_staleness = t[5] != 0;
-        }
-    }
-  }
-  {
-    Scope s(Cat::kGradClip);
-    r.grad_norm = clip_grad_norm(model.grads().data(), model.num_params(), tc.grad_clip);
-  }
-  r.lr = wsd_lr(tc, step);
-  if (!std::isfinite(r.grad_norm)) {
-    r.diverged = "non-finite gradient norm";
-    return r;
-  }
-  Scope s(Cat::kOptimizer);
-  optimizer.step(model.params().data(), model.grads().data(), model.param_infos(), r.lr, step);
-  return r;
 }
 
 namespace {
@@ -831,8 +531,8 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
       window_tokens = 0;
     }
     if (r.telemetry) {
-      rec["telemetry"] = telemetry_record(model, digest);
-      rec["scale_hist"] = scale_hist_record(model);
+      rec["telemetry"] = train_detail::telemetry_record(model, digest);
+      rec["scale_hist"] = train_detail::scale_hist_record(model);
     }
     const bool eval_step = step % cfg.eval.interval == 0 || step == tc.steps;
     if (eval_step) {
