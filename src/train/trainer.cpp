@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -178,17 +179,95 @@ struct RunState {
   int step = 0;
 };
 
-TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                       const TrainOptions& opt, RunState& st) {
+// One call of train(), in the stages that train_run runs one after the other:
+//   validate  the checks that need no model, before anything is built or a file is written;
+//   restore   model, AdamW state, sampler and held references, fresh (initialised from
+//             train.seed) or from opt.resume_from once it is checked to belong to this run;
+//             the run directory made ready (lock, config.toml, recipe.toml, tokenizer.model,
+//             metrics.jsonl cut back to the checkpoint and opened); the run's header lines;
+//             the summary of the steps before the checkpoint;
+//   loop      the steps, each with its metrics line, progress line, evaluation, telemetry and
+//             checkpoint when due; false when it stopped early (stop_after, a stop request),
+//             with `sum` the result;
+//   finish    the final window, summary.json and the summary returned.
+// Its members are what a stage hands on to the next.
+struct TrainRun {
   using clock = std::chrono::steady_clock;
-  const auto& tc = cfg.train;
+
+  TrainRun(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+           const TrainOptions& opt, RunState& st)
+      : cfg(cfg), tc(cfg.train), recipe(recipe), data(data), opt(opt), st(st) {}
+
+  void validate();
+  void restore();
+  bool loop();
+  void finish();
+
+  // restore's parts.
+  void check_and_load_checkpoint();
+  std::string ready_run_directory();
+  void print_header(const std::string& metrics_note);
+  // loop's parts.
+  [[noreturn]] void stop_diverged(int step, const StepResult& r);
+  void progress_line(int step, const StepResult& r);
+  double mfu(double tokens_per_s) const;
+  void log(const std::string& s) const;
+  double safe_nll(bool quantize);
+  void evaluate(int step, json& rec);
+  void save_rank0(int step);
+  void save(int step);
+
+  // Given.
+  const RunConfig& cfg;
+  const TrainConfig& tc;
+  const Recipe& recipe;
+  const TokenData& data;
+  const TrainOptions& opt;
+  RunState& st;
+
+  // validate.
+  std::vector<int64_t> eval_starts;
+  int n_ranks = 1;
+  bool rank0 = true;  // the only rank that writes files and prints
+
+  // restore.
+  std::optional<nn::Model> model;
+  std::optional<AdamW> opt_state;
+  std::unique_ptr<nn::RankReferences> ranks;
+  StepBuffers step_buffers;
+  std::optional<BatchSampler> sampler;
+  std::string config_text, recipe_text, data_key, tokenizer_bytes;
+  fs::path ckpt_dir, metrics_file, tokenizer_copy;
+  const Checkpoint* ck = nullptr;
+  int start = 0;
+  std::unique_ptr<RunDirLock> dir_lock;
+  AppendFile metrics;
+  std::vector<int32_t> inputs, targets;
+  int64_t tokens_per_step = 0;
+  double flops_per_token = 0;
+  prof::ComputePaths compute;
+  TrainSummary sum;
+  double train_seconds = 0, window_seconds = 0, wall_before = 0;
+  bool have_eval = false;
+  std::string digest;  // worst layer at the latest telemetry step
+
+  // loop.
+  int64_t window_tokens = 0;
+  clock::time_point last_print, t_start;
+  // The busiest the machine was at a progress line or at the end (fp4/base/machine_load.h): step
+  // times and tokens/s taken on a busy machine are marked as such in summary.json, the
+  // progress line and compare's report.
+  MachineLoad worst_load;
+};
+
+void TrainRun::validate() {
   // Everything that can be checked is checked before a file is written.
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab (" + std::to_string(data.vocab_size) +
                     ") exceeds model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ")");
   check_recipe_fits(recipe, cfg);
-  const auto eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
-                                           cfg.eval.windows);
+  eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
+                                cfg.eval.windows);
   if (eval_starts.empty())
     throw UserError("the held-out split has " + std::to_string(data.heldout.size()) +
                     " tokens, fewer than train.seq_len + 1 = " + std::to_string(tc.seq_len + 1) +
@@ -197,75 +276,104 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     throw UserError("train options: save_every >= 0, keep_checkpoints >= 1 and log_every >= 1 "
                     "required, got " + std::to_string(opt.save_every) + ", " +
                     std::to_string(opt.keep_checkpoints) + ", " + std::to_string(opt.log_every));
-  const int n_ranks = dist::size();
-  const bool rank0 = dist::rank() == 0;  // the only rank that writes files and prints
+  n_ranks = dist::size();
+  rank0 = dist::rank() == 0;
   check_process_count(cfg);
-  nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);
-  model.init(tc.seed);
-  AdamW opt_state(model.num_params(), tc);
-  const std::unique_ptr<nn::RankReferences> ranks = rank_references(recipe);
-  StepBuffers step_buffers;
-  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
-  const std::string config_text = run_config_to_toml(cfg), recipe_text = recipe_to_toml(recipe);
+}
+
+void TrainRun::restore() {
+  model.emplace(cfg.model, recipe, tc.micro(), tc.seq_len);
+  model->init(tc.seed);
+  opt_state.emplace(model->num_params(), tc);
+  ranks = rank_references(recipe);
+  sampler.emplace(data.train, tc.seq_len, tc.batch_size, tc.seed);
+  config_text = run_config_to_toml(cfg), recipe_text = recipe_to_toml(recipe);
   // Checkpoints store these texts; a resume reloads them, so they must parse.
   (void)run_config_from_text(config_text, "the run config");
   (void)recipe_from_text(recipe_text, "the recipe " + recipe.name);
-  const std::string data_key = data.cache_dir.filename().string();
-  const fs::path ckpt_dir = opt.out_dir / "checkpoints";
-  const fs::path metrics_file = opt.out_dir / "metrics.jsonl";
-  const fs::path tokenizer_copy = opt.out_dir / "tokenizer.model";
-  std::string tokenizer_bytes;
+  data_key = data.cache_dir.filename().string();
+  ckpt_dir = opt.out_dir / "checkpoints";
+  metrics_file = opt.out_dir / "metrics.jsonl";
+  tokenizer_copy = opt.out_dir / "tokenizer.model";
   if (!data.tokenizer_model.empty() && fs::exists(data.tokenizer_model))
     tokenizer_bytes = read_file_bytes(data.tokenizer_model);
 
-  // Resume: the checkpoint must belong to this run (same config, recipe, data), then the
-  // whole training state is restored: weights, AdamW moments, data-loader position, held amax
-  // caches. SR bits are counter-based on (seed, step, ...), so they need no state.
-  const Checkpoint* ck = opt.resume_from;
-  const int start = ck ? static_cast<int>(ck->step) : 0;
+  ck = opt.resume_from;
+  start = ck ? static_cast<int>(ck->step) : 0;
+  if (ck) check_and_load_checkpoint();
+  const std::string metrics_note = ready_run_directory();
+  inputs.resize(size_t(int64_t(tc.batch_size) * tc.seq_len));
+  targets.resize(inputs.size());
+  tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
+  flops_per_token = model->flops_per_token(tc.seq_len);
+  print_header(metrics_note);
+
+  // The steps before the checkpoint.
+  sum.resumed_from = start;
+  train_seconds = ck ? ck->train_seconds : 0;
+  window_seconds = 0;
+  wall_before = ck ? ck->wall_seconds : 0;
+  have_eval = false;
   if (ck) {
-    const std::string where = "cannot resume " + opt.out_dir.string() + " from its checkpoint at step " +
-                              std::to_string(ck->step) + ": ";
-    if (ck->config_toml != config_text)
-      throw UserError(where + "the checkpoint's run config (config_toml) differs from the config "
-                      "given; resume with the run's own config.toml, unchanged");
-    if (ck->recipe_toml != recipe_text)
-      throw UserError(where + "the checkpoint's recipe (recipe_toml) differs from the recipe "
-                      "given; resume with the run's own recipe.toml, unchanged");
-    if (ck->step > tc.steps)
-      throw UserError(where + "it is beyond train.steps = " + std::to_string(tc.steps));
-    if (static_cast<int64_t>(ck->params.size()) != model.num_params())
-      throw UserError(where + "it holds " + std::to_string(ck->params.size()) +
-                      " parameters, the model has " + std::to_string(model.num_params()));
-    if (ck->losses.size() != static_cast<size_t>(ck->step))
-      throw UserError(where + "it lacks the training losses of steps 1.." + std::to_string(ck->step));
-    if (!ck->data_key.empty() && ck->data_key != data_key)
-      throw UserError(where + "the run was trained on data with token cache key " + ck->data_key +
-                      ", the data given now has key " + data_key +
-                      " (different corpus or tokenizer); pass --data with the run's corpus");
-    if (fs::exists(tokenizer_copy) && read_file_bytes(tokenizer_copy) != tokenizer_bytes)
-      throw UserError(where + "the tokenizer of the data given now differs from the run's " +
-                      tokenizer_copy.string() + "; pass --data with the run's corpus");
-    model.params() = ck->params;
-    opt_state.m() = ck->adam_m;
-    opt_state.v() = ck->adam_v;
-    sampler.set_draws(ck->sampler_draws);
-    auto& lin = model.linears();
-    for (const HeldReference& r : ck->references) {
-      size_t i = 0;
-      while (i < lin.size() && model.linear_name(i) != r.linear) ++i;
-      if (i == lin.size())
-        throw UserError(where + "it holds a held amax for an unknown linear '" + r.linear + "'");
-      lin[i].reference(static_cast<nn::Role>(r.role)).restore(r.has_value, r.last_refresh, r.held);
+    sum.losses = ck->losses;
+    if (!sum.losses.empty()) sum.first_loss = sum.losses[0];
+    have_eval = !std::isnan(ck->val_nll);
+    if (have_eval) {
+      sum.heldout_nll = ck->val_nll;
+      sum.heldout_nll_quant = ck->val_nll_quant;
     }
   }
+  digest = ck ? ck->telemetry_digest : "";
+}
 
+// Resume: the checkpoint must belong to this run (same config, recipe, data), then the
+// whole training state is restored: weights, AdamW moments, data-loader position, held amax
+// caches. SR bits are counter-based on (seed, step, ...), so they need no state.
+void TrainRun::check_and_load_checkpoint() {
+  const std::string where = "cannot resume " + opt.out_dir.string() + " from its checkpoint at step " +
+                            std::to_string(ck->step) + ": ";
+  if (ck->config_toml != config_text)
+    throw UserError(where + "the checkpoint's run config (config_toml) differs from the config "
+                    "given; resume with the run's own config.toml, unchanged");
+  if (ck->recipe_toml != recipe_text)
+    throw UserError(where + "the checkpoint's recipe (recipe_toml) differs from the recipe "
+                    "given; resume with the run's own recipe.toml, unchanged");
+  if (ck->step > tc.steps)
+    throw UserError(where + "it is beyond train.steps = " + std::to_string(tc.steps));
+  if (static_cast<int64_t>(ck->params.size()) != model->num_params())
+    throw UserError(where + "it holds " + std::to_string(ck->params.size()) +
+                    " parameters, the model has " + std::to_string(model->num_params()));
+  if (ck->losses.size() != static_cast<size_t>(ck->step))
+    throw UserError(where + "it lacks the training losses of steps 1.." + std::to_string(ck->step));
+  if (!ck->data_key.empty() && ck->data_key != data_key)
+    throw UserError(where + "the run was trained on data with token cache key " + ck->data_key +
+                    ", the data given now has key " + data_key +
+                    " (different corpus or tokenizer); pass --data with the run's corpus");
+  if (fs::exists(tokenizer_copy) && read_file_bytes(tokenizer_copy) != tokenizer_bytes)
+    throw UserError(where + "the tokenizer of the data given now differs from the run's " +
+                    tokenizer_copy.string() + "; pass --data with the run's corpus");
+  model->params() = ck->params;
+  opt_state->m() = ck->adam_m;
+  opt_state->v() = ck->adam_v;
+  sampler->set_draws(ck->sampler_draws);
+  auto& lin = model->linears();
+  for (const HeldReference& r : ck->references) {
+    size_t i = 0;
+    while (i < lin.size() && model->linear_name(i) != r.linear) ++i;
+    if (i == lin.size())
+      throw UserError(where + "it holds a held amax for an unknown linear '" + r.linear + "'");
+    lin[i].reference(static_cast<nn::Role>(r.role)).restore(r.has_value, r.last_refresh, r.held);
+  }
+}
+
+// The run directory, locked for this process, with the run's files; metrics.jsonl opened for
+// appending (cut back to the checkpoint's step on a resume). Returns the note of that cut.
+std::string TrainRun::ready_run_directory() {
   // Every rank has loaded what it needs (a resume's checkpoint) before rank 0 changes files.
   dist::barrier();
   if (!ck && rank0) fs::create_directories(opt.out_dir);
   // One process per run directory: refused here, before any file of the run changes (and
   // before dir_ready, so the refusal writes no error.txt into the other process's run).
-  std::unique_ptr<RunDirLock> dir_lock;
   if (rank0) dir_lock = std::make_unique<RunDirLock>(opt.out_dir);
   st.dir_ready = true;  // a resumed run's directory exists already
   if (ck && rank0) {
@@ -299,7 +407,6 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     fs::remove(opt.out_dir / "error.txt", ec);
   }
   std::string metrics_note;
-  AppendFile metrics;
   if (rank0) {
     if (!ck || !fs::exists(opt.out_dir / "config.toml"))
       write_file_atomic(opt.out_dir / "config.toml", config_text);
@@ -310,26 +417,19 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     if (ck) metrics_note = cut_metrics(metrics_file, ck->step);
     metrics.open(metrics_file, /*truncate=*/!ck);
   }
-  std::vector<int32_t> inputs(int64_t(tc.batch_size) * tc.seq_len), targets(inputs.size());
-  const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
-  const double flops_per_token = model.flops_per_token(tc.seq_len);
-  auto mfu = [&](double tokens_per_s) {
-    return opt.peak_gflops > 0 ? flops_per_token * tokens_per_s / (opt.peak_gflops * 1e9) : 0.0;
-  };
+  return metrics_note;
+}
 
-  auto log = [&](const std::string& s) {
-    if (!opt.quiet && rank0) {
-      std::printf("%s\n", s.c_str());
-      std::fflush(stdout);
-    }
-  };
+// The run's header: the model and recipe line, the compute paths (kept for summary.json),
+// and on a resume where it continues.
+void TrainRun::print_header(const std::string& metrics_note) {
   {
     std::ostringstream o;
-    o << "model: " << model.num_params() << " parameters (" << model.num_body_params()
-      << " in blocks), " << model.n_blocks() << " blocks " << model.pattern() << ", d_model "
+    o << "model: " << model->num_params() << " parameters (" << model->num_body_params()
+      << " in blocks), " << model->n_blocks() << " blocks " << model->pattern() << ", d_model "
       << cfg.model.d_model << "; ";
     // The recipe's per-block modes, then one line per [[override]] with the linears it hit.
-    const std::string plans = describe_linear_plans(recipe, model);
+    const std::string plans = describe_linear_plans(recipe, *model);
     const size_t nl = plans.find('\n');
     o << plans.substr(0, nl) << "; " << tokens_per_step << " tokens/step";
     if (tc.n_micro() > 1 || n_ranks > 1)
@@ -342,7 +442,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     if (nl != std::string::npos) o << plans.substr(nl);
     log(o.str());
   }
-  const prof::ComputePaths compute = prof::compute_paths();
+  compute = prof::compute_paths();
   log("compute: " + compute.line());
 
   if (ck) {
@@ -354,147 +454,29 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                    "they refresh at step %d, so this run is not bit-exact with an "
                    "uninterrupted one\n", start + 1);
   }
+}
 
-  TrainSummary sum;
-  sum.resumed_from = start;
-  double train_seconds = ck ? ck->train_seconds : 0, window_seconds = 0;
-  const double wall_before = ck ? ck->wall_seconds : 0;
-  bool have_eval = false;
-  if (ck) {
-    sum.losses = ck->losses;
-    if (!sum.losses.empty()) sum.first_loss = sum.losses[0];
-    have_eval = !std::isnan(ck->val_nll);
-    if (have_eval) {
-      sum.heldout_nll = ck->val_nll;
-      sum.heldout_nll_quant = ck->val_nll_quant;
-    }
+double TrainRun::mfu(double tokens_per_s) const {
+  return opt.peak_gflops > 0 ? flops_per_token * tokens_per_s / (opt.peak_gflops * 1e9) : 0.0;
+}
+
+void TrainRun::log(const std::string& s) const {
+  if (!opt.quiet && rank0) {
+    std::printf("%s\n", s.c_str());
+    std::fflush(stdout);
   }
-  int64_t window_tokens = 0;
-  auto last_print = clock::now();
-  // The busiest the machine was at a progress line or at the end (fp4/base/machine_load.h): step
-  // times and tokens/s taken on a busy machine are marked as such in summary.json, the
-  // progress line and compare's report.
-  MachineLoad worst_load = machine_load();
-  const auto t_start = clock::now();
+}
 
-  // A NaN/Inf met inside an evaluation (e.g. a quantized forward overflowing in a diverging
-  // run) makes that NLL NaN (JSON null) instead of stopping the run; training itself stops
-  // on its own non-finite checks.
-  // Evaluation batches of micro_batch_size windows (the model's batch), spread over the ranks
-  // round-robin; their sums are added in batch order, so the NLL is the one-process value.
-  auto safe_nll = [&](bool quantize) {
-    if (n_ranks == 1) {
-      try {
-        return heldout_nll(model, data.heldout, eval_starts, tc.seq_len, tc.micro(), quantize);
-      } catch (const NonFiniteError&) {
-        return std::numeric_limits<double>::quiet_NaN();
-      }
-    }
-    EvalPolicy policy;
-    policy.kind = quantize ? EvalPolicy::Kind::Current : EvalPolicy::Kind::None;
-    const EvalWindows w{&data.heldout, eval_starts};
-    const int64_t nb = (int64_t(eval_starts.size()) + tc.micro() - 1) / tc.micro();
-    const int64_t slots = (nb + n_ranks - 1) / n_ranks;
-    std::vector<double> mine = nll_batch_sums(model, w, tc.seq_len, tc.micro(), policy,
-                                              dist::rank(), n_ranks);
-    mine.resize(size_t(slots), 0.0);
-    std::vector<double> all(size_t(slots) * size_t(n_ranks));
-    dist::allgather(mine.data(), slots, all.data());
-    double sum = 0;
-    for (int64_t b = 0; b < nb; ++b) sum += all[size_t((b % n_ranks) * slots + b / n_ranks)];
-    return sum / double(eval_starts.size());
-  };
-  auto evaluate = [&](int step, json& rec) {
-    const double nll = safe_nll(false);
-    double nllq = nll;
-    if (recipe.mode != LinearMode::FP32) nllq = safe_nll(true);
-    rec["val_nll"] = nll;
-    rec["val_nll_quant"] = nllq;
-    char b[200];
-    if (recipe.mode == LinearMode::FP32)
-      std::snprintf(b, sizeof b, "eval step %d | held-out NLL %.4f", step, nll);
-    else
-      std::snprintf(b, sizeof b,
-                    "eval step %d | held-out NLL %.4f (FP32 inference) | %.4f (%s inference, "
-                    "current scaling)",
-                    step, nll, nllq, recipe.name.c_str());
-    log(b);
-    sum.heldout_nll = nll;
-    sum.heldout_nll_quant = nllq;
-    have_eval = true;
-  };
-
-  std::string digest = ck ? ck->telemetry_digest : "";  // worst layer at the latest telemetry step
-  auto save_rank0 = [&](int step) {
-    Checkpoint c;
-    c.step = step;
-    c.config_toml = config_text;
-    c.recipe_toml = recipe_text;
-    c.params = model.params();
-    c.adam_m = opt_state.m();
-    c.adam_v = opt_state.v();
-    c.sampler_draws = sampler.draws();
-    if (opt.save_amax)
-      for (size_t i = 0; i < model.linears().size(); ++i)
-        for (int r = 0; r < 5; ++r) {
-          const TensorReference& t = model.linears()[i].reference(static_cast<nn::Role>(r));
-          // A per-call D = 1 reference is measured afresh at every call, never reused: not
-          // state (and under MPI each rank's last one is its own micro-batch's).
-          if (t.interval() == 1 && recipe.amax_sample == AmaxSample::PerCall) continue;
-          if (t.has_value())
-            c.references.push_back({model.linear_name(i), r, true, t.last_refresh(), t.held()});
-        }
-    c.losses = sum.losses;
-    c.train_seconds = train_seconds;
-    c.wall_seconds = wall_before + std::chrono::duration<double>(clock::now() - t_start).count();
-    if (have_eval) {
-      c.val_nll = sum.heldout_nll;
-      c.val_nll_quant = sum.heldout_nll_quant;
-    }
-    c.telemetry_digest = digest;
-    c.data_key = data_key;
-    c.config_name = opt.config_name;
-    c.save_every = opt.save_every;
-    c.keep_checkpoints = opt.keep_checkpoints;
-    c.log_every = opt.log_every;
-    c.save_amax = opt.save_amax;
-    // metrics.jsonl (each line written to the OS at once) reaches the disk before the
-    // checkpoint that a resume cuts it back to: after a power cut it holds every line up to
-    // that step.
-    metrics.sync();
-    fs::create_directories(ckpt_dir);
-    save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
-    prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
-  };
-  auto save = [&](int step) {
-    if (rank0) save_rank0(step);
-  };
-
+bool TrainRun::loop() {
+  last_print = clock::now();
+  worst_load = machine_load();
+  t_start = clock::now();
   for (int step = start + 1; step <= tc.steps; ++step) {
     st.step = step;
     const auto t0 = clock::now();
-    const StepResult r = train_step(model, opt_state, sampler, cfg, recipe, step, inputs,
+    const StepResult r = train_step(*model, *opt_state, *sampler, cfg, recipe, step, inputs,
                                     targets, step_buffers, ranks.get());
-    // A diverged run stops with the step named; metrics so far are kept, no summary written.
-    if (!r.diverged.empty()) {
-      const std::string msg = r.diverged + " at step " + std::to_string(step) + " with recipe " +
-                              recipe.name + "; the run diverged. Metrics up to step " +
-                              std::to_string(step - 1) + " are in " +
-                              (opt.out_dir / "metrics.jsonl").string();
-      st.error_written = true;
-      if (r.diverged_on_this_rank) {
-        // Met in this rank's micro-batches (the others may be waiting in a collective, or
-        // may have met it too): it writes error.txt through a temporary of its own (ranks
-        // racing on one .tmp name would fail) and ends every process.
-        write_error_of_rank(opt.out_dir / "error.txt", msg);
-        dist::abort_all(msg, 2);
-      }
-      // Met on every rank alike (the reduced gradient's norm, or one process): rank 0
-      // writes error.txt, and no rank ends the run before it has.
-      if (rank0) write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
-      dist::barrier();
-      throw UserError(msg);
-    }
+    if (!r.diverged.empty()) stop_diverged(step, r);
     const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     train_seconds += dt;
@@ -512,27 +494,11 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                 {"step_ms", dt * 1e3}};
     if (opt.peak_gflops > 0) rec["mfu"] = mfu(tokens_per_step / dt);
     const double since = std::chrono::duration<double>(clock::now() - last_print).count();
-    if (since >= cfg.progress_seconds || step == start + 1 || step == tc.steps) {
-      const double tps = window_tokens / std::max(window_seconds, 1e-9);
-      const double eta = (tc.steps - step) * (train_seconds / step);
-      char b[240], m[32] = "";
-      if (opt.peak_gflops > 0) std::snprintf(m, sizeof m, " (MFU %.0f%%)", 100 * mfu(tps));
-      std::snprintf(b, sizeof b,
-                    "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s",
-                    int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps, m,
-                    fmt_duration(eta).c_str());
-      const MachineLoad ml = machine_load();
-      if (ml.load1 > worst_load.load1) worst_load = ml;
-      log(ml.busy() ? std::string(b) + " | busy machine (" + ml.describe() +
-                          "): timings unreliable"
-                    : std::string(b));
-      last_print = clock::now();
-      window_seconds = 0;
-      window_tokens = 0;
-    }
+    if (since >= cfg.progress_seconds || step == start + 1 || step == tc.steps)
+      progress_line(step, r);
     if (r.telemetry) {
-      rec["telemetry"] = train_detail::telemetry_record(model, digest);
-      rec["scale_hist"] = train_detail::scale_hist_record(model);
+      rec["telemetry"] = train_detail::telemetry_record(*model, digest);
+      rec["scale_hist"] = train_detail::scale_hist_record(*model);
     }
     const bool eval_step = step % cfg.eval.interval == 0 || step == tc.steps;
     if (eval_step) {
@@ -548,7 +514,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
     if (step == opt.stop_after) {
       sum.stopped = true;
       sum.steps = step;
-      return sum;
+      return false;
     }
     // A stop request (SIGINT/SIGTERM) between steps: this step is complete and logged, so its
     // checkpoint is a consistent resume point. The last step completes the run instead.
@@ -563,10 +529,150 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
       sum.stop_signal = stop_flag;
       sum.steps = step;
       sum.checkpoint = ckpt_dir / checkpoint_file_name(step);
-      return sum;
+      return false;
     }
   }
+  return true;
+}
 
+// A diverged run stops with the step named; metrics so far are kept, no summary written.
+void TrainRun::stop_diverged(int step, const StepResult& r) {
+  const std::string msg = r.diverged + " at step " + std::to_string(step) + " with recipe " +
+                          recipe.name + "; the run diverged. Metrics up to step " +
+                          std::to_string(step - 1) + " are in " +
+                          (opt.out_dir / "metrics.jsonl").string();
+  st.error_written = true;
+  if (r.diverged_on_this_rank) {
+    // Met in this rank's micro-batches (the others may be waiting in a collective, or
+    // may have met it too): it writes error.txt through a temporary of its own (ranks
+    // racing on one .tmp name would fail) and ends every process.
+    write_error_of_rank(opt.out_dir / "error.txt", msg);
+    dist::abort_all(msg, 2);
+  }
+  // Met on every rank alike (the reduced gradient's norm, or one process): rank 0
+  // writes error.txt, and no rank ends the run before it has.
+  if (rank0) write_file_atomic(opt.out_dir / "error.txt", msg + "\n");
+  dist::barrier();
+  throw UserError(msg);
+}
+
+// The progress line of `step` (tokens/s over the steps since the last one), marked when the
+// machine is busy.
+void TrainRun::progress_line(int step, const StepResult& r) {
+  const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
+  const double tps = window_tokens / std::max(window_seconds, 1e-9);
+  const double eta = (tc.steps - step) * (train_seconds / step);
+  char b[240], m[32] = "";
+  if (opt.peak_gflops > 0) std::snprintf(m, sizeof m, " (MFU %.0f%%)", 100 * mfu(tps));
+  std::snprintf(b, sizeof b,
+                "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s",
+                int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps, m,
+                fmt_duration(eta).c_str());
+  const MachineLoad ml = machine_load();
+  if (ml.load1 > worst_load.load1) worst_load = ml;
+  log(ml.busy() ? std::string(b) + " | busy machine (" + ml.describe() +
+                      "): timings unreliable"
+                : std::string(b));
+  last_print = clock::now();
+  window_seconds = 0;
+  window_tokens = 0;
+}
+
+// A NaN/Inf met inside an evaluation (e.g. a quantized forward overflowing in a diverging
+// run) makes that NLL NaN (JSON null) instead of stopping the run; training itself stops
+// on its own non-finite checks.
+// Evaluation batches of micro_batch_size windows (the model's batch), spread over the ranks
+// round-robin; their sums are added in batch order, so the NLL is the one-process value.
+double TrainRun::safe_nll(bool quantize) {
+  if (n_ranks == 1) {
+    try {
+      return heldout_nll(*model, data.heldout, eval_starts, tc.seq_len, tc.micro(), quantize);
+    } catch (const NonFiniteError&) {
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  EvalPolicy policy;
+  policy.kind = quantize ? EvalPolicy::Kind::Current : EvalPolicy::Kind::None;
+  const EvalWindows w{&data.heldout, eval_starts};
+  const int64_t nb = (int64_t(eval_starts.size()) + tc.micro() - 1) / tc.micro();
+  const int64_t slots = (nb + n_ranks - 1) / n_ranks;
+  std::vector<double> mine = nll_batch_sums(*model, w, tc.seq_len, tc.micro(), policy,
+                                            dist::rank(), n_ranks);
+  mine.resize(size_t(slots), 0.0);
+  std::vector<double> all(size_t(slots) * size_t(n_ranks));
+  dist::allgather(mine.data(), slots, all.data());
+  double total = 0;
+  for (int64_t b = 0; b < nb; ++b) total += all[size_t((b % n_ranks) * slots + b / n_ranks)];
+  return total / double(eval_starts.size());
+}
+
+void TrainRun::evaluate(int step, json& rec) {
+  const double nll = safe_nll(false);
+  double nllq = nll;
+  if (recipe.mode != LinearMode::FP32) nllq = safe_nll(true);
+  rec["val_nll"] = nll;
+  rec["val_nll_quant"] = nllq;
+  char b[200];
+  if (recipe.mode == LinearMode::FP32)
+    std::snprintf(b, sizeof b, "eval step %d | held-out NLL %.4f", step, nll);
+  else
+    std::snprintf(b, sizeof b,
+                  "eval step %d | held-out NLL %.4f (FP32 inference) | %.4f (%s inference, "
+                  "current scaling)",
+                  step, nll, nllq, recipe.name.c_str());
+  log(b);
+  sum.heldout_nll = nll;
+  sum.heldout_nll_quant = nllq;
+  have_eval = true;
+}
+
+void TrainRun::save_rank0(int step) {
+  Checkpoint c;
+  c.step = step;
+  c.config_toml = config_text;
+  c.recipe_toml = recipe_text;
+  c.params = model->params();
+  c.adam_m = opt_state->m();
+  c.adam_v = opt_state->v();
+  c.sampler_draws = sampler->draws();
+  if (opt.save_amax)
+    for (size_t i = 0; i < model->linears().size(); ++i)
+      for (int r = 0; r < 5; ++r) {
+        const TensorReference& t = model->linears()[i].reference(static_cast<nn::Role>(r));
+        // A per-call D = 1 reference is measured afresh at every call, never reused: not
+        // state (and under MPI each rank's last one is its own micro-batch's).
+        if (t.interval() == 1 && recipe.amax_sample == AmaxSample::PerCall) continue;
+        if (t.has_value())
+          c.references.push_back({model->linear_name(i), r, true, t.last_refresh(), t.held()});
+      }
+  c.losses = sum.losses;
+  c.train_seconds = train_seconds;
+  c.wall_seconds = wall_before + std::chrono::duration<double>(clock::now() - t_start).count();
+  if (have_eval) {
+    c.val_nll = sum.heldout_nll;
+    c.val_nll_quant = sum.heldout_nll_quant;
+  }
+  c.telemetry_digest = digest;
+  c.data_key = data_key;
+  c.config_name = opt.config_name;
+  c.save_every = opt.save_every;
+  c.keep_checkpoints = opt.keep_checkpoints;
+  c.log_every = opt.log_every;
+  c.save_amax = opt.save_amax;
+  // metrics.jsonl (each line written to the OS at once) reaches the disk before the
+  // checkpoint that a resume cuts it back to: after a power cut it holds every line up to
+  // that step.
+  metrics.sync();
+  fs::create_directories(ckpt_dir);
+  save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
+  prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
+}
+
+void TrainRun::save(int step) {
+  if (rank0) save_rank0(step);
+}
+
+void TrainRun::finish() {
   // The final window: train.final_window (default: the last 10%, max(1, n / 10) steps).
   const int n = tc.steps, w = tc.final_window_steps();
   double s = 0;
@@ -582,7 +688,7 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
              {"steps", n},
              {"seed", tc.seed},
              {"tokens", int64_t(n) * tokens_per_step},
-             {"parameters", model.num_params()},
+             {"parameters", model->num_params()},
              {"first_loss", sum.first_loss},
              {"final_window_loss", sum.final_window_loss},
              {"final_window_steps", w},
@@ -606,7 +712,16 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
                         {"threads", omp_get_max_threads()},
                         {"busy", worst_load.busy()}};
   if (rank0) write_file_atomic(opt.out_dir / "summary.json", js.dump(2) + "\n");
-  return sum;
+}
+
+// One train() call, stage by stage (TrainRun).
+TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                       const TrainOptions& opt, RunState& st) {
+  TrainRun run(cfg, recipe, data, opt, st);
+  run.validate();
+  run.restore();
+  if (run.loop()) run.finish();
+  return std::move(run.sum);
 }
 }  // namespace
 
