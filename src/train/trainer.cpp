@@ -135,6 +135,18 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
                     " × train.seq_len = " + std::to_string(tokens) + " must be a multiple of 16");
 }
 
+ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume) {
+  check_recipe_fits(recipe, cfg);
+  check_process_count(cfg, resume);
+  return ValidatedRun(cfg, recipe);
+}
+
+ValidatedRun ValidatedRun::with_seed(uint64_t seed) const {
+  ValidatedRun v = *this;
+  v.cfg_.train.seed = seed;
+  return v;
+}
+
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
   const int L = model.n_blocks();
   const ResolvedLinears& res = model.resolved_linears();
@@ -180,7 +192,8 @@ struct RunState {
 };
 
 // One call of train(), in the stages that train_run runs one after the other:
-//   validate  the checks that need no model, before anything is built or a file is written;
+//   validate  the checks that need no model, before anything is built or a file is written
+//             (those of validate_run only if the caller has not made them);
 //   restore   model, AdamW state, sampler and held references, fresh (initialised from
 //             train.seed) or from opt.resume_from once it is checked to belong to this run;
 //             the run directory made ready (lock, config.toml, recipe.toml, tokenizer.model,
@@ -198,7 +211,7 @@ struct TrainRun {
            const TrainOptions& opt, RunState& st)
       : cfg(cfg), tc(cfg.train), recipe(recipe), data(data), opt(opt), st(st) {}
 
-  void validate();
+  void validate(bool validated);
   void restore();
   bool loop();
   void finish();
@@ -260,12 +273,14 @@ struct TrainRun {
   MachineLoad worst_load;
 };
 
-void TrainRun::validate() {
+// validated: validate_run has made its checks (check_recipe_fits, check_process_count); the
+// others are made in the order train() has always made them.
+void TrainRun::validate(bool validated) {
   // Everything that can be checked is checked before a file is written.
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab (" + std::to_string(data.vocab_size) +
                     ") exceeds model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ")");
-  check_recipe_fits(recipe, cfg);
+  if (!validated) check_recipe_fits(recipe, cfg);
   eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
                                 cfg.eval.windows);
   if (eval_starts.empty())
@@ -278,7 +293,7 @@ void TrainRun::validate() {
                     std::to_string(opt.keep_checkpoints) + ", " + std::to_string(opt.log_every));
   n_ranks = dist::size();
   rank0 = dist::rank() == 0;
-  check_process_count(cfg);
+  if (!validated) check_process_count(cfg);
 }
 
 void TrainRun::restore() {
@@ -716,20 +731,20 @@ void TrainRun::finish() {
 
 // One train() call, stage by stage (TrainRun).
 TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                       const TrainOptions& opt, RunState& st) {
+                       const TrainOptions& opt, bool validated, RunState& st) {
   TrainRun run(cfg, recipe, data, opt, st);
-  run.validate();
+  run.validate(validated);
   run.restore();
   if (run.loop()) run.finish();
   return std::move(run.sum);
 }
-}  // namespace
 
-TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                   const TrainOptions& opt) {
+// train_run, with error.txt for a failure once the run directory exists.
+TrainSummary train_with_error_txt(const RunConfig& cfg, const Recipe& recipe,
+                                  const TokenData& data, const TrainOptions& opt, bool validated) {
   RunState st;
   try {
-    return train_run(cfg, recipe, data, opt, st);
+    return train_run(cfg, recipe, data, opt, validated, st);
   } catch (const std::exception& e) {
     // A run that fails once its directory exists (a oneDNN error at step 1, a full disk, a
     // checkpoint that cannot be written, ...) leaves error.txt naming the cause, as a diverged
@@ -749,6 +764,16 @@ TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& 
     }
     throw;
   }
+}
+}  // namespace
+
+TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
+                   const TrainOptions& opt) {
+  return train_with_error_txt(cfg, recipe, data, opt, /*validated=*/false);
+}
+
+TrainSummary train(const ValidatedRun& run, const TokenData& data, const TrainOptions& opt) {
+  return train_with_error_txt(run.config(), run.recipe(), data, opt, /*validated=*/true);
 }
 
 }  // namespace fp4
