@@ -334,7 +334,7 @@ void run_compare(const CompareArgs& a) {
     c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
     plan.config_toml = run_config_to_toml(c0);
   }
-  std::vector<Recipe> recipes;
+  std::vector<ValidatedRun> recipes;  // each checked on the config once (validate_run)
   if (fs::exists(out / "compare.json")) {
     const Plan old = read_plan(out);
     if (old.sets != plan.sets) {
@@ -368,9 +368,8 @@ void run_compare(const CompareArgs& a) {
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
   for (const auto& arg : plan.recipes) {
-    recipes.push_back(load_recipe(arg, resolve("configs/recipes"), sets.recipe));
-    check_recipe_fits(recipes.back(), cfg);
-    const std::string& name = recipes.back().name;
+    recipes.push_back(validate_run(cfg, load_recipe(arg, resolve("configs/recipes"), sets.recipe)));
+    const std::string& name = recipes.back().recipe().name;
     for (size_t i = 0; i < plan.names.size(); ++i)
       if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))
         throw UserError("--recipes: '" + plan.recipes[i] + "' and '" + arg +
@@ -404,7 +403,7 @@ void run_compare(const CompareArgs& a) {
                             ": not a complete run (was another process writing into it?); "
                             "remove that run directory to train it again (nothing was changed)");
       if (!same("config.toml", run_config_to_toml(rc)) ||
-          !same("recipe.toml", recipe_to_toml(recipes[ri])))
+          !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
         throw UserError(d.string() + " holds a run made with a different " +
                         (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
                                                                        : "config (config.toml)") +
@@ -441,8 +440,8 @@ void run_compare(const CompareArgs& a) {
 
   // One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
   // says how to continue, and the process ends as killed by the signal.
-  auto train_run = [&](const RunConfig& rc, const Recipe& recipe, TrainOptions opt) {
-    const InterruptibleRun run = train_interruptible(rc, recipe, data, opt);
+  auto train_run = [&](const ValidatedRun& checked, TrainOptions opt) {
+    const InterruptibleRun run = train_interruptible(checked, data, opt);
     const TrainSummary& s = run.summary;
     // During the run's last step: it completed; the comparison stops before the next.
     if (run.late_signal != 0)
@@ -455,7 +454,8 @@ void run_compare(const CompareArgs& a) {
     end_by_signal(s.stop_signal,
                   "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
                       " after step " + std::to_string(s.steps) + " of " +
-                      std::to_string(rc.train.steps) + "; checkpoint " + s.checkpoint.string() +
+                      std::to_string(checked.config().train.steps) + "; checkpoint " +
+                      s.checkpoint.string() +
                       "\nContinue the comparison (finished runs are reused, this one resumes "
                       "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
   };
@@ -468,8 +468,7 @@ void run_compare(const CompareArgs& a) {
       char head[256];
       std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
                     plan.names[ri].c_str(), static_cast<unsigned long long>(seed));
-      RunConfig rc = cfg;
-      rc.train.seed = seed;
+      const ValidatedRun run = recipes[ri].with_seed(seed);  // no check depends on the seed
       TrainOptions opt;
       opt.out_dir = d;
       opt.config_name = plan.config_name;
@@ -499,7 +498,7 @@ void run_compare(const CompareArgs& a) {
             logf(std::string(head) + "resuming " + d.string() + " from step " +
                  std::to_string(ck.step));
             opt.resume_from = &ck;
-            train_run(rc, recipes[ri], opt);
+            train_run(run, opt);
           } else {
             if (fs::exists(d)) {  // started, but stopped before its first checkpoint
               const fs::path stale = d.string() + ".incomplete";
@@ -509,7 +508,7 @@ void run_compare(const CompareArgs& a) {
                    stale.string());
             }
             logf(std::string(head) + "training into " + d.string());
-            train_run(rc, recipes[ri], opt);
+            train_run(run, opt);
           }
         } catch (const UserError& e) {
           if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison

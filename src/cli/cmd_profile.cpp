@@ -65,7 +65,6 @@ void run_profile(const ProfileArgs& a) {
 
   const auto& tc = cfg.train;
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
-  check_recipe_fits(recipe, cfg);
   nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);  // one micro-batch per forward
   model.init(tc.seed);
   AdamW optimizer(model.num_params(), tc);

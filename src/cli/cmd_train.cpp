@@ -86,14 +86,14 @@ TrainOptions checkpoint_options(const TrainArgs& a) {
 
 // train() under StopOnSignal: on SIGINT/SIGTERM the run stops after its current step with a
 // checkpoint, says how to resume, and the process ends as killed by the signal (130 / 143).
-TrainSummary train_or_stop(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                           TrainOptions opt, const TrainArgs& a) {
+TrainSummary train_or_stop(const ValidatedRun& checked, const TokenData& data, TrainOptions opt,
+                           const TrainArgs& a) {
   std::string cmd = shell_word(a.app->get_parent()->get_name()) + " train --resume " +
                     shell_word(opt.out_dir.string());
   if (!a.data.empty()) cmd += " --data " + shell_word(a.data);
   InterruptibleRun run;
   try {
-    run = train_interruptible(cfg, recipe, data, opt);
+    run = train_interruptible(checked, data, opt);
   } catch (const IoError& e) {
     // A full disk (or an I/O error) while writing the run: what to do about it.
     const bool some = !list_checkpoints(opt.out_dir).empty();
@@ -112,7 +112,7 @@ TrainSummary train_or_stop(const RunConfig& cfg, const Recipe& recipe, const Tok
   if (s.stop_signal == 0) return s;
   end_by_signal(s.stop_signal,
                 "\nstopped by " + signal_name(s.stop_signal) + " after step " +
-                    std::to_string(s.steps) + " of " + std::to_string(cfg.train.steps) +
+                    std::to_string(s.steps) + " of " + std::to_string(checked.config().train.steps) +
                     "; checkpoint " + s.checkpoint.string() +
                     "\nmetrics.jsonl holds the steps so far; no summary.json. Continue, bit for "
                     "bit as if never stopped, with:\n  " + cmd + "\n");
@@ -163,7 +163,8 @@ void run_resume(const TrainArgs& a) {
   if (recipe_to_toml(recipe) != ck.recipe_toml)
     throw UserError(recipe_file.string() + " differs from the recipe stored in " + ck_file.string() +
                     "; the run cannot be resumed with a changed recipe (restore recipe.toml)");
-  check_process_count(cfg, /*resume=*/true);
+  // Checked once, before the data is prepared; train() does not repeat it.
+  const ValidatedRun checked = validate_run(cfg, recipe, /*resume=*/true);
 
   fs::path data_path = a.data.empty() ? fs::path(cfg.data.path) : fs::path(a.data);
   if (a.data.empty() && data_path.is_relative() && !fs::exists(data_path))
@@ -188,7 +189,7 @@ void run_resume(const TrainArgs& a) {
   opt.out_dir = dir;
   opt.config_name = ck.config_name.empty() ? "run" : ck.config_name;
   opt.resume_from = &ck;
-  const TrainSummary s = train_or_stop(cfg, recipe, data, opt, a);
+  const TrainSummary s = train_or_stop(checked, data, opt, a);
   print_summary(s, cfg, recipe, opt.config_name, dir);
 }
 
@@ -206,8 +207,8 @@ void run_train(const TrainArgs& a) {
   override_steps(cfg, a.steps);
   validate(cfg, with_settings(a.config, sets.config));
   const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
-  check_recipe_fits(recipe, cfg);
-  check_process_count(cfg);  // before any data is prepared (train() checks it again)
+  // Checked once, before any data is prepared; train() does not repeat it.
+  const ValidatedRun checked = validate_run(cfg, recipe);
 
   const fs::path data_path =
       run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
@@ -248,7 +249,7 @@ void run_train(const TrainArgs& a) {
   TrainOptions opt = checkpoint_options(a);
   opt.out_dir = out;
   opt.config_name = cfg_name;
-  const TrainSummary s = train_or_stop(cfg, recipe, data, opt, a);
+  const TrainSummary s = train_or_stop(checked, data, opt, a);
   print_summary(s, cfg, recipe, cfg_name, out);
 }
 }  // namespace

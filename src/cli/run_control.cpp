@@ -176,12 +176,12 @@ void StopOnSignal::exit_by(int sig) {
   std::_Exit(128 + sig);
 }
 
-InterruptibleRun train_interruptible(const RunConfig& cfg, const Recipe& recipe,
-                                     const TokenData& data, TrainOptions opt) {
+InterruptibleRun train_interruptible(const ValidatedRun& run, const TokenData& data,
+                                     TrainOptions opt) {
   InterruptibleRun r;
   StopOnSignal guard;
   opt.stop_signal = StopOnSignal::flag();
-  r.summary = train(cfg, recipe, data, opt);
+  r.summary = train(run, data, opt);
   if (r.summary.stop_signal == 0) r.late_signal = *StopOnSignal::flag();
   return r;
 }

@@ -69,8 +69,8 @@ class StopOnSignal {
 /// "SIGINT", "SIGTERM", "SIGUSR1" or "signal N".
 std::string signal_name(int sig);
 
-/// The one interruptible run of `train` and `compare`: fp4::train(cfg, recipe, data, opt)
-/// with opt.stop_signal set by a StopOnSignal guard that lives for the run. `summary` is what
+/// The one interruptible run of `train` and `compare`: fp4::train(run, data, opt) (a run
+/// that validate_run has checked before the data was prepared) with opt.stop_signal set by a StopOnSignal guard that lives for the run. `summary` is what
 /// train returned (summary.stop_signal != 0: stopped after a step, with a checkpoint);
 /// `late_signal` is a signal that arrived during the last step, which completed (the last
 /// step is never cut short), else 0. Throws what fp4::train throws.
@@ -78,8 +78,8 @@ struct InterruptibleRun {
   TrainSummary summary;
   int late_signal = 0;
 };
-InterruptibleRun train_interruptible(const RunConfig& cfg, const Recipe& recipe,
-                                     const TokenData& data, TrainOptions opt);
+InterruptibleRun train_interruptible(const ValidatedRun& run, const TokenData& data,
+                                     TrainOptions opt);
 
 /// Flush stdout, print `message` on stderr (rank 0 only under mpirun) and end the process as
 /// killed by `sig` (StopOnSignal::exit_by). Does not return.

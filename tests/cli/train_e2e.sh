@@ -90,6 +90,20 @@ expect_error "unknown command 'bogus'" bogus
 sed -e 's/^seq_len = 32/seq_len = 7/' -e 's/^batch_size = 4/batch_size = 1/' "$work/micro.toml" > "$work/odd.toml"
 expect_error "multiple of 16" train --config "$work/odd.toml" --recipe nvfp4-te --data "$work/text" --out "$work/odd"
 [ -e "$work/odd" ] && fail "a refused run must not create its directory"
+# The fit check runs once, before the data is prepared (validate_run; train() does not repeat
+# it): nothing on stdout (no "data:" line), the one error line, exit status 2, also when the
+# data path does not exist.
+for d in "$work/text" "$work/missing"; do
+  "$bin" train --config "$work/odd.toml" --recipe nvfp4-te --data "$d" --out "$work/odd" \
+    > "$work/odd.out" 2> "$work/odd.err"
+  rc=$?
+  [ "$rc" -eq 2 ] || fail "refused recipe (--data $d): exit status $rc, want 2"
+  [ -s "$work/odd.out" ] && fail "refused recipe (--data $d): stdout before the check: $(cat "$work/odd.out")"
+  [ "$(wc -l < "$work/odd.err")" -eq 1 ] &&
+    grep -q '^fp4train: error: recipe nvfp4-te .* applies the 16-point RHT along tokens (fp4.rht_wgrad): train.batch_size × train.seq_len = 7 must be a multiple of 16$' "$work/odd.err" \
+    || fail "refused recipe (--data $d): stderr: $(cat "$work/odd.err")"
+done
+[ -e "$work/odd" ] && fail "a refused run must not create its directory"
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nblocks = [7]\n' > "$work/hp.toml"
 expect_error "high_precision.blocks" train --config "$work/micro.toml" --recipe "$work/hp.toml" --data "$work/text"
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nfinal_blocks = 5\n' > "$work/hp2.toml"

@@ -716,4 +716,50 @@ TEST(RunFailure, SummaryNamesTheComputePaths) {
     EXPECT_FALSE(c.at(k).get<std::string>().empty()) << k;
   EXPECT_NE(c.at("gemm_fp32").get<std::string>().find("sgemm"), std::string::npos);
 }
+
+// validate_run: a train run checks its recipe once, before the data (the CLI), or inside
+// train() for a caller that never validated (issue 25 §7).
+std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ValidateRun, RefusesWhatTrainRefusesWithTheSameMessage) {
+  // final_blocks beyond the micro model's 4 blocks: check_recipe_fits, validate_run and
+  // train() itself refuse it with one message, and train() leaves no run directory.
+  const RunConfig cfg = micro_config(2);
+  Recipe r = recipe_named("ue5m3-b16");
+  r.final_blocks = 9;
+  const std::string want = user_error_of([&] { check_recipe_fits(r, cfg); });
+  ASSERT_NE(want.find("high_precision.final_blocks"), std::string::npos) << want;
+  EXPECT_EQ(user_error_of([&] { (void)validate_run(cfg, r); }), want);
+  EXPECT_EQ(user_error_of([&] { (void)validate_run(cfg, r, /*resume=*/true); }), want);
+  TrainOptions o;
+  o.out_dir = g_scratch.dir / "unfit";
+  o.quiet = true;
+  EXPECT_EQ(user_error_of([&] { train(cfg, r, micro_data(), o); }), want);
+  EXPECT_FALSE(fs::exists(o.out_dir));
+}
+
+TEST(ValidateRun, TrainsTheRunTrainTrains) {
+  // train(validate_run(cfg, r), ...) is train(cfg, r, ...) bit for bit; with_seed changes the
+  // seed and nothing else.
+  const RunConfig cfg = micro_config(3);
+  const Recipe r = recipe_named("ue5m3-b16");
+  const RunResult a = run_uninterrupted(cfg, r, "validated_a");
+  TrainOptions o;
+  o.out_dir = g_scratch.dir / "validated_b";
+  o.quiet = true;
+  const RunResult b = finish(o.out_dir, train(validate_run(cfg, r), micro_data(), o));
+  expect_identical(a, b);
+  RunConfig seed2 = cfg;
+  seed2.train.seed = 2;
+  const ValidatedRun v = validate_run(cfg, r).with_seed(2);
+  EXPECT_EQ(run_config_to_toml(v.config()), run_config_to_toml(seed2));
+  EXPECT_EQ(recipe_to_toml(v.recipe()), recipe_to_toml(r));
+}
 }  // namespace

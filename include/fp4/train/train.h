@@ -77,8 +77,10 @@ double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
 
 /// Check that a recipe can run on a config: high_precision.blocks and .final_blocks inside the
 /// model, every [[override]]'s blocks / final_blocks inside it and changing at least one linear
-/// (resolve_linear_plans), tokens per step a multiple of 16 when an FP4 linear uses the RHT.
-/// Throws fp4::UserError naming the recipe file and the key (e.g. `override[0].final_blocks`).
+/// (resolve_linear_plans over nn::Model::linear_sites(cfg.model): no model is built), tokens
+/// per micro-batch (train.micro_batch_size × train.seq_len) a multiple of 16 when an FP4
+/// linear uses the RHT. Throws fp4::UserError naming the recipe file and the key (e.g.
+/// `override[0].final_blocks`). A train run makes it once: validate_run, or train() itself.
 void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
 
 /// The start-of-run description of a recipe on a model: "recipe NAME (m0,m1,... per block)"
@@ -198,6 +200,32 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       const RunConfig& cfg, const Recipe& recipe, int step,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
 
+class ValidatedRun;
+/// The checks of a train run that need neither data nor a model, made before the slow work
+/// (fp4train train, train --resume and compare call it before they prepare data):
+/// check_recipe_fits(recipe, cfg), then check_process_count(cfg, resume). Returns the pair as
+/// checked, for train(const ValidatedRun&, ...), which does not repeat these checks. Throws
+/// fp4::UserError as those two do, with their messages.
+ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume = false);
+
+/// A run config and recipe that passed validate_run. Only validate_run (and with_seed) makes
+/// one, and it holds its own copies, so what was checked is what train() runs.
+class ValidatedRun {
+ public:
+  const RunConfig& config() const { return cfg_; }
+  const Recipe& recipe() const { return recipe_; }
+  /// The same run with train.seed = seed: no check of validate_run depends on the seed, so
+  /// one validation serves every seed of a recipe (fp4train compare). Throws nothing but
+  /// std::bad_alloc.
+  ValidatedRun with_seed(uint64_t seed) const;
+
+ private:
+  friend ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume);
+  ValidatedRun(const RunConfig& cfg, const Recipe& recipe) : cfg_(cfg), recipe_(recipe) {}
+  RunConfig cfg_;
+  Recipe recipe_;
+};
+
 /// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml,
 /// tokenizer.model, checkpoints (see TrainOptions) and, on success, summary.json into
 /// opt.out_dir. With opt.resume_from, continues the run in opt.out_dir bit for bit. Throws
@@ -210,7 +238,14 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
 /// or "failed in step N of S (recipe R): cause" (RunError::Failed), and is rethrown.
 /// The run header and summary.json ("compute") name the CPU, the FP32 and BF16 GEMM
 /// implementations and the SIMD target (fp4/gemm/gemm.h, fp4/numerics/quant_fast.h).
+/// Before any file is written it checks, in this order: the tokenizer's vocabulary against
+/// model.vocab_size, check_recipe_fits, the held-out split (at least seq_len + 1 tokens), the
+/// options, check_process_count; each throws fp4::UserError and leaves no run directory.
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                    const TrainOptions& opt);
+/// The same for a run validate_run has checked: run.config() with run.recipe(), without
+/// repeating check_recipe_fits and check_process_count (the checks of data and options are
+/// made as above). What the CLI calls, having validated before it prepared the data.
+TrainSummary train(const ValidatedRun& run, const TokenData& data, const TrainOptions& opt);
 
 }  // namespace fp4
