@@ -43,6 +43,7 @@
 #include "fp4/recipe/recipe.h"
 #include "fp4/recipe/settings.h"
 #include "fp4/base/signal_mask.h"
+#include "fp4/study/run_metrics.h"
 
 namespace py = pybind11;
 
@@ -965,6 +966,19 @@ PYBIND11_MODULE(_core, m) {
             return d; },
           "Numerics telemetry of the last telemetry step, or None.");
 
+  m.def("run_metrics_lines", [](const std::filesystem::path& dir) {
+            const std::filesystem::path f = fp4::run_metrics_file(dir);
+            fp4::MetricsReader r(f);
+            std::vector<std::string> lines;
+            std::string line;
+            while (r.next(line)) lines.push_back(line);
+            return py::make_tuple(f.string(), lines); },
+        "dir"_a,
+        "run_metrics_lines(dir) -> (str, list[str])\n\nThe metrics log of run directory dir as "
+        "`fp4train report` reads it (fp4::run_metrics_file, fp4::MetricsReader): its path "
+        "(metrics.jsonl, or metrics.jsonl.zst of a compacted run) and its lines without '\\n'. "
+        "Raises fp4train.UserError naming the file when dir holds both or neither, or the zstd "
+        "data is corrupt or truncated.");
   m.def("load_checkpoint", &load_checkpoint_impl, "path"_a,
         "load_checkpoint(path) -> Checkpoint\n\nA checkpoint file, or a run directory's newest "
         "checkpoint that loads (fp4::resolve_checkpoint). Tensors are split by parameter name "

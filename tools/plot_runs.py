@@ -6,7 +6,8 @@ Usage:
 
 Each RUN_DIR is a directory written by `fp4train train` (or `fp4train compare`): it holds
 metrics.jsonl (one JSON object per logged step: step, loss, grad_norm, optionally val_nll,
-val_nll_quant and telemetry) and recipe.toml or summary.json naming the recipe. Runs are
+val_nll_quant and telemetry; or its metrics.jsonl.zst, once `fp4train compact` compressed
+it) and recipe.toml or summary.json naming the recipe. Runs are
 grouped by recipe; the seeds of one recipe form a band (min..max over seeds) around their
 mean. Writes into DIR:
 
@@ -45,6 +46,9 @@ import math
 import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_metrics  # noqa: E402  (tools/run_metrics.py: metrics.jsonl or metrics.jsonl.zst)
 
 
 def fail(msg):
@@ -104,12 +108,17 @@ def find_baseline(names, want):
 
 
 def read_metrics(run_dir):
-    """List of step records (dicts) from metrics.jsonl, sorted by step."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        fail(f"{path} does not exist (is {run_dir} a run directory?)")
+    """List of step records (dicts) from metrics.jsonl (or a compacted run's
+    metrics.jsonl.zst: the same lines), sorted by step."""
+    try:
+        path = run_metrics.metrics_path(run_dir)
+        if path is None:
+            fail(f"{os.path.join(run_dir, run_metrics.PLAIN)} does not exist (is {run_dir} a run directory?)")
+        f = run_metrics.open_metrics(path)
+    except run_metrics.MetricsError as e:
+        fail(str(e))
     recs = []
-    with open(path, encoding="utf-8") as f:
+    with f:
         for i, line in enumerate(f, 1):
             line = line.strip()
             if not line:

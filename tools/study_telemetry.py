@@ -4,7 +4,7 @@
 Usage: python3 tools/study_telemetry.py STUDY_DIR
 
 STUDY_DIR is a `fp4train compare` directory (docs/results/study). From each finished run's
-metrics.jsonl (the `telemetry` records: per FP4 linear and operand role x, w, dy, xt, dyt),
+metrics.jsonl or compacted metrics.jsonl.zst (the `telemetry` records: per FP4 linear and operand role x, w, dy, xt, dyt),
 prints per recipe, over its seeds, its telemetry steps after step 1 and its FP4 linears:
 
   * saturated: the mean fraction of blocks whose scale clipped at the scale format's maximum
@@ -17,12 +17,16 @@ prints per recipe, over its seeds, its telemetry steps after step 1 and its FP4 
     operand of the paper's recipe).
 
 Recipes without FP4 linears (bf16, fp32) have no telemetry and are listed as such. Standard
-library only. Exits with status 2 naming the file on unreadable input.
+library only, and tools/run_metrics.py (zstandard or the zstd program for compacted runs).
+Exits with status 2 naming the file on unreadable input.
 """
 import json
 import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_metrics  # noqa: E402  (tools/run_metrics.py)
 
 
 def fail(msg):
@@ -40,13 +44,19 @@ def main():
     acc = {}  # recipe -> lists
     for name in sorted(os.listdir(d)):
         m = re.fullmatch(r"(.+)-s(\d+)", name)
-        mp = os.path.join(d, name, "metrics.jsonl")
         if not m or not os.path.exists(os.path.join(d, name, "summary.json")):
             continue
+        try:
+            mp = (run_metrics.metrics_path(os.path.join(d, name))
+                  or os.path.join(d, name, run_metrics.PLAIN))
+            f = run_metrics.open_metrics(mp)
+        except (OSError, run_metrics.MetricsError) as e:
+            fail(str(e))
         a = acc.setdefault(m.group(1), {"runs": 0, "sat": [], "zg": [], "stale": [], "err": []})
         a["runs"] += 1
+        ln = 0
         try:
-            with open(mp) as f:
+            with f:
                 for ln, line in enumerate(f, 1):
                     if not line.strip():
                         continue

@@ -179,11 +179,14 @@ class Run:
 def load_run(path, checkpoint=True):
     """Load a run directory: config, recipe, metrics.jsonl, summary, error.txt, newest checkpoint.
 
+    A compacted run's metrics.jsonl.zst (``fp4train compact``) is read as its metrics.jsonl.
+
     path: a directory written by ``fp4train train`` (``runs/<name>``).
     checkpoint: False to skip loading the checkpoint tensors (faster for big models).
     Returns a :class:`Run`. Raises fp4train.UserError if the directory, ``config.toml`` or
     ``recipe.toml`` is missing or invalid, or a metrics line is not JSON (naming the file and
-    line); a run without checkpoints gets ``checkpoint = None``.
+    line; a corrupt or truncated metrics.jsonl.zst, or a directory holding both files); a run
+    without checkpoints gets ``checkpoint = None``.
     """
     path = _os.fspath(path)
     if not _os.path.isdir(path):
@@ -197,15 +200,22 @@ def load_run(path, checkpoint=True):
         recipe = Recipe.from_toml(f.read(), _os.path.join(path, "recipe.toml"))
     metrics = []
     mpath = _os.path.join(path, "metrics.jsonl")
-    if _os.path.isfile(mpath):
+    if _os.path.exists(mpath + ".zst"):
+        # A compacted run (`fp4train compact`): read by the C++ reader of `fp4train report`,
+        # which also refuses a directory holding both files.
+        mpath, lines = _core.run_metrics_lines(path)
+    elif _os.path.isfile(mpath):
         with open(mpath, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    metrics.append(_json.loads(line))
-                except ValueError as e:
-                    raise UserError(f"{mpath}: line {n} is not JSON ({e})") from None
+            lines = list(f)
+    else:
+        lines = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            metrics.append(_json.loads(line))
+        except ValueError as e:
+            raise UserError(f"{mpath}: line {n} is not JSON ({e})") from None
     summary = None
     spath = _os.path.join(path, "summary.json")
     if _os.path.isfile(spath):

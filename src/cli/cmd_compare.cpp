@@ -12,6 +12,8 @@
 
 #include "commands.h"
 #include "fp4/train/checkpoint.h"
+#include "fp4/train/metrics_log.h"
+#include "fp4/study/run_metrics.h"
 #include "fp4/base/error.h"
 #include "fp4/eval/eval.h"
 #include "fp4/study/report.h"
@@ -396,9 +398,11 @@ void run_compare(const CompareArgs& a) {
       // A summary without the files a run writes first is not a finished run (another
       // process, still running or killed mid-way, wrote into a recreated directory): it
       // would be reused with no config to check and no metrics to report.
+      // (A compacted run holds metrics.jsonl.zst instead of metrics.jsonl.)
       if (fs::exists(d / "summary.json"))
-        for (const char* f : {"config.toml", "recipe.toml", "metrics.jsonl"})
-          if (!fs::exists(d / f))
+        for (const char* f : {"config.toml", "recipe.toml", kMetricsFile})
+          if (!fs::exists(d / f) &&
+              !(f == std::string(kMetricsFile) && fs::exists(d / kCompactMetricsFile)))
             throw UserError(d.string() + " holds summary.json but no " + f +
                             ": not a complete run (was another process writing into it?); "
                             "remove that run directory to train it again (nothing was changed)");
@@ -566,6 +570,51 @@ void run_compare(const CompareArgs& a) {
   if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
   build_report(out, plan, !a.no_plots, "", "", /*print_table=*/true);
 }
+
+/// `fp4train compact DIR...`: each DIR a `compare` directory (its finished runs are compacted,
+/// the others listed and left) or one finished run directory; prints one line per run and
+/// the total.
+void run_compact(const std::vector<std::string>& dirs, int level) {
+  uint64_t plain = 0, packed = 0;
+  int n = 0, before = 0;
+  auto one = [&](const fs::path& d) {
+    const CompactResult c = compact_run_metrics(d, level);
+    ++n;
+    plain += c.plain_bytes;
+    packed += c.compact_bytes;
+    if (c.already) {
+      ++before;
+      std::printf("%s: compacted before (%s, %llu bytes)\n", d.string().c_str(),
+                  c.file.filename().string().c_str(), static_cast<unsigned long long>(c.compact_bytes));
+    } else {
+      std::printf("%s: %s %llu -> %s %llu bytes\n", d.string().c_str(), kMetricsFile,
+                  static_cast<unsigned long long>(c.plain_bytes), kCompactMetricsFile,
+                  static_cast<unsigned long long>(c.compact_bytes));
+    }
+    std::fflush(stdout);
+  };
+  for (const std::string& arg : dirs) {
+    const fs::path dir = arg;
+    if (!fs::exists(dir / "compare.json")) {
+      one(dir);
+      continue;
+    }
+    const Plan plan = read_plan(dir);
+    for (const auto& r : plan.names)
+      for (uint64_t s : plan.seeds) {
+        const fs::path d = run_dir(dir, r, s);
+        const bool finished = fs::exists(d / "summary.json") ||
+                              (fs::exists(d / "error.txt") && run_error(d) == RunError::Diverged);
+        if (finished)
+          one(d);
+        else if (fs::exists(d))
+          std::printf("%s: not finished, left as it is\n", d.string().c_str());
+      }
+  }
+  std::printf("compact: %d run(s)%s, metrics logs %llu -> %llu bytes\n", n,
+              before ? (", " + std::to_string(before) + " compacted before").c_str() : "",
+              static_cast<unsigned long long>(plain), static_cast<unsigned long long>(packed));
+}
 }  // namespace
 
 void register_compare(CLI::App& app) {
@@ -640,6 +689,22 @@ void register_compare(CLI::App& app) {
   r->callback([dir, no_plots, baseline, hypotheses] {
     build_report(*dir, read_plan(*dir), !*no_plots, *baseline, *hypotheses);
   });
+
+  auto dirs = std::make_shared<std::vector<std::string>>();
+  auto level = std::make_shared<int>(19);
+  auto* k = app.add_subcommand(
+      "compact",
+      "Compress the metrics.jsonl of finished runs into metrics.jsonl.zst (zstd, checked to\n"
+      "decompress to the same bytes), for committing them: `report` and the plots read either,\n"
+      "with the same results (docs/compare.md \"Compacted runs\"). DIR is a `fp4train compare`\n"
+      "directory (its finished runs are compacted, unfinished ones listed and left) or one run\n"
+      "directory. Refused for a run that has not finished, failed, or is being trained (its\n"
+      ".fp4train.lock is held). A compacted run is not resumed: decompress it first.");
+  k->add_option("dir", *dirs, "Comparison or run directories")->required();
+  k->add_option("--level", *level, "zstd compression level")
+      ->check(CLI::Range(1, 22))
+      ->capture_default_str();
+  k->callback([dirs, level] { run_compact(*dirs, *level); });
 }
 
 }  // namespace fp4::cli

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "fp4/train/checkpoint.h"
+#include "fp4/train/metrics_log.h"
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
 #include "fp4/base/profile.h"
@@ -217,7 +218,8 @@ void run_train(const TrainArgs& a) {
   fs::path out;
   if (!a.out.empty()) {
     out = a.out;
-    if (fs::exists(out / "metrics.jsonl") || fs::exists(out / "summary.json") ||
+    if (fs::exists(out / kMetricsFile) || fs::exists(out / kCompactMetricsFile) ||
+        fs::exists(out / "summary.json") ||
         fs::exists(out / "checkpoints"))
       throw UserError("output directory " + out.string() +
                       " already holds a run; choose another --out, or continue it with "

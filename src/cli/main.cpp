@@ -37,6 +37,7 @@ const std::pair<const char*, const char*> kCommandSummaries[] = {
     {"train", "Pretrain a model (Llama-style or the Nemotron-H hybrid) on text with one recipe"},
     {"compare", "Train recipes x seeds on one config, then write a comparison report"},
     {"report", "Rebuild a comparison's report.md and plots from its finished runs"},
+    {"compact", "Compress finished runs' metrics.jsonl into metrics.jsonl.zst (report reads both)"},
     {"eval", "Held-out NLL, or a downstream task, of a checkpoint under quantized inference"},
     {"sample", "Generate text from a checkpoint"},
     {"export", "Write a checkpoint as a Hugging Face style model directory"},

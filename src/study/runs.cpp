@@ -20,6 +20,7 @@
 #include "fp4/eval/eval.h"
 #include "fp4/base/error.h"
 #include "fp4/recipe/recipe.h"
+#include "fp4/study/run_metrics.h"
 
 #include "report_internal.h"
 
@@ -99,11 +100,11 @@ RunRecord read_run(const fs::path& dir) {
   }
   if (fs::exists(cp)) r.warmup_steps = load_run_config(cp).train.warmup_steps;
 
-  const fs::path mp = dir / "metrics.jsonl";
-  std::ifstream mf(mp);
-  if (!mf) throw UserError("cannot read " + mp.string());
+  // metrics.jsonl, or metrics.jsonl.zst of a compacted run (the same lines).
+  const fs::path mp = run_metrics_file(dir);
+  MetricsReader mf(mp);
   std::string line;
-  for (int ln = 1; std::getline(mf, line); ++ln) {
+  for (int ln = 1; mf.next(line); ++ln) {
     if (line.empty()) continue;
     json j;
     try {

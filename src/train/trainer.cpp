@@ -355,6 +355,11 @@ void TrainRun::check_and_load_checkpoint() {
                     "given; resume with the run's own recipe.toml, unchanged");
   if (ck->step > tc.steps)
     throw UserError(where + "it is beyond train.steps = " + std::to_string(tc.steps));
+  // A compacted log (`fp4train compact`, finished runs only) is not cut or appended to.
+  if (const fs::path z = opt.out_dir / kCompactMetricsFile; fs::exists(z))
+    throw UserError(where + "its metrics log was compacted into " + z.string() +
+                    ", which a resume does not append to; decompress it first (zstd -d --rm " +
+                    z.string() + "), then resume (nothing was changed)");
   if (static_cast<int64_t>(ck->params.size()) != model->num_params())
     throw UserError(where + "it holds " + std::to_string(ck->params.size()) +
                     " parameters, the model has " + std::to_string(model->num_params()));

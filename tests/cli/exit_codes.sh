@@ -41,7 +41,7 @@ help() {
 }
 
 help --help
-for cmd in train eval sample export quant gemm compare report profile info configs recipes; do help "$cmd" --help; done
+for cmd in train eval sample export quant gemm compare report compact profile info configs recipes; do help "$cmd" --help; done
 
 # --steps -5 (range check), a number beyond the option's type, a malformed number.
 bad "train --steps -5"             "--steps"        train --steps -5

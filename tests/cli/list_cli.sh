@@ -10,7 +10,7 @@ cd "$src" || fail "no source dir"
 
 help=$("$bin" --help) || fail "--help exited non-zero"
 cmds=$(echo "$help" | sed -n '/^Subcommands:/,$p' | sed -n 's/^  \([a-z]*\) .*/\1/p')
-for c in train compare report eval sample export profile info quant gemm configs recipes; do
+for c in train compare report compact eval sample export profile info quant gemm configs recipes; do
   echo "$cmds" | grep -qx "$c" || fail "--help does not list '$c'"
   n=$(echo "$help" | sed -n '/^Subcommands:/,$p' | grep -c "^  $c ")
   [ "$n" = 1 ] || fail "--help lists '$c' on $n lines"

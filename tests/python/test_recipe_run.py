@@ -142,6 +142,27 @@ def test_load_run(micro_run):
     assert fp.load_run(micro_run, checkpoint=False).checkpoint is None
 
 
+def test_load_run_of_a_compacted_run(micro_run, tmp_path):
+    """`fp4train compact` replaces metrics.jsonl by metrics.jsonl.zst; load_run reads the same
+    metrics from it, and refuses a truncated archive or a directory holding both files."""
+    import shutil
+    d = tmp_path / "run"
+    shutil.copytree(micro_run, d, ignore=shutil.ignore_patterns("checkpoints", ".fp4train.lock"))
+    plain = fp.load_run(d, checkpoint=False).metrics
+    out = run_cli(["compact", d]).stdout
+    assert "metrics.jsonl.zst" in out, out
+    assert not (d / "metrics.jsonl").exists() and (d / "metrics.jsonl.zst").exists()
+    assert fp.load_run(d, checkpoint=False).metrics == plain
+    z = (d / "metrics.jsonl.zst").read_bytes()
+    (d / "metrics.jsonl.zst").write_bytes(z[: len(z) // 2])
+    with pytest.raises(fp.UserError, match="metrics.jsonl.zst: truncated zstd data"):
+        fp.load_run(d, checkpoint=False)
+    (d / "metrics.jsonl.zst").write_bytes(z)
+    shutil.copy(micro_run / "metrics.jsonl", d / "metrics.jsonl")
+    with pytest.raises(fp.UserError, match="holds both metrics.jsonl and metrics.jsonl.zst"):
+        fp.load_run(d, checkpoint=False)
+
+
 def test_load_run_errors(tmp_path):
     with pytest.raises(fp.UserError, match="not a run directory"):
         fp.load_run(tmp_path / "missing")

@@ -62,12 +62,13 @@ struct RunRecord {
 
 /// Read run `dir`: summary.json (status "completed") or, for a run that diverged, error.txt
 /// (diverged_at from its "at step N"; recipe and seed from recipe.toml / config.toml),
-/// metrics.jsonl, config.toml's train.warmup_steps, eval.json if present (`fp4train eval --json` output: results →
-/// policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none" and
-/// "current" come from summary.json; and task.json if present (a completed run only: task,
-/// items_fnv1a64, chance, step, results → policy → correct / correct_per_char, each accuracy
-/// checked against its outcome string). Throws fp4::UserError
-/// naming the file and line on a missing or malformed file.
+/// metrics.jsonl (or the metrics.jsonl.zst of a compacted run, fp4/study/run_metrics.h),
+/// config.toml's train.warmup_steps, eval.json if present (`fp4train eval --json` output:
+/// results → policy → {nats_per_token, bits_per_byte}); without eval.json the policies "none"
+/// and "current" come from summary.json; and task.json if present (a completed run only:
+/// task, items_fnv1a64, chance, step, results → policy → correct / correct_per_char, each
+/// accuracy checked against its outcome string). Throws fp4::UserError naming the file and
+/// line on a missing or malformed file (a corrupt or truncated metrics.jsonl.zst included).
 RunRecord read_run(const std::filesystem::path& dir);
 
 /// Loss spikes (issue 4 §4): the number of entries i whose loss exceeds the median of the

@@ -8,6 +8,12 @@
 
 namespace fp4 {
 
+/// The metrics log of a run directory, as fp4::train writes and appends to it.
+inline constexpr const char* kMetricsFile = "metrics.jsonl";
+/// The same log of a finished run compacted by `fp4train compact` (zstd; docs/compare.md
+/// "Compacted runs"): read by `report`, never appended to; a resume refuses a run holding it.
+inline constexpr const char* kCompactMetricsFile = "metrics.jsonl.zst";
+
 /// What cut_metrics_text keeps of a metrics.jsonl text.
 struct MetricsCut {
   std::string kept;       ///< the kept lines, byte for byte, each followed by '\n'
