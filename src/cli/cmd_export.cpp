@@ -15,7 +15,7 @@
 #include "fp4/base/error.h"
 #include "fp4/nn/model.h"
 #include "fp4/base/safetensors.h"
-#include "hf_layout.h"
+#include "fp4/nn/hf_layout.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;

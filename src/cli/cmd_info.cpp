@@ -11,8 +11,9 @@
 #include "fp4/base/error.h"
 #include "fp4/train/info.h"
 #include "fp4/train/train.h"
-#include "paths.h"
-#include "run_control.h"
+#include "fp4/train/paths.h"
+#include "fp4/train/run_control.h"
+#include "options.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;

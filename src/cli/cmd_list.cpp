@@ -12,8 +12,8 @@
 #include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/info.h"
-#include "hf_layout.h"
-#include "paths.h"
+#include "fp4/nn/hf_layout.h"
+#include "fp4/train/paths.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;

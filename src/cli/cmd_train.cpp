@@ -17,8 +17,9 @@
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"  // fp4::IoError
 #include "fp4/train/train.h"
-#include "paths.h"
-#include "run_control.h"
+#include "fp4/train/paths.h"
+#include "fp4/train/run_control.h"
+#include "options.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;

@@ -15,16 +15,4 @@ void register_info(CLI::App& app);    // model size, FLOPs, memory and linear pl
 void register_export(CLI::App& app);  // Hugging Face style directory of a checkpoint
 void register_list(CLI::App& app);    // configs and recipes: the shipped files, one line each
 
-/// `fp4train eval --checkpoint CHECKPOINT --policy POLICIES --json JSON_FILE [--data DATA]`
-/// as a call (prints the table too; DATA empty: the run's data.path); throws what the
-/// command throws.
-void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
-                             const std::string& json_file, const std::string& data = "");
-
-/// `fp4train eval --checkpoint CHECKPOINT --task TASK --policy POLICIES --json JSON_FILE
-/// [--data DATA]` as a call: the downstream task's accuracy under each policy (TASK:
-/// next-sentence); prints the table too; throws what the command throws.
-void task_checkpoint_to_json(const std::string& checkpoint, const std::string& task,
-                             const std::string& policies, const std::string& json_file,
-                             const std::string& data = "");
 }  // namespace fp4::cli

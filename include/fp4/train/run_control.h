@@ -1,7 +1,7 @@
-// Shared by the commands that train or load configs and recipes: the `--set` option, names
-// of run directories and shell words, and stopping a training run on SIGINT / SIGTERM.
+// Shared by the commands that train or load configs and recipes (the CLI, the study room's
+// compare): --set arguments checked against dedicated options, names of run directories and
+// shell words, and stopping a training run on SIGINT / SIGTERM.
 #pragma once
-#include <CLI/CLI.hpp>
 #include <csignal>
 #include <optional>
 #include <string>
@@ -12,11 +12,7 @@
 #include "fp4/train/train.h"
 #include "fp4/base/signal_mask.h"
 
-namespace fp4::cli {
-
-/// Add the repeatable `--set KEY=VALUE` option of `c`, collecting the arguments in `sets`
-/// (parse them with fp4::parse_settings). `extra` ends the help text (what it applies to).
-void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::string& extra);
+namespace fp4 {
 
 /// parse_settings(args), refusing a config key that a dedicated option (`--steps` for
 /// train.steps, ...) also sets: `taken` lists pairs {key, option} of the options given.
@@ -85,4 +81,4 @@ InterruptibleRun train_interruptible(const ValidatedRun& run, const TokenData& d
 /// killed by `sig` (StopOnSignal::exit_by). Does not return.
 [[noreturn]] void end_by_signal(int sig, const std::string& message);
 
-}  // namespace fp4::cli
+}  // namespace fp4

@@ -1,4 +1,4 @@
-// Locating the repository's configs and data from the CLI: relative to the working
+// Locating the repository's configs and data (the CLI, the study room, Python): relative to the working
 // directory first, then to the source tree the binary was built from.
 #pragma once
 #include <filesystem>
@@ -9,7 +9,7 @@
 
 #include <functional>
 
-namespace fp4::cli {
+namespace fp4 {
 /// `rel` if it exists relative to the working directory, else FP4_SOURCE_DIR/rel if that
 /// exists, else `rel` unchanged (so the error names what the user typed).
 std::filesystem::path resolve(const std::string& rel);
@@ -42,7 +42,4 @@ TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int v
 /// default last 10% (with a note).
 void override_steps(RunConfig& cfg, int steps);
 
-/// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11
-/// prefixes with the option) says whether it is not a number or out of range.
-std::string check_peak_gflops(const std::string& text);
-}  // namespace fp4::cli
+}  // namespace fp4

@@ -1,4 +1,4 @@
-#include "paths.h"
+#include "fp4/train/paths.h"
 
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
@@ -8,7 +8,7 @@
 
 #include <cstdio>
 
-namespace fp4::cli {
+namespace fp4 {
 std::filesystem::path resolve(const std::string& rel) {
   namespace fs = std::filesystem;
   fs::path p(rel);
@@ -19,9 +19,9 @@ std::filesystem::path resolve(const std::string& rel) {
 #endif
   return p;
 }
-}  // namespace fp4::cli
+}  // namespace fp4
 
-namespace fp4::cli {
+namespace fp4 {
 std::filesystem::path resolve_data_path(const std::string& data_path,
                                         const std::filesystem::path& config_file) {
   namespace fs = std::filesystem;
@@ -32,9 +32,9 @@ std::filesystem::path resolve_data_path(const std::string& data_path,
   }
   return p;
 }
-}  // namespace fp4::cli
+}  // namespace fp4
 
-namespace fp4::cli {
+namespace fp4 {
 void override_steps(RunConfig& cfg, int steps) {
   if (steps > 0) cfg.train.steps = steps;
   if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
@@ -69,15 +69,6 @@ std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& dat
   return data_arg.empty() ? resolve(cfg.data.cache) : std::filesystem::path(cfg.data.cache);
 }
 
-std::string check_peak_gflops(const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == text.c_str() || *end != '\0')
-    return "'" + text + "' is not a number (GFLOP/s, e.g. 250)";
-  if (!std::isfinite(v) || v < 0.01 || v > 1e6)
-    return text + " is not a GFLOP/s rate in [0.01, 1e6]";
-  return "";
-}
 
 TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int vocab_size,
                                    const std::filesystem::path& cache_root,
@@ -90,4 +81,4 @@ TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int v
   return d;
 }
 
-}  // namespace fp4::cli
+}  // namespace fp4

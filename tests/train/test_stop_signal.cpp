@@ -1,4 +1,4 @@
-// StopOnSignal (src/cli/run_control.cpp): the stop signals are kept off the compute threads.
+// StopOnSignal (src/train/run_control.cpp): the stop signals are kept off the compute threads.
 //
 // Why: oneDNN's JIT f32 GEMM kernels (2.x; 3.x before the fix of oneDNN issue #4845) point
 // rsp into a heap workspace while they run. A signal handled on such a thread has its frame
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "fp4/gemm/gemm.h"
-#include "run_control.h"
+#include "fp4/train/run_control.h"
 
-using fp4::cli::StopOnSignal;
+using fp4::StopOnSignal;
 
 namespace {
 // Whether every OpenMP thread of a team of `threads` (and the caller) blocks `sig`.

@@ -1,10 +1,10 @@
 // The Hugging Face layout of a fp4train model: see hf_layout.h and docs/export.md.
-#include "hf_layout.h"
+#include "fp4/nn/hf_layout.h"
 
 #include <limits>
 #include <stdexcept>
 
-namespace fp4::cli {
+namespace fp4 {
 using json = nlohmann::json;
 
 bool hf_llama_layout(const ModelConfig& cfg) {
@@ -147,4 +147,4 @@ json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>&
   return j;
 }
 
-}  // namespace fp4::cli
+}  // namespace fp4

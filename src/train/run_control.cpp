@@ -1,4 +1,4 @@
-#include "run_control.h"
+#include "fp4/train/run_control.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -12,22 +12,7 @@
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
 
-namespace fp4::cli {
-
-void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::string& extra) {
-  c->add_option("--set", sets,
-                "KEY=VALUE, repeatable: override a key of the run config by its TOML table path "
-                "(train.lr=1e-3, model.n_layers=2, eval.interval=50, data.path=...) or of the "
-                "recipe by its table path or with a recipe. prefix (fp4.block=32, "
-                "rounding.dy=rne, high_precision.final_blocks=1, override[0].scale_target=2048, "
-                "recipe.name=mine). VALUE is a TOML value (32, 1e-3, true, \"e4m3\", [0, 1]); "
-                "a bare word is a string. Checked like the same key in the file (exit 2 naming "
-                "the --set). A changed recipe is named RECIPE+KEY=VALUE (unless recipe.name is "
-                "set), a changed config CONFIG+KEY=VALUE; the run's config.toml and recipe.toml "
-                "hold the resolved values" + extra)
-      ->allow_extra_args(false)
-      ->take_all();
-}
+namespace fp4 {
 
 Settings parse_set_args(const std::vector<std::string>& args,
                         const std::vector<std::pair<std::string, std::string>>& taken) {
@@ -192,4 +177,4 @@ void end_by_signal(int sig, const std::string& message) {
   StopOnSignal::exit_by(sig);
 }
 
-}  // namespace fp4::cli
+}  // namespace fp4

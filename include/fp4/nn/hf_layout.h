@@ -35,7 +35,7 @@
 #include "fp4/nn/config.h"
 #include "fp4/nn/model.h"
 
-namespace fp4::cli {
+namespace fp4 {
 
 /// One tensor of the HF layout: FP32 values in HF's shape (row-major).
 struct HfTensor {
@@ -66,4 +66,4 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
 /// nowhere): docs/export.md "config.json".
 nlohmann::json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>& tensors);
 
-}  // namespace fp4::cli
+}  // namespace fp4

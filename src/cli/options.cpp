@@ -1,0 +1,34 @@
+// CLI11 pieces shared by the subcommands (options.h).
+#include "options.h"
+
+#include <cmath>
+#include <cstdlib>
+
+namespace fp4::cli {
+
+void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::string& extra) {
+  c->add_option("--set", sets,
+                "KEY=VALUE, repeatable: override a key of the run config by its TOML table path "
+                "(train.lr=1e-3, model.n_layers=2, eval.interval=50, data.path=...) or of the "
+                "recipe by its table path or with a recipe. prefix (fp4.block=32, "
+                "rounding.dy=rne, high_precision.final_blocks=1, override[0].scale_target=2048, "
+                "recipe.name=mine). VALUE is a TOML value (32, 1e-3, true, \"e4m3\", [0, 1]); "
+                "a bare word is a string. Checked like the same key in the file (exit 2 naming "
+                "the --set). A changed recipe is named RECIPE+KEY=VALUE (unless recipe.name is "
+                "set), a changed config CONFIG+KEY=VALUE; the run's config.toml and recipe.toml "
+                "hold the resolved values" + extra)
+      ->allow_extra_args(false)
+      ->take_all();
+}
+
+std::string check_peak_gflops(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0')
+    return "'" + text + "' is not a number (GFLOP/s, e.g. 250)";
+  if (!std::isfinite(v) || v < 0.01 || v > 1e6)
+    return text + " is not a GFLOP/s rate in [0.01, 1e6]";
+  return "";
+}
+
+}  // namespace fp4::cli

@@ -1,0 +1,551 @@
+// The comparison of recipes (fp4/study/compare.h). Moved from the CLI's cmd_compare.cpp,
+// which now parses the options and calls run_comparison.
+#include "fp4/study/compare.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/eval/eval.h"
+#include "fp4/nn/config.h"
+#include "fp4/nn/model.h"
+#include "fp4/study/evaluate.h"
+#include "fp4/study/report.h"
+#include "fp4/study/run_metrics.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/train/metrics_log.h"
+#include "fp4/train/paths.h"
+#include "fp4/train/run_control.h"
+#include "fp4/train/train.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+std::vector<std::string> split_list(const std::string& s, const char* what) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) throw UserError(std::string(what) + ": empty entry in '" + s + "'");
+    if (std::find(out.begin(), out.end(), item) != out.end())
+      throw UserError(std::string(what) + ": '" + item + "' is listed twice");
+    out.push_back(item);
+  }
+  if (out.empty()) throw UserError(std::string(what) + " is empty");
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/// A python3 that can import matplotlib: $FP4_PYTHON, else python3 on PATH, else
+/// /usr/bin/python3 (Debian's, where python3-matplotlib installs). Empty if none.
+std::string find_plot_python() {
+  std::vector<std::string> cands;
+  if (const char* e = std::getenv("FP4_PYTHON"); e && *e) cands.push_back(e);
+  cands.push_back("python3");
+  cands.push_back("/usr/bin/python3");
+  for (const auto& c : cands)
+    if (std::system((shell_quote(c) + " -c 'import matplotlib' >/dev/null 2>&1").c_str()) == 0)
+      return c;
+  return "";
+}
+
+
+json plan_json(const ComparePlan& p) {
+  json j = {{"config", p.config_arg},        {"config_name", p.config_name},
+          {"config_toml", p.config_toml},  {"recipes", p.recipes},
+          {"names", p.names},              {"policies", p.policies},
+          {"seeds", p.seeds},              {"steps", p.steps},
+          {"save_every", p.save_every},    {"keep_checkpoints", p.keep_checkpoints},
+          {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line},
+          {"sets", p.sets},                {"baseline", p.baseline}};
+  if (!p.hypotheses.empty()) j["hypotheses"] = p.hypotheses;  // absent: older files unchanged
+  if (!p.task.empty()) j["task"] = p.task;
+  return j;
+}
+
+}  // namespace
+
+ComparePlan read_compare_plan(const fs::path& dir) {
+  const fs::path f = dir / "compare.json";
+  std::ifstream in(f);
+  if (!in) throw UserError(dir.string() + " holds no compare.json (not a `fp4train compare` directory)");
+  try {
+    const json j = json::parse(in);
+    ComparePlan p;
+    p.config_arg = j.value("config", "");
+    p.config_name = j.at("config_name");
+    p.config_toml = j.at("config_toml");
+    p.recipes = j.at("recipes").get<std::vector<std::string>>();
+    p.names = j.contains("names") ? j.at("names").get<std::vector<std::string>>() : p.recipes;
+    if (p.names.size() != p.recipes.size()) throw UserError(f.string() + ": names and recipes differ in length");
+    p.policies = j.at("policies").get<std::vector<std::string>>();
+    p.seeds = j.at("seeds").get<std::vector<uint64_t>>();
+    p.steps = j.at("steps");
+    p.save_every = j.value("save_every", 50);
+    p.keep_checkpoints = j.value("keep_checkpoints", 1);
+    p.tokens_per_run = j.value("tokens_per_run", int64_t{0});
+    p.model_line = j.value("model", "");
+    if (j.contains("sets")) p.sets = j.at("sets").get<std::vector<std::string>>();
+    p.baseline = j.value("baseline", "");
+    p.hypotheses = j.value("hypotheses", "");
+    p.task = j.value("task", "");
+    return p;
+  } catch (const json::exception& e) {
+    throw UserError(f.string() + ": malformed (" + e.what() + ")");
+  }
+}
+
+namespace {
+/// The command that reproduces the whole plan (all recipes and seeds so far).
+std::string plan_command(const ComparePlan& p, const fs::path& out) {
+  std::string recipes, policies;
+  for (const auto& r : p.recipes) recipes += (recipes.empty() ? "" : ",") + r;
+  for (const auto& q : p.policies) policies += (policies.empty() ? "" : ",") + q;
+  std::vector<uint64_t> seeds = p.seeds;
+  std::sort(seeds.begin(), seeds.end());
+  std::string cmd = "fp4train compare --config " + shell_quote(p.config_arg.empty() ? p.config_name : p.config_arg) +
+                    " --recipes " + shell_quote(recipes) + " --steps " + std::to_string(p.steps);
+  if (!seeds.empty() && seeds.back() - seeds.front() + 1 == seeds.size()) {
+    cmd += " --seeds " + std::to_string(seeds.size());
+    if (seeds.front() != 1) cmd += " --seed-base " + std::to_string(seeds.front());
+  } else {
+    cmd += "  # seeds";
+    for (uint64_t x : seeds) cmd += " " + std::to_string(x);
+    cmd += " (run once per --seed-base)\n   ";
+  }
+  for (const auto& x : p.sets) cmd += " --set " + shell_word(x);
+  if (!p.baseline.empty()) cmd += " --baseline " + shell_word(p.baseline);
+  if (!p.hypotheses.empty()) cmd += " --hypotheses " + shell_quote(p.hypotheses);
+  if (!p.task.empty()) cmd += " --task " + shell_word(p.task);
+  return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
+}
+
+/// The exact row name of the plan's baseline: --baseline (as given or labelled by --set,
+/// find_baseline), else bf16, else fp32, else "" (none). Throws fp4::UserError when an
+/// explicit --baseline is not among the compared recipes.
+std::string plan_baseline(const ComparePlan& p, const std::string& baseline_arg) {
+  const std::string want = baseline_arg.empty() ? p.baseline : baseline_arg;
+  if (want.empty()) return default_baseline(p.names);
+  const std::string b = find_baseline(p.names, want);
+  if (b.empty()) {
+    std::string list;
+    for (const auto& n : p.names) list += (list.empty() ? "" : ", ") + n;
+    throw UserError("--baseline " + want + " is not among the compared recipes (" + list +
+                    "); add it to --recipes or choose one of them");
+  }
+  return b;
+}
+
+}  // namespace
+
+fs::path compare_run_dir(const fs::path& out, const std::string& recipe_name, uint64_t seed) {
+  return out / (dir_safe(recipe_name) + "-s" + std::to_string(seed));
+}
+
+namespace {
+/// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the
+/// gap columns and the difference plot against `baseline_arg` (empty: the plan's).
+/// The first columns (recipe .. the paired interval of the final-window loss) of the report's
+/// main table, aligned for a terminal: what `compare` prints at its end.
+void print_main_table(const std::string& md, const fs::path& report) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(md);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (!in_table && line.rfind("| recipe |", 0) != 0) continue;
+    if (line.empty() || line[0] != '|') break;
+    in_table = true;
+    if (line.rfind("|---", 0) == 0) continue;
+    std::vector<std::string> cells;
+    size_t p = 1;
+    while (cells.size() < 6) {
+      const size_t q = line.find(" |", p);
+      if (q == std::string::npos) break;
+      std::string c = line.substr(p, q - p);
+      c.erase(0, c.find_first_not_of(' '));
+      cells.push_back(c);
+      p = q + 2;
+    }
+    rows.push_back(cells);
+  }
+  if (rows.size() < 2) return;
+  std::vector<size_t> w(6, 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  std::printf("\nFinal-window loss (the full table, with held-out NLL per inference policy, "
+              "stability and throughput: %s):\n", report.string().c_str());
+  for (const auto& r : rows) {
+    std::string s = " ";
+    for (size_t i = 0; i < r.size(); ++i) s += " " + r[i] + std::string(w[i] - r[i].size() + 1, ' ');
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    std::printf("%s\n", s.c_str());
+  }
+}
+
+}  // namespace
+
+void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool plots,
+                             const std::string& baseline_arg, const std::string& hypotheses_arg,
+                             bool print_table) {
+  const std::string baseline = plan_baseline(plan, baseline_arg);
+  const std::string hyp_file = hypotheses_arg.empty() ? plan.hypotheses : hypotheses_arg;
+  // Read before anything is written, so a bad study file changes nothing.
+  if (hypotheses_arg.empty() && !hyp_file.empty() && !fs::is_regular_file(resolve(hyp_file)))
+    throw UserError((out / "compare.json").string() + " names the study file '" + hyp_file +
+                    "' (its --hypotheses), which is not found from here; give --hypotheses FILE");
+  const std::vector<Hypothesis> hyps =
+      hyp_file.empty() ? std::vector<Hypothesis>{} : load_hypotheses(resolve(hyp_file));
+  std::vector<RunRecord> runs;
+  std::vector<std::string> missing;
+  for (const auto& r : plan.names)
+    for (uint64_t s : plan.seeds) {
+      const fs::path d = compare_run_dir(out, r, s);
+      if (fs::exists(d / "summary.json") || fs::exists(d / "error.txt"))
+        runs.push_back(read_run(d));
+      else
+        missing.push_back(d.filename().string());
+    }
+  if (runs.empty()) throw UserError("no finished runs in " + out.string() + " yet");
+  ReportContext ctx;
+  ctx.title = "Recipe comparison: " + plan.config_name;
+  ctx.config_name = plan.config_name;
+  ctx.command = plan_command(plan, out);
+  ctx.model_line = plan.model_line;
+  ctx.tokens_per_run = plan.tokens_per_run;
+  ctx.policies = plan.policies;
+  // The verdicts as JSON, for the plot (and for anyone's own analysis); removed when the
+  // report has no study file, so a stale one never describes other runs.
+  const fs::path hyp_json = out / "hypotheses.json";
+  if (!hyps.empty())
+    write_file_atomic(hyp_json, hypotheses_json(hyps, runs));
+  else if (fs::exists(hyp_json))
+    fs::remove(hyp_json);
+  if (!plots && fs::is_directory(out / "plots") && !fs::is_empty(out / "plots"))
+    ctx.plots_note = "Plots were not remade (--no-plots): plots/ holds those of an earlier "
+                     "report, which may not match this one (another baseline, other runs).";
+  if (plots) {
+    const std::string py = find_plot_python();
+    if (py.empty()) {
+      ctx.plots_note = "Plots were not made: no python3 with matplotlib (Debian: apt install "
+                       "python3-matplotlib, or set FP4_PYTHON).";
+    } else {
+      std::string cmd = shell_quote(py) + " " + shell_quote(resolve("tools/plot_runs.py").string()) +
+                        " --title " + shell_quote(plan.config_name) + " --baseline " +
+                        shell_quote(baseline) + " --out " + shell_quote((out / "plots").string());
+      if (!hyps.empty()) cmd += " --hypotheses " + shell_quote(hyp_json.string());
+      for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
+      const fs::path plots_dir = out / "plots";
+      if (fs::exists(plots_dir) && !fs::is_directory(plots_dir))
+        throw UserError(plots_dir.string() + " exists and is not a directory; remove it or use --no-plots");
+      std::fflush(stdout);
+      if (std::system(cmd.c_str()) == 0) {
+        for (const char* p : {"loss.png", "loss_vs_baseline.png", "heldout.png", "telemetry.png"})
+          ctx.plots.push_back(std::string("plots/") + p);
+        // Made only when the runs have the data (scale_hist telemetry, a study file).
+        for (const char* p : {"scale_range.png", "hypotheses.png"})
+          if (fs::exists(plots_dir / p)) ctx.plots.push_back(std::string("plots/") + p);
+      } else {
+        ctx.plots_note = "Plots failed: tools/plot_runs.py exited non-zero (see its message).";
+      }
+    }
+  }
+  std::string md = comparison_report_md(aggregate_runs(runs, plan.names, baseline), runs, ctx);
+  if (!hyps.empty()) md += hypotheses_md(hyps, runs) + "\nStudy file: `" + hyp_file + "`.\n";
+  if (!missing.empty()) {
+    md += "\n## Not finished\n\n";
+    for (const auto& m : missing) md += "* `" + m + "`\n";
+  }
+  write_file_atomic(out / "report.md", md);
+  if (print_table) print_main_table(md, out / "report.md");
+  std::printf("report: %s (%zu runs%s)\n", (out / "report.md").string().c_str(), runs.size(),
+              missing.empty() ? "" : (", " + std::to_string(missing.size()) + " not finished").c_str());
+}
+
+
+void run_comparison(const CompareRequest& a) {
+  if (a.out.empty()) throw UserError("--out DIR is required");
+  const fs::path out = a.out;
+  std::vector<std::pair<std::string, std::string>> taken;
+  if (a.steps > 0) taken.push_back({"train.steps", "--steps"});
+  taken.push_back({"train.seed", "--seeds/--seed-base (every run sets its own seed)"});
+  const Settings sets = parse_set_args(a.sets, taken);
+  const fs::path config_file = resolve(a.config);
+  RunConfig cfg = load_run_config(config_file, sets.config);
+  override_steps(cfg, a.steps);
+  validate(cfg, with_settings(a.config, sets.config));
+
+  ComparePlan plan;
+  plan.config_arg = a.config;
+  plan.config_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
+  plan.sets = sets.given;
+  plan.baseline = a.baseline;
+  plan.hypotheses = a.hypotheses;
+  plan.task = a.task;
+  if (!a.task.empty() && a.task != "next-sentence")
+    throw UserError("--task " + a.task + ": unknown task (known: next-sentence)");
+  if (!a.hypotheses.empty()) (void)load_hypotheses(resolve(a.hypotheses));  // fail before training
+  plan.recipes = split_list(a.recipes, "--recipes");
+  for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
+  for (int i = 0; i < a.seeds; ++i) plan.seeds.push_back(a.seed_base + i);
+  plan.steps = cfg.train.steps;
+  plan.save_every = a.save_every;
+  plan.keep_checkpoints = a.keep_checkpoints;
+  plan.tokens_per_run = int64_t(cfg.train.steps) * cfg.train.batch_size * cfg.train.seq_len;
+  {
+    RunConfig c0 = cfg;
+    c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
+    plan.config_toml = run_config_to_toml(c0);
+  }
+  std::vector<ValidatedRun> recipes;  // each checked on the config once (validate_run)
+  if (fs::exists(out / "compare.json")) {
+    const ComparePlan old = read_compare_plan(out);
+    if (old.sets != plan.sets) {
+      auto list = [](const std::vector<std::string>& v) {
+        std::string o;
+        for (const auto& x : v) o += " --set " + shell_word(x);
+        return o.empty() ? std::string(" no --set") : o;
+      };
+      throw UserError(out.string() + " holds a comparison made with" + list(old.sets) +
+                      ", not" + list(plan.sets) + "; give the same --set arguments or choose "
+                      "another --out (nothing was changed)");
+    }
+    if (old.config_toml != plan.config_toml)
+      throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
+                      old.config_name + ", " + std::to_string(old.steps) +
+                      " steps); choose another --out (nothing was changed)");
+    // Recipes, seeds and policies may grow: keep the union, in first-seen order.
+    for (const auto& r : old.recipes)
+      if (std::find(plan.recipes.begin(), plan.recipes.end(), r) == plan.recipes.end())
+        plan.recipes.push_back(r);
+    for (uint64_t s : old.seeds)
+      if (std::find(plan.seeds.begin(), plan.seeds.end(), s) == plan.seeds.end())
+        plan.seeds.push_back(s);
+    for (const auto& q : old.policies)
+      if (std::find(plan.policies.begin(), plan.policies.end(), q) == plan.policies.end())
+        plan.policies.push_back(q);
+    if (plan.baseline.empty()) plan.baseline = old.baseline;
+    if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
+    if (plan.task.empty()) plan.task = old.task;
+  }
+  // Every recipe is loaded and checked before anything runs; names must be unique (they
+  // label the rows and name the run directories).
+  for (const auto& arg : plan.recipes) {
+    recipes.push_back(validate_run(cfg, load_recipe(arg, resolve("configs/recipes"), sets.recipe)));
+    const std::string& name = recipes.back().recipe().name;
+    for (size_t i = 0; i < plan.names.size(); ++i)
+      if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))
+        throw UserError("--recipes: '" + plan.recipes[i] + "' and '" + arg +
+                        "' are both named '" + name +
+                        "' (runs and report rows are labelled by name); give one of them "
+                        "another `name = ...` in its file");
+    plan.names.push_back(name);
+  }
+  // The baseline must be among the recipes before anything is trained.
+  (void)plan_baseline(plan, "");
+  // A reused or resumed run must have been made with exactly this config and recipe.
+  for (size_t ri = 0; ri < recipes.size(); ++ri)
+    for (uint64_t seed : plan.seeds) {
+      const fs::path d = compare_run_dir(out, plan.names[ri], seed);
+      RunConfig rc = cfg;
+      rc.train.seed = seed;
+      auto same = [&](const char* file, const std::string& text) {
+        std::ifstream f(d / file, std::ios::binary);
+        if (!f) return true;  // not started
+        std::ostringstream ss;
+        ss << f.rdbuf();
+        return ss.str() == text;
+      };
+      // A summary without the files a run writes first is not a finished run (another
+      // process, still running or killed mid-way, wrote into a recreated directory): it
+      // would be reused with no config to check and no metrics to report.
+      // (A compacted run holds metrics.jsonl.zst instead of metrics.jsonl.)
+      if (fs::exists(d / "summary.json"))
+        for (const char* f : {"config.toml", "recipe.toml", kMetricsFile})
+          if (!fs::exists(d / f) &&
+              !(f == std::string(kMetricsFile) && fs::exists(d / kCompactMetricsFile)))
+            throw UserError(d.string() + " holds summary.json but no " + f +
+                            ": not a complete run (was another process writing into it?); "
+                            "remove that run directory to train it again (nothing was changed)");
+      if (!same("config.toml", run_config_to_toml(rc)) ||
+          !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
+        throw UserError(d.string() + " holds a run made with a different " +
+                        (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
+                                                                       : "config (config.toml)") +
+                        " than " + plan.recipes[ri] + " now gives; remove that run directory "
+                        "or use another --out (nothing was changed)");
+    }
+
+  const fs::path data_path = resolve_data_path(cfg.data.path, config_file);
+  if (!fs::exists(data_path))
+    throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
+                    with_settings(a.config, sets.config) +
+                    "; the default Brown corpus is installed by scripts/setup)");
+  {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec || !fs::is_directory(out))
+      throw UserError("cannot create the comparison directory --out " + out.string() + " (" +
+                      (ec ? ec.message() : "exists and is not a directory") + ")");
+  }
+  auto logf = [](const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); };
+  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size, resolve(cfg.data.cache), logf);
+  {
+    nn::Model probe(cfg.model, Recipe{}, 1, 1);
+    char b[160];
+    std::snprintf(b, sizeof b, "%.2f M parameters, %d blocks ", probe.num_params() / 1e6,
+                  probe.n_blocks());
+    plan.model_line = b + probe.pattern();
+    std::snprintf(b, sizeof b, ", d_model %d, vocab %d", cfg.model.d_model, cfg.model.vocab_size);
+    plan.model_line += b;
+  }
+  write_file_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
+  std::string policies;
+  for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
+
+  // One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
+  // says how to continue, and the process ends as killed by the signal.
+  auto train_run = [&](const ValidatedRun& checked, TrainOptions opt) {
+    const InterruptibleRun run = train_interruptible(checked, data, opt);
+    const TrainSummary& s = run.summary;
+    // During the run's last step: it completed; the comparison stops before the next.
+    if (run.late_signal != 0)
+      end_by_signal(run.late_signal,
+                    "\n" + signal_name(run.late_signal) + " arrived during the last step of " +
+                        opt.out_dir.string() + ", which completed; its held-out evaluation and "
+                        "the other runs are left. Continue the comparison with:\n  " +
+                        plan_command(plan, out) + "\n");
+    if (s.stop_signal == 0) return;
+    end_by_signal(s.stop_signal,
+                  "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
+                      " after step " + std::to_string(s.steps) + " of " +
+                      std::to_string(checked.config().train.steps) + "; checkpoint " +
+                      s.checkpoint.string() +
+                      "\nContinue the comparison (finished runs are reused, this one resumes "
+                      "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
+  };
+  const size_t total = recipes.size() * plan.seeds.size();
+  size_t k = 0, diverged = 0;
+  for (size_t ri = 0; ri < recipes.size(); ++ri)
+    for (uint64_t seed : plan.seeds) {
+      ++k;
+      const fs::path d = compare_run_dir(out, plan.names[ri], seed);
+      char head[256];
+      std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
+                    plan.names[ri].c_str(), static_cast<unsigned long long>(seed));
+      const ValidatedRun run = recipes[ri].with_seed(seed);  // no check depends on the seed
+      TrainOptions opt;
+      opt.out_dir = d;
+      opt.config_name = plan.config_name;
+      opt.save_every = a.save_every;
+      opt.keep_checkpoints = a.keep_checkpoints;
+      if (!fs::exists(d / "summary.json") && run_error(d) == RunError::Failed) {
+        // A failure (not a divergence) is not a result: start that run again.
+        const fs::path failed = d.string() + ".failed";
+        fs::remove_all(failed);
+        fs::rename(d, failed);
+        logf(std::string(head) + "failed earlier, moved to " + failed.string() + " and retried");
+      }
+      if (fs::exists(d / "summary.json")) {
+        logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
+      } else if (fs::exists(d / "error.txt")) {
+        // Training is deterministic: a diverged run would diverge again. It is a result.
+        logf(std::string(head) + "diverged earlier, kept (" + (d / "error.txt").string() + ")");
+        ++diverged;
+        continue;
+      } else {
+        try {
+          if (fs::exists(d) && !list_checkpoints(d).empty()) {
+            // An interrupted run continues bit for bit from its newest checkpoint that loads.
+            std::string warn;
+            const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
+            if (!warn.empty()) logf(warn);
+            logf(std::string(head) + "resuming " + d.string() + " from step " +
+                 std::to_string(ck.step));
+            opt.resume_from = &ck;
+            train_run(run, opt);
+          } else {
+            if (fs::exists(d)) {  // started, but stopped before its first checkpoint
+              const fs::path stale = d.string() + ".incomplete";
+              fs::remove_all(stale);
+              fs::rename(d, stale);
+              logf(std::string(head) + "an unfinished run without checkpoints was moved to " +
+                   stale.string());
+            }
+            logf(std::string(head) + "training into " + d.string());
+            train_run(run, opt);
+          }
+        } catch (const UserError& e) {
+          if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison
+          logf(std::string(head) + "DIVERGED: " + e.what() + "; continuing with the next run");
+          ++diverged;
+          continue;
+        }
+      }
+      // Held-out NLL under every policy of the plan, from the run's final checkpoint;
+      // recomputed when eval.json lacks a policy (e.g. one added to the plan later).
+      bool need_eval = !fs::exists(d / "eval.json");
+      if (!need_eval) {
+        std::ifstream f(d / "eval.json");
+        json e = json::parse(f, nullptr, false);
+        for (const auto& p : plan.policies)
+          need_eval |= e.is_discarded() || !e.contains("results") || !e["results"].contains(p);
+      }
+      if (need_eval) {
+        logf(std::string(head) + "held-out NLL under " + policies);
+        eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), data_path.string());
+      }
+      // The downstream task under every policy (DIR/<run>/task.json), when the plan has one;
+      // recomputed when task.json lacks a policy. It needs the final checkpoint, which a
+      // fresh clone of committed runs does not have: then the run is listed and skipped.
+      if (!plan.task.empty()) {
+        // Checked as the report reads it (read_run), so a file the report would refuse is
+        // recomputed, not reused.
+        bool need_task = true, unusable = false;
+        if (fs::exists(d / "task.json")) {
+          try {
+            const RunRecord rr = read_run(d);
+            need_task = rr.task != plan.task;
+            for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
+          } catch (const UserError& e) {
+            unusable = true;
+            logf(std::string(head) + "task.json is unusable (" + e.what() + ")");
+          }
+        }
+        if (need_task && list_checkpoints(d).empty()) {
+          if (unusable) {
+            fs::rename(d / "task.json", d / "task.json.unusable");
+            logf(std::string(head) + "moved it to " + (d / "task.json.unusable").string());
+          }
+          logf(std::string(head) + "no checkpoint to run --task " + plan.task + " on (" +
+               d.string() + "): " +
+               (fs::exists(d / "task.json") ? "its task.json is reported as it is"
+                                            : "the report has no task accuracy for it"));
+        } else if (need_task) {
+          logf(std::string(head) + plan.task + " under " + policies);
+          task_checkpoint_to_json(d.string(), plan.task, policies, (d / "task.json").string(),
+                                  data_path.string());
+        }
+      }
+    }
+  if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
+  write_comparison_report(out, plan, !a.no_plots, "", "", /*print_table=*/true);
+}
+
+}  // namespace fp4
