@@ -1,4 +1,4 @@
-// fp4/base/machine_load.h.
+// The load of the machine: other processes' CPU use, read from /proc (fp4/base/machine_load.h).
 #include "fp4/base/machine_load.h"
 
 #include <unistd.h>

@@ -1,4 +1,5 @@
-// Step-time profiling and the measured FP32 GEMM rate (see fp4/base/profile.h).
+// Step-time profiling: scopes by category, FLOP counts, peak RSS (see fp4/base/profile.h; the
+// measured FP32 GEMM rate is gemm/machine.cpp's).
 #include "fp4/base/profile.h"
 
 #include <omp.h>

@@ -1,4 +1,5 @@
-// Next-sentence multiple-choice items from the held-out split (see include/fp4/eval/tasks.h).
+// The next-sentence task (see include/fp4/eval/tasks.h): multiple-choice items from the
+// held-out split, the task file, the rows to score and their scoring per inference policy.
 #include "fp4/eval/tasks.h"
 
 #include <algorithm>

@@ -1,6 +1,8 @@
 // The metrics log of a finished run, plain or zstd-compacted (fp4/study/run_metrics.h).
 #include "fp4/study/run_metrics.h"
 
+#include "fp4/train/run_lock.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -124,35 +126,6 @@ std::string read_bytes(const fs::path& p) {
   return o.str();
 }
 
-// The run's .fp4train.lock (fp4::train holds it with flock while it trains into the
-// directory), taken here for the compaction; no lock file means no training ever ran there
-// under this version of fp4train, and none is created.
-class SharedRunLock {
- public:
-  explicit SharedRunLock(const fs::path& dir) {
-    const fs::path p = dir / ".fp4train.lock";
-    if (!fs::exists(p)) return;
-    fd_ = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw UserError("cannot open " + p.string() + ": " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      ::close(fd_);
-      fd_ = -1;
-      if (e == EWOULDBLOCK)
-        throw UserError(dir.string() + " is in use by another fp4train process (it holds " +
-                        p.string() + "); compact it once that has finished (nothing was changed)");
-      throw UserError("cannot lock " + p.string() + ": " + std::strerror(e));
-    }
-  }
-  ~SharedRunLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  SharedRunLock(const SharedRunLock&) = delete;
-  SharedRunLock& operator=(const SharedRunLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 // Throws unless `dir` is a finished run: a completed summary or a divergence's error.txt.
 void check_finished(const fs::path& dir) {
@@ -186,7 +159,9 @@ CompactResult compact_run_metrics(const fs::path& dir, int level) {
                     std::to_string(ZSTD_maxCLevel()));
   if (!fs::is_directory(dir)) throw UserError(dir.string() + " is not a directory");
   check_finished(dir);
-  const SharedRunLock lock(dir);
+  // The run's lock (fp4::train holds it while it trains into the directory); a directory
+  // without a lock file never had a run of this version and gets none.
+  const RunDirLock lock(dir, "compact it once that has finished (nothing was changed)", /*create=*/false);
   const fs::path plain = dir / kMetricsFile, packed = dir / kCompactMetricsFile;
   CompactResult res;
   res.file = packed;

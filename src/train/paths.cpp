@@ -1,3 +1,5 @@
+// Locating configs and data from the working directory or the source tree, and preparing
+// the tokens on every MPI rank (fp4/train/paths.h).
 #include "fp4/train/paths.h"
 
 #include "fp4/dist/dist.h"

@@ -1,3 +1,5 @@
+// What the commands that train share: --set arguments against dedicated options, run
+// directory names, shell words, and the stop on SIGINT / SIGTERM / SIGUSR1 (fp4/train/run_control.h).
 #include "fp4/train/run_control.h"
 
 #include <pthread.h>

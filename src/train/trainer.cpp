@@ -27,6 +27,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
+#include "fp4/train/run_lock.h"
 #include "fp4/train/train.h"
 #include "telemetry_json.h"
 
@@ -34,38 +35,6 @@ namespace fp4 {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-// An exclusive advisory lock on DIR/.fp4train.lock, held while one process trains into DIR
-// (flock: the kernel releases it when the process ends, however it ends, so a killed run
-// never leaves a stale lock). A second `train --resume DIR` or `train --out DIR` started
-// while the first runs is refused before it changes any file.
-class RunDirLock {
- public:
-  explicit RunDirLock(const fs::path& dir) {
-    const fs::path p = dir / ".fp4train.lock";
-    fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw UserError("cannot open " + p.string() + ": " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      ::close(fd_);
-      fd_ = -1;
-      if (e == EWOULDBLOCK)
-        throw UserError(dir.string() + " is in use by another fp4train process (it holds " +
-                        p.string() + "); wait for it to finish or stop it, then resume");
-      throw UserError("cannot lock " + p.string() + ": " + std::strerror(e));
-    }
-  }
-  ~RunDirLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-}  // namespace
 
 namespace {
 std::string read_file_bytes(const fs::path& p) {
@@ -394,7 +363,7 @@ std::string TrainRun::ready_run_directory() {
   if (!ck && rank0) fs::create_directories(opt.out_dir);
   // One process per run directory: refused here, before any file of the run changes (and
   // before dir_ready, so the refusal writes no error.txt into the other process's run).
-  if (rank0) dir_lock = std::make_unique<RunDirLock>(opt.out_dir);
+  if (rank0) dir_lock = std::make_unique<RunDirLock>(opt.out_dir, "wait for it to finish or stop it, then resume");
   st.dir_ready = true;  // a resumed run's directory exists already
   if (ck && rank0) {
     // Newer checkpoints than the one resumed from did not load: keep them aside, do not count

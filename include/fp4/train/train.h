@@ -1,4 +1,5 @@
-// Optimiser, LR schedule, evaluation and the training loop.
+// Training: the optimiser, the LR schedule, one training step (train_step), the checks of a
+// run before anything is prepared (validate_run) and the run itself (train).
 #pragma once
 #include <csignal>
 #include <cstdint>
