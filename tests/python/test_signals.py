@@ -50,4 +50,9 @@ def test_sigint_storm_during_gemm_leaves_the_process_intact():
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, (p.returncode, err[-2000:])
     caught = int(out.split()[-1])
-    assert sent > 50 and caught > 0.5 * sent, (sent, caught)
+    # Signals that arrive while a call blocks them are pending and coalesce (POSIX keeps one
+    # per signal), so the share handled falls as the machine gets busier (the GEMMs slower):
+    # about 0.9 of those sent on an idle 2-core machine, 83 of 234 (0.35) under a parallel
+    # build. A tenth says they are delivered after the calls, not lost; the property under
+    # test is that the process survives.
+    assert sent > 50 and caught >= 0.1 * sent, (sent, caught)
