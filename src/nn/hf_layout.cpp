@@ -19,7 +19,6 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
                                  const std::vector<float>& values) {
   const bool llama = hf_llama_layout(cfg);
   const std::string pattern = cfg.block_pattern();
-  const int64_t hd = cfg.attn_head_dim();
   std::vector<HfTensor> out;
   for (const nn::ParamInfo& p : infos) {
     if (p.offset + p.size > static_cast<int64_t>(values.size()))

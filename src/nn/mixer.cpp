@@ -67,6 +67,10 @@ void register_mixer_kind(MixerKind kind) {
   if (!kind.make) throw std::invalid_argument("register_mixer_kind: " + kind.name + " has no make");
   if (kind.name.empty() || kind.key.empty())
     throw std::invalid_argument("register_mixer_kind: a kind needs a name and a key");
+  for (const MixerKind& k : registry())
+    if (k.name == kind.name || k.key == kind.key)
+      throw std::invalid_argument("register_mixer_kind: the name \"" + kind.name + "\" or key \"" +
+                                  kind.key + "\" is taken by " + quoted(k.symbol) + " (" + k.name + ")");
   const std::vector<std::string>& known = linear_kinds();
   for (const std::string& l : kind.linears)
     if (std::find(known.begin(), known.end(), l) == known.end())

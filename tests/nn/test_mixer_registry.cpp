@@ -159,6 +159,15 @@ TEST(MixerRegistry, RefusesTakenSymbolsUnknownLinearsAndNoFactory) {
   k = gain_kind();
   k.symbol = '"';
   EXPECT_THROW(nn::register_mixer_kind(k), std::invalid_argument);
+  k = gain_kind();
+  k.key = "mlp";  // info --json would write two "mlp_blocks"
+  EXPECT_THROW(nn::register_mixer_kind(k), std::invalid_argument);
+  k = gain_kind();
+  k.name = "attention";
+  EXPECT_THROW(nn::register_mixer_kind(k), std::invalid_argument);
+  k = gain_kind();
+  k.name.clear();
+  EXPECT_THROW(nn::register_mixer_kind(k), std::invalid_argument);
   EXPECT_THROW(nn::unregister_mixer_kind('-'), std::invalid_argument);
   EXPECT_EQ(nn::find_mixer_kind('R'), nullptr);
 }
@@ -239,6 +248,24 @@ TEST(MixerRegistry, ToyModelTrainsAndItsGradientsMatchFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 4 * int(model.param_infos().size()));
+}
+
+// Built without the parser (a program's own ModelConfig), the model and info still run the
+// kind's check.
+TEST(MixerRegistry, ModelAndInfoRunTheKindsCheckWithoutTheParser) {
+  const ToyKind toy;
+  RunConfig cfg = load_run_config(write_config("toy_ok.toml", "pattern = \"R-\""));
+  cfg.model.d_model = 40;
+  try {
+    nn::Model model(cfg.model, Recipe{}, 1, 8);
+    ADD_FAILURE() << "a d_model of 40 was accepted for gain blocks";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model: model.d_model (40) must be a multiple of 16"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(model_info(cfg, Recipe{}), UserError);
+  cfg.model.pattern = "-*";  // no gain block: the check does not apply
+  EXPECT_NO_THROW(nn::Model(cfg.model, Recipe{}, 1, 8));
 }
 
 TEST(MixerRegistry, InfoCountsTheToyKindAsTheBuiltModelHasIt) {

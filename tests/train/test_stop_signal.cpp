@@ -86,7 +86,7 @@ TEST(StopOnSignal, BlocksTheStopSignalsOnEveryComputeThreadWhileAlive) {
 
 TEST(StopOnSignal, AStopSignalDuringGemmsLeavesTheHeapIntact) {
   // The failure mode itself: threads in oneDNN GEMMs, one stop signal at a random moment, many
-  // times over. With mask_compute_threads of run_control.cpp made a no-op (the old guard: a
+  // times over. With StopOnSignal's ComputeSignalMask (mask_ in src/train/run_control.cpp) made a no-op (the old guard: a
   // handler on whichever thread the kernel picks), this aborted with "corrupted size vs.
   // prev_size while consolidating" in 3 runs out of 3 (AMD EPYC, AVX2, libdnnl 2.6.3); glibc
   // aborts on a corrupted chunk, and the vector churn below makes it look at many.

@@ -7,13 +7,17 @@
 // pattern character, its names, its config checks, its linears, its factory, its Hugging
 // Face names; its FLOPs are the Mixer's own. Config validation (nn/config.h), the model,
 // `info`, `profile`, `export` and the recipe rules all read the registry, mixer_kinds(). A new
-// kind is one file (the Mixer class and its MixerKind) and one line in mixer.cpp's list of
-// built-in kinds; tests/nn/test_mixer_registry.cpp registers a toy kind at run time.
+// kind is one file (the Mixer class and its MixerKind), its entry function's declaration in
+// src/nn/mixers.h and one line in mixer.cpp's list of built-in kinds;
+// tests/nn/test_mixer_registry.cpp registers a toy kind at run time. Outside the entry: a
+// kind's own config keys (ModelConfig and its parser), a new linear-kind name (the recipe
+// vocabulary, linear_kinds()), and the two fixed layouts of the export (hf_layout.cpp: the
+// Llama layout is '*' '-' pairs, Nemotron-H's config.json has the Mamba-2 keys).
 //
 // Built-in kinds (pattern characters), in registry order:
+//   'M' Mamba-2: in_proj, causal conv1d, SSD scan, gated RMSNorm, out_proj (mixer_mamba2.cpp)
 //   '*' attention: grouped-query causal attention, q/k/v/o_proj, optional RoPE (mixer_attention.cpp)
 //   '-' MLP: up_proj, squared ReLU (or SwiGLU), down_proj (mixer_mlp.cpp)
-//   'M' Mamba-2: in_proj, causal conv1d, SSD scan, gated RMSNorm, out_proj (mixer_mamba2.cpp)
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -66,7 +70,7 @@ struct MixerCall {
 class Mixer {
  public:
   virtual ~Mixer() = default;
-  /// Pattern character: 'M', '*' or '-'.
+  /// Pattern character: its MixerKind's symbol ('M', '*', '-' for the built-in kinds).
   virtual char symbol() const = 0;
   /// Parameters besides the linears, in storage order (before the linears' weights).
   virtual std::vector<MixerParam> params() const { return {}; }
@@ -140,8 +144,9 @@ const MixerKind& mixer_kind(char symbol);
 /// "'M' (Mamba-2), '*' (attention) and '-' (MLP)": the registered kinds for messages.
 std::string mixer_kinds_listing();
 /// Add a kind (tests, extensions), before any model or config uses it. Throws
-/// std::invalid_argument for a symbol already taken or not printable, a null make, or a
-/// linear kind that linear_kinds() does not name (the recipe rules would not match it).
+/// std::invalid_argument for a symbol, name or key already taken (info --json names a kind
+/// by its key), a symbol not printable, a null make, an empty name or key, or a linear kind
+/// that linear_kinds() does not name (the recipe rules would not match it).
 void register_mixer_kind(MixerKind kind);
 /// Remove a kind register_mixer_kind added (tests); built-in kinds cannot be removed
 /// (std::invalid_argument).

@@ -72,8 +72,9 @@ struct CompareRequest {
 /// nothing), then train each recipe × seed in order (finished runs reused, diverged ones
 /// kept as results, failed ones retried, interrupted ones resumed bit for bit from their
 /// newest checkpoint), evaluate each final checkpoint under the plan's policies (and task),
-/// and write the report. SIGINT / SIGTERM stop it after the current step with the command that
-/// continues it; the process then ends as killed by the signal.
+/// and write the report. While a run trains, SIGINT / SIGTERM / SIGUSR1 stop it after the
+/// current step with the command that continues it; the process then ends as killed by the
+/// signal (during an evaluation a signal has its default action: the rerun recovers).
 void run_comparison(const CompareRequest& req);
 
 }  // namespace fp4

@@ -1,4 +1,4 @@
-// Locating the repository's configs and data (the CLI, the study room, Python): relative to the working
+// Locating the repository's configs and data (the CLI and the study room): relative to the working
 // directory first, then to the source tree the binary was built from.
 #pragma once
 #include <filesystem>
