@@ -189,7 +189,7 @@ void run_info(const InfoArgs& a) {
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file, sets.config);
   validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
   check_recipe_fits(recipe, cfg);
   const ModelInfo in = model_info(cfg, recipe);
   if (a.json) {

@@ -50,7 +50,7 @@ void run_profile(const ProfileArgs& a) {
   RunConfig cfg = load_run_config(config_file, sets.config);
   if (!a.data.empty()) cfg.data.path = a.data;
   validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
   const std::string cfg_name = labelled_name(fs::path(a.config).filename().string(), sets.config);
   check_recipe_fits(recipe, cfg);
   const fs::path data_path =

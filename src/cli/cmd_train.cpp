@@ -208,7 +208,7 @@ void run_train(const TrainArgs& a) {
   if (!a.data.empty()) cfg.data.path = a.data;
   override_steps(cfg, a.steps);
   validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
   // Checked once, before any data is prepared; train() does not repeat it.
   const ValidatedRun checked = validate_run(cfg, recipe);
 

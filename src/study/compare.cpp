@@ -347,7 +347,7 @@ void run_comparison(const CompareRequest& a) {
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
   for (const auto& arg : plan.recipes) {
-    recipes.push_back(validate_run(cfg, load_recipe(arg, resolve("configs/recipes"), sets.recipe)));
+    recipes.push_back(validate_run(cfg, load_recipe_arg(arg, sets.recipe)));
     const std::string& name = recipes.back().recipe().name;
     for (size_t i = 0; i < plan.names.size(); ++i)
       if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))

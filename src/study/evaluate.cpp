@@ -69,8 +69,7 @@ EvalSource load_eval_source(const EvalSourceSpec& a) {
     validate(s.cfg, with_settings(a.config, sets.config));
     s.init_seed = static_cast<uint64_t>(a.init_seed);
     s.config_dir = f.parent_path();
-    s.recipe = load_recipe(a.recipe.empty() ? "ue5m3-b16" : a.recipe, resolve("configs/recipes"),
-                           sets.recipe);
+    s.recipe = load_recipe_arg(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
     s.recipe_source = with_settings(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
     check_fits(s.recipe, s.cfg, a.config);
     return s;
@@ -93,7 +92,7 @@ EvalSource load_eval_source(const EvalSourceSpec& a) {
     s.recipe = recipe_from_text(ck.recipe_toml, file.string() + " (recipe)", sets.recipe);
     s.recipe_source = with_settings("checkpoint", sets.recipe);
   } else {
-    s.recipe = load_recipe(a.recipe, resolve("configs/recipes"), sets.recipe);
+    s.recipe = load_recipe_arg(a.recipe, sets.recipe);
     s.recipe_source = with_settings(a.recipe, sets.recipe);
   }
   check_fits(s.recipe, s.cfg, file.string());

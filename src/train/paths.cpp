@@ -84,3 +84,11 @@ TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int v
 }
 
 }  // namespace fp4
+
+namespace fp4 {
+Recipe load_recipe_arg(const std::string& name_or_path, const std::vector<Setting>& sets) {
+  const std::filesystem::path p(name_or_path);
+  const std::string arg = p.extension() == ".toml" ? resolve(name_or_path).string() : name_or_path;
+  return load_recipe(arg, resolve("configs/recipes"), sets);
+}
+}  // namespace fp4

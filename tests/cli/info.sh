@@ -24,6 +24,13 @@ bad "missing.toml" info --config "$work/missing.toml"
 bad "unknown recipe 'nope'" info --config "$cfg8b" --recipe nope
 bad "model.pattern" info --config "$cfg8b" --set 'model.pattern=M-X'
 bad "--config" info
+bad "configs/recipes/missing.toml" info --config "$cfg8b" --recipe configs/recipes/missing.toml
+
+# --- paths as in the source tree, from another working directory: --config and a --recipe
+# .toml path are both found through the source tree (the binary's FP4_SOURCE_DIR).
+(cd "$work" && "$bin" info --config configs/tiny.toml --recipe configs/recipes/nvfp4-te.toml) \
+  >"$work/rel.txt" 2>&1 || fail "info with source-tree paths from $work failed: $(cat "$work/rel.txt")"
+grep -q "recipe nvfp4-te" "$work/rel.txt" || fail "info did not load configs/recipes/nvfp4-te.toml: $(head -2 "$work/rel.txt")"
 
 # --- JSON of the 8B under nvfp4-te ---------------------------------------------------------
 # ulimit -v: the 8B model's buffers (hundreds of GiB) are never allocated. Not in the

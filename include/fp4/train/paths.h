@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fp4/nn/config.h"
+#include "fp4/recipe/recipe.h"
 #include "fp4/data/data.h"
 
 #include <functional>
@@ -14,6 +15,10 @@ namespace fp4 {
 /// exists, else `rel` unchanged (so the error names what the user typed).
 std::filesystem::path resolve(const std::string& rel);
 
+/// The recipe a --recipe argument names: a shipped name (configs/recipes/NAME.toml, found
+/// through resolve) or a .toml path, which is also looked up through resolve, as --config is.
+/// Throws what load_recipe throws (an unknown name lists the shipped ones).
+Recipe load_recipe_arg(const std::string& name_or_path, const std::vector<Setting>& sets = {});
 /// data.path of a run config: as given if absolute or existing relative to the working
 /// directory, else relative to the config file's directory if it exists there, else
 /// resolve(data_path) (the source tree, for the default corpus). Existence is the caller's check.
