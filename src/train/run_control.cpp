@@ -61,19 +61,25 @@ volatile std::sig_atomic_t g_quiet = 0;  // an MPI rank other than 0: print noth
 // The first stop signal sets the flag and says so; a later one ends the process at once with
 // that signal's default action. Called by the watcher thread (below) for a signal it
 // accepted, or as the handler of a signal delivered to a thread that did not block it.
+// Restore the default action of `sig`, unblock it on this thread (unless `unblock` is false:
+// a handler's own signal stays blocked until the handler returns) and raise it.
+void raise_with_default_action(int sig, bool unblock) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  if (unblock) pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  raise(sig);
+}
+
 void note_stop_signal(int sig, bool in_handler) {
   if (g_stop_signal != 0) {
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, nullptr);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
     // In the handler the signal is blocked until it returns; in the watcher it is blocked
     // all along: unblocked, the raised signal is delivered to this thread and kills.
-    if (!in_handler) pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
-    raise(sig);
+    raise_with_default_action(sig, !in_handler);
     return;
   }
   g_stop_signal = sig;
@@ -151,15 +157,7 @@ void StopOnSignal::exit_by(int sig) {
     dist::finalize();
     std::exit(128 + sig);
   }
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(sig, &dfl, nullptr);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, sig);
-  sigprocmask(SIG_UNBLOCK, &set, nullptr);
-  raise(sig);
+  raise_with_default_action(sig, /*unblock=*/true);
   std::_Exit(128 + sig);
 }
 
