@@ -138,16 +138,26 @@ TEST(NextSentence, DistractorsAreLengthMatched) {
   EXPECT_THROW(make_next_sentence_items(one, NextSentenceOptions{}), UserError);
 }
 
-TEST(ContinuationLogprobs, MatchAnIndependentLogSoftmaxAndIgnoreTheRestOfTheBatch) {
+// A one-layer FP32 model (vocab 64, d_model 32, 2 heads, MLP 64) for the scoring tests.
+ModelConfig tiny_model_config() {
   ModelConfig m;
   m.vocab_size = 64;
   m.d_model = 32;
   m.n_layers = 1;
   m.n_heads = 2;
   m.mlp_hidden = 64;
+  return m;
+}
+Recipe fp32_recipe() {
+  Recipe r;
+  r.mode = LinearMode::FP32;
+  return r;
+}
+
+TEST(ContinuationLogprobs, MatchAnIndependentLogSoftmaxAndIgnoreTheRestOfTheBatch) {
+  const ModelConfig m = tiny_model_config();
   const int seq_len = 8, batch = 3;
-  Recipe fp32;
-  fp32.mode = LinearMode::FP32;
+  const Recipe fp32 = fp32_recipe();
   nn::Model model(m, fp32, batch, seq_len);
   model.init(3);
   const std::vector<ScoredSequence> seqs = {
@@ -205,16 +215,8 @@ TEST(NextSentence, TheBrownItemsAreTheShippedSet) {
 // (the independent reference above checks those); the lower index wins a tie (two identical
 // rows); the answer is what decides correctness; rows that are not 4 per item are refused.
 TEST(NextSentence, ScoreTakesTheArgmaxOfTheRowsAndTheLowerIndexOnTies) {
-  ModelConfig m;
-  m.vocab_size = 64;
-  m.d_model = 32;
-  m.n_layers = 1;
-  m.n_heads = 2;
-  m.mlp_hidden = 64;
   const int seq_len = 8, batch = 4;
-  Recipe fp32;
-  fp32.mode = LinearMode::FP32;
-  nn::Model model(m, fp32, batch, seq_len);
+  nn::Model model(tiny_model_config(), fp32_recipe(), batch, seq_len);
   model.init(5);
   EvalPolicy none;
   none.kind = EvalPolicy::Kind::None;
