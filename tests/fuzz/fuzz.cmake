@@ -9,18 +9,23 @@ if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
 endif()
 find_package(nlohmann_json REQUIRED)
 find_package(tomlplusplus REQUIRED)
+# The JSONL corpus reader (src/data/jsonl.cpp): simdjson and libzstd, as in the default build.
+find_package(simdjson CONFIG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 set(_fp4_fuzz_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 add_library(fp4parse STATIC
   src/recipe/recipe.cpp src/recipe/config.cpp src/recipe/settings.cpp
   src/numerics/format.cpp src/numerics/block_quant.cpp src/numerics/hadamard.cpp src/base/safetensors.cpp
   src/numerics/qtensor.cpp src/numerics/philox.cpp src/gemm/gemm_mode.cpp
-  src/train/checkpoint.cpp src/train/metrics_log.cpp src/data/token_shard.cpp
+  src/train/checkpoint.cpp src/train/metrics_log.cpp src/data/token_shard.cpp src/data/jsonl.cpp
   src/cli/matrix_text.cpp)
 target_include_directories(fp4parse PUBLIC include src/cli)
 target_compile_options(fp4parse PUBLIC ${_fp4_fuzz_san} -fsanitize=fuzzer-no-link
   -Wno-unknown-pragmas -Wno-unused-variable)
-target_link_libraries(fp4parse PUBLIC nlohmann_json::nlohmann_json tomlplusplus::tomlplusplus)
-set(FP4_FUZZ_TARGETS recipe config checkpoint qtensor token_shard metrics matrix)
+target_link_libraries(fp4parse PUBLIC nlohmann_json::nlohmann_json tomlplusplus::tomlplusplus
+  simdjson::simdjson PkgConfig::ZSTD)
+set(FP4_FUZZ_TARGETS recipe config checkpoint qtensor token_shard metrics matrix jsonl)
 foreach(t ${FP4_FUZZ_TARGETS})
   add_executable(fuzz_${t} tests/fuzz/fuzz_${t}.cpp)
   target_link_libraries(fuzz_${t} PRIVATE fp4parse)

@@ -13,7 +13,7 @@ cd "$root"
 secs="${1:-20}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(recipe config checkpoint qtensor token_shard metrics matrix)
+((${#targets[@]})) || targets=(recipe config checkpoint qtensor token_shard metrics matrix jsonl)
 
 if ! command -v clang++ >/dev/null 2>&1 || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   SUDO=()

@@ -56,7 +56,8 @@ struct JsonlStats {
 ///     bytes" (a later frame or block is bad, e.g. a checksum mismatch or trailing garbage),
 ///   "<file>: a zstd frame needs a window above the reader's limit of 128 MiB (...)",
 ///   "<file>: truncated zstd frame (the stream ends inside a frame after <N> uncompressed bytes)".
-/// An exception thrown by fn propagates unchanged (it is not a bad record).
+/// An exception thrown by fn propagates unchanged (it is not a bad record). Calls share
+/// nothing (each has its own parser and buffers): files may be read on several threads at once.
 void read_jsonl_file(const std::filesystem::path& file, const JsonlOptions& opts,
                      const std::function<void(int64_t line, std::string_view text)>& fn,
                      JsonlStats* stats = nullptr);
