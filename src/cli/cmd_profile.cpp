@@ -53,13 +53,13 @@ void run_profile(const ProfileArgs& a) {
   const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
   const std::string cfg_name = labelled_name(fs::path(a.config).filename().string(), sets.config);
   check_recipe_fits(recipe, cfg);
-  const fs::path data_path =
-      run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  const DataSpec data_spec =
+      run_data_spec(cfg, config_file, with_settings(a.config, sets.config), a.data);
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.
   const TokenData data = prepare_tokens_all_ranks(
-      data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
+      data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
       [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab exceeds model.vocab_size");
@@ -244,7 +244,7 @@ void register_profile(CLI::App& app) {
   c->add_option("--warmup", a->warmup, "Untimed warm-up steps first (JIT, page faults, step 1's telemetry)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
-  c->add_option("--data", a->data, "UTF-8 text file or directory instead of data.path");
+  c->add_option("--data", a->data, "Data file or directory instead of data.path (text, JSONL, token shards: docs/data.md)");
   c->add_option("--json", a->json_file, "Also write the breakdown as JSON to this file");
   c->add_option("--peak-gflops", a->peak_gflops,
                 "FP32 GEMM rate (GFLOP/s) to compute MFU against, instead of the measured one "

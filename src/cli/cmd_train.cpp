@@ -1,4 +1,6 @@
 // `fp4train train`: pretrain one model with one recipe and print a summary.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"  // fp4::IoError
+#include "fp4/train/info.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
 #include "fp4/train/run_control.h"
@@ -180,8 +183,8 @@ void run_resume(const TrainArgs& a) {
   logf("resuming " + dir.string() + " from " + ck_file.string() + " (step " +
        std::to_string(ck.step) + " of " + std::to_string(cfg.train.steps) + ")");
   logf("data: " + data_path.string());
-  const TokenData data = prepare_tokens_all_ranks(data_path, cfg.model.vocab_size,
-                                        resolve(cfg.data.cache), logf);
+  const TokenData data = prepare_tokens_all_ranks(data_spec(cfg, data_path, dir / "config.toml"),
+                                                  cfg.model.vocab_size, resolve(cfg.data.cache), logf);
 
   TrainOptions opt = checkpoint_options(a);
   if (!a.given("--save-every")) opt.save_every = ck.save_every;
@@ -193,6 +196,24 @@ void run_resume(const TrainArgs& a) {
   opt.resume_from = &ck;
   const TrainSummary s = train_or_stop(checked, data, opt, a);
   print_summary(s, cfg, recipe, opt.config_name, dir);
+}
+
+// Refuses a run whose training step (fp4train info's estimate: weights, gradients, AdamW
+// moments, activations, logits, scratch) needs more memory than the machine has, before any
+// data is prepared: the 8B config fails here in a second instead of after a tokenizer run.
+void check_fits_in_memory(const RunConfig& cfg, const Recipe& recipe, const std::string& config_arg) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double have = double(pages) * double(page);
+  const double need = double(model_info(cfg, recipe).memory.total());
+  if (need <= have) return;
+  char b[320];
+  std::snprintf(b, sizeof b,
+                "the training step of %s needs about %.1f GiB (weights, gradients, AdamW moments, "
+                "activations; `fp4train info --config %s` itemises it), more than this machine's "
+                "%.1f GiB of memory; use a smaller model, train.micro_batch_size or train.seq_len",
+                config_arg.c_str(), need / 1073741824.0, config_arg.c_str(), have / 1073741824.0);
+  throw UserError(b);
 }
 
 void run_train(const TrainArgs& a) {
@@ -211,9 +232,11 @@ void run_train(const TrainArgs& a) {
   const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
   // Checked once, before any data is prepared; train() does not repeat it.
   const ValidatedRun checked = validate_run(cfg, recipe);
+  check_fits_in_memory(cfg, recipe, with_settings(a.config, sets.config));
 
-  const fs::path data_path =
-      run_data_path(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  const DataSpec data_spec =
+      run_data_spec(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  const fs::path& data_path = data_spec.path;
   // A config changed by --set is not reported under the file's name either.
   const std::string cfg_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
   fs::path out;
@@ -235,9 +258,9 @@ void run_train(const TrainArgs& a) {
   auto logf = [&](const std::string& s) {
     if (!a.quiet) std::printf("%s\n", s.c_str()), std::fflush(stdout);
   };
-  logf("data: " + data_path.string());
+  logf("data: " + data_path.string() + (data_spec.format == "auto" ? "" : " (" + data_spec.format + ")"));
   const TokenData data =
-      prepare_tokens_all_ranks(data_path, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
+      prepare_tokens_all_ranks(data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
   char b[256];
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");
@@ -287,7 +310,8 @@ void register_train(CLI::App& app) {
       "Override train.seed (init, batches, SR bits), 0 .. 2^63-1")
       ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}));
   c->add_option("--data", a->data,
-                "UTF-8 text file or directory instead of the config's data.path (default: the "
+                "Data file or directory instead of the config's data.path: text, .jsonl(.zst) or token "
+                "shards, by data.format (docs/data.md; default: the "
                 "Brown corpus installed by scripts/setup)");
   c->add_option("--out", a->out, "Run directory (default runs/<config>-<recipe>-s<seed>[-N])");
   c->add_flag("--quiet", a->quiet, "No progress lines, only the summary");

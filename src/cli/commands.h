@@ -14,5 +14,6 @@ void register_profile(CLI::App& app);
 void register_info(CLI::App& app);    // model size, FLOPs, memory and linear plan
 void register_export(CLI::App& app);  // Hugging Face style directory of a checkpoint
 void register_list(CLI::App& app);    // configs and recipes: the shipped files, one line each
+void register_data(CLI::App& app);    // what a data source holds; builds or exports its token cache
 
 }  // namespace fp4::cli

@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_info(app);
   fp4::cli::register_export(app);
   fp4::cli::register_list(app);
+  fp4::cli::register_data(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

@@ -1,6 +1,7 @@
 // Seeded random training windows and deterministic held-out windows (see
 // include/fp4/data/data.h).
 #include <string>
+#include <vector>
 
 #include "fp4/data/data.h"
 #include "fp4/base/error.h"
@@ -14,10 +15,9 @@ uint64_t splitmix64(uint64_t seed, uint64_t index) {
   return z ^ (z >> 31);
 }
 
-// The sampler keeps a pointer to `tokens`: the vector must outlive it.
-BatchSampler::BatchSampler(const std::vector<uint16_t>& tokens, int seq_len, int batch,
-                           uint64_t seed)
-    : tokens_(&tokens), seq_len_(seq_len), batch_(batch), seed_(seed) {
+// The sampler holds a copy of the stream (shared storage).
+BatchSampler::BatchSampler(const TokenStream& tokens, int seq_len, int batch, uint64_t seed)
+    : tokens_(tokens), seq_len_(seq_len), batch_(batch), seed_(seed) {
   if (seq_len <= 0) throw UserError("seq_len must be positive, got " + std::to_string(seq_len));
   if (batch <= 0) throw UserError("batch size must be positive, got " + std::to_string(batch));
   if (tokens.size() < static_cast<size_t>(seq_len) + 1)
@@ -27,18 +27,14 @@ BatchSampler::BatchSampler(const std::vector<uint16_t>& tokens, int seq_len, int
 }
 
 void BatchSampler::next(int32_t* inputs, int32_t* targets) {
-  const uint16_t* t = tokens_->data();
-  const uint64_t span = tokens_->size() - static_cast<uint64_t>(seq_len_);
+  // No allocation: training steps after the first allocate nothing (SteadyStateAlloc).
+  const uint64_t span = tokens_.size() - static_cast<uint64_t>(seq_len_);
   const uint64_t base = draws_ * static_cast<uint64_t>(batch_);
   for (int r = 0; r < batch_; ++r) {
     const uint64_t start = splitmix64(seed_, base + static_cast<uint64_t>(r)) % span;
-    const uint16_t* w = t + start;
-    int32_t* in = inputs + static_cast<size_t>(r) * seq_len_;
-    int32_t* tg = targets + static_cast<size_t>(r) * seq_len_;
-    for (int j = 0; j < seq_len_; ++j) {
-      in[j] = w[j];
-      tg[j] = w[j + 1];
-    }
+    const size_t T = static_cast<size_t>(seq_len_);
+    tokens_.read(start, T, inputs + static_cast<size_t>(r) * T);
+    tokens_.read(start + 1, T, targets + static_cast<size_t>(r) * T);
   }
   ++draws_;
 }

@@ -7,6 +7,10 @@
 //  * Every document is trimmed of leading and trailing ASCII whitespace.
 //  * Single-file mode: a blank line is an empty or whitespace-only line; one or more of
 //    them separate documents. Documents are named "<file name>#<k>", k = 0-based index.
+//  * JSONL (src/data/jsonl.cpp): one document per record, named "<file>:<line>", trimmed
+//    like the others; records whose text is empty after trimming take no index.
+//  * Documents are streamed: one file (text directory), one document (text file) or one
+//    record (jsonl) is in memory at a time.
 //  * UTF-8 is validated strictly (no overlong forms, no surrogates, nothing above
 //    U+10FFFF); the error names the file and the byte offset within it.
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "fp4/data/data.h"
+#include "fp4/data/jsonl.h"
 #include "fp4/base/error.h"
 
 namespace fp4 {
@@ -73,7 +78,7 @@ size_t first_invalid_utf8(std::string_view s) {
   return std::string_view::npos;
 }
 
-std::string read_file(const fs::path& path) {
+std::string read_whole_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot open data file '" + path.string() + "'");
   std::ostringstream ss;
@@ -82,11 +87,14 @@ std::string read_file(const fs::path& path) {
   return std::move(ss).str();
 }
 
-void check_utf8(const std::string& text, const fs::path& path) {
-  const size_t bad = first_invalid_utf8(text);
+// `text` starts `base` bytes into the file.
+void check_utf8(std::string_view text, const fs::path& path, size_t base = 0) {
+  size_t bad = first_invalid_utf8(text);
   if (bad == std::string_view::npos) return;
+  const unsigned char c = static_cast<unsigned char>(text[bad]);
+  bad += base;
   char hex[8];
-  std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+  std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(c));
   throw UserError("data file '" + path.string() + "' is not valid UTF-8: invalid byte " + hex +
                   " at byte offset " + std::to_string(bad));
 }
@@ -96,12 +104,20 @@ bool hidden(const fs::path& name) {
   return !s.empty() && s[0] == '.';
 }
 
-struct Doc {
-  std::string name, text;
-};
 
-std::vector<Doc> load_directory(const fs::path& root) {
-  std::vector<std::pair<std::string, fs::path>> files;  // (relative generic path, path)
+constexpr uint32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;
+
+bool starts_with_llmc_magic(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  unsigned char b[4] = {0, 0, 0, 0};
+  if (!in.read(reinterpret_cast<char*>(b), 4)) return false;
+  const uint32_t m = uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+  return m == kLlmcMagic16 || m == kLlmcMagic32;
+}
+
+// Regular, non-hidden files below `root`, sorted by relative generic path.
+std::vector<std::pair<std::string, fs::path>> list_files(const fs::path& root) {
+  std::vector<std::pair<std::string, fs::path>> files;
   std::error_code ec;
   fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
   if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
@@ -116,91 +132,208 @@ std::vector<Doc> load_directory(const fs::path& root) {
     files.emplace_back(p.lexically_relative(root).generic_string(), p);
   }
   if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-  if (files.empty())
-    throw UserError("data directory '" + root.string() + "' contains no files");
+  if (files.empty()) throw UserError("data directory '" + root.string() + "' contains no files");
   std::sort(files.begin(), files.end());
-
-  std::vector<Doc> docs;
-  for (const auto& [rel, path] : files) {
-    std::string text = read_file(path);
-    check_utf8(text, path);
-    const std::string_view t = trim(text);
-    if (t.empty()) continue;
-    docs.push_back({rel, std::string(t)});
-  }
-  if (docs.empty())
-    throw UserError("data directory '" + root.string() + "' holds no text: all " +
-                    std::to_string(files.size()) + " files are empty or whitespace only");
-  return docs;
+  return files;
 }
 
-std::vector<Doc> load_single_file(const fs::path& path) {
-  const std::string text = read_file(path);
-  check_utf8(text, path);
+// The kind of one file under format auto.
+std::string file_kind(const fs::path& p) {
+  if (is_jsonl_path(p)) return "jsonl";
+  if (starts_with_llmc_magic(p)) return "llmc";
+  return "text";
+}
+
+bool is_token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
+
+// Hands documents to `fn` with the running index and the split rule.
+struct Emitter {
+  const std::function<void(const Document&)>& fn;
+  int64_t index = 0;
+  void operator()(std::string_view name, std::string_view text) {
+    const std::string_view t = trim(text);
+    if (t.empty()) return;
+    Document d;
+    d.index = index;
+    d.heldout = index % 10 == 9;
+    d.name = name;
+    d.text = t;
+    fn(d);
+    ++index;
+  }
+};
+
+// Single text file: documents separated by blank lines, read line by line.
+void stream_text_file(const fs::path& path, Emitter& emit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("cannot open data file '" + path.string() + "'");
   const std::string base = path.filename().string();
-  std::vector<Doc> docs;
-  size_t doc_begin = std::string::npos, doc_end = 0;  // byte range of the current document
+  std::string doc, line, name;
+  size_t offset = 0;  // of the current line in the file
+  int64_t k = 0;
   auto flush = [&] {
-    if (doc_begin == std::string::npos) return;
-    const std::string_view d = trim(std::string_view(text).substr(doc_begin, doc_end - doc_begin));
-    if (!d.empty()) docs.push_back({base + "#" + std::to_string(docs.size()), std::string(d)});
-    doc_begin = std::string::npos;
+    if (doc.empty()) return;
+    if (!trim(doc).empty()) {
+      name = base + "#" + std::to_string(k++);
+      emit(name, doc);
+    }
+    doc.clear();
   };
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    const size_t next = eol == std::string::npos ? text.size() : eol + 1;
-    if (eol == std::string::npos) eol = text.size();
-    const std::string_view line = std::string_view(text).substr(pos, eol - pos);
+  while (std::getline(in, line)) {
+    check_utf8(line, path, offset);
+    offset += line.size() + 1;
     if (trim(line).empty()) {
       flush();
     } else {
-      if (doc_begin == std::string::npos) doc_begin = pos;
-      doc_end = eol;
+      if (!doc.empty()) doc.push_back('\n');
+      doc += line;
     }
-    pos = next;
   }
+  if (in.bad()) throw UserError("cannot read data file '" + path.string() + "'");
   flush();
-  if (docs.empty())
-    throw UserError("data file '" + path.string() + "' holds no text (empty or whitespace only)");
-  return docs;
+}
+
+void stream_jsonl_file(const fs::path& path, const std::string& rel, const DataSpec& spec,
+                       Emitter& emit, CorpusScan& scan) {
+  JsonlOptions o;
+  o.text_field = spec.text_field;
+  o.skip_bad_records = spec.skip_bad_records;
+  JsonlStats st;
+  std::string name;
+  read_jsonl_file(path, o, [&](int64_t line, std::string_view text) {
+    name = rel + ":" + std::to_string(line);
+    emit(name, text);
+  }, &st);
+  scan.skipped_records += st.skipped;
+  for (const auto& e : st.first_errors)
+    if (scan.first_errors.size() < 5) scan.first_errors.push_back(e);
 }
 
 }  // namespace
 
-CorpusSplit split_corpus(const fs::path& data_path) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(data_path, ec);
-  if (ec || !fs::exists(st))
-    throw UserError("data path '" + data_path.string() + "' does not exist");
-  std::vector<Doc> docs;
-  const bool dir = fs::is_directory(st);
-  if (dir) {
-    docs = load_directory(data_path);
-  } else if (fs::is_regular_file(st)) {
-    docs = load_single_file(data_path);
-  } else {
-    throw UserError("data path '" + data_path.string() +
-                    "' is neither a regular file nor a directory");
+const std::vector<std::string>& data_format_names() {
+  static const std::vector<std::string> names = {"auto", "text", "jsonl", "llmc", "uint16", "uint32"};
+  return names;
+}
+
+std::string resolve_data_format(const DataSpec& spec) {
+  const auto& names = data_format_names();
+  if (std::find(names.begin(), names.end(), spec.format) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw UserError("data.format = '" + spec.format + "' is not one of " + list);
   }
-  if (docs.size() < 10)
-    throw UserError("data path '" + data_path.string() + "' has only " +
-                    std::to_string(docs.size()) +
-                    " non-empty document(s); at least 10 are needed because every 10th "
-                    "document (index 9, 19, ...) is held out for evaluation" +
-                    (dir ? std::string(" (one document per file)")
-                         : std::string(" (separate documents with blank lines)")));
-  CorpusSplit split;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    if (i % 10 == 9) {
-      split.heldout_docs.push_back(std::move(docs[i].text));
-      split.heldout_names.push_back(std::move(docs[i].name));
+  std::error_code ec;
+  const fs::file_status st = fs::status(spec.path, ec);
+  if (ec || !fs::exists(st)) throw UserError("data path '" + spec.path.string() + "' does not exist");
+  const bool dir = fs::is_directory(st);
+  if (!dir && !fs::is_regular_file(st))
+    throw UserError("data path '" + spec.path.string() + "' is neither a regular file nor a directory");
+  std::string f = spec.format;
+  if (f == "auto") {
+    if (!dir) {
+      f = file_kind(spec.path);
     } else {
-      split.train_docs.push_back(std::move(docs[i].text));
-      split.train_names.push_back(std::move(docs[i].name));
+      std::string first_kind, first_file;
+      for (const auto& [rel, p] : list_files(spec.path)) {
+        const std::string k = file_kind(p);
+        if (first_kind.empty()) {
+          first_kind = k;
+          first_file = rel;
+        } else if (k != first_kind) {
+          throw UserError("data directory '" + spec.path.string() + "' mixes " + first_kind +
+                          " files ('" + first_file + "') and " + k + " files ('" + rel +
+                          "'); keep one kind per directory, or set data.format");
+        }
+      }
+      f = first_kind;
     }
   }
+  if (is_token_format(f)) {
+    const bool has_file = !spec.heldout.empty(), has_frac = spec.heldout_fraction > 0;
+    if (has_file == has_frac)
+      throw UserError("pre-tokenized data (" + f + ", '" + spec.path.string() +
+                      "') needs exactly one of data.heldout (a held-out file or directory) and "
+                      "data.heldout_fraction (the last fraction of the ids, e.g. 0.1)" +
+                      (has_file ? "; both are set" : "; neither is set"));
+    if (has_frac && !(spec.heldout_fraction < 1))
+      throw UserError("data.heldout_fraction must be in (0, 1), got " + std::to_string(spec.heldout_fraction));
+  } else {
+    if (!spec.heldout.empty() || spec.heldout_fraction > 0)
+      throw UserError("data.heldout and data.heldout_fraction are for pre-tokenized data; " + f +
+                      " data '" + spec.path.string() +
+                      "' holds out every 10th document (index 9, 19, ...)");
+    if (!spec.tokenizer.empty())
+      throw UserError("data.tokenizer is for pre-tokenized data; " + f + " data '" +
+                      spec.path.string() + "' trains its own tokenizer");
+  }
+  return f;
+}
+
+CorpusScan for_each_document(const DataSpec& spec, const std::function<void(const Document&)>& fn) {
+  CorpusScan scan;
+  scan.format = resolve_data_format(spec);
+  if (is_token_format(scan.format))
+    throw UserError("data '" + spec.path.string() + "' is pre-tokenized (" + scan.format +
+                    "): it has no text documents");
+  Emitter emit{fn};
+  const bool dir = fs::is_directory(spec.path);
+  if (!dir) {
+    scan.files = 1;
+    if (scan.format == "jsonl")
+      stream_jsonl_file(spec.path, spec.path.filename().string(), spec, emit, scan);
+    else
+      stream_text_file(spec.path, emit);
+    if (emit.index == 0)
+      throw UserError("data file '" + spec.path.string() + "' holds no text (" +
+                      (scan.format == "jsonl" ? std::string("no record has a non-empty text")
+                                              : std::string("empty or whitespace only")) + ")");
+  } else {
+    const auto files = list_files(spec.path);
+    for (const auto& [rel, path] : files) {
+      ++scan.files;
+      if (scan.format == "jsonl") {
+        if (!is_jsonl_path(path))
+          throw UserError("data file '" + path.string() +
+                          "' is not a .jsonl or .jsonl.zst file (data.format = jsonl reads a "
+                          "directory of them only)");
+        stream_jsonl_file(path, rel, spec, emit, scan);
+      } else {
+        const std::string text = read_whole_file(path);
+        check_utf8(text, path);
+        emit(rel, text);
+      }
+    }
+    if (emit.index == 0)
+      throw UserError("data directory '" + spec.path.string() + "' holds no text: all " +
+                      std::to_string(files.size()) + " files are empty or whitespace only" +
+                      (scan.format == "jsonl" ? std::string(" records") : std::string()));
+  }
+  scan.documents = emit.index;
+  if (scan.documents < 10)
+    throw UserError("data path '" + spec.path.string() + "' has only " +
+                    std::to_string(scan.documents) +
+                    " non-empty document(s); at least 10 are needed because every 10th "
+                    "document (index 9, 19, ...) is held out for evaluation" +
+                    (scan.format == "jsonl" ? std::string(" (one document per record)")
+                     : dir ? std::string(" (one document per file)")
+                           : std::string(" (separate documents with blank lines)")));
+  return scan;
+}
+
+CorpusSplit split_corpus(const DataSpec& spec) {
+  CorpusSplit split;
+  for_each_document(spec, [&](const Document& d) {
+    (d.heldout ? split.heldout_docs : split.train_docs).emplace_back(d.text);
+    (d.heldout ? split.heldout_names : split.train_names).emplace_back(d.name);
+  });
   return split;
+}
+
+CorpusSplit split_corpus(const fs::path& data_path) {
+  DataSpec spec;
+  spec.path = data_path;
+  return split_corpus(spec);
 }
 
 }  // namespace fp4

@@ -168,7 +168,7 @@ std::vector<int> token_byte_lengths(const std::filesystem::path& tokenizer_model
   return len;
 }
 
-EvalWindows calibration_windows(const std::vector<uint16_t>& train_tokens, int seq_len,
+EvalWindows calibration_windows(const TokenStream& train_tokens, int seq_len,
                                 int batch, int calib_batches) {
   if (calib_batches < 1) throw UserError("calibration batches must be >= 1");
   EvalWindows w;
@@ -193,7 +193,7 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
   if (byte_lengths) {
     for (int64_t s : data.starts)
       for (int t = 1; t <= seq_len; ++t) {
-        const uint16_t id = (*data.tokens)[s + t];
+        const uint32_t id = (*data.tokens)[s + t];
         if (id >= byte_lengths->size())
           throw UserError("token id " + std::to_string(id) + " is outside the tokenizer's " +
                           std::to_string(byte_lengths->size()) + " pieces");

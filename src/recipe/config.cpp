@@ -110,6 +110,25 @@ RunConfig parse_run_config(detail::TomlReader& r, const BlockKindRules& kinds) {
   r.get("train.sr_seed", t.sr_seed);         r.range<int64_t>("train.sr_seed", t.sr_seed, -1, INT64_MAX);
   r.get("data.path", c.data.path);
   r.get("data.cache", c.data.cache);
+  r.get("data.format", c.data.format);
+  {
+    // The names of fp4::data_format_names() (the data room, above this one).
+    static const char* kFormats[] = {"auto", "text", "jsonl", "llmc", "uint16", "uint32"};
+    bool known = false;
+    for (const char* f : kFormats) known = known || c.data.format == f;
+    if (!known)
+      throw UserError(r.file() + ": data.format = '" + c.data.format +
+                      "' is not one of auto, text, jsonl, llmc, uint16, uint32");
+  }
+  r.get("data.text_field", c.data.text_field);
+  if (c.data.text_field.empty()) throw UserError(r.file() + ": data.text_field must not be empty");
+  r.get("data.skip_bad_records", c.data.skip_bad_records);
+  r.get("data.heldout", c.data.heldout);
+  r.get("data.heldout_fraction", c.data.heldout_fraction);
+  if (!(c.data.heldout_fraction >= 0 && c.data.heldout_fraction < 1))
+    throw UserError(r.file() + ": data.heldout_fraction must be in [0, 1) (0: not used), got " +
+                    std::to_string(c.data.heldout_fraction));
+  r.get("data.tokenizer", c.data.tokenizer);
   r.get("eval.interval", c.eval.interval);   r.range("eval.interval", c.eval.interval, 1, 1 << 30);
   r.get("eval.windows", c.eval.windows);     r.range("eval.windows", c.eval.windows, 1, 1 << 20);
   r.get("log.progress_seconds", c.progress_seconds);
@@ -241,7 +260,17 @@ std::string run_config_to_toml(const RunConfig& c) {
   if (t.sr_seed >= 0) o << "\nsr_seed = " << t.sr_seed;  // only when set: older texts unchanged
   o << "\n\n";
   o << "[data]\npath = " << detail::toml_quote(c.data.path)
-    << "\ncache = " << detail::toml_quote(c.data.cache) << "\n\n";
+    << "\ncache = " << detail::toml_quote(c.data.cache);
+  // The keys of other sources only where they differ from the default: the texts of
+  // earlier configs stay as they were.
+  const DataConfig d0;
+  if (c.data.format != d0.format) o << "\nformat = " << detail::toml_quote(c.data.format);
+  if (c.data.text_field != d0.text_field) o << "\ntext_field = " << detail::toml_quote(c.data.text_field);
+  if (c.data.skip_bad_records) o << "\nskip_bad_records = true";
+  if (!c.data.heldout.empty()) o << "\nheldout = " << detail::toml_quote(c.data.heldout);
+  if (c.data.heldout_fraction != 0) o << "\nheldout_fraction = " << toml_number(c.data.heldout_fraction);
+  if (!c.data.tokenizer.empty()) o << "\ntokenizer = " << detail::toml_quote(c.data.tokenizer);
+  o << "\n\n";
   o << "[eval]\ninterval = " << c.eval.interval << "\nwindows = " << c.eval.windows << "\n\n";
   o << "[log]\nprogress_seconds = " << toml_number(c.progress_seconds)
     << "\ntelemetry_interval = " << c.telemetry_interval << "\n";

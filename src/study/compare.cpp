@@ -405,7 +405,8 @@ void run_comparison(const CompareRequest& a) {
                       (ec ? ec.message() : "exists and is not a directory") + ")");
   }
   auto logf = [](const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); };
-  const TokenData data = prepare_tokens(data_path, cfg.model.vocab_size, resolve(cfg.data.cache), logf);
+  const TokenData data = prepare_tokens(data_spec(cfg, data_path, config_file), cfg.model.vocab_size,
+                                        resolve(cfg.data.cache), logf);
   {
     nn::Model probe(cfg.model, Recipe{}, 1, 1);
     char b[160];

@@ -52,6 +52,14 @@ fs::path data_path_of(const EvalSource& s, const EvalSourceSpec& a) {
   return a.data.empty() ? locate_path(s, s.cfg.data.path) : fs::path(a.data);
 }
 
+// The run's data source: its [data] keys, paths found as data.path is.
+DataSpec data_spec_of(const EvalSource& s, const EvalSourceSpec& a) {
+  DataSpec d = data_spec(s.cfg, data_path_of(s, a), s.config_dir / "config.toml");
+  if (!s.cfg.data.heldout.empty()) d.heldout = locate_path(s, s.cfg.data.heldout);
+  if (!s.cfg.data.tokenizer.empty()) d.tokenizer = locate_path(s, s.cfg.data.tokenizer);
+  return d;
+}
+
 }  // namespace
 
 // Everything that depends on checkpoints is here.
@@ -126,10 +134,12 @@ TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& a) {
     throw UserError("data path " + data_path.string() + " does not exist" +
                     (a.data.empty() ? " (data.path of the run config; pass --data PATH)" : ""));
   const fs::path cache = locate(s.cfg.data.cache);
-  TokenData d = prepare_tokens(data_path, s.cfg.model.vocab_size, cache,
+  TokenData d = prepare_tokens(data_spec_of(s, a), s.cfg.model.vocab_size, cache,
                                [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
   // Token ids only mean something with the tokenizer the model was trained with.
-  if (!s.data_key.empty() && d.cache_dir.filename().string() != s.data_key)
+  const auto& aliases = d.key_aliases;
+  if (!s.data_key.empty() && d.cache_dir.filename().string() != s.data_key &&
+      std::find(aliases.begin(), aliases.end(), s.data_key) == aliases.end())
     throw UserError("checkpoint " + s.checkpoint + " was trained on data with token-cache key " +
                     s.data_key + ", but " + data_path.string() + " gives key " +
                     d.cache_dir.filename().string() +
@@ -198,7 +208,7 @@ void run_task(const EvalRequest& a, const EvalSource& s, nn::Model& model, const
   if (a.task != "next-sentence")
     throw UserError("--task " + a.task + ": unknown task (next-sentence)");
   const NextSentenceTask tf = load_next_sentence_task(resolve("configs/tasks/next-sentence.toml"));
-  const CorpusSplit split = split_corpus(data_path_of(s, a.src));
+  const CorpusSplit split = split_corpus(data_spec_of(s, a.src));
   const std::vector<NextSentenceItem> items = make_next_sentence_items(split, tf.opt);
   const std::string jsonl = next_sentence_items_jsonl(items);
   const std::string hash = fnv1a64_hex(jsonl);

@@ -67,12 +67,30 @@ std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem:
   return p;
 }
 
+DataSpec run_data_spec(const RunConfig& cfg, const std::filesystem::path& config_file,
+                       const std::string& config_arg, const std::string& data_arg) {
+  return data_spec(cfg, run_data_path(cfg, config_file, config_arg, data_arg), config_file);
+}
+
+DataSpec data_spec(const RunConfig& cfg, const std::filesystem::path& data_path,
+                   const std::filesystem::path& config_file) {
+  DataSpec d;
+  d.path = data_path;
+  d.format = cfg.data.format;
+  d.text_field = cfg.data.text_field;
+  d.skip_bad_records = cfg.data.skip_bad_records;
+  d.heldout_fraction = cfg.data.heldout_fraction;
+  if (!cfg.data.heldout.empty()) d.heldout = resolve_data_path(cfg.data.heldout, config_file);
+  if (!cfg.data.tokenizer.empty()) d.tokenizer = resolve_data_path(cfg.data.tokenizer, config_file);
+  return d;
+}
+
 std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& data_arg) {
   return data_arg.empty() ? resolve(cfg.data.cache) : std::filesystem::path(cfg.data.cache);
 }
 
 
-TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int vocab_size,
+TokenData prepare_tokens_all_ranks(const DataSpec& data_path, int vocab_size,
                                    const std::filesystem::path& cache_root,
                                    const std::function<void(const std::string&)>& log) {
   if (dist::size() == 1) return prepare_tokens(data_path, vocab_size, cache_root, log);

@@ -141,7 +141,7 @@ std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) 
   return o.str();
 }
 
-double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
+double heldout_nll(nn::Model& model, const TokenStream& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize) {
   if (starts.empty()) throw UserError("held-out split has fewer than seq_len + 1 tokens");
   EvalPolicy policy;

@@ -217,7 +217,7 @@ TEST_F(PeakCache, MeasuresOnceThenReadsTheCache) {
 // components add up to the step's wall time.
 TEST(Profile, TrainingStepBreakdown) {
   const RunConfig cfg = fp4::testing::two_layer_config(0);
-  const std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
+  const TokenStream tokens = fp4::testing::random_tokens(5000, 64, 7);
   for (const char* r : {"fp32", "ue5m3-b16", "bf16"}) {
     const Recipe recipe = builtin_recipe(r);
     nn::Model model(cfg.model, recipe, cfg.train.batch_size, cfg.train.seq_len);

@@ -108,9 +108,9 @@ fs::path make_corpus(const std::string& name) {
 }
 
 // Splits a token stream at EOS tokens.
-std::vector<std::vector<int>> documents_of(const std::vector<uint16_t>& tokens) {
+std::vector<std::vector<int>> documents_of(const fp4::TokenStream& tokens) {
   std::vector<std::vector<int>> docs(1);
-  for (uint16_t t : tokens) {
+  for (uint32_t t : tokens.ids()) {
     if (t == fp4::kTokenEos)
       docs.emplace_back();
     else
@@ -261,8 +261,9 @@ TEST_F(Tokens, TrainsAndRoundTrips) {
   EXPECT_EQ(td.cache_dir.filename().string().size(), 16u);
   for (const char* f : {"tokenizer.model", "train.bin", "heldout.bin", "meta.json"})
     EXPECT_TRUE(fs::exists(td.cache_dir / f)) << f;
-  for (uint16_t t : td.train) ASSERT_LT(t, kVocab);
-  for (uint16_t t : td.heldout) ASSERT_LT(t, kVocab);
+  EXPECT_EQ(td.train.token_bytes(), 2);
+  for (uint32_t t : td.train.ids()) ASSERT_LT(t, uint32_t(kVocab));
+  for (uint32_t t : td.heldout.ids()) ASSERT_LT(t, uint32_t(kVocab));
 
   const auto split = fp4::split_corpus(*corpus_);
   const auto train_docs = documents_of(td.train);
@@ -300,8 +301,8 @@ TEST_F(Tokens, SecondCallHitsCache) {
                                       [&](const std::string& s) { logs.push_back(s); });
   EXPECT_TRUE(td.from_cache);
   EXPECT_EQ(td.cache_dir, first_->cache_dir);
-  EXPECT_EQ(td.train, first_->train);
-  EXPECT_EQ(td.heldout, first_->heldout);
+  EXPECT_EQ(td.train.ids(), first_->train.ids());
+  EXPECT_EQ(td.heldout.ids(), first_->heldout.ids());
   EXPECT_EQ(td.vocab_size, kVocab);
   for (const auto& l : logs) EXPECT_EQ(l.find("training"), std::string::npos) << l;
   // Only the published directory is left in the cache root (no temporaries).
@@ -318,7 +319,7 @@ TEST_F(Tokens, ChangedDocumentInvalidatesCache) {
   const auto td = fp4::prepare_tokens(copy, kVocab, *cache_);
   EXPECT_FALSE(td.from_cache);
   EXPECT_NE(td.cache_dir, first_->cache_dir);
-  EXPECT_NE(td.train, first_->train);
+  EXPECT_NE(td.train.ids(), first_->train.ids());
   // A different vocab size is a different cache entry too.
   const auto split = fp4::split_corpus(copy);
   EXPECT_EQ(documents_of(td.train).size(), split.train_docs.size());
@@ -370,7 +371,6 @@ TEST_F(Tokens, CorruptShardIsUserError) {
 
 TEST(TokensArgs, VocabOutOfRange) {
   expect_user_error([] { fp4::prepare_tokens(g_root, 255, g_root / "c"); }, {"vocab_size", "255"});
-  expect_user_error([] { fp4::prepare_tokens(g_root, 65536, g_root / "c"); }, {"vocab_size", "65536"});
 }
 
 // ---------------------------------------------------------------------------------------
@@ -381,10 +381,11 @@ TEST(Batches, SplitMix64) {
   EXPECT_NE(fp4::splitmix64(1, 0), fp4::splitmix64(0, 0));
 }
 
-std::vector<uint16_t> ramp(size_t n) {
-  std::vector<uint16_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>(i);
-  return v;
+// 0, 1, ..., n - 1 (+ offset) in a stream of `bytes` bytes per id.
+fp4::TokenStream ramp(size_t n, int bytes = 2, uint32_t offset = 0) {
+  std::vector<uint32_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>(i) + offset;
+  return fp4::TokenStream::from_ids(v, bytes);
 }
 
 TEST(Batches, WindowsAreContiguousAndShifted) {
@@ -404,6 +405,22 @@ TEST(Batches, WindowsAreContiguousAndShifted) {
         ASSERT_LT(tg[r * T + j], 5000);
       }
     }
+  }
+}
+
+// Ids above 65,535 (4-byte streams) reach the batches whole.
+TEST(Batches, FourByteIdsAboveUint16) {
+  const uint32_t offset = 70000;
+  const auto tokens = ramp(3000, 4, offset);
+  ASSERT_EQ(tokens.token_bytes(), 4);
+  const int T = 16, B = 4;
+  fp4::BatchSampler s(tokens, T, B, 5);
+  std::vector<int32_t> in(B * T), tg(B * T);
+  s.next(in.data(), tg.data());
+  for (int r = 0; r < B; ++r) {
+    const int64_t start = static_cast<int64_t>(fp4::splitmix64(5, uint64_t(r)) % (3000 - T));
+    EXPECT_EQ(in[r * T], start + offset);
+    for (int j = 0; j < T; ++j) ASSERT_EQ(tg[r * T + j], in[r * T + j] + 1);
   }
 }
 
@@ -455,7 +472,7 @@ TEST(Batches, ShortStream) {
   EXPECT_EQ(in[0], 0);
   EXPECT_EQ(in[16], 0);
   EXPECT_EQ(tg[15], 16);
-  const std::vector<uint16_t> none;
+  const fp4::TokenStream none;
   EXPECT_THROW(fp4::BatchSampler(none, 4, 1, 1), UserError);
 }
 

@@ -211,11 +211,11 @@ ModelConfig tiny_model() {
   m.init_std = 0.2f;
   return m;
 }
-std::vector<uint16_t> token_stream(size_t n, int V, uint32_t seed) {
+TokenStream token_stream(size_t n, int V, uint32_t seed) {
   std::mt19937 g(seed);
-  std::vector<uint16_t> t(n);
-  for (auto& x : t) x = static_cast<uint16_t>(g() % V);
-  return t;
+  std::vector<uint32_t> t(n);
+  for (auto& x : t) x = g() % static_cast<uint32_t>(V);
+  return TokenStream::from_ids(t, 2);
 }
 
 constexpr int kT = 16, kB = 2;
@@ -341,8 +341,8 @@ TEST(EvalModel, WindowNllIsEachWindowsOwnMeanAndAveragesToTheNll) {
 
 // One AdamW training step at 1-based `step`; returns the loss.
 double train_step(nn::Model& m, AdamW& opt, const TrainConfig& tc, int step, uint32_t seed) {
-  const auto in = token_stream(kB * kT, m.config().vocab_size, seed),
-             tg = token_stream(kB * kT, m.config().vocab_size, seed + 100);
+  const auto in = token_stream(kB * kT, m.config().vocab_size, seed).ids(),
+             tg = token_stream(kB * kT, m.config().vocab_size, seed + 100).ids();
   std::vector<int32_t> i32(in.begin(), in.end()), t32(tg.begin(), tg.end());
   nn::StepContext ctx;
   ctx.step = step;

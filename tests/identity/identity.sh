@@ -63,6 +63,14 @@ else:  # safetensors checkpoint
         text = text.replace("+data.cache=WORK/cache", "")
     if src:
         text = text.replace(src, "SRC")
+    # The token-cache key is version 2 since issue 26 (data_key); a text corpus's cache
+    # records the version-1 key of the same tokens, which the baseline's binary wrote.
+    if work:
+        import glob
+        for m in glob.glob(work + "/cache/*/meta.json"):
+            cm = json.load(open(m))
+            for old in cm.get("legacy_keys", []):
+                text = text.replace(cm["key"], old)
     h.update(text.encode())
     for name in sorted(header):
         t = header[name]

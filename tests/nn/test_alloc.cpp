@@ -122,7 +122,7 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
   const RunConfig cfg = std::get<2>(GetParam()) ? fp4::testing::hybrid_config(0)
                                                 : fp4::testing::two_layer_config(0);
-  const std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
+  const TokenStream tokens = fp4::testing::random_tokens(5000, 64, 7);
   nn::Model model(cfg.model, recipe, cfg.train.batch_size, cfg.train.seq_len);
   model.init(1);
   AdamW opt(model.num_params(), cfg.train);

@@ -35,7 +35,7 @@ bool same_stats(const QuantStats& a, const QuantStats& b) {
 struct TrainRun {
   RunConfig cfg = fp4::testing::two_layer_config(2);  // telemetry on steps 1, 2 and 4
   Recipe recipe;
-  std::vector<uint16_t> tokens;
+  TokenStream tokens;
   nn::Model model;
   AdamW opt;
   BatchSampler sampler;

@@ -59,11 +59,19 @@ def run(*args, cwd=None):
 
 
 def read_shard(path):
-    """fp4train token shard (src/data/tokenizer.cpp): 8-byte magic, u32 version, u32 vocab,
-    u64 count, then count little-endian uint16 ids."""
+    """fp4train token shard (docs/data.md "The token cache"), read here from the layout, not
+    through fp4train: 8-byte magic "FP4TOK01", u32 version; version 2: u32 vocab, u32 bytes
+    per id (2 or 4), u32 0, u64 count, the ids; version 1: u32 vocab, u64 count, uint16 ids."""
     b = open(path, "rb").read()
-    count = int.from_bytes(b[16:24], "little")
-    ids = np.frombuffer(b[24:], dtype="<u2")
+    assert b[:8] == b"FP4TOK01"
+    version = int.from_bytes(b[8:12], "little")
+    if version == 1:
+        count, width, start = int.from_bytes(b[16:24], "little"), 2, 24
+    else:
+        assert version == 2, version
+        width = int.from_bytes(b[16:20], "little")
+        count, start = int.from_bytes(b[24:32], "little"), 32
+    ids = np.frombuffer(b[start:], dtype="<u2" if width == 2 else "<u4")
     assert ids.size == count
     return ids.astype(np.int64)
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fp4/data/data.h"
 #include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
 
@@ -50,12 +51,13 @@ inline RunConfig hybrid_config(int telemetry_interval) {
   return cfg;
 }
 
-/// n token ids uniform in [0, vocab) from mt19937(seed).
-inline std::vector<uint16_t> random_tokens(size_t n, int vocab, uint32_t seed) {
-  std::vector<uint16_t> t(n);
+/// n token ids uniform in [0, vocab) from mt19937(seed), in a stream of
+/// token_bytes_for_vocab(vocab) bytes per id.
+inline TokenStream random_tokens(size_t n, int vocab, uint32_t seed) {
+  std::vector<uint32_t> t(n);
   std::mt19937 g(seed);
-  for (auto& x : t) x = static_cast<uint16_t>(g() % static_cast<uint32_t>(vocab));
-  return t;
+  for (auto& x : t) x = g() % static_cast<uint32_t>(vocab);
+  return TokenStream::from_ids(t, token_bytes_for_vocab(vocab));
 }
 
 }  // namespace fp4::testing

@@ -23,7 +23,7 @@ namespace {
 struct AccumSetup {
   RunConfig cfg;
   Recipe recipe;
-  std::vector<uint16_t> tokens = fp4::testing::random_tokens(5000, 64, 7);
+  TokenStream tokens = fp4::testing::random_tokens(5000, 64, 7);
   AccumSetup(const std::string& recipe_name, int batch, int micro)
       : cfg(fp4::testing::two_layer_config(0)), recipe(fp4::testing::shipped_recipe(recipe_name)) {
     cfg.train.batch_size = batch;

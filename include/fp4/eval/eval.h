@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fp4/data/data.h"
 #include "fp4/nn/model.h"
 
 namespace fp4 {
@@ -82,7 +83,7 @@ struct NllResult {
 /// Windows of seq_len + 1 tokens: tokens[starts[i] .. starts[i] + seq_len]. Inputs are the
 /// first seq_len, targets the last seq_len.
 struct EvalWindows {
-  const std::vector<uint16_t>* tokens = nullptr;
+  const TokenStream* tokens = nullptr;
   std::vector<int64_t> starts;
 };
 
@@ -114,7 +115,7 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
 /// non-overlapping windows of seq_len + 1 tokens (stride seq_len) from the start of the
 /// TRAINING split, disjoint from the held-out windows by the document split. Fewer when the
 /// split is short; throws fp4::UserError if it holds no window.
-EvalWindows calibration_windows(const std::vector<uint16_t>& train_tokens, int seq_len,
+EvalWindows calibration_windows(const TokenStream& train_tokens, int seq_len,
                                 int batch, int calib_batches);
 
 /// One sequence to score: `tokens` (≤ seq_len + 1 ids: a prefix, then the continuation)

@@ -98,6 +98,13 @@ struct TrainConfig {
 struct DataConfig {
   std::string path = "data/brown/text";  ///< text file or directory (relative to the repo)
   std::string cache = "data/cache";      ///< tokenizer and token-shard cache root
+  /// auto | text | jsonl | llmc | uint16 | uint32 (fp4/data/data.h DataSpec, docs/data.md)
+  std::string format = "auto";
+  std::string text_field = "text";       ///< jsonl: the record's string field with the text
+  bool skip_bad_records = false;         ///< jsonl: skip (and count) bad records instead of failing
+  std::string heldout;                   ///< pre-tokenized: held-out file or directory
+  double heldout_fraction = 0;           ///< pre-tokenized: held-out tail fraction, in (0, 1)
+  std::string tokenizer;                 ///< pre-tokenized: SentencePiece model (optional)
 
   /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
   bool operator==(const DataConfig&) const = default;

@@ -31,13 +31,23 @@ std::filesystem::path resolve_data_path(const std::string& data_path,
 std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem::path& config_file,
                                     const std::string& config_arg, const std::string& data_arg);
 
+/// The data source of a run: `data_path` for the corpus, and the [data] keys of `cfg`
+/// (format, text_field, skip_bad_records, heldout_fraction), with data.heldout and
+/// data.tokenizer resolved like data.path (resolve_data_path; missing files are
+/// prepare_tokens's error, which names them).
+DataSpec data_spec(const RunConfig& cfg, const std::filesystem::path& data_path,
+                   const std::filesystem::path& config_file);
+/// data_spec of run_data_path.
+DataSpec run_data_spec(const RunConfig& cfg, const std::filesystem::path& config_file,
+                       const std::string& config_arg, const std::string& data_arg);
+
 /// The token cache root of a run: data.cache resolved like the repository's paths when the
 /// corpus is the config's, as given with --data.
 std::filesystem::path run_cache_dir(const RunConfig& cfg, const std::string& data_arg);
 /// prepare_tokens on every MPI rank: rank 0 first (it may train the tokenizer and write the
 /// cache), then, after a barrier, the other ranks, which read rank 0's cache. One process:
 /// prepare_tokens. `log` is called on rank 0 only.
-TokenData prepare_tokens_all_ranks(const std::filesystem::path& data_path, int vocab_size,
+TokenData prepare_tokens_all_ranks(const DataSpec& data, int vocab_size,
                                    const std::filesystem::path& cache_root,
                                    const std::function<void(const std::string&)>& log = {});
 

@@ -73,7 +73,7 @@ class AdamW {
 /// with the `current` inference policy (D = 1; fp4/eval/eval.h), else FP32 (policy `none`). The
 /// trainer's val_nll_quant / heldout_nll_quant are this with quantize = true. A thin wrapper
 /// of evaluate_nll; throws NonFiniteError if a quantizer meets NaN/Inf.
-double heldout_nll(nn::Model& model, const std::vector<uint16_t>& tokens,
+double heldout_nll(nn::Model& model, const TokenStream& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize);
 
 /// Check that a recipe can run on a config: high_precision.blocks and .final_blocks inside the

@@ -1,0 +1,650 @@
+// The token cache (see include/fp4/data/data.h): describe_data and prepare_tokens.
+//
+// Cache: cache_root/<16 hex digits>/ holding train.bin, heldout.bin (token shards, see
+// token_shard.cpp), meta.json and, where there is one, tokenizer.model (+ tokenizer.vocab).
+// The whole directory is built under a temporary name in cache_root and renamed into place,
+// so a cache directory is either complete or absent.
+//
+// Keys: FNV-1a 64 over
+//   text, jsonl:  "fp4train token cache v2", the tokenizer options (vocab size included), and
+//                 per split the number of documents and an FNV-1a 64 of every document's name
+//                 and bytes (length-prefixed), in corpus order;
+//   llmc, uint16, uint32:  "fp4train token cache v2 tokens", the format, the vocab size, the
+//                 held-out choice (file list or fraction), every token file's relative name and
+//                 bytes, and the tokenizer model's bytes if one is given.
+// The format of a text corpus is not in the key: the same documents give the same tokens.
+//
+// Streaming: a source is read three times at most (the scan that computes the key; on a
+// miss, the tokenizer's training text; the encoding), each pass holding one document or
+// record (text) or one chunk of ids (tokens) at a time, plus one batch of documents being
+// encoded in parallel (kEncodeBatchBytes). Streams handed back are memory-mapped shards.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "fp4/base/error.h"
+#include "fp4/data/data.h"
+#include "tokenizer_internal.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kEncodeBatchBytes = size_t{8} << 20;
+constexpr double kProgressSeconds = 5.0;
+
+struct Fnv64 {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    uint64_t x = h;
+    for (size_t i = 0; i < n; ++i) {
+      x ^= p[i];
+      x *= 0x100000001b3ull;
+    }
+    h = x;
+  }
+  void u64(uint64_t v) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    bytes(b, 8);
+  }
+  void str(std::string_view s) {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+};
+
+std::string hex16(uint64_t h) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+std::string megabytes(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+bool is_token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
+
+// Rate-limited progress lines.
+struct Progress {
+  const std::function<void(const std::string&)>& log;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), last = t0;
+  bool due() {
+    if (!log) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last).count() < kProgressSeconds) return false;
+    last = now;
+    return true;
+  }
+  double elapsed() const { return seconds_since(t0); }
+};
+
+// Removes a temporary directory unless released.
+struct TempDir {
+  fs::path path;
+  ~TempDir() {
+    if (!path.empty()) {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  }
+};
+
+void write_file_atomic(const fs::path& path, const std::string& bytes) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw UserError("cannot write '" + tmp.string() + "'");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) throw UserError("cannot write '" + tmp.string() + "' (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw UserError("cannot rename '" + tmp.string() + "': " + ec.message());
+}
+
+// Streams a file's bytes into `f`.
+void hash_file(const fs::path& p, Fnv64& f) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UserError("cannot open token file '" + p.string() + "'");
+  std::string buf(size_t{4} << 20, '\0');
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    f.bytes(buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw UserError("cannot read token file '" + p.string() + "'");
+}
+
+// One pre-tokenized input file.
+struct TokenFile {
+  fs::path path;
+  std::string rel;
+  TokenFileLayout layout;
+  uint64_t size = 0;
+};
+
+std::vector<TokenFile> list_token_files(const fs::path& root, const std::string& format) {
+  std::vector<std::pair<std::string, fs::path>> files;
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+    if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
+    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
+      const std::string name = it->path().filename().string();
+      if (!name.empty() && name[0] == '.') {
+        if (it->is_directory(ec)) it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec)) files.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw UserError("data directory '" + root.string() + "' contains no files");
+  } else if (fs::is_regular_file(root, ec)) {
+    files.emplace_back(root.filename().string(), root);
+  } else {
+    throw UserError("token data '" + root.string() + "' does not exist");
+  }
+  std::vector<TokenFile> out;
+  for (const auto& [rel, p] : files) {
+    TokenFile t;
+    t.path = p;
+    t.rel = rel;
+    t.size = fs::file_size(p, ec);
+    if (ec) throw UserError("cannot read token file '" + p.string() + "': " + ec.message());
+    std::ifstream in(p, std::ios::binary);
+    std::string head(1024, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(in.gcount()));
+    t.layout = token_file_layout(head, t.size, format, p);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// What the scan of a source yields: the summary (key included) and what a build needs.
+struct Scan {
+  DataSummary sum;
+  DataSpec spec;
+  std::string options;                    // text: tokenizer options
+  std::vector<TokenFile> train_files, heldout_files;  // tokens
+  uint64_t total_ids = 0, heldout_ids = 0;              // tokens, heldout_fraction
+};
+
+Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
+                 const std::function<void(const std::string&)>& log) {
+  if (vocab_size < 256)
+    throw UserError("model.vocab_size = " + std::to_string(vocab_size) +
+                    " is too small: the tokenizer holds 256 byte pieces and 3 special ids");
+  Scan s;
+  s.spec = spec;
+  s.sum.path = spec.path;
+  s.sum.format = resolve_data_format(spec);
+  s.sum.vocab_size = vocab_size;
+  s.sum.token_bytes = token_bytes_for_vocab(vocab_size);
+  Fnv64 key;
+  if (!is_token_format(s.sum.format)) {
+    s.options = detail::options_string(detail::trainer_options(vocab_size));
+    Fnv64 train, held;
+    Progress prog{log};
+    const CorpusScan cs = for_each_document(spec, [&](const Document& d) {
+      Fnv64& f = d.heldout ? held : train;
+      f.str(d.name);
+      f.str(d.text);
+      (d.heldout ? s.sum.heldout_docs : s.sum.train_docs) += 1;
+      (d.heldout ? s.sum.heldout_bytes : s.sum.train_bytes) += static_cast<int64_t>(d.text.size());
+      if (prog.due())
+        log("scanning " + spec.path.string() + ": " + std::to_string(d.index + 1) + " documents, " +
+            megabytes(double(s.sum.train_bytes + s.sum.heldout_bytes)));
+    });
+    s.sum.files = cs.files;
+    s.sum.skipped_records = cs.skipped_records;
+    s.sum.first_errors = cs.first_errors;
+    key.str("fp4train token cache v2");
+    key.str(s.options);
+    key.u64(static_cast<uint64_t>(s.sum.train_docs));
+    key.u64(train.h);
+    key.u64(static_cast<uint64_t>(s.sum.heldout_docs));
+    key.u64(held.h);
+  } else {
+    key.str("fp4train token cache v2 tokens");
+    key.str(s.sum.format);
+    key.u64(static_cast<uint64_t>(vocab_size));
+    s.train_files = list_token_files(spec.path, s.sum.format);
+    if (!spec.heldout.empty()) s.heldout_files = list_token_files(spec.heldout, s.sum.format);
+    auto add = [&](const std::vector<TokenFile>& files, int64_t& bytes, uint64_t& ids) {
+      key.u64(files.size());
+      for (const TokenFile& t : files) {
+        key.str(t.rel);
+        key.u64(t.size);
+        hash_file(t.path, key);
+        bytes += static_cast<int64_t>(t.size);
+        ids += t.layout.count;
+      }
+    };
+    uint64_t train_ids = 0, held_ids = 0;
+    add(s.train_files, s.sum.train_bytes, train_ids);
+    if (!s.heldout_files.empty()) {
+      key.str("heldout files");
+      add(s.heldout_files, s.sum.heldout_bytes, held_ids);
+    } else {
+      char frac[40];
+      std::snprintf(frac, sizeof frac, "%.17g", spec.heldout_fraction);
+      key.str(std::string("heldout fraction ") + frac);
+      s.total_ids = train_ids;
+      s.heldout_ids = static_cast<uint64_t>(std::floor(double(train_ids) * spec.heldout_fraction));
+      if (s.heldout_ids == 0 || s.heldout_ids == train_ids)
+        throw UserError("data.heldout_fraction = " + std::string(frac) + " of the " +
+                        std::to_string(train_ids) + " ids of '" + spec.path.string() +
+                        "' leaves " + (s.heldout_ids == 0 ? "no held-out" : "no training") + " ids");
+    }
+    s.sum.files = static_cast<int64_t>(s.train_files.size() + s.heldout_files.size());
+    if (!spec.tokenizer.empty()) {
+      if (!fs::is_regular_file(spec.tokenizer))
+        throw UserError("data.tokenizer '" + spec.tokenizer.string() + "' does not exist");
+      const Tokenizer tok(spec.tokenizer);
+      if (tok.pieces() > vocab_size)
+        throw UserError("data.tokenizer '" + spec.tokenizer.string() + "' has " +
+                        std::to_string(tok.pieces()) + " pieces, more than model.vocab_size = " +
+                        std::to_string(vocab_size));
+      key.str("tokenizer");
+      hash_file(spec.tokenizer, key);
+    }
+  }
+  s.sum.key = hex16(key.h);
+  s.sum.cache_dir = cache_root / s.sum.key;
+  std::error_code ec;
+  s.sum.cached = fs::exists(s.sum.cache_dir / "meta.json", ec);
+  return s;
+}
+
+// Reads a complete cache directory.
+TokenData load_cache(const fs::path& dir, int vocab_size, const std::string& format) {
+  const fs::path meta_path = dir / "meta.json";
+  auto corrupt = [](const fs::path& f, const std::string& why) { return UserError(token_cache_corrupt(f, why)); };
+  std::ifstream in(meta_path);
+  if (!in) throw corrupt(meta_path, "missing or unreadable");
+  nlohmann::json meta;
+  try {
+    in >> meta;
+  } catch (const std::exception& e) {
+    throw corrupt(meta_path, std::string("invalid JSON: ") + e.what());
+  }
+  TokenData td;
+  td.vocab_size = vocab_size;
+  td.format = format;
+  td.cache_dir = dir;
+  td.from_cache = true;
+  td.train = map_token_shard(dir / "train.bin", vocab_size);
+  td.heldout = map_token_shard(dir / "heldout.bin", vocab_size);
+  try {
+    // Compared as non-negative JSON integers: get<int>() of 1e300 would be an out-of-range
+    // float-to-int conversion (undefined behaviour), of 2^32 + 4096 a wrap to 4096.
+    auto is = [&](const char* key, uint64_t want) {
+      const auto& v = meta.at(key);
+      return v.is_number_unsigned() && v.get<uint64_t>() == want;
+    };
+    if (!is("vocab_size", static_cast<uint64_t>(vocab_size)))
+      throw corrupt(meta_path, "vocab_size does not match");
+    if (!is("train_tokens", td.train.size()) || !is("heldout_tokens", td.heldout.size()))
+      throw corrupt(meta_path, "token counts do not match the shards");
+    if (meta.contains("skipped_records") && meta["skipped_records"].is_number_unsigned())
+      td.skipped_records = meta["skipped_records"].get<int64_t>();
+    if (meta.contains("legacy_keys") && meta["legacy_keys"].is_array())
+      for (const auto& k : meta["legacy_keys"])
+        if (k.is_string()) td.key_aliases.push_back(k.get<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    throw corrupt(meta_path, e.what());
+  }
+  const fs::path model = dir / "tokenizer.model";
+  std::error_code ec;
+  const bool text = !is_token_format(format);
+  if (text || fs::exists(model, ec)) {
+    if (!fs::exists(model, ec)) throw corrupt(model, "missing");
+    int pieces = 0;
+    try {
+      pieces = Tokenizer(model).pieces();
+    } catch (const UserError& e) {
+      throw corrupt(model, e.what());
+    }
+    if (text ? pieces != vocab_size : pieces > vocab_size)
+      throw corrupt(model, "has " + std::to_string(pieces) + " pieces, expected " +
+                               (text ? "" : "at most ") + std::to_string(vocab_size));
+    td.tokenizer_model = model;
+  }
+  return td;
+}
+
+// Encodes a batch of documents on every core, in order, into the two writers.
+struct Encoder {
+  const Tokenizer& tok;
+  TokenShardWriter& train;
+  TokenShardWriter& heldout;
+  std::vector<std::string> texts, names;
+  std::vector<char> held;
+  size_t bytes = 0;
+  void add(const Document& d) {
+    texts.emplace_back(d.text);
+    names.emplace_back(d.name);
+    held.push_back(d.heldout ? 1 : 0);
+    bytes += d.text.size();
+  }
+  void flush() {
+    const long n = static_cast<long>(texts.size());
+    std::vector<std::vector<int>> ids(texts.size());
+    std::vector<std::string> errors(texts.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long i = 0; i < n; ++i) {
+      try {
+        ids[i] = tok.encode(texts[i], "document '" + names[i] + "'");
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    }
+    for (long i = 0; i < n; ++i) {
+      if (!errors[i].empty()) throw UserError("cannot tokenize: " + errors[i]);
+      TokenShardWriter& w = held[i] ? heldout : train;
+      w.append(ids[i].data(), ids[i].size());
+      const int eos = kTokenEos;
+      w.append(&eos, 1);
+    }
+    texts.clear();
+    names.clear();
+    held.clear();
+    bytes = 0;
+  }
+};
+
+nlohmann::json common_meta(const Scan& s, const TokenShardWriter& train, const TokenShardWriter& held) {
+  std::error_code ec;
+  return {
+      {"format", "FP4TOK01"},
+      {"shard_version", kTokenShardVersion},
+      {"token_bytes", s.sum.token_bytes},
+      {"vocab_size", s.sum.vocab_size},
+      {"train_tokens", train.count()},
+      {"heldout_tokens", held.count()},
+      {"source", fs::absolute(s.spec.path, ec).string()},
+      {"source_format", s.sum.format},
+      {"key", s.sum.key},
+  };
+}
+
+void build_text_cache(const Scan& s, const fs::path& tmp,
+                      const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& m) {
+    if (log) log(m);
+  };
+  const int vocab = s.sum.vocab_size;
+  // 1. Tokenizer.
+  const size_t stride = detail::training_stride(static_cast<size_t>(s.sum.train_bytes));
+  say("training tokenizer on " + std::to_string(s.sum.train_docs) + " docs (" +
+      megabytes(double(s.sum.train_bytes)) + (stride > 1 ? ", every " + std::to_string(stride) + "th line" : std::string()) +
+      "), BPE vocab " + std::to_string(vocab) + "...");
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path input = tmp / "train.txt";
+  // The key of version 1 (before 2026-12): the train documents hashed here, the held-out
+  // ones in the encoding pass. It names the same tokens while the tokenizer trains on the
+  // whole training split under both caps (the only option that changed).
+  constexpr size_t kLegacyMaxTrainBytes = size_t{256} << 20;
+  const bool legacy_valid = static_cast<size_t>(s.sum.train_bytes) <= kMaxTokenizerTrainBytes;
+  Fnv64 legacy;
+  {
+    auto opts = detail::trainer_options(vocab);
+    opts["max_train_bytes"] = std::to_string(kLegacyMaxTrainBytes);
+    legacy.str("fp4train token cache v1");
+    legacy.str(detail::options_string(opts));
+    legacy.u64(static_cast<uint64_t>(s.sum.train_docs));
+  }
+  {
+    std::ofstream out(input, std::ios::binary | std::ios::trunc);
+    if (!out) throw UserError("cannot write '" + input.string() + "'");
+    size_t line_no = 0;
+    std::string buf;
+    for_each_document(s.spec, [&](const Document& d) {
+      if (d.heldout) return;
+      legacy.str(d.name);
+      legacy.str(d.text);
+      detail::append_training_lines(d.text, stride, line_no, buf);
+      if (buf.size() >= (size_t{1} << 20)) {
+        out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+        buf.clear();
+      }
+    });
+    out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    out.flush();
+    if (!out) throw UserError("cannot write '" + input.string() + "' (disk full?)");
+  }
+  detail::train_tokenizer(input, tmp / "tokenizer", vocab, s.spec.path);
+  std::error_code ec;
+  fs::remove(input, ec);
+  say("trained tokenizer in " + fmt_seconds(seconds_since(t0)));
+
+  // 2. Token streams, encoded in batches on every core.
+  const Tokenizer tok(tmp / "tokenizer.model");
+  TokenShardWriter train(tmp / "train.bin", vocab), held(tmp / "heldout.bin", vocab);
+  Encoder enc{tok, train, held};
+  Progress prog{log};
+  const double total = double(s.sum.train_bytes + s.sum.heldout_bytes);
+  double done = 0;
+  legacy.u64(static_cast<uint64_t>(s.sum.heldout_docs));
+  for_each_document(s.spec, [&](const Document& d) {
+    if (d.heldout) {
+      legacy.str(d.name);
+      legacy.str(d.text);
+    }
+    enc.add(d);
+    if (enc.bytes >= kEncodeBatchBytes) {
+      done += double(enc.bytes);
+      enc.flush();
+      if (prog.due()) {
+        char b[160];
+        std::snprintf(b, sizeof b, "encoding: %s of %s (%.0f%%), %.2f M tokens, %.1f MB/s on %d threads",
+                      megabytes(done).c_str(), megabytes(total).c_str(), 100.0 * done / total,
+                      double(train.count() + held.count()) / 1e6, done / 1e6 / prog.elapsed(),
+                      omp_get_max_threads());
+        log(b);
+      }
+    }
+  });
+  enc.flush();
+  train.finish();
+  held.finish();
+  const double secs = prog.elapsed();
+  char b[200];
+  std::snprintf(b, sizeof b, "encoded %llu tokens (%llu train, %llu held-out) in %s, %.0f tokens/s",
+                static_cast<unsigned long long>(train.count() + held.count()),
+                static_cast<unsigned long long>(train.count()),
+                static_cast<unsigned long long>(held.count()), fmt_seconds(secs).c_str(),
+                double(train.count() + held.count()) / std::max(secs, 1e-9));
+  say(b);
+  nlohmann::json meta = common_meta(s, train, held);
+  meta["train_docs"] = s.sum.train_docs;
+  meta["heldout_docs"] = s.sum.heldout_docs;
+  meta["train_bytes"] = s.sum.train_bytes;
+  meta["heldout_bytes"] = s.sum.heldout_bytes;
+  meta["skipped_records"] = s.sum.skipped_records;
+  meta["special_ids"] = {{"unk", kTokenUnk}, {"bos", kTokenBos}, {"eos", kTokenEos}, {"pad", -1}};
+  meta["eos_after_each_document"] = true;
+  meta["tokenizer_options"] = detail::trainer_options(vocab);
+  meta["legacy_keys"] = legacy_valid ? nlohmann::json::array({hex16(legacy.h)}) : nlohmann::json::array();
+  write_file_atomic(tmp / "meta.json", meta.dump(2) + "\n");
+}
+
+// Copies ids [from, to) of the concatenated files into `w`, checking each against the vocab.
+void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, int vocab,
+              TokenShardWriter& w, Progress& prog, uint64_t total) {
+  uint64_t pos = 0;  // of the current file's first id in the concatenation
+  std::vector<int32_t> buf(size_t{1} << 20);
+  for (const TokenFile& f : files) {
+    const uint64_t n = f.layout.count, lo = std::max(from, pos), hi = std::min(to, pos + n);
+    if (lo < hi) {
+      const TokenStream t = TokenStream::map_file(f.path, f.layout.header_bytes, n, f.layout.token_bytes);
+      for (uint64_t i = lo; i < hi; i += buf.size()) {
+        const size_t k = static_cast<size_t>(std::min<uint64_t>(buf.size(), hi - i));
+        t.read(i - pos, k, buf.data());
+        for (size_t j = 0; j < k; ++j)
+          if (static_cast<uint32_t>(buf[j]) >= static_cast<uint32_t>(vocab))
+            throw UserError("token file '" + f.path.string() + "': id " +
+                            std::to_string(static_cast<uint32_t>(buf[j])) + " at index " +
+                            std::to_string(i - pos + j) + " is not below model.vocab_size = " +
+                            std::to_string(vocab));
+        w.append(buf.data(), k);
+        if (prog.due()) {
+          char b[120];
+          std::snprintf(b, sizeof b, "copying ids: %.2f of %.2f M", double(w.count()) / 1e6, double(total) / 1e6);
+          prog.log(b);
+        }
+      }
+    }
+    pos += n;
+  }
+}
+
+void build_token_cache(const Scan& s, const fs::path& tmp,
+                       const std::function<void(const std::string&)>& log) {
+  const int vocab = s.sum.vocab_size;
+  TokenShardWriter train(tmp / "train.bin", vocab), held(tmp / "heldout.bin", vocab);
+  Progress prog{log};
+  auto count = [](const std::vector<TokenFile>& v) {
+    uint64_t n = 0;
+    for (const auto& f : v) n += f.layout.count;
+    return n;
+  };
+  const uint64_t n_train = count(s.train_files);
+  if (!s.heldout_files.empty()) {
+    const uint64_t n_held = count(s.heldout_files);
+    copy_ids(s.train_files, 0, n_train, vocab, train, prog, n_train + n_held);
+    copy_ids(s.heldout_files, 0, n_held, vocab, held, prog, n_train + n_held);
+  } else {
+    const uint64_t cut = n_train - s.heldout_ids;
+    copy_ids(s.train_files, 0, cut, vocab, train, prog, n_train);
+    copy_ids(s.train_files, cut, n_train, vocab, held, prog, n_train);
+  }
+  train.finish();
+  held.finish();
+  if (!s.spec.tokenizer.empty()) {
+    std::error_code ec;
+    fs::copy_file(s.spec.tokenizer, tmp / "tokenizer.model", ec);
+    if (ec) throw UserError("cannot copy data.tokenizer '" + s.spec.tokenizer.string() + "': " + ec.message());
+  }
+  nlohmann::json meta = common_meta(s, train, held);
+  nlohmann::json files = nlohmann::json::array(), hfiles = nlohmann::json::array();
+  for (const auto& f : s.train_files) files.push_back({{"name", f.rel}, {"bytes", f.size}, {"tokens", f.layout.count}});
+  for (const auto& f : s.heldout_files) hfiles.push_back({{"name", f.rel}, {"bytes", f.size}, {"tokens", f.layout.count}});
+  meta["files"] = files;
+  if (!s.heldout_files.empty()) {
+    std::error_code ec;
+    meta["heldout_source"] = fs::absolute(s.spec.heldout, ec).string();
+    meta["heldout_files"] = hfiles;
+  } else {
+    meta["heldout_fraction"] = s.spec.heldout_fraction;
+  }
+  if (!s.spec.tokenizer.empty()) {
+    std::error_code ec;
+    meta["tokenizer_source"] = fs::absolute(s.spec.tokenizer, ec).string();
+  }
+  write_file_atomic(tmp / "meta.json", meta.dump(2) + "\n");
+  char b[160];
+  std::snprintf(b, sizeof b, "copied %llu ids (%llu train, %llu held-out) in %s",
+                static_cast<unsigned long long>(train.count() + held.count()),
+                static_cast<unsigned long long>(train.count()),
+                static_cast<unsigned long long>(held.count()), fmt_seconds(prog.elapsed()).c_str());
+  if (log) log(b);
+}
+
+void fill_counts(DataSummary& sum, const TokenData& td) {
+  sum.train_tokens = static_cast<int64_t>(td.train.size());
+  sum.heldout_tokens = static_cast<int64_t>(td.heldout.size());
+  sum.tokenizer_model = td.tokenizer_model;
+}
+
+}  // namespace
+
+DataSummary describe_data(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
+                          const std::function<void(const std::string&)>& log) {
+  Scan s = scan_source(spec, vocab_size, cache_root, log);
+  if (s.sum.cached) fill_counts(s.sum, load_cache(s.sum.cache_dir, vocab_size, s.sum.format));
+  else if (!spec.tokenizer.empty()) s.sum.tokenizer_model = spec.tokenizer;
+  return s.sum;
+}
+
+TokenData prepare_tokens(const fs::path& data_path, int vocab_size, const fs::path& cache_root,
+                         const std::function<void(const std::string&)>& log) {
+  DataSpec spec;
+  spec.path = data_path;
+  return prepare_tokens(spec, vocab_size, cache_root, log);
+}
+
+TokenData prepare_tokens(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
+                         const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& m) {
+    if (log) log(m);
+  };
+  const Scan s = scan_source(spec, vocab_size, cache_root, log);
+  if (s.sum.skipped_records > 0) {
+    say("skipped " + std::to_string(s.sum.skipped_records) + " bad records (data.skip_bad_records)");
+    for (const auto& e : s.sum.first_errors) say("  " + e);
+  }
+  const fs::path dir = s.sum.cache_dir;
+  if (s.sum.cached) {
+    TokenData td = load_cache(dir, vocab_size, s.sum.format);
+    say("using cached tokens " + dir.string() + " (" + std::to_string(td.train.size()) +
+        " train, " + std::to_string(td.heldout.size()) + " held-out tokens)");
+    return td;
+  }
+  std::error_code ec;
+  fs::create_directories(cache_root, ec);
+  if (ec)
+    throw UserError("cannot create cache directory '" + cache_root.string() + "': " + ec.message());
+  std::random_device rd;
+  TempDir tmp{cache_root / (".tmp-" + s.sum.key + "-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(rd()))};
+  fs::create_directories(tmp.path, ec);
+  if (ec) throw UserError("cannot create '" + tmp.path.string() + "': " + ec.message());
+  if (is_token_format(s.sum.format))
+    build_token_cache(s, tmp.path, log);
+  else
+    build_text_cache(s, tmp.path, log);
+  fs::rename(tmp.path, dir, ec);
+  if (ec) {
+    // Another process may have published the same key first: use theirs.
+    std::error_code ec2;
+    if (!fs::exists(dir / "meta.json", ec2))
+      throw UserError("cannot create cache directory '" + dir.string() + "': " + ec.message());
+  } else {
+    tmp.path.clear();
+    say("wrote token cache " + dir.string());
+  }
+  TokenData td = load_cache(dir, vocab_size, s.sum.format);
+  td.from_cache = false;
+  return td;
+}
+
+}  // namespace fp4
