@@ -72,6 +72,10 @@ void run_sample(const SampleArgs& a) {
     data = load_eval_data(s, a.src);
     if (tok.empty() || !fs::exists(tok)) tok = data.tokenizer_model;
   }
+  if (tok.empty())
+    throw UserError("sample needs a tokenizer, and the run has none: its data is pre-tokenized "
+                    "without data.tokenizer (docs/data.md); set data.tokenizer to the "
+                    "SentencePiece model its ids come from");
   const Tokenizer sp(tok);
   if (sp.pieces() > s.cfg.model.vocab_size)
     throw UserError("tokenizer " + tok.string() + " has " + std::to_string(sp.pieces()) +

@@ -497,31 +497,29 @@ void build_text_cache(const Scan& s, const fs::path& tmp,
   write_file_atomic(tmp / "meta.json", meta.dump(2) + "\n");
 }
 
-// Copies ids [from, to) of the concatenated files into `w`, checking each against the vocab.
+// Copies ids [from, to) of the concatenated files into `w`, checking each against the vocab
+// (read in chunks, not mapped: memory stays flat whatever the files' size).
 void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, int vocab,
               TokenShardWriter& w, Progress& prog, uint64_t total) {
   uint64_t pos = 0;  // of the current file's first id in the concatenation
-  std::vector<int32_t> buf(size_t{1} << 20);
   for (const TokenFile& f : files) {
     const uint64_t n = f.layout.count, lo = std::max(from, pos), hi = std::min(to, pos + n);
     if (lo < hi) {
-      const TokenStream t = TokenStream::map_file(f.path, f.layout.header_bytes, n, f.layout.token_bytes);
-      for (uint64_t i = lo; i < hi; i += buf.size()) {
-        const size_t k = static_cast<size_t>(std::min<uint64_t>(buf.size(), hi - i));
-        t.read(i - pos, k, buf.data());
+      const uint64_t skip = lo - pos;
+      read_token_chunks(f.path, f.layout.header_bytes + skip * f.layout.token_bytes, hi - lo,
+                        f.layout.token_bytes, [&](const uint32_t* ids, size_t k, uint64_t first) {
         for (size_t j = 0; j < k; ++j)
-          if (static_cast<uint32_t>(buf[j]) >= static_cast<uint32_t>(vocab))
-            throw UserError("token file '" + f.path.string() + "': id " +
-                            std::to_string(static_cast<uint32_t>(buf[j])) + " at index " +
-                            std::to_string(i - pos + j) + " is not below model.vocab_size = " +
-                            std::to_string(vocab));
-        w.append(buf.data(), k);
+          if (ids[j] >= static_cast<uint32_t>(vocab))
+            throw UserError("token file '" + f.path.string() + "': id " + std::to_string(ids[j]) +
+                            " at index " + std::to_string(skip + first + j) +
+                            " is not below model.vocab_size = " + std::to_string(vocab));
+        w.append(ids, k);
         if (prog.due()) {
           char b[120];
           std::snprintf(b, sizeof b, "copying ids: %.2f of %.2f M", double(w.count()) / 1e6, double(total) / 1e6);
           prog.log(b);
         }
-      }
+      });
     }
     pos += n;
   }

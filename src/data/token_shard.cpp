@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <algorithm>
 #include <stdexcept>
 #include <system_error>
 
@@ -226,6 +228,39 @@ TokenStream token_shard_from_bytes(std::string_view b, int vocab, const fs::path
   return t;
 }
 
+void read_token_chunks(const fs::path& file, uint64_t offset, uint64_t count, int token_bytes,
+                       const std::function<void(const uint32_t*, size_t, uint64_t)>& fn) {
+  if (token_bytes != 2 && token_bytes != 4)
+    throw UserError("token ids take 2 or 4 bytes, not " + std::to_string(token_bytes));
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) throw UserError("cannot open token file '" + file.string() + "': " + std::strerror(errno));
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  if (offset && std::fseek(f, static_cast<long>(offset), SEEK_SET) != 0)
+    throw UserError("cannot read token file '" + file.string() + "': " + std::strerror(errno));
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<unsigned char> raw(kChunk * static_cast<size_t>(token_bytes));
+  std::vector<uint32_t> ids(kChunk);
+  for (uint64_t done = 0; done < count;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, count - done));
+    const size_t want = n * static_cast<size_t>(token_bytes);
+    if (std::fread(raw.data(), 1, want, f) != want)
+      throw UserError("token file '" + file.string() + "' ends before its " + std::to_string(count) +
+                      " ids (read " + std::to_string(done) + ")");
+    const unsigned char* q = raw.data();
+    if (token_bytes == 2)
+      for (size_t i = 0; i < n; ++i) ids[i] = uint32_t{q[2 * i]} | uint32_t{q[2 * i + 1]} << 8;
+    else
+      for (size_t i = 0; i < n; ++i)
+        ids[i] = uint32_t{q[4 * i]} | uint32_t{q[4 * i + 1]} << 8 | uint32_t{q[4 * i + 2]} << 16 |
+                 uint32_t{q[4 * i + 3]} << 24;
+    fn(ids.data(), n, done);
+    done += n;
+  }
+}
+
 TokenStream map_token_shard(const fs::path& file, int vocab) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw UserError(token_cache_corrupt(file, "missing or unreadable"));
@@ -236,9 +271,15 @@ TokenStream map_token_shard(const fs::path& file, int vocab) {
   const uint64_t size = fs::file_size(file, ec);
   if (ec) throw UserError(token_cache_corrupt(file, "cannot read its size: " + ec.message()));
   const TokenShardLayout l = token_shard_layout(head, size, vocab, file);
-  TokenStream t = TokenStream::map_file(file, l.header_bytes, l.count, l.token_bytes);
-  check_ids(t, vocab, file);
-  return t;
+  read_token_chunks(file, l.header_bytes, l.count, l.token_bytes,
+                    [&](const uint32_t* ids, size_t n, uint64_t first) {
+                      for (size_t i = 0; i < n; ++i)
+                        if (ids[i] >= static_cast<uint32_t>(vocab))
+                          throw UserError(token_cache_corrupt(
+                              file, "token " + std::to_string(ids[i]) + " at index " +
+                                        std::to_string(first + i) + " is outside the vocabulary"));
+                    });
+  return TokenStream::map_file(file, l.header_bytes, l.count, l.token_bytes);
 }
 
 TokenShardWriter::TokenShardWriter(const fs::path& file, int vocab)

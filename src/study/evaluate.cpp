@@ -335,7 +335,10 @@ void evaluate_checkpoint(const EvalRequest& a) {
   EvalWindows calib;
   if (need_calib) calib = calibration_windows(data.train, seq_len, batch, a.calib_batches);
   if (!a.task.empty()) return run_task(a, s, *model, data, policies, need_calib ? &calib : nullptr);
-  const std::vector<int> bytes = token_byte_lengths(data.tokenizer_model);
+  // Bits per byte need the tokenizer's pieces: pre-tokenized data without data.tokenizer
+  // has none, and its bits/byte are left out (NaN, null in the JSON).
+  const bool have_tok = !data.tokenizer_model.empty();
+  const std::vector<int> bytes = have_tok ? token_byte_lengths(data.tokenizer_model) : std::vector<int>{};
 
   std::printf("%s\n", describe_eval_source(s).c_str());
   std::printf("held-out: %zu windows x %d tokens, batch %d\n", held.starts.size(), seq_len, batch);
@@ -344,7 +347,7 @@ void evaluate_checkpoint(const EvalRequest& a) {
   NllResult last;
   for (const auto& p : policies) {
     const NllResult r = evaluate_nll(*model, held, seq_len, batch, p, need_calib ? &calib : nullptr,
-                                     &bytes);
+                                     have_tok ? &bytes : nullptr);
     std::printf("%-14s %18.4f %10.4f %8lld\n", r.policy.c_str(), r.nats_per_token,
                 r.bits_per_byte, static_cast<long long>(r.tokens));
     std::fflush(stdout);
@@ -367,8 +370,11 @@ void evaluate_checkpoint(const EvalRequest& a) {
     std::printf("calibrated: references = max over %zu training-split windows (%d per batch, "
                 "from its start) of each linear's max|X|, then frozen\n",
                 calib.starts.size(), batch);
-  std::printf("bits/byte = total nats / ln 2 / %lld UTF-8 bytes of the scored tokens\n",
-              static_cast<long long>(last.bytes));
+  if (have_tok)
+    std::printf("bits/byte = total nats / ln 2 / %lld UTF-8 bytes of the scored tokens\n",
+                static_cast<long long>(last.bytes));
+  else
+    std::printf("bits/byte: not computed (pre-tokenized data without data.tokenizer)\n");
   if (a.json_file.empty()) return;
   json j = {{"checkpoint", s.checkpoint.empty() ? json(nullptr) : json(s.checkpoint)},
             {"step", s.step},

@@ -62,6 +62,10 @@ assert len(lines) == 3 and all(math.isfinite(l["loss"]) for l in lines), lines
 # Uniform random ids: the first loss is near ln 70000 = 11.16 (init logits are small).
 assert abs(lines[0]["loss"] - math.log(70000)) < 0.5, lines[0]["loss"]
 PY
+# Without data.tokenizer: eval scores NLL (no bits/byte), sample says what it lacks.
+"$bin" eval --checkpoint "$work/r-big" --policy none --windows 2 > "$work/e3.txt" 2>&1 || fail "eval of r-big: $(cat "$work/e3.txt")"
+grep -q "bits/byte: not computed" "$work/e3.txt" || fail "eval of r-big: $(cat "$work/e3.txt")"
+bad "data.tokenizer" sample --checkpoint "$work/r-big" --tokens 4
 "$bin" data --config "$cfg" --json --set model.vocab_size=70000 --set data.path="\"$work/big.u32\"" \
   --set data.format='"uint32"' --set data.heldout_fraction=0.1 > "$work/d3.json" 2>/dev/null || fail "data of big.u32"
 grep -q '"token_bytes": 4' "$work/d3.json" || fail "vocab 70000 cache not 4-byte: $(cat "$work/d3.json")"

@@ -252,8 +252,16 @@ TokenShardLayout token_shard_layout(std::string_view head, uint64_t file_size, i
 TokenStream token_shard_from_bytes(std::string_view bytes, int vocab,
                                    const std::filesystem::path& name);
 
-/// token_shard_from_bytes's checks on a shard file, memory-mapped instead of read.
+/// token_shard_from_bytes's checks on a shard file (the ids checked with read_token_chunks),
+/// then the shard memory-mapped: its pages enter the process as training reads them.
 TokenStream map_token_shard(const std::filesystem::path& file, int vocab);
+
+/// Reads ids [0, count) of `token_bytes` bytes each, starting `offset` bytes into `file`, in
+/// chunks of at most 2^20 ids with read(2), calling fn(ids, n, index of ids[0]) per chunk.
+/// Unlike a mapping, the process's memory does not grow with the file (only the page cache
+/// does). Throws fp4::UserError naming the file if it cannot be read or is shorter.
+void read_token_chunks(const std::filesystem::path& file, uint64_t offset, uint64_t count, int token_bytes,
+                       const std::function<void(const uint32_t* ids, size_t n, uint64_t first)>& fn);
 
 /// "token cache file '<file>' is corrupt (<why>); delete '<its directory>' to rebuild it".
 std::string token_cache_corrupt(const std::filesystem::path& file, const std::string& why);
