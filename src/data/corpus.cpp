@@ -25,6 +25,7 @@
 
 #include "fp4/data/data.h"
 #include "fp4/data/jsonl.h"
+#include "utf8.h"
 #include "fp4/base/error.h"
 
 namespace fp4 {
@@ -43,41 +44,6 @@ std::string_view trim(std::string_view s) {
   return s.substr(b, e - b);
 }
 
-// Offset of the first byte of the first invalid UTF-8 sequence, or npos if valid.
-size_t first_invalid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlong
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // no overlong
-      if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
-    } else {
-      return i;
-    }
-    if (i + len > n) return i;
-    if (p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k)
-      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
-    i += len;
-  }
-  return std::string_view::npos;
-}
-
 std::string read_whole_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("cannot open data file '" + path.string() + "'");
@@ -89,7 +55,7 @@ std::string read_whole_file(const fs::path& path) {
 
 // `text` starts `base` bytes into the file.
 void check_utf8(std::string_view text, const fs::path& path, size_t base = 0) {
-  size_t bad = first_invalid_utf8(text);
+  size_t bad = detail::first_invalid_utf8(text);
   if (bad == std::string_view::npos) return;
   const unsigned char c = static_cast<unsigned char>(text[bad]);
   bad += base;

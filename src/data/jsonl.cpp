@@ -18,6 +18,7 @@
 //    skipped by libzstd); the stream must end at a frame boundary. The window limit is libzstd's
 //    default (ZSTD_WINDOWLOG_LIMIT_DEFAULT, 2^27 bytes).
 #include "fp4/data/jsonl.h"
+#include "utf8.h"
 
 #include <simdjson.h>
 #include <zstd.h>
@@ -50,42 +51,6 @@ bool is_blank(std::string_view s) {
   for (char c : s)
     if (c != ' ' && c != '\t' && c != '\r' && c != '\f' && c != '\v') return false;
   return true;
-}
-
-// Offset of the first byte of the first invalid UTF-8 sequence, or npos if valid (strict:
-// no overlong forms, no surrogates, nothing above U+10FFFF; as corpus.cpp's).
-size_t first_invalid_utf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // no overlong
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // no overlong
-      if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
-    } else {
-      return i;
-    }
-    if (i + len > n) return i;
-    if (p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k)
-      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
-    i += len;
-  }
-  return std::string_view::npos;
 }
 
 std::string hex_byte(char c) {
@@ -211,7 +176,7 @@ class LineReader {
     if (v.get_string().get(*text))
       return "field \"" + opts_.text_field + "\" is not a string (it is " + type_name(v.type()) +
              ")";
-    const size_t bad = first_invalid_utf8(*text);
+    const size_t bad = detail::first_invalid_utf8(*text);
     if (bad != std::string_view::npos)
       return "the text is not valid UTF-8 (" + invalid_byte(*text, bad, "text") + ")";
     return {};
@@ -220,7 +185,7 @@ class LineReader {
   static std::string json_error(simdjson::error_code err, std::string_view l) {
     if (err == simdjson::MEMALLOC) throw std::bad_alloc();
     if (err == simdjson::UTF8_ERROR) {
-      const size_t bad = first_invalid_utf8(l);
+      const size_t bad = detail::first_invalid_utf8(l);
       if (bad != std::string_view::npos)
         return "not valid UTF-8 (" + invalid_byte(l, bad, "line") + ")";
     }

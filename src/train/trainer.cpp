@@ -334,7 +334,8 @@ void TrainRun::check_and_load_checkpoint() {
                     " parameters, the model has " + std::to_string(model->num_params()));
   if (ck->losses.size() != static_cast<size_t>(ck->step))
     throw UserError(where + "it lacks the training losses of steps 1.." + std::to_string(ck->step));
-  if (!ck->data_key.empty() && ck->data_key != data_key)
+  if (!ck->data_key.empty() && ck->data_key != data_key &&
+      std::find(data.key_aliases.begin(), data.key_aliases.end(), ck->data_key) == data.key_aliases.end())
     throw UserError(where + "the run was trained on data with token cache key " + ck->data_key +
                     ", the data given now has key " + data_key +
                     " (different corpus or tokenizer); pass --data with the run's corpus");

@@ -687,6 +687,36 @@ TEST(Resume, RefusesACheckpointOfAnotherRun) {
   }
 }
 
+// A checkpoint names its data by the token-cache key. Data whose key differs is refused,
+// unless its cache lists the checkpoint's key among its aliases (the version-1 key of an
+// unchanged text cache, issue 26): then the run resumes as if uninterrupted.
+TEST(Resume, AcceptsTheDataUnderAnAliasOfItsKey) {
+  const RunConfig cfg = micro_config(4);
+  const Recipe r = recipe_named("fp32");
+  const RunResult whole = run_uninterrupted(cfg, r, "alias-whole");
+  TrainOptions o;
+  o.out_dir = g_scratch.dir / "alias";
+  o.quiet = true;
+  o.save_every = 2;
+  o.stop_after = 2;
+  train(cfg, r, micro_data(), o);
+  const Checkpoint ck = load_newest_checkpoint(o.out_dir);
+  ASSERT_EQ(ck.data_key, micro_data().cache_dir.filename().string());
+  o.stop_after = 0;
+  o.resume_from = &ck;
+  TokenData renamed = micro_data();  // the same tokens under another key
+  renamed.cache_dir = renamed.cache_dir.parent_path() / "0123456789abcdef";
+  try {
+    train(cfg, r, renamed, o);
+    FAIL() << "data under another key must be refused";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token cache key"), std::string::npos) << e.what();
+  }
+  renamed.key_aliases = {"fedcba9876543210", ck.data_key};
+  const RunResult resumed = finish(o.out_dir, train(cfg, r, renamed, o));
+  EXPECT_EQ(resumed.final_ckpt.params, whole.final_ckpt.params);
+}
+
 TEST(RunFailure, AFailureAfterTheRunDirectoryExistsWritesErrorTxt) {
   // The checkpoint directory is blocked by a regular file, so the save at the end of step 1
   // fails (a filesystem error, not a divergence): error.txt names the recipe, the step and
