@@ -19,6 +19,11 @@ import subprocess
 import sys
 
 
+# fp4train's whitespace (docs/data.md): blank lines and empty documents are judged by these
+# only, not by Python's Unicode-aware str.strip().
+ASCII_SPACE = " \t\n\r\f\v"
+
+
 def documents(src):
     if os.path.isdir(src):
         paths = []
@@ -28,14 +33,14 @@ def documents(src):
                 if not f.startswith("."):
                     paths.append(os.path.relpath(os.path.join(root, f), src).replace(os.sep, "/"))
         for rel in sorted(paths):
-            with open(os.path.join(src, rel), encoding="utf-8") as f:
+            with open(os.path.join(src, rel), encoding="utf-8", newline="") as f:
                 yield rel, f.read()
     else:
-        text = open(src, encoding="utf-8").read()
+        text = open(src, encoding="utf-8", newline="").read()
         k = 0
         doc = []
         for line in text.split("\n") + [""]:
-            if line.strip() == "":
+            if line.strip(ASCII_SPACE) == "":
                 if doc:
                     yield "%s#%d" % (os.path.basename(src), k), "\n".join(doc)
                     k += 1
@@ -65,6 +70,10 @@ def main():
     if not os.path.exists(a.src):
         sys.exit("text_to_jsonl: %s does not exist" % a.src)
     os.makedirs(a.out, exist_ok=True)
+    old = [f for f in os.listdir(a.out) if f.startswith("shard-") and ".jsonl" in f]
+    if old:
+        sys.exit("text_to_jsonl: %s already holds shards (%s, ...); choose an empty directory"
+                 % (a.out, old[0]))
     shard, lines, n = 0, [], 0
 
     def flush():
@@ -80,7 +89,7 @@ def main():
         shard, lines = shard + 1, []
 
     for name, text in documents(a.src):
-        if not text.strip():
+        if not text.strip(ASCII_SPACE):
             continue
         lines.append(json.dumps({"text": text, "source": name}, ensure_ascii=False) + "\n")
         n += 1

@@ -249,8 +249,17 @@ void run_train(const TrainArgs& a) {
                       " already holds a run; choose another --out, or continue it with "
                       "--resume " + out.string() + " (nothing was overwritten)");
   } else {
-    const std::string base = "runs/" + dir_safe(cfg_name + "-" + recipe.name + "-s" +
-                                                std::to_string(cfg.train.seed));
+    std::string name = dir_safe(cfg_name + "-" + recipe.name + "-s" + std::to_string(cfg.train.seed));
+    if (name.size() > 120) {
+      // --set labels with data paths can pass the 255-byte name limit: keep the start and a
+      // hash (FNV-1a 32) of the whole name.
+      uint32_t h = 2166136261u;
+      for (unsigned char ch : name) h = (h ^ ch) * 16777619u;
+      char hex[9];
+      std::snprintf(hex, sizeof hex, "%08x", h);
+      name = name.substr(0, 100) + "-" + hex;
+    }
+    const std::string base = "runs/" + name;
     out = base;
     for (int i = 2; fs::exists(out); ++i) out = base + "-" + std::to_string(i);
   }

@@ -61,8 +61,13 @@ void check_utf8(std::string_view text, const fs::path& path, size_t base = 0) {
   bad += base;
   char hex[8];
   std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(c));
+  const std::string ext = path.extension().string();
+  const bool ids = ext == ".bin" || ext == ".u16" || ext == ".u32" || ext == ".npy";
   throw UserError("data file '" + path.string() + "' is not valid UTF-8: invalid byte " + hex +
-                  " at byte offset " + std::to_string(bad));
+                  " at byte offset " + std::to_string(bad) +
+                  (ids ? " (if it holds token ids, set data.format to \"uint16\", \"uint32\" or "
+                         "\"llmc\"; docs/data.md)"
+                       : ""));
 }
 
 bool hidden(const fs::path& name) {

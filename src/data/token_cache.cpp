@@ -19,7 +19,11 @@
 // record (text) or one chunk of ids (tokens) at a time, plus one batch of documents being
 // encoded in parallel (kEncodeBatchBytes). Streams handed back are memory-mapped shards.
 #include <omp.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <algorithm>
 #include <chrono>
@@ -195,6 +199,7 @@ struct Scan {
   std::string options;                    // text: tokenizer options
   std::vector<TokenFile> train_files, heldout_files;  // tokens
   uint64_t total_ids = 0, heldout_ids = 0;              // tokens, heldout_fraction
+  int id_bound = 0;  // tokens: ids must be below this (the tokenizer's pieces, else the vocab)
 };
 
 Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
@@ -237,7 +242,24 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
     key.str(s.sum.format);
     key.u64(static_cast<uint64_t>(vocab_size));
     s.train_files = list_token_files(spec.path, s.sum.format);
-    if (!spec.heldout.empty()) s.heldout_files = list_token_files(spec.heldout, s.sum.format);
+    if (!spec.heldout.empty()) {
+      if (!fs::exists(spec.heldout))
+        throw UserError("data.heldout '" + spec.heldout.string() + "' does not exist");
+      s.heldout_files = list_token_files(spec.heldout, s.sum.format);
+      // llm.c keeps train and val shards in one directory: held-out files found under
+      // data.path are held out only, never trained on.
+      std::vector<TokenFile> kept;
+      for (TokenFile& t : s.train_files) {
+        bool held = false;
+        for (const TokenFile& h : s.heldout_files) held = held || fs::equivalent(t.path, h.path);
+        if (!held) kept.push_back(std::move(t));
+        else if (log) log("data: " + t.path.string() + " is data.heldout: held out, not trained on");
+      }
+      if (kept.empty())
+        throw UserError("data.path '" + spec.path.string() + "' holds only the data.heldout files: "
+                        "nothing is left to train on");
+      s.train_files = std::move(kept);
+    }
     auto add = [&](const std::vector<TokenFile>& files, int64_t& bytes, uint64_t& ids) {
       key.u64(files.size());
       for (const TokenFile& t : files) {
@@ -257,6 +279,7 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
       char frac[40];
       std::snprintf(frac, sizeof frac, "%.17g", spec.heldout_fraction);
       key.str(std::string("heldout fraction ") + frac);
+      std::snprintf(frac, sizeof frac, "%g", spec.heldout_fraction);
       s.total_ids = train_ids;
       s.heldout_ids = static_cast<uint64_t>(std::floor(double(train_ids) * spec.heldout_fraction));
       if (s.heldout_ids == 0 || s.heldout_ids == train_ids)
@@ -275,6 +298,7 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
                         std::to_string(vocab_size));
       key.str("tokenizer");
       hash_file(spec.tokenizer, key);
+      s.id_bound = tok.pieces();
     }
   }
   s.sum.key = hex16(key.h);
@@ -499,8 +523,8 @@ void build_text_cache(const Scan& s, const fs::path& tmp,
 
 // Copies ids [from, to) of the concatenated files into `w`, checking each against the vocab
 // (read in chunks, not mapped: memory stays flat whatever the files' size).
-void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, int vocab,
-              TokenShardWriter& w, Progress& prog, uint64_t total) {
+void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, int bound,
+              TokenShardWriter& w, Progress& prog, uint64_t total, bool by_tokenizer) {
   uint64_t pos = 0;  // of the current file's first id in the concatenation
   for (const TokenFile& f : files) {
     const uint64_t n = f.layout.count, lo = std::max(from, pos), hi = std::min(to, pos + n);
@@ -509,10 +533,11 @@ void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, i
       read_token_chunks(f.path, f.layout.header_bytes + skip * f.layout.token_bytes, hi - lo,
                         f.layout.token_bytes, [&](const uint32_t* ids, size_t k, uint64_t first) {
         for (size_t j = 0; j < k; ++j)
-          if (ids[j] >= static_cast<uint32_t>(vocab))
+          if (ids[j] >= static_cast<uint32_t>(bound))
             throw UserError("token file '" + f.path.string() + "': id " + std::to_string(ids[j]) +
-                            " at index " + std::to_string(skip + first + j) +
-                            " is not below model.vocab_size = " + std::to_string(vocab));
+                            " at index " + std::to_string(skip + first + j) + " is not below " +
+                            (by_tokenizer ? "the " + std::to_string(bound) + " pieces of data.tokenizer"
+                                          : "model.vocab_size = " + std::to_string(bound)));
         w.append(ids, k);
         if (prog.due()) {
           char b[120];
@@ -527,7 +552,7 @@ void copy_ids(const std::vector<TokenFile>& files, uint64_t from, uint64_t to, i
 
 void build_token_cache(const Scan& s, const fs::path& tmp,
                        const std::function<void(const std::string&)>& log) {
-  const int vocab = s.sum.vocab_size;
+  const int vocab = s.sum.vocab_size, bound = s.id_bound > 0 ? s.id_bound : vocab;
   TokenShardWriter train(tmp / "train.bin", vocab), held(tmp / "heldout.bin", vocab);
   Progress prog{log};
   auto count = [](const std::vector<TokenFile>& v) {
@@ -538,12 +563,12 @@ void build_token_cache(const Scan& s, const fs::path& tmp,
   const uint64_t n_train = count(s.train_files);
   if (!s.heldout_files.empty()) {
     const uint64_t n_held = count(s.heldout_files);
-    copy_ids(s.train_files, 0, n_train, vocab, train, prog, n_train + n_held);
-    copy_ids(s.heldout_files, 0, n_held, vocab, held, prog, n_train + n_held);
+    copy_ids(s.train_files, 0, n_train, bound, train, prog, n_train + n_held, s.id_bound > 0);
+    copy_ids(s.heldout_files, 0, n_held, bound, held, prog, n_train + n_held, s.id_bound > 0);
   } else {
     const uint64_t cut = n_train - s.heldout_ids;
-    copy_ids(s.train_files, 0, cut, vocab, train, prog, n_train);
-    copy_ids(s.train_files, cut, n_train, vocab, held, prog, n_train);
+    copy_ids(s.train_files, 0, cut, bound, train, prog, n_train, s.id_bound > 0);
+    copy_ids(s.train_files, cut, n_train, bound, held, prog, n_train, s.id_bound > 0);
   }
   train.finish();
   held.finish();
@@ -577,6 +602,25 @@ void build_token_cache(const Scan& s, const fs::path& tmp,
   if (log) log(b);
 }
 
+// A build killed before it could clean up (SIGKILL, a signal's default action) leaves its
+// cache_root/.tmp-<key>-<pid>-<n> directory: removed once no process of that pid runs (on this
+// machine; a cache root shared between machines keeps other hosts' builds).
+void remove_stale_builds(const fs::path& cache_root, const std::function<void(const std::string&)>& log) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(cache_root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) != 0) continue;
+    const size_t a = name.find('-', 5), b = a == std::string::npos ? a : name.find('-', a + 1);
+    if (b == std::string::npos) continue;
+    const long pid = std::strtol(name.substr(a + 1, b - a - 1).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (!rm && log) log("removed " + e.path().string() + ", an incomplete cache build of process " +
+                        std::to_string(pid) + ", which no longer runs");
+  }
+}
+
 void fill_counts(DataSummary& sum, const TokenData& td) {
   sum.train_tokens = static_cast<int64_t>(td.train.size());
   sum.heldout_tokens = static_cast<int64_t>(td.heldout.size());
@@ -607,10 +651,14 @@ TokenData prepare_tokens(const DataSpec& spec, int vocab_size, const fs::path& c
   };
   const Scan s = scan_source(spec, vocab_size, cache_root, log);
   if (s.sum.skipped_records > 0) {
-    say("skipped " + std::to_string(s.sum.skipped_records) + " bad records (data.skip_bad_records)");
+    say("skipped " + std::to_string(s.sum.skipped_records) + " bad record" +
+        (s.sum.skipped_records == 1 ? "" : "s") + " (data.skip_bad_records)");
     for (const auto& e : s.sum.first_errors) say("  " + e);
   }
   const fs::path dir = s.sum.cache_dir;
+  std::error_code ec0;
+  if (!s.sum.cached && fs::exists(dir, ec0) && !fs::exists(dir / "meta.json", ec0))
+    throw UserError(token_cache_corrupt(dir / "meta.json", "missing: the directory is incomplete"));
   if (s.sum.cached) {
     TokenData td = load_cache(dir, vocab_size, s.sum.format);
     say("using cached tokens " + dir.string() + " (" + std::to_string(td.train.size()) +
@@ -621,6 +669,7 @@ TokenData prepare_tokens(const DataSpec& spec, int vocab_size, const fs::path& c
   fs::create_directories(cache_root, ec);
   if (ec)
     throw UserError("cannot create cache directory '" + cache_root.string() + "': " + ec.message());
+  remove_stale_builds(cache_root, log);
   std::random_device rd;
   TempDir tmp{cache_root / (".tmp-" + s.sum.key + "-" + std::to_string(::getpid()) + "-" +
                             std::to_string(rd()))};

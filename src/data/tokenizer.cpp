@@ -125,17 +125,40 @@ size_t training_stride(size_t train_bytes) {
              : 1;
 }
 
+namespace {
+// The training text's lines, one sentence each, as SentencePiece's own file reader would
+// give them. Training through an iterator (not input=FILE) keeps the temporary file's path out
+// of the model's trainer spec: two builds of one cache write byte-identical tokenizer.model
+// files, wherever they were built (a rebuilt cache then still resumes its runs).
+class LineIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit LineIterator(const fs::path& file) : in_(file, std::ios::binary) {
+    if (!in_) throw UserError("cannot read tokenizer training text '" + file.string() + "'");
+    Next();
+  }
+  bool done() const override { return done_; }
+  void Next() override { done_ = !std::getline(in_, line_); }
+  const std::string& value() const override { return line_; }
+  sentencepiece::util::Status status() const override { return sentencepiece::util::Status(); }
+
+ private:
+  std::ifstream in_;
+  std::string line_;
+  bool done_ = false;
+};
+}  // namespace
+
 void train_tokenizer(const fs::path& input, const fs::path& model_prefix, int vocab_size,
                      const fs::path& data_path) {
   auto kwargs = trainer_options(vocab_size);
   kwargs.erase("max_train_bytes");
   kwargs.erase("seed");
-  kwargs["input"] = input.string();
-  kwargs["model_prefix"] = model_prefix.string();
   kwargs["num_threads"] = "2";
   kwargs["minloglevel"] = "1";  // warnings and errors only
   sentencepiece::SetRandomGeneratorSeed(kTrainSeed);
-  const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs);
+  LineIterator lines(input);
+  std::string proto;
+  const auto status = sentencepiece::SentencePieceTrainer::Train(kwargs, &lines, &proto);
   if (!status.ok()) {
     std::string msg = status.ToString();
     if (msg.find("required_chars") != std::string::npos)
@@ -144,12 +167,21 @@ void train_tokenizer(const fs::path& input, const fs::path& model_prefix, int vo
     throw UserError("tokenizer training on '" + data_path.string() + "' with vocab_size " +
                     std::to_string(vocab_size) + " failed: " + msg);
   }
+  {
+    std::ofstream out(model_prefix.string() + ".model", std::ios::binary | std::ios::trunc);
+    out.write(proto.data(), static_cast<std::streamsize>(proto.size()));
+    out.flush();
+    if (!out) throw UserError("cannot write '" + model_prefix.string() + ".model' (disk full?)");
+  }
   sentencepiece::SentencePieceProcessor sp;
   load_processor(sp, model_prefix.string() + ".model");
   if (sp.GetPieceSize() != vocab_size)
     throw UserError("the training split of '" + data_path.string() + "' is too small for vocab_size " +
                     std::to_string(vocab_size) + ": BPE found only " +
                     std::to_string(sp.GetPieceSize()) + " pieces; use a smaller vocab_size");
+  // tokenizer.vocab, for reading: "<piece>\t<score>" per id, as SentencePiece writes it.
+  std::ofstream vocab(model_prefix.string() + ".vocab", std::ios::binary | std::ios::trunc);
+  for (int id = 0; id < sp.GetPieceSize(); ++id) vocab << sp.IdToPiece(id) << '\t' << sp.GetScore(id) << '\n';
 }
 
 }  // namespace detail

@@ -16,6 +16,13 @@ py=/usr/bin/python3
 micro_setup "$work" docs=20 steps=3 warmup_steps=1 interval=3 windows=4
 cfg="$work/micro.toml"
 
+bad() {  # bad <stderr fragment> <args...>
+  local want=$1; shift
+  "$bin" "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  [ "$rc" -eq 2 ] || fail "exit $rc (want 2) for: $* ($(cat "$work/err"))"
+  grep -qF -- "$want" "$work/err" || fail "stderr for '$*' lacks '$want': $(cat "$work/err")"
+}
 # --- describe, build, describe again -----------------------------------------------------
 "$bin" data --config "$cfg" > "$work/d1.txt" 2>&1 || fail "data: $(cat "$work/d1.txt")"
 grep -q "documents:  18 train, 2 held-out" "$work/d1.txt" || fail "data: $(cat "$work/d1.txt")"
@@ -71,13 +78,6 @@ bad "data.tokenizer" sample --checkpoint "$work/r-big" --tokens 4
 grep -q '"token_bytes": 4' "$work/d3.json" || fail "vocab 70000 cache not 4-byte: $(cat "$work/d3.json")"
 
 # --- bad input: exit 2, the file named ------------------------------------------------------
-bad() {  # bad <stderr fragment> <args...>
-  local want=$1; shift
-  "$bin" "$@" >"$work/out" 2>"$work/err"
-  local rc=$?
-  [ "$rc" -eq 2 ] || fail "exit $rc (want 2) for: $* ($(cat "$work/err"))"
-  grep -qF -- "$want" "$work/err" || fail "stderr for '$*' lacks '$want': $(cat "$work/err")"
-}
 head -c 2000 "$work/llmc/train.bin" > "$work/trunc.bin"
 bad "truncated" data --config "$cfg" --set data.path="\"$work/trunc.bin\"" --set data.heldout_fraction=0.1
 bad "id " train --config "$cfg" --out "$work/r-bad" --set model.vocab_size=60000 \
@@ -99,4 +99,17 @@ a, b = (json.load(open(p)) for p in sys.argv[1:])
 assert b["format"] == "jsonl" and b["key"] != a["key"], b
 assert (a["train_tokens"], a["heldout_tokens"]) == (b["train_tokens"], b["heldout_tokens"]), (a, b)
 PY
+# llm.c's layout: train and val shards in one directory; data.heldout names the val shard,
+# which then is not trained on.
+mkdir -p "$work/lay"
+cp "$work/llmc/train.bin" "$work/lay/fineweb_train_000001.bin"
+cp "$work/llmc/val.bin" "$work/lay/fineweb_val_000000.bin"
+"$bin" data --config "$cfg" --data "$work/lay" --set data.heldout="\"$work/lay/fineweb_val_000000.bin\"" \
+  --build --json > "$work/d5.json" 2>"$work/d5.err" || fail "data of $work/lay: $(cat "$work/d5.err")"
+$py - "$work/d2.json" "$work/d5.json" <<'PY' || fail "the val shard inside data.path was trained on: $(cat "$work/d5.json")"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert (a["train_tokens"], a["heldout_tokens"]) == (b["train_tokens"], b["heldout_tokens"]), (a, b)
+PY
+grep -q "held out, not trained on" "$work/d5.err" || fail "no note of the excluded val shard: $(cat "$work/d5.err")"
 echo "data_cli: ok"

@@ -491,3 +491,72 @@ TEST(JsonlCorpus, BadRecordsStopOrAreCounted) {
   spec.text_field = "body";  // only one record has it: fewer than 10 documents
   expect_user_error([&] { fp4::prepare_tokens(spec, 300, dir / "cache"); }, {"a.jsonl:1", "has no field"});
 }
+
+// Two builds of one cache, in different places, write the same tokenizer.model bytes (the
+// training text's temporary path is not recorded in it), so a deleted and rebuilt cache still
+// matches the runs that copied its tokenizer.
+TEST(TokenizerModel, RebuildsByteIdentically) {
+  const fs::path dir = fresh("tok_rebuild");
+  const std::vector<std::string> docs = sample_docs(20);
+  for (size_t i = 0; i < docs.size(); ++i) write(dir / "text" / ("d" + std::to_string(100 + i)), docs[i]);
+  fp4::DataSpec t;
+  t.path = dir / "text";
+  const fp4::TokenData a = fp4::prepare_tokens(t, 300, dir / "c1");
+  const fp4::TokenData b = fp4::prepare_tokens(t, 300, dir / "c2");
+  EXPECT_EQ(a.cache_dir.filename(), b.cache_dir.filename());
+  EXPECT_EQ(read(a.tokenizer_model), read(b.tokenizer_model));
+  EXPECT_EQ(read(a.tokenizer_model).find(dir.string()), std::string::npos);
+  EXPECT_TRUE(fs::exists(a.cache_dir / "tokenizer.vocab"));
+
+  // Pre-tokenized data with that tokenizer (300 pieces) and a padded vocabulary of 512:
+  // ids from 300 up would not decode, and are refused naming the tokenizer.
+  std::vector<uint32_t> ids = random_ids(2000, 300, 8);
+  write(dir / "ok.u16", raw_bytes(ids, 2));
+  fp4::DataSpec p = token_spec(dir / "ok.u16", "uint16");
+  p.heldout_fraction = 0.1;
+  p.tokenizer = a.tokenizer_model;
+  const fp4::TokenData td = fp4::prepare_tokens(p, 512, dir / "c3");
+  EXPECT_EQ(read(td.tokenizer_model), read(a.tokenizer_model));
+  ids[1234] = 400;
+  write(dir / "bad.u16", raw_bytes(ids, 2));
+  p.path = dir / "bad.u16";
+  expect_user_error([&] { fp4::prepare_tokens(p, 512, dir / "c3"); },
+                    {"bad.u16", "id 400 at index 1234", "300 pieces of data.tokenizer"});
+}
+
+// llm.c's layout: train and val shards in one directory. data.heldout's files found under
+// data.path are held out only.
+TEST(PreTokenized, HeldoutShardsInsideThePathAreNotTrainedOn) {
+  const fs::path dir = fresh("pt_layout");
+  const std::vector<uint32_t> train = random_ids(3000, 1000, 11), val = random_ids(500, 1000, 12);
+  write(dir / "d" / "fineweb_train_000001.bin", llmc_bytes(train, 2));
+  write(dir / "d" / "fineweb_val_000000.bin", llmc_bytes(val, 2));
+  fp4::DataSpec spec;
+  spec.path = dir / "d";
+  spec.heldout = dir / "d" / "fineweb_val_000000.bin";
+  const fp4::TokenData td = fp4::prepare_tokens(spec, 1000, dir / "cache");
+  EXPECT_EQ(td.train.ids(), train);
+  EXPECT_EQ(td.heldout.ids(), val);
+  spec.path = dir / "d" / "fineweb_val_000000.bin";
+  expect_user_error([&] { fp4::prepare_tokens(spec, 1000, dir / "cache"); }, {"nothing is left to train on"});
+}
+
+// A cache directory without meta.json (an interrupted copy, a hand edit) is named, with the
+// directory to delete, instead of "Directory not empty".
+TEST(PreTokenized, IncompleteCacheDirectoryIsNamed) {
+  const fs::path dir = fresh("pt_incomplete");
+  write(dir / "ids.u16", raw_bytes(random_ids(1000, 500, 13), 2));
+  fp4::DataSpec spec = token_spec(dir / "ids.u16", "uint16");
+  spec.heldout_fraction = 0.1;
+  const fp4::DataSummary s = fp4::describe_data(spec, 512, dir / "cache");
+  fs::create_directories(s.cache_dir);
+  write(s.cache_dir / "train.bin", "partial");
+  expect_user_error([&] { fp4::prepare_tokens(spec, 512, dir / "cache"); },
+                    {"meta.json", "delete '" + s.cache_dir.string() + "'"});
+  // A build killed before its cleanup leaves .tmp-<key>-<pid>-<n>: removed once that pid is gone.
+  fs::remove_all(s.cache_dir);
+  const fs::path stale = dir / "cache" / (".tmp-" + s.key + "-999999999-1");
+  write(stale / "train.bin", "partial");
+  EXPECT_TRUE(fp4::prepare_tokens(spec, 512, dir / "cache").train.size() == 900u);
+  EXPECT_FALSE(fs::exists(stale));
+}
