@@ -195,6 +195,9 @@ class LineReader {
         return "not valid JSON (unpaired surrogate escape " + std::string(l.substr(at, 6)) +
                " at byte offset " + std::to_string(at) + " of the line)";
     }
+    if (l.substr(0, 3) == "\xEF\xBB\xBF")
+      return "not valid JSON (the line starts with a UTF-8 byte-order mark, EF BB BF; JSONL has "
+             "none: remove it)";
     return std::string("not valid JSON (") + simdjson::error_message(err) + ")";
   }
 

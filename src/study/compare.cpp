@@ -397,6 +397,13 @@ void run_comparison(const CompareRequest& a) {
     throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
                     with_settings(a.config, sets.config) +
                     "; the default Brown corpus is installed by scripts/setup)");
+  // The task reads the held-out documents: refused before any run for pre-tokenized data.
+  if (!plan.task.empty()) {
+    const std::string f = resolve_data_format(data_spec(cfg, data_path, config_file));
+    if (f != "text" && f != "jsonl")
+      throw UserError("--task " + plan.task + " scores held-out documents, and the data ('" +
+                      data_path.string() + "', " + f + ") is pre-tokenized: it has none");
+  }
   {
     std::error_code ec;
     fs::create_directories(out, ec);

@@ -91,6 +91,13 @@ bad "a.jsonl:2" data --config "$cfg" --data "$work/j"
 "$py" "$src/tools/text_to_jsonl.py" "$work/text" "$work/jz" --docs-per-shard 100 >/dev/null || fail "text_to_jsonl"
 head -c 1000 "$work/jz/shard-0000.jsonl.zst" > "$work/trunc.jsonl.zst"
 bad "truncated zstd" data --config "$cfg" --data "$work/trunc.jsonl.zst"
+printf '\xef\xbb\xbf{"text": "one"}\n' > "$work/j/a.jsonl"
+bad "byte-order mark" data --config "$cfg" --data "$work/j"
+# compare --task needs documents: refused before any run on pre-tokenized data.
+bad "pre-tokenized" compare --config "$cfg" --out "$work/cmp" --recipes fp32 --seeds 1 --task next-sentence \
+  --set data.path="\"$work/big.u32\"" --set data.format='"uint32"' --set data.heldout_fraction=0.1 \
+  --set model.vocab_size=70000
+[ ! -e "$work/cmp" ] || fail "compare --task made its directory before refusing pre-tokenized data"
 # The same documents as .jsonl.zst give the text run's tokens (another key: names differ).
 "$bin" data --config "$cfg" --data "$work/jz" --build --json > "$work/d4.json" 2>/dev/null || fail "data of $work/jz"
 $py - "$work/d2.json" "$work/d4.json" <<'PY' || fail "jsonl.zst tokens differ from the text's"
