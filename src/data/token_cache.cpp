@@ -20,6 +20,7 @@
 // encoded in parallel (kEncodeBatchBytes). Streams handed back are memory-mapped shards.
 #include <omp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -200,10 +201,59 @@ struct Scan {
   std::vector<TokenFile> train_files, heldout_files;  // tokens
   uint64_t total_ids = 0, heldout_ids = 0;              // tokens, heldout_fraction
   int id_bound = 0;  // tokens: ids must be below this (the tokenizer's pieces, else the vocab)
+  fs::path stamp_file;  // where a full scan's result is stored (empty: the scan was reused)
 };
 
+// The scan stamp: a hash of what the source's files are without reading them (every
+// regular file under data.path, data.heldout and data.tokenizer: relative name, size,
+// modification time in ns) and of every other input of the key. A full scan stores its
+// result under cache_root/.scans/<stamp>.json; a later scan with the same stamp whose cache is
+// built takes the key from there instead of reading the corpus again.
+void stamp_files(const fs::path& root, Fnv64& f) {
+  std::vector<std::pair<std::string, fs::path>> files;
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
+         !ec && it != end; it.increment(ec))
+      if (it->is_regular_file(ec)) files.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.emplace_back(root.filename().string(), root);
+  }
+  f.str(fs::absolute(root, ec).string());
+  f.u64(files.size());
+  for (const auto& [rel, p] : files) {
+    struct stat st {};
+    f.str(rel);
+    if (::stat(p.c_str(), &st) != 0) {
+      f.u64(~uint64_t{0});
+      continue;
+    }
+    f.u64(static_cast<uint64_t>(st.st_size));
+    f.u64(static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st.st_mtim.tv_nsec));
+  }
+}
+
+std::string scan_stamp(const DataSpec& spec, const std::string& format, int vocab) {
+  Fnv64 f;
+  f.str("fp4train scan stamp v1");
+  f.str(format);
+  f.u64(static_cast<uint64_t>(vocab));
+  f.str(spec.text_field);
+  f.u64(spec.skip_bad_records ? 1 : 0);
+  char frac[40];
+  std::snprintf(frac, sizeof frac, "%.17g", spec.heldout_fraction);
+  f.str(frac);
+  stamp_files(spec.path, f);
+  f.u64(spec.heldout.empty() ? 0 : 1);
+  if (!spec.heldout.empty()) stamp_files(spec.heldout, f);
+  f.u64(spec.tokenizer.empty() ? 0 : 1);
+  if (!spec.tokenizer.empty()) stamp_files(spec.tokenizer, f);
+  return hex16(f.h);
+}
+
 Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
-                 const std::function<void(const std::string&)>& log) {
+                 const std::function<void(const std::string&)>& log, bool full = false) {
   if (vocab_size < 256)
     throw UserError("model.vocab_size = " + std::to_string(vocab_size) +
                     " is too small: the tokenizer holds 256 byte pieces and 3 special ids");
@@ -214,6 +264,46 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
   s.sum.vocab_size = vocab_size;
   s.sum.token_bytes = token_bytes_for_vocab(vocab_size);
   Fnv64 key;
+  const std::string stamp = scan_stamp(spec, s.sum.format, vocab_size);
+  const fs::path stamp_file = cache_root / ".scans" / (stamp + ".json");
+  nlohmann::json stamped;
+  if (!full) {
+    std::ifstream in(stamp_file);
+    std::error_code ec;
+    try {
+      if (in) in >> stamped;
+      if (!stamped.is_object() || !stamped.contains("key") || !stamped["key"].is_string() ||
+          !fs::exists(cache_root / stamped["key"].get<std::string>() / "meta.json", ec))
+        stamped = nullptr;
+    } catch (const std::exception&) {
+      stamped = nullptr;  // a broken stamp only costs a full scan
+    }
+  }
+  if (!is_token_format(s.sum.format) && stamped.is_object()) {
+    const auto& j = stamped;
+    try {
+      s.sum.key = j.at("key").get<std::string>();
+      s.sum.files = j.at("files").get<int64_t>();
+      s.sum.train_docs = j.at("train_docs").get<int64_t>();
+      s.sum.heldout_docs = j.at("heldout_docs").get<int64_t>();
+      s.sum.train_bytes = j.at("train_bytes").get<int64_t>();
+      s.sum.heldout_bytes = j.at("heldout_bytes").get<int64_t>();
+      s.sum.skipped_records = j.at("skipped_records").get<int64_t>();
+      s.sum.first_errors = j.at("first_errors").get<std::vector<std::string>>();
+      s.options = detail::options_string(detail::trainer_options(vocab_size));
+      s.sum.cache_dir = cache_root / s.sum.key;
+      s.sum.cached = true;
+      s.sum.scan_reused = true;
+      return s;
+    } catch (const std::exception&) {
+      s.sum = DataSummary{};  // a broken stamp only costs a full scan
+      s.sum.path = spec.path;
+      s.sum.format = resolve_data_format(spec);
+      s.sum.vocab_size = vocab_size;
+      s.sum.token_bytes = token_bytes_for_vocab(vocab_size);
+      stamped = nullptr;
+    }
+  }
   if (!is_token_format(s.sum.format)) {
     s.options = detail::options_string(detail::trainer_options(vocab_size));
     Fnv64 train, held;
@@ -260,12 +350,13 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
                         "nothing is left to train on");
       s.train_files = std::move(kept);
     }
+    const bool reuse = stamped.is_object();
     auto add = [&](const std::vector<TokenFile>& files, int64_t& bytes, uint64_t& ids) {
       key.u64(files.size());
       for (const TokenFile& t : files) {
         key.str(t.rel);
         key.u64(t.size);
-        hash_file(t.path, key);
+        if (!reuse) hash_file(t.path, key);
         bytes += static_cast<int64_t>(t.size);
         ids += t.layout.count;
       }
@@ -297,15 +388,39 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
                         std::to_string(tok.pieces()) + " pieces, more than model.vocab_size = " +
                         std::to_string(vocab_size));
       key.str("tokenizer");
-      hash_file(spec.tokenizer, key);
+      if (!reuse) hash_file(spec.tokenizer, key);
       s.id_bound = tok.pieces();
     }
   }
-  s.sum.key = hex16(key.h);
+  s.sum.key = stamped.is_object() ? stamped["key"].get<std::string>() : hex16(key.h);
+  s.sum.scan_reused = stamped.is_object();
   s.sum.cache_dir = cache_root / s.sum.key;
   std::error_code ec;
   s.sum.cached = fs::exists(s.sum.cache_dir / "meta.json", ec);
+  if (!s.sum.scan_reused) s.stamp_file = stamp_file;
   return s;
+}
+
+// Stores a full scan's result under its stamp, once its cache exists (best effort: a stamp
+// that cannot be written only costs the next run a full scan).
+void write_stamp(const Scan& s) {
+  if (s.stamp_file.empty()) return;
+  std::error_code ec;
+  fs::create_directories(s.stamp_file.parent_path(), ec);
+  const nlohmann::json j = {{"key", s.sum.key},
+                            {"source", fs::absolute(s.spec.path, ec).string()},
+                            {"format", s.sum.format},
+                            {"files", s.sum.files},
+                            {"train_docs", s.sum.train_docs},
+                            {"heldout_docs", s.sum.heldout_docs},
+                            {"train_bytes", s.sum.train_bytes},
+                            {"heldout_bytes", s.sum.heldout_bytes},
+                            {"skipped_records", s.sum.skipped_records},
+                            {"first_errors", s.sum.first_errors}};
+  try {
+    write_file_atomic(s.stamp_file, j.dump(2) + "\n");
+  } catch (const UserError&) {
+  }
 }
 
 // Reads a complete cache directory.
@@ -631,8 +746,11 @@ void fill_counts(DataSummary& sum, const TokenData& td) {
 
 DataSummary describe_data(const DataSpec& spec, int vocab_size, const fs::path& cache_root,
                           const std::function<void(const std::string&)>& log) {
-  Scan s = scan_source(spec, vocab_size, cache_root, log);
-  if (s.sum.cached) fill_counts(s.sum, load_cache(s.sum.cache_dir, vocab_size, s.sum.format));
+  Scan s = scan_source(spec, vocab_size, cache_root, log, /*full=*/true);
+  if (s.sum.cached) {
+    fill_counts(s.sum, load_cache(s.sum.cache_dir, vocab_size, s.sum.format));
+    write_stamp(s);
+  }
   else if (!spec.tokenizer.empty()) s.sum.tokenizer_model = spec.tokenizer;
   return s.sum;
 }
@@ -659,8 +777,11 @@ TokenData prepare_tokens(const DataSpec& spec, int vocab_size, const fs::path& c
   std::error_code ec0;
   if (!s.sum.cached && fs::exists(dir, ec0) && !fs::exists(dir / "meta.json", ec0))
     throw UserError(token_cache_corrupt(dir / "meta.json", "missing: the directory is incomplete"));
+  if (s.sum.scan_reused)
+    say("data unchanged since its last scan (names, sizes, modification times): key " + s.sum.key);
   if (s.sum.cached) {
     TokenData td = load_cache(dir, vocab_size, s.sum.format);
+    write_stamp(s);
     say("using cached tokens " + dir.string() + " (" + std::to_string(td.train.size()) +
         " train, " + std::to_string(td.heldout.size()) + " held-out tokens)");
     return td;
@@ -691,6 +812,7 @@ TokenData prepare_tokens(const DataSpec& spec, int vocab_size, const fs::path& c
   }
   TokenData td = load_cache(dir, vocab_size, s.sum.format);
   td.from_cache = false;
+  write_stamp(s);
   return td;
 }
 

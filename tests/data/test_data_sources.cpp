@@ -560,3 +560,49 @@ TEST(PreTokenized, IncompleteCacheDirectoryIsNamed) {
   EXPECT_TRUE(fp4::prepare_tokens(spec, 512, dir / "cache").train.size() == 900u);
   EXPECT_FALSE(fs::exists(stale));
 }
+
+// A built cache's scan is stored under its stamp (file names, sizes, modification times): the
+// next prepare_tokens takes the key from it without reading the corpus; a changed file (a new
+// size or time) is scanned again; describe_data always scans in full.
+TEST(ScanStamp, UnchangedFilesAreNotReadAgain) {
+  const fs::path dir = fresh("stamp");
+  const std::vector<std::string> docs = sample_docs(20);
+  for (size_t i = 0; i < docs.size(); ++i) write(dir / "text" / ("d" + std::to_string(100 + i)), docs[i]);
+  fp4::DataSpec t;
+  t.path = dir / "text";
+  auto run = [&](std::vector<std::string>& log) {
+    return fp4::prepare_tokens(t, 300, dir / "cache", [&](const std::string& l) { log.push_back(l); });
+  };
+  auto said = [](const std::vector<std::string>& log, const std::string& what) {
+    for (const auto& l : log)
+      if (l.find(what) != std::string::npos) return true;
+    return false;
+  };
+  std::vector<std::string> l1, l2, l3, l4;
+  const fp4::TokenData a = run(l1);
+  EXPECT_FALSE(said(l1, "unchanged since its last scan"));
+  const fp4::TokenData b = run(l2);
+  EXPECT_TRUE(said(l2, "unchanged since its last scan"));
+  EXPECT_TRUE(b.from_cache);
+  EXPECT_EQ(b.cache_dir, a.cache_dir);
+  EXPECT_EQ(b.train.ids(), a.train.ids());
+  // The stamp is trusted, not the bytes: the same size and time give the stored key (the
+  // documented limit), a new time a full scan and the same key, a new size a new key.
+  const fs::path f = dir / "text" / "d103";
+  const auto when = fs::last_write_time(f);
+  std::string same_size = docs[3];
+  same_size[0] = same_size[0] == 'x' ? 'y' : 'x';
+  write(f, same_size);
+  fs::last_write_time(f, when);
+  EXPECT_EQ(fp4::prepare_tokens(t, 300, dir / "cache").cache_dir, a.cache_dir);
+  EXPECT_NE(fp4::describe_data(t, 300, dir / "cache").key, a.cache_dir.filename().string());
+  write(f, docs[3]);
+  fs::last_write_time(f, when + std::chrono::seconds(5));
+  const fp4::TokenData c = run(l3);
+  EXPECT_FALSE(said(l3, "unchanged since its last scan"));
+  EXPECT_EQ(c.cache_dir, a.cache_dir);
+  write(f, docs[3] + " More.");
+  const fp4::TokenData d = run(l4);
+  EXPECT_FALSE(said(l4, "unchanged since its last scan"));
+  EXPECT_NE(d.cache_dir, a.cache_dir);
+}

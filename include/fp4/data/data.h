@@ -186,10 +186,14 @@ struct DataSummary {
   bool cached = false;           ///< cache_dir holds a complete cache
   int64_t train_tokens = -1, heldout_tokens = -1;  ///< from the cache; -1: not built
   std::filesystem::path tokenizer_model;           ///< empty: none
+  /// The key came from an earlier full scan with the same scan stamp (file names, sizes and
+  /// modification times): the corpus was not read again (prepare_tokens only).
+  bool scan_reused = false;
 };
 
-/// Scan `spec` (one streaming pass, memory bounded by the largest document or record) and
-/// look its cache up under `cache_root`, without building anything. Throws fp4::UserError as
+/// Scan `spec` (one full streaming pass, memory bounded by the largest document or record) and
+/// look its cache up under `cache_root`, without building anything. A built cache's scan is
+/// stored under cache_root/.scans/ (see prepare_tokens). Throws fp4::UserError as
 /// prepare_tokens does for bad data.
 DataSummary describe_data(const DataSpec& spec, int vocab_size,
                           const std::filesystem::path& cache_root,
@@ -203,7 +207,10 @@ DataSummary describe_data(const DataSpec& spec, int vocab_size,
 /// bytes, and the held-out choice), vocab size and tokenizer options, so a changed corpus never
 /// reuses a stale cache. Corpora are streamed: documents are read and encoded in batches on
 /// every core, so memory stays bounded whatever the corpus size; the returned streams are
-/// memory-mapped from the cache. The tokenizer trains on at most kMaxTokenizerTrainBytes of
+/// memory-mapped from the cache. The key's pass over the data is skipped when an earlier full
+/// scan of the same files (same relative names, sizes and modification times, and the same
+/// other inputs) found a cache that still exists: describe_data always scans in full. The
+/// tokenizer trains on at most kMaxTokenizerTrainBytes of
 /// text (a deterministic line subsample beyond it). Writes are atomic (the directory is built
 /// under a temporary name and renamed). `log` receives progress lines.
 /// Throws fp4::UserError on bad data (naming the file, line or offset), vocab_size outside
