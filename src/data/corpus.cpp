@@ -238,6 +238,12 @@ std::string resolve_data_format(const DataSpec& spec) {
       throw UserError("data.tokenizer is for pre-tokenized data; " + f + " data '" +
                       spec.path.string() + "' trains its own tokenizer");
   }
+  if (f != "jsonl" && (spec.text_field != DataSpec{}.text_field || spec.skip_bad_records)) {
+    throw UserError(std::string(spec.skip_bad_records ? "data.skip_bad_records" : "data.text_field") +
+                    " is for JSONL data; '" + spec.path.string() + "' is " + f +
+                    (f == "text" ? " (a .jsonl or .jsonl.zst name, or data.format = \"jsonl\", makes it JSONL)"
+                                 : ""));
+  }
   return f;
 }
 

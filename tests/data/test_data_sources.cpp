@@ -358,6 +358,12 @@ TEST(PreTokenized, ErrorsNameWhatIsWrong) {
   text.heldout_fraction = 0;
   text.tokenizer = dir / "a.bin";
   expect_user_error([&] { fp4::resolve_data_format(text); }, {"data.tokenizer"});
+  text.tokenizer.clear();
+  text.text_field = "body";
+  expect_user_error([&] { fp4::resolve_data_format(text); }, {"data.text_field", "is for JSONL"});
+  text.text_field = "text";
+  text.skip_bad_records = true;
+  expect_user_error([&] { fp4::resolve_data_format(text); }, {"data.skip_bad_records", "is for JSONL"});
   text.format = "parquet";
   expect_user_error([&] { fp4::resolve_data_format(text); }, {"data.format", "parquet", "jsonl"});
 }
