@@ -55,6 +55,10 @@ void run_data(const DataArgs& a) {
   if (!sets.recipe.empty())
     throw UserError("fp4train data takes run-config settings only (data.*, model.vocab_size); "
                     "--set " + sets.recipe.front().key + " is a recipe key");
+  for (const Setting& st : sets.config)
+    if (st.key.rfind("data.", 0) != 0 && st.key != "model.vocab_size")
+      throw UserError(st.arg + ": fp4train data reads only data.* and model.vocab_size; " + st.key +
+                      " changes nothing it shows");
   const fs::path config_file = resolve(a.config);
   RunConfig cfg = load_run_config(config_file, sets.config);
   if (!a.data.empty()) cfg.data.path = a.data;

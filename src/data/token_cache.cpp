@@ -363,9 +363,15 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
     };
     uint64_t train_ids = 0, held_ids = 0;
     add(s.train_files, s.sum.train_bytes, train_ids);
+    if (train_ids == 0)
+      throw UserError("data.path '" + spec.path.string() + "' holds no token ids (" +
+                      std::to_string(s.train_files.size()) + " empty file" +
+                      (s.train_files.size() == 1 ? "" : "s") + ")");
     if (!s.heldout_files.empty()) {
       key.str("heldout files");
       add(s.heldout_files, s.sum.heldout_bytes, held_ids);
+      if (held_ids == 0)
+        throw UserError("data.heldout '" + spec.heldout.string() + "' holds no token ids");
     } else {
       char frac[40];
       std::snprintf(frac, sizeof frac, "%.17g", spec.heldout_fraction);

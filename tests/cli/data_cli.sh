@@ -84,6 +84,7 @@ bad "id " train --config "$cfg" --out "$work/r-bad" --set model.vocab_size=60000
   --set data.path="\"$work/big.u32\"" --set data.format='"uint32"' --set data.heldout_fraction=0.1
 bad "data.heldout_fraction" data --config "$cfg" --set data.path="\"$work/big.u32\"" --set data.format='"uint32"'
 bad "data.format" data --config "$cfg" --set data.format='"parquet"'
+bad "reads only data.*" data --config "$cfg" --set train.lr=1
 # JSONL: a malformed record names the file and line; a truncated .zst names the file.
 mkdir -p "$work/j"
 printf '{"text": "one"}\n{"text": 5}\n' > "$work/j/a.jsonl"

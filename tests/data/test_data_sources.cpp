@@ -349,6 +349,15 @@ TEST(PreTokenized, ErrorsNameWhatIsWrong) {
   spec = token_spec(dir / "t.bin", "llmc");
   spec.heldout_fraction = 0.5;
   expect_user_error([&] { fp4::prepare_tokens(spec, 512, dir / "c"); }, {"t.bin", "truncated"});
+  // Files with no ids.
+  write(dir / "empty.u16", "");
+  fp4::DataSpec e = token_spec(dir / "empty.u16", "uint16");
+  e.heldout_fraction = 0.5;
+  expect_user_error([&] { fp4::prepare_tokens(e, 512, dir / "c"); }, {"empty.u16", "holds no token ids"});
+  write(dir / "one.u16", raw_bytes({1, 2, 3}, 2));
+  e = token_spec(dir / "one.u16", "uint16");
+  e.heldout = dir / "empty.u16";
+  expect_user_error([&] { fp4::prepare_tokens(e, 512, dir / "c"); }, {"data.heldout", "holds no token ids"});
   // A text-format key on text data.
   fp4::DataSpec text;
   text.path = dir / "a.bin";
