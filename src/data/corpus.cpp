@@ -25,6 +25,7 @@
 
 #include "fp4/data/data.h"
 #include "fp4/data/jsonl.h"
+#include "source_internal.h"
 #include "utf8.h"
 #include "fp4/base/error.h"
 
@@ -86,28 +87,6 @@ bool starts_with_llmc_magic(const fs::path& p) {
   return m == kLlmcMagic16 || m == kLlmcMagic32;
 }
 
-// Regular, non-hidden files below `root`, sorted by relative generic path.
-std::vector<std::pair<std::string, fs::path>> list_files(const fs::path& root) {
-  std::vector<std::pair<std::string, fs::path>> files;
-  std::error_code ec;
-  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
-  if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-    const fs::path& p = it->path();
-    if (hidden(p)) {
-      if (it->is_directory(ec)) it.disable_recursion_pending();
-      continue;
-    }
-    if (!it->is_regular_file(ec)) continue;
-    files.emplace_back(p.lexically_relative(root).generic_string(), p);
-  }
-  if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-  if (files.empty()) throw UserError("data directory '" + root.string() + "' contains no files");
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 // The kind of one file under format auto.
 std::string file_kind(const fs::path& p) {
   if (is_jsonl_path(p)) return "jsonl";
@@ -115,7 +94,6 @@ std::string file_kind(const fs::path& p) {
   return "text";
 }
 
-bool is_token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
 
 // Hands documents to `fn` with the running index and the split rule.
 struct Emitter {
@@ -181,6 +159,36 @@ void stream_jsonl_file(const fs::path& path, const std::string& rel, const DataS
 }
 
 }  // namespace
+
+namespace detail {
+
+std::vector<std::pair<std::string, fs::path>> list_files(const fs::path& root) {
+  std::vector<std::pair<std::string, fs::path>> files;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+  if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
+    const fs::path& p = it->path();
+    if (hidden(p)) {
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec)) continue;
+    files.emplace_back(p.lexically_relative(root).generic_string(), p);
+  }
+  if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
+  if (files.empty()) throw UserError("data directory '" + root.string() + "' contains no files");
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+bool is_token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
+
+}  // namespace detail
+
+using detail::is_token_format;
+using detail::list_files;
 
 const std::vector<std::string>& data_format_names() {
   static const std::vector<std::string> names = {"auto", "text", "jsonl", "llmc", "uint16", "uint32"};

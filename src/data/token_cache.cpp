@@ -38,7 +38,9 @@
 #include <vector>
 
 #include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"  // fnv1a64
 #include "fp4/data/data.h"
+#include "source_internal.h"
 #include "tokenizer_internal.h"
 
 namespace fp4 {
@@ -51,15 +53,7 @@ constexpr double kProgressSeconds = 5.0;
 
 struct Fnv64 {
   uint64_t h = 0xcbf29ce484222325ull;
-  void bytes(const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    uint64_t x = h;
-    for (size_t i = 0; i < n; ++i) {
-      x ^= p[i];
-      x *= 0x100000001b3ull;
-    }
-    h = x;
-  }
+  void bytes(const void* data, size_t n) { h = fnv1a64(data, n, h); }
   void u64(uint64_t v) {
     unsigned char b[8];
     for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -93,7 +87,7 @@ std::string fmt_seconds(double s) {
   return buf;
 }
 
-bool is_token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
+using detail::is_token_format;
 
 // Rate-limited progress lines.
 struct Progress {
@@ -157,25 +151,12 @@ struct TokenFile {
 std::vector<TokenFile> list_token_files(const fs::path& root, const std::string& format) {
   std::vector<std::pair<std::string, fs::path>> files;
   std::error_code ec;
-  if (fs::is_directory(root, ec)) {
-    fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
-    if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) throw UserError("cannot read data directory '" + root.string() + "': " + ec.message());
-      const std::string name = it->path().filename().string();
-      if (!name.empty() && name[0] == '.') {
-        if (it->is_directory(ec)) it.disable_recursion_pending();
-        continue;
-      }
-      if (it->is_regular_file(ec)) files.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
-    }
-    std::sort(files.begin(), files.end());
-    if (files.empty()) throw UserError("data directory '" + root.string() + "' contains no files");
-  } else if (fs::is_regular_file(root, ec)) {
+  if (fs::is_directory(root, ec))
+    files = detail::list_files(root);
+  else if (fs::is_regular_file(root, ec))
     files.emplace_back(root.filename().string(), root);
-  } else {
+  else
     throw UserError("token data '" + root.string() + "' does not exist");
-  }
   std::vector<TokenFile> out;
   for (const auto& [rel, p] : files) {
     TokenFile t;
@@ -204,22 +185,18 @@ struct Scan {
   fs::path stamp_file;  // where a full scan's result is stored (empty: the scan was reused)
 };
 
-// The scan stamp: a hash of what the source's files are without reading them (every
-// regular file under data.path, data.heldout and data.tokenizer: relative name, size,
+// The scan stamp: a hash of what the source's files are without reading them (the files
+// of data.path, data.heldout and data.tokenizer that the readers read: relative name, size,
 // modification time in ns) and of every other input of the key. A full scan stores its
 // result under cache_root/.scans/<stamp>.json; a later scan with the same stamp whose cache is
 // built takes the key from there instead of reading the corpus again.
 void stamp_files(const fs::path& root, Fnv64& f) {
   std::vector<std::pair<std::string, fs::path>> files;
   std::error_code ec;
-  if (fs::is_directory(root, ec)) {
-    for (fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
-         !ec && it != end; it.increment(ec))
-      if (it->is_regular_file(ec)) files.emplace_back(it->path().lexically_relative(root).generic_string(), it->path());
-    std::sort(files.begin(), files.end());
-  } else {
+  if (fs::is_directory(root, ec))
+    files = detail::list_files(root);  // the files the readers read
+  else
     files.emplace_back(root.filename().string(), root);
-  }
   f.str(fs::absolute(root, ec).string());
   f.u64(files.size());
   for (const auto& [rel, p] : files) {
@@ -280,28 +257,25 @@ Scan scan_source(const DataSpec& spec, int vocab_size, const fs::path& cache_roo
     }
   }
   if (!is_token_format(s.sum.format) && stamped.is_object()) {
-    const auto& j = stamped;
+    DataSummary sum = s.sum;
     try {
-      s.sum.key = j.at("key").get<std::string>();
-      s.sum.files = j.at("files").get<int64_t>();
-      s.sum.train_docs = j.at("train_docs").get<int64_t>();
-      s.sum.heldout_docs = j.at("heldout_docs").get<int64_t>();
-      s.sum.train_bytes = j.at("train_bytes").get<int64_t>();
-      s.sum.heldout_bytes = j.at("heldout_bytes").get<int64_t>();
-      s.sum.skipped_records = j.at("skipped_records").get<int64_t>();
-      s.sum.first_errors = j.at("first_errors").get<std::vector<std::string>>();
+      const auto& j = stamped;
+      sum.key = j.at("key").get<std::string>();
+      sum.files = j.at("files").get<int64_t>();
+      sum.train_docs = j.at("train_docs").get<int64_t>();
+      sum.heldout_docs = j.at("heldout_docs").get<int64_t>();
+      sum.train_bytes = j.at("train_bytes").get<int64_t>();
+      sum.heldout_bytes = j.at("heldout_bytes").get<int64_t>();
+      sum.skipped_records = j.at("skipped_records").get<int64_t>();
+      sum.first_errors = j.at("first_errors").get<std::vector<std::string>>();
+      sum.cache_dir = cache_root / sum.key;
+      sum.cached = true;
+      sum.scan_reused = true;
+      s.sum = std::move(sum);
       s.options = detail::options_string(detail::trainer_options(vocab_size));
-      s.sum.cache_dir = cache_root / s.sum.key;
-      s.sum.cached = true;
-      s.sum.scan_reused = true;
       return s;
     } catch (const std::exception&) {
-      s.sum = DataSummary{};  // a broken stamp only costs a full scan
-      s.sum.path = spec.path;
-      s.sum.format = resolve_data_format(spec);
-      s.sum.vocab_size = vocab_size;
-      s.sum.token_bytes = token_bytes_for_vocab(vocab_size);
-      stamped = nullptr;
+      stamped = nullptr;  // a broken stamp only costs a full scan
     }
   }
   if (!is_token_format(s.sum.format)) {
@@ -594,7 +568,7 @@ void build_text_cache(const Scan& s, const fs::path& tmp,
   // 2. Token streams, encoded in batches on every core.
   const Tokenizer tok(tmp / "tokenizer.model");
   TokenShardWriter train(tmp / "train.bin", vocab), held(tmp / "heldout.bin", vocab);
-  Encoder enc{tok, train, held};
+  Encoder enc{tok, train, held, {}, {}, {}, 0};
   Progress prog{log};
   const double total = double(s.sum.train_bytes + s.sum.heldout_bytes);
   double done = 0;

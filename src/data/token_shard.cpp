@@ -210,11 +210,14 @@ TokenShardLayout token_shard_layout(std::string_view b, uint64_t file_size, int 
 }
 
 namespace {
+UserError id_outside_vocab(const fs::path& name, uint32_t id, uint64_t index) {
+  return UserError(token_cache_corrupt(name, "token " + std::to_string(id) + " at index " +
+                                                 std::to_string(index) + " is outside the vocabulary"));
+}
+
 void check_ids(const TokenStream& t, int vocab, const fs::path& name) {
   const size_t bad = t.first_at_or_above(static_cast<uint32_t>(vocab));
-  if (bad != t.size())
-    throw UserError(token_cache_corrupt(name, "token " + std::to_string(t[bad]) + " at index " +
-                                                  std::to_string(bad) + " is outside the vocabulary"));
+  if (bad != t.size()) throw id_outside_vocab(name, t[bad], bad);
 }
 }  // namespace
 
@@ -274,10 +277,7 @@ TokenStream map_token_shard(const fs::path& file, int vocab) {
   read_token_chunks(file, l.header_bytes, l.count, l.token_bytes,
                     [&](const uint32_t* ids, size_t n, uint64_t first) {
                       for (size_t i = 0; i < n; ++i)
-                        if (ids[i] >= static_cast<uint32_t>(vocab))
-                          throw UserError(token_cache_corrupt(
-                              file, "token " + std::to_string(ids[i]) + " at index " +
-                                        std::to_string(first + i) + " is outside the vocabulary"));
+                        if (ids[i] >= static_cast<uint32_t>(vocab)) throw id_outside_vocab(file, ids[i], first + i);
                     });
   return TokenStream::map_file(file, l.header_bytes, l.count, l.token_bytes);
 }

@@ -9,20 +9,11 @@
 // (unused), kTokenEos = 2, no pad id; ids 3..258 are the byte pieces.
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <bit>
-#include <chrono>
-#include <cstdio>
-#include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <unordered_map>
 #include <vector>
 
