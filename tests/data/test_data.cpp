@@ -12,27 +12,21 @@
 #include <vector>
 
 #include "fp4/data/data.h"
+#include "support/data_test_util.h"
 #include "fp4/base/error.h"
 
 namespace fs = std::filesystem;
 using fp4::UserError;
 
+using fp4::testing::expect_user_error;
+using fp4::testing::read;
+using fp4::testing::write;
+
 namespace {
 
 fs::path g_root;  // per-process scratch directory
 
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-}
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 fs::path fresh(const std::string& name) {
   const fs::path p = g_root / name;
@@ -41,18 +35,6 @@ fs::path fresh(const std::string& name) {
   return p;
 }
 
-// Expects `f` to throw UserError whose message contains every string of `parts`.
-template <class F>
-void expect_user_error(F&& f, std::vector<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected fp4::UserError";
-  } catch (const UserError& e) {
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
 
 // Deterministic English-like text from a small word list.
 std::string generated_doc(uint64_t seed, size_t bytes) {

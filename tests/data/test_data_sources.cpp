@@ -16,10 +16,15 @@
 
 #include "fp4/base/error.h"
 #include "fp4/data/data.h"
+#include "support/data_test_util.h"
 
 namespace fs = std::filesystem;
 using fp4::TokenStream;
 using fp4::UserError;
+
+using fp4::testing::expect_user_error;
+using fp4::testing::read;
+using fp4::testing::write;
 
 namespace {
 
@@ -43,18 +48,7 @@ fs::path fresh(const std::string& name) {
   return p;
 }
 
-void write(const fs::path& p, const std::string& bytes) {
-  fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 void le(std::string& s, uint64_t v, int n) {
   for (int i = 0; i < n; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
@@ -84,17 +78,6 @@ std::vector<uint32_t> random_ids(size_t n, uint32_t vocab, uint32_t seed) {
   return v;
 }
 
-template <class F>
-void expect_user_error(F&& f, std::vector<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected fp4::UserError";
-  } catch (const UserError& e) {
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-  }
-}
 
 fp4::DataSpec token_spec(const fs::path& path, const std::string& format) {
   fp4::DataSpec s;
