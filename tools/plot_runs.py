@@ -314,6 +314,7 @@ def plot_hypotheses(plt, out, path, pre):
               "not run": "lightgray"}
     units = {"final_loss": "final-window training loss contrast (nats/token)",
              "heldout_nll": "held-out NLL contrast (nats/token)",
+             "heldout_nll_last": "held-out NLL (mean of the last 2 evaluations) contrast (nats/token)",
              "grad_norm_excursions": "grad-norm excursions contrast (steps)"}
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 0.5 * len(hyps) + 2),
                              squeeze=False)

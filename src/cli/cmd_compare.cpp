@@ -112,8 +112,10 @@ void register_compare(CLI::App& app) {
                  "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
   c->add_option("--task", a->task,
                 "Downstream task run on every run's final checkpoint under every --policies "
-                "policy: next-sentence (docs/evaluation.md \"Downstream task\"), into DIR/<run>/task.json; "
-                "the report adds its accuracy table; remembered in DIR/compare.json");
+                "policy, or a comma-separated list: next-sentence (docs/evaluation.md \"Downstream "
+                "task\"), into DIR/<run>/task.json; minimal-pairs (\"Minimal pairs\"), into "
+                "DIR/<run>/task-minimal-pairs.json; the report adds their accuracy tables and "
+                "item-paired comparisons; remembered in DIR/compare.json (tasks accumulate)");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
   c->callback([a] { run_comparison(*a); });
 

@@ -264,7 +264,9 @@ std::vector<double> continuation_logprobs(nn::Model& model, const std::vector<Sc
   std::vector<double> out;
   out.reserve(seqs.size());
   try {
-    if (policy.kind == EvalPolicy::Kind::Calibrated) calibrate(model, *calib, seq_len, batch);
+    // Calibration windows are the model's length, whatever the rows' forward length.
+    if (policy.kind == EvalPolicy::Kind::Calibrated)
+      calibrate(model, *calib, model.max_seq_len(), batch);
     int64_t batches = 0;
     for (size_t s0 = 0; s0 < seqs.size(); s0 += size_t(batch)) {
       const int B = static_cast<int>(std::min<size_t>(size_t(batch), seqs.size() - s0));
@@ -278,7 +280,7 @@ std::vector<double> continuation_logprobs(nn::Model& model, const std::vector<Sc
         }
       }
       ctx.infer_batch = ++batches;
-      model.forward(in.data(), tg.data(), B, ctx);
+      model.forward(in.data(), tg.data(), B, ctx, seq_len);
       for (int b = 0; b < B; ++b) {
         const auto& q = seqs[s0 + size_t(b)];
         const int64_t first = int64_t(q.tokens.size()) - 1 - q.continuation;  // target index

@@ -267,6 +267,7 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
     }
   }
   std::string md = comparison_report_md(aggregate_runs(runs, plan.names, baseline), runs, ctx);
+  md += minimal_pairs_md(runs, plan.names, plan.policies, baseline, hyps);
   if (!hyps.empty()) md += hypotheses_md(hyps, runs) + "\nStudy file: `" + hyp_file + "`.\n";
   if (!missing.empty()) {
     md += "\n## Not finished\n\n";
@@ -297,9 +298,8 @@ void run_comparison(const CompareRequest& a) {
   plan.sets = sets.given;
   plan.baseline = a.baseline;
   plan.hypotheses = a.hypotheses;
-  plan.task = a.task;
-  if (!a.task.empty() && a.task != "next-sentence")
-    throw UserError("--task " + a.task + ": unknown task (known: next-sentence)");
+  for (const std::string& t : split_task_list(a.task)) check_task_name(t, "--task");
+  plan.task = join_task_list(split_task_list(a.task));
   if (!a.hypotheses.empty()) (void)load_hypotheses(resolve(a.hypotheses));  // fail before training
   plan.recipes = split_list(a.recipes, "--recipes");
   for (const EvalPolicy& p : parse_eval_policies(a.policies)) plan.policies.push_back(p.name());
@@ -342,7 +342,12 @@ void run_comparison(const CompareRequest& a) {
         plan.policies.push_back(q);
     if (plan.baseline.empty()) plan.baseline = old.baseline;
     if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
-    if (plan.task.empty()) plan.task = old.task;
+    {  // tasks accumulate: the old ones, then the new
+      std::vector<std::string> t = split_task_list(old.task);
+      for (const std::string& x : split_task_list(plan.task))
+        if (std::find(t.begin(), t.end(), x) == t.end()) t.push_back(x);
+      plan.task = join_task_list(t);
+    }
   }
   // Every recipe is loaded and checked before anything runs; names must be unique (they
   // label the rows and name the run directories).
@@ -519,35 +524,42 @@ void run_comparison(const CompareRequest& a) {
         logf(std::string(head) + "held-out NLL under " + policies);
         eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), data_path.string());
       }
-      // The downstream task under every policy (DIR/<run>/task.json), when the plan has one;
-      // recomputed when task.json lacks a policy. It needs the final checkpoint, which a
-      // fresh clone of committed runs does not have: then the run is listed and skipped.
-      if (!plan.task.empty()) {
+      // Each downstream task under every policy (DIR/<run>/task.json, task-TASK.json), when
+      // the plan has tasks; recomputed when the file lacks a policy. It needs the final
+      // checkpoint, which a fresh clone of committed runs does not have: then the run is
+      // listed and skipped.
+      for (const std::string& task : split_task_list(plan.task)) {
+        const std::string file = task_file_name(task);
         // Checked as the report reads it (read_run), so a file the report would refuse is
         // recomputed, not reused.
         bool need_task = true, unusable = false;
-        if (fs::exists(d / "task.json")) {
+        if (fs::exists(d / file)) {
           try {
             const RunRecord rr = read_run(d);
-            need_task = rr.task != plan.task;
-            for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
+            if (task == "next-sentence") {
+              need_task = rr.task != task;
+              for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
+            } else {
+              need_task = rr.pairs.items_hash.empty();
+              for (const auto& p : plan.policies) need_task |= rr.pairs.results.count(p) == 0;
+            }
           } catch (const UserError& e) {
             unusable = true;
-            logf(std::string(head) + "task.json is unusable (" + e.what() + ")");
+            logf(std::string(head) + file + " is unusable (" + e.what() + ")");
           }
         }
         if (need_task && list_checkpoints(d).empty()) {
           if (unusable) {
-            fs::rename(d / "task.json", d / "task.json.unusable");
-            logf(std::string(head) + "moved it to " + (d / "task.json.unusable").string());
+            fs::rename(d / file, d / (file + ".unusable"));
+            logf(std::string(head) + "moved it to " + (d / (file + ".unusable")).string());
           }
-          logf(std::string(head) + "no checkpoint to run --task " + plan.task + " on (" +
+          logf(std::string(head) + "no checkpoint to run --task " + task + " on (" +
                d.string() + "): " +
-               (fs::exists(d / "task.json") ? "its task.json is reported as it is"
-                                            : "the report has no task accuracy for it"));
+               (fs::exists(d / file) ? "its " + file + " is reported as it is"
+                                     : "the report has no " + task + " accuracy for it"));
         } else if (need_task) {
-          logf(std::string(head) + plan.task + " under " + policies);
-          task_checkpoint_to_json(d.string(), plan.task, policies, (d / "task.json").string(),
+          logf(std::string(head) + task + " under " + policies);
+          task_checkpoint_to_json(d.string(), task, policies, (d / file).string(),
                                   data_path.string());
         }
       }

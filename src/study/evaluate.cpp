@@ -15,6 +15,7 @@
 #include "fp4/base/error.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/eval/eval.h"
+#include "fp4/eval/minimal_pairs.h"
 #include "fp4/eval/tasks.h"
 #include "fp4/nn/hf_layout.h"
 #include "fp4/study/report.h"
@@ -203,10 +204,14 @@ void write_gradients(const EvalSource& s, const EvalWindows& held, int n, const 
 // `eval --task next-sentence`: accuracy of choosing the true next sentence among four, scored
 // by the log-likelihood of each choice after the context (raw, and per character), under
 // each policy; 95% bootstrap intervals over items.
+void run_minimal_pairs(const EvalRequest& a, const EvalSource& s, nn::Model& model,
+                       const TokenData& data, const std::vector<EvalPolicy>& policies,
+                       const EvalWindows* calib);
+
 void run_task(const EvalRequest& a, const EvalSource& s, nn::Model& model, const TokenData& data,
               const std::vector<EvalPolicy>& policies, const EvalWindows* calib) {
-  if (a.task != "next-sentence")
-    throw UserError("--task " + a.task + ": unknown task (next-sentence)");
+  check_task_name(a.task, "--task");
+  if (a.task == "minimal-pairs") return run_minimal_pairs(a, s, model, data, policies, calib);
   const NextSentenceTask tf = load_next_sentence_task(resolve("configs/tasks/next-sentence.toml"));
   const CorpusSplit split = split_corpus(data_spec_of(s, a.src));
   const std::vector<NextSentenceItem> items = make_next_sentence_items(split, tf.opt);
@@ -284,7 +289,146 @@ void run_task(const EvalRequest& a, const EvalSource& s, nn::Model& model, const
   write_file_atomic(a.json_file, j.dump(2) + "\n");
 }
 
+// `eval --task minimal-pairs`: per paradigm, the credit of the corpus's sentence against its
+// altered copies by total log-probability, and the margin, under each policy; 95% bootstrap
+// intervals over items. The rows run at their own forward length (MinimalPairRows::T).
+void run_minimal_pairs(const EvalRequest& a, const EvalSource& s, nn::Model& model,
+                       const TokenData& data, const std::vector<EvalPolicy>& policies,
+                       const EvalWindows* calib) {
+  const MinimalPairTask tf = load_minimal_pair_task(resolve("configs/tasks/minimal-pairs.toml"));
+  const CorpusSplit split = split_corpus(data_spec_of(s, a.src));
+  const std::vector<MinimalPairItem> items = make_minimal_pair_items(split, tf.opt);
+  const std::string jsonl = minimal_pair_items_jsonl(items);
+  const std::string hash = fnv1a64_hex(jsonl);
+  if (!a.items_out.empty()) write_file_atomic(a.items_out, jsonl);
+  const bool shipped = !tf.shipped_hash.empty() && hash == tf.shipped_hash;
+  std::printf("%s\n", describe_eval_source(s).c_str());
+  std::printf("minimal-pairs: %zu items (up to %d per paradigm, seed %llu), items fnv1a64 %s%s\n",
+              items.size(), tf.opt.items, static_cast<unsigned long long>(tf.opt.seed),
+              hash.c_str(), shipped ? " = the shipped set" : "");
+  if (!shipped)
+    std::fprintf(stderr,
+                 "warning: these items differ from the shipped set of %s (fnv1a64 %s, made from "
+                 "the default corpus data/brown/text): another corpus or item rule; the "
+                 "accuracies are not comparable with docs/results.md\n",
+                 tf.path.string().c_str(), tf.shipped_hash.empty() ? "none" : tf.shipped_hash.c_str());
+  const MinimalPairRows rows =
+      minimal_pair_rows(items, Tokenizer(data.tokenizer_model), s.cfg.train.seq_len);
+  const int64_t skipped = std::count(rows.skipped.begin(), rows.skipped.end(), true);
+  const int batch = s.cfg.train.micro();
+  std::printf("%zu rows, %d per batch, forward length %d; %lld items left out (longer than "
+              "seq_len %d tokens)\n",
+              rows.seqs.size(), batch, rows.T, static_cast<long long>(skipped), s.cfg.train.seq_len);
+  // Items per paradigm, in kMinimalPairParadigms order (the items are drawn in that order).
+  json paradigms = json::array();
+  std::vector<std::pair<size_t, size_t>> range;  // [first, last) item of each paradigm
+  for (const std::string_view p : kMinimalPairParadigms) {
+    size_t b = items.size(), e = 0;
+    for (size_t i = 0; i < items.size(); ++i)
+      if (items[i].paradigm == p) b = std::min(b, i), e = i + 1;
+    if (e == 0) b = 0;
+    range.push_back({b, e});
+    const int choices = e > b ? int(items[b].choices.size()) : 2;
+    paradigms.push_back({{"name", std::string(p)}, {"first", b}, {"items", e - b},
+                         {"choices", choices}, {"chance", 1.0 / choices}});
+  }
+  std::printf("%-12s %-10s %24s %26s %7s\n", "policy", "paradigm", "accuracy [95% CI]",
+              "margin, nats [95% CI]", "chance");
+  json results = json::object(), order = json::array();
+  for (const auto& p : policies) {
+    const MinimalPairScore sc = score_minimal_pairs(model, items, rows, batch, p, calib);
+    json jr;
+    if (!sc.finite) {
+      std::printf("%-12s %-10s %24s\n", p.name().c_str(), "all", "non-finite");
+      jr = {{"finite", false}};
+    } else {
+      json per = json::object(), margins = json::array();
+      for (size_t k = 0; k < kMinimalPairParadigms.size(); ++k) {
+        std::vector<double> c, m;
+        for (size_t i = range[k].first; i < range[k].second; ++i)
+          if (!std::isnan(sc.credit[i])) c.push_back(sc.credit[i]), m.push_back(sc.margin[i]);
+        if (c.empty()) continue;
+        const BootstrapInterval bc = paired_bootstrap({c}), bm = paired_bootstrap({m});
+        char c1[64], c2[64];
+        std::snprintf(c1, sizeof c1, "%.1f%% [%.1f, %.1f]", 100 * bc.mean, 100 * bc.lo, 100 * bc.hi);
+        std::snprintf(c2, sizeof c2, "%+.3f [%+.3f, %+.3f]", bm.mean, bm.lo, bm.hi);
+        const double chance = paradigms[k]["chance"].get<double>();
+        std::printf("%-12s %-10s %24s %26s %6.1f%%\n", p.name().c_str(),
+                    std::string(kMinimalPairParadigms[k]).c_str(), c1, c2, 100 * chance);
+        per[std::string(kMinimalPairParadigms[k])] = {
+            {"accuracy", bc.mean}, {"accuracy_ci95", {bc.lo, bc.hi}},
+            {"margin", bm.mean},   {"margin_ci95", {bm.lo, bm.hi}}};
+      }
+      // Margins to 1e-4 nats (the item-paired comparisons read them back).
+      for (double m : sc.margin)
+        margins.push_back(std::isnan(m) ? json(nullptr) : json(std::round(m * 1e4) / 1e4));
+      jr = {{"finite", true}, {"credit", format_credits(sc.credit)}, {"margin", margins},
+            {"paradigms", per}};
+    }
+    std::fflush(stdout);
+    results[p.name()] = jr;
+    order.push_back(p.name());
+  }
+  std::printf("accuracy: the corpus's sentence has the highest total log-probability (a tie "
+              "of m choices counts 1/m); margin: its log-probability minus the best other's; "
+              "intervals: percentile bootstrap over items (10,000 resamples)\n");
+  if (a.json_file.empty()) return;
+  const json j = {{"task", "minimal-pairs"},
+                  {"checkpoint", s.checkpoint.empty() ? json(nullptr) : json(s.checkpoint)},
+                  {"step", s.step},
+                  {"recipe", s.recipe.name},
+                  {"items", items.size()},
+                  {"items_fnv1a64", hash},
+                  {"shipped_fnv1a64", tf.shipped_hash},
+                  {"shipped", shipped},
+                  {"seed", tf.opt.seed},
+                  {"paradigms", paradigms},
+                  {"skipped_items", skipped},
+                  {"forward_length", rows.T},
+                  {"policies", order},
+                  {"results", results}};
+  write_file_atomic(a.json_file, j.dump(1) + "\n");
+}
+
 }  // namespace
+
+const std::vector<std::string>& known_tasks() {
+  static const std::vector<std::string> k = {"next-sentence", "minimal-pairs"};
+  return k;
+}
+
+void check_task_name(const std::string& task, const std::string& what) {
+  const auto& k = known_tasks();
+  if (std::find(k.begin(), k.end(), task) != k.end()) return;
+  std::string list;
+  for (const auto& x : k) list += (list.empty() ? "" : ", ") + x;
+  throw UserError(what + " " + task + ": unknown task (known: " + list + ")");
+}
+
+std::vector<std::string> split_task_list(const std::string& tasks) {
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (p <= tasks.size()) {
+    size_t e = tasks.find(',', p);
+    if (e == std::string::npos) e = tasks.size();
+    std::string t = tasks.substr(p, e - p);
+    const size_t a = t.find_first_not_of(" \t"), b = t.find_last_not_of(" \t");
+    t = a == std::string::npos ? "" : t.substr(a, b - a + 1);
+    if (!t.empty() && std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+    p = e + 1;
+  }
+  return out;
+}
+
+std::string join_task_list(const std::vector<std::string>& tasks) {
+  std::string s;
+  for (const auto& t : tasks) s += (s.empty() ? "" : ",") + t;
+  return s;
+}
+
+std::string task_file_name(const std::string& task) {
+  return task == "next-sentence" ? "task.json" : "task-" + task + ".json";
+}
 
 void evaluate_checkpoint(const EvalRequest& a) {
   std::vector<EvalPolicy> policies;
@@ -305,9 +449,8 @@ void evaluate_checkpoint(const EvalRequest& a) {
       throw UserError("--grad-out " + a.grad_out + ": directory " + dir.string() + " does not exist");
   }
   if (a.grad_windows > 0 && a.grad_out.empty()) throw UserError("--grad-windows goes with --grad-out FILE");
-  if (!a.items_out.empty() && a.task.empty()) throw UserError("--items-out goes with --task next-sentence");
-  if (!a.task.empty() && a.task != "next-sentence")
-    throw UserError("--task " + a.task + ": unknown task (known: next-sentence)");
+  if (!a.items_out.empty() && a.task.empty()) throw UserError("--items-out goes with --task TASK");
+  if (!a.task.empty()) check_task_name(a.task, "--task");
   if (!a.task.empty() && !a.grad_out.empty()) throw UserError("--task and --grad-out are separate runs of eval; give one");
   const EvalSource s = load_eval_source(a.src);
   const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates

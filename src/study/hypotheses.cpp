@@ -43,7 +43,8 @@ std::vector<Hypothesis> load_hypotheses(const fs::path& file) {
     throw UserError(f + ": no [[hypothesis]] tables");
   static const std::set<std::string> kKeys = {"id", "claim", "metric", "policy", "lower",
                                               "than", "contrast", "expect", "margin"};
-  static const std::set<std::string> kMetrics = {"final_loss", "heldout_nll", "grad_norm_excursions"};
+  static const std::set<std::string> kMetrics = {"final_loss", "heldout_nll", "heldout_nll_last",
+                                                 "grad_norm_excursions"};
   std::vector<Hypothesis> out;
   std::set<std::string> ids;
   for (size_t i = 0; i < arr->size(); ++i) {
@@ -73,7 +74,7 @@ std::vector<Hypothesis> load_hypotheses(const fs::path& file) {
     if (h.contains("metric")) x.metric = str("metric", true);
     if (!kMetrics.count(x.metric))
       throw UserError(where + ": metric '" + x.metric +
-                      "' is not one of final_loss, heldout_nll, grad_norm_excursions");
+                      "' is not one of final_loss, heldout_nll, heldout_nll_last, grad_norm_excursions");
     if (h.contains("policy")) {
       x.policy = str("policy", true);
       if (x.metric != "heldout_nll")
@@ -146,6 +147,7 @@ namespace report_detail {
 // The hypothesis' metric of one run (NaN when it has none).
 double metric_of(const Hypothesis& h, const RunRecord& r) {
   if (h.metric == "final_loss") return r.final_window_loss;
+  if (h.metric == "heldout_nll_last") return r.heldout_last;
   if (h.metric == "heldout_nll") {
     const auto it = r.heldout.find(h.policy);
     return it == r.heldout.end() ? kNaN : it->second;
@@ -154,7 +156,21 @@ double metric_of(const Hypothesis& h, const RunRecord& r) {
 }
 }  // namespace report_detail
 
+namespace {
+Verdict judge_paired(const Hypothesis& h, const std::vector<RunRecord>& runs, int* mixed_cpu);
+}  // namespace
+
 Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs) {
+  int mixed = 0;
+  Verdict v = judge_paired(h, runs, &mixed);
+  if (mixed > 0)
+    v.why += std::string(v.why.empty() ? "" : "; ") + std::to_string(mixed) +
+             " seed(s) left out: their runs were made on different CPUs";
+  return v;
+}
+
+namespace {
+Verdict judge_paired(const Hypothesis& h, const std::vector<RunRecord>& runs, int* mixed_out) {
   Verdict v;
   const bool completed_only = h.metric != "grad_norm_excursions";
   std::string missing;
@@ -168,7 +184,7 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
     v.why = "no completed run of " + missing;
     return v;
   }
-  for (uint64_t s : common_seeds(runs, h.contrast, completed_only)) {
+  for (uint64_t s : common_seeds(runs, h.contrast, completed_only, mixed_out)) {
     double c = 0;
     for (const auto& [name, coef] : h.contrast)
       c += coef * metric_of(h, *find_run(runs, name, s, completed_only));
@@ -230,6 +246,7 @@ Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs
   v.verdict = sign == h.expect ? "supported" : "contradicted";
   return v;
 }
+}  // namespace
 
 std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs) {
   std::ostringstream o;
@@ -276,8 +293,37 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
        "resolved*: an interval contains 0, or fewer than 2 seeds; *not run*: a recipe of the "
        "contrast has no completed run. An equivalence claim (\"within ±m\") is supported when "
        "the intervals lie inside (−m, m) and contradicted when one lies wholly outside it "
-       "(two one-sided tests). Grad-norm excursions are counts per run.\n";
+       "(two one-sided tests). Grad-norm excursions are counts per run. `heldout_nll_last`: "
+       "the mean held-out NLL (FP32 inference) of the run's last " << kLastEvals << " evaluations "
+       "during training (metrics.jsonl val_nll), which averages out some of the noise of one "
+       "evaluation (checkpoint averaging, arXiv 2508.13144).\n";
+  // Power: seeds for a ±0.005-nat interval at the measured paired spread.
+  bool any = false;
+  std::ostringstream p;
+  p << "\n### Power\n\nSeeds for a 95% t-interval of ±" << fmt("%g", kPowerHalfWidth)
+    << " nats at each contrast's measured paired std over seeds (the smallest n with "
+       "t₀.₉₇₅,ₙ₋₁ · std / √n ≤ " << fmt("%g", kPowerHalfWidth) << "; the std itself is "
+       "uncertain with few seeds).\n\n"
+       "| id | metric | seeds | paired std | 95% half-width now | seeds for ±" << fmt("%g", kPowerHalfWidth) << " |\n"
+       "|---|---|---|---|---|---|\n";
+  for (const auto& h : hs) {
+    if (h.metric == "grad_norm_excursions") continue;
+    const Verdict v = judge_hypothesis(h, runs);
+    if (v.contrast.n < 2) continue;
+    any = true;
+    p << "| " << h.id << " | " << h.metric << " | " << v.contrast.n << " | "
+      << fmt("%.4f", v.contrast.std) << " | ±" << fmt("%.4f", (v.t95.hi - v.t95.lo) / 2) << " | "
+      << seeds_for_half_width(v.contrast.std, kPowerHalfWidth) << " |\n";
+  }
+  if (any) o << p.str();
   return o.str();
+}
+
+int seeds_for_half_width(double sd, double half_width) {
+  if (!std::isfinite(sd) || sd < 0 || !(half_width > 0)) return 0;
+  for (int n = 2; n <= 100000; ++n)
+    if (t_quantile_975(n - 1) * sd / std::sqrt(double(n)) <= half_width) return n;
+  return 100000;
 }
 
 std::string hypotheses_json(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs) {

@@ -59,9 +59,12 @@ inline std::string fmt_ms(const MeanStd& m, const char* f = "%.4f") {
 int grad_norm_excursions(const RunRecord& r);
 const RunRecord* find_run(const std::vector<RunRecord>& runs, const std::string& recipe,
                           uint64_t seed, bool completed_only = true);
+// Seeds where every recipe of c has a run, all of them on one CPU (RunRecord::cpu, "" matching
+// any): results may differ across CPU families, so pairs never cross them. mixed_cpu, when
+// given, counts the seeds left out for that.
 std::vector<uint64_t> common_seeds(const std::vector<RunRecord>& runs,
                                    const std::vector<std::pair<std::string, double>>& c,
-                                   bool completed_only = true);
+                                   bool completed_only = true, int* mixed_cpu = nullptr);
 std::vector<std::vector<double>> window_differences(
     const std::vector<RunRecord>& runs, const std::vector<std::pair<std::string, double>>& c,
     const std::string& policy);

@@ -18,6 +18,7 @@
 #include "fp4/nn/config.h"
 #include "fp4/data/data.h"
 #include "fp4/eval/eval.h"
+#include "fp4/eval/minimal_pairs.h"
 #include "fp4/base/error.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/study/run_metrics.h"
@@ -80,6 +81,9 @@ RunRecord read_run(const fs::path& dir) {
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
     if (s.contains("machine_load") && s["machine_load"].is_object())
       r.busy_machine = s["machine_load"].value("busy", false);
+    if (s.contains("compute") && s["compute"].is_object() && s["compute"].contains("cpu") &&
+        s["compute"]["cpu"].is_string())
+      r.cpu = s["compute"]["cpu"].get<std::string>();
   } else if (fs::exists(errp)) {
     if (run_error(dir, &r.error) == RunError::Failed)
       throw UserError(dir.string() + " did not complete: " + r.error);
@@ -120,8 +124,14 @@ RunRecord read_run(const fs::path& dir) {
     r.loss.push_back(num(j, "loss", where));
     r.grad_norm.push_back(num(j, "grad_norm", where));
     r.step_ms.push_back(j.contains("step_ms") ? num(j, "step_ms", where) : kNaN);
+    if (j.contains("val_nll")) r.val_step.push_back(st), r.val_nll.push_back(num(j, "val_nll", where));
   }
   if (r.step.empty()) throw UserError(mp.string() + " holds no steps");
+  if (r.val_nll.size() >= size_t(kLastEvals)) {
+    double sum = 0;
+    for (size_t i = r.val_nll.size() - size_t(kLastEvals); i < r.val_nll.size(); ++i) sum += r.val_nll[i];
+    r.heldout_last = sum / kLastEvals;
+  }
 
   const fs::path ep = dir / "eval.json";
   if (r.diverged_at > 0) {
@@ -190,6 +200,62 @@ RunRecord read_run(const fs::path& dir) {
       r.task_results[pol] = o;
     }
   }
+
+  const fs::path pf = dir / "task-minimal-pairs.json";
+  if (r.diverged_at == 0 && fs::exists(pf)) {
+    const json t = read_json_file(pf);
+    auto& P = r.pairs;
+    if (t.value("task", "") != "minimal-pairs" || !t.contains("results") || !t["results"].is_object() ||
+        !t.contains("paradigms") || !t["paradigms"].is_array())
+      throw UserError(pf.string() + ": not a minimal-pairs task file (expected `fp4train eval "
+                      "--task minimal-pairs --json` output: task, paradigms, results)");
+    if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
+        t["items_fnv1a64"].get<std::string>().empty())
+      throw UserError(pf.string() + ": missing string 'items_fnv1a64' (the items' hash)");
+    const size_t items = static_cast<size_t>(num(t, "items", pf));
+    P.step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
+    for (const json& pj : t["paradigms"]) {
+      RunRecord::Pairs::Paradigm q;
+      if (!pj.is_object() || !pj.contains("name") || !pj["name"].is_string())
+        throw UserError(pf.string() + ": a paradigm without a name");
+      q.name = pj["name"].get<std::string>();
+      q.first = static_cast<size_t>(num(pj, "first", pf));
+      q.items = static_cast<size_t>(num(pj, "items", pf));
+      q.chance = num(pj, "chance", pf);
+      if (q.first + q.items > items)
+        throw UserError(pf.string() + ": paradigm " + q.name + " runs past the " +
+                        std::to_string(items) + " items");
+      P.paradigms.push_back(q);
+    }
+    for (const auto& [pol, v] : t["results"].items()) {
+      if (!v.is_object() || !v.value("finite", false)) continue;  // non-finite: no outcomes
+      if (!v.contains("credit") || !v["credit"].is_string() || !v.contains("margin") ||
+          !v["margin"].is_array())
+        throw UserError(pf.string() + ": results." + pol + ": missing string 'credit' or array 'margin'");
+      RunRecord::Pairs::Outcome o;
+      try {
+        o.credit = parse_credits(v["credit"].get<std::string>());
+      } catch (const std::invalid_argument& e) {
+        throw UserError(pf.string() + ": results." + pol + ".credit: " + e.what());
+      }
+      for (const json& m : v["margin"]) {
+        if (!m.is_number() && !m.is_null())
+          throw UserError(pf.string() + ": results." + pol + ".margin holds a non-number");
+        o.margin.push_back(m.is_null() ? kNaN : m.get<double>());
+      }
+      if (o.credit.size() != items || o.margin.size() != items)
+        throw UserError(pf.string() + ": results." + pol + ": credit and margin must hold " +
+                        std::to_string(items) + " items");
+      for (size_t i = 0; i < items; ++i)
+        if (std::isnan(o.credit[i]) != std::isnan(o.margin[i]) ||
+            (o.credit[i] == 1 && o.margin[i] < 0) || (o.credit[i] == 0 && o.margin[i] > 0) ||
+            (o.credit[i] > 0 && o.credit[i] < 1 && o.margin[i] != 0))  // margins: 1e-4 nats
+          throw UserError(pf.string() + ": results." + pol + ": item " + std::to_string(i) +
+                          "'s credit disagrees with its margin");
+      P.results[pol] = std::move(o);
+    }
+    P.items_hash = t["items_fnv1a64"].get<std::string>();
+  }
   return r;
 }
 
@@ -205,14 +271,23 @@ const RunRecord* find_run(const std::vector<RunRecord>& runs, const std::string&
 // Seeds (ascending) at which every recipe of the contrast has a run.
 std::vector<uint64_t> common_seeds(const std::vector<RunRecord>& runs,
                                    const std::vector<std::pair<std::string, double>>& c,
-                                   bool completed_only) {
+                                   bool completed_only, int* mixed_cpu) {
+  if (mixed_cpu) *mixed_cpu = 0;
   std::set<uint64_t> seeds;
   for (const auto& r : runs) seeds.insert(r.seed);
   std::vector<uint64_t> out;
-  for (uint64_t s : seeds)
-    if (std::all_of(c.begin(), c.end(),
-                    [&](const auto& t) { return find_run(runs, t.first, s, completed_only); }))
-      out.push_back(s);
+  for (uint64_t s : seeds) {
+    if (!std::all_of(c.begin(), c.end(),
+                     [&](const auto& t) { return find_run(runs, t.first, s, completed_only); }))
+      continue;
+    // Pairs within one CPU family only: results may differ across families (docs/determinism.md).
+    std::set<std::string> cpus;
+    for (const auto& t : c)
+      if (const std::string& cpu = find_run(runs, t.first, s, completed_only)->cpu; !cpu.empty())
+        cpus.insert(cpu);
+    if (cpus.size() <= 1) out.push_back(s);
+    else if (mixed_cpu) ++*mixed_cpu;
+  }
   return out;
 }
 
@@ -368,15 +443,18 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     if (!baseline.empty() && r.recipe == baseline) base = &r;
     if (!fp32_name.empty() && r.recipe == fp32_name) fp32 = &r;
   }
-  std::map<uint64_t, double> base_loss;  // seed → final-window loss of a completed baseline run
+  std::map<uint64_t, const RunRecord*> base_run;  // seed → a completed baseline run
   for (const auto& r : runs)
-    if (!baseline.empty() && r.recipe == baseline && r.diverged_at == 0)
-      base_loss[r.seed] = r.final_window_loss;
+    if (!baseline.empty() && r.recipe == baseline && r.diverged_at == 0) base_run[r.seed] = &r;
   for (auto& row : rows) {
     std::vector<double> d;
-    for (const auto& r : runs)
-      if (r.recipe == row.recipe && r.diverged_at == 0 && base_loss.count(r.seed))
-        d.push_back(r.final_window_loss - base_loss[r.seed]);
+    for (const auto& r : runs) {
+      if (r.recipe != row.recipe || r.diverged_at != 0 || !base_run.count(r.seed)) continue;
+      const RunRecord& b = *base_run[r.seed];
+      // Pairs within one CPU family only (as common_seeds).
+      if (!r.cpu.empty() && !b.cpu.empty() && r.cpu != b.cpu) continue;
+      d.push_back(r.final_window_loss - b.final_window_loss);
+    }
     row.paired_delta_baseline = mean_std(d);
     row.paired_ci95 = paired_interval(row.paired_delta_baseline);
     if (row.recipe != baseline) {

@@ -234,6 +234,21 @@ echo "$out" | grep -q "recipe bf16, seed 2: task.json is unusable" || fail "bad 
 python3 -c 'import json; t=json.load(open("cmp/bf16-s2/task.json")); assert "none" in t["results"]' || fail "bad task.json not recomputed"
 out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp5 --task cloze 2>&1) && fail "unknown task accepted"
 echo "$out" | grep -q "unknown task" || fail "unknown task not explained: $out"
+# A second task accumulates: minimal-pairs into task-minimal-pairs.json beside task.json; the
+# report adds its section with item-paired comparisons against the baseline.
+out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
+  --save-every 6 --keep-checkpoints 2 --task minimal-pairs --no-plots 2>&1) || fail "compare --task minimal-pairs failed: $out"
+for r in fp32-s1 bf16-s2 ue5m3-b16-s1; do
+  python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); assert t["task"]=="minimal-pairs" and "none" in t["results"] and len(t["paradigms"])==6, t' \
+    "cmp/$r/task-minimal-pairs.json" || fail "cmp/$r/task-minimal-pairs.json missing or malformed"
+  [ -f "cmp/$r/task.json" ] || fail "cmp/$r/task.json (next-sentence) lost"
+done
+python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="next-sentence,minimal-pairs"' || fail "compare.json lacks both tasks"
+grep -q "^## Minimal pairs" cmp/report.md || fail "report lacks the minimal-pairs section"
+grep -q "^| \`ue5m3-b16\` − \`bf16\` | current | 2 | " cmp/report.md || fail "no item-paired ue5m3-b16 − bf16 row: $(grep -A12 'Paired comparisons' cmp/report.md)"
+grep -q "^## Downstream task: next-sentence" cmp/report.md || fail "the next-sentence table went missing"
+out=$("$bin" eval --checkpoint cmp/bf16-s1 --task minimal-pairs --policy none 2>&1) || fail "eval --task minimal-pairs failed: $out"
+echo "$out" | grep -Eq "^none +cloze +[0-9.]+% \[" || fail "eval --task minimal-pairs printed no cloze row: $out"
 
 # A summary.json without the files a run writes first is refused, not reused.
 mv cmp/bf16-s1/config.toml cmp/bf16-s1/config.toml.away

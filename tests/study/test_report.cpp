@@ -776,3 +776,143 @@ TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
                 .find("Downstream task"),
             std::string::npos);
 }
+
+// task-minimal-pairs.json (`fp4train eval --task minimal-pairs --json`): read back and
+// checked (issue 23 §1).
+TEST(ReportMinimalPairs, TaskFileIsReadAndChecked) {
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_pairs_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"bf16","seed":1,"steps":2,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6,
+    "compute":{"cpu":"Test CPU"}})";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n";
+  auto file = [&](const std::string& paradigms, const std::string& results) {
+    std::ofstream(d / "task-minimal-pairs.json")
+        << R"({"task":"minimal-pairs","items":4,"items_fnv1a64":"abc","step":2,"paradigms":)"
+        << paradigms << R"(,"results":{)" << results << "}}";
+  };
+  const std::string two = R"([{"name":"swap","first":0,"items":2,"chance":0.5},
+                              {"name":"cloze","first":2,"items":2,"chance":0.25}])";
+  file(two, R"("none":{"finite":true,"credit":"102-","margin":[1.5,-0.25,0,null]},
+               "current":{"finite":false})");
+  const RunRecord a = read_run(d);
+  EXPECT_EQ(a.cpu, "Test CPU");
+  EXPECT_EQ(a.pairs.items_hash, "abc");
+  ASSERT_EQ(a.pairs.paradigms.size(), 2u);
+  EXPECT_EQ(a.pairs.paradigms[1].name, "cloze");
+  EXPECT_EQ(a.pairs.paradigms[1].first, 2u);
+  EXPECT_DOUBLE_EQ(a.pairs.paradigms[1].chance, 0.25);
+  const auto& o = a.pairs.results.at("none");
+  EXPECT_EQ(o.credit[0], 1.0);
+  EXPECT_EQ(o.credit[2], 0.5);
+  EXPECT_TRUE(std::isnan(o.credit[3]) && std::isnan(o.margin[3]));
+  EXPECT_DOUBLE_EQ(o.margin[1], -0.25);
+  EXPECT_EQ(a.pairs.results.count("current"), 0u);  // non-finite: no outcomes
+  auto expect_error = [&](const std::string& needle) { expect_read_run_error(d, needle); };
+  file(two, R"("none":{"finite":true,"credit":"1","margin":[1]})");
+  expect_error("must hold 4 items");
+  file(two, R"("none":{"finite":true,"credit":"1000","margin":[-1,0,0,0]})");
+  expect_error("item 0's credit disagrees with its margin");
+  file(two, R"("none":{"finite":true,"credit":"1x00","margin":[1,0,0,0]})");
+  expect_error("is not 0, 1, 2..9 or -");
+  file(R"([{"name":"swap","first":3,"items":2,"chance":0.5}])", "");
+  expect_error("runs past the 4 items");
+  std::ofstream(d / "task-minimal-pairs.json") << R"({"task":"next-sentence","results":{}})";
+  expect_error("not a minimal-pairs task file");
+  fs::remove_all(d);
+}
+
+// The report's section: accuracy pooled over seeds per paradigm, and the item-paired
+// comparison with its discordant counts and McNemar p. Values by hand.
+TEST(ReportMinimalPairs, SectionPoolsSeedsAndPairsItems) {
+  auto rec = [](const std::string& recipe, uint64_t seed, std::vector<double> credit,
+                std::vector<double> margin) {
+    RunRecord r = run(recipe, 4.0, 20, 1);
+    r.seed = seed;
+    r.pairs.items_hash = "abc";
+    r.pairs.paradigms = {{"swap", 0, 2, 0.5}, {"cloze", 2, 2, 0.25}};
+    r.pairs.results["none"] = {credit, margin};
+    return r;
+  };
+  const std::vector<RunRecord> runs = {
+      rec("bf16", 1, {1, 1, 0, 1}, {1, 2, -1, 0.5}), rec("bf16", 2, {1, 1, 1, 1}, {1, 1, 1, 1}),
+      rec("fp4", 1, {1, 0, 0, 1}, {0.5, -1, -2, 0.5}), rec("fp4", 2, {1, 1, 0, 0}, {1, 1, -0.5, -1})};
+  const std::string md = minimal_pairs_md(runs, {"bf16", "fp4"}, {"none"}, "bf16", {});
+  EXPECT_NE(md.find("## Minimal pairs"), std::string::npos) << md;
+  EXPECT_NE(md.find("swap (2 items, 50%), cloze (2 items, 25%)."), std::string::npos) << md;
+  // bf16: swap items (1, 1) → 100%; cloze items: seed means 0.5 and 1 → 75%; a resample of
+  // the two cloze items is (0.5, 0.5) with probability 1/4, so the interval is [50, 100].
+  EXPECT_NE(md.find("| bf16 | none | 2 | 100.0% [100.0, 100.0] | 75.0% [50.0, 100.0] |"),
+            std::string::npos) << md;
+  // fp4 − bf16: credit differences per item (mean over seeds) 0, −0.5, −0.5, −0.5 → −37.5
+  // points; discordant pairs: 0 right under fp4 only, 3 under bf16 only → p = 2 · (1/2)^3.
+  EXPECT_NE(md.find("| `fp4` − `bf16` | none | 2 | -37.5 ["), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0 / 3 | 0.25 |"), std::string::npos) << md;
+  // Margin differences per item: (−0.5 + 0)/2, (−3 + 0)/2, (−1 − 1.5)/2, (0 − 2)/2 →
+  // −0.25, −1.5, −1.25, −1: mean −1.0.
+  EXPECT_NE(md.find("| -1.000 ["), std::string::npos) << md;
+  // A cloze interval reaching chance is named: fp4's cloze items have seed means 0 and 0.5.
+  EXPECT_NE(md.find("fp4 / none / cloze"), std::string::npos) << md;
+  // No run with minimal-pairs results: no section.
+  EXPECT_EQ(minimal_pairs_md({run("bf16", 4.0, 20, 1)}, {"bf16"}, {"none"}, "bf16", {}), "");
+}
+
+// The power table's seed count (issue 23 §2), by hand from the t table: sd 0.01 needs n = 18
+// (t₁₆ · 0.01 / √17 = 0.00514 > 0.005; t₁₇ · 0.01 / √18 = 0.00497); sd 0.006 needs 9
+// (t₇ · 0.006 / √8 = 0.00502; t₈ · 0.006 / 3 = 0.00461).
+TEST(ReportPower, SeedsForAHalfWidth) {
+  EXPECT_EQ(seeds_for_half_width(0.01, 0.005), 18);
+  EXPECT_EQ(seeds_for_half_width(0.006, 0.005), 9);
+  EXPECT_EQ(seeds_for_half_width(0.0, 0.005), 2);
+  EXPECT_EQ(seeds_for_half_width(std::nan(""), 0.005), 0);
+  EXPECT_EQ(seeds_for_half_width(0.01, 0.0), 0);
+  // The section shows it for a contrast with 3 seeds: A − B = {−0.10, −0.12, −0.11}, std 0.01.
+  const auto runs = cat(seeded("A", {4.90, 5.88, 5.39}), seeded("B", {5.00, 6.00, 5.50}));
+  const std::string md = hypotheses_md({beats("A", "B")}, runs);
+  EXPECT_NE(md.find("| H | final_loss | 3 | 0.0100 | ±0.0248 | 18 |"), std::string::npos) << md;
+}
+
+// Pairs never cross CPU families: a seed whose runs were made on different CPUs is left out
+// of a contrast and of the paired Δ vs the baseline, and the verdict says so.
+TEST(ReportHypotheses, SeedsOnDifferentCpusAreNotPaired) {
+  auto runs = cat(seeded("A", {4.90, 5.88, 5.39, 9.0}), seeded("B", {5.00, 6.00, 5.50, 5.0}));
+  for (auto& r : runs) r.cpu = (r.recipe == "A" && r.seed == 4) ? "Intel Xeon" : "AMD EPYC";
+  const Verdict v = judge_hypothesis(beats("A", "B"), runs);
+  EXPECT_EQ(v.per_seed.size(), 3u);  // seed 4 (A on Intel, B on AMD) is left out
+  EXPECT_EQ(v.verdict, "supported");
+  EXPECT_NE(v.why.find("1 seed(s) left out: their runs were made on different CPUs"), std::string::npos) << v.why;
+  const auto rows = aggregate_runs(runs, {"B", "A"}, "B");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].paired_delta_baseline.n, 3);
+  EXPECT_NEAR(rows[1].paired_delta_baseline.mean, -0.11, 1e-12);
+}
+
+// heldout_nll_last: the mean of the last kLastEvals val_nll values of metrics.jsonl.
+TEST(ReportHypotheses, HeldoutNllLastAveragesTheLastEvaluations) {
+  ASSERT_EQ(kLastEvals, 2);
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_last_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"bf16","seed":1,"steps":3,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6})";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1,\"val_nll\":7.0}\n"
+                                        "{\"step\":2,\"loss\":6,\"grad_norm\":1,\"val_nll\":6.5}\n"
+                                        "{\"step\":3,\"loss\":6,\"grad_norm\":1,\"val_nll\":6.0}\n";
+  RunRecord r = read_run(d);
+  EXPECT_EQ(r.val_step, (std::vector<int>{1, 2, 3}));
+  EXPECT_DOUBLE_EQ(r.heldout_last, 6.25);
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1,\"val_nll\":7.0}\n";
+  EXPECT_TRUE(std::isnan(read_run(d).heldout_last));  // fewer than 2 evaluations
+  fs::remove_all(d);
+  RunRecord a = run("A", 5.0, 20, 1), b = run("B", 5.0, 20, 1);
+  a.heldout_last = 4.0, b.heldout_last = 4.5;
+  RunRecord a2 = a, b2 = b;
+  a2.seed = b2.seed = 2;
+  a2.heldout_last = 4.1;
+  Hypothesis h = beats("A", "B", "heldout_nll_last");
+  const Verdict v = judge_hypothesis(h, {a, b, a2, b2});
+  ASSERT_EQ(v.per_seed.size(), 2u);
+  EXPECT_DOUBLE_EQ(v.per_seed[0], -0.5);
+  EXPECT_NEAR(v.per_seed[1], -0.4, 1e-12);
+}

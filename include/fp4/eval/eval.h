@@ -127,7 +127,8 @@ struct ScoredSequence {
 
 /// Σ log p(continuation token | everything before it) in nats (≤ 0) of each sequence, under
 /// `policy` (as evaluate_nll: the inference state is reset first; calibrated runs `calib`
-/// through the model first). Sequences go `batch` to a forward, in order; a row shorter than
+/// through the model first). Sequences go `batch` to a forward of length seq_len (at most the
+/// model's; shorter rows need less), in order; a row shorter than
 /// seq_len + 1 is padded with EOS (id 2) after its end, which a causal model does not see
 /// before the scored tokens (quantized inference still measures its activation amax over the
 /// whole batch, pads included: fixed, since the rows and pads are). Each sum is the same

@@ -48,6 +48,8 @@ class Model {
   /// Throws std::invalid_argument on a bad B or T.
   double forward(const int32_t* tokens, const int32_t* targets, int B, const StepContext& ctx,
                  int T = 0);
+  /// The sequence length the model was built for (the longest forward).
+  int max_seq_len() const { return seq_len_; }
 
   /// Backward of the last forward (which must have had targets); ACCUMULATES into grads().
   void backward(const StepContext& ctx);

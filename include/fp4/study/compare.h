@@ -26,7 +26,7 @@ struct ComparePlan {
   std::vector<std::string> sets;       ///< --set arguments (KEY=VALUE), applied to every run
   std::string baseline;                ///< --baseline as given; empty: the default rule
   std::string hypotheses;              ///< --hypotheses study file as given; empty: none
-  std::string task;                    ///< --task (next-sentence); empty: none
+  std::string task;                    ///< --task: comma-separated tasks (next-sentence, minimal-pairs); empty: none
 };
 
 /// The plan of the comparison in `dir` (its compare.json). Throws fp4::UserError when there
@@ -63,7 +63,7 @@ struct CompareRequest {
   std::vector<std::string> sets;  // --set KEY=VALUE
   std::string baseline;           // --baseline NAME
   std::string hypotheses;         // --hypotheses FILE
-  std::string task;               // --task next-sentence
+  std::string task;               // --task next-sentence,minimal-pairs
   bool steps_given = false;
 };
 

@@ -67,7 +67,7 @@ struct EvalRequest {
   std::string json_file;
   std::string grad_out;   // --grad-out: gradient file (safetensors, HF names)
   int grad_windows = 0;   // --grad-windows: its windows (0: every evaluated window)
-  std::string task;       // --task next-sentence: multiple-choice accuracy instead of NLL
+  std::string task;       // --task next-sentence | minimal-pairs: task accuracy instead of NLL
   std::string items_out;  // --items-out: the task's items as JSON Lines
 };
 
@@ -83,9 +83,22 @@ void evaluate_checkpoint(const EvalRequest& req);
 void eval_checkpoint_to_json(const std::string& checkpoint, const std::string& policies,
                              const std::string& json_file, const std::string& data = "");
 
+/// The downstream tasks `--task` knows: next-sentence (fp4/eval/tasks.h) and minimal-pairs
+/// (fp4/eval/minimal_pairs.h).
+const std::vector<std::string>& known_tasks();
+/// Throws fp4::UserError "WHAT TASK: unknown task (known: ...)" unless `task` is known.
+void check_task_name(const std::string& task, const std::string& what);
+/// A --task argument as a list: split at commas, blanks trimmed, empty entries and repeats
+/// dropped (first-seen order); join_task_list is the inverse ("a,b").
+std::vector<std::string> split_task_list(const std::string& tasks);
+std::string join_task_list(const std::vector<std::string>& tasks);
+/// The file a run directory holds a task's results in: task.json for next-sentence (its
+/// name since it was the only task), task-TASK.json for the others.
+std::string task_file_name(const std::string& task);
+
 /// `fp4train eval --checkpoint CHECKPOINT --task TASK --policy POLICIES --json JSON_FILE
 /// [--data DATA]` as a call: the downstream task's accuracy under each policy (TASK:
-/// next-sentence); prints the table too; throws what evaluate_checkpoint throws.
+/// next-sentence, minimal-pairs); prints the table too; throws what evaluate_checkpoint throws.
 void task_checkpoint_to_json(const std::string& checkpoint, const std::string& task,
                              const std::string& policies, const std::string& json_file,
                              const std::string& data = "");

@@ -5,11 +5,17 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace fp4 {
+
+/// Evaluations averaged by the metric heldout_nll_last (issue 23 §2).
+inline constexpr int kLastEvals = 2;
+/// The half-width of the power table's target interval, nats (issue 23 §2).
+inline constexpr double kPowerHalfWidth = 0.005;
 
 /// One finished run, as read back from its directory.
 struct RunRecord {
@@ -58,6 +64,32 @@ struct RunRecord {
     std::string correct, correct_per_char;
   };
   std::map<std::string, TaskOutcome> task_results;
+  /// The minimal-pairs task of task-minimal-pairs.json (`fp4train eval --task minimal-pairs
+  /// --json`), if present (items_hash "" when not): the paradigms (name, chance, and the
+  /// item range [first, first + items)), and per inference policy with finite scores the
+  /// per-item credit (0, 1 or 1/m for a tie of m; NaN for an item left out) and margin (nats).
+  struct Pairs {
+    std::string items_hash;
+    int64_t step = -1;
+    struct Paradigm {
+      std::string name;
+      size_t first = 0, items = 0;
+      double chance = 0;
+    };
+    std::vector<Paradigm> paradigms;
+    struct Outcome {
+      std::vector<double> credit, margin;
+    };
+    std::map<std::string, Outcome> results;
+  } pairs;
+  /// summary.json compute.cpu: the CPU the run trained on ("" where the summary has none).
+  std::string cpu;
+  /// Held-out NLL (FP32 inference) of the evaluations during training (metrics.jsonl
+  /// val_nll), by step; heldout_last is the mean of the last kLastEvals of them (NaN with
+  /// fewer).
+  std::vector<int> val_step;
+  std::vector<double> val_nll;
+  double heldout_last = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// Read run `dir`: summary.json (status "completed") or, for a run that diverged, error.txt
@@ -212,7 +244,8 @@ struct Hypothesis {
   std::string id;      ///< e.g. "H5"
   std::string claim;   ///< the paper's claim in words
   /// "final_loss" (final-window training loss, nats), "heldout_nll" (held-out NLL under
-  /// `policy`, nats/token) or "grad_norm_excursions" (logged steps after warmup with grad
+  /// `policy`, nats/token), "heldout_nll_last" (RunRecord::heldout_last, nats/token) or
+  /// "grad_norm_excursions" (logged steps after warmup with grad
   /// norm > 1, the paper's instability count).
   std::string metric = "final_loss";
   std::string policy = "none";  ///< heldout_nll only
@@ -253,6 +286,11 @@ struct Verdict {
 /// else *not resolved* (the two one-sided tests at 2.5% each, TOST).
 Verdict judge_hypothesis(const Hypothesis& h, const std::vector<RunRecord>& runs);
 
+/// The number of seeds n ≥ 2 whose 95% t-interval half-width t_{0.975,n−1} · sd / √n is at
+/// most `half_width` (the power table): 0 for a non-finite or negative sd or a half_width ≤ 0;
+/// at most 100000.
+int seeds_for_half_width(double sd, double half_width);
+
 /// The "Hypotheses" section of a report: one row per hypothesis with its contrast, metric,
 /// per-seed values, intervals and verdict, and the rule that decides them.
 std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs);
@@ -264,6 +302,17 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
 /// seeds, windows, resamples} (heldout_nll with per-window values), verdict, why}. Units are
 /// the metric's (nats, or counts); a non-finite value is null.
 std::string hypotheses_json(const std::vector<Hypothesis>& hs, const std::vector<RunRecord>& runs);
+
+/// The "Minimal pairs" section of a report ("" when no run has task-minimal-pairs.json):
+/// accuracy per recipe (in `names` order), policy and paradigm, pooled over seeds with a
+/// bootstrap over items; the mean margin; and item-paired comparisons (credit and margin
+/// differences bootstrapped over items, McNemar's exact test on the discordant pairs) of
+/// each recipe against `baseline`, of the two-recipe contrasts among `hyps`, and of each
+/// quantized-inference policy against `none` within a recipe. Only runs on the items of
+/// most runs are used (the others are counted).
+std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vector<std::string>& names,
+                             const std::vector<std::string>& policies, const std::string& baseline,
+                             const std::vector<Hypothesis>& hyps);
 
 /// Everything the report states about how the runs were made.
 struct ReportContext {
