@@ -56,7 +56,7 @@ std::string join(const std::vector<std::string>& w) {
 // Function words: never cloze targets or distractors (the task asks for content words).
 const std::set<std::string_view>& function_words() {
   static const std::set<std::string_view> k = {
-      "is", "am", "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was",
+      "is", "am", "i", "me", "my", "we", "us", "he", "it", "his", "our", "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was",
       "one", "our", "out", "has", "him", "his", "how", "its", "may", "who", "did", "yet", "nor",
       "she", "they", "them", "their", "there", "these", "those", "this", "that", "than", "then",
       "with", "from", "into", "onto", "upon", "have", "been", "were", "will", "would", "could",
@@ -73,8 +73,10 @@ const std::set<std::string_view>& function_words() {
   return k;
 }
 
-// The singular form s with plural_of(s) == p that the word list holds, or "".
+// The singular form s with plural_of(s) == p that the word list holds, or "" (also for a
+// function word: "its", "his", "more" are not plurals).
 std::string singular_in(std::string_view p, const std::map<std::string, int64_t>& wc) {
+  if (function_words().count(p)) return "";
   std::vector<std::string> cands;
   static const std::map<std::string_view, std::string_view> irregular = {
       {"men", "man"},     {"women", "woman"}, {"children", "child"}, {"people", "person"},
@@ -89,7 +91,7 @@ std::string singular_in(std::string_view p, const std::map<std::string, int64_t>
 }
 // The plural the word list holds of singular s (s not ending in 's', itself listed), or "".
 std::string plural_in(std::string_view s, const std::map<std::string, int64_t>& wc) {
-  if (s.empty() || s.back() == 's' || !wc.count(std::string(s))) return "";
+  if (s.empty() || s.back() == 's' || function_words().count(s) || !wc.count(std::string(s))) return "";
   std::string p = plural_of(s);
   return wc.count(p) ? p : "";
 }
@@ -100,9 +102,10 @@ struct Sentence {
   std::vector<std::string> words;
 };
 struct Place {
-  size_t sent;      // into the sentence list
-  int pos;          // word position
-  int stratum = 0;  // 0 / 1: the original's number (or article), drawn equally
+  size_t sent;    // into the sentence list
+  int pos;        // word position
+  int group = 0;  // the word pair altered (subj-verb: is/are 0, was/were 1, has/have 2)
+  int side = 0;   // which word of the pair the original has (drawn equally within a group)
 };
 
 }  // namespace
@@ -128,7 +131,7 @@ std::map<std::string, int64_t> training_word_counts(const CorpusSplit& split) {
       while (a < b && is_ascii_punct(raw[a])) ++a;
       while (b > a && is_ascii_punct(raw[b - 1])) --b;
       const std::string_view core(raw.data() + a, b - a);
-      if (is_letter_word(core)) ++wc[lower(core)];
+      if (is_lower_word(core)) ++wc[std::string(core)];  // "Ohio", "Wes": never lower-case nouns
     }
   return wc;
 }
@@ -158,25 +161,50 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
       p = e + 1;
     }
   }
-  // Cloze: content words by frequency band.
-  auto content = [&](const std::string& w) -> int {  // band, or -1
-    if (!is_lower_word(w) || w.size() < 3 || function_words().count(w)) return -1;
+  // Cloze: frequent content words (lower-case in training, at least cloze_min_count times).
+  auto content = [&](const std::string& w) {
+    if (!is_lower_word(w) || w.size() < 3 || function_words().count(w)) return false;
     auto it = wc.find(w);
-    if (it == wc.end() || it->second < o.cloze_min_count) return -1;
-    return int(std::floor(std::log2(double(it->second))));
+    return it != wc.end() && it->second >= o.cloze_min_count;
   };
-  std::map<int, std::vector<std::string>> bands;
+  std::vector<std::pair<int64_t, std::string>> by_count;  // content words by (count, word)
   for (const auto& [w, n] : wc)
-    if (int b = content(w); b >= 0) bands[b].push_back(w);  // map order: sorted words
+    if (content(w)) by_count.push_back({n, w});
+  std::sort(by_count.begin(), by_count.end());
+  // Per target length L: the content words of length L − 1 .. L + 1 in (count, word) order,
+  // and each one's rank there.
+  std::map<size_t, std::vector<std::pair<int64_t, std::string>>> by_len;
+  std::map<size_t, std::map<std::string, size_t>> rank_in_len;
+  for (const auto& c : by_count) {
+    const size_t L = c.second.size();
+    if (by_len.count(L)) continue;
+    auto& v = by_len[L];
+    for (const auto& d : by_count)
+      if (d.second.size() + 1 >= L && d.second.size() <= L + 1) v.push_back(d);
+    for (size_t k = 0; k < v.size(); ++k) rank_in_len[L][v[k].second] = k;
+  }
+  // [first, last): the ranks of the words of w's length class with w's count.
+  auto same_count_range = [&](const std::string& w) {
+    const auto& v = by_len.at(w.size());
+    const int64_t n = wc.at(w);
+    size_t a = rank_in_len.at(w.size()).at(w), b = a + 1;
+    while (a > 0 && v[a - 1].first == n) --a;
+    while (b < v.size() && v[b].first == n) ++b;
+    return std::pair<size_t, size_t>{a, b};
+  };
+  // A cloze target needs kClozeNeighbours words of a smaller count and as many of a larger
+  // one in its length class (distractors never tie with it in count).
+  auto cloze_target = [&](const std::string& w) {
+    if (!content(w)) return false;
+    const auto [a, b] = same_count_range(w);
+    return a >= kClozeNeighbours && b + kClozeNeighbours <= by_len.at(w.size()).size();
+  };
 
-  // Determiner flips of det-noun: singular ↔ plural determiners of (about) one length, so
-  // that the copy has as many tokens as the sentence.
-  static const std::map<std::string_view, std::string_view> kDetFlip = {
-      {"this", "these"}, {"these", "this"}, {"that", "those"}, {"those", "that"},
-      {"each", "all"},   {"all", "each"}};
-  // ("that" before a singular noun is a determiner or a complementizer; "those" in its place
-  // is ungrammatical either way.)
-  static const std::set<std::string_view> kSingDet = {"this", "that", "each"};
+  // det-noun flips this ↔ these only: one token each, so the copy has as many tokens as
+  // the sentence. (that/those: "that" is also a conjunction, "said that men ..." and "those
+  // stand out" are grammatical; each/all: "all year" is.)
+  static const std::map<std::string_view, std::string_view> kDetFlip = {{"this", "these"},
+                                                                        {"these", "this"}};
   // The noun after a determiner, when it ends the noun phrase: its token is a lower-case word
   // with at most trailing punctuation, and punctuation, the sentence's end or a function word
   // follows it ("these men had", "each year,"), not a word it could modify ("this original
@@ -223,18 +251,18 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
           std::string nn, tail;
           if (next && is_letter_word(w[size_t(i)]) && kDetFlip.count(lw) &&
               phrase_noun(w, size_t(i) + 1, &nn, &tail)) {
-            // The original agrees: a singular determiner before a noun whose plural is listed,
-            // a plural one before a noun whose singular is.
-            const bool sing = kSingDet.count(lw) > 0;
+            // The original agrees: "this" before a noun whose plural is listed, "these"
+            // before a noun whose singular is.
+            const bool sing = lw == "this";
             if (sing ? !plural_in(nn, wc).empty() : !singular_in(nn, wc).empty())
-              places.push_back({si, i, sing ? 0 : 1});
+              places.push_back({si, i, 0, sing ? 0 : 1});
           }
         } else if (paradigm == "a-an") {
           // The article agrees with the next word's first sound: only its first letter
           // matters here (punctuation after it is kept).
           if (next && (lw == "a" || lw == "an") && w[size_t(i) + 1][0] >= 'a' &&
               w[size_t(i) + 1][0] <= 'z')
-            places.push_back({si, i, lw == "a" ? 0 : 1});
+            places.push_back({si, i, 0, lw == "a" ? 0 : 1});
         } else if (paradigm == "subj-verb") {
           if (next && is_letter_word(w[size_t(i)]) && kVerbFlip.count(w[size_t(i) + 1])) {
             const bool sing_verb = kSingVerb.count(w[size_t(i) + 1]) > 0;
@@ -245,46 +273,62 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
               if (!plural_in(w[size_t(i)], wc).empty()) number = 1;
               else if (!singular_in(w[size_t(i)], wc).empty()) number = -1;
             }
-            if (number != 0 && (number == 1) == sing_verb) places.push_back({si, i, sing_verb ? 0 : 1});
+            static const std::map<std::string_view, int> kPair = {
+                {"is", 0}, {"are", 0}, {"was", 1}, {"were", 1}, {"has", 2}, {"have", 2}};
+            if (number != 0 && (number == 1) == sing_verb)
+              places.push_back({si, i, kPair.at(w[size_t(i) + 1]), sing_verb ? 0 : 1});
           }
         } else if (paradigm == "cloze") {
-          const int b = i > 0 ? content(w[size_t(i)]) : -1;
-          ok = b >= 0 && bands[b].size() >= 4;
+          ok = i > 0 && cloze_target(w[size_t(i)]);
         }
         if (ok) places.push_back({si, i});
       }
     }
     if (places.empty())
       throw UserError("minimal-pairs: the held-out split has no place for the " +
-                      std::string(paradigm) + " paradigm (too small a corpus, or not English text)");
+                      std::string(paradigm) + " paradigm (too small a corpus, or not English "
+                      "text; the task file's min_words, max_words, max_bytes and, for cloze, "
+                      "cloze_min_count say where it may look)");
     for (size_t i = places.size(); i > 1; --i) std::swap(places[i - 1], places[uniform(i)]);
-    // Round robin over the strata, in shuffled order within each, one place per sentence,
-    // until `items` are taken or a stratum runs out. The strata stay equal, so a model that
-    // knows only which word is more frequent ("this" over "these", "a" over "an", "was" over
-    // "were") scores chance, not the share of the frequent form among the originals.
-    int strata = 1;
-    for (const Place& p : places) strata = std::max(strata, p.stratum + 1);
-    std::vector<std::vector<Place>> by{size_t(strata)};
-    for (const Place& p : places) by[size_t(p.stratum)].push_back(p);
-    std::vector<size_t> next(size_t(strata), size_t{0});
+    // Round robin over the groups; within a group, alternately a place of each side (the
+    // original's word of the pair), in shuffled order, one place per sentence; a group
+    // closes when the side whose turn it is has no place left, so its sides differ by at most
+    // one item and a model that knows only which word of a pair is more frequent ("was" over
+    // "were", "a" over "an") scores chance on it.
+    const int sides = (paradigm == "det-noun" || paradigm == "a-an" || paradigm == "subj-verb") ? 2 : 1;
+    int groups = 1;
+    for (const Place& p : places) groups = std::max(groups, p.group + 1);
+    const std::vector<std::vector<Place>> one_group(static_cast<size_t>(sides));
+    std::vector<std::vector<std::vector<Place>>> by(static_cast<size_t>(groups), one_group);
+    for (const Place& p : places) by[size_t(p.group)][size_t(p.side)].push_back(p);
+    const std::vector<size_t> zeros(static_cast<size_t>(sides), 0);
+    std::vector<std::vector<size_t>> next(static_cast<size_t>(groups), zeros);
+    std::vector<int> turn(size_t(groups), 0);
+    std::vector<bool> closed(size_t(groups), false);
     std::vector<Place> chosen;
     std::set<size_t> used;
-    for (bool open = true; open && int(chosen.size()) < o.items;) {
-      for (int k = 0; k < strata && int(chosen.size()) < o.items; ++k) {
-        auto& q = by[size_t(k)];
-        size_t& j = next[size_t(k)];
+    for (bool any = true; any && int(chosen.size()) < o.items;) {
+      any = false;
+      for (int g = 0; g < groups && int(chosen.size()) < o.items; ++g) {
+        if (closed[size_t(g)]) continue;
+        const int sd = turn[size_t(g)];
+        auto& q = by[size_t(g)][size_t(sd)];
+        size_t& j = next[size_t(g)][size_t(sd)];
         while (j < q.size() && used.count(q[j].sent)) ++j;
         if (j == q.size()) {
-          open = false;
-          break;
+          closed[size_t(g)] = true;
+          continue;
         }
         used.insert(q[j].sent);
         chosen.push_back(q[j++]);
+        turn[size_t(g)] = (sd + 1) % sides;
+        any = true;
       }
     }
     if (chosen.empty())
       throw UserError("minimal-pairs: the held-out split has no place for one form of the " +
-                      std::string(paradigm) + " paradigm (too small a corpus)");
+                      std::string(paradigm) + " paradigm (too small a corpus; the task file's "
+                      "min_words, max_words and max_bytes say which sentences are used)");
     std::sort(chosen.begin(), chosen.end(), [](const Place& a, const Place& b) {
       return a.sent != b.sent ? a.sent < b.sent : a.pos < b.pos;
     });
@@ -322,20 +366,33 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
         const std::string other(kVerbFlip.at(w[i + 1]));
         it.change = w[i + 1] + " -> " + other;
         w[i + 1] = other;
-      } else {  // cloze: 3 distinct words of the target's band, never the target
-        const std::vector<std::string>& band = bands[content(w[i])];
-        std::vector<size_t> idx;
-        std::set<size_t> seen;
-        while (idx.size() < 3) {
-          const size_t k = size_t(uniform(band.size()));
-          if (band[k] != w[i] && seen.insert(k).second) idx.push_back(k);
-        }
+      } else {  // cloze: 3 frequency-rank neighbours, the target's rank among the 4 uniform
+        // Among the content words within one letter of the target's length (BPE token counts
+        // follow length, and an untrained model prefers fewer tokens), ranked by (count, word):
+        // r of the kClozeNeighbours just below the target's count and 3 − r of those just
+        // above it (never the same count), r uniform in 0..3, so the target is the most
+        // frequent of the four with probability 1/4 and a model that knows only frequency
+        // scores chance.
+        const auto& ranked = by_len.at(w[i].size());
+        const auto [first, last] = same_count_range(w[i]);
+        const size_t r = size_t(uniform(4));
+        std::vector<const std::string*> pick;
+        auto draw_side = [&](size_t n, bool below) {
+          std::vector<size_t> pool;  // the kClozeNeighbours nearest with a smaller / larger count
+          for (size_t k = 1; k <= kClozeNeighbours; ++k) pool.push_back(below ? first - k : last + k - 1);
+          for (size_t k = 0; k < n; ++k) {
+            std::swap(pool[k], pool[k + size_t(uniform(pool.size() - k))]);
+            pick.push_back(&ranked[pool[k]].second);
+          }
+        };
+        draw_side(r, true);
+        draw_side(3 - r, false);
         it.change = w[i] + " ->";
-        for (size_t k : idx) {
+        for (const std::string* d : pick) {
           std::vector<std::string> v = s.words;
-          v[i] = band[k];
+          v[i] = *d;
           it.choices.push_back(join(v));
-          it.change += " " + band[k];
+          it.change += " " + *d;
         }
       }
       if (paradigm != "cloze") it.choices.push_back(join(w));

@@ -535,13 +535,14 @@ void run_comparison(const CompareRequest& a) {
         bool need_task = true, unusable = false;
         if (fs::exists(d / file)) {
           try {
-            const RunRecord rr = read_run(d);
             if (task == "next-sentence") {
+              const RunRecord rr = read_run(d);
               need_task = rr.task != task;
               for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
-            } else {
-              need_task = rr.pairs.items_hash.empty();
-              for (const auto& p : plan.policies) need_task |= rr.pairs.results.count(p) == 0;
+            } else {  // its own file only: a bad task.json does not make it unusable
+              const RunRecord::Pairs pr = read_minimal_pairs_file(d / file);
+              need_task = false;
+              for (const auto& p : plan.policies) need_task |= pr.results.count(p) == 0;
             }
           } catch (const UserError& e) {
             unusable = true;

@@ -295,8 +295,11 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
        "the intervals lie inside (−m, m) and contradicted when one lies wholly outside it "
        "(two one-sided tests). Grad-norm excursions are counts per run. `heldout_nll_last`: "
        "the mean held-out NLL (FP32 inference) of the run's last " << kLastEvals << " evaluations "
-       "during training (metrics.jsonl val_nll), which averages out some of the noise of one "
-       "evaluation (checkpoint averaging, arXiv 2508.13144).\n";
+       "during training (metrics.jsonl val_nll, the same held-out windows each time): it "
+       "averages two points of the trajectory, so one end point's fluctuation weighs less, "
+       "but it mixes in an earlier point (on configs/study.toml, step 300, before the LR decay "
+       "of steps 320-400). It is not checkpoint (weight) averaging (arXiv 2508.13144), which "
+       "fp4train does not do.\n";
   // Power: seeds for a ±0.005-nat interval at the measured paired spread.
   bool any = false;
   std::ostringstream p;
@@ -313,7 +316,11 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
     any = true;
     p << "| " << h.id << " | " << h.metric << " | " << v.contrast.n << " | "
       << fmt("%.4f", v.contrast.std) << " | ±" << fmt("%.4f", (v.t95.hi - v.t95.lo) / 2) << " | "
-      << seeds_for_half_width(v.contrast.std, kPowerHalfWidth) << " |\n";
+      << [&] {
+           const int n = seeds_for_half_width(v.contrast.std, kPowerHalfWidth);
+           return n >= 100000 ? std::string("≥ 100000") : std::to_string(n);
+         }()
+      << " |\n";
   }
   if (any) o << p.str();
   return o.str();

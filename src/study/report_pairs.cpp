@@ -18,6 +18,7 @@ namespace {
 // The runs of one recipe on the common items, by seed: credit and margin rows.
 struct Cells {
   std::vector<uint64_t> seeds;
+  std::vector<std::string> cpus;  // RunRecord::cpu of each seed's run
   std::vector<std::vector<double>> credit, margin;
 };
 
@@ -29,6 +30,7 @@ Cells cells_of(const std::vector<RunRecord>& runs, const std::string& recipe,
     const auto it = r.pairs.results.find(policy);
     if (it == r.pairs.results.end()) continue;
     c.seeds.push_back(r.seed);
+    c.cpus.push_back(r.cpu);
     c.credit.push_back(it->second.credit);
     c.margin.push_back(it->second.margin);
   }
@@ -106,28 +108,36 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
   // Accuracy and margin per recipe and policy.
   o << "| recipe | policy | seeds |";
   for (const auto& p : paradigms) o << " " << p.name << " |";
-  o << " mean margin (all items) |\n|---|---|---|";
+  o << "\n|---|---|---|";
   for (size_t i = 0; i < paradigms.size(); ++i) o << "---|";
-  o << "---|\n";
+  o << "\n";
+  std::ostringstream mt;  // the margin table, filled alongside
+  mt << "| recipe | policy | seeds |";
+  for (const auto& p : paradigms) mt << " " << p.name << " |";
+  mt << "\n|---|---|---|";
+  for (size_t i = 0; i < paradigms.size(); ++i) mt << "---|";
+  mt << "\n";
   std::vector<std::string> below_chance;
   for (const auto& name : names)
     for (const auto& pol : policies) {
       const Cells c = cells_of(runs, name, pol, hash);
       if (c.seeds.empty()) continue;
       o << "| " << name << " | " << pol << " | " << c.seeds.size() << " |";
+      mt << "| " << name << " | " << pol << " | " << c.seeds.size() << " |";
       for (const auto& p : paradigms) {
         const auto keep = finite_items({&c.credit}, p.first, p.first + p.items);
         if (keep.empty()) {
           o << " — |";
+          mt << " — |";
           continue;
         }
         const BootstrapInterval b = paired_bootstrap(restrict_rows(c.credit, keep));
         o << " " << acc_cell(b) << " |";
+        mt << " " << margin_cell(paired_bootstrap(restrict_rows(c.margin, keep))) << " |";
         if (b.lo <= p.chance) below_chance.push_back(name + " / " + pol + " / " + p.name);
       }
-      const auto keep = finite_items({&c.margin}, 0, total_items);
-      o << " " << (keep.empty() ? "—" : margin_cell(paired_bootstrap(restrict_rows(c.margin, keep))))
-        << " |\n";
+      o << "\n";
+      mt << "\n";
     }
   if (below_chance.empty())
     o << "\nEvery interval above lies above its paradigm's chance level.\n";
@@ -136,6 +146,9 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
     for (size_t i = 0; i < below_chance.size(); ++i) o << (i ? ", " : "") << below_chance[i];
     o << ".\n";
   }
+  o << "\nMean margin per paradigm, nats (95% bootstrap over items). Margins differ in "
+       "scale between paradigms (a shuffle costs tens of nats, an agreement error a few), so "
+       "they are not pooled.\n\n" << mt.str();
   if (excluded > 0)
     o << "\n" << excluded << " run(s) hold minimal-pairs results on other items (another corpus "
          "or item rule) and are left out.\n";
@@ -174,19 +187,26 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
        "(item, seed) pairs right under the first only / the second only (ties left out); "
        "McNemar's exact two-sided p is computed on them as if independent, which the same item "
        "under several seeds is not, so read it with the bootstrap. Per-paradigm columns give "
-       "the margin difference, marked * where its interval excludes 0.\n\n"
-    << "| comparison | policy | seeds | Δ accuracy, points [95% CI] | b / c | McNemar p | Δ margin, nats [95% CI] |";
-  for (const auto& p : paradigms) o << " " << p.name << " |";
-  o << "\n|---|---|---|---|---|---|---|";
+       "the margin difference (nats), marked * where its interval excludes 0. Seeds whose runs "
+       "were made on different CPUs are not paired.\n\n"
+    << "| comparison | policy | seeds | Δ accuracy, all items, points [95% CI] | b / c | McNemar p |";
+  for (const auto& p : paradigms) o << " Δ margin " << p.name << " |";
+  o << "\n|---|---|---|---|---|---|";
   for (size_t i = 0; i < paradigms.size(); ++i) o << "---|";
   o << "\n";
   int rows = 0;
   for (const Cmp& c : cmps) {
     const Cells A = cells_of(runs, c.a, c.pa, hash), B = cells_of(runs, c.b, c.pb, hash);
     Cells a2, b2;
+    int mixed = 0;
     for (size_t i = 0; i < A.seeds.size(); ++i)
       for (size_t j = 0; j < B.seeds.size(); ++j)
         if (A.seeds[i] == B.seeds[j]) {
+          // Pairs stay within a CPU family, as every other contrast of the report.
+          if (!A.cpus[i].empty() && !B.cpus[j].empty() && A.cpus[i] != B.cpus[j]) {
+            ++mixed;
+            continue;
+          }
           a2.seeds.push_back(A.seeds[i]);
           a2.credit.push_back(A.credit[i]), a2.margin.push_back(A.margin[i]);
           b2.credit.push_back(B.credit[j]), b2.margin.push_back(B.margin[j]);
@@ -209,10 +229,10 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
         nc += x == 0 && y == 1;
       }
     const BootstrapInterval bc = paired_bootstrap(restrict_rows(dc, keep));
-    const BootstrapInterval bm = paired_bootstrap(restrict_rows(dm, keep));
     o << "| " << c.label << " | " << (c.pa == c.pb ? c.pa : c.pa + " vs " + c.pb) << " | "
-      << a2.seeds.size() << " | " << signed_acc_cell(bc) << " | " << nb << " / " << nc << " | "
-      << fmt("%.3g", mcnemar_exact_p(nb, nc)) << " | " << margin_cell(bm) << " |";
+      << a2.seeds.size() << (mixed ? " (" + std::to_string(mixed) + " left out: other CPU)" : "")
+      << " | " << signed_acc_cell(bc) << " | " << nb << " / " << nc << " | "
+      << fmt("%.3g", mcnemar_exact_p(nb, nc)) << " |";
     for (const auto& p : paradigms) {
       const auto k = finite_items({&a2.credit, &b2.credit}, p.first, p.first + p.items);
       if (k.empty()) {

@@ -60,6 +60,91 @@ int count_loss_spikes(const std::vector<double>& loss, int window, double thresh
   return spikes;
 }
 
+RunRecord::Pairs read_minimal_pairs_file(const fs::path& pf) {
+  const json t = read_json_file(pf);
+  RunRecord::Pairs P;
+  const std::string f = pf.string();
+  try {
+    if (!t.is_object() || !t.contains("task") || !t["task"].is_string() ||
+        t["task"].get<std::string>() != "minimal-pairs" || !t.contains("results") ||
+        !t["results"].is_object() || !t.contains("paradigms") || !t["paradigms"].is_array())
+      throw UserError(f + ": not a minimal-pairs task file (expected `fp4train eval "
+                      "--task minimal-pairs --json` output: task, paradigms, results)");
+    if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
+        t["items_fnv1a64"].get<std::string>().empty())
+      throw UserError(f + ": missing string 'items_fnv1a64' (the items' hash)");
+    auto count = [&](const json& j, const char* key, const std::string& where) -> size_t {
+      if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+        throw UserError(f + ": " + where + key + " must be a non-negative integer");
+      return static_cast<size_t>(j[key].get<int64_t>());
+    };
+    const size_t items = count(t, "items", "");
+    P.step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
+    // The paradigms: the known ones, once each, in order, covering the items end to end.
+    size_t at = 0;
+    for (const json& pj : t["paradigms"]) {
+      RunRecord::Pairs::Paradigm q;
+      if (!pj.is_object() || !pj.contains("name") || !pj["name"].is_string())
+        throw UserError(f + ": a paradigm without a name");
+      q.name = pj["name"].get<std::string>();
+      const std::string w = "paradigm " + q.name + ": ";
+      q.first = count(pj, "first", w);
+      q.items = count(pj, "items", w);
+      q.chance = num(pj, "chance", pf);
+      if (!(q.chance > 0 && q.chance < 1)) throw UserError(f + ": " + w + "chance must be in (0, 1)");
+      const size_t k = P.paradigms.size();
+      if (k >= kMinimalPairParadigms.size() || q.name != kMinimalPairParadigms[k])
+        throw UserError(f + ": paradigm " + std::to_string(k + 1) + " is '" + q.name +
+                        "', expected the paradigms in the order of the task (swap, shuffle, "
+                        "det-noun, a-an, subj-verb, cloze)");
+      if (q.first != at)
+        throw UserError(f + ": " + w + "first is " + std::to_string(q.first) + ", expected " +
+                        std::to_string(at) + " (the paradigms cover the items in order)");
+      at += q.items;
+      if (at > items)
+        throw UserError(f + ": paradigm " + q.name + " runs past the " + std::to_string(items) + " items");
+      P.paradigms.push_back(q);
+    }
+    if (P.paradigms.size() != kMinimalPairParadigms.size() || at != items)
+      throw UserError(f + ": the paradigms must be the task's " +
+                      std::to_string(kMinimalPairParadigms.size()) + " and cover its " +
+                      std::to_string(items) + " items");
+    for (const auto& [pol, v] : t["results"].items()) {
+      if (!v.is_object() || !v.contains("finite") || !v["finite"].is_boolean())
+        throw UserError(f + ": results." + pol + ": missing boolean 'finite'");
+      if (!v["finite"].get<bool>()) continue;  // non-finite: no outcomes
+      if (!v.contains("credit") || !v["credit"].is_string() || !v.contains("margin") ||
+          !v["margin"].is_array())
+        throw UserError(f + ": results." + pol + ": missing string 'credit' or array 'margin'");
+      RunRecord::Pairs::Outcome o;
+      try {
+        o.credit = parse_credits(v["credit"].get<std::string>());
+      } catch (const std::invalid_argument& e) {
+        throw UserError(f + ": results." + pol + ".credit: " + e.what());
+      }
+      for (const json& m : v["margin"]) {
+        if (!m.is_number() && !m.is_null())
+          throw UserError(f + ": results." + pol + ".margin holds a non-number");
+        o.margin.push_back(m.is_null() ? kNaN : m.get<double>());
+      }
+      if (o.credit.size() != items || o.margin.size() != items)
+        throw UserError(f + ": results." + pol + ": credit and margin must hold " +
+                        std::to_string(items) + " items");
+      for (size_t i = 0; i < items; ++i)
+        if (std::isnan(o.credit[i]) != std::isnan(o.margin[i]) ||
+            (o.credit[i] == 1 && o.margin[i] < 0) || (o.credit[i] == 0 && o.margin[i] > 0) ||
+            (o.credit[i] > 0 && o.credit[i] < 1 && o.margin[i] != 0))  // margins: 1e-4 nats
+          throw UserError(f + ": results." + pol + ": item " + std::to_string(i) +
+                          "'s credit disagrees with its margin");
+      P.results[pol] = std::move(o);
+    }
+    P.items_hash = t["items_fnv1a64"].get<std::string>();
+  } catch (const json::exception& e) {
+    throw UserError(f + ": malformed (" + e.what() + ")");
+  }
+  return P;
+}
+
 RunRecord read_run(const fs::path& dir) {
   RunRecord r;
   r.dir = dir;
@@ -202,60 +287,7 @@ RunRecord read_run(const fs::path& dir) {
   }
 
   const fs::path pf = dir / "task-minimal-pairs.json";
-  if (r.diverged_at == 0 && fs::exists(pf)) {
-    const json t = read_json_file(pf);
-    auto& P = r.pairs;
-    if (t.value("task", "") != "minimal-pairs" || !t.contains("results") || !t["results"].is_object() ||
-        !t.contains("paradigms") || !t["paradigms"].is_array())
-      throw UserError(pf.string() + ": not a minimal-pairs task file (expected `fp4train eval "
-                      "--task minimal-pairs --json` output: task, paradigms, results)");
-    if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
-        t["items_fnv1a64"].get<std::string>().empty())
-      throw UserError(pf.string() + ": missing string 'items_fnv1a64' (the items' hash)");
-    const size_t items = static_cast<size_t>(num(t, "items", pf));
-    P.step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
-    for (const json& pj : t["paradigms"]) {
-      RunRecord::Pairs::Paradigm q;
-      if (!pj.is_object() || !pj.contains("name") || !pj["name"].is_string())
-        throw UserError(pf.string() + ": a paradigm without a name");
-      q.name = pj["name"].get<std::string>();
-      q.first = static_cast<size_t>(num(pj, "first", pf));
-      q.items = static_cast<size_t>(num(pj, "items", pf));
-      q.chance = num(pj, "chance", pf);
-      if (q.first + q.items > items)
-        throw UserError(pf.string() + ": paradigm " + q.name + " runs past the " +
-                        std::to_string(items) + " items");
-      P.paradigms.push_back(q);
-    }
-    for (const auto& [pol, v] : t["results"].items()) {
-      if (!v.is_object() || !v.value("finite", false)) continue;  // non-finite: no outcomes
-      if (!v.contains("credit") || !v["credit"].is_string() || !v.contains("margin") ||
-          !v["margin"].is_array())
-        throw UserError(pf.string() + ": results." + pol + ": missing string 'credit' or array 'margin'");
-      RunRecord::Pairs::Outcome o;
-      try {
-        o.credit = parse_credits(v["credit"].get<std::string>());
-      } catch (const std::invalid_argument& e) {
-        throw UserError(pf.string() + ": results." + pol + ".credit: " + e.what());
-      }
-      for (const json& m : v["margin"]) {
-        if (!m.is_number() && !m.is_null())
-          throw UserError(pf.string() + ": results." + pol + ".margin holds a non-number");
-        o.margin.push_back(m.is_null() ? kNaN : m.get<double>());
-      }
-      if (o.credit.size() != items || o.margin.size() != items)
-        throw UserError(pf.string() + ": results." + pol + ": credit and margin must hold " +
-                        std::to_string(items) + " items");
-      for (size_t i = 0; i < items; ++i)
-        if (std::isnan(o.credit[i]) != std::isnan(o.margin[i]) ||
-            (o.credit[i] == 1 && o.margin[i] < 0) || (o.credit[i] == 0 && o.margin[i] > 0) ||
-            (o.credit[i] > 0 && o.credit[i] < 1 && o.margin[i] != 0))  // margins: 1e-4 nats
-          throw UserError(pf.string() + ": results." + pol + ": item " + std::to_string(i) +
-                          "'s credit disagrees with its margin");
-      P.results[pol] = std::move(o);
-    }
-    P.items_hash = t["items_fnv1a64"].get<std::string>();
-  }
+  if (r.diverged_at == 0 && fs::exists(pf)) r.pairs = read_minimal_pairs_file(pf);
   return r;
 }
 

@@ -28,6 +28,12 @@ namespace fs = std::filesystem;
 namespace {
 using Sv = std::vector<std::string>;
 
+std::string join_words(const Sv& w) {
+  std::string s;
+  for (const auto& x : w) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
 Sv words_of(const std::string& s) {
   Sv w;
   size_t p = 0;
@@ -58,17 +64,26 @@ TEST(MinimalPairs, TrainingWordCountsStripPunctuationAndKeepLetterWords) {
   c.heldout_docs = {"Dogs are not counted."};
   c.heldout_names = {"h"};
   const auto wc = training_word_counts(c);
-  const std::map<std::string, int64_t> want = {{"the", 3}, {"cat", 2}, {"cats", 1}};
-  EXPECT_EQ(wc, want);  // don't, U.S, 1961 and well-known are not letter words
+  // Lower-case words only: "The" and "Cat" are not counted (a name like "Ohio" never is);
+  // don't, U.S, 1961 and well-known are not letter words.
+  const std::map<std::string, int64_t> want = {{"the", 2}, {"cat", 1}, {"cats", 1}};
+  EXPECT_EQ(wc, want);
 }
 
 // A corpus whose held-out sentences each have one place per paradigm, so every altered copy
 // is known by hand.
 CorpusSplit built_corpus() {
   CorpusSplit c;
-  // Training words: both numbers of book/dog/city; a band of five words seen once each
-  // (floor(log2 1) = 0), and "old" seen twice (band 1: no partner, so never a cloze target).
-  c.train_docs = {"book books dog dogs city cities old old apple pear plum fig lime kiwi"};
+  // Training words: both numbers of book/dog/city, words seen once, and 3-letter words of
+  // distinct counts around "dog" (5): cat 1, cow 2, old 2, pig 3, hen 4 below it, fox 6,
+  // owl 7, emu 8, yak 9 above it, so "dog" is the one cloze target.
+  std::string t = "book books dogs city cities apple pear plum fig lime kiwi";
+  for (auto [w, n] : std::vector<std::pair<std::string, int>>{{"cat", 1}, {"cow", 2}, {"old", 2},
+                                                             {"pig", 3}, {"hen", 4}, {"dog", 5},
+                                                             {"fox", 6}, {"owl", 7}, {"emu", 8},
+                                                             {"yak", 9}})
+    for (int i = 0; i < n; ++i) t += " " + w;
+  c.train_docs = {t};
   c.heldout_docs = {"These books are old.\nThis dog is here. We ate plum, she said.",
                     "He has an apple. A fig, sir."};
   c.heldout_names = {"h1", "h2"};
@@ -105,30 +120,30 @@ TEST(MinimalPairs, ItemsByHandOnABuiltCorpus) {
   EXPECT_EQ(by["a-an"][0].doc, "h2");
   EXPECT_EQ(by["a-an"][1].choices, (Sv{"A fig, sir.", "An fig, sir."}));
   // subj-verb: "books are" (plural noun, plural verb) → "books is"; "dog is" → "dog are"; "He
-  // has" → "He have". Two singular originals and one plural: the forms alternate, and the
-  // draw stops when the plural ones run out, one item apart at most.
+  // has" → "He have". Round robin over the pairs is/are and has/have (was/were has none),
+  // within a pair alternately a singular and a plural original: is/are gives "dog is" then
+  // "books are", has/have gives "He has" and closes (no "have" original).
   ASSERT_EQ(by["subj-verb"].size(), 3u);
   EXPECT_EQ(by["subj-verb"][0].choices, (Sv{"These books are old.", "These books is old."}));
   EXPECT_EQ(by["subj-verb"][1].choices, (Sv{"This dog is here.", "This dog are here."}));
   EXPECT_EQ(by["subj-verb"][2].choices, (Sv{"He has an apple.", "He have an apple."}));
-  // cloze: every listed word is seen once (band 0, 12 words) but "old" (twice, band 1,
-  // alone); the plain listed content words of the held-out sentences are "books" and "dog"
-  // ("plum," and "apple." carry punctuation). Distractors: 3 distinct other band-0 words.
-  const std::set<std::string> band0 = {"apple", "book", "books", "cities", "city", "dog",
-                                       "dogs", "fig", "kiwi", "lime", "pear", "plum"};
-  ASSERT_EQ(by["cloze"].size(), 2u);
-  for (const auto& [it, pos, target] : {std::tuple{by["cloze"][0], 1, "books"},
-                                        std::tuple{by["cloze"][1], 1, "dog"}}) {
+  // cloze: "dog" (S1, position 1) is the only content word with 4 words of a smaller and 4 of
+  // a larger count in its length class ("books", "apple" have nothing below their count 1);
+  // its distractors: r of the 4 just below (hen, pig, old, cow) and 3 − r of the 4 just above
+  // (fox, owl, emu, yak), distinct.
+  const std::set<std::string> below = {"hen", "pig", "old", "cow"}, above = {"fox", "owl", "emu", "yak"};
+  ASSERT_EQ(by["cloze"].size(), 1u);
+  {
+    const auto& it = by["cloze"][0];
     ASSERT_EQ(it.choices.size(), 4u);
+    EXPECT_EQ(it.choices[0], "This dog is here.");
     std::set<std::string> used;
     for (size_t k = 1; k < 4; ++k) {
-      Sv w = words_of(it.choices[k]), w0 = words_of(it.choices[0]);
-      EXPECT_EQ(w0[size_t(pos)], target);
-      EXPECT_TRUE(band0.count(w[size_t(pos)])) << w[size_t(pos)];
-      EXPECT_NE(w[size_t(pos)], target);
-      used.insert(w[size_t(pos)]);
-      w[size_t(pos)] = target;
-      EXPECT_EQ(w, w0);  // nothing else changed
+      Sv w = words_of(it.choices[k]);
+      EXPECT_TRUE(below.count(w[1]) || above.count(w[1])) << w[1];
+      used.insert(w[1]);
+      w[1] = "dog";
+      EXPECT_EQ(join_words(w), it.choices[0]);  // nothing else changed
     }
     EXPECT_EQ(used.size(), 3u);
   }
@@ -174,45 +189,53 @@ TEST(MinimalPairs, AParadigmWithoutAPlaceIsAnError) {
   EXPECT_THROW(make_minimal_pair_items(built_corpus(), o), std::invalid_argument);
 }
 
-// Cloze distractors: three distinct words of the target's frequency band, never the target,
-// placed at the target's position.
-TEST(MinimalPairs, ClozeDistractorsShareTheTargetsBand) {
+// Cloze distractors: words of about the target's length just below and above its count, the
+// target's frequency rank among the four uniform over seeds (so a frequency-only model scores
+// chance), never the target, at the target's position.
+TEST(MinimalPairs, ClozeRanksTheTargetUniformlyByFrequency) {
   CorpusSplit c;
-  // Band 2 (counts 4..7): red ×4, blue ×5, green ×6, brown ×7, black ×4; band 3: white ×8.
-  std::string t;
-  for (auto [w, n] : std::vector<std::pair<std::string, int>>{
-           {"red", 4}, {"blue", 5}, {"green", 6}, {"brown", 7}, {"black", 4}, {"white", 8}})
-    for (int i = 0; i < n; ++i) t += w + " ";
+  // 4-letter words of counts 1..9, "blue" in the middle (5).
+  std::string t = " book books ";
+  const std::vector<std::string> ladder = {"gold", "pink", "rust", "teal", "blue",
+                                           "navy", "cyan", "lime", "jade"};
+  for (size_t k = 0; k < ladder.size(); ++k)
+    for (size_t i = 0; i <= k; ++i) t += ladder[k] + " ";
   c.train_docs = {t};
-  c.heldout_docs = {"I saw the blue car today.\nThe white house stood there."};
+  // Places for the other paradigms, both forms of each.
+  c.heldout_docs = {"I saw the blue car today.\nThese books are an idea. This book is a gift."};
   c.heldout_names = {"h"};
   MinimalPairOptions o;
   o.min_words = 3;
-  o.cloze_min_count = 4;
-  // Places for the other paradigms, both forms of each ("These books", "This book", "books
-  // are", "book is", "an idea", "a gift").
-  c.train_docs[0] += " book books ";
-  c.heldout_docs[0] += "\nThese books are an idea. This book is a gift.";
-  const auto items = make_minimal_pair_items(c, o);
-  const std::set<std::string> band2 = {"red", "blue", "green", "brown", "black"};
-  int cloze = 0;
-  for (const auto& it : items) {
-    if (it.paradigm != "cloze") continue;
-    ++cloze;
-    ASSERT_EQ(it.choices.size(), 4u);
-    EXPECT_EQ(it.choices[0], "I saw the blue car today.");  // "white" has no band partner
-    std::set<std::string> used;
-    for (size_t k = 1; k < 4; ++k) {
-      const Sv w = words_of(it.choices[k]);
-      ASSERT_EQ(w.size(), 6u);
-      EXPECT_EQ(w[0] + w[1] + w[2] + w[4] + w[5], "Isawthecartoday.");
-      EXPECT_TRUE(band2.count(w[3])) << w[3];
-      EXPECT_NE(w[3], "blue");
-      used.insert(w[3]);
+  o.cloze_min_count = 1;
+  std::map<int, int> rank;  // distractors below the target's count → seeds
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    o.seed = seed;
+    int cloze = 0;
+    for (const auto& it : make_minimal_pair_items(c, o)) {
+      if (it.paradigm != "cloze") continue;
+      ++cloze;
+      ASSERT_EQ(it.choices.size(), 4u);
+      EXPECT_EQ(it.choices[0], "I saw the blue car today.");
+      std::set<std::string> used;
+      int r = 0;
+      for (size_t k = 1; k < 4; ++k) {
+        Sv w = words_of(it.choices[k]);
+        ASSERT_EQ(w.size(), 6u);
+        const auto at = std::find(ladder.begin(), ladder.end(), w[3]);
+        ASSERT_NE(at, ladder.end()) << w[3];
+        EXPECT_NE(w[3], "blue");
+        r += at < ladder.begin() + 4;
+        used.insert(w[3]);
+        w[3] = "blue";
+        EXPECT_EQ(join_words(w), it.choices[0]);
+      }
+      EXPECT_EQ(used.size(), 3u);
+      ++rank[r];
     }
-    EXPECT_EQ(used.size(), 3u);
+    ASSERT_EQ(cloze, 1) << "seed " << seed;
   }
-  EXPECT_EQ(cloze, 1);
+  // r uniform in 0..3: 50 expected each; ±25 is beyond 4 binomial standard deviations (6.1).
+  for (int r = 0; r <= 3; ++r) EXPECT_NEAR(rank[r], 50, 25) << "r = " << r;
 }
 
 TEST(MinimalPairs, CreditAndMarginByHand) {
@@ -292,8 +315,22 @@ TEST(MinimalPairs, TheBrownItemsAreTheShippedSet) {
   const auto items = make_minimal_pair_items(split_corpus(brown), t.opt);
   std::map<std::string, int> n;
   for (const auto& it : items) ++n[it.paradigm];
-  // 300 per paradigm but det-noun (113 places of each form are too few for 150).
-  for (auto p : kMinimalPairParadigms) EXPECT_GE(n[std::string(p)], p == "det-noun" ? 100 : 300) << p;
+  // 300 per paradigm but det-noun (too few "these" originals for 150 of each).
+  for (auto p : kMinimalPairParadigms) EXPECT_GE(n[std::string(p)], p == "det-noun" ? 80 : 300) << p;
+  // Each word of a pair is the original as often as the other (±1), per pair: the change
+  // field names the original's word first ("was -> were").
+  std::map<std::string, int> orig;
+  for (const auto& it : items)
+    if (it.paradigm == "det-noun" || it.paradigm == "a-an" || it.paradigm == "subj-verb") {
+      std::string w = it.change.substr(0, it.change.find(' '));
+      for (char& ch : w) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      ++orig[w];
+    }
+  for (auto [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"this", "these"}, {"a", "an"}, {"is", "are"}, {"was", "were"}, {"has", "have"}}) {
+    EXPECT_GT(orig[a], 10) << a;
+    EXPECT_LE(std::abs(orig[a] - orig[b]), 1) << a << " " << orig[a] << ", " << b << " " << orig[b];
+  }
   EXPECT_EQ(fnv1a64_hex(minimal_pair_items_jsonl(items)), t.shipped_hash)
       << "the items changed: a changed rule or draw must update the shipped hash (and the "
          "results that used the old items)";
@@ -351,4 +388,48 @@ TEST(MinimalPairs, ShortForwardScoresEqualTheFullLengthOnes) {
   EXPECT_TRUE(s2.finite);
 }
 
+}  // namespace
+
+namespace {
+// minimal_pair_rows: one EOS-led row per sentence, every token its continuation; an item with a
+// sentence longer than max_tokens tokens is left out with no rows; T is the longest row minus
+// one rounded up to 16, at most max_tokens.
+TEST(MinimalPairs, RowsSkipLongItemsAndRoundTheForwardLength) {
+  const fs::path dir = fs::temp_directory_path() / ("fp4_mp_rows_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "corpus");
+  const Sv words = {"the", "dog", "saw", "a", "cat", "and", "these", "books", "are", "old"};
+  for (int d = 0; d < 20; ++d) {
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += words[size_t((i * 7 + d * 3) % 10)] + (i % 9 == 8 ? ".\n" : " ");
+    std::ofstream(dir / "corpus" / ("d" + std::to_string(100 + d) + ".txt")) << text;
+  }
+  const TokenData td = prepare_tokens(dir / "corpus", 300, dir / "cache");
+  const Tokenizer tok(td.tokenizer_model);
+  std::vector<MinimalPairItem> items(3);
+  items[0].choices = {"the dog saw a cat.", "the saw dog a cat."};
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += "these books are old ";
+  items[1].choices = {long_text, long_text + "x"};
+  items[2].choices = {"a cat.", "an cat.", "the cat.", "old cat."};
+  const int max_tokens = 24;
+  const MinimalPairRows r = minimal_pair_rows(items, tok, max_tokens);
+  EXPECT_EQ(r.skipped, (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(r.first_row, (std::vector<size_t>{0, 2, 2}));
+  ASSERT_EQ(r.seqs.size(), 6u);
+  size_t longest = 0;
+  const std::vector<std::string> kept = {items[0].choices[0], items[0].choices[1], items[2].choices[0],
+                                         items[2].choices[1], items[2].choices[2], items[2].choices[3]};
+  for (size_t k = 0; k < 6; ++k) {
+    const std::vector<int> ids = tok.encode(kept[k]);
+    ASSERT_EQ(r.seqs[k].tokens.size(), ids.size() + 1) << kept[k];
+    EXPECT_EQ(r.seqs[k].tokens[0], kTokenEos);
+    EXPECT_EQ(r.seqs[k].continuation, int(ids.size()));
+    for (size_t j = 0; j < ids.size(); ++j) EXPECT_EQ(r.seqs[k].tokens[j + 1], ids[j]);
+    longest = std::max(longest, r.seqs[k].tokens.size());
+  }
+  EXPECT_GT(tok.encode(long_text).size(), size_t(max_tokens));
+  EXPECT_EQ(r.T, std::min(max_tokens, int((longest - 1 + 15) / 16 * 16)));
+  fs::remove_all(dir);
+}
 }  // namespace

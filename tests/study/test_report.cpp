@@ -792,17 +792,25 @@ TEST(ReportMinimalPairs, TaskFileIsReadAndChecked) {
         << R"({"task":"minimal-pairs","items":4,"items_fnv1a64":"abc","step":2,"paradigms":)"
         << paradigms << R"(,"results":{)" << results << "}}";
   };
-  const std::string two = R"([{"name":"swap","first":0,"items":2,"chance":0.5},
-                              {"name":"cloze","first":2,"items":2,"chance":0.25}])";
+  // The six paradigms, covering the 4 items: swap 0..1, cloze 2..3, the others empty.
+  auto six = [](const std::string& swap_first) {
+    return R"([{"name":"swap","first":)" + swap_first + R"(,"items":2,"chance":0.5},
+               {"name":"shuffle","first":2,"items":0,"chance":0.5},
+               {"name":"det-noun","first":2,"items":0,"chance":0.5},
+               {"name":"a-an","first":2,"items":0,"chance":0.5},
+               {"name":"subj-verb","first":2,"items":0,"chance":0.5},
+               {"name":"cloze","first":2,"items":2,"chance":0.25}])";
+  };
+  const std::string two = six("0");
   file(two, R"("none":{"finite":true,"credit":"102-","margin":[1.5,-0.25,0,null]},
                "current":{"finite":false})");
   const RunRecord a = read_run(d);
   EXPECT_EQ(a.cpu, "Test CPU");
   EXPECT_EQ(a.pairs.items_hash, "abc");
-  ASSERT_EQ(a.pairs.paradigms.size(), 2u);
-  EXPECT_EQ(a.pairs.paradigms[1].name, "cloze");
-  EXPECT_EQ(a.pairs.paradigms[1].first, 2u);
-  EXPECT_DOUBLE_EQ(a.pairs.paradigms[1].chance, 0.25);
+  ASSERT_EQ(a.pairs.paradigms.size(), 6u);
+  EXPECT_EQ(a.pairs.paradigms[5].name, "cloze");
+  EXPECT_EQ(a.pairs.paradigms[5].first, 2u);
+  EXPECT_DOUBLE_EQ(a.pairs.paradigms[5].chance, 0.25);
   const auto& o = a.pairs.results.at("none");
   EXPECT_EQ(o.credit[0], 1.0);
   EXPECT_EQ(o.credit[2], 0.5);
@@ -816,8 +824,20 @@ TEST(ReportMinimalPairs, TaskFileIsReadAndChecked) {
   expect_error("item 0's credit disagrees with its margin");
   file(two, R"("none":{"finite":true,"credit":"1x00","margin":[1,0,0,0]})");
   expect_error("is not 0, 1, 2..9 or -");
-  file(R"([{"name":"swap","first":3,"items":2,"chance":0.5}])", "");
-  expect_error("runs past the 4 items");
+  file(six("1"), "");
+  expect_error("first is 1, expected 0");
+  file(six("-1"), "");
+  expect_error("paradigm swap: first must be a non-negative integer");
+  file(R"([{"name":"cloze","first":0,"items":4,"chance":0.25}])", "");
+  expect_error("paradigm 1 is 'cloze', expected the paradigms in the order of the task");
+  file(R"([{"name":"swap","first":0,"items":2,"chance":0.5}])", "");
+  expect_error("must be the task's 6 and cover its 4 items");
+  file(two, R"("none":{"finite":"yes"})");
+  expect_error("results.none: missing boolean 'finite'");
+  file(two, R"("none":{"finite":true,"credit":"1020","margin":[1,-1,"x",0]})");
+  expect_error("margin holds a non-number");
+  std::ofstream(d / "task-minimal-pairs.json") << R"({"task":"minimal-pairs","items":"4","items_fnv1a64":"abc","paradigms":[],"results":{}})";
+  expect_error("items must be a non-negative integer");
   std::ofstream(d / "task-minimal-pairs.json") << R"({"task":"next-sentence","results":{}})";
   expect_error("not a minimal-pairs task file");
   fs::remove_all(d);
@@ -830,6 +850,7 @@ TEST(ReportMinimalPairs, SectionPoolsSeedsAndPairsItems) {
                 std::vector<double> margin) {
     RunRecord r = run(recipe, 4.0, 20, 1);
     r.seed = seed;
+    r.cpu = "AMD EPYC";
     r.pairs.items_hash = "abc";
     r.pairs.paradigms = {{"swap", 0, 2, 0.5}, {"cloze", 2, 2, 0.25}};
     r.pairs.results["none"] = {credit, margin};
@@ -849,9 +870,17 @@ TEST(ReportMinimalPairs, SectionPoolsSeedsAndPairsItems) {
   // points; discordant pairs: 0 right under fp4 only, 3 under bf16 only → p = 2 · (1/2)^3.
   EXPECT_NE(md.find("| `fp4` − `bf16` | none | 2 | -37.5 ["), std::string::npos) << md;
   EXPECT_NE(md.find("| 0 / 3 | 0.25 |"), std::string::npos) << md;
-  // Margin differences per item: (−0.5 + 0)/2, (−3 + 0)/2, (−1 − 1.5)/2, (0 − 2)/2 →
-  // −0.25, −1.5, −1.25, −1: mean −1.0.
-  EXPECT_NE(md.find("| -1.000 ["), std::string::npos) << md;
+  // Margin differences per item (mean over seeds): swap (−0.5 + 0)/2, (−3 + 0)/2 → −0.25,
+  // −1.5: mean −0.875; cloze (−1 − 1.5)/2, (0 − 2)/2 → −1.25, −1: mean −1.125; every resample
+  // of either pair is below 0, so both are marked.
+  EXPECT_NE(md.find("| 0 / 3 | 0.25 | -0.875* | -1.125* |"), std::string::npos) << md;
+  // The margin table: bf16 swap items (1 + 1)/2 and (2 + 1)/2 → +1.25, resamples 1 .. 1.5.
+  EXPECT_NE(md.find("| bf16 | none | 2 | +1.250 [+1.000, +1.500] |"), std::string::npos) << md;
+  // A seed whose runs were made on different CPUs is not paired.
+  std::vector<RunRecord> mixed = runs;
+  mixed[3].cpu = "Intel Xeon";  // fp4, seed 2
+  const std::string mm = minimal_pairs_md(mixed, {"bf16", "fp4"}, {"none"}, "bf16", {});
+  EXPECT_NE(mm.find("| `fp4` − `bf16` | none | 1 (1 left out: other CPU) | "), std::string::npos) << mm;
   // A cloze interval reaching chance is named: fp4's cloze items have seed means 0 and 0.5.
   EXPECT_NE(md.find("fp4 / none / cloze"), std::string::npos) << md;
   // No run with minimal-pairs results: no section.

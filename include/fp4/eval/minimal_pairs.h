@@ -20,22 +20,28 @@ namespace fp4 {
 /// The paradigms, in the order items are drawn and reported:
 ///  - `swap`: two adjacent plain words exchanged (2 choices);
 ///  - `shuffle`: every word of the sentence permuted (2 choices);
-///  - `det-noun`: the determiner before a noun changed to its other number (this ↔ these,
-///    that ↔ those, each ↔ all), only where the original agrees (the noun's other number is
-///    in the training split's word list: singular after this/that/each, plural after
-///    these/those/all) and the
-///    noun ends the noun phrase (punctuation, the sentence's end or a function word follows
-///    it, so that an adjective is not taken for the noun). Flipping the determiner, not the
-///    noun, keeps the two sentences about one length in tokens (2 choices);
+///  - `det-noun`: this ↔ these before a noun, only where the original agrees (the noun's
+///    other number is in the training split's word list: singular after "this", plural after
+///    "these") and the noun ends the noun phrase (punctuation, the sentence's end or a
+///    function word follows it, so that an adjective is not taken for the noun). The
+///    determiner is flipped, not the noun, so the two sentences have as many tokens; that ↔
+///    those and each ↔ all are not used ("said that men ...", "those stand out", "all year"
+///    are grammatical) (2 choices);
 ///  - `a-an`: the indefinite article exchanged, a ↔ an, before a word that starts with a
 ///    lower-case ASCII letter (2 choices);
 ///  - `subj-verb`: the verb after an adjacent subject of known number changed to the other
 ///    number (is/are, was/were, has/have; subjects he/she/it, they/we, or a noun whose other
 ///    number is in the word list), only where the original agrees (2 choices);
-///  - `cloze`: a frequent content word replaced by three words of the same frequency band
-///    (same floor(log2 count) in the training split), 4 choices.
+///  - `cloze`: a frequent content word replaced by 3 words near it in frequency: among the
+///    content words within one letter of its length, ranked by (training count, word), r of
+///    the kClozeNeighbours just below its count and 3 − r of those just above it (never of
+///    its count), with r uniform in 0..3, so the target is the most frequent of the four with
+///    probability 1/4; a target needs kClozeNeighbours such words on each side (4 choices).
+/// A noun is never a function word or pronoun ("its", "his", "more", "still" are not nouns).
 inline constexpr std::array<std::string_view, 6> kMinimalPairParadigms = {
     "swap", "shuffle", "det-noun", "a-an", "subj-verb", "cloze"};
+/// A cloze item's distractors come from this many frequency-rank neighbours on each side.
+inline constexpr size_t kClozeNeighbours = 4;
 
 /// How the items are drawn (defaults: configs/tasks/minimal-pairs.toml).
 struct MinimalPairOptions {
@@ -59,9 +65,9 @@ struct MinimalPairItem {
 };
 
 /// Word counts of the training split: every whitespace-separated word, stripped of leading
-/// and trailing ASCII punctuation, lower-cased, kept when it is made of ASCII letters only
-/// (an inner apostrophe or hyphen excluded). The list the agreement flips and the cloze
-/// bands are taken from.
+/// and trailing ASCII punctuation, counted when it is made of lower-case ASCII letters only
+/// (so a capitalised name, "Ohio", is not a cloze word, and "Wes" does not make "we" a
+/// noun). The list the agreement flips and the cloze frequencies are taken from.
 std::map<std::string, int64_t> training_word_counts(const CorpusSplit& split);
 
 /// The regular English plural of a lower-case word: +es after s, x, z, ch, sh; y → ies after
@@ -73,11 +79,13 @@ std::string plural_of(std::string_view singular);
 /// splits them). For each paradigm in kMinimalPairParadigms order, every place (sentence and
 /// word position) where it applies is collected in (document, sentence, position) order; a
 /// seeded Fisher–Yates shuffle (splitmix64(seed, draw++), one stream for the whole set)
-/// orders them, the first place of each not-yet-used sentence is taken until `items` are
-/// (det-noun, a-an and subj-verb: alternately a place of each form of the original —
-/// singular or plural, "a" or "an" — stopping when one runs out, so that the forms differ
-/// by at most one item and a model that knows only which form is more frequent scores
-/// chance), and the chosen ones are sorted back into (document, sentence) order before the altered
+/// orders them, and the first place of each not-yet-used sentence is taken until `items`
+/// are. det-noun, a-an and subj-verb take their places in turns: round robin over the word
+/// pairs altered (subj-verb: is/are, was/were, has/have), and within a pair alternately an
+/// original with each word, a pair closing when the word whose turn it is has no place left;
+/// so the two words of a pair differ by at most one item, and a model that knows only which
+/// word is more frequent scores chance. The chosen places are sorted back into
+/// (document, sentence) order before the altered
 /// copies (shuffle permutations, cloze distractors) are drawn. Deterministic: the same split
 /// and options give the same items. Throws fp4::UserError when a paradigm has no place in
 /// the held-out split (the corpus is too small or not English), std::invalid_argument on

@@ -103,6 +103,12 @@ struct RunRecord {
 /// line on a missing or malformed file (a corrupt or truncated metrics.jsonl.zst included).
 RunRecord read_run(const std::filesystem::path& dir);
 
+/// Read a task-minimal-pairs.json (`fp4train eval --task minimal-pairs --json`): task,
+/// items_fnv1a64, items, step, the six paradigms in the task's order covering the items end to
+/// end, and per policy with finite scores the credits and margins, each credit checked
+/// against its margin. Throws fp4::UserError naming the file and the field on anything else.
+RunRecord::Pairs read_minimal_pairs_file(const std::filesystem::path& file);
+
 /// Loss spikes (issue 4 §4): the number of entries i whose loss exceeds the median of the
 /// previous `window` entries (all previous ones while fewer exist; none for i = 0) by more
 /// than `threshold`. Non-finite losses count as spikes. O(n·window·log window).
