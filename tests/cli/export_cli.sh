@@ -16,9 +16,13 @@ micro_setup "$work" steps=3 warmup_steps=1 interval=100 windows=4 telemetry_inte
 expect_error "checkpoint $work/nothing does not exist" export --checkpoint "$work/nothing" --out "$work/hf"
 expect_error "--out is required" export --checkpoint "$work/nothing"
 expect_error "--checkpoint is required" export --out "$work/hf"
-"$bin" export --help | grep -q "model.embed_tokens.weight" || fail "export --help lacks the name map"
-"$bin" export --help | grep -q "backbone.layers.N.mixer" || fail "export --help lacks the Nemotron-H names"
-"$bin" eval --help | grep -q -- "--grad-out" || fail "eval --help lacks --grad-out"
+# The help is captured first: `"$bin" ... --help | grep -q` under pipefail fails whenever grep
+# exits before the program's second write (a help text over 4 KiB, e.g. eval's), a race.
+help_export=$("$bin" export --help) || fail "export --help exited non-zero"
+help_eval=$("$bin" eval --help) || fail "eval --help exited non-zero"
+grep -q "model.embed_tokens.weight" <<<"$help_export" || fail "export --help lacks the name map"
+grep -q "backbone.layers.N.mixer" <<<"$help_export" || fail "export --help lacks the Nemotron-H names"
+grep -q -- "--grad-out" <<<"$help_eval" || fail "eval --help lacks --grad-out"
 expect_error "--grad-windows goes with --grad-out" eval --config "$work/micro.toml" --init-seed 1 --grad-windows 2
 expect_error "--grad-out $work/no/g.safetensors: directory" eval --config "$work/micro.toml" --init-seed 1 --grad-out "$work/no/g.safetensors"
 expect_error "exceeds the 4 held-out windows" eval --config "$work/micro.toml" --init-seed 1 --policy none --grad-out "$work/g.safetensors" --grad-windows 5

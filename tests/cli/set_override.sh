@@ -43,7 +43,8 @@ assert s["recipe"] == sys.argv[2], s["recipe"]
 assert s["config"] == "micro+train.lr=2e-3", s["config"]
 PY
 # The resolved files are a complete run: `--resume` of the finished run reads them back.
-"$bin" train --resume "$dir" 2>&1 | grep -q "already completed" || fail "resume of the --set run"
+resume_out=$("$bin" train --resume "$dir" 2>&1)  # captured: grep -q in a pipe races the writer
+grep -q "already completed" <<<"$resume_out" || fail "resume of the --set run"
 
 # eval of its checkpoint names the labelled recipe; --set changes it again, labelled again.
 "$bin" eval --checkpoint "$dir" --policy current --json e.json > /dev/null 2>&1 || fail "eval"
