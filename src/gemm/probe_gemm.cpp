@@ -28,9 +28,16 @@
 // span per output by span_A(row i, chunk) + span_B(row j, chunk) (exponent ranges of the
 // nonzero segments, precomputed per row); the rare outputs where that bound exceeds the limit
 // (block scales of one row 2^16 or more apart inside one 64-chunk, on both sides) are
-// recomputed with an exact multi-word integer sum and explicit RNE (round_terms_rne).
+// recomputed with an exact multi-word integer sum and explicit RNE
+// (detail::round_exact_terms_rne, fp4/gemm/accumulator.h).
 //
-// Kernels. Portable: per output, int32 segment dots, double chunk sums, add_rtz, finish.
+// Accumulator. The chunk length (64 above), the rounding of the partials' additions (RTZ) and
+// the snap (1/1024) are ProbeGemmOptions::accumulator's (fp4/gemm/accumulator.h): the portable
+// kernel runs that component's accumulate_add and snap_to_grid, for any accumulator; the SIMD
+// kernels implement the default one (chunk 64, RTZ, 1/1024), and the others run the portable
+// kernel. The arguments below hold for any chunk ≤ 128 with 64 replaced by the chunk.
+//
+// Kernels. Portable: per output, int32 segment dots, double chunk sums, accumulate_add, snap.
 // AVX-512 VNNI: B packed in panels of 32 columns as bytes n_b + 12 (unsigned), A's n_a as the
 // broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
 // segment the 4×32 tile's D_s are converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
@@ -43,7 +50,7 @@
 // RTZ accumulation. The AVX-512 kernel uses the hardware's FP32 addition with embedded
 // round-toward-zero (vaddps {rz-sae}), which is IEEE RTZ by definition; the AVX2 kernel has
 // no embedded rounding and corrects the RNE sum with its exact TwoSum error. The portable
-// path uses add_rtz below: the double sum of two floats is NOT always exact (exponents
+// path uses the accumulator component's add_rtz: the double sum of two floats is NOT always exact (exponents
 // further apart than 29 need more than 53 bits: 1 − 2^-60 rounds to 1 in double, whose
 // truncation would be wrong), so it computes the TwoSum error term and corrects the
 // truncation with it.
@@ -104,8 +111,8 @@ namespace {
 
 /// Bound on span_A + span_B under which the chunk sum in double is exact (see file comment):
 /// every chunk sum is < 2^(bitlength(64·144·max m_a·max m_b) + span) units and must stay ≤ 2^53.
-int span_limit(int mmax_a, int mmax_b) {
-  const int64_t bound = int64_t{kProbeChunk} * 144 * mmax_a * mmax_b;
+int span_limit(int mmax_a, int mmax_b, int64_t chunk) {
+  const int64_t bound = chunk * 144 * mmax_a * mmax_b;
   return 53 - (64 - std::countl_zero(static_cast<uint64_t>(bound)));
 }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -162,21 +169,24 @@ void check_tensor(const char* name, const QuantizedTensor& q) {
   }
 }
 
-Plan make_plan(int64_t K, int64_t block_a, int64_t block_b) {
+Plan make_plan(int64_t K, int64_t block_a, int64_t block_b, const Accumulator& acc) {
   Plan p;
   p.K = K;
-  p.nchunk = (K + kProbeChunk - 1) / kProbeChunk;
+  p.acc = acc;
+  p.chunk = acc.chunk;
+  const int64_t ch = p.chunk;
+  p.nchunk = (K + ch - 1) / ch;
   int64_t k = 0, p0 = 0;
   p.chunk_first.push_back(0);
   while (k < K) {
     const int64_t k1 = std::min({K, (k / block_a + 1) * block_a, (k / block_b + 1) * block_b,
-                                 (k / kProbeChunk + 1) * kProbeChunk});
+                                 (k / ch + 1) * ch});
     Segment s{k, k1, p0, round_up(k1 - k, 4), {k / block_a, k / block_b}};
     p.contiguous &= s.p0 == s.k0;
     p.segs.push_back(s);
     p0 += s.plen;
     k = k1;
-    if (k % kProbeChunk == 0 || k == K) p.chunk_first.push_back(static_cast<int64_t>(p.segs.size()));
+    if (k % ch == 0 || k == K) p.chunk_first.push_back(static_cast<int64_t>(p.segs.size()));
   }
   p.Kp = p0;
   p.nseg = static_cast<int64_t>(p.segs.size());
@@ -381,107 +391,12 @@ int max_scale_frac_bits(const QuantizedTensor& q) {
 
 // ---- exact scalar building blocks -------------------------------------------------------
 
-/// v·2^u.
-struct Term {
-  int64_t v;
-  int u;
-};
-
-/// RNE rounding to FP32 of the exact value Σ t[i].v·2^(t[i].u), for |v| < 2^31 and n ≤ 64
-/// (any exponents): two's-complement sum on 64-bit words, then IEEE binary32 rounding with
-/// subnormals and overflow to ±Inf. An exact zero gives +0.
-float round_terms_rne(const Term* t, int n) {
-  int umin = INT_MAX, umax = INT_MIN;
-  for (int i = 0; i < n; ++i) {
-    if (t[i].v == 0) continue;
-    umin = std::min(umin, t[i].u);
-    umax = std::max(umax, t[i].u);
-  }
-  if (umin == INT_MAX) return 0.0f;
-  // |Σ| < 64·2^31·2^(umax − umin) = 2^(37 + umax − umin): width bits plus sign fit in L words.
-  const int L = (umax - umin + 38) / 64 + 2;
-  std::vector<uint64_t> w(static_cast<size_t>(L), 0);
-  for (int i = 0; i < n; ++i) {
-    const int64_t v = t[i].v;
-    if (v == 0) continue;
-    const int sh = t[i].u - umin, wi = sh / 64, b = sh % 64;
-    const uint64_t ext = v < 0 ? ~uint64_t{0} : 0;
-    const uint64_t lo = static_cast<uint64_t>(v) << b;
-    const uint64_t hi = b == 0 ? ext : static_cast<uint64_t>(v >> (64 - b));
-    uint64_t carry = 0;
-    for (int k = wi; k < L; ++k) {
-      const uint64_t add = k == wi ? lo : (k == wi + 1 ? hi : ext);
-      const uint64_t s1 = w[static_cast<size_t>(k)] + add;
-      const uint64_t c1 = s1 < add;
-      const uint64_t s2 = s1 + carry;
-      const uint64_t c2 = s2 < carry;
-      w[static_cast<size_t>(k)] = s2;
-      carry = c1 | c2;
-    }
-  }
-  const bool neg = (w[static_cast<size_t>(L - 1)] >> 63) != 0;
-  if (neg) {  // magnitude = ~w + 1
-    uint64_t carry = 1;
-    for (auto& x : w) {
-      x = ~x + carry;
-      carry = (carry && x == 0) ? 1 : 0;
-    }
-  }
-  int top = -1;
-  for (int k = L - 1; k >= 0 && top < 0; --k) {
-    if (w[static_cast<size_t>(k)]) top = 64 * k + 63 - std::countl_zero(w[static_cast<size_t>(k)]);
-  }
-  if (top < 0) return 0.0f;  // exact cancellation: +0
-  auto bit = [&](int pos) { return (w[static_cast<size_t>(pos / 64)] >> (pos % 64)) & 1u; };
-  const int etop = umin + top;
-  const int q = std::max(etop - 23, -149);  // exponent of one FP32 ulp at this magnitude
-  const int sh = q - umin;
-  uint64_t m = 0;
-  int scale_exp;
-  if (sh <= 0) {  // every bit is kept: the value is already on the FP32 grid (or overflows)
-    for (int pos = top; pos >= 0; --pos) m = (m << 1) | bit(pos);
-    scale_exp = umin;
-  } else {
-    for (int pos = top; pos >= sh; --pos) m = (m << 1) | bit(pos);
-    const bool round = bit(sh - 1) != 0;
-    bool sticky = false;
-    for (int pos = sh - 2; pos >= 0 && !sticky; --pos) sticky = bit(pos) != 0;
-    if (round && (sticky || (m & 1u))) ++m;
-    scale_exp = q;
-  }
-  // m < 2^25 and scale_exp within ±400: exact in double; the float conversion is exact, or
-  // overflows to Inf exactly when the rounded value is ≥ 2^128 (IEEE RNE overflow).
-  const float r = static_cast<float>(std::ldexp(static_cast<double>(m), scale_exp));
-  return neg ? -r : r;
-}
-
-/// FP32 addition rounded toward zero, exactly. s = fl64(a + b) may be inexact, so the TwoSum
-/// error e (a + b = s + e exactly, |e| ≤ ulp64(s)/2) decides the truncation: if s is not an
-/// FP32 value, no FP32 value lies between s and s + e (they are ≥ one ulp64 apart on the FP32
-/// grid), so trunc(s + e) = trunc(s); if s is an FP32 value, s + e truncates to s unless e
-/// points toward zero, then to the next FP32 value toward zero. Overflow gives ±FLT_MAX.
-/// Inf/NaN operands follow IEEE (the result does not depend on the rounding mode).
-inline float add_rtz(float a, float b) {
-  if (!std::isfinite(a) || !std::isfinite(b)) return a + b;
-  const double x = a, y = b;
-  const double s = x + y;
-  const double bv = s - x;
-  const double e = (x - (s - bv)) + (y - bv);
-  float t = static_cast<float>(s);
-  if (std::fabs(static_cast<double>(t)) > std::fabs(s)) {
-    t = std::nextafter(t, 0.0f);  // rounded away from zero (or to Inf): step back
-  } else if (static_cast<double>(t) == s && e != 0.0 && ((e < 0.0) != (s < 0.0))) {
-    t = std::nextafter(t, 0.0f);
-  }
-  return t;
-}
-
-/// 2^-10·RNE(2^10·x) (exact; sign of zero kept, Inf/NaN pass through).
-inline float snap1024(float x) {
-  return static_cast<float>(std::nearbyint(static_cast<double>(x) * 1024.0) / 1024.0);
-}
-/// snap1024(acc), then times α (RNE).
-inline float finish(float acc, float alpha) { return snap1024(acc) * alpha; }
+/// RTZ addition of FP32 values: the accumulator component's (fp4/gemm/accumulator.h).
+inline float add_rtz(float a, float b) { return accumulate_add(a, b, AccumRounding::Rtz); }
+/// The default snap, 2^-10·RNE(2^10·x): the accumulator component's snap_to_grid.
+inline float snap1024(float x) { return snap_to_grid(x, 1 << kProbeSnapBits); }
+/// The accumulator's snap of acc, then times α (RNE).
+inline float finish(float acc, float alpha, int snap) { return snap_to_grid(acc, snap) * alpha; }
 
 inline int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t n) {
   int32_t s = 0;
@@ -502,7 +417,7 @@ float probe_output(const Plan& pl, const Packed& A, int64_t i, const Packed& B, 
   const int8_t* na = A.n.data() + i * Kp;
   const int8_t* nb = B.n.data() + j * Kp;
   float acc = 0.0f;
-  Term terms[kProbeChunk];
+  detail::ExactTerm terms[kProbeMaxChunk];  // a chunk has at most `chunk` segments
   for (int64_t c = 0; c < nc; ++c) {
     const bool in_double =
         A.span[static_cast<size_t>(i * nc + c)] + B.span[static_cast<size_t>(j * nc + c)] <= limit;
@@ -518,10 +433,10 @@ float probe_output(const Plan& pl, const Packed& A, int64_t i, const Packed& B, 
         terms[nt++] = {static_cast<int64_t>(D) * A.man[oa] * B.man[ob], A.ex[oa] + B.ex[ob] - 2};
       }
     }
-    const float chunk = in_double ? static_cast<float>(sum) : round_terms_rne(terms, nt);
-    acc = add_rtz(acc, chunk);
+    const float chunk = in_double ? static_cast<float>(sum) : detail::round_exact_terms_rne(terms, nt);
+    acc = accumulate_add(acc, chunk, pl.acc.rounding);
   }
-  return finish(acc, alpha);
+  return finish(acc, alpha, pl.acc.snap);
 }
 
 }  // namespace probe_impl
@@ -809,8 +724,16 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                                 ", " + std::to_string(b.cols) +
                                 "] (C = A·Bᵀ needs equal column counts)");
   }
-  const ProbeKernel kernel =
-      options.kernel == ProbeKernel::Auto ? probe_gemm_auto_kernel() : options.kernel;
+  options.accumulator.check();
+  const bool default_acc = options.accumulator.is_default();
+  if (!default_acc && options.kernel != ProbeKernel::Auto && options.kernel != ProbeKernel::Portable)
+    throw std::invalid_argument(std::string("probe_gemm: kernel ") + probe_kernel_name(options.kernel) +
+                                " implements the default accumulator (chunk 64, rtz, snap 1/1024) only, "
+                                "not " + options.accumulator.describe() + " (use kernel Auto or Portable)");
+  // The SIMD kernels implement the default accumulator; any other runs the portable kernel.
+  const ProbeKernel kernel = options.kernel != ProbeKernel::Auto ? options.kernel
+                             : default_acc                       ? probe_gemm_auto_kernel()
+                                                                 : ProbeKernel::Portable;
   if (kernel == ProbeKernel::Avx512Vnni && !probe_gemm_avx512_available())
     throw std::runtime_error("probe_gemm: this CPU has no AVX-512 VNNI (use kernel Auto)");
   if (kernel == ProbeKernel::Avx2 && !probe_gemm_avx2_available())
@@ -822,7 +745,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
   const bool simd = impl != Impl::Portable;
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   if (M == 0 || N == 0) return;
-  const Plan pl = make_plan(K, a.spec.block, b.spec.block);
+  const Plan pl = make_plan(K, a.spec.block, b.spec.block, options.accumulator);
   const float alpha = probe_gemm_alpha(a, b);
   // Packing buffers are kept per calling thread and reused (their capacity only grows), so
   // repeated calls do not pay for fresh pages.
@@ -854,7 +777,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
         for (int64_t s = 0; s < pl.nseg; ++s)
           BP.hs[static_cast<size_t>(((j / kNR) * pl.nseg + s) * kNR + j % kNR)] = 0.0;
     }
-    const int limit = span_limit(A.mmax, B.mmax);
+    const int limit = span_limit(A.mmax, B.mmax, pl.chunk);
     std::vector<std::atomic<int>> group_state(static_cast<size_t>(ngroups));
     std::vector<std::atomic<int>> panel_state(static_cast<size_t>(npan));
     std::atomic<unsigned> flags_a{0}, flags_b{0};
@@ -914,7 +837,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
   // Outputs whose chunk sums may not be exact in double: recompute them exactly.
   A.max_span = max_span_of(A);
   B.max_span = max_span_of(B);
-  const int limit = span_limit(A.mmax, B.mmax);
+  const int limit = span_limit(A.mmax, B.mmax, pl.chunk);
   if (A.max_span + B.max_span > limit) {
 #pragma omp parallel for schedule(dynamic, 4) if (par)
     for (int64_t i = 0; i < M; ++i)

@@ -22,14 +22,16 @@ inline constexpr int kNRV = 2;  // 16-column vectors per AVX-512 tile
 inline constexpr int kNR = 16 * kNRV;
 
 /// Along-K plan shared by both operands: segments (runs with constant scales of A and B inside
-/// one 64-chunk), each padded to a multiple of 4 in the packed layout.
+/// one chunk of the accumulator), each padded to a multiple of 4 in the packed layout.
 struct Segment {
   int64_t k0, k1;   ///< [k0, k1) in K
   int64_t p0;       ///< offset in the packed (padded) K layout, multiple of 4
-  int64_t plen;     ///< padded length, multiple of 4 (≤ 64: a segment lies in one chunk)
+  int64_t plen;     ///< padded length, multiple of 4 (≤ chunk: a segment lies in one chunk)
   int64_t bc[2];    ///< block column of operand A (0) and B (1)
 };
 struct Plan {
+  Accumulator acc;       ///< the accumulator (chunk, rounding of the partials' additions, snap)
+  int64_t chunk = kProbeChunk;  ///< acc.chunk: products per chunk
   int64_t K = 0, Kp = 0, nchunk = 0, nseg = 0;
   bool contiguous = true;  ///< p0 == k0 for every segment: packed layout = K layout + tail pad
   std::vector<Segment> segs;

@@ -181,9 +181,17 @@ float ref_add_rtz(float a, float b) {
   return r;
 }
 
-/// 2^-10·RNE(2^10·x) in long double, then times α (one FP32 rounding of the exact product).
-float ref_finish(float acc, float alpha) {
-  const long double s = std::nearbyintl(static_cast<long double>(acc) * 1024.0L) / 1024.0L;
+/// FP32 addition rounded to nearest even: the exact sum, rounded once by the reference.
+float ref_add_rne(float a, float b) {
+  if (!std::isfinite(a) || !std::isfinite(b)) return a + b;
+  return ref_round_rne({dy_of(a), dy_of(b)});
+}
+
+/// d⁻¹·RNE(d·x) in long double (d = 0: x), then times α (one FP32 rounding of the exact product).
+float ref_finish(float acc, float alpha, int d = 1024) {
+  const long double dd = d;
+  const long double s = d == 0 ? static_cast<long double>(acc)
+                               : std::nearbyintl(static_cast<long double>(acc) * dd) / dd;
   const float sf = static_cast<float>(s);
   if (std::isfinite(acc)) {
     EXPECT_EQ(static_cast<long double>(sf), s) << "snap not exact in FP32";
@@ -223,9 +231,11 @@ float ref_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
   return static_cast<float>(static_cast<double>(num) / den);
 }
 
-/// The probe-matched rules, spelled out: chunks [c0, c0 + 64), exact sum rounded once (RNE),
-/// RTZ accumulation from +0 in K order, snap to 1/1024 (RNE), times the contract's α.
-std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b) {
+/// The probe-matched rules, spelled out: chunks [c0, c0 + chunk), exact sum rounded once (RNE),
+/// RTZ (or RNE) accumulation from +0 in K order, snap to 1/d (RNE; d = 0 none), times the
+/// contract's α. The defaults are the paper's probe: 64, RTZ, 1/1024.
+std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b, int chunk = 64,
+                             bool rtz = true, int d = 1024) {
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   const float alpha = ref_alpha(a, b);
   std::vector<float> c(static_cast<size_t>(M * N));
@@ -233,15 +243,15 @@ std::vector<float> ref_probe(const QuantizedTensor& a, const QuantizedTensor& b)
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float acc = 0.0f;
-      for (int64_t c0 = 0; c0 < K; c0 += 64) {
+      for (int64_t c0 = 0; c0 < K; c0 += chunk) {
         terms.clear();
-        for (int64_t k = c0; k < std::min(K, c0 + 64); ++k) {
+        for (int64_t k = c0; k < std::min(K, c0 + chunk); ++k) {
           terms.push_back(product(a.codes[static_cast<size_t>(i * K + k)], scale_at(a, i, k),
                                   b.codes[static_cast<size_t>(j * K + k)], scale_at(b, j, k)));
         }
-        acc = ref_add_rtz(acc, ref_round_rne(terms));
+        acc = rtz ? ref_add_rtz(acc, ref_round_rne(terms)) : ref_add_rne(acc, ref_round_rne(terms));
       }
-      c[static_cast<size_t>(i * N + j)] = ref_finish(acc, alpha);
+      c[static_cast<size_t>(i * N + j)] = ref_finish(acc, alpha, d);
     }
   return c;
 }
@@ -265,7 +275,7 @@ const char* kname(ProbeKernel k) { return probe_kernel_name(k); }
 
 std::vector<float> run_probe(const QuantizedTensor& a, const QuantizedTensor& b, ProbeKernel k) {
   std::vector<float> c(static_cast<size_t>(a.rows * b.rows), -12345.0f);
-  probe_gemm(a, b, c.data(), ProbeGemmOptions{k});
+  probe_gemm(a, b, c.data(), ProbeGemmOptions{k, {}});
   return c;
 }
 
@@ -721,6 +731,74 @@ QuantizedTensor random_qt(std::mt19937_64& rng, int64_t rows, int64_t cols, int 
   return make_qt(rows, cols, block, two_d, std::move(codes), std::move(scales), gd);
 }
 
+/// Every accumulator of the contract's knobs (chunk 16/32/64/128, RTZ/RNE additions, snap none,
+/// 1/256, 1/1024, 1/4096) against the reference with the same knobs, on random quantized operands
+/// of several formats and K (ragged chunks included). Auto and Portable must match; a SIMD kernel
+/// asked for by name refuses any accumulator but the default.
+TEST(ProbeGemm, EveryAccumulatorMatchesTheReference) {
+  std::mt19937_64 rng(24);
+  // Operand pairs: quantizer output of three formats (sums mostly exact in FP32), block scales
+  // over UE5M3's whole range (inexact chunk sums: the chunk and the rounding matter), and every
+  // block scale 2^-7 (sums with bits below 1/1024: the snap matters).
+  std::vector<std::pair<QuantizedTensor, QuantizedTensor>> pairs;
+  std::vector<std::string> names;
+  for (int64_t K : {40, 129, 300}) {
+    for (ScaleFormat f : {ScaleFormat::UE5M3, ScaleFormat::E4M3, ScaleFormat::UE8M0}) {
+      const int64_t M = 1 + static_cast<int64_t>(rng() % 9), N = 1 + static_cast<int64_t>(rng() % 21);
+      const auto xa = random_matrix(rng, M, K, static_cast<int>(rng() % 4));
+      const auto xb = random_matrix(rng, N, K, static_cast<int>(rng() % 4));
+      pairs.emplace_back(quantize(xa, M, K, f, 16, false, 1.0f, Rounding::SR8),
+                         quantize(xb, N, K, f, 16, true, 1.0f));
+      names.push_back(std::string("quantized ") + scale_format_name(f) + " K=" + std::to_string(K));
+    }
+    pairs.emplace_back(random_qt(rng, 5, K, 16, false, 0), random_qt(rng, 9, K, 16, true, 0));
+    names.push_back("UE5M3 range K=" + std::to_string(K));
+    const int64_t bc = (K + 15) / 16;
+    std::vector<uint8_t> codes_a(static_cast<size_t>(4 * K)), codes_b(static_cast<size_t>(8 * K));
+    for (auto& c : codes_a) c = static_cast<uint8_t>(rng() % 16);
+    for (auto& c : codes_b) c = static_cast<uint8_t>(rng() % 16);
+    pairs.emplace_back(make_qt(4, K, 16, false, codes_a, std::vector<float>(static_cast<size_t>(4 * bc), 1.0f / 128)),
+                       make_qt(8, K, 16, false, codes_b, std::vector<float>(static_cast<size_t>(8 * bc), 1.0f / 128)));
+    names.push_back("scales 2^-7 K=" + std::to_string(K));
+  }
+  int cases = 0;
+  for (size_t t = 0; t < pairs.size(); ++t) {
+    const QuantizedTensor& qa = pairs[t].first;
+    const QuantizedTensor& qb = pairs[t].second;
+    const int64_t M = qa.rows, N = qb.rows;
+    for (int chunk : {16, 32, 64, 128})
+      for (bool rtz : {true, false})
+        for (int d : {0, 256, 1024, 4096}) {
+          Accumulator acc;
+          acc.chunk = chunk;
+          acc.rounding = rtz ? AccumRounding::Rtz : AccumRounding::Rne;
+          acc.snap = d;
+          const auto want = ref_probe(qa, qb, chunk, rtz, d);
+          for (ProbeKernel k : {ProbeKernel::Auto, ProbeKernel::Portable}) {
+            std::vector<float> c(static_cast<size_t>(M * N), -1.0f);
+            probe_gemm(qa, qb, c.data(), ProbeGemmOptions{k, acc});
+            EXPECT_TRUE(same_bits(c, want, N)) << kname(k) << " " << acc.describe() << ", " << names[t];
+          }
+          if (!acc.is_default()) {
+            std::vector<float> c(static_cast<size_t>(M * N));
+            for (ProbeKernel k : {ProbeKernel::Avx512Vnni, ProbeKernel::Avx2, ProbeKernel::Avx512Emulated})
+              EXPECT_THROW(probe_gemm(qa, qb, c.data(), ProbeGemmOptions{k, acc}), std::invalid_argument)
+                  << kname(k) << " " << acc.describe();
+          }
+          ++cases;
+        }
+  }
+  EXPECT_EQ(cases, 15 * 32);
+  // The operand pairs tell the knobs apart (else the loop above could not fail for one). Five
+  // pairs per K, in the order built: K = 300's UE5M3-range pair is 13, its 2^-7 pair 14.
+  const auto& [ra, rb] = pairs[13];
+  const auto& [va, vb] = pairs[14];
+  EXPECT_NE(ref_probe(ra, rb, 64, true, 0), ref_probe(ra, rb, 64, false, 0));
+  EXPECT_NE(ref_probe(ra, rb, 16, true, 0), ref_probe(ra, rb, 128, true, 0));
+  EXPECT_NE(ref_probe(va, vb, 64, true, 0), ref_probe(va, vb, 64, true, 1024));
+  EXPECT_NE(ref_probe(va, vb, 64, true, 1024), ref_probe(va, vb, 64, true, 256));
+}
+
 TEST(ProbeGemm, AdversarialScalesMatchReferenceBitForBit) {
   std::mt19937_64 rng(7);
   int nonfinite = 0;
@@ -956,7 +1034,7 @@ TEST(ProbeGemm, InvalidInputsThrow) {
   wide.codes[3 * 200 - 190] = 200;  // in a 64-byte stretch of the last row
   EXPECT_THROW(probe_gemm(wide_a, wide, c.data()), std::invalid_argument);
   for (ProbeKernel k : kernels())
-    EXPECT_THROW(probe_gemm(a, bad, c.data(), ProbeGemmOptions{k}), std::invalid_argument);
+    EXPECT_THROW(probe_gemm(a, bad, c.data(), ProbeGemmOptions{k, {}}), std::invalid_argument);
   bad = random_qt(rng, 3, 20, 16, false, 0);
   bad.scales[1] = 1.0f + std::ldexp(1.0f, -10);  // 11 significant bits
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);
@@ -985,11 +1063,11 @@ TEST(ProbeGemm, InvalidInputsThrow) {
   bad.spec.element = parse_element_format("int4");
   EXPECT_THROW(probe_gemm(a, bad, c.data()), std::invalid_argument);  // not E2M1
   if (!probe_gemm_avx512_available()) {
-    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx512Vnni}),
+    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx512Vnni, {}}),
                  std::runtime_error);
   }
   if (!probe_gemm_avx2_available()) {
-    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx2}), std::runtime_error);
+    EXPECT_THROW(probe_gemm(a, a, c.data(), ProbeGemmOptions{ProbeKernel::Avx2, {}}), std::runtime_error);
   }
 }
 

@@ -21,14 +21,17 @@
 #include <cstdint>
 #include <string>
 
+#include "fp4/gemm/accumulator.h"
 #include "fp4/gemm/gemm_mode.h"
 #include "fp4/numerics/block_quant.h"
 
 namespace fp4 {
 
-/// Products per K-chunk of the probe-matched mode.
+/// Products per K-chunk of the probe-matched mode (the default Accumulator's chunk).
 inline constexpr int kProbeChunk = 64;
-/// The accumulator is snapped to multiples of 2^-kProbeSnapBits (1/1024).
+/// The largest chunk an Accumulator may have.
+inline constexpr int kProbeMaxChunk = 128;
+/// The default accumulator is snapped to multiples of 2^-kProbeSnapBits (1/1024).
 inline constexpr int kProbeSnapBits = 10;
 
 /// Which probe-matched kernel runs. All give identical bits (tests/gemm/test_probe_gemm.cpp runs
@@ -47,6 +50,10 @@ enum class ProbeKernel {
 
 struct ProbeGemmOptions {
   ProbeKernel kernel = ProbeKernel::Auto;
+  /// How the products are added up (fp4/gemm/accumulator.h): chunk, rounding of the partials'
+  /// additions, snap. The default is the paper's probe (64, RTZ, 1/1024), the only one the SIMD
+  /// kernels implement: any other runs the portable kernel under ProbeKernel::Auto.
+  Accumulator accumulator;
 };
 
 /// True if this CPU (and build) can run ProbeKernel::Avx512Vnni and FP4_MAX_CPU_ISA
@@ -78,7 +85,8 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// A = `a` [M = a.rows, K = a.cols], B = `b` [N = b.rows, K = b.cols], both quantized along K
 /// (1-D blocks of any length, or 2-D tiles; block lengths may differ between a and b) with
 /// E2M1 elements and any scale rule (MX rules have no tensor scale, so α = 1).
-/// Rules in the file comment. Non-finite results: a chunk sum beyond FP32 range rounds to
+/// Rules in the file comment, with options.accumulator's chunk, rounding and snap in place of
+/// 64, RTZ and 1/1024 (the defaults). Non-finite results: a chunk sum beyond FP32 range rounds to
 /// ±Inf (RNE overflow) and propagates (Inf − Inf = NaN); RTZ accumulation of finite chunk sums
 /// saturates at ±FLT_MAX instead. This only happens with UE8M0 scales near 2^127. An exactly
 /// zero chunk sum is +0; the snap keeps the sign, so a tiny negative accumulator gives −0.
@@ -90,8 +98,10 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// and > 0, or if its tensor scales do not follow from g and T as quantize_blocks sets them
 /// (tensor-scaled: ge = (T·6)/g, 1 if g = 0, at most FLT_MAX, gd = 1/ge; MX: ge = gd = 1),
 /// since α comes from g and T (codes and scales are checked while packing, so c may be partly
-/// written when it throws for them). Throws std::runtime_error if options.kernel is Avx512Vnni
-/// or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks,
+/// written when it throws for them), or if options.accumulator is not valid
+/// (Accumulator::check), or is not the default and options.kernel names a SIMD kernel
+/// (Avx512Vnni, Avx2, Avx512Emulated implement the default only). Throws std::runtime_error if
+/// options.kernel is Avx512Vnni or Avx2 on a CPU without it. OpenMP-parallel over (64-row group, B panels) tasks,
 /// dynamically scheduled, each operand part packed once by the first task that needs it; bits
 /// do not depend on the thread count. Keeps its packing buffers (about (M + N)·K bytes plus
 /// per-segment scales) per calling thread between calls, so repeated calls reuse them.
