@@ -460,8 +460,23 @@ py::array grid_u8(const std::vector<uint8_t>& v, int64_t r, int64_t c) {
   return a;
 }
 
-py::array gemm(const BoundQTensor& a, const BoundQTensor& b, const std::string& mode_s) {
+/// The accumulator of the probe-matched GEMM from Python's keyword arguments (checked).
+fp4::Accumulator accumulator_of(int chunk, const std::string& accumulate, int snap) {
+  fp4::Accumulator acc;
+  acc.chunk = chunk;
+  acc.snap = snap;
+  acc.rounding = fp4::parse_accum_rounding(accumulate, "accumulate");
+  acc.check();
+  return acc;
+}
+
+py::array gemm(const BoundQTensor& a, const BoundQTensor& b, const std::string& mode_s, int chunk,
+               const std::string& accumulate, int snap) {
   const fp4::GemmMode mode = prefixed("mode: ", [&] { return fp4::parse_gemm_mode(mode_s); });
+  const fp4::Accumulator acc = accumulator_of(chunk, accumulate, snap);
+  if (mode != fp4::GemmMode::ProbeMatched && !acc.is_default())
+    throw std::invalid_argument("chunk, accumulate and snap describe the probe-matched GEMM's "
+                                "accumulator; mode 'decoded' runs an FP32 GEMM");
   if (a.q.cols != b.q.cols) {
     throw std::invalid_argument("K mismatch: a is " + std::to_string(a.q.rows) + "x" +
                                 std::to_string(a.q.cols) + " and b is " + std::to_string(b.q.rows) +
@@ -473,9 +488,77 @@ py::array gemm(const BoundQTensor& a, const BoundQTensor& b, const std::string& 
   float* cp = c.mutable_data();
   {
     NoGil nogil;
-    prefixed("gemm: ", [&] { fp4::quantized_gemm(mode, a.q, b.q, cp); return 0; });
+    prefixed("gemm: ", [&] {
+      if (mode == fp4::GemmMode::ProbeMatched) {
+        fp4::ProbeGemmOptions po;
+        po.accumulator = acc;
+        fp4::probe_gemm(a.q, b.q, cp, po);
+      } else {
+        fp4::quantized_gemm(mode, a.q, b.q, cp);
+      }
+      return 0;
+    });
   }
   return c;
+}
+
+/// accumulate_partials(partials [rows, chunks] float32) -> float32 [rows].
+py::array accumulate_partials_py(const py::handle& ph, const std::string& accumulate, int snap) {
+  const py::array p = checked_array(ph, "partials", false, 2);
+  const fp4::Accumulator acc = accumulator_of(64, accumulate, snap);
+  const int64_t rows = p.shape(0), chunks = p.shape(1);
+  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(rows)});
+  const float* pp = static_cast<const float*>(p.data());
+  float* op = out.mutable_data();
+  {
+    NoGil nogil;
+    fp4::accumulate_partials_rows(pp, rows, chunks, acc, op);
+  }
+  return out;
+}
+
+/// chunked_dot(x [rows, K], w [rows, K]) -> float32 [rows]: float32 operands, or uint16 arrays
+/// holding BF16 bit patterns.
+py::array chunked_dot_py(const py::handle& xh, const py::handle& wh, int chunk,
+                         const std::string& accumulate, int snap) {
+  const fp4::Accumulator acc = accumulator_of(chunk, accumulate, snap);
+  auto is_u16 = [](const py::handle& h) {
+    return py::isinstance<py::array>(h) &&
+           py::reinterpret_borrow<py::array>(h).dtype().num() == py::dtype::of<uint16_t>().num();
+  };
+  const bool bf16 = is_u16(xh);
+  if (bf16 != is_u16(wh))
+    throw py::type_error("x and w must both be float32, or both uint16 (BF16 bit patterns)");
+  py::array x, w;
+  if (bf16) {
+    x = py::reinterpret_borrow<py::array>(xh);
+    w = py::reinterpret_borrow<py::array>(wh);
+    for (const auto& [a, n] : {std::pair{x, "x"}, std::pair{w, "w"}}) {
+      if (!(a.flags() & py::array::c_style) || a.ndim() != 2 || a.dtype().byteorder() == '>')
+        throw py::value_error(std::string(n) + " (BF16 bits) must be a C-contiguous, native-order "
+                              "2-D uint16 array [rows, K]");
+    }
+  } else {
+    x = checked_array(xh, "x", false, 2);
+    w = checked_array(wh, "w", false, 2);
+  }
+  if (x.shape(0) != w.shape(0) || x.shape(1) != w.shape(1))
+    throw py::value_error("x and w must have the same shape [rows, K], got " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(x))))) + " and " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(w))))));
+  const int64_t rows = x.shape(0), K = x.shape(1);
+  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(rows)});
+  float* op = out.mutable_data();
+  {
+    NoGil nogil;
+    if (bf16)
+      fp4::chunked_dot_rows_bf16(static_cast<const uint16_t*>(x.data()),
+                                 static_cast<const uint16_t*>(w.data()), rows, K, acc, op);
+    else
+      fp4::chunked_dot_rows(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()),
+                            rows, K, acc, op);
+  }
+  return out;
 }
 
 // ---- recipes, configs, runs --------------------------------------------------------------
@@ -796,12 +879,33 @@ PYBIND11_MODULE(_core, m) {
         "load_qtensor(path) -> QTensor\n\nRead a packed QTensor safetensors file (QTensor.save, "
         "`fp4train quant --save`). block_amax is None (not stored). Raises fp4train.UserError "
         "naming the file and what is wrong.");
-  m.def("gemm_quantized", &gemm, "a"_a, "b"_a, "mode"_a = "probe-matched",
-        "gemm_quantized(a, b, mode='probe-matched') -> numpy.ndarray[float32] [M, N]\n\n"
+  m.def("gemm_quantized", &gemm, "a"_a, "b"_a, "mode"_a = "probe-matched", "chunk"_a = 64,
+        "accumulate"_a = "rtz", "snap"_a = 1024,
+        "gemm_quantized(a, b, mode='probe-matched', chunk=64, accumulate='rtz', snap=1024) -> "
+        "numpy.ndarray[float32] [M, N]\n\n"
         "C = A·Bᵀ of two QTensors A [M, K], B [N, K] quantized along K (fp4::quantized_gemm: "
         "'decoded' = dequantize + FP32 oneDNN GEMM, 'probe-matched' = the native FP4 GEMM's "
-        "arithmetic, docs/gemm.md). Raises ValueError on a K mismatch, an unknown mode, or "
-        "operands the probe-matched mode cannot take (non-E2M1 elements).");
+        "arithmetic, docs/gemm.md). chunk (16, 32, 64, 128), accumulate ('rtz', 'rne') and snap "
+        "(0 = none, or a power of two d: the grid 1/d) set the probe-matched GEMM's accumulator "
+        "(fp4/gemm/accumulator.h). Raises ValueError on a K mismatch, an unknown mode, a bad "
+        "accumulator, or operands the probe-matched mode cannot take (non-E2M1 elements).");
+  m.def("accumulate_partials", &accumulate_partials_py, "partials"_a, "accumulate"_a = "rtz",
+        "snap"_a = 1024,
+        "accumulate_partials(partials, accumulate='rtz', snap=1024) -> numpy.ndarray[float32] [rows]\n\n"
+        "The probe-matched GEMM's accumulation of given FP32 chunk partials [rows, chunks] "
+        "(float32, C-contiguous): per row, from +0, in order, FP32 additions rounded 'rtz' "
+        "(toward zero) or 'rne'; then the snap RNE(d·acc)/d (snap=0: none). The same code as "
+        "probe_gemm's (fp4::accumulate_partials_rows, docs/gemm.md \"The accumulator\"). "
+        "Raises TypeError / ValueError for a bad array or accumulator.");
+  m.def("chunked_dot", &chunked_dot_py, "x"_a, "w"_a, "chunk"_a = 64, "accumulate"_a = "rtz",
+        "snap"_a = 1024,
+        "chunked_dot(x, w, chunk=64, accumulate='rtz', snap=1024) -> numpy.ndarray[float32] [rows]\n\n"
+        "Row-wise dot products sum_k x[i,k]·w[i,k] with the native GEMM's accumulator: chunks of "
+        "`chunk` products (16, 32, 64, 128), each chunk's exact sum rounded once to FP32 (RNE), "
+        "the chunk sums accumulated as accumulate_partials does. x, w: float32 [rows, K], or "
+        "uint16 [rows, K] holding BF16 bit patterns (widened exactly). Raises TypeError / "
+        "ValueError for bad arrays (non-finite values named by row and element) or a bad "
+        "accumulator.");
   m.def("probe_gemm_alpha", [](const BoundQTensor& a, const BoundQTensor& b) { return fp4::probe_gemm_alpha(a.q, b.q); },
         "a"_a, "b"_a,
         "probe_gemm_alpha(a, b) -> float\n\nalpha = fl(g_a*g_b) / fl(fl(T_a*6)*fl(T_b*6)), the factor "

@@ -28,6 +28,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from noise_floor import mean_sd  # noqa: E402  (mean and sample std; nan std for one value)
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11
@@ -64,13 +67,6 @@ def read_runs(d):
         except (OSError, ValueError, KeyError, TypeError) as e:
             fail(f"{p}: {e!r}")
     return out
-
-
-def mean_sd(xs):
-    n = len(xs)
-    m = sum(xs) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan")
-    return m, sd
 
 
 def read_contrasts(path):

@@ -29,6 +29,8 @@ from ._core import (  # noqa: F401  (re-exported)
     QTensor,
     Recipe,
     UserError,
+    accumulate_partials,
+    chunked_dot,
     decode,
     encode,
     format_info,
@@ -42,7 +44,8 @@ from ._core import (  # noqa: F401  (re-exported)
 )
 
 __all__ = [
-    "Checkpoint", "Config", "QTensor", "Recipe", "Run", "UserError", "decode", "encode",
+    "Checkpoint", "Config", "QTensor", "Recipe", "Run", "UserError", "accumulate_partials",
+    "chunked_dot", "decode", "encode",
     "format_info", "gemm", "load_checkpoint", "load_qtensor", "load_run", "named_formats",
     "probe_gemm_alpha", "quantize", "round_to", "sr_bytes",
 ]
@@ -117,7 +120,8 @@ def _operand(x, common, opts, which, seed, operand):
 
 
 def gemm(a, b, mode="probe-matched", *, scale_format="ue5m3", scale_rule="tensor-scaled",
-         block=16, target=448.0, rounding="rne", seed=0, a_options=None, b_options=None):
+         block=16, target=448.0, rounding="rne", seed=0, a_options=None, b_options=None,
+         chunk=64, accumulate="rtz", snap=1024):
     """Emulated FP4 GEMM C [M, N] = A [M, K] · B [N, K]ᵀ, exactly as ``fp4train gemm A B``.
 
     a, b: float32 ndarrays [M, K] and [N, K] (C-contiguous; each row of B is one output column,
@@ -129,6 +133,9 @@ def gemm(a, b, mode="probe-matched", *, scale_format="ue5m3", scale_rule="tensor
     scale_format, scale_rule, block, target, rounding, seed: as ``--scale-format`` etc., for
     both operands; a_options / b_options: dicts overriding them for one operand (keys
     scale_format, block, two_d, target, reference, rounding; the ``--a-*`` / ``--b-*`` flags).
+    chunk, accumulate, snap: the probe-matched mode's accumulator (``--chunk``, ``--accumulate``,
+    ``--snap``; docs/gemm.md "The accumulator"): 16/32/64/128 products per chunk, ``"rtz"`` or
+    ``"rne"`` additions of the chunk sums, snap grid 1/d (0 = none).
     Returns float32 [M, N].
     Raises TypeError / ValueError for bad arrays (dtype, layout, shape, NaN), a K mismatch,
     unknown names or keys; the messages are the C++ library's.
@@ -137,7 +144,7 @@ def gemm(a, b, mode="probe-matched", *, scale_format="ue5m3", scale_rule="tensor
               "target": target, "rounding": rounding}
     qa = _operand(a, common, a_options, "a", seed, 0)
     qb = _operand(b, common, b_options, "b", seed, 1)
-    return _core.gemm_quantized(qa, qb, mode)
+    return _core.gemm_quantized(qa, qb, mode, chunk, accumulate, snap)
 
 
 class Run:

@@ -50,6 +50,9 @@ struct GemmOptions {
   std::string rounding = "rne";
   uint64_t seed = 0;
   std::string mode = "probe-matched";
+  int chunk = kProbeChunk;             ///< --chunk: products per chunk of the probe-matched mode
+  std::string accumulate = "rtz";      ///< --accumulate: rtz | rne additions of the partials
+  int snap = 1 << kProbeSnapBits;      ///< --snap: grid 1/d, 0 = none
   bool json = false;
   OperandOptions a, b;
 };
@@ -162,6 +165,22 @@ void run_gemm(const GemmOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UserError(std::string("--mode: ") + e.what());
   }
+  Accumulator acc;
+  acc.chunk = o.chunk;
+  acc.snap = o.snap;
+  try {
+    acc.rounding = parse_accum_rounding(o.accumulate, "--accumulate");
+  } catch (const std::invalid_argument& e) {
+    throw UserError(e.what());
+  }
+  try {
+    acc.check();
+  } catch (const std::invalid_argument& e) {  // "accumulator chunk: ..." → "--chunk: ..."
+    throw UserError(std::string(e.what()).replace(0, std::string("accumulator ").size(), "--"));
+  }
+  if (mode != GemmMode::ProbeMatched && !acc.is_default())
+    throw UserError("--chunk, --accumulate and --snap describe the probe-matched GEMM's "
+                    "accumulator; the decoded mode runs an FP32 GEMM (use --mode probe-matched)");
   const OperandSetup sa = resolve(o, o.a, 'a');
   const OperandSetup sb = resolve(o, o.b, 'b');
   const Matrix A = read_matrix_file(o.file_a, "A");
@@ -178,7 +197,13 @@ void run_gemm(const GemmOptions& o) {
   const QuantizedTensor qb = quantize_operand(B, sb, o.seed, 1);
   std::vector<float> C(static_cast<size_t>(A.rows * B.rows));
   try {
-    quantized_gemm(mode, qa, qb, C.data());
+    if (mode == GemmMode::ProbeMatched) {
+      ProbeGemmOptions po;
+      po.accumulator = acc;
+      probe_gemm(qa, qb, C.data(), po);
+    } else {
+      quantized_gemm(mode, qa, qb, C.data());
+    }
   } catch (const std::invalid_argument& e) {
     throw UserError(std::string("gemm: ") + e.what());
   }
@@ -190,8 +215,9 @@ void run_gemm(const GemmOptions& o) {
     out["N"] = B.rows;
     out["K"] = A.cols;
     if (mode == GemmMode::ProbeMatched) {
-      out["chunk"] = kProbeChunk;
-      out["snap"] = 1.0 / (1 << kProbeSnapBits);
+      out["chunk"] = acc.chunk;
+      out["accumulate"] = accum_rounding_name(acc.rounding);
+      out["snap"] = acc.snap == 0 ? 0.0 : 1.0 / acc.snap;  // the grid spacing; 0 = no snap
       out["alpha"] = probe_gemm_alpha(qa, qb);
     }
     out["a"] = operand_json(qa, sa, o.file_a);
@@ -231,7 +257,8 @@ void register_gemm(CLI::App& app) {
       "C is [M, N], printed one row per line (%.9g) or as JSON with --json.\n"
       "Modes (docs/numerics.md \"GEMM emulation\", docs/gemm.md): probe-matched (default here) models\n"
       "the native FP4 GEMM: products q·c_b, exact 64-long chunk sums rounded once to FP32,\n"
-      "round-toward-zero accumulation, 1/1024 snap, then times\n"
+      "round-toward-zero accumulation, 1/1024 snap (--chunk, --accumulate, --snap change\n"
+      "these three: the accumulator, fp4/gemm/accumulator.h), then times\n"
       "α = fl(fl(g_a·g_b) / fl(fl(T_a·6)·fl(T_b·6))) in FP32, from each operand's tensor\n"
       "reference g and scale target T (not fl(gd_a·gd_b), which can differ in the last bit; an\n"
       "operand without a tensor scale, as under the MX rules, enters with g = T·6 = 1);\n"
@@ -240,6 +267,18 @@ void register_gemm(CLI::App& app) {
   sub->add_option("A", o->file_a, "Matrix A [M, K] (text file)")->required();
   sub->add_option("B", o->file_b, "Matrix B [N, K] (text file); C = A·Bᵀ")->required();
   sub->add_option("--mode", o->mode, "GEMM emulation: probe-matched or decoded")->capture_default_str();
+  sub->add_option("--chunk", o->chunk,
+                  "Probe-matched accumulator: products per chunk, each chunk's exact sum rounded "
+                  "once to FP32 (16, 32, 64 or 128)")
+      ->capture_default_str();
+  sub->add_option("--accumulate", o->accumulate,
+                  "Probe-matched accumulator: rounding of the FP32 additions of the chunk sums, "
+                  "rtz (round toward zero, the paper's probe) or rne")
+      ->capture_default_str();
+  sub->add_option("--snap", o->snap,
+                  "Probe-matched accumulator: snap the sum to the grid 1/d (RNE) before α; "
+                  "0 = no snap, else a power of two up to 65536")
+      ->capture_default_str();
   sub->add_flag("--json", o->json, "Print JSON (mode, shapes, α, both operands' tensor scales, C)");
   sub->add_option("--scale-format", o->scale_format,
                   "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0 (or ue4m3, a spelled ue<E>m<M>)")

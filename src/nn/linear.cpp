@@ -51,14 +51,16 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
 void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
                    const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
                    const SrKey* kb, int64_t k, float* c, bool accumulate,
-                   ScratchFloats& scratch) {
+                   ScratchFloats& scratch, int snap) {
   const QuantizedTensor qa =
       quantize_blocks(a, ra, k, sa, ga, sa.rounding == Rounding::SR8 ? ka : nullptr);
   const QuantizedTensor qb =
       quantize_blocks(b, rb, k, sb, gb, sb.rounding == Rounding::SR8 ? kb : nullptr);
-  if (!accumulate) return probe_gemm(qa, qb, c);
+  ProbeGemmOptions opt;  // the default accumulator (chunk 64, RTZ) with the recipe's snap
+  opt.accumulator.snap = snap;
+  if (!accumulate) return probe_gemm(qa, qb, c, opt);
   float* sc = scratch.get(ra * rb);
-  probe_gemm(qa, qb, sc);
+  probe_gemm(qa, qb, sc, opt);
   for (int64_t i = 0; i < ra * rb; ++i) c[i] += sc[i];
 }
 
@@ -276,7 +278,7 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     Scope s(Cat::kGemmFprop);
     prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
     probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
-                  false, ws_->t0);
+                  false, ws_->t0, plan_.probe_snap);
     return;
   }
   const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
@@ -352,7 +354,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       float* wt = ws.t0.get(N_ * K_);
       transpose(W_, N_, K_, wt);
       probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
-                    refs_.g_w, &kw, N_, dX, true, ws.t1);
+                    refs_.g_w, &kw, N_, dX, true, ws.t1, plan_.probe_snap);
     }
     std::vector<float> dyt(N_ * M), xt(K_ * M);
     transpose(dY, M, N_, dyt.data());
@@ -371,7 +373,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       tel_.valid = true;
     }
     probe_product(dyt.data(), N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw, xt.data(), K_,
-                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, ws.t1);
+                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, ws.t1, plan_.probe_snap);
     return;
   }
   if (dX) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fp4/base/error.h"
+#include "fp4/gemm/accumulator.h"
 #include "toml_reader.h"
 
 namespace fp4 {
@@ -199,6 +200,7 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   for (int g = 0; g < 3; ++g)
     for (int o = 0; o < 3; ++o) p.specs[g][o] = by_op[o];
   p.gemm = parse_gemm_mode(r.gemm);
+  p.probe_snap = r.probe_snap;
   p.amax_interval = r.amax_interval;
   p.amax_sample = r.amax_sample;
   p.rht_wgrad = r.rht_wgrad;
@@ -409,6 +411,22 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   rc.mode = parse_mode(r, "linear.mode", s);
   r.get("linear.gemm", rc.gemm);
   r.choice("linear.gemm", rc.gemm, {"decoded", "probe-matched"});
+  r.get("linear.probe_snap", rc.probe_snap);
+  {
+    Accumulator acc;
+    acc.snap = rc.probe_snap;
+    try {
+      acc.check();
+    } catch (const std::invalid_argument&) {
+      r.fail("linear.probe_snap", "0 (no snap) or a power of two from 1 to 65536 (the snap grid "
+                                  "1/d of the probe-matched GEMM; default 1024), got " +
+                                      std::to_string(rc.probe_snap));
+    }
+    if (rc.probe_snap != 1024 && rc.gemm != "probe-matched")
+      r.fail("linear.probe_snap", "no setting with gemm = \"" + rc.gemm + "\": the snap belongs to "
+                                  "the probe-matched GEMM's accumulator (set linear.gemm = "
+                                  "\"probe-matched\", or leave probe_snap at 1024)");
+  }
 
   r.get("fp4.element_format", rc.element_format);
   try {
@@ -548,6 +566,9 @@ std::string recipe_to_toml(const Recipe& r) {
   o << "name = " << detail::toml_quote(r.name) << "\n";
   o << "description = " << detail::toml_quote(r.description) << "\n";
   o << "[linear]\nmode = \"" << linear_mode_name(r.mode) << "\"\ngemm = \"" << r.gemm << "\"\n";
+  // Like the fidelity knobs below, only when not the default: earlier runs' recipe.toml stays
+  // byte-identical.
+  if (r.probe_snap != 1024) o << "probe_snap = " << r.probe_snap << "\n";
   o << "[fp4]\nelement_format = \"" << r.element_format << "\"\nscale_format = \""
     << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
     << "\"\nblock = " << r.block

@@ -102,5 +102,23 @@ bad "a-block -3"        "$tmp/A.txt" "$tmp/B.txt"      "a-block"        --a-bloc
 bad "target 0"          "$tmp/A.txt" "$tmp/B.txt"      "target"         --b-target 0
 bad "negative reference" "$tmp/A.txt" "$tmp/B.txt"     "reference-a"    --reference-a -1
 bad "bad rounding"      "$tmp/A.txt" "$tmp/B.txt"      "sr8"            --rounding sr
+bad "chunk 8"           "$tmp/A.txt" "$tmp/B.txt"      "--chunk: expected 16, 32, 64 or 128" --chunk 8
+bad "snap 1000"         "$tmp/A.txt" "$tmp/B.txt"      "--snap: expected 0 (none) or a power of two" --snap 1000
+bad "accumulate rn"     "$tmp/A.txt" "$tmp/B.txt"      "--accumulate: expected" --accumulate rn
+bad "decoded + snap"    "$tmp/A.txt" "$tmp/B.txt"      "decoded mode runs an FP32 GEMM" --mode decoded --snap 0
+
+# The accumulator's snap (--snap d), by hand. MX rule (ue8m0, TE's round-up): a = 6·2^-8 has
+# block scale 2^ceil(log2(2^-8)) = 2^-8 and code 6; b = 0.0625 has scale 2^ceil(log2(0.0625/6))
+# = 2^-6 and code 4; α = 1. The product is 24·2^-14 = 1.5/1024: snapped to 1/1024 (RNE: 1.5 → 2)
+# it is 2/1024; no snap keeps 1.5/1024; 1/256 gives RNE(0.375) = 0; 1/2048 holds 3/2048 exactly.
+echo 0.0234375 >"$tmp/a1.txt"
+echo 0.0625 >"$tmp/b1.txt"
+for case in "1024 0.001953125" "0 0.00146484375" "256 0" "2048 0.00146484375"; do
+  set -- $case
+  got="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --scale-format ue8m0 --scale-rule mx-te --block 32 \
+         --snap "$1" 2>"$tmp/err")"
+  if [ "$got" == "$2" ]; then echo "ok   [--snap $1]"; else
+    echo "FAIL [--snap $1]: got '$got', want '$2' ($(cat "$tmp/err"))"; fail=1; fi
+done
 
 exit $fail

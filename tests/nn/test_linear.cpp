@@ -329,14 +329,17 @@ TEST(Linear, HeldReferencesFeedAllThreeGemmsAtAHoldStep) {
 #include "fp4/gemm/probe_gemm.h"
 
 namespace {
-TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
-  const int64_t M = 32, K = 40, N = 24;
-  Recipe r = fp4_recipe(ScaleFormat::UE5M3, true, true, 1);
-  r.gemm = "probe-matched";
-  auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
-  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+/// Runs a probe-matched Linear of recipe r (layer 2, step 4, seed 7) forward and backward on X
+/// [M, K], W [N, K], dY [M, N], and checks each of its three GEMMs bit for bit against
+/// fp4::probe_gemm (with `opt`) of the operands quantized here as the contract says (dY with its
+/// dgrad and wgrad SR keys; RHT on the wgrad operands when the recipe has it). Returns Y.
+std::vector<float> expect_probe_linear(const Recipe& r, const std::vector<float>& X,
+                                       const std::vector<float>& W, const std::vector<float>& dY,
+                                       int64_t M, int64_t K, int64_t N, const ProbeGemmOptions& opt,
+                                       const std::string& what) {
+  std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f), Wc = W;
   nn::Linear lin(2, K, N, LinearPlan::uniform(r, LinearMode::FP4));
-  lin.bind(W.data(), dW.data());
+  lin.bind(Wc.data(), dW.data());
   nn::StepContext ctx;
   ctx.step = 4;
   ctx.seed = 7;
@@ -349,20 +352,52 @@ TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
   };
   std::vector<float> ref(M * N);
   probe_gemm(q(X, M, K, r.spec_x(), amax(X), nullptr), q(W, N, K, r.spec_w(), amax(W), nullptr),
-             ref.data());
-  EXPECT_EQ(0, std::memcmp(ref.data(), Y.data(), Y.size() * 4)) << "fprop";
+             ref.data(), opt);
+  EXPECT_EQ(0, std::memcmp(ref.data(), Y.data(), Y.size() * 4)) << "fprop, " << what;
   const SrKey kd{7, 4, 2, 2, 1}, kw{7, 4, 2, 2, 2};
   ref.assign(M * K, 0.f);
   probe_gemm(q(dY, M, N, r.spec_dy(), amax(dY), &kd),
-             q(transpose(W, N, K), K, N, r.spec_w(), amax(W), nullptr), ref.data());
-  EXPECT_EQ(0, std::memcmp(ref.data(), dX.data(), dX.size() * 4)) << "dgrad";
+             q(transpose(W, N, K), K, N, r.spec_w(), amax(W), nullptr), ref.data(), opt);
+  EXPECT_EQ(0, std::memcmp(ref.data(), dX.data(), dX.size() * 4)) << "dgrad, " << what;
   auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
-  rht16_rows(dYt.data(), N, M);
-  rht16_rows(Xt.data(), K, M);
+  if (r.rht_wgrad) {
+    rht16_rows(dYt.data(), N, M);
+    rht16_rows(Xt.data(), K, M);
+  }
   ref.assign(N * K, 0.f);
   probe_gemm(q(dYt, N, M, r.spec_dy(), amax(dYt), &kw), q(Xt, K, M, r.spec_x(), amax(Xt), nullptr),
-             ref.data());
-  EXPECT_EQ(0, std::memcmp(ref.data(), dW.data(), dW.size() * 4)) << "wgrad";
+             ref.data(), opt);
+  EXPECT_EQ(0, std::memcmp(ref.data(), dW.data(), dW.size() * 4)) << "wgrad, " << what;
+  return Y;
+}
+
+TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
+  const int64_t M = 32, K = 40, N = 24;
+  Recipe r = fp4_recipe(ScaleFormat::UE5M3, true, true, 1);
+  r.gemm = "probe-matched";
+  auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
+  (void)expect_probe_linear(r, X, W, dY, M, K, N, ProbeGemmOptions{}, "default accumulator");
+}
+
+// linear.probe_snap reaches all three probe GEMMs: each equals probe_gemm with that snap
+// (fp4/gemm/accumulator.h), and the snap changes the result where sums have bits below 1/1024
+// (rows of X scaled by 1e-7: their block scales are about 448e-7 ≈ 2^-14, so their products are).
+TEST(Linear, ProbeSnapReachesEveryGemm) {
+  const int64_t M = 32, K = 40, N = 24;
+  auto X = randn(M * K, 41), W = randn(N * K, 42, 0.1f), dY = randn(M * N, 43, 1e-3f);
+  for (int64_t i = 0; i < 4 * K; ++i) X[i] *= 1e-7f;
+  std::vector<float> Y_default;
+  for (int snap : {1024, 0, 4096}) {
+    Recipe r = fp4_recipe(ScaleFormat::UE5M3, /*rht=*/false, /*w2d=*/true, 1);
+    r.gemm = "probe-matched";
+    r.probe_snap = snap;
+    EXPECT_EQ(LinearPlan::uniform(r, LinearMode::FP4).probe_snap, snap);
+    ProbeGemmOptions opt;
+    opt.accumulator.snap = snap;
+    const std::vector<float> Y = expect_probe_linear(r, X, W, dY, M, K, N, opt, "snap " + std::to_string(snap));
+    if (snap == 1024) Y_default = Y;
+    else EXPECT_NE(0, std::memcmp(Y_default.data(), Y.data(), Y.size() * 4)) << "snap " << snap << " changed nothing";
+  }
 }
 }  // namespace
 

@@ -29,6 +29,9 @@ CASES = [
     ("probe-mx", "probe-matched", {"scale_format": "ue8m0", "scale_rule": "mx-te", "block": 32},
      ["--scale-format", "ue8m0", "--scale-rule", "mx-te", "--block", "32"], {}, {}),
     ("probe-k100", "probe-matched", {"block": 16}, ["--a-block", "32"], {"block": 32}, {}),
+    ("probe-accumulator", "probe-matched", {"chunk": 16, "accumulate": "rne", "snap": 0},
+     ["--chunk", "16", "--accumulate", "rne", "--snap", "0"], {}, {}),
+    ("probe-snap256", "probe-matched", {"chunk": 128, "snap": 256}, ["--chunk", "128", "--snap", "256"], {}, {}),
 ]
 
 
@@ -44,10 +47,14 @@ def test_gemm_matches_cli(tmp_path, name, mode, kw, args, ao, bo):
     assert got.shape == (9, 17) and got.dtype == np.float32
     assert np.array_equal(bits(got), bits(want))
     if mode == "probe-matched":
-        qa = fp.quantize(a, sr_key={"operand": 0}, **{**kw, **ao})
-        qb = fp.quantize(b, sr_key={"operand": 1}, **{**kw, **bo})
+        acc = {k: kw[k] for k in ("chunk", "accumulate", "snap") if k in kw}  # the GEMM's, not quantize's
+        qkw = {k: v for k, v in kw.items() if k not in acc}
+        qa = fp.quantize(a, sr_key={"operand": 0}, **{**qkw, **ao})
+        qb = fp.quantize(b, sr_key={"operand": 1}, **{**qkw, **bo})
         assert bits(fp.probe_gemm_alpha(qa, qb)) == bits(f32(js["alpha"]))
-        assert np.array_equal(bits(fp.gemm(qa, qb, mode)), bits(want))
+        assert np.array_equal(bits(fp.gemm(qa, qb, mode, **acc)), bits(want))
+        assert js["chunk"] == acc.get("chunk", 64) and js["accumulate"] == acc.get("accumulate", "rtz")
+        assert js["snap"] == (1.0 / acc.get("snap", 1024) if acc.get("snap", 1024) else 0.0)
 
 
 def test_gemm_default_mode_is_the_cli_default(tmp_path):

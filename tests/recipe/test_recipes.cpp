@@ -662,6 +662,43 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
   EXPECT_NE(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float)));
 }
 
+// ------------------------------------------------------------------- linear.probe_snap (issue 24 §1)
+
+TEST(RecipeProbeSnap, ParseValidateAndRoundTrip) {
+  // Default 1024, absent from the resolved text of every shipped recipe (their recipe.toml in
+  // earlier runs and checkpoints stays byte-identical); set, written and read back.
+  for (const auto& e : fs::directory_iterator(kDir)) {
+    const Recipe r = load_recipe_file(e.path());
+    EXPECT_EQ(r.probe_snap, 1024) << e.path();
+    EXPECT_EQ(recipe_to_toml(r).find("probe_snap"), std::string::npos) << e.path();
+  }
+  std::string body = std::string(kBase);
+  body.replace(body.find("[linear]\n") + 9, 0, "gemm = \"probe-matched\"\n");
+  for (int d : {0, 256, 4096}) {
+    std::string text = body;
+    text.replace(text.find("[linear]\n") + 9, 0, "probe_snap = " + std::to_string(d) + "\n");
+    const Recipe r = recipe_from_text(text, "snap");
+    EXPECT_EQ(r.probe_snap, d);
+    EXPECT_EQ(LinearPlan::uniform(r, LinearMode::FP4).probe_snap, d);
+    const std::string t = recipe_to_toml(r);
+    EXPECT_NE(t.find("probe_snap = " + std::to_string(d)), std::string::npos) << t;
+    EXPECT_EQ(recipe_from_text(t, "back").probe_snap, d);
+  }
+  for (const char* bad : {"3", "1000", "131072", "-1", "\"1024\""}) {
+    std::string text = body;
+    text.replace(text.find("[linear]\n") + 9, 0, std::string("probe_snap = ") + bad + "\n");
+    const std::string e = error_of([&] { recipe_from_text(text, "bad.toml"); });
+    EXPECT_NE(e.find("bad.toml"), std::string::npos) << bad << " -> " << e;
+    EXPECT_NE(e.find("'linear.probe_snap'"), std::string::npos) << bad << " -> " << e;
+  }
+  // The decoded GEMM has no accumulator: a snap there is refused, not ignored.
+  std::string decoded = std::string(kBase);
+  decoded.replace(decoded.find("[linear]\n") + 9, 0, "probe_snap = 0\n");
+  const std::string e = error_of([&] { recipe_from_text(decoded, "dec.toml"); });
+  EXPECT_NE(e.find("'linear.probe_snap'"), std::string::npos) << e;
+  EXPECT_NE(e.find("probe-matched"), std::string::npos) << e;
+}
+
 // ------------------------------------------------------------------- fidelity knobs (issue 10 §4)
 
 #include "fp4/train/checkpoint.h"

@@ -107,6 +107,10 @@ struct Recipe {
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
   std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md)
+  /// [linear] probe_snap: the probe-matched GEMM's snap grid 1/d (fp4/gemm/accumulator.h):
+  /// 1024 (default, the paper's probe), 0 = no snap, or another power of two up to 65536.
+  /// Used only with gemm = "probe-matched".
+  int probe_snap = 1024;
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
@@ -198,6 +202,7 @@ struct LinearPlan {
   LinearMode mode = LinearMode::FP32;
   BlockQuantSpec specs[3][3];  ///< [Gemm][Operand]; pairs a GEMM does not use are unused
   GemmMode gemm = GemmMode::Decoded;  ///< [linear] gemm (docs/numerics.md "GEMM emulation")
+  int probe_snap = 1024;              ///< [linear] probe_snap: snap grid 1/d of the probe-matched GEMM
   int amax_interval = 1;              ///< [fp4] amax_interval: D of the tensor references
   AmaxSample amax_sample = AmaxSample::PerCall;  ///< [fp4] amax_sample
   bool rht_wgrad = false;             ///< [fp4] rht_wgrad: 16-point RHT on the wgrad operands
