@@ -114,7 +114,7 @@ void probe_bench(benchmark::State& st, fp4::ProbeKernel k) {
   }
   st.SetLabel(fp4::probe_kernel_name(k == fp4::ProbeKernel::Auto ? fp4::probe_gemm_auto_kernel() : k));
   for (auto _ : st) {
-    fp4::probe_gemm(p.qa, p.qb, p.c.data(), fp4::ProbeGemmOptions{k});
+    fp4::probe_gemm(p.qa, p.qb, p.c.data(), fp4::ProbeGemmOptions{k, {}});
     benchmark::ClobberMemory();
   }
   set_flops(st, p);

@@ -517,6 +517,26 @@ py::array accumulate_partials_py(const py::handle& ph, const std::string& accumu
   return out;
 }
 
+/// chunk_partials(x [rows, K], w [rows, K]) -> float32 [rows, ceil(K / chunk)].
+py::array chunk_partials_py(const py::handle& xh, const py::handle& wh, int chunk) {
+  const py::array x = checked_array(xh, "x", false, 2), w = checked_array(wh, "w", false, 2);
+  if (x.shape(0) != w.shape(0) || x.shape(1) != w.shape(1))
+    throw py::value_error("x and w must have the same shape [rows, K], got " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(x))))) + " and " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(w))))));
+  if (chunk < 1 || chunk > 4096)
+    throw py::value_error("chunk must be in [1, 4096], got " + std::to_string(chunk));
+  const int64_t rows = x.shape(0), K = x.shape(1), nc = (K + chunk - 1) / chunk;
+  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(nc)});
+  float* op = out.mutable_data();
+  {
+    NoGil nogil;
+    fp4::chunk_partials_rows(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()),
+                             rows, K, chunk, op);
+  }
+  return out;
+}
+
 /// chunked_dot(x [rows, K], w [rows, K]) -> float32 [rows]: float32 operands, or uint16 arrays
 /// holding BF16 bit patterns.
 py::array chunked_dot_py(const py::handle& xh, const py::handle& wh, int chunk,
@@ -897,6 +917,13 @@ PYBIND11_MODULE(_core, m) {
         "(toward zero) or 'rne'; then the snap RNE(d·acc)/d (snap=0: none). The same code as "
         "probe_gemm's (fp4::accumulate_partials_rows, docs/gemm.md \"The accumulator\"). "
         "Raises TypeError / ValueError for a bad array or accumulator.");
+  m.def("chunk_partials", &chunk_partials_py, "x"_a, "w"_a, "chunk"_a = 64,
+        "chunk_partials(x, w, chunk=64) -> numpy.ndarray[float32] [rows, ceil(K / chunk)]\n\n"
+        "The chunk sums of row-wise dot products: partials[i, c] = the exact sum of x[i,k]·w[i,k] "
+        "over chunk c (k in [c·chunk, (c+1)·chunk)), rounded once to FP32 (RNE). x, w: float32 "
+        "[rows, K]; chunk in [1, 4096]. accumulate_partials(chunk_partials(x, w, c), ...) equals "
+        "chunked_dot(x, w, c, ...). Raises TypeError / ValueError for bad arrays (non-finite "
+        "values named by row and element).");
   m.def("chunked_dot", &chunked_dot_py, "x"_a, "w"_a, "chunk"_a = 64, "accumulate"_a = "rtz",
         "snap"_a = 1024,
         "chunked_dot(x, w, chunk=64, accumulate='rtz', snap=1024) -> numpy.ndarray[float32] [rows]\n\n"
@@ -967,6 +994,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("amax_interval", [](const BoundRecipe& r) { return r.r.amax_interval; }, "[fp4] amax_interval D (1: current scaling).")
       .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; }, "[fp4] rht_wgrad: 16-point RHT on the wgrad operands.")
       .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
+      .def_property_readonly("bf16_outputs", [](const BoundRecipe& r) { return r.r.bf16_outputs; }, "[fp4] bf16_outputs: Y and each linear's dX rounded to BF16.")
+      .def_property_readonly("probe_snap", [](const BoundRecipe& r) { return r.r.probe_snap; }, "[linear] probe_snap: the probe-matched GEMM's snap grid 1/d (0 = none).")
       .def_property_readonly("toml", [](const BoundRecipe& r) { return fp4::recipe_to_toml(r.r); },
                              "The recipe as TOML text (recipe_to_toml: what a run writes as recipe.toml).")
       .def("__repr__", [](const BoundRecipe& b) {

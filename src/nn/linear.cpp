@@ -279,11 +279,22 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
     prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
     probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
                   false, ws_->t0, plan_.probe_snap);
-    return;
+  } else {
+    const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
+    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
+    timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   }
-  const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
-  prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
-  timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
+  if (plan_.bf16_outputs && mode_ == LinearMode::FP4) {  // the paper's BF16 output Y
+    Scope s(Cat::kQuantBf16);
+    round_bf16_into(Y, M * N_, Y);
+  }
+}
+
+// dX [M, K] += round_bf16(d) for d [M, K]: a linear's own dgrad output kept in BF16 (the recipe's
+// bf16_outputs) before it joins the input gradient, which other linears may share.
+static void add_bf16_rounded(const float* d, int64_t n, float* dX) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) dX[i] += bf16_value(bf16_bits(d[i]));
 }
 
 const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
@@ -353,8 +364,15 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     if (dX) {
       float* wt = ws.t0.get(N_ * K_);
       transpose(W_, N_, K_, wt);
-      probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
-                    refs_.g_w, &kw, N_, dX, true, ws.t1, plan_.probe_snap);
+      if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
+        float* d = ws.t1.get(M * K_);
+        probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
+                      refs_.g_w, &kw, N_, d, false, ws.t1, plan_.probe_snap);
+        add_bf16_rounded(d, M * K_, dX);
+      } else {
+        probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
+                      refs_.g_w, &kw, N_, dX, true, ws.t1, plan_.probe_snap);
+      }
     }
     std::vector<float> dyt(N_ * M), xt(K_ * M);
     transpose(dY, M, N_, dyt.data());
@@ -411,7 +429,13 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       transpose(wt, K_, N_, wqd);
       wd = wqd;
     }
-    timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
+    if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
+      float* d = ws.t1.get(M * K_);
+      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 0.f, d, K_);
+      add_bf16_rounded(d, M * K_, dX);
+    } else {
+      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
+    }
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the

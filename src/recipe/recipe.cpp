@@ -206,6 +206,7 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   p.rht_wgrad = r.rht_wgrad;
   p.rht_precision = r.rht_precision;
   p.bf16_boundary = r.bf16_boundary;
+  p.bf16_outputs = r.bf16_outputs;
   return p;
 }
 
@@ -484,6 +485,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
     r.fail("fp4.rht_precision", std::string("\"fp32\" (the default) unless rht_wgrad = true: the RHT "
                                 "precision has no effect without the RHT, got \"") + s + "\"");
   r.get("fp4.bf16_boundary", rc.bf16_boundary);
+  r.get("fp4.bf16_outputs", rc.bf16_outputs);
 
   s = rounding_name(rc.round_x);
   r.get("rounding.x", s);
@@ -580,6 +582,7 @@ std::string recipe_to_toml(const Recipe& r) {
   if (r.rht_precision != RhtPrecision::FP32)
     o << "rht_precision = \"" << rht_precision_name(r.rht_precision) << "\"\n";
   if (r.bf16_boundary) o << "bf16_boundary = true\n";
+  if (r.bf16_outputs) o << "bf16_outputs = true\n";
   if (r.amax_sample != AmaxSample::PerCall) o << "amax_sample = \"per-step\"\n";
   if (r.amax_ranks != AmaxRanks::Invariant) o << "amax_ranks = \"max\"\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)

@@ -416,6 +416,60 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+TEST(Linear, Bf16OutputsRoundYAndTheLinearsOwnDx) {
+  // With fp4.bf16_outputs a layer's Y is round_bf16 of the same layer's Y without the knob, its
+  // dX contribution d is round_bf16(d) added to what dX already holds (another linear's share),
+  // and dW is unchanged: two steps (D = 50 refresh and hold), decoded (with and without RHT) and
+  // probe-matched, and an inference forward.
+  const int64_t M = 32, K = 40, N = 24;
+  std::vector<Recipe> recipes;
+  recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, false, true, 50));
+  recipes.push_back(fp4_recipe(ScaleFormat::E4M3, true, true, 1));
+  recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, false, true, 50));
+  recipes.back().gemm = "probe-matched";
+  for (size_t ri = 0; ri < recipes.size(); ++ri) {
+    SCOPED_TRACE("recipe " + std::to_string(ri));
+    Recipe on = recipes[ri];
+    on.bf16_outputs = true;
+    auto W = randn(N * K, 43, 0.1f);
+    std::vector<float> dWa(N * K, 0.f), dWb(N * K, 0.f);
+    nn::Linear a(3, K, N, LinearPlan::uniform(on, LinearMode::FP4)),
+        b(3, K, N, LinearPlan::uniform(recipes[ri], LinearMode::FP4));
+    a.bind(W.data(), dWa.data());
+    b.bind(W.data(), dWb.data());
+    bool rounds_something = false;
+    for (int step = 1; step <= 2; ++step) {
+      auto X = randn(M * K, 80 + step), dY = randn(M * N, 90 + step, 1e-3f);
+      const auto share = randn(M * K, 95 + step, 1e-2f);  // another linear's dX, already there
+      nn::StepContext ctx;
+      ctx.step = step;
+      ctx.seed = 13;
+      std::vector<float> Ya(M * N), Yb(M * N), dXa = share, dXb(M * K, 0.f);
+      a.forward(X.data(), Ya.data(), M, ctx);
+      b.forward(X.data(), Yb.data(), M, ctx);
+      a.backward(dY.data(), dXa.data(), M, ctx);
+      b.backward(dY.data(), dXb.data(), M, ctx);
+      EXPECT_TRUE(same_bits(Ya, bf16_rounded(Yb))) << "fprop, step " << step;
+      std::vector<float> want(M * K);
+      const auto db = bf16_rounded(dXb);
+      for (int64_t i = 0; i < M * K; ++i) want[i] = share[i] + db[i];
+      EXPECT_TRUE(same_bits(dXa, want)) << "dgrad, step " << step;
+      EXPECT_TRUE(same_bits(dWa, dWb)) << "wgrad, step " << step;
+      rounds_something |= !same_bits(Yb, bf16_rounded(Yb)) && !same_bits(dXb, db);
+    }
+    EXPECT_TRUE(rounds_something) << "the outputs were already BF16 values: the test shows nothing";
+    auto X = randn(M * K, 99);
+    nn::StepContext inf;
+    inf.training = false;
+    a.reset_inference();
+    b.reset_inference();
+    std::vector<float> Ya(M * N), Yb(M * N);
+    a.forward(X.data(), Ya.data(), M, inf);
+    b.forward(X.data(), Yb.data(), M, inf);
+    EXPECT_TRUE(same_bits(Ya, bf16_rounded(Yb))) << "inference fprop";
+  }
+}
+
 TEST(Linear, Bf16BoundaryEqualsQuantizingPreRoundedOperands) {
   // With fp4.bf16_boundary, a layer fed X and dY must give, bit for bit, what the same layer
   // without the knob gives when fed round_bf16(X) and round_bf16(dY): two training steps (the

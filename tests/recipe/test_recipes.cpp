@@ -712,18 +712,24 @@ TEST(RecipeFidelityKnobs, ParseValidateAndRoundTrip) {
   for (const auto& e : fs::directory_iterator(kDir)) {
     const std::string t = recipe_to_toml(load_recipe_file(e.path()));
     EXPECT_EQ(t.find("bf16_boundary"), std::string::npos) << e.path();
+    EXPECT_EQ(t.find("bf16_outputs"), std::string::npos) << e.path();
     EXPECT_EQ(t.find("rht_precision"), std::string::npos) << e.path();
   }
   // Set: parsed, written back, re-read to the same recipe.
   const Recipe r = recipe_from_text(
-      std::string(kBase) + "rht_wgrad = true\nrht_precision = \"bf16\"\nbf16_boundary = true\n", "on");
+      std::string(kBase) + "rht_wgrad = true\nrht_precision = \"bf16\"\nbf16_boundary = true\nbf16_outputs = true\n", "on");
   EXPECT_TRUE(r.bf16_boundary);
+  EXPECT_TRUE(r.bf16_outputs);
+  EXPECT_TRUE(LinearPlan::uniform(r, LinearMode::FP4).bf16_outputs);
+  EXPECT_FALSE(d.bf16_outputs);
   EXPECT_EQ(r.rht_precision, RhtPrecision::BF16);
   const std::string t = recipe_to_toml(r);
   EXPECT_NE(t.find("rht_precision = \"bf16\""), std::string::npos) << t;
   EXPECT_NE(t.find("bf16_boundary = true"), std::string::npos) << t;
+  EXPECT_NE(t.find("bf16_outputs = true"), std::string::npos) << t;
   const Recipe back = recipe_from_text(t, "back");
   EXPECT_TRUE(back.bf16_boundary);
+  EXPECT_TRUE(back.bf16_outputs);
   EXPECT_EQ(back.rht_precision, RhtPrecision::BF16);
   EXPECT_EQ(recipe_to_toml(back), t);
   const Recipe explicit_off = recipe_from_text(
@@ -740,6 +746,7 @@ TEST(RecipeFidelityKnobs, ParseValidateAndRoundTrip) {
       {"rht_wgrad = true\nrht_precision = 16\n", "'fp4.rht_precision'", ""},
       {"bf16_boundary = \"yes\"\n", "'fp4.bf16_boundary'", ""},
       {"bf16_boundry = true\n", "'fp4.bf16_boundry'", ""},
+      {"bf16_outputs = 1\n", "'fp4.bf16_outputs'", ""},
   };
   for (const Case& c : cases) {
     const std::string e =

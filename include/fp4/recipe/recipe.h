@@ -150,6 +150,10 @@ struct Recipe {
   /// and uses the rounded copy for the amax and every quantization of that operand, as the
   /// paper's BF16-activation runs do (docs/numerics.md "BF16 boundary"). Default false.
   bool bf16_boundary = false;
+  /// [fp4] bf16_outputs: every FP4 linear rounds its output Y (forward) and its own dX (backward,
+  /// before it is added to the input gradient) to BF16 (RNE), as the paper's runs keep them;
+  /// dW stays FP32 (docs/numerics.md "GEMM emulation", BF16 interface). Default false.
+  bool bf16_outputs = false;
   Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
@@ -208,6 +212,7 @@ struct LinearPlan {
   bool rht_wgrad = false;             ///< [fp4] rht_wgrad: 16-point RHT on the wgrad operands
   RhtPrecision rht_precision = RhtPrecision::FP32;  ///< [fp4] rht_precision
   bool bf16_boundary = false;         ///< [fp4] bf16_boundary: X and dY rounded to BF16 first
+  bool bf16_outputs = false;          ///< [fp4] bf16_outputs: Y and this linear's dX rounded to BF16
 
   const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
   /// FP4 with gemm = probe-matched: quantized operands multiplied by fp4::probe_gemm.
