@@ -30,6 +30,7 @@ from ._core import (  # noqa: F401  (re-exported)
     Recipe,
     UserError,
     accumulate_partials,
+    chunk_partials,
     chunked_dot,
     decode,
     encode,
@@ -45,7 +46,7 @@ from ._core import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "Checkpoint", "Config", "QTensor", "Recipe", "Run", "UserError", "accumulate_partials",
-    "chunked_dot", "decode", "encode",
+    "chunk_partials", "chunked_dot", "decode", "encode",
     "format_info", "gemm", "load_checkpoint", "load_qtensor", "load_run", "named_formats",
     "probe_gemm_alpha", "quantize", "round_to", "sr_bytes",
 ]

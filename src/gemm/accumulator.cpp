@@ -170,6 +170,25 @@ void chunked_dot_rows(const float* x, const float* w, int64_t rows, int64_t K,
   for (int64_t i = 0; i < rows; ++i) out[i] = chunked_dot_unchecked(x + i * K, w + i * K, K, acc);
 }
 
+void chunk_partials_rows(const float* x, const float* w, int64_t rows, int64_t K, int chunk,
+                         float* partials) {
+  if (rows < 0 || K < 0 || chunk < 1 || chunk > 4096)
+    throw std::invalid_argument("chunk_partials_rows: rows and K must be >= 0 and chunk in [1, 4096], got " +
+                                std::to_string(rows) + ", " + std::to_string(K) + " and " +
+                                std::to_string(chunk));
+  for (int64_t i = 0; i < rows; ++i) {  // checked first: nothing is written on bad input
+    check_finite(x + i * K, K, "x", i);
+    check_finite(w + i * K, K, "w", i);
+  }
+  const int64_t nc = (K + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t k0 = c * chunk;
+      partials[i * nc + c] = chunk_sum_rne(x + i * K + k0, w + i * K + k0, std::min<int64_t>(chunk, K - k0));
+    }
+}
+
 void chunked_dot_rows_bf16(const uint16_t* x, const uint16_t* w, int64_t rows, int64_t K,
                            const Accumulator& acc, float* out) {
   if (rows < 0 || K < 0)

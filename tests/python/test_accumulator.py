@@ -64,3 +64,24 @@ def test_bad_input_is_named():
         fp.accumulate_partials(w.astype(np.float64))
     with pytest.raises(ValueError, match="decoded"):
         fp.gemm(w, w, "decoded", snap=0)
+
+
+def test_chunk_partials_then_accumulate_is_chunked_dot():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((16, 300)).astype(np.float32)
+    w = (rng.standard_normal((16, 300)) * 1e-3).astype(np.float32)
+    for chunk in (16, 64, 128):
+        p = fp.chunk_partials(x, w, chunk)
+        assert p.shape == (16, -(-300 // chunk)) and p.dtype == np.float32
+        for acc in ("rtz", "rne"):
+            for d in (0, 1024):
+                assert np.array_equal(fp.accumulate_partials(p, acc, d).view(np.uint32),
+                                      fp.chunked_dot(x, w, chunk, acc, d).view(np.uint32))
+    # Each partial is its chunk's exact sum rounded once: within half an FP32 ulp of it, so of
+    # the float64 sum of the products up to float64's own rounding (about 1e-16, allowed for).
+    p = fp.chunk_partials(x, w, 64)
+    exact = np.array([[(x[i, c:c + 64].astype(np.float64) * w[i, c:c + 64]).sum()
+                       for c in range(0, 300, 64)] for i in range(16)])
+    assert np.all(np.abs(p - exact) <= np.spacing(np.abs(p).astype(np.float32)) / 2 * (1 + 1e-6))
+    with pytest.raises(ValueError, match="chunk must be in"):
+        fp.chunk_partials(x, w, 0)

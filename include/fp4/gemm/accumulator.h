@@ -88,6 +88,14 @@ float chunk_sum_rne(const float* x, const float* w, int64_t n);
 /// non-finite operand, or a bad accumulator.
 float chunked_dot(const float* x, const float* w, int64_t K, const Accumulator& acc);
 
+/// Step 2 for row pairs: partials[i, c] = chunk_sum_rne over chunk c of row i of x and w
+/// ([rows, K] row-major FP32), for c < ceil(K / chunk); partials is [rows, ceil(K / chunk)]
+/// (FP32, row-major). accumulate_partials_rows of it is chunked_dot_rows. OpenMP over rows; bits
+/// do not depend on the thread count. Throws std::invalid_argument on negative sizes, a chunk
+/// not in 1 … 4096, or a non-finite operand (named with its row and element).
+void chunk_partials_rows(const float* x, const float* w, int64_t rows, int64_t K, int chunk,
+                         float* partials);
+
 /// chunked_dot of row pairs: out[i] = chunked_dot(x + i·K, w + i·K, K) for x, w [rows, K]
 /// (row-major FP32), out [rows]. OpenMP over rows; bits do not depend on the thread count.
 /// Throws as chunked_dot, naming the row.
