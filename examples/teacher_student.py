@@ -15,8 +15,8 @@ replacement, MSE loss. Students:
   * fp4_rne: the same with RNE on dY.
 
 For each FP4 student the run is repeated with the probe GEMM's snap grid d in {0 (none), 256,
-512, 1024, 2048, 4096} (linear.probe_snap), and every loss and the final parameters are compared
-bit for bit with d = 0.
+512, 1024, 2048, 4096} (linear.probe_snap; --grid, whose first value is the base), and every loss
+and the final parameters are compared bit for bit with the base run (d = 0 by default).
 
 Everything but the two Linears is numpy float32 in a fixed order, so a run is bit-reproducible on
 one machine; the Linears' bits do not depend on the thread count. Nothing is tuned toward the
@@ -145,8 +145,18 @@ def main():
         grid = [int(g) for g in args.grid.split(",")]
     except ValueError:
         ap.error("--seeds and --grid are comma-separated integers")
-    if args.steps < 1 or args.steps > 5000 or not seeds or not grid:
-        ap.error("--steps in [1, 5000], at least one seed and one d")
+    if not 1 <= args.steps <= 5000:
+        ap.error(f"--steps must be in [1, 5000], got {args.steps}")
+    bad = [s for s in seeds if not 0 <= s < 2 ** 32]
+    if bad:
+        ap.error(f"--seeds must be in [0, 2^32), got {bad[0]}")
+    bad = [d for d in grid if not (d == 0 or (1 <= d <= 65536 and d & (d - 1) == 0))]
+    if bad:
+        ap.error(f"--grid values must be 0 (no snap) or powers of two up to 65536, got {bad[0]}")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: {e.strerror}")
     t0 = time.time()
 
     def log(msg):
@@ -194,7 +204,6 @@ def main():
            "runs": runs,
            "grid_invariance": {"base_d": grid[0], "compared": compared, "bit_identical": identical,
                                "differing": differing}}
-    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "teacher_student.json"), "w", encoding="utf-8") as f:
         json.dump(res, f, indent=1)
         f.write("\n")
@@ -210,7 +219,8 @@ def main():
               f"forward: held references, BF16 outputs). Initial (the perturbed teacher, exact): "
               + ", ".join(f"{r['initial_eval_mse_fp64']:.6g}" for r in runs if r["student"] == "bf16") + ".\n")
     md.append(f"Grid invariance: {identical} of {compared} runs with d in {grid[1:]} are bit-identical "
-              f"(every loss and the final parameters) to d = {grid[0]}.\n")
+              f"(every loss and the final parameters) to d = {grid[0]}"
+              + (" (no other d given: nothing compared)" if compared == 0 else "") + ".\n")
     with open(os.path.join(args.out, "teacher_student.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     if not args.quiet:

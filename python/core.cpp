@@ -517,22 +517,66 @@ py::array accumulate_partials_py(const py::handle& ph, const std::string& accumu
   return out;
 }
 
+/// The row-pair operands of chunk_partials and chunked_dot: two C-contiguous 2-D arrays of one
+/// shape [rows, K], both float32, or both uint16 holding BF16 bit patterns (then widened exactly
+/// to float32 here). Raises TypeError / ValueError naming the problem.
+struct RowPairs {
+  py::array x, w;                  ///< as given
+  std::vector<float> xf, wf;       ///< the widened BF16 values (empty for float32 input)
+  int64_t rows = 0, K = 0;
+  const float* xp() const { return xf.empty() ? static_cast<const float*>(x.data()) : xf.data(); }
+  const float* wp() const { return wf.empty() ? static_cast<const float*>(w.data()) : wf.data(); }
+};
+RowPairs row_pairs(const py::handle& xh, const py::handle& wh) {
+  auto is_u16 = [](const py::handle& h) {
+    return py::isinstance<py::array>(h) &&
+           py::reinterpret_borrow<py::array>(h).dtype().num() == py::dtype::of<uint16_t>().num();
+  };
+  const bool bf16 = is_u16(xh);
+  if (bf16 != is_u16(wh))
+    throw py::type_error("x and w must both be float32, or both uint16 (BF16 bit patterns)");
+  RowPairs r;
+  if (bf16) {
+    r.x = py::reinterpret_borrow<py::array>(xh);
+    r.w = py::reinterpret_borrow<py::array>(wh);
+    for (const auto& [a, n] : {std::pair{r.x, "x"}, std::pair{r.w, "w"}}) {
+      if (!(a.flags() & py::array::c_style) || a.ndim() != 2 || a.dtype().byteorder() == '>')
+        throw py::value_error(std::string(n) + " (BF16 bits) must be a C-contiguous, native-order "
+                              "2-D uint16 array [rows, K]");
+    }
+  } else {
+    r.x = checked_array(xh, "x", false, 2);
+    r.w = checked_array(wh, "w", false, 2);
+  }
+  if (r.x.shape(0) != r.w.shape(0) || r.x.shape(1) != r.w.shape(1))
+    throw py::value_error("x and w must have the same shape [rows, K], got " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(r.x))))) + " and " +
+                          std::string(py::str(py::tuple(py::cast(shape_of(r.w))))));
+  r.rows = r.x.shape(0);
+  r.K = r.x.shape(1);
+  if (bf16) {  // BF16 → FP32 is exact: the bits are the high half
+    const auto widen = [](const py::array& a, std::vector<float>& out) {
+      const uint16_t* p = static_cast<const uint16_t*>(a.data());
+      out.resize(static_cast<size_t>(a.size()));
+      for (size_t i = 0; i < out.size(); ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(p[i]) << 16);
+    };
+    widen(r.x, r.xf);
+    widen(r.w, r.wf);
+  }
+  return r;
+}
+
 /// chunk_partials(x [rows, K], w [rows, K]) -> float32 [rows, ceil(K / chunk)].
 py::array chunk_partials_py(const py::handle& xh, const py::handle& wh, int chunk) {
-  const py::array x = checked_array(xh, "x", false, 2), w = checked_array(wh, "w", false, 2);
-  if (x.shape(0) != w.shape(0) || x.shape(1) != w.shape(1))
-    throw py::value_error("x and w must have the same shape [rows, K], got " +
-                          std::string(py::str(py::tuple(py::cast(shape_of(x))))) + " and " +
-                          std::string(py::str(py::tuple(py::cast(shape_of(w))))));
-  if (chunk < 1 || chunk > 4096)
-    throw py::value_error("chunk must be in [1, 4096], got " + std::to_string(chunk));
-  const int64_t rows = x.shape(0), K = x.shape(1), nc = (K + chunk - 1) / chunk;
-  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(nc)});
+  const RowPairs r = row_pairs(xh, wh);
+  if (chunk != 16 && chunk != 32 && chunk != 64 && chunk != 128)
+    throw py::value_error("chunk: expected 16, 32, 64 or 128 products, got " + std::to_string(chunk));
+  const int64_t nc = (r.K + chunk - 1) / chunk;
+  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(r.rows), static_cast<py::ssize_t>(nc)});
   float* op = out.mutable_data();
   {
     NoGil nogil;
-    fp4::chunk_partials_rows(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()),
-                             rows, K, chunk, op);
+    fp4::chunk_partials_rows(r.xp(), r.wp(), r.rows, r.K, chunk, op);
   }
   return out;
 }
@@ -542,41 +586,12 @@ py::array chunk_partials_py(const py::handle& xh, const py::handle& wh, int chun
 py::array chunked_dot_py(const py::handle& xh, const py::handle& wh, int chunk,
                          const std::string& accumulate, int snap) {
   const fp4::Accumulator acc = accumulator_of(chunk, accumulate, snap);
-  auto is_u16 = [](const py::handle& h) {
-    return py::isinstance<py::array>(h) &&
-           py::reinterpret_borrow<py::array>(h).dtype().num() == py::dtype::of<uint16_t>().num();
-  };
-  const bool bf16 = is_u16(xh);
-  if (bf16 != is_u16(wh))
-    throw py::type_error("x and w must both be float32, or both uint16 (BF16 bit patterns)");
-  py::array x, w;
-  if (bf16) {
-    x = py::reinterpret_borrow<py::array>(xh);
-    w = py::reinterpret_borrow<py::array>(wh);
-    for (const auto& [a, n] : {std::pair{x, "x"}, std::pair{w, "w"}}) {
-      if (!(a.flags() & py::array::c_style) || a.ndim() != 2 || a.dtype().byteorder() == '>')
-        throw py::value_error(std::string(n) + " (BF16 bits) must be a C-contiguous, native-order "
-                              "2-D uint16 array [rows, K]");
-    }
-  } else {
-    x = checked_array(xh, "x", false, 2);
-    w = checked_array(wh, "w", false, 2);
-  }
-  if (x.shape(0) != w.shape(0) || x.shape(1) != w.shape(1))
-    throw py::value_error("x and w must have the same shape [rows, K], got " +
-                          std::string(py::str(py::tuple(py::cast(shape_of(x))))) + " and " +
-                          std::string(py::str(py::tuple(py::cast(shape_of(w))))));
-  const int64_t rows = x.shape(0), K = x.shape(1);
-  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(rows)});
+  const RowPairs r = row_pairs(xh, wh);
+  py::array_t<float> out = new_f32({static_cast<py::ssize_t>(r.rows)});
   float* op = out.mutable_data();
   {
     NoGil nogil;
-    if (bf16)
-      fp4::chunked_dot_rows_bf16(static_cast<const uint16_t*>(x.data()),
-                                 static_cast<const uint16_t*>(w.data()), rows, K, acc, op);
-    else
-      fp4::chunked_dot_rows(static_cast<const float*>(x.data()), static_cast<const float*>(w.data()),
-                            rows, K, acc, op);
+    fp4::chunked_dot_rows(r.xp(), r.wp(), r.rows, r.K, acc, op);
   }
   return out;
 }
@@ -916,14 +931,16 @@ PYBIND11_MODULE(_core, m) {
         "(float32, C-contiguous): per row, from +0, in order, FP32 additions rounded 'rtz' "
         "(toward zero) or 'rne'; then the snap RNE(d·acc)/d (snap=0: none). The same code as "
         "probe_gemm's (fp4::accumulate_partials_rows, docs/gemm.md \"The accumulator\"). "
-        "Raises TypeError / ValueError for a bad array or accumulator.");
+        "Non-finite partials follow IEEE arithmetic (a NaN partial gives a NaN result; Inf − Inf "
+        "is NaN), as in the GEMM. Raises TypeError / ValueError for a bad array or accumulator.");
   m.def("chunk_partials", &chunk_partials_py, "x"_a, "w"_a, "chunk"_a = 64,
         "chunk_partials(x, w, chunk=64) -> numpy.ndarray[float32] [rows, ceil(K / chunk)]\n\n"
         "The chunk sums of row-wise dot products: partials[i, c] = the exact sum of x[i,k]·w[i,k] "
         "over chunk c (k in [c·chunk, (c+1)·chunk)), rounded once to FP32 (RNE). x, w: float32 "
-        "[rows, K]; chunk in [1, 4096]. accumulate_partials(chunk_partials(x, w, c), ...) equals "
-        "chunked_dot(x, w, c, ...). Raises TypeError / ValueError for bad arrays (non-finite "
-        "values named by row and element).");
+        "[rows, K], or uint16 [rows, K] holding BF16 bit patterns; chunk 16, 32, 64 or 128. "
+        "accumulate_partials(chunk_partials(x, w, c), ...) equals chunked_dot(x, w, c, ...). "
+        "Raises TypeError / ValueError for bad arrays (non-finite values named by row and "
+        "element) or chunk.");
   m.def("chunked_dot", &chunked_dot_py, "x"_a, "w"_a, "chunk"_a = 64, "accumulate"_a = "rtz",
         "snap"_a = 1024,
         "chunked_dot(x, w, chunk=64, accumulate='rtz', snap=1024) -> numpy.ndarray[float32] [rows]\n\n"

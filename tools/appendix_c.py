@@ -6,7 +6,8 @@ The statistics of the native FP4 GEMM's output model -- chunks of 64 products, e
 sum rounded once to FP32, RNE or RTZ additions of the chunk sums, an optional snap to the 1/1024
 grid -- on a fixed protocol with its own random stream. Nothing here is tuned toward the paper's
 figures. The arithmetic is fp4train's own (fp4/gemm/accumulator.h, through the Python package):
-fp4train.chunk_partials (step 2) and fp4train.accumulate_partials (steps 3-4), the code
+fp4train.chunk_partials (step 3 of docs/gemm.md "Probe-matched rules") and
+fp4train.accumulate_partials (steps 4-5), the code
 fp4::probe_gemm runs.
 
 Usage:
@@ -318,6 +319,7 @@ def grid_sweep(args, boot, log):
             sd = model_sd(d, sigma, args.rows, args.seed + d)
             row = {"d": d, "accumulate": acc}
             checks = {}
+            n = args.rows
             for name, fn, want in (("zero_fraction", zero_fraction, zf), ("gain", gain, g), ("rmse", rms, r)):
                 v = fn(est, ref)
                 lo, hi, se = boot.interval(fn, est, ref)
@@ -326,7 +328,15 @@ def grid_sweep(args, boot, log):
                 row[name + "_closed_form"] = want
                 if name == "rmse" and d == 0:
                     continue
-                checks[name] = abs(v - want) <= 4.0 * max(se or 0.0, sd[name]) + 1e-9
+                if name == "gain" and n * (1.0 - zf) < 10:
+                    # Fewer than 10 rows expected off zero: the gain rests on a handful of rows (or
+                    # none), and neither the bootstrap nor the simulation gives it a usable spread.
+                    row["gain_checked"] = False
+                    continue
+                # The binomial SD of the zero fraction bounds its spread from below even where a
+                # sample shows none (every row at zero), and 1/n is one row's worth.
+                floor = math.sqrt(zf * (1.0 - zf) / n) + 1.0 / n if name == "zero_fraction" else 0.0
+                checks[name] = abs(v - want) <= 4.0 * max(se or 0.0, sd[name], floor) + 1e-9
             row["agrees_with_closed_form"] = all(checks.values())
             ok &= row["agrees_with_closed_form"]
             out.append(row)
@@ -417,8 +427,20 @@ def main():
     ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    if args.rows < 16 or args.k < 16 or args.k % 16 or args.boot < 100:
-        ap.error("--rows >= 16, --k a positive multiple of 16, --boot >= 100")
+    if not 16 <= args.rows <= 65536:
+        ap.error(f"--rows must be in [16, 65536], got {args.rows}")
+    if not (16 <= args.k <= 65536 and args.k % 16 == 0):
+        ap.error(f"--k must be a multiple of 16 in [16, 65536], got {args.k}")
+    if not 100 <= args.boot <= 100000:
+        ap.error(f"--boot must be in [100, 100000], got {args.boot}")
+    if not 0 <= args.seed < 2 ** 63:
+        ap.error(f"--seed must be in [0, 2^63), got {args.seed}")
+    if args.rows * args.k > (1 << 26):
+        ap.error(f"--rows x --k = {args.rows * args.k} exceeds 2^26 elements per operand (memory)")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {args.out}: {e.strerror}")
     t0 = time.time()
 
     def log(msg):
@@ -446,13 +468,16 @@ def main():
         "dots": dots, "input_quantization": inq, "regression": reg, "cancellation": canc,
         "grid_sweep": sweep,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "accumulator.json"), "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
     md = markdown(res)
-    with open(os.path.join(args.out, "accumulator.md"), "w", encoding="utf-8") as f:
-        f.write(md)
+    try:
+        with open(os.path.join(args.out, "accumulator.json"), "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+        with open(os.path.join(args.out, "accumulator.md"), "w", encoding="utf-8") as f:
+            f.write(md)
+    except OSError as e:
+        print(f"appendix_c.py: error: cannot write to {args.out}: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
     if not args.quiet:
         print(md)
     if not ok:

@@ -173,11 +173,22 @@ def main(argv):
         hyp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "studies",
                            "claims.toml")
     res = family_effect(read_runs(args[0]), read_runs(args[1]), read_contrasts(hyp))
-    print_md(res)
     if json_out:
-        with open(json_out, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
-            f.write("\n")
+        def clean(v):  # JSON has no NaN: a std of one value is null
+            if isinstance(v, float) and math.isnan(v):
+                return None
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [clean(x) for x in v]
+            return v
+        try:
+            with open(json_out, "w", encoding="utf-8") as f:
+                json.dump(clean(res), f, indent=1, allow_nan=False)
+                f.write("\n")
+        except OSError as e:
+            fail(f"--json {json_out}: {e.strerror}")
+    print_md(res)
 
 
 if __name__ == "__main__":

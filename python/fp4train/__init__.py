@@ -87,8 +87,9 @@ def _friendly_arguments(f, name):
     return wrapper
 
 
-for _name in ("decode", "encode", "format_info", "load_checkpoint", "load_qtensor",
-              "probe_gemm_alpha", "quantize", "round_to", "sr_bytes"):
+for _name in ("accumulate_partials", "chunk_partials", "chunked_dot", "decode", "encode",
+              "format_info", "load_checkpoint", "load_qtensor", "probe_gemm_alpha", "quantize",
+              "round_to", "sr_bytes"):
     globals()[_name] = _friendly_arguments(getattr(_core, _name), _name)
 del _name
 

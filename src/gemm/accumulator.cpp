@@ -79,13 +79,20 @@ inline void split_float(float f, int64_t& mant, int& ex) {
   if (bits >> 31) mant = -mant;
 }
 
-void check_finite(const float* x, int64_t n, const char* name, int64_t row) {
+void check_finite(const float* x, int64_t n, const char* name, int64_t row, const char* who) {
   for (int64_t k = 0; k < n; ++k)
     if (!std::isfinite(x[k]))
-      throw std::invalid_argument(std::string("chunked dot: operand ") + name +
+      throw std::invalid_argument(std::string(who) + ": operand " + name +
                                   (row >= 0 ? " row " + std::to_string(row) + "," : "") +
                                   " element " + std::to_string(k) + " is not finite (" +
                                   std::to_string(x[k]) + ")");
+}
+/// Every row of x and w [rows, K] finite; checked before anything is written.
+void check_rows_finite(const float* x, const float* w, int64_t rows, int64_t K, const char* who) {
+  for (int64_t i = 0; i < rows; ++i) {
+    check_finite(x + i * K, K, "x", i, who);
+    check_finite(w + i * K, K, "w", i, who);
+  }
 }
 
 float chunked_dot_unchecked(const float* x, const float* w, int64_t K, const Accumulator& acc) {
@@ -135,8 +142,8 @@ void accumulate_partials_rows(const float* partials, int64_t rows, int64_t chunk
 float chunk_sum_rne(const float* x, const float* w, int64_t n) {
   if (n < 0 || n > 4096)
     throw std::invalid_argument("chunk_sum_rne: n must be in [0, 4096], got " + std::to_string(n));
-  check_finite(x, n, "x", -1);
-  check_finite(w, n, "w", -1);
+  check_finite(x, n, "x", -1, "chunk_sum_rne");
+  check_finite(w, n, "w", -1, "chunk_sum_rne");
   std::vector<detail::ExactTerm> t(static_cast<size_t>(n));
   for (int64_t k = 0; k < n; ++k) {
     int64_t ma, mb;
@@ -151,8 +158,8 @@ float chunk_sum_rne(const float* x, const float* w, int64_t n) {
 float chunked_dot(const float* x, const float* w, int64_t K, const Accumulator& acc) {
   acc.check();
   if (K < 0) throw std::invalid_argument("chunked_dot: K must be >= 0, got " + std::to_string(K));
-  check_finite(x, K, "x", -1);
-  check_finite(w, K, "w", -1);
+  check_finite(x, K, "x", -1, "chunked dot");
+  check_finite(w, K, "w", -1, "chunked dot");
   return chunked_dot_unchecked(x, w, K, acc);
 }
 
@@ -162,10 +169,7 @@ void chunked_dot_rows(const float* x, const float* w, int64_t rows, int64_t K,
   if (rows < 0 || K < 0)
     throw std::invalid_argument("chunked_dot_rows: rows and K must be >= 0, got " +
                                 std::to_string(rows) + " and " + std::to_string(K));
-  for (int64_t i = 0; i < rows; ++i) {  // checked first: nothing is written on bad input
-    check_finite(x + i * K, K, "x", i);
-    check_finite(w + i * K, K, "w", i);
-  }
+  check_rows_finite(x, w, rows, K, "chunked dot");
 #pragma omp parallel for schedule(dynamic, 16)
   for (int64_t i = 0; i < rows; ++i) out[i] = chunked_dot_unchecked(x + i * K, w + i * K, K, acc);
 }
@@ -176,10 +180,7 @@ void chunk_partials_rows(const float* x, const float* w, int64_t rows, int64_t K
     throw std::invalid_argument("chunk_partials_rows: rows and K must be >= 0 and chunk in [1, 4096], got " +
                                 std::to_string(rows) + ", " + std::to_string(K) + " and " +
                                 std::to_string(chunk));
-  for (int64_t i = 0; i < rows; ++i) {  // checked first: nothing is written on bad input
-    check_finite(x + i * K, K, "x", i);
-    check_finite(w + i * K, K, "w", i);
-  }
+  check_rows_finite(x, w, rows, K, "chunk partials");
   const int64_t nc = (K + chunk - 1) / chunk;
 #pragma omp parallel for schedule(dynamic, 16)
   for (int64_t i = 0; i < rows; ++i)

@@ -365,7 +365,7 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       float* wt = ws.t0.get(N_ * K_);
       transpose(W_, N_, K_, wt);
       if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
-        float* d = ws.t1.get(M * K_);
+        float* d = ws.wqd.get(M * K_);  // free in the probe path (t0 holds Wᵀ, t1 is scratch)
         probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
                       refs_.g_w, &kw, N_, d, false, ws.t1, plan_.probe_snap);
         add_bf16_rounded(d, M * K_, dX);

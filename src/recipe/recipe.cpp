@@ -424,9 +424,10 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                       std::to_string(rc.probe_snap));
     }
     if (rc.probe_snap != 1024 && rc.gemm != "probe-matched")
-      r.fail("linear.probe_snap", "no setting with gemm = \"" + rc.gemm + "\": the snap belongs to "
-                                  "the probe-matched GEMM's accumulator (set linear.gemm = "
-                                  "\"probe-matched\", or leave probe_snap at 1024)");
+      r.fail("linear.probe_snap", "to be left at 1024 with gemm = \"" + rc.gemm + "\", got " +
+                                      std::to_string(rc.probe_snap) + ": the snap belongs to the "
+                                      "probe-matched GEMM's accumulator (set linear.gemm = "
+                                      "\"probe-matched\")");
   }
 
   r.get("fp4.element_format", rc.element_format);

@@ -83,5 +83,17 @@ def test_chunk_partials_then_accumulate_is_chunked_dot():
     exact = np.array([[(x[i, c:c + 64].astype(np.float64) * w[i, c:c + 64]).sum()
                        for c in range(0, 300, 64)] for i in range(16)])
     assert np.all(np.abs(p - exact) <= np.spacing(np.abs(p).astype(np.float32)) / 2 * (1 + 1e-6))
-    with pytest.raises(ValueError, match="chunk must be in"):
+    with pytest.raises(ValueError, match="chunk: expected 16, 32, 64 or 128"):
         fp.chunk_partials(x, w, 0)
+    # BF16 bit patterns give the partials of their float32 values.
+    xb = (x.view(np.uint32) >> 16).astype(np.uint16)
+    wb = (w.view(np.uint32) >> 16).astype(np.uint16)
+    xv = (xb.astype(np.uint32) << 16).view(np.float32)
+    wv = (wb.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(fp.chunk_partials(xb, wb, 64).view(np.uint32),
+                          fp.chunk_partials(xv, wv, 64).view(np.uint32))
+    # A misspelt keyword is one short TypeError naming it, not pybind's dump of the arrays.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunks'"):
+        fp.chunked_dot(x, w, chunks=16)
+    # accumulate_partials follows IEEE for non-finite partials (as the GEMM does).
+    assert np.isnan(fp.accumulate_partials(np.array([[1.0, np.nan]], np.float32))[0])

@@ -1,17 +1,18 @@
-// The probe-matched GEMM's accumulator as a component (docs/numerics.md "GEMM emulation",
-// "Accumulator knobs"; issue 24 §1): how a native FP4 GEMM adds up its products.
+// The probe-matched GEMM's accumulator as a component (docs/gemm.md "The accumulator", steps 2-5
+// of its "Probe-matched rules"; docs/numerics.md "GEMM emulation"; issue 24 §1): how a native FP4
+// GEMM adds up its products. Step numbers are docs/gemm.md's (step 1 forms the products):
 //
-//   1. The K products of one output are cut into chunks of `chunk` consecutive products (the
+//   2. The K products of one output are cut into chunks of `chunk` consecutive products (the
 //      last one shorter when K % chunk != 0).
-//   2. Each chunk's sum is computed exactly and rounded ONCE to FP32 (round to nearest even):
+//   3. Each chunk's sum is computed exactly and rounded ONCE to FP32 (round to nearest even):
 //      the chunk's *partial*.
-//   3. The partials are accumulated in K order, starting from +0, with FP32 additions rounded
+//   4. The partials are accumulated in K order, starting from +0, with FP32 additions rounded
 //      to nearest even (`rne`) or toward zero (`rtz`).
-//   4. The accumulator is snapped to the grid of multiples of 1/d with round to nearest even,
+//   5. The accumulator is snapped to the grid of multiples of 1/d with round to nearest even,
 //      RNE(d·acc)/d (d = 0: no snap).
 //
-// fp4::probe_gemm (fp4/gemm/probe_gemm.h) runs steps 3 and 4 through accumulate_add and
-// snap_to_grid below, and step 2 through the same exact rounding as chunk_sum_rne (the portable
+// fp4::probe_gemm (fp4/gemm/probe_gemm.h) runs steps 4 and 5 through accumulate_add and
+// snap_to_grid below, and step 3 through the same exact rounding as chunk_sum_rne (the portable
 // kernel; its AVX-512 and AVX2 twins implement the default accumulator and are tested bit for bit
 // against it). The default, chunk 64 / rtz / d = 1024, is the paper's probe of the Blackwell FP4
 // GEMM (arXiv 2609.02846, Appendix C).
@@ -65,7 +66,7 @@ float accumulate_add(float acc, float partial, AccumRounding r);
 /// of two ≤ 2^16. Never throws.
 float snap_to_grid(float x, int d);
 
-/// Steps 3 and 4 for one output: acc = +0; acc = accumulate_add(acc, partials[c], rounding) for
+/// Steps 4 and 5 for one output: acc = +0; acc = accumulate_add(acc, partials[c], rounding) for
 /// c = 0 … n − 1; returns snap_to_grid(acc, snap). `chunk` is not used (the partials are given).
 /// Throws std::invalid_argument on n < 0 or a bad accumulator (Accumulator::check).
 float accumulate_partials(const float* partials, int64_t n, const Accumulator& acc);
@@ -76,7 +77,7 @@ float accumulate_partials(const float* partials, int64_t n, const Accumulator& a
 void accumulate_partials_rows(const float* partials, int64_t rows, int64_t chunks,
                               const Accumulator& acc, float* out);
 
-/// Step 2: the exact sum of x[k]·w[k], k < n, rounded once to FP32 (RNE, IEEE binary32 with
+/// Step 3: the exact sum of x[k]·w[k], k < n, rounded once to FP32 (RNE, IEEE binary32 with
 /// subnormals; overflow to ±Inf). FP32 operands (BF16 values are FP32 values): each product is
 /// exact in double and the sum is exact in a multi-word integer, so the result does not depend
 /// on the order of the products. An exact zero gives +0. Throws std::invalid_argument on
@@ -88,7 +89,7 @@ float chunk_sum_rne(const float* x, const float* w, int64_t n);
 /// non-finite operand, or a bad accumulator.
 float chunked_dot(const float* x, const float* w, int64_t K, const Accumulator& acc);
 
-/// Step 2 for row pairs: partials[i, c] = chunk_sum_rne over chunk c of row i of x and w
+/// Step 3 for row pairs: partials[i, c] = chunk_sum_rne over chunk c of row i of x and w
 /// ([rows, K] row-major FP32), for c < ceil(K / chunk); partials is [rows, ceil(K / chunk)]
 /// (FP32, row-major). accumulate_partials_rows of it is chunked_dot_rows. OpenMP over rows; bits
 /// do not depend on the thread count. Throws std::invalid_argument on negative sizes, a chunk
@@ -116,7 +117,7 @@ struct ExactTerm {
 /// RNE rounding to FP32 of the exact value Σ t[i].v·2^(t[i].u), for |v| < 2^62 and n ≤ 4096
 /// (any exponents whose spread fits an int): two's-complement sum on 64-bit words, then IEEE
 /// binary32 rounding with subnormals and overflow to ±Inf. An exact zero gives +0. The exact
-/// step 2 of probe_gemm (its fallback when a chunk's scales are too far apart for double) and of
+/// step 3 of probe_gemm (its fallback when a chunk's scales are too far apart for double) and of
 /// chunk_sum_rne.
 float round_exact_terms_rne(const ExactTerm* t, int n);
 }  // namespace detail
