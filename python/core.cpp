@@ -39,6 +39,7 @@
 #include "fp4/nn/model.h"
 #include "fp4/numerics/philox.h"
 #include "fp4/gemm/probe_gemm.h"
+#include "fp4/numerics/bf16.h"
 #include "fp4/numerics/qtensor.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/recipe/settings.h"
@@ -558,7 +559,7 @@ RowPairs row_pairs(const py::handle& xh, const py::handle& wh) {
     const auto widen = [](const py::array& a, std::vector<float>& out) {
       const uint16_t* p = static_cast<const uint16_t*>(a.data());
       out.resize(static_cast<size_t>(a.size()));
-      for (size_t i = 0; i < out.size(); ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(p[i]) << 16);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = fp4::bf16_value(p[i]);
     };
     widen(r.x, r.xf);
     widen(r.w, r.wf);

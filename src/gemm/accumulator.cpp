@@ -4,6 +4,8 @@
 // fp4::probe_gemm's portable kernel runs. Tests: tests/gemm/test_accumulator.cpp.
 #include "fp4/gemm/accumulator.h"
 
+#include "fp4/numerics/bf16.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -95,12 +97,38 @@ void check_rows_finite(const float* x, const float* w, int64_t rows, int64_t K, 
   }
 }
 
-float chunked_dot_unchecked(const float* x, const float* w, int64_t K, const Accumulator& acc) {
+/// Step 3 on checked operands (finite, n ≤ 4096), with the terms in the caller's buffer t [n].
+float chunk_sum_unchecked(const float* x, const float* w, int64_t n, detail::ExactTerm* t) {
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t ma, mb;
+    int ea, eb;
+    split_float(x[k], ma, ea);
+    split_float(w[k], mb, eb);
+    t[k] = {ma * mb, ea + eb};  // |ma·mb| < 2^48
+  }
+  return detail::round_exact_terms_rne(t, static_cast<int>(n));
+}
+
+/// Step 3 for one row pair of length K on checked operands: partials [ceil(K / chunk)].
+void row_partials(const float* x, const float* w, int64_t K, int64_t chunk, float* partials) {
+  thread_local std::vector<detail::ExactTerm> terms;  // reused: no allocation per chunk
+  terms.resize(static_cast<size_t>(std::max<int64_t>(chunk, 1)));
+  for (int64_t k0 = 0, c = 0; k0 < K; k0 += chunk, ++c)
+    partials[c] = chunk_sum_unchecked(x + k0, w + k0, std::min(chunk, K - k0), terms.data());
+}
+
+/// Steps 4 and 5 on a checked accumulator: the one accumulation loop of this file.
+float accumulate_unchecked(const float* partials, int64_t n, const Accumulator& acc) {
   float a = 0.0f;
-  for (int64_t k0 = 0; k0 < K; k0 += acc.chunk)
-    a = accumulate_add(a, chunk_sum_rne(x + k0, w + k0, std::min<int64_t>(acc.chunk, K - k0)),
-                       acc.rounding);
+  for (int64_t c = 0; c < n; ++c) a = accumulate_add(a, partials[c], acc.rounding);
   return snap_to_grid(a, acc.snap);
+}
+
+float chunked_dot_unchecked(const float* x, const float* w, int64_t K, const Accumulator& acc) {
+  thread_local std::vector<float> partials;
+  partials.resize(static_cast<size_t>((K + acc.chunk - 1) / acc.chunk));
+  row_partials(x, w, K, acc.chunk, partials.data());
+  return accumulate_unchecked(partials.data(), static_cast<int64_t>(partials.size()), acc);
 }
 }  // namespace
 
@@ -120,9 +148,7 @@ float snap_to_grid(float x, int d) {
 float accumulate_partials(const float* partials, int64_t n, const Accumulator& acc) {
   acc.check();
   if (n < 0) throw std::invalid_argument("accumulate_partials: n must be >= 0, got " + std::to_string(n));
-  float a = 0.0f;
-  for (int64_t c = 0; c < n; ++c) a = accumulate_add(a, partials[c], acc.rounding);
-  return snap_to_grid(a, acc.snap);
+  return accumulate_unchecked(partials, n, acc);
 }
 
 void accumulate_partials_rows(const float* partials, int64_t rows, int64_t chunks,
@@ -132,11 +158,7 @@ void accumulate_partials_rows(const float* partials, int64_t rows, int64_t chunk
     throw std::invalid_argument("accumulate_partials_rows: rows and chunks must be >= 0, got " +
                                 std::to_string(rows) + " and " + std::to_string(chunks));
 #pragma omp parallel for schedule(static) if (rows * chunks >= (int64_t{1} << 15))
-  for (int64_t i = 0; i < rows; ++i) {
-    float a = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) a = accumulate_add(a, partials[i * chunks + c], acc.rounding);
-    out[i] = snap_to_grid(a, acc.snap);
-  }
+  for (int64_t i = 0; i < rows; ++i) out[i] = accumulate_unchecked(partials + i * chunks, chunks, acc);
 }
 
 float chunk_sum_rne(const float* x, const float* w, int64_t n) {
@@ -145,14 +167,7 @@ float chunk_sum_rne(const float* x, const float* w, int64_t n) {
   check_finite(x, n, "x", -1, "chunk_sum_rne");
   check_finite(w, n, "w", -1, "chunk_sum_rne");
   std::vector<detail::ExactTerm> t(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) {
-    int64_t ma, mb;
-    int ea, eb;
-    split_float(x[k], ma, ea);
-    split_float(w[k], mb, eb);
-    t[static_cast<size_t>(k)] = {ma * mb, ea + eb};  // |ma·mb| < 2^48
-  }
-  return detail::round_exact_terms_rne(t.data(), static_cast<int>(n));
+  return chunk_sum_unchecked(x, w, n, t.data());
 }
 
 float chunked_dot(const float* x, const float* w, int64_t K, const Accumulator& acc) {
@@ -183,11 +198,7 @@ void chunk_partials_rows(const float* x, const float* w, int64_t rows, int64_t K
   check_rows_finite(x, w, rows, K, "chunk partials");
   const int64_t nc = (K + chunk - 1) / chunk;
 #pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < nc; ++c) {
-      const int64_t k0 = c * chunk;
-      partials[i * nc + c] = chunk_sum_rne(x + i * K + k0, w + i * K + k0, std::min<int64_t>(chunk, K - k0));
-    }
+  for (int64_t i = 0; i < rows; ++i) row_partials(x + i * K, w + i * K, K, chunk, partials + i * nc);
 }
 
 void chunked_dot_rows_bf16(const uint16_t* x, const uint16_t* w, int64_t rows, int64_t K,
@@ -196,9 +207,9 @@ void chunked_dot_rows_bf16(const uint16_t* x, const uint16_t* w, int64_t rows, i
     throw std::invalid_argument("chunked_dot_rows_bf16: rows and K must be >= 0, got " +
                                 std::to_string(rows) + " and " + std::to_string(K));
   std::vector<float> xf(static_cast<size_t>(rows * K)), wf(static_cast<size_t>(rows * K));
-  for (int64_t i = 0; i < rows * K; ++i) {  // BF16 → FP32 is exact: the high half of the bits
-    xf[static_cast<size_t>(i)] = std::bit_cast<float>(static_cast<uint32_t>(x[i]) << 16);
-    wf[static_cast<size_t>(i)] = std::bit_cast<float>(static_cast<uint32_t>(w[i]) << 16);
+  for (int64_t i = 0; i < rows * K; ++i) {  // BF16 → FP32 is exact
+    xf[static_cast<size_t>(i)] = bf16_value(x[i]);
+    wf[static_cast<size_t>(i)] = bf16_value(w[i]);
   }
   chunked_dot_rows(xf.data(), wf.data(), rows, K, acc, out);
 }

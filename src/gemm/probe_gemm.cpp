@@ -173,8 +173,7 @@ Plan make_plan(int64_t K, int64_t block_a, int64_t block_b, const Accumulator& a
   Plan p;
   p.K = K;
   p.acc = acc;
-  p.chunk = acc.chunk;
-  const int64_t ch = p.chunk;
+  const int64_t ch = acc.chunk;
   p.nchunk = (K + ch - 1) / ch;
   int64_t k = 0, p0 = 0;
   p.chunk_first.push_back(0);
@@ -777,7 +776,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
         for (int64_t s = 0; s < pl.nseg; ++s)
           BP.hs[static_cast<size_t>(((j / kNR) * pl.nseg + s) * kNR + j % kNR)] = 0.0;
     }
-    const int limit = span_limit(A.mmax, B.mmax, pl.chunk);
+    const int limit = span_limit(A.mmax, B.mmax, pl.acc.chunk);
     std::vector<std::atomic<int>> group_state(static_cast<size_t>(ngroups));
     std::vector<std::atomic<int>> panel_state(static_cast<size_t>(npan));
     std::atomic<unsigned> flags_a{0}, flags_b{0};
@@ -837,7 +836,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
   // Outputs whose chunk sums may not be exact in double: recompute them exactly.
   A.max_span = max_span_of(A);
   B.max_span = max_span_of(B);
-  const int limit = span_limit(A.mmax, B.mmax, pl.chunk);
+  const int limit = span_limit(A.mmax, B.mmax, pl.acc.chunk);
   if (A.max_span + B.max_span > limit) {
 #pragma omp parallel for schedule(dynamic, 4) if (par)
     for (int64_t i = 0; i < M; ++i)

@@ -31,7 +31,6 @@ struct Segment {
 };
 struct Plan {
   Accumulator acc;       ///< the accumulator (chunk, rounding of the partials' additions, snap)
-  int64_t chunk = kProbeChunk;  ///< acc.chunk: products per chunk
   int64_t K = 0, Kp = 0, nchunk = 0, nseg = 0;
   bool contiguous = true;  ///< p0 == k0 for every segment: packed layout = K layout + tail pad
   std::vector<Segment> segs;
