@@ -6,8 +6,6 @@
 
 #include "fp4/numerics/bf16.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <bit>
 #include <cfloat>

@@ -17,7 +17,7 @@ set(_fp4_fuzz_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -
 add_library(fp4parse STATIC
   src/recipe/recipe.cpp src/recipe/config.cpp src/recipe/settings.cpp
   src/numerics/format.cpp src/numerics/block_quant.cpp src/numerics/hadamard.cpp src/base/safetensors.cpp
-  src/numerics/qtensor.cpp src/numerics/philox.cpp src/gemm/gemm_mode.cpp
+  src/numerics/qtensor.cpp src/numerics/philox.cpp src/gemm/gemm_mode.cpp src/gemm/accumulator.cpp
   src/train/checkpoint.cpp src/train/metrics_log.cpp src/data/token_shard.cpp src/data/jsonl.cpp src/data/utf8.cpp
   src/cli/matrix_text.cpp)
 target_include_directories(fp4parse PUBLIC include src/cli)
