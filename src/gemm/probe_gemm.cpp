@@ -846,6 +846,21 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
   }
 }
 
+void probe_gemm(const QTensor& a, const QTensor& b, float* c, const ProbeGemmOptions& options) {
+  thread_local QuantizedTensor ua, ub;  // reused: a training loop's shapes repeat
+  try {
+    unpack(a, ua);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("probe_gemm: operand A: ") + e.what());
+  }
+  try {
+    unpack(b, ub);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("probe_gemm: operand B: ") + e.what());
+  }
+  probe_gemm(ua, ub, c, options);
+}
+
 void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c) {
   if (a.cols != b.cols) {
     throw std::invalid_argument("decoded_gemm: K mismatch: A is [" + std::to_string(a.rows) +

@@ -12,6 +12,7 @@
 #include "fp4/numerics/hadamard.h"
 #include "fp4/gemm/probe_gemm.h"
 #include "fp4/base/profile.h"
+#include "fp4/numerics/pack_fast.h"
 #include "fp4/numerics/quant_fast.h"
 
 namespace fp4::nn {
@@ -46,30 +47,58 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
         for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = in[i * cols + j];
     }
 }
-// c [ra, rb] (+)= A·Bᵀ in the probe-matched mode (docs/numerics.md "GEMM emulation"): A [ra, k] and
-// B [rb, k] quantized along k with their specs/references/SR keys, then fp4::probe_gemm.
-void probe_product(const float* a, int64_t ra, const BlockQuantSpec& sa, float ga, const SrKey* ka,
-                   const float* b, int64_t rb, const BlockQuantSpec& sb, float gb,
-                   const SrKey* kb, int64_t k, float* c, bool accumulate,
-                   ScratchFloats& scratch, int snap) {
-  const QuantizedTensor qa =
-      quantize_blocks(a, ra, k, sa, ga, sa.rounding == Rounding::SR8 ? ka : nullptr);
-  const QuantizedTensor qb =
-      quantize_blocks(b, rb, k, sb, gb, sb.rounding == Rounding::SR8 ? kb : nullptr);
+// One operand of a probe-matched GEMM, quantized along the contraction dim k: x is [rows, k], or
+// with `transposed` x is [k, rows] and its transpose is the operand (blocks then run along x's
+// rows, SR byte (r, j) of the operand is sr_byte(key, r·k + j), as quantize_blocks of xᵀ).
+struct ProbeSrc {
+  const float* x;
+  int64_t rows;
+  bool transposed;
+  const BlockQuantSpec& spec;
+  float g;
+  const SrKey* key;  // used when spec.rounding is SR8
+};
+// Whether the fast packed quantizers take the spec (E2M1 with a ScaleFormat scale: pack_fast.h).
+bool packable_for_probe(const BlockQuantSpec& s) { return s.element.is_e2m1() && s.scale_desc == nullptr; }
+
+// c [A.rows, B.rows] (+)= A·Bᵀ in the probe-matched mode (docs/numerics.md "GEMM emulation"):
+// both operands quantized along k with their specs/references/SR keys, then fp4::probe_gemm
+// with the default accumulator and the recipe's snap. Packable specs go through
+// quantize_pack_fast / quantize_pack_transposed_fast into ws.pa / ws.pb (bit-identical to
+// quantize_blocks: tests/numerics/test_pack_fast.cpp; the Linear against the scalar composition:
+// tests/nn/test_linear.cpp, expect_probe_linear); other element or spelled scale formats
+// through quantize_blocks, which leaves probe_gemm to refuse what it cannot model.
+void probe_product(const ProbeSrc& A, const ProbeSrc& B, int64_t k, float* c, bool accumulate,
+                   LinearWorkspace& ws, ScratchFloats& scratch, int snap) {
   ProbeGemmOptions opt;  // the default accumulator (chunk 64, RTZ) with the recipe's snap
   opt.accumulator.snap = snap;
-  if (!accumulate) return probe_gemm(qa, qb, c, opt);
-  float* sc = scratch.get(ra * rb);
-  probe_gemm(qa, qb, sc, opt);
-  for (int64_t i = 0; i < ra * rb; ++i) c[i] += sc[i];
+  float* out = accumulate ? scratch.get(A.rows * B.rows) : c;
+  const SrKey* ka = A.spec.rounding == Rounding::SR8 ? A.key : nullptr;
+  const SrKey* kb = B.spec.rounding == Rounding::SR8 ? B.key : nullptr;
+  if (packable_for_probe(A.spec) && packable_for_probe(B.spec)) {
+    auto quant = [k](const ProbeSrc& o, const SrKey* key, QTensor& q) {
+      if (o.transposed) quantize_pack_transposed_fast(o.x, k, o.rows, o.spec, o.g, key, false, q);
+      else quantize_pack_fast(o.x, o.rows, k, o.spec, o.g, key, q);
+    };
+    quant(A, ka, ws.pa);
+    quant(B, kb, ws.pb);
+    probe_gemm(ws.pa, ws.pb, out, opt);
+  } else {
+    auto quant = [k](const ProbeSrc& o, const SrKey* key) {
+      if (!o.transposed) return quantize_blocks(o.x, o.rows, k, o.spec, o.g, key);
+      std::vector<float> t(static_cast<size_t>(o.rows * k));
+      transpose(o.x, k, o.rows, t.data());
+      return quantize_blocks(t.data(), o.rows, k, o.spec, o.g, key);
+    };
+    probe_gemm(quant(A, ka), quant(B, kb), out, opt);
+  }
+  if (!accumulate) return;
+  for (int64_t i = 0; i < A.rows * B.rows; ++i) c[i] += out[i];
 }
 
 // out[i] = round_bf16(in[i]) for i < n (the recipe's BF16 boundary, docs/numerics.md "BF16
-// boundary"): elementwise, so any thread count gives the same bits.
-void round_bf16_into(const float* in, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(bf16_bits(in[i]));  // = round_bf16
-}
+// boundary"): fp4::round_bf16_array, elementwise, so any thread count gives the same bits.
+void round_bf16_into(const float* in, int64_t n, float* out) { round_bf16_array(in, n, out); }
 
 // Whether a spec's quantizer reads the tensor reference g (the MX scale rules do not).
 bool uses_g(const BlockQuantSpec& s) { return s.scale_rule == ScaleRule::TensorScaled; }
@@ -89,8 +118,11 @@ float* ScratchFloats::get(int64_t n) {
 }
 
 int64_t LinearWorkspace::bytes() const {
+  int64_t packed = 0;
+  for (const QTensor* q : {&pa, &pb})
+    packed += int64_t(q->packed.capacity() + q->scale_codes.capacity());
   return (row.capacity() + wqd.capacity() + t0.capacity() + t1.capacity()) *
-         int64_t(sizeof(float));
+             int64_t(sizeof(float)) + packed;
 }
 
 Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
@@ -277,8 +309,9 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
   if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
     Scope s(Cat::kGemmFprop);
     prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
-    probe_product(X, M, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx, W_, N_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, K_, Y,
-                  false, ws_->t0, plan_.probe_snap);
+    probe_product({X, M, false, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx},
+                  {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
+                  ws_->t0, plan_.probe_snap);
   } else {
     const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
     prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
@@ -292,10 +325,7 @@ void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx
 
 // dX [M, K] += round_bf16(d) for d [M, K]: a linear's own dgrad output kept in BF16 (the recipe's
 // bf16_outputs) before it joins the input gradient, which other linears may share.
-static void add_bf16_rounded(const float* d, int64_t n, float* dX) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) dX[i] += bf16_value(bf16_bits(d[i]));
-}
+static void add_bf16_rounded(const float* d, int64_t n, float* dX) { add_round_bf16_array(d, n, dX); }
 
 const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
   LinearWorkspace& ws = *ws_;
@@ -362,27 +392,33 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
     // wgrad contracts over tokens: dYᵀ [N,M] and Xᵀ [K,M] along M, after the RHT if any.
     const SrKey kd{ctx.seed, step, id, kOpDY, kDgrad, micro}, kw{ctx.seed, step, id, kOpW, kDgrad, micro};
     if (dX) {
-      float* wt = ws.t0.get(N_ * K_);
-      transpose(W_, N_, K_, wt);
+      const ProbeSrc a{dY, M, false, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd};
+      const ProbeSrc b{W_, K_, true, plan_.spec(Gemm::Dgrad, Operand::W), refs_.g_w, &kw};  // Wᵀ
       if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
-        float* d = ws.wqd.get(M * K_);  // free in the probe path (t0 holds Wᵀ, t1 is scratch)
-        probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
-                      refs_.g_w, &kw, N_, d, false, ws.t1, plan_.probe_snap);
+        float* d = ws.wqd.get(M * K_);  // free in the probe path
+        probe_product(a, b, N_, d, false, ws, ws.t1, plan_.probe_snap);
         add_bf16_rounded(d, M * K_, dX);
       } else {
-        probe_product(dY, M, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &kd, wt, K_, plan_.spec(Gemm::Dgrad, Operand::W),
-                      refs_.g_w, &kw, N_, dX, true, ws.t1, plan_.probe_snap);
+        probe_product(a, b, N_, dX, true, ws, ws.t1, plan_.probe_snap);
       }
     }
-    std::vector<float> dyt(N_ * M), xt(K_ * M);
-    transpose(dY, M, N_, dyt.data());
-    transpose(X_, M, K_, xt.data());
+    // Without the RHT the wgrad operands dYᵀ and Xᵀ are quantized straight from dY and X.
+    std::vector<float> dyt, xt;
     float g_dyt = gdy, g_xt = refs_.g_x;
     if (plan_.rht_wgrad) {  // M % 16 == 0: checked above
+      dyt.resize(N_ * M);
+      xt.resize(K_ * M);
+      transpose(dY, M, N_, dyt.data());
+      transpose(X_, M, K_, xt.data());
       rht16_rows(dyt.data(), N_, M, plan_.rht_precision);
       rht16_rows(xt.data(), K_, M, plan_.rht_precision);
       g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
+    } else if (tel) {  // telemetry reads the transposes
+      dyt.resize(N_ * M);
+      xt.resize(K_ * M);
+      transpose(dY, M, N_, dyt.data());
+      transpose(X_, M, K_, xt.data());
     }
     const SrKey kdw{ctx.seed, step, id, kOpDY, kWgrad, micro}, kxw{ctx.seed, step, id, kOpX, kWgrad, micro};
     if (tel) {
@@ -390,8 +426,10 @@ void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& 
       note_stats(4, quant_stats(xt.data(), K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw));
       tel_.valid = true;
     }
-    probe_product(dyt.data(), N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw, xt.data(), K_,
-                  plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw, M, dW_, true, ws.t1, plan_.probe_snap);
+    const bool rht = plan_.rht_wgrad;
+    probe_product({rht ? dyt.data() : dY, N_, !rht, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw},
+                  {rht ? xt.data() : X_, K_, !rht, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw}, M,
+                  dW_, true, ws, ws.t1, plan_.probe_snap);
     return;
   }
   if (dX) {

@@ -1,6 +1,9 @@
 // Packed FP4 tensors and their safetensors files.
 #include "fp4/numerics/qtensor.h"
 
+#include <algorithm>
+#include <array>
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -58,6 +61,67 @@ QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts)
   for (size_t b = 0; b < q.scales.size(); ++b)
     t.scale_codes[b] = scale_encode(q.scales[b], q.spec.scale_format);
   return t;
+}
+
+void unpack(const QTensor& t, QuantizedTensor& out) {
+  const std::string w = "unpack";
+  if (t.element_format != "e2m1")
+    throw std::invalid_argument(w + ": element format '" + t.element_format + "' is not e2m1");
+  if (t.block <= 0 || t.rows < 0 || t.cols < 0)
+    throw std::invalid_argument(w + ": invalid layout (rows " + std::to_string(t.rows) + ", cols " +
+                                std::to_string(t.cols) + ", block " + std::to_string(t.block) + ")");
+  const int64_t n = t.rows * t.cols, nb = t.block_rows() * t.block_cols();
+  if (t.packed.size() != static_cast<size_t>((n + 1) / 2) ||
+      t.scale_codes.size() != static_cast<size_t>(nb)) {
+    throw std::invalid_argument(w + ": " + std::to_string(t.packed.size()) + " packed bytes and " +
+                                std::to_string(t.scale_codes.size()) + " scale codes for a [" +
+                                std::to_string(t.rows) + ", " + std::to_string(t.cols) +
+                                "] tensor with " + std::to_string(nb) + " blocks (expected " +
+                                std::to_string((n + 1) / 2) + " and " + std::to_string(nb) + ")");
+  }
+  out.rows = t.rows;
+  out.cols = t.cols;
+  out.spec = BlockQuantSpec{};
+  out.spec.block = t.block;
+  out.spec.two_d = t.two_d;
+  out.spec.scale_format = t.scale_format;
+  out.spec.scale_rule = t.scale_rule;
+  out.spec.target = t.target;
+  out.g = t.reference;
+  out.gd = t.decode_scale;
+  if (t.scale_rule != ScaleRule::TensorScaled || t.reference == 0.0f) out.ge = 1.0f;
+  else out.ge = std::min((t.target * 6.0f) / t.reference, FLT_MAX);
+  out.block_rows = t.block_rows();
+  out.block_cols = t.block_cols();
+  out.block_amax.clear();
+  out.scale_codes = t.scale_codes;
+  out.scales.resize(static_cast<size_t>(nb));
+  // Decode each distinct code once (a table filled on first use): scale_decode throws for
+  // codes that are not scales, naming the first such block.
+  std::array<float, 256> table{};
+  std::array<bool, 256> known{};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t c = t.scale_codes[static_cast<size_t>(b)];
+    if (!known[c]) {
+      try {
+        table[c] = scale_decode(c, t.scale_format);
+      } catch (const std::exception& e) {
+        throw std::invalid_argument(w + ": block " + std::to_string(b) + ": " + e.what());
+      }
+      known[c] = true;
+    }
+    out.scales[static_cast<size_t>(b)] = table[c];
+  }
+  out.codes.resize(static_cast<size_t>(n));
+  const uint8_t* p = t.packed.data();
+  uint8_t* q = out.codes.data();
+  const int64_t pairs = n / 2;
+#pragma omp parallel for schedule(static) if (n >= (1 << 18))
+  for (int64_t j = 0; j < pairs; ++j) {
+    q[2 * j] = p[j] & 15;
+    q[2 * j + 1] = p[j] >> 4;
+  }
+  if (n % 2) q[n - 1] = p[pairs] & 15;
 }
 
 void dequantize(const QTensor& t, float* out) {

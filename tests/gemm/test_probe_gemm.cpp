@@ -696,6 +696,72 @@ TEST(ProbeGemm, RandomQuantizedMatchReferenceBitForBit) {
   EXPECT_EQ(cases, 60);
 }
 
+/// The packed-operand overload (QTensor, as fp4::nn::Linear's probe-matched mode feeds it from
+/// quantize_pack_fast) equals the QuantizedTensor one bit for bit: every packable scale format,
+/// the MX rule, odd element counts (a row starting mid-byte), 2-D tiles, SR elements.
+TEST(ProbeGemm, PackedOperandsMatchTheUnpackedBitForBit) {
+  std::mt19937_64 rng(20261204);
+  const ScaleFormat formats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3};
+  int cases = 0;
+  for (int64_t K : {int64_t{33}, int64_t{64}, int64_t{130}})
+    for (ScaleFormat f : formats)
+      for (int variant = 0; variant < 2; ++variant) {
+        const int64_t M = 1 + static_cast<int64_t>(rng() % 9) * 2 + 1, N = 3 + static_cast<int64_t>(rng() % 20);
+        const auto xa = random_matrix(rng, M, K, static_cast<int>(rng() % 4));
+        const auto xb = random_matrix(rng, N, K, static_cast<int>(rng() % 4));
+        const auto qa = quantize(xa, M, K, f, 16, false, variant ? 0.05f : 1.0f,
+                                 variant ? Rounding::SR8 : Rounding::RNE);
+        const auto qb = quantize(xb, N, K, f, 16, variant == 1, 1.0f);
+        std::vector<float> want(static_cast<size_t>(M * N)), got(want.size(), -1.0f);
+        probe_gemm(qa, qb, want.data());
+        probe_gemm(pack(qa), pack(qb), got.data());
+        EXPECT_TRUE(same_bits(got, want, N)) << "K=" << K << " " << scale_format_name(f) << " variant " << variant;
+        ++cases;
+      }
+  // MXFP4 (UE8M0 under mx-te, no tensor scale) and a non-default accumulator.
+  const auto xa = random_matrix(rng, 7, 96, 1), xb = random_matrix(rng, 5, 96, 2);
+  BlockQuantSpec mx;
+  mx.scale_format = ScaleFormat::UE8M0;
+  mx.scale_rule = ScaleRule::MxTe;
+  mx.block = 32;
+  const auto qa = quantize_blocks(xa.data(), 7, 96, mx, 0.0f, nullptr);
+  const auto qb = quantize_blocks(xb.data(), 5, 96, mx, 0.0f, nullptr);
+  ProbeGemmOptions opt;
+  opt.accumulator.chunk = 32;
+  opt.accumulator.snap = 0;
+  std::vector<float> want(35), got(35);
+  probe_gemm(qa, qb, want.data(), opt);
+  probe_gemm(pack(qa), pack(qb), got.data(), opt);
+  EXPECT_TRUE(same_bits(got, want, 5)) << "mx-te";
+  EXPECT_EQ(cases, 18);
+  // Errors name the operand: a QTensor whose decode scale does not follow from g and T, and one
+  // whose sizes do not match its layout.
+  QTensor pa = pack(quantize(xa, 7, 96, ScaleFormat::UE5M3, 16, false, 1.0f)), pb = pack(qb);
+  pa.decode_scale *= 2.0f;
+  EXPECT_THROW(
+      {
+        try {
+          probe_gemm(pa, pa, got.data());
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("operand A"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("do not follow"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  pb.packed.resize(3);
+  EXPECT_THROW(
+      {
+        try {
+          probe_gemm(pack(qa), pb, got.data());
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("operand B: unpack"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+}
+
 /// Random codes and scales drawn directly, to reach what the quantizer rarely produces.
 QuantizedTensor random_qt(std::mt19937_64& rng, int64_t rows, int64_t cols, int block, bool two_d,
                           int scale_kind, float gd = 1.0f) {

@@ -358,6 +358,8 @@ std::vector<float> expect_probe_linear(const Recipe& r, const std::vector<float>
   ref.assign(M * K, 0.f);
   probe_gemm(q(dY, M, N, r.spec_dy(), amax(dY), &kd),
              q(transpose(W, N, K), K, N, r.spec_w(), amax(W), nullptr), ref.data(), opt);
+  // dX and dW are accumulated into zeros: 0 + (−0) = +0 (a snapped tiny negative sum is −0).
+  for (float& v : ref) v = 0.0f + v;
   EXPECT_EQ(0, std::memcmp(ref.data(), dX.data(), dX.size() * 4)) << "dgrad, " << what;
   auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
   if (r.rht_wgrad) {
@@ -367,6 +369,7 @@ std::vector<float> expect_probe_linear(const Recipe& r, const std::vector<float>
   ref.assign(N * K, 0.f);
   probe_gemm(q(dYt, N, M, r.spec_dy(), amax(dYt), &kw), q(Xt, K, M, r.spec_x(), amax(Xt), nullptr),
              ref.data(), opt);
+  for (float& v : ref) v = 0.0f + v;
   EXPECT_EQ(0, std::memcmp(ref.data(), dW.data(), dW.size() * 4)) << "wgrad, " << what;
   return Y;
 }
@@ -377,6 +380,29 @@ TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
   r.gemm = "probe-matched";
   auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
   (void)expect_probe_linear(r, X, W, dY, M, K, N, ProbeGemmOptions{}, "default accumulator");
+}
+
+// The probe-matched Linear quantizes through the fast packed quantizers (the transposed one for
+// Wᵀ, dYᵀ and Xᵀ when there is no RHT): each GEMM still equals the scalar composition
+// quantize_blocks → probe_gemm, for ragged shapes (K, N and M not multiples of 16, an odd M·K),
+// 1-D and 2-D weights, E4M3 and UE5M3 scales, a held reference (D = 50 at a hold step is not
+// reached here: step 4 refreshes under D = 1) and MXFP4.
+TEST(Linear, ProbeMatchedFastQuantizersMatchTheScalarComposition) {
+  const int64_t M = 37, K = 45, N = 21;
+  auto X = randn(M * K, 51), W = randn(N * K, 52, 0.1f), dY = randn(M * N, 53, 1e-3f);
+  X[7] = 25.f;  // an outlier block
+  for (bool w2d : {false, true})
+    for (ScaleFormat sf : {ScaleFormat::UE5M3, ScaleFormat::E4M3}) {
+      Recipe r = fp4_recipe(sf, /*rht=*/false, w2d, 1);
+      r.gemm = "probe-matched";
+      (void)expect_probe_linear(r, X, W, dY, M, K, N, ProbeGemmOptions{},
+                                std::string(scale_format_name(sf)) + (w2d ? " 2-D" : " 1-D"));
+    }
+  Recipe mx = fp4_recipe(ScaleFormat::UE8M0, false, false, 1);
+  mx.scale_rule = ScaleRule::MxTe;
+  mx.block = 32;
+  mx.gemm = "probe-matched";
+  (void)expect_probe_linear(mx, X, W, dY, M, K, N, ProbeGemmOptions{}, "mxfp4");
 }
 
 // linear.probe_snap reaches all three probe GEMMs: each equals probe_gemm with that snap

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -24,6 +25,34 @@ void expect_twin(const std::vector<float>& in) {
     ASSERT_EQ(fp4::bf16_bits(in[i]), twin(in[i]));
   }
   EXPECT_EQ(out[in.size()], 0xABCD) << "wrote past the end";
+  // The FP32-valued twins: round_bf16_array (out of place and in place) and
+  // add_round_bf16_array (one FP32 addition onto an accumulator of random values) against the
+  // scalar fp4::round_bf16, bit for bit (NaN payloads included: the same expression).
+  const int64_t n = int64_t(in.size());
+  std::vector<float> r(in.size() + 1, 7.f), inplace = in;
+  fp4::round_bf16_array(in.data(), n, r.data());
+  fp4::round_bf16_array(inplace.data(), n, inplace.data());
+  std::mt19937 g(uint32_t(in.size()));
+  std::normal_distribution<float> nd;
+  std::vector<float> acc(in.size() + 1), want(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    acc[i] = nd(g);
+    want[i] = acc[i] + fp4::round_bf16(in[i]);
+  }
+  acc[in.size()] = 7.f;
+  fp4::add_round_bf16_array(in.data(), n, acc.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint32_t w = std::bit_cast<uint32_t>(fp4::round_bf16(in[i]));
+    ASSERT_EQ(std::bit_cast<uint32_t>(r[i]), w) << std::hex << "round, input 0x" << std::bit_cast<uint32_t>(in[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(inplace[i]), w) << std::hex << "in place, input 0x" << std::bit_cast<uint32_t>(in[i]);
+    const bool both_nan = std::isnan(acc[i]) && std::isnan(want[i]);
+    if (!both_nan) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(acc[i]), std::bit_cast<uint32_t>(want[i]))
+          << std::hex << "add, input 0x" << std::bit_cast<uint32_t>(in[i]);
+    }
+  }
+  EXPECT_EQ(r[in.size()], 7.f) << "round wrote past the end";
+  EXPECT_EQ(acc[in.size()], 7.f) << "add wrote past the end";
 }
 
 float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
@@ -69,6 +98,19 @@ TEST(Bf16Bits, RandomBitsAndThreadCounts) {
   fp4::to_bf16_bits(v.data(), int64_t(v.size()), b.data());
   omp_set_num_threads(saved);
   EXPECT_EQ(a, b);
+  for (float x : {0.5f, -3.f}) {  // keep NaNs out: the comparison below is by value
+    std::replace_if(v.begin(), v.end(), [](float y) { return std::isnan(y); }, x);
+  }
+  std::vector<float> r1(v.size()), r3(v.size()), a1(v.size(), 1.f), a3(v.size(), 1.f);
+  omp_set_num_threads(1);
+  fp4::round_bf16_array(v.data(), int64_t(v.size()), r1.data());
+  fp4::add_round_bf16_array(v.data(), int64_t(v.size()), a1.data());
+  omp_set_num_threads(3);
+  fp4::round_bf16_array(v.data(), int64_t(v.size()), r3.data());
+  fp4::add_round_bf16_array(v.data(), int64_t(v.size()), a3.data());
+  omp_set_num_threads(saved);
+  EXPECT_EQ(0, std::memcmp(r1.data(), r3.data(), r1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a1.data(), a3.data(), a1.size() * 4));
   fp4::to_bf16_bits(v.data(), 0, a.data());  // n = 0: nothing
   EXPECT_EQ(a, b);
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -68,6 +69,89 @@ TEST(QTensor, DequantizeEqualsUnpackedDequantizeBitForBit) {
       dequantize(pack(q), b.data());
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << two_d;
     }
+}
+
+// unpack is pack's inverse on every field a QTensor stores: odd and even element counts, 1-D
+// blocks and 2-D tiles, the four scale formats, the MX rule, a zero reference (ge = 1) and a zero
+// block (the guarded scale); block_amax is not stored, so unpack leaves it empty.
+TEST(QTensor, UnpackInvertsPackOnEveryStoredField) {
+  struct Case {
+    int64_t rows, cols;
+    bool two_d;
+    ScaleFormat sf;
+    ScaleRule rule;
+    bool zeros;
+  };
+  const Case cases[] = {{37, 45, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, false},
+                        {37, 45, true, ScaleFormat::E4M3, ScaleRule::TensorScaled, false},
+                        {16, 64, false, ScaleFormat::UE5M3_PTX, ScaleRule::TensorScaled, false},
+                        {5, 33, false, ScaleFormat::UE8M0, ScaleRule::MxTe, false},
+                        {3, 17, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true}};
+  for (const Case& c : cases) {
+    auto x = randn(static_cast<size_t>(c.rows * c.cols), 11);
+    if (c.zeros) std::fill(x.begin(), x.end(), 0.0f);
+    x[0] = c.zeros ? 0.0f : 40.0f;  // an outlier in the first block
+    BlockQuantSpec s;
+    s.scale_format = c.sf;
+    s.scale_rule = c.rule;
+    s.two_d = c.two_d;
+    s.target = 300.0f;
+    const QuantizedTensor q =
+        quantize_blocks(x.data(), c.rows, c.cols, s, tensor_amax(x.data(), c.rows * c.cols), nullptr);
+    QuantizedTensor u;
+    u.block_amax = {1.0f};  // stale content must not survive
+    unpack(pack(q), u);
+    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " +
+                             scale_format_name(c.sf);
+    EXPECT_EQ(u.rows, q.rows) << what;
+    EXPECT_EQ(u.cols, q.cols) << what;
+    EXPECT_EQ(u.block_rows, q.block_rows) << what;
+    EXPECT_EQ(u.block_cols, q.block_cols) << what;
+    EXPECT_EQ(u.spec.block, q.spec.block) << what;
+    EXPECT_EQ(u.spec.two_d, q.spec.two_d) << what;
+    EXPECT_EQ(u.spec.scale_format, q.spec.scale_format) << what;
+    EXPECT_EQ(u.spec.scale_rule, q.spec.scale_rule) << what;
+    EXPECT_EQ(u.spec.target, q.spec.target) << what;
+    EXPECT_TRUE(u.spec.element.is_e2m1()) << what;
+    EXPECT_EQ(std::bit_cast<uint32_t>(u.g), std::bit_cast<uint32_t>(q.g)) << what;
+    EXPECT_EQ(std::bit_cast<uint32_t>(u.ge), std::bit_cast<uint32_t>(q.ge)) << what;
+    EXPECT_EQ(std::bit_cast<uint32_t>(u.gd), std::bit_cast<uint32_t>(q.gd)) << what;
+    EXPECT_EQ(u.codes, q.codes) << what;
+    EXPECT_EQ(u.scale_codes, q.scale_codes) << what;
+    ASSERT_EQ(u.scales.size(), q.scales.size()) << what;
+    EXPECT_EQ(0, std::memcmp(u.scales.data(), q.scales.data(), q.scales.size() * 4)) << what;
+    EXPECT_TRUE(u.block_amax.empty()) << what;
+  }
+}
+
+TEST(QTensor, UnpackRejectsInconsistentTensorsNamingWhat) {
+  const QTensor good = pack(make(4, 32, false));
+  QuantizedTensor u;
+  auto expect_throw = [&](QTensor t, const std::string& needle) {
+    try {
+      unpack(t, u);
+      ADD_FAILURE() << "no throw, expected " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  QTensor t = good;
+  t.packed.pop_back();
+  expect_throw(t, "63 packed bytes");
+  t = good;
+  t.scale_codes.push_back(0);
+  expect_throw(t, "9 scale codes");
+  t = good;
+  t.element_format = "int4";
+  expect_throw(t, "'int4' is not e2m1");
+  t = good;
+  t.block = 0;
+  expect_throw(t, "block 0");
+  t = good;
+  t.scale_format = ScaleFormat::E4M3;
+  std::fill(t.scale_codes.begin(), t.scale_codes.end(), uint8_t{0x38});  // 1.0 in E4M3
+  t.scale_codes[3] = 0x7F;  // E4M3's NaN code is not a scale
+  expect_throw(t, "block 3");
 }
 
 TEST(QTensor, SafetensorsRoundTripAndReadableHeader) {

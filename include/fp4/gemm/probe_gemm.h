@@ -24,6 +24,7 @@
 #include "fp4/gemm/accumulator.h"
 #include "fp4/gemm/gemm_mode.h"
 #include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/qtensor.h"
 
 namespace fp4 {
 
@@ -107,6 +108,14 @@ float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
 /// per-segment scales) per calling thread between calls, so repeated calls reuse them.
 void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
                 const ProbeGemmOptions& options = {});
+
+/// The same for packed operands (fp4/numerics/qtensor.h, e.g. from quantize_pack_fast or
+/// quantize_pack_transposed_fast): equals probe_gemm(unpack(a), unpack(b), c, options) bit for
+/// bit. The unpacked copies live in per-thread buffers reused between calls. Throws what
+/// unpack throws (a QTensor whose sizes do not match its layout, an invalid scale code) and
+/// then what the QuantizedTensor overload throws (e.g. a decode_scale that does not follow
+/// from reference and target).
+void probe_gemm(const QTensor& a, const QTensor& b, float* c, const ProbeGemmOptions& options = {});
 
 /// Decoded GEMM: c [M, N] (row-major, overwritten, ldc = N) = Â·B̂ᵀ with Â, B̂ the FP32
 /// dequantized operands (fp4::dequantize: x̂ = q·(c_b·gd)) and fp4::sgemm (oneDNN, FP32

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/qtensor.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/numerics/telemetry.h"
 
@@ -58,6 +59,7 @@ struct LinearWorkspace {
   ScratchFloats row;     ///< fprop: quantized X [M, K]; dgrad: quantized dY [M, N]
   ScratchFloats wqd;     ///< dgrad: quantized weight when it differs from fprop's [N, K]
   ScratchFloats t0, t1;  ///< transposes: dgrad Wᵀ [K, N]; wgrad dYᵀ [N, M] and Xᵀ [K, M]
+  QTensor pa, pb;        ///< probe-matched mode: the packed operands A and B of the current GEMM
 
   /// Grow the buffers for an FP4 Linear of K inputs, N outputs and M tokens per call, so
   /// that its calls allocate nothing (Model does this once for its largest linears).

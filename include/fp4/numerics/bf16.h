@@ -23,5 +23,14 @@ inline float bf16_value(uint16_t h) { return std::bit_cast<float>(uint32_t(h) <<
 /// picked at load time), OpenMP over fixed element ranges; elementwise, so the bits never
 /// depend on the thread count or the target. n ≤ 0 does nothing.
 void to_bf16_bits(const float* in, int64_t n, uint16_t* out);
+/// out[i] = bf16_value(bf16_bits(in[i])) (= fp4::round_bf16, format.h) for i in [0, n): the
+/// recipe's BF16 boundary and BF16 outputs (docs/numerics.md "BF16 boundary"), FP32 in and out;
+/// `out` may be `in` (in place). Vectorised and threaded as to_bf16_bits; bits never depend on
+/// the thread count or the target. n ≤ 0 does nothing.
+void round_bf16_array(const float* in, int64_t n, float* out);
+/// acc[i] += bf16_value(bf16_bits(in[i])) for i in [0, n) (one FP32 RNE addition per element):
+/// a linear's own dX rounded to BF16 and added to the input gradient others may share.
+/// `in` must not alias `acc`. Vectorised and threaded as to_bf16_bits. n ≤ 0 does nothing.
+void add_round_bf16_array(const float* in, int64_t n, float* acc);
 
 }  // namespace fp4

@@ -47,6 +47,22 @@ struct QTensor {
 /// its element format, scale format and rule).
 QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts = {});
 
+/// Unpack a QTensor into `out` (one E2M1 code per byte, decoded block scales): the inverse of
+/// pack() for every field a QTensor stores, so probe_gemm and other QuantizedTensor consumers
+/// can take a packed operand (e.g. from quantize_pack_fast). Sets out.rows/cols, the block grid,
+/// out.spec (block, two_d, scale_format, scale_rule, target; E2M1 elements, RNE: a QTensor does
+/// not record the element rounding), out.g = reference, out.gd = decode_scale, out.ge =
+/// (T·6)/g (1 if g = 0, at most FLT_MAX) under the tensor-scaled rule and 1 under the MX rules,
+/// as quantize_blocks sets it; out.scale_codes = scale_codes, out.scales[b] =
+/// scale_decode(scale_codes[b], scale_format) (the decoded c_b, after the zero-block guard),
+/// out.codes[i] = code(i). out.block_amax is left EMPTY: a QTensor does not store the block
+/// amaxes. out's buffers are reused (no allocation when their sizes already match). Parallel
+/// over elements; bits do not depend on the thread count.
+/// Throws std::invalid_argument if element_format is not "e2m1", block ≤ 0, rows or cols < 0,
+/// or packed / scale_codes do not hold ceil(rows·cols / 2) / block_rows()·block_cols() bytes;
+/// and what scale_decode throws for a code that is not a valid scale (naming the block).
+void unpack(const QTensor& t, QuantizedTensor& out);
+
 /// x̂ [rows, cols] = e2m1_decode(code) · (scale_decode(scale code) · decode_scale); bit-identical
 /// to fp4::dequantize of the QuantizedTensor it was packed from.
 void dequantize(const QTensor& t, float* out);
