@@ -15,5 +15,6 @@ void register_info(CLI::App& app);    // model size, FLOPs, memory and linear pl
 void register_export(CLI::App& app);  // Hugging Face style directory of a checkpoint
 void register_list(CLI::App& app);    // configs and recipes: the shipped files, one line each
 void register_data(CLI::App& app);    // what a data source holds; builds or exports its token cache
+void register_fidelity(CLI::App& app);  // recipes against exact FP32 on shared checkpoints and batches
 
 }  // namespace fp4::cli

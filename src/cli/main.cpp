@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_export(app);
   fp4::cli::register_list(app);
   fp4::cli::register_data(app);
+  fp4::cli::register_fidelity(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

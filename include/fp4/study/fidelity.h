@@ -1,0 +1,143 @@
+// The fidelity panel (`fp4train fidelity`, docs/fidelity.md): on the same weights and the same
+// batches, how far each recipe's quantized forward and backward are from the exact FP32
+// computation. Differences between recipes are paired and deterministic: the chaotic drift of
+// training trajectories, which hides FP4-vs-FP4 effects in a loss study, never enters.
+//
+// Per checkpoint c of a reference run and batch k (a training-distribution batch of the run's
+// micro-batch size), the exact side is an FP32 forward and backward (loss L*, gradient g* of every
+// parameter); the recipe side is the same with the recipe's linears, R times with different
+// stochastic-rounding streams (draw d keys its SR bits with seed + d). A recipe that holds its
+// tensor references (amax_interval D > 1) is evaluated with the references it would hold at step
+// s + 1: sampled at the most recent refresh step t_r on the weights after t_r − 1 steps and the
+// first micro-batch of step t_r of the reference run (docs/fidelity.md "References").
+//
+// The statistics (this header's free functions) are the contract's; FidelityPanel holds the
+// per-(checkpoint, batch) values, fidelity_report writes fidelity.json and fidelity.md.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fp4 {
+
+/// Sums over coordinates of the R gradient draws ĝ_d of one recipe against the exact g*, in
+/// double: what every per-(checkpoint, batch) metric is computed from.
+struct DrawMoments {
+  int draws = 0;            ///< R
+  double ref_sq = 0;        ///< ‖g*‖²
+  std::vector<double> err_sq;   ///< ‖ĝ_d − g*‖², one per draw
+  std::vector<double> dot;      ///< ⟨ĝ_d, g*⟩
+  std::vector<double> est_sq;   ///< ‖ĝ_d‖²
+  double mean_err_sq = 0;   ///< ‖ḡ − g*‖², ḡ = mean of the draws
+  double spread_sq = 0;     ///< Σ_d ‖ĝ_d − ḡ‖²
+};
+
+/// The moments of `draws` gradient estimates est[d] (each [n] FP32) against ref [n] (FP32),
+/// over the index set [0, n), accumulated in double in index order (so any thread count gives
+/// the same value: this function is sequential). Throws std::invalid_argument if est is empty
+/// or an estimate is null.
+DrawMoments draw_moments(const std::vector<const float*>& est, const float* ref, int64_t n);
+/// The same over several disjoint ranges [begin, end) (e.g. every linear weight of a model).
+DrawMoments draw_moments(const std::vector<const float*>& est, const float* ref,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges);
+
+/// The metrics of one (checkpoint, batch) and recipe, from its DrawMoments (docs/fidelity.md
+/// "Metrics"): relative error mean_d ‖ĝ_d − g*‖/‖g*‖; cosine mean_d ⟨ĝ_d, g*⟩/(‖ĝ_d‖‖g*‖);
+/// gain mean_d ⟨ĝ_d, g*⟩/‖g*‖² (below 1: a shrunken gradient); mse mean_d ‖ĝ_d − g*‖²/‖g*‖²;
+/// variance V/‖g*‖² with V = Σ_d ‖ĝ_d − ḡ‖²/(R − 1) (the per-draw variance, 0 when R = 1);
+/// bias2 (‖ḡ − g*‖² − V/R)/‖g*‖², the finite-R unbiased squared bias of the mean gradient (it
+/// may come out slightly negative when the bias is below the sampling noise of ḡ), so that
+/// bias2 + variance = mse exactly in expectation. With ‖g*‖ = 0 every ratio is NaN except a
+/// cosine of NaN as well; callers skip such samples.
+struct DrawMetrics {
+  double rel_error = 0, cosine = 0, gain = 0, mse = 0, bias2 = 0, variance = 0;
+};
+DrawMetrics draw_metrics(const DrawMoments& m);
+
+/// A mean with a 95% percentile interval.
+struct Interval {
+  double mean = 0, lo = 0, hi = 0;
+};
+
+/// Two-level bootstrap of the mean of x[c][k] (checkpoint c, batch k; every row the same K ≥ 1
+/// values): each of `resamples` draws C checkpoint indices with replacement and, for each drawn
+/// checkpoint, K batch indices with replacement, and takes the mean of the drawn values; the
+/// interval is the 2.5% and 97.5% quantiles (Hyndman–Fan type 7). Indices come from
+/// splitmix64(seed, i) with rejection sampling, so the interval is the same on every machine.
+/// With one checkpoint only the batches are resampled. Throws std::invalid_argument for no
+/// rows, rows of different or zero length, a non-finite value, or resamples < 1.
+Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resamples,
+                             uint64_t seed);
+
+/// Where a panel comes from and what it computes.
+struct FidelityRequest {
+  std::filesystem::path run;          ///< run directory whose checkpoints/ hold the steps
+  std::vector<std::string> recipes;   ///< names (configs/recipes/) or .toml paths, ≥ 1
+  std::vector<int64_t> steps;         ///< checkpoint steps; empty: `checkpoints` of them,
+                                      ///< evenly spread over those the run holds
+  int checkpoints = 5;
+  int batches = 16;                   ///< K per checkpoint (the same batches at every checkpoint)
+  int draws = 4;                      ///< R per (checkpoint, batch) for recipes with SR
+  uint64_t seed = 1;                  ///< batch sampler and SR streams
+  int resamples = 2000;               ///< bootstrap resamples
+  uint64_t bootstrap_seed = 20261204;
+  std::string data;                   ///< data path override (default: the run's data.path)
+  /// "held": references as the recipe would hold them (needs the checkpoints of the refresh
+  /// steps); "current": every reference measured on the panel's batch (D = 1 behaviour).
+  std::string references = "held";
+  std::filesystem::path claims;       ///< mechanism claims file (empty: none)
+  std::filesystem::path out;          ///< directory for fidelity.json and fidelity.md
+  bool quiet = false;                 ///< no progress lines on stderr
+};
+
+/// Per-(checkpoint, batch) values of one recipe: metric name → [checkpoint][batch].
+struct FidelityRecipe {
+  std::string name;
+  bool has_sr = false;  ///< any operand rounded stochastically (else its draws are identical)
+  /// "whole" (every parameter), "linears" (the weights of the quantized linears, i.e. their
+  /// wgrad outputs dW) and each parameter by name → metric → [c][k].
+  std::map<std::string, std::map<std::string, std::vector<std::vector<double>>>> scopes;
+};
+
+struct FidelityPanel {
+  std::string run, config_name;
+  std::vector<int64_t> steps;
+  int batches = 0, draws = 0, tokens_per_batch = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> param_names;  ///< in Model::param_infos order
+  std::vector<FidelityRecipe> recipes;
+  /// Exact-side values per [c][k]: "loss" (L*), "grad_norm" (‖g*‖) and per checkpoint the SGD
+  /// noise σ²_sgd(c) = Σ_k ‖g*_k − mean_k g*_k‖²/(K − 1) (needs K ≥ 2).
+  std::vector<std::vector<double>> exact_loss, exact_grad_norm;
+  std::vector<double> sgd_var;
+  std::string references;  ///< FidelityRequest::references
+  /// Per recipe (FidelityPanel::recipes order) and checkpoint: the step whose weights and batch
+  /// gave the held references (the evaluation step s + 1 itself when they are current).
+  std::vector<std::vector<int64_t>> refresh_steps;
+  double seconds = 0;
+  std::string cpu;
+};
+
+/// Run the panel: load every requested checkpoint of req.run, draw the batches, compute the
+/// exact and the quantized forward/backward, and collect the per-(checkpoint, batch) metrics:
+/// rel_error, cosine, gain, mse, bias2, variance (scopes whole, linears and each parameter),
+/// loss_penalty (L_r − L*, mean over draws; whole only), sgd_noise_fraction (mse·‖g*‖²/σ²_sgd)
+/// and grad_to_qnoise (‖g*‖/√(mean_d ‖ĝ_d − g*‖²), the "FP4 All the Way" ratio). Prints a
+/// progress line per checkpoint on stderr unless req.quiet. Results do not depend on the thread
+/// count. Throws fp4::UserError (exit status 2 from the CLI) naming what is wrong: a run
+/// directory without checkpoints, a requested step without a checkpoint, a recipe that does
+/// not load or does not fit the model, fewer than 2 batches, draws < 1, references other than
+/// held/current, and under "held" a missing refresh-step checkpoint (listing the steps needed)
+/// or a recipe whose FP4 linears hold references of different intervals.
+FidelityPanel run_fidelity(const FidelityRequest& req);
+
+/// Write req.out/fidelity.json and req.out/fidelity.md from `panel`: per recipe the whole,
+/// linears and per-parameter metrics with two-level bootstrap intervals, per checkpoint means,
+/// the contrasts (each recipe minus the first on rel_error, bias2, variance and loss_penalty,
+/// and the claims of req.claims with verdicts). Throws fp4::UserError on I/O errors or a claims
+/// file that does not parse or names an unknown recipe or metric.
+void write_fidelity_report(const FidelityPanel& panel, const FidelityRequest& req);
+
+}  // namespace fp4

@@ -1,0 +1,106 @@
+// `fp4train fidelity`: the fidelity panel of a run's checkpoints (fp4/study/fidelity.h,
+// docs/fidelity.md): the options, then run_fidelity and write_fidelity_report.
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "fp4/base/error.h"
+#include "fp4/study/fidelity.h"
+
+namespace fp4::cli {
+
+namespace {
+struct FidelityArgs {
+  FidelityRequest req;
+  std::string run, out, claims, steps;
+  std::vector<std::string> recipes;
+};
+
+// "a,b" and repeated options → one list, blanks trimmed, empties dropped.
+std::vector<std::string> split_list(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const std::string& s : in) {
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+      if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+    }
+  }
+  return out;
+}
+
+void run(FidelityArgs& a) {
+  FidelityRequest& r = a.req;
+  r.run = a.run;
+  r.recipes = split_list(a.recipes);
+  r.out = a.out.empty() ? std::filesystem::path(a.run) / "fidelity" : std::filesystem::path(a.out);
+  r.claims = a.claims;
+  if (!a.claims.empty() && !std::filesystem::exists(a.claims))
+    throw UserError("--claims " + a.claims + " does not exist");
+  for (const std::string& s : split_list({a.steps})) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(s, &used);
+      if (used != s.size() || v < 0) throw std::invalid_argument(s);
+      r.steps.push_back(v);
+    } catch (const std::exception&) {
+      throw UserError("--steps: '" + s + "' is not a step number (a comma list of checkpoint steps)");
+    }
+  }
+  const FidelityPanel p = run_fidelity(r);
+  write_fidelity_report(p, r);
+  std::printf("fidelity: %zu recipes x %zu checkpoints x %d batches in %.0f s; wrote %s and %s\n",
+              p.recipes.size(), p.steps.size(), p.batches, p.seconds,
+              (r.out / "fidelity.json").string().c_str(), (r.out / "fidelity.md").string().c_str());
+}
+}  // namespace
+
+void register_fidelity(CLI::App& app) {
+  auto a = std::make_shared<FidelityArgs>();
+  auto* c = app.add_subcommand(
+      "fidelity",
+      "How far each recipe's quantized forward and backward are from the exact FP32 ones, on the\n"
+      "same weights (checkpoints of a reference run) and the same batches: gradient relative\n"
+      "error, cosine, gain, squared bias and variance over SR draws, quantization noise against\n"
+      "SGD noise, and the forward loss penalty, with bootstrap intervals; recipes are compared\n"
+      "paired on identical (checkpoint, batch), so trajectory noise never enters. Writes\n"
+      "fidelity.json and fidelity.md (docs/fidelity.md). Example:\n"
+      "  fp4train fidelity --run runs/bf16 --recipe ue5m3-b16,nvfp4-te,ue5m3-te");
+  c->add_option("--run", a->run, "Reference run directory (its checkpoints/ hold the steps)")->required();
+  c->add_option("--recipe", a->recipes,
+                "Recipes to measure: names (fp4train recipes) or .toml paths; repeatable or a "
+                "comma list. Contrasts are each against the first")
+      ->required();
+  c->add_option("--steps", a->steps,
+                "Checkpoint steps, a comma list (default: --checkpoints of those the run holds, "
+                "evenly spread, the newest included)");
+  c->add_option("--checkpoints", a->req.checkpoints, "How many checkpoints without --steps")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_option("--batches", a->req.batches,
+                "Batches per checkpoint (training micro-batches, the same at every checkpoint)")
+      ->capture_default_str()->check(CLI::Range(2, 100000));
+  c->add_option("--draws", a->req.draws,
+                "Stochastic-rounding draws per batch for recipes with SR (RNE recipes: 1)")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_option("--seed", a->req.seed, "Seed of the batches and of the SR streams")->capture_default_str();
+  c->add_option("--resamples", a->req.resamples, "Bootstrap resamples")
+      ->capture_default_str()->check(CLI::Range(1, 1000000));
+  c->add_option("--references", a->req.references,
+                "held: each recipe's tensor references as it would hold them at the evaluated "
+                "step (D > 1: sampled at the last refresh step on that step's checkpoint and "
+                "training batch; needs those checkpoints); current: measured on each batch")
+      ->capture_default_str()->check(CLI::IsMember({"held", "current"}));
+  c->add_option("--data", a->req.data, "Text file or directory instead of the run's data.path");
+  c->add_option("--claims", a->claims,
+                "Mechanism claims (TOML [[claim]] tables: id, metric, scope, a, b, expect = "
+                "\"lower\" | \"higher\"; e.g. configs/studies/mechanisms.toml), each given a verdict");
+  c->add_option("--out", a->out, "Output directory (default: RUN/fidelity)");
+  c->add_flag("--quiet", a->req.quiet, "No progress lines");
+  c->callback([a] { run(*a); });
+}
+
+}  // namespace fp4::cli

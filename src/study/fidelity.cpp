@@ -1,0 +1,722 @@
+// The fidelity panel (include/fp4/study/fidelity.h, docs/fidelity.md): the statistics, the
+// panel's forward/backward passes on a run's checkpoints, and its JSON and markdown report.
+#include "fp4/study/fidelity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <toml++/toml.h>
+
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
+#include "fp4/data/data.h"
+#include "fp4/gemm/machine.h"
+#include "fp4/nn/model.h"
+#include "fp4/study/evaluate.h"
+#include "fp4/train/checkpoint.h"
+#include "fp4/train/paths.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ------------------------------------------------------------------------------ statistics
+
+DrawMoments draw_moments(const std::vector<const float*>& est, const float* ref,
+                         const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  if (est.empty()) throw std::invalid_argument("draw_moments: no draws");
+  for (const float* e : est)
+    if (!e) throw std::invalid_argument("draw_moments: null draw");
+  const size_t R = est.size();
+  DrawMoments m;
+  m.draws = int(R);
+  m.err_sq.assign(R, 0.0);
+  m.dot.assign(R, 0.0);
+  m.est_sq.assign(R, 0.0);
+  for (const auto& [b, e] : ranges)
+    for (int64_t i = b; i < e; ++i) {
+      const double g = ref[i];
+      double mean = 0;
+      for (size_t d = 0; d < R; ++d) {
+        const double x = est[d][i];
+        m.err_sq[d] += (x - g) * (x - g);
+        m.dot[d] += x * g;
+        m.est_sq[d] += x * x;
+        mean += x;
+      }
+      mean /= double(R);
+      m.ref_sq += g * g;
+      m.mean_err_sq += (mean - g) * (mean - g);
+      for (size_t d = 0; d < R; ++d) {
+        const double x = est[d][i] - mean;
+        m.spread_sq += x * x;
+      }
+    }
+  return m;
+}
+
+DrawMoments draw_moments(const std::vector<const float*>& est, const float* ref, int64_t n) {
+  return draw_moments(est, ref, std::vector<std::pair<int64_t, int64_t>>{{0, n}});
+}
+
+DrawMetrics draw_metrics(const DrawMoments& m) {
+  DrawMetrics r;
+  const double R = m.draws, n2 = m.ref_sq, n = std::sqrt(n2);
+  double rel = 0, cos = 0, gain = 0, mse = 0;
+  for (int d = 0; d < m.draws; ++d) {
+    rel += std::sqrt(m.err_sq[d]) / n;
+    cos += m.dot[d] / (std::sqrt(m.est_sq[d]) * n);
+    gain += m.dot[d] / n2;
+    mse += m.err_sq[d] / n2;
+  }
+  r.rel_error = rel / R;
+  r.cosine = cos / R;
+  r.gain = gain / R;
+  r.mse = mse / R;
+  const double V = m.draws > 1 ? m.spread_sq / (R - 1) : 0.0;
+  r.variance = V / n2;
+  r.bias2 = (m.mean_err_sq - V / R) / n2;
+  return r;
+}
+
+Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resamples,
+                             uint64_t seed) {
+  if (x.empty()) throw std::invalid_argument("bootstrap_two_level: no checkpoints");
+  const size_t K = x[0].size();
+  if (K == 0) throw std::invalid_argument("bootstrap_two_level: no batches");
+  for (const auto& row : x) {
+    if (row.size() != K)
+      throw std::invalid_argument("bootstrap_two_level: checkpoints hold different numbers of "
+                                  "batches (" + std::to_string(row.size()) + " and " +
+                                  std::to_string(K) + ")");
+    for (double v : row)
+      if (!std::isfinite(v)) throw std::invalid_argument("bootstrap_two_level: a value is not finite");
+  }
+  if (resamples < 1) throw std::invalid_argument("bootstrap_two_level: resamples must be >= 1");
+  const size_t C = x.size();
+  Interval out;
+  double total = 0;
+  for (const auto& row : x)
+    for (double v : row) total += v;
+  out.mean = total / double(C * K);
+  uint64_t k = 0;
+  auto draw = [&](size_t n) {  // uniform in [0, n): reject the top partial range of 2^64
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t u;
+    do u = splitmix64(seed, k++);
+    while (u >= limit);
+    return size_t(u % n);
+  };
+  std::vector<double> stats(static_cast<size_t>(resamples));
+  for (auto& st : stats) {
+    double sum = 0;
+    for (size_t c = 0; c < C; ++c) {
+      const auto& row = x[C == 1 ? 0 : draw(C)];
+      for (size_t b = 0; b < K; ++b) sum += row[draw(K)];
+    }
+    st = sum / double(C * K);
+  }
+  std::sort(stats.begin(), stats.end());
+  auto quantile = [&](double q) {
+    const double h = double(stats.size() - 1) * q;
+    const size_t lo = size_t(std::floor(h)), hi = std::min(lo + 1, stats.size() - 1);
+    return stats[lo] + (h - double(lo)) * (stats[hi] - stats[lo]);
+  };
+  out.lo = quantile(0.025);
+  out.hi = quantile(0.975);
+  return out;
+}
+
+// ------------------------------------------------------------------------------ the panel
+
+namespace {
+struct Claim {
+  std::string id, text, metric, scope = "whole", expect;  // "lower" | "higher" | "within"
+  double bound = 0;  // expect = "within": |contrast| ≤ bound
+  /// The contrast Σ coefficient × metric(recipe): a = +1, b = −1, or the file's terms.
+  std::vector<std::pair<std::string, double>> terms;
+};
+
+std::vector<Claim> load_claims(const fs::path& file) {
+  std::vector<Claim> out;
+  toml::table t;
+  try {
+    t = toml::parse_file(file.string());
+  } catch (const toml::parse_error& e) {
+    throw UserError("fidelity: claims file " + file.string() + ": " + std::string(e.description()));
+  }
+  const toml::array* arr = t["claim"].as_array();
+  if (!arr) throw UserError("fidelity: claims file " + file.string() + " has no [[claim]] tables");
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* c = (*arr)[i].as_table();
+    const std::string where = file.string() + ": claim " + std::to_string(i + 1);
+    if (!c) throw UserError("fidelity: " + where + " is not a table");
+    Claim cl;
+    auto str = [&](const char* key, std::string& v, bool required) {
+      if (auto x = (*c)[key].value<std::string>()) v = *x;
+      else if (required) throw UserError("fidelity: " + where + ": key '" + key + "' (a string) is missing");
+    };
+    str("id", cl.id, true);
+    str("text", cl.text, false);
+    str("metric", cl.metric, true);
+    str("scope", cl.scope, false);
+    if (const toml::table* t = (*c)["terms"].as_table()) {
+      for (const auto& [k, v] : *t) {
+        const auto x = v.value<double>();
+        if (!x) throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a number");
+        cl.terms.push_back({std::string(k.str()), *x});
+      }
+      if (cl.terms.empty()) throw UserError("fidelity: " + where + ": terms is empty");
+      if ((*c)["a"] || (*c)["b"]) throw UserError("fidelity: " + where + ": give either a and b, or terms");
+    } else {
+      std::string a, b;
+      str("a", a, true);
+      str("b", b, true);
+      cl.terms = {{a, 1.0}, {b, -1.0}};
+    }
+    str("expect", cl.expect, true);
+    if (cl.expect != "lower" && cl.expect != "higher" && cl.expect != "within")
+      throw UserError("fidelity: " + where + " (" + cl.id + "): expect must be \"lower\", \"higher\" (a's metric against b's) or \"within\" (with bound), got \"" + cl.expect + "\"");
+    if (cl.expect == "within") {
+      const auto b = (*c)["bound"].value<double>();
+      if (!b || !(*b > 0))
+        throw UserError("fidelity: " + where + " (" + cl.id + "): expect = \"within\" needs bound, a number > 0");
+      cl.bound = *b;
+    }
+    static const std::set<std::string> known = {"rel_error", "cosine", "gain", "mse", "bias2", "variance",
+                                                 "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"};
+    if (!known.count(cl.metric))
+      throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
+                      "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
+                      "sgd_noise_fraction, qnoise_to_grad)");
+    out.push_back(cl);
+  }
+  return out;
+}
+
+const char* const kGradMetrics[] = {"rel_error", "cosine", "gain", "mse", "bias2", "variance"};
+
+bool recipe_has_sr(const Recipe& r) {
+  if (r.mode != LinearMode::FP4) return false;
+  if (r.round_x == Rounding::SR8 || r.round_w == Rounding::SR8 || r.round_dy == Rounding::SR8)
+    return true;
+  for (const auto& ov : r.overrides)
+    if (ov.has_rounding && ov.rounding == Rounding::SR8) return true;
+  return false;
+}
+
+// The batch of the panel: `batch` windows of seq_len + 1 training tokens.
+struct Batch {
+  std::vector<int32_t> in, tg;
+};
+
+// One forward and backward of `model` on `b`; returns the loss and leaves the gradient in
+// model.grads().
+double pass(nn::Model& model, const Batch& b, int B, const nn::StepContext& ctx) {
+  model.zero_grad();
+  const double loss = model.forward(b.in.data(), b.tg.data(), B, ctx);
+  model.backward(ctx);
+  return loss;
+}
+
+// Copy weights into the model's parameter buffer, which its linears hold pointers into: never
+// assign a new vector (a move would leave them pointing at freed memory).
+void set_params(nn::Model& m, const std::vector<float>& p) {
+  if (p.size() != m.params().size())
+    throw UserError("fidelity: a checkpoint holds " + std::to_string(p.size()) +
+                    " parameters, the model has " + std::to_string(m.params().size()));
+  std::copy(p.begin(), p.end(), m.params().begin());
+}
+
+void reset_training_references(nn::Model& m) {
+  for (auto& lin : m.linears())
+    for (int r = 0; r < 5; ++r) lin.reference(static_cast<nn::Role>(r)).reset();
+}
+
+std::string join_steps(const std::vector<int64_t>& s) {
+  std::string o;
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o;
+}
+}  // namespace
+
+FidelityPanel run_fidelity(const FidelityRequest& req) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (req.recipes.empty()) throw UserError("fidelity: give at least one --recipe");
+  if (req.batches < 2)
+    throw UserError("fidelity: --batches must be at least 2 (the SGD noise is their spread), got " +
+                    std::to_string(req.batches));
+  if (req.draws < 1) throw UserError("fidelity: --draws must be at least 1, got " + std::to_string(req.draws));
+  if (req.checkpoints < 1) throw UserError("fidelity: --checkpoints must be at least 1");
+  if (req.references != "held" && req.references != "current")
+    throw UserError("fidelity: --references must be held or current, got '" + req.references + "'");
+  const bool held = req.references == "held";
+  if (!req.claims.empty()) (void)load_claims(req.claims);  // refuse a bad file before any work
+  if (!fs::is_directory(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
+  const std::vector<fs::path> files = list_checkpoints(req.run);
+  if (files.empty())
+    throw UserError("fidelity: run " + req.run.string() + " holds no checkpoints (train it with "
+                    "--save-every N and --keep-checkpoints large enough to keep them)");
+  std::map<int64_t, fs::path> by_step;
+  for (const fs::path& f : files) {
+    const std::string n = f.filename().string();  // step_%08d.safetensors
+    by_step[std::stoll(n.substr(5, n.find('.') - 5))] = f;
+  }
+  std::vector<int64_t> steps = req.steps;
+  if (steps.empty()) {
+    std::vector<int64_t> all;
+    for (const auto& [s, f] : by_step) all.push_back(s);
+    const size_t n = std::min<size_t>(size_t(req.checkpoints), all.size());
+    for (size_t i = 0; i < n; ++i)  // evenly spread, the newest always included
+      steps.push_back(all[n == 1 ? all.size() - 1 : (all.size() - 1) * i / (n - 1)]);
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (int64_t s : steps)
+    if (!by_step.count(s)) {
+      std::string have;
+      for (const auto& [st, f] : by_step) have += (have.empty() ? "" : ", ") + std::to_string(st);
+      throw UserError("fidelity: run " + req.run.string() + " has no checkpoint of step " +
+                      std::to_string(s) + " (it holds steps " + have + ")");
+    }
+
+  // The exact model (the first checkpoint's config, recipe fp32) and one model per recipe.
+  EvalSourceSpec spec;
+  spec.checkpoint = by_step[steps[0]].string();
+  spec.recipe = "fp32";
+  spec.data = req.data;
+  EvalSource exact_src = load_eval_source(spec);
+  const RunConfig& cfg = exact_src.cfg;
+  const int B = cfg.train.micro(), T = cfg.train.seq_len;
+  std::vector<EvalSource> rsrc;
+  for (const std::string& r : req.recipes) {
+    EvalSourceSpec rs = spec;
+    rs.recipe = r;
+    try {
+      rsrc.push_back(load_eval_source(rs));
+    } catch (const UserError& e) {
+      throw UserError("fidelity: recipe " + r + ": " + e.what());
+    }
+  }
+  const TokenData data = load_eval_data(exact_src, spec);
+  std::vector<Batch> batches(static_cast<size_t>(req.batches));
+  {
+    BatchSampler sampler(data.train, T, B, splitmix64(req.seed, 0x66696465));  // "fide"
+    for (Batch& b : batches) {
+      b.in.resize(size_t(B) * T);
+      b.tg.resize(b.in.size());
+      sampler.next(b.in.data(), b.tg.data());
+    }
+  }
+  auto exact = build_eval_model(exact_src, B);
+  std::vector<std::unique_ptr<nn::Model>> models;
+  for (const EvalSource& s : rsrc) models.push_back(build_eval_model(s, B));
+
+  // Held references: each recipe's D (one per recipe) and the checkpoints its refresh steps need.
+  std::vector<int> interval(models.size(), 1);
+  std::set<int64_t> missing;
+  auto refresh_step = [&](size_t r, int64_t t) {  // the refresh step whose references step t holds
+    const int D = interval[r];
+    return held && D > 1 ? t - (t - 1) % D : t;
+  };
+  for (size_t r = 0; r < models.size(); ++r) {
+    std::set<int> ds;
+    for (const auto& lin : models[r]->linears())
+      if (lin.plan().mode == LinearMode::FP4) ds.insert(lin.plan().reference_interval());
+    if (held && ds.size() > 1)
+      throw UserError("fidelity: recipe " + req.recipes[r] + " holds references with different "
+                      "intervals in different linears; the panel emulates one interval per recipe "
+                      "(use --references current)");
+    interval[r] = ds.empty() ? 1 : *ds.begin();
+    for (int64_t s : steps) {
+      const int64_t tr = refresh_step(r, s + 1);
+      if (tr < s + 1 && tr > 1 && !by_step.count(tr - 1)) missing.insert(tr - 1);
+    }
+  }
+  if (!missing.empty())
+    throw UserError("fidelity: held references need the checkpoints of the steps before each "
+                    "refresh step, and run " + req.run.string() + " lacks steps " +
+                    join_steps({missing.begin(), missing.end()}) +
+                    " (train the reference run with --save-every dividing the recipes' "
+                    "amax_interval, e.g. 10 for D = 50, or pass --references current)");
+
+  FidelityPanel P;
+  P.run = req.run.string();
+  P.references = req.references;
+  P.refresh_steps.assign(models.size(), std::vector<int64_t>(steps.size(), 0));
+  P.steps = steps;
+  P.batches = req.batches;
+  P.draws = req.draws;
+  P.tokens_per_batch = B * T;
+  P.seed = req.seed;
+  P.cpu = prof::cpu_model_name();
+  const auto& infos = exact->param_infos();
+  for (const auto& pi : infos) P.param_names.push_back(pi.name);
+  // The weights of the quantized linears: parameters named after a linear ("NAME.weight").
+  std::vector<std::pair<int64_t, int64_t>> linear_ranges;
+  {
+    std::set<std::string> lin;
+    for (size_t i = 0; i < exact->linears().size(); ++i) lin.insert(exact->linear_name(i));
+    for (const auto& pi : infos) {
+      const std::string n = pi.name;
+      const std::string base = n.size() > 7 && n.substr(n.size() - 7) == ".weight" ? n.substr(0, n.size() - 7) : n;
+      if (lin.count(base)) linear_ranges.push_back({pi.offset, pi.offset + pi.size});
+    }
+  }
+  const size_t C = steps.size(), K = batches.size();
+  const int64_t NP = exact->num_params();
+  auto grid = [&] { return std::vector<std::vector<double>>(C, std::vector<double>(K, 0.0)); };
+  P.exact_loss = grid();
+  P.exact_grad_norm = grid();
+  P.sgd_var.assign(C, 0.0);
+  for (size_t r = 0; r < req.recipes.size(); ++r) {
+    FidelityRecipe fr;
+    fr.name = rsrc[r].recipe.name;
+    fr.has_sr = recipe_has_sr(rsrc[r].recipe);
+    std::vector<std::string> scopes = {"whole", "linears"};
+    for (const auto& pi : infos) scopes.push_back(pi.name);
+    for (const std::string& sc : scopes)
+      for (const char* m : kGradMetrics) fr.scopes[sc][m] = grid();
+    for (const char* m : {"loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"}) fr.scopes["whole"][m] = grid();
+    P.recipes.push_back(std::move(fr));
+  }
+
+  std::vector<std::vector<float>> gstar(K, std::vector<float>(size_t(NP)));
+  for (size_t c = 0; c < C; ++c) {
+    const int64_t step = steps[c];
+    const Checkpoint ck = load_checkpoint(by_step[step]);
+    if (int64_t(ck.params.size()) != NP)
+      throw UserError("fidelity: checkpoint " + by_step[step].string() + " holds " +
+                      std::to_string(ck.params.size()) + " parameters, the model of step " +
+                      std::to_string(steps[0]) + "'s config has " + std::to_string(NP));
+    if (c == 0) P.config_name = ck.config_name;
+    set_params(*exact, ck.params);
+    nn::StepContext ex;
+    ex.step = step + 1;  // the weights after `step` steps are those step + 1 computes with
+    ex.seed = req.seed;
+    ex.quantize = false;
+    for (size_t k = 0; k < K; ++k) {
+      P.exact_loss[c][k] = pass(*exact, batches[k], B, ex);
+      gstar[k] = exact->grads();
+      double n2 = 0;
+      for (float g : gstar[k]) n2 += double(g) * g;
+      P.exact_grad_norm[c][k] = std::sqrt(n2);
+    }
+    {  // SGD noise: the spread of the K exact gradients about their mean
+      double s = 0;
+      for (int64_t i = 0; i < NP; ++i) {
+        double mean = 0;
+        for (size_t k = 0; k < K; ++k) mean += gstar[k][size_t(i)];
+        mean /= double(K);
+        for (size_t k = 0; k < K; ++k) {
+          const double d = gstar[k][size_t(i)] - mean;
+          s += d * d;
+        }
+      }
+      P.sgd_var[c] = s / double(K - 1);
+    }
+    for (size_t r = 0; r < models.size(); ++r) {
+      nn::Model& m = *models[r];
+      FidelityRecipe& fr = P.recipes[r];
+      // Held references: one training pass at the refresh step t_r, on the weights after t_r − 1
+      // steps and the first micro-batch of step t_r, leaves each linear holding what it would
+      // hold at step + 1 (t_r ≤ step + 1 < t_r + D: no refresh below).
+      const int64_t tr = refresh_step(r, step + 1);
+      P.refresh_steps[r][c] = tr;
+      const bool hold = tr < step + 1;
+      if (hold) {
+        if (tr == 1) m.init(cfg.train.seed);  // the run's initial weights
+        else set_params(m, load_checkpoint(by_step[tr - 1]).params);
+        BatchSampler train_sampler(data.train, T, cfg.train.batch_size, cfg.train.seed);
+        train_sampler.set_draws(uint64_t(tr - 1));  // one draw of batch_size windows per step
+        std::vector<int32_t> in(size_t(cfg.train.batch_size) * T), tg(in.size());
+        train_sampler.next(in.data(), tg.data());
+        Batch first;
+        first.in.assign(in.begin(), in.begin() + size_t(B) * T);
+        first.tg.assign(tg.begin(), tg.begin() + size_t(B) * T);
+        nn::StepContext q;
+        q.step = tr;
+        q.seed = req.seed;
+        reset_training_references(m);
+        (void)pass(m, first, B, q);
+      }
+      set_params(m, ck.params);
+      const int R = fr.has_sr ? req.draws : 1;  // without SR every draw gives the same bits
+      std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));
+      for (size_t k = 0; k < K; ++k) {
+        double loss = 0;
+        for (int d = 0; d < R; ++d) {
+          nn::StepContext q;
+          q.step = step + 1;
+          q.seed = req.seed + uint64_t(d);  // draw d's SR stream
+          if (!hold) reset_training_references(m);  // current: references of this batch
+          const double l = pass(m, batches[k], B, q);
+          g[size_t(d)] = m.grads();
+          const auto bad = std::find_if(g[size_t(d)].begin(), g[size_t(d)].end(),
+                                        [](float v) { return !std::isfinite(v); });
+          if (!std::isfinite(l) || bad != g[size_t(d)].end())
+            throw UserError("fidelity: recipe " + fr.name + " gives a non-finite " +
+                            (std::isfinite(l) ? "gradient (parameter element " +
+                                                    std::to_string(bad - g[size_t(d)].begin()) + ")"
+                                              : std::string("loss")) +
+                            " at checkpoint " + std::to_string(step) + ", batch " +
+                            std::to_string(k + 1) + ", draw " + std::to_string(d + 1) +
+                            (hold ? " (references held from step " + std::to_string(tr) + ")" : ""));
+          loss += l;
+        }
+        std::vector<const float*> est;
+        for (const auto& v : g) est.push_back(v.data());
+        auto put = [&](const std::string& scope, const DrawMoments& mo) {
+          const DrawMetrics dm = draw_metrics(mo);
+          auto& s = fr.scopes[scope];
+          s["rel_error"][c][k] = dm.rel_error;
+          s["cosine"][c][k] = dm.cosine;
+          s["gain"][c][k] = dm.gain;
+          s["mse"][c][k] = dm.mse;
+          s["bias2"][c][k] = dm.bias2;
+          s["variance"][c][k] = dm.variance;
+          return dm;
+        };
+        const DrawMoments whole = draw_moments(est, gstar[k].data(), NP);
+        const DrawMetrics dw = put("whole", whole);
+        put("linears", draw_moments(est, gstar[k].data(), linear_ranges));
+        for (const auto& pi : infos)
+          put(pi.name, draw_moments(est, gstar[k].data(), {{pi.offset, pi.offset + pi.size}}));
+        auto& w = fr.scopes["whole"];
+        w["loss_penalty"][c][k] = loss / R - P.exact_loss[c][k];
+        w["sgd_noise_fraction"][c][k] = dw.mse * whole.ref_sq / P.sgd_var[c];
+        w["qnoise_to_grad"][c][k] = std::sqrt(dw.mse);  // σ_q/‖g*‖; reported inverted too
+      }
+    }
+    if (!req.quiet)
+      std::fprintf(stderr, "fidelity: checkpoint %zu/%zu (step %lld): %zu batches x %zu recipes done, %.0f s\n",
+                   c + 1, C, static_cast<long long>(step), K, models.size(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  P.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return P;
+}
+
+// ------------------------------------------------------------------------------ report
+
+namespace {
+json interval_json(const Interval& i) { return {{"mean", i.mean}, {"lo", i.lo}, {"hi", i.hi}}; }
+
+std::string fmt(double v, int prec = 4) {
+  char b[64];
+  const double a = std::fabs(v);
+  if (v != 0 && (a < 1e-3 || a >= 1e5)) std::snprintf(b, sizeof b, "%.*e", prec - 1, v);
+  else std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+std::string fmt_iv(const Interval& i) { return fmt(i.mean) + " [" + fmt(i.lo) + ", " + fmt(i.hi) + "]"; }
+
+}  // namespace
+
+void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
+  // Every value must be finite (run_fidelity refuses non-finite gradients and losses); a
+  // parameter whose exact gradient is 0 on a batch (e.g. an unused embedding row block) gives
+  // 0/0 ratios, which the per-parameter means skip (see below), so only whole/linears are checked.
+  for (const FidelityRecipe& fr : P.recipes)
+    for (const char* scope : {"whole", "linears"})
+      for (const auto& [m, x] : fr.scopes.at(scope))
+        for (size_t c = 0; c < x.size(); ++c)
+          for (size_t k = 0; k < x[c].size(); ++k)
+            if (!std::isfinite(x[c][k]))
+              throw UserError("fidelity: recipe " + fr.name + ": " + scope + " " + m + " is " +
+                              std::to_string(x[c][k]) + " at checkpoint " + std::to_string(P.steps[c]) +
+                              ", batch " + std::to_string(k + 1));
+  const int RS = req.resamples;
+  const uint64_t BS = req.bootstrap_seed;
+  auto boot = [&](const std::vector<std::vector<double>>& x) { return bootstrap_two_level(x, RS, BS); };
+  json j;
+  j["format"] = "fp4train.fidelity.v1";
+  j["run"] = P.run;
+  j["config"] = P.config_name;
+  j["checkpoints"] = P.steps;
+  j["batches"] = P.batches;
+  j["draws"] = P.draws;
+  j["tokens_per_batch"] = P.tokens_per_batch;
+  j["seed"] = P.seed;
+  j["references"] = P.references;
+  j["bootstrap"] = {{"resamples", RS}, {"seed", BS},
+                    {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
+  j["cpu"] = P.cpu;
+  j["seconds"] = P.seconds;
+  j["exact"] = {{"loss", interval_json(boot(P.exact_loss))},
+                {"grad_norm", interval_json(boot(P.exact_grad_norm))},
+                {"sgd_variance_by_checkpoint", P.sgd_var}};
+  json recs = json::array();
+  for (const FidelityRecipe& fr : P.recipes) {
+    json r;
+    r["name"] = fr.name;
+    r["has_sr"] = fr.has_sr;
+    r["draws"] = fr.has_sr ? P.draws : 1;
+    r["refresh_steps"] = P.refresh_steps[size_t(&fr - P.recipes.data())];
+    for (const char* scope : {"whole", "linears"}) {
+      json s;
+      for (const auto& [m, x] : fr.scopes.at(scope)) s[m] = interval_json(boot(x));
+      if (std::string(scope) == "whole") {  // ‖g*‖/σ_q ("FP4 All the Way"): the reciprocal
+        const Interval q = boot(fr.scopes.at("whole").at("qnoise_to_grad"));
+        auto inv = [](double v) { return v > 0 ? json(1.0 / v) : json(nullptr); };  // null: +∞
+        s["grad_to_qnoise"] = {{"mean", inv(q.mean)}, {"lo", inv(q.hi)}, {"hi", inv(q.lo)}};
+      }
+      r[scope] = s;
+    }
+    json params = json::object();
+    for (const std::string& pn : P.param_names) {
+      json s;
+      for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) {
+        const auto& x = fr.scopes.at(pn).at(m);
+        double t = 0;
+        int n = 0;
+        for (const auto& row : x)
+          for (double v : row) t += v, ++n;
+        s[m] = t / n;  // means only: per-parameter intervals would bloat the file
+      }
+      params[pn] = s;
+    }
+    r["params"] = params;
+    json byc = json::array();
+    for (size_t c = 0; c < P.steps.size(); ++c) {
+      json e;
+      e["step"] = P.steps[c];
+      for (const char* m : {"rel_error", "bias2", "variance", "loss_penalty", "sgd_noise_fraction"}) {
+        const auto& row = fr.scopes.at("whole").at(m)[c];
+        double t = 0;
+        for (double v : row) t += v;
+        e[m] = t / double(row.size());
+      }
+      byc.push_back(e);
+    }
+    r["by_checkpoint"] = byc;
+    recs.push_back(r);
+  }
+  j["recipes"] = recs;
+
+  // Contrasts: each recipe minus the first, and the claims file's.
+  auto find = [&](const std::string& name) -> const FidelityRecipe* {
+    for (const auto& fr : P.recipes)
+      if (fr.name == name) return &fr;
+    return nullptr;
+  };
+  json contrasts = json::array();
+  std::vector<std::string> md_contrasts;
+  // A contrast: Σ coefficient × metric over (recipe, coefficient) terms, per (checkpoint, batch),
+  // bootstrapped; expect "lower" / "higher" (the sum below / above 0) or "within" (|sum| ≤ bound).
+  auto contrast = [&](const std::string& id, const std::vector<std::pair<const FidelityRecipe*, double>>& terms,
+                      const std::string& scope, const std::string& metric, const std::string& expect,
+                      double bound, const std::string& text) {
+    std::vector<std::vector<double>> x;
+    std::string label;
+    json jt = json::object();
+    for (const auto& [fr, coef] : terms) {
+      const auto& v = fr->scopes.at(scope).at(metric);
+      if (x.empty()) x.assign(v.size(), std::vector<double>(v[0].size(), 0.0));
+      for (size_t c = 0; c < v.size(); ++c)
+        for (size_t k = 0; k < v[c].size(); ++k) x[c][k] += coef * v[c][k];
+      jt[fr->name] = coef;
+      const bool unit = std::fabs(std::fabs(coef) - 1.0) == 0.0;
+      label += (label.empty() ? (coef < 0 ? "−" : "") : (coef < 0 ? " − " : " + ")) +
+               (unit ? "" : fmt(std::fabs(coef), 2) + "·") + fr->name;
+    }
+    const Interval iv = boot(x);
+    const bool resolved = iv.lo > 0 || iv.hi < 0;
+    std::string verdict = resolved ? (iv.hi < 0 ? "below 0" : "above 0") : "not resolved";
+    if (expect == "within") {  // supported: the interval inside ±bound; contradicted: outside it
+      verdict = iv.lo >= -bound && iv.hi <= bound ? "supported"
+                : iv.lo > bound || iv.hi < -bound ? "contradicted" : "not resolved";
+    } else if (!expect.empty() && resolved) {
+      verdict = (expect == "lower") == (iv.hi < 0) ? "supported" : "contradicted";
+    }
+    json c = {{"id", id}, {"contrast", label}, {"terms", jt}, {"scope", scope}, {"metric", metric},
+              {"mean", iv.mean}, {"lo", iv.lo}, {"hi", iv.hi}, {"verdict", verdict}};
+    if (terms.size() == 2 && terms[0].second == 1.0 && terms[1].second == -1.0)
+      c["a"] = terms[0].first->name, c["b"] = terms[1].first->name;
+    if (!text.empty()) c["claim"] = text;
+    if (expect == "within") c["expect"] = "|contrast| <= " + fmt(bound);
+    else if (!expect.empty()) c["expect"] = expect == "lower" ? "contrast < 0" : "contrast > 0";
+    contrasts.push_back(c);
+    md_contrasts.push_back("| " + id + " | " + label + " | " + scope + " " + metric + " | " +
+                           fmt_iv(iv) + " | " + verdict + " |");
+  };
+  for (size_t r = 1; r < P.recipes.size(); ++r)
+    for (const char* m : {"rel_error", "bias2", "variance", "loss_penalty"})
+      contrast(P.recipes[r].name + "-vs-" + P.recipes[0].name, {{&P.recipes[r], 1.0}, {&P.recipes[0], -1.0}},
+               "whole", m, "", 0, "");
+  if (!req.claims.empty()) {
+    for (const Claim& cl : load_claims(req.claims)) {
+      std::vector<std::pair<const FidelityRecipe*, double>> terms;
+      std::string absent;
+      for (const auto& [name, coef] : cl.terms) {
+        const FidelityRecipe* fr = find(name);
+        if (!fr) absent += (absent.empty() ? "" : ", ") + name;
+        terms.push_back({fr, coef});
+      }
+      if (!absent.empty()) {
+        std::printf("claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
+        continue;
+      }
+      if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
+        throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
+                        "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
+                        "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, or a parameter name)");
+      contrast(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
+    }
+  }
+  j["contrasts"] = contrasts;
+
+  std::ostringstream md;
+  md << "# Fidelity panel: " << P.run << "\n\n";
+  md << "Checkpoints (steps) " << join_steps(P.steps) << "; " << P.batches << " batches of "
+     << P.tokens_per_batch << " tokens per checkpoint (the same batches at every checkpoint); "
+     << P.draws << " SR draws for recipes with stochastic rounding (1 otherwise: their draws are "
+        "identical); seed " << P.seed << ". References: " << (P.references == "held" ? "held (as each recipe would hold them at the evaluated step; docs/fidelity.md)" : "current (measured on each batch)") << ". "
+     << "Intervals: 95%, two-level bootstrap (checkpoints, then batches), " << RS
+     << " resamples, seed " << BS << ". CPU: " << P.cpu << "; " << fmt(P.seconds, 0) << " s.\n\n";
+  md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ " << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
+  md << "## Whole gradient\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² | loss penalty (nats) | quant. / SGD noise | σ_q / ‖g*‖ |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const FidelityRecipe& fr : P.recipes) {
+    const auto& w = fr.scopes.at("whole");
+    md << "| " << fr.name;
+    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance", "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"})
+      md << " | " << fmt_iv(boot(w.at(m)));
+    md << " |\n";
+  }
+  md << "\n## Linear weights (dW)\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² |\n|---|---|---|---|---|---|\n";
+  for (const FidelityRecipe& fr : P.recipes) {
+    const auto& w = fr.scopes.at("linears");
+    md << "| " << fr.name;
+    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) md << " | " << fmt_iv(boot(w.at(m)));
+    md << " |\n";
+  }
+  md << "\n## Over training (whole-gradient relative error, mean over batches)\n\n| recipe |";
+  for (int64_t s : P.steps) md << " step " << s << " |";
+  md << "\n|---|";
+  for (size_t c = 0; c < P.steps.size(); ++c) md << "---|";
+  md << "\n";
+  for (const FidelityRecipe& fr : P.recipes) {
+    md << "| " << fr.name << " |";
+    for (const auto& row : fr.scopes.at("whole").at("rel_error")) {
+      double t = 0;
+      for (double v : row) t += v;
+      md << " " << fmt(t / double(row.size())) << " |";
+    }
+    md << "\n";
+  }
+  md << "\n## Contrasts (paired on identical checkpoint and batch)\n\n| id | contrast | metric | mean [95%] | verdict |\n|---|---|---|---|---|\n";
+  for (const std::string& l : md_contrasts) md << l << "\n";
+
+  std::error_code ec;
+  fs::create_directories(req.out, ec);
+  if (ec) throw UserError("fidelity: cannot create " + req.out.string() + ": " + ec.message());
+  write_file_atomic(req.out / "fidelity.json", j.dump(1) + "\n");
+  write_file_atomic(req.out / "fidelity.md", md.str());
+}
+
+}  // namespace fp4

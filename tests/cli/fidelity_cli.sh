@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# `fp4train fidelity` end to end on a micro run (docs/fidelity.md): fp32 against the exact side
+# gives error 0, cosine 1 and gain 1 exactly; an FP4 recipe does not; RNE recipes have variance 0;
+# the results do not depend on the thread count; the claims file gets verdicts; bad input exits 2
+# with a message naming what is wrong, before any work.
+# Usage: fidelity_cli.sh <fp4train binary> <source dir>
+set -uo pipefail
+bin=$1; src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/micro.bash"
+
+micro_setup "$work" docs=30 steps=20 interval=10 windows=4
+"$bin" train --config "$work/micro.toml" --recipe bf16 --data "$work/text" --out "$work/ref" \
+  --save-every 2 --keep-checkpoints 100 --quiet > "$work/train.log" 2>&1 \
+  || { cat "$work/train.log"; fail "reference run"; }
+
+cat > "$work/claims.toml" <<'TOML'
+[[claim]]
+id = "fp32-exact"
+metric = "rel_error"
+a = "fp32"
+b = "ue5m3-b16"
+expect = "lower"
+[[claim]]
+id = "same"
+metric = "rel_error"
+a = "ue5m3-b16"
+b = "ue5m3-b16"
+expect = "within"
+bound = 0.001
+[[claim]]
+id = "terms"
+metric = "mse"
+terms = { "ue5m3-b16" = 2.0, "ue5m3-b16-rne" = -1.0, "fp32" = -1.0 }
+expect = "higher"
+[[claim]]
+id = "absent"
+metric = "rel_error"
+a = "mxfp4"
+b = "ue5m3-b16"
+expect = "lower"
+TOML
+
+run() {  # run OUT THREADS [extra args]
+  local out=$1 threads=$2; shift 2
+  OMP_NUM_THREADS=$threads "$bin" fidelity --run "$work/ref" --recipe ue5m3-b16,fp32,ue5m3-b16-rne \
+    --steps 10,20 --batches 3 --draws 2 --resamples 200 --data "$work/text" --claims "$work/claims.toml" \
+    --out "$work/$out" --quiet "$@" > "$work/$out.log" 2>&1 || { cat "$work/$out.log"; fail "fidelity ($out)"; }
+}
+run t1 1
+run t2 2
+grep -q "^fidelity: 3 recipes x 2 checkpoints x 3 batches" "$work/t1.log" || fail "summary line: $(cat "$work/t1.log")"
+[ -s "$work/t1/fidelity.md" ] || fail "no fidelity.md"
+python3 - "$work/t1/fidelity.json" "$work/t2/fidelity.json" <<'PY' || fail "fidelity.json checks"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["format"] == "fp4train.fidelity.v1" and a["checkpoints"] == [10, 20], a["checkpoints"]
+assert a["references"] == "held"
+r = {x["name"]: x for x in a["recipes"]}
+f = r["fp32"]["whole"]
+for m in ("rel_error", "mse", "bias2", "variance", "loss_penalty"):
+    assert f[m] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}, (m, f[m])
+assert f["gain"] == {"mean": 1.0, "lo": 1.0, "hi": 1.0}, f["gain"]
+assert abs(f["cosine"]["mean"] - 1) < 1e-12, f["cosine"]
+q = r["ue5m3-b16"]["whole"]
+assert q["rel_error"]["lo"] > 0 and q["cosine"]["mean"] < 1, q
+assert r["ue5m3-b16"]["has_sr"] and r["ue5m3-b16"]["draws"] == 2
+assert not r["ue5m3-b16-rne"]["has_sr"] and r["ue5m3-b16-rne"]["whole"]["variance"]["mean"] == 0.0
+assert r["ue5m3-b16"]["whole"]["variance"]["lo"] > 0, "SR draws differ"
+assert q["sgd_noise_fraction"]["mean"] > 0 and r["ue5m3-b16"]["whole"]["grad_to_qnoise"]["mean"] > 1
+assert r["fp32"]["whole"]["grad_to_qnoise"]["mean"] is None  # +inf: no quantization noise
+c = {x["id"]: x for x in a["contrasts"]}
+assert c["fp32-exact"]["verdict"] == "supported", c["fp32-exact"]
+assert c["same"]["verdict"] == "supported" and c["same"]["mean"] == 0.0, c["same"]
+assert "absent" not in c
+t = c["terms"]  # 2·mse(SR) − mse(RNE) − 0: SR's mse exceeds RNE's (variance), so above 0
+assert t["terms"] == {"ue5m3-b16": 2.0, "ue5m3-b16-rne": -1.0, "fp32": -1.0} and "a" not in t, t
+assert t["verdict"] == "supported" and t["contrast"] == "−fp32 + 2.00·ue5m3-b16 − ue5m3-b16-rne", t  # terms in key order
+assert "ue5m3-b16-rne-vs-ue5m3-b16" in [x["id"] for x in a["contrasts"]]
+# The thread count changes nothing but the timing.
+for k in ("seconds",):
+    a.pop(k); b.pop(k)
+assert a == b, "results differ between 1 and 2 threads"
+print("fidelity: fp32 exact, FP4 rel. error %.4f, thread-count invariant" % q["rel_error"]["mean"])
+PY
+
+# Held references (docs/fidelity.md "References"): a D = 4 recipe evaluated at step 11 holds
+# what step 9 sampled (weights of checkpoint 8, the training batch of step 9); at step 21 it
+# refreshes itself, so there held and current agree bit for bit, and at step 11 they differ.
+# ue5m3-b16 (D = 50) holds what step 1 sampled on the initial weights.
+sed 's/^amax_interval = .*/amax_interval = 4/; s/^name = .*/name = "ue5m3-d4"/' \
+  "$src/configs/recipes/ue5m3-b16.toml" > "$work/ue5m3-d4.toml"
+grep -q '^amax_interval = 4' "$work/ue5m3-d4.toml" || fail "could not write the D = 4 recipe"
+for mode in held current; do
+  "$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml,ue5m3-b16" --steps 10,20 \
+    --batches 2 --draws 1 --resamples 50 --data "$work/text" --references $mode \
+    --out "$work/$mode" --quiet > "$work/$mode.log" 2>&1 || { cat "$work/$mode.log"; fail "fidelity --references $mode"; }
+done
+python3 - "$work/held/fidelity.json" "$work/current/fidelity.json" <<'PY' || fail "held references"
+import json, sys
+h, c = (json.load(open(f)) for f in sys.argv[1:3])
+assert h["references"] == "held" and c["references"] == "current"
+hr = {x["name"]: x for x in h["recipes"]}
+cr = {x["name"]: x for x in c["recipes"]}
+assert hr["ue5m3-d4"]["refresh_steps"] == [9, 21], hr["ue5m3-d4"]["refresh_steps"]
+assert hr["ue5m3-b16"]["refresh_steps"] == [1, 1], hr["ue5m3-b16"]["refresh_steps"]
+assert cr["ue5m3-d4"]["refresh_steps"] == [11, 21], cr["ue5m3-d4"]["refresh_steps"]
+hb, cb = hr["ue5m3-d4"]["by_checkpoint"], cr["ue5m3-d4"]["by_checkpoint"]
+assert hb[1] == cb[1], ("step 21 refreshes: held == current", hb[1], cb[1])
+assert hb[0]["rel_error"] != cb[0]["rel_error"], ("step 11 holds step 9's references", hb[0], cb[0])
+print("held references: step 11 holds step 9's, step 21 refreshes")
+PY
+rm "$work/ref/checkpoints/step_00000008.safetensors"
+"$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml" --steps 10 --batches 2 \
+  --data "$work/text" --out "$work/miss" > /dev/null 2> "$work/miss.err"
+[ $? = 2 ] && grep -q "lacks steps 8 (train the reference run with --save-every" "$work/miss.err" \
+  || fail "a missing refresh checkpoint: $(cat "$work/miss.err")"
+
+# Bad input: exit 2, one message naming the problem.
+bad() {  # bad WANT ARGS...
+  local want=$1; shift
+  "$bin" fidelity "$@" > "$work/bad.out" 2> "$work/bad.err"
+  local rc=$?
+  [ "$rc" = 2 ] || fail "fidelity $*: exit $rc, want 2 ($(cat "$work/bad.err"))"
+  grep -qF -- "$want" "$work/bad.err" || fail "fidelity $*: message lacks '$want': $(cat "$work/bad.err")"
+}
+mkdir -p "$work/empty"
+bad "does not exist" --run "$work/nope" --recipe ue5m3-b16
+bad "holds no checkpoints" --run "$work/empty" --recipe ue5m3-b16
+bad "no checkpoint of step 15 (it holds steps 2, 4, 6, 10, 12" --run "$work/ref" --recipe ue5m3-b16 --steps 15 --data "$work/text"
+bad "--steps: 'x' is not a step number" --run "$work/ref" --recipe ue5m3-b16 --steps x
+bad "recipe nope" --run "$work/ref" --recipe nope --data "$work/text"
+printf '[high_precision]\nblocks = [7]\n' > "$work/far.toml"
+bad "does not fit the model" --run "$work/ref" --recipe "$work/far.toml" --data "$work/text"
+bad "--batches" --run "$work/ref" --recipe ue5m3-b16 --batches 1
+printf '[[claim]]\nid = "x"\nmetric = "rel_error"\na = "ue5m3-b16"\nb = "fp32"\nexpect = "smaller"\n' > "$work/badclaim.toml"
+bad 'expect must be' --run "$work/ref" --recipe ue5m3-b16,fp32 --batches 2 --draws 1 --data "$work/text" --claims "$work/badclaim.toml" --out "$work/bc" --quiet
+echo "fidelity_cli: all checks passed"
