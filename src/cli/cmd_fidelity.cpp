@@ -15,7 +15,8 @@ namespace fp4::cli {
 namespace {
 struct FidelityArgs {
   FidelityRequest req;
-  std::string run, out, claims, steps;
+  std::string run, out, claims, steps, from;
+  bool resamples_given = false;
   std::vector<std::string> recipes;
 };
 
@@ -35,6 +36,23 @@ std::vector<std::string> split_list(const std::vector<std::string>& in) {
 
 void run(FidelityArgs& a) {
   FidelityRequest& r = a.req;
+  if (!a.from.empty()) {  // the report (and claims) again from a panel's fidelity.json
+    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty())
+      throw UserError("--from rebuilds the report of a finished panel; --run, --recipe and --steps go with a new panel");
+    r.claims = a.claims;
+    if (!a.claims.empty() && !std::filesystem::exists(a.claims))
+      throw UserError("--claims " + a.claims + " does not exist");
+    r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
+    if (r.out.empty()) r.out = ".";
+    const FidelityPanel p = load_fidelity_panel(a.from);
+    // The file's bootstrap unless --resamples is given, so a plain rebuild reproduces the report.
+    if (!a.resamples_given && p.resamples > 0) r.resamples = p.resamples;
+    if (p.bootstrap_seed) r.bootstrap_seed = p.bootstrap_seed;
+    write_fidelity_report(p, r);
+    std::printf("fidelity: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
+    return;
+  }
+  if (a.run.empty() || a.recipes.empty()) throw UserError("fidelity needs --run DIR and --recipe R,... (or --from FILE)");
   r.run = a.run;
   r.recipes = split_list(a.recipes);
   r.out = a.out.empty() ? std::filesystem::path(a.run) / "fidelity" : std::filesystem::path(a.out);
@@ -70,11 +88,13 @@ void register_fidelity(CLI::App& app) {
       "paired on identical (checkpoint, batch), so trajectory noise never enters. Writes\n"
       "fidelity.json and fidelity.md (docs/fidelity.md). Example:\n"
       "  fp4train fidelity --run runs/bf16 --recipe ue5m3-b16,nvfp4-te,ue5m3-te");
-  c->add_option("--run", a->run, "Reference run directory (its checkpoints/ hold the steps)")->required();
+  c->add_option("--run", a->run, "Reference run directory (its checkpoints/ hold the steps)");
   c->add_option("--recipe", a->recipes,
                 "Recipes to measure: names (fp4train recipes) or .toml paths; repeatable or a "
-                "comma list. Contrasts are each against the first")
-      ->required();
+                "comma list. Contrasts are each against the first");
+  c->add_option("--from", a->from,
+                "Instead of a new panel: rebuild fidelity.json and fidelity.md (and the --claims "
+                "verdicts) from a panel's fidelity.json, without rerunning it");
   c->add_option("--steps", a->steps,
                 "Checkpoint steps, a comma list (default: --checkpoints of those the run holds, "
                 "evenly spread, the newest included)");
@@ -86,8 +106,9 @@ void register_fidelity(CLI::App& app) {
   c->add_option("--draws", a->req.draws,
                 "Stochastic-rounding draws per batch for recipes with SR (RNE recipes: 1)")
       ->capture_default_str()->check(CLI::Range(1, 1000));
-  c->add_option("--seed", a->req.seed, "Seed of the batches and of the SR streams")->capture_default_str();
-  c->add_option("--resamples", a->req.resamples, "Bootstrap resamples")
+  c->add_option("--seed", a->req.seed, "Seed of the batches and of the SR streams")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  auto* rs = c->add_option("--resamples", a->req.resamples, "Bootstrap resamples (with --from: the file's unless given)")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   c->add_option("--references", a->req.references,
                 "held: each recipe's tensor references as it would hold them at the evaluated "
@@ -96,11 +117,16 @@ void register_fidelity(CLI::App& app) {
       ->capture_default_str()->check(CLI::IsMember({"held", "current"}));
   c->add_option("--data", a->req.data, "Text file or directory instead of the run's data.path");
   c->add_option("--claims", a->claims,
-                "Mechanism claims (TOML [[claim]] tables: id, metric, scope, a, b, expect = "
-                "\"lower\" | \"higher\"; e.g. configs/studies/mechanisms.toml), each given a verdict");
+                "Mechanism claims (TOML [[claim]] tables: id, text, metric, scope, the contrast as a "
+                "and b or as terms = {recipe = coefficient}, expect = \"lower\" | \"higher\" | "
+                "\"within\" with bound; e.g. configs/studies/mechanisms.toml), each given a "
+                "verdict; checked before any work");
   c->add_option("--out", a->out, "Output directory (default: RUN/fidelity)");
   c->add_flag("--quiet", a->req.quiet, "No progress lines");
-  c->callback([a] { run(*a); });
+  c->callback([a, rs] {
+    a->resamples_given = rs->count() > 0;
+    run(*a);
+  });
 }
 
 }  // namespace fp4::cli

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "fp4/study/evaluate.h"
 #include "fp4/train/checkpoint.h"
 #include "fp4/train/paths.h"
+#include "fp4/train/train.h"
 
 namespace fp4 {
 namespace fs = std::filesystem;
@@ -156,6 +158,11 @@ std::vector<Claim> load_claims(const fs::path& file) {
     const toml::table* c = (*arr)[i].as_table();
     const std::string where = file.string() + ": claim " + std::to_string(i + 1);
     if (!c) throw UserError("fidelity: " + where + " is not a table");
+    static const std::set<std::string> keys = {"id", "text", "metric", "scope", "a", "b", "terms", "expect", "bound"};
+    for (const auto& [k, v] : *c)
+      if (!keys.count(std::string(k.str())))
+        throw UserError("fidelity: " + where + ": unknown key '" + std::string(k.str()) +
+                        "' (keys: id, text, metric, scope, a, b, terms, expect, bound)");
     Claim cl;
     auto str = [&](const char* key, std::string& v, bool required) {
       if (auto x = (*c)[key].value<std::string>()) v = *x;
@@ -168,7 +175,8 @@ std::vector<Claim> load_claims(const fs::path& file) {
     if (const toml::table* t = (*c)["terms"].as_table()) {
       for (const auto& [k, v] : *t) {
         const auto x = v.value<double>();
-        if (!x) throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a number");
+        if (!x || !std::isfinite(*x))
+          throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a finite number");
         cl.terms.push_back({std::string(k.str()), *x});
       }
       if (cl.terms.empty()) throw UserError("fidelity: " + where + ": terms is empty");
@@ -194,6 +202,9 @@ std::vector<Claim> load_claims(const fs::path& file) {
       throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
                       "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
                       "sgd_noise_fraction, qnoise_to_grad)");
+    const bool whole_only = cl.metric == "loss_penalty" || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
+    if (whole_only && cl.scope != "whole")
+      throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric + " exists for scope whole only, got scope '" + cl.scope + "'");
     out.push_back(cl);
   }
   return out;
@@ -257,7 +268,15 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     throw UserError("fidelity: --references must be held or current, got '" + req.references + "'");
   const bool held = req.references == "held";
   if (!req.claims.empty()) (void)load_claims(req.claims);  // refuse a bad file before any work
-  if (!fs::is_directory(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
+  if (!fs::exists(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
+  if (!fs::is_directory(req.run)) throw UserError("fidelity: --run " + req.run.string() + " is not a directory (give the run directory)");
+  {  // the output directory, before any work
+    std::error_code ec;
+    fs::create_directories(req.out, ec);
+    if (ec || !fs::is_directory(req.out))
+      throw UserError("fidelity: output directory " + req.out.string() + " cannot be created" +
+                      (ec ? ": " + ec.message() : std::string(" (a file is in the way)")));
+  }
   const std::vector<fs::path> files = list_checkpoints(req.run);
   if (files.empty())
     throw UserError("fidelity: run " + req.run.string() + " holds no checkpoints (train it with "
@@ -299,6 +318,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     rs.recipe = r;
     try {
       rsrc.push_back(load_eval_source(rs));
+      check_recipe_fits(rsrc.back().recipe, rsrc.back().cfg);  // overrides, RHT token counts
     } catch (const UserError& e) {
       throw UserError("fidelity: recipe " + r + ": " + e.what());
     }
@@ -344,6 +364,19 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                     join_steps({missing.begin(), missing.end()}) +
                     " (train the reference run with --save-every dividing the recipes' "
                     "amax_interval, e.g. 10 for D = 50, or pass --references current)");
+
+  for (size_t r = 0; r < rsrc.size(); ++r)
+    if (recipe_has_sr(rsrc[r].recipe) && req.draws < 2)
+      throw UserError("fidelity: recipe " + req.recipes[r] + " rounds stochastically: its bias and "
+                      "variance need --draws 2 or more, got " + std::to_string(req.draws));
+  if (!req.claims.empty()) {  // scopes name whole, linears or a parameter of this model
+    std::set<std::string> scopes = {"whole", "linears"};
+    for (const auto& pi : exact->param_infos()) scopes.insert(pi.name);
+    for (const Claim& cl : load_claims(req.claims))
+      if (!scopes.count(cl.scope))
+        throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' is not whole, linears "
+                        "or a parameter of this model (e.g. " + exact->param_infos().back().name + ")");
+  }
 
   FidelityPanel P;
   P.run = req.run.string();
@@ -518,6 +551,80 @@ std::string fmt_iv(const Interval& i) { return fmt(i.mean) + " [" + fmt(i.lo) + 
 
 }  // namespace
 
+FidelityPanel load_fidelity_panel(const fs::path& file) {
+  const std::string w = "fidelity: " + file.string();
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw UserError(w + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::exception& e) {
+    throw UserError(w + ": not JSON (" + std::string(e.what()) + ")");
+  }
+  try {
+    if (j.value("format", "") != "fp4train.fidelity.v1")
+      throw UserError(w + ": not a fidelity.json (format " + j.value("format", std::string("missing")) + ")");
+    if (!j.contains("samples"))
+      throw UserError(w + ": holds no per-batch samples (written before they were stored); rerun the panel");
+    FidelityPanel P;
+    P.run = j.at("run").get<std::string>();
+    P.config_name = j.value("config", "");
+    P.steps = j.at("checkpoints").get<std::vector<int64_t>>();
+    P.batches = j.at("batches").get<int>();
+    P.draws = j.at("draws").get<int>();
+    P.tokens_per_batch = j.at("tokens_per_batch").get<int>();
+    P.seed = j.at("seed").get<uint64_t>();
+    P.cpu = j.value("cpu", "");
+    P.seconds = j.value("seconds", 0.0);
+    P.references = j.value("references", "");
+    P.sgd_var = j.at("exact").at("sgd_variance_by_checkpoint").get<std::vector<double>>();
+    if (j.contains("bootstrap")) {
+      P.resamples = j["bootstrap"].value("resamples", 0);
+      P.bootstrap_seed = j["bootstrap"].value("seed", uint64_t{0});
+    }
+    const json& smp = j.at("samples");
+    P.exact_loss = smp.at("exact_loss").get<std::vector<std::vector<double>>>();
+    P.exact_grad_norm = smp.at("exact_grad_norm").get<std::vector<std::vector<double>>>();
+    const size_t C = P.steps.size(), K = size_t(P.batches);
+    auto check_grid = [&](const std::vector<std::vector<double>>& g, const std::string& what) {
+      if (g.size() != C) throw UserError(w + ": " + what + " holds " + std::to_string(g.size()) + " checkpoints, expected " + std::to_string(C));
+      for (const auto& row : g)
+        if (row.size() != K) throw UserError(w + ": " + what + " holds a row of " + std::to_string(row.size()) + " batches, expected " + std::to_string(K));
+    };
+    check_grid(P.exact_loss, "samples.exact_loss");
+    check_grid(P.exact_grad_norm, "samples.exact_grad_norm");
+    bool names = false;
+    for (const json& r : j.at("recipes")) {
+      FidelityRecipe fr;
+      fr.name = r.at("name").get<std::string>();
+      fr.has_sr = r.at("has_sr").get<bool>();
+      P.refresh_steps.push_back(r.value("refresh_steps", std::vector<int64_t>(C, 0)));
+      const json& rs = smp.at("recipes").at(fr.name);
+      for (const char* scope : {"whole", "linears"})
+        for (const auto& [m, g] : rs.at(scope).items()) {
+          auto grid = g.get<std::vector<std::vector<double>>>();
+          check_grid(grid, "samples." + fr.name + "." + scope + "." + m);
+          fr.scopes[scope][m] = std::move(grid);
+        }
+      // Per-parameter figures are stored as means only: one value per metric.
+      for (const auto& [pn, ms] : r.at("params").items()) {
+        if (!names) P.param_names.push_back(pn);
+        for (const auto& [m, v] : ms.items())
+          fr.scopes[pn][m] = {{v.is_number() ? v.get<double>() : std::nan("")}};
+      }
+      names = true;
+      P.recipes.push_back(std::move(fr));
+    }
+    if (P.recipes.empty()) throw UserError(w + ": holds no recipes");
+    P.params_means_only = true;
+    return P;
+  } catch (const json::exception& e) {
+    throw UserError(w + ": malformed (" + std::string(e.what()) + ")");
+  }
+}
+
 void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   // Every value must be finite (run_fidelity refuses non-finite gradients and losses); a
   // parameter whose exact gradient is 0 on a batch (e.g. an unused embedding row block) gives
@@ -576,8 +683,9 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         double t = 0;
         int n = 0;
         for (const auto& row : x)
-          for (double v : row) t += v, ++n;
-        s[m] = t / n;  // means only: per-parameter intervals would bloat the file
+          for (double v : row)
+            if (std::isfinite(v)) t += v, ++n;  // 0/0 where a batch leaves the parameter's g* = 0
+        s[m] = n ? json(t / n) : json(nullptr);  // means only: per-parameter intervals would bloat the file
       }
       params[pn] = s;
     }
@@ -598,6 +706,22 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     recs.push_back(r);
   }
   j["recipes"] = recs;
+  // The per-(checkpoint, batch) values of the exact side and of every recipe's whole and linears
+  // metrics: load_fidelity_panel rebuilds the panel from them (`fidelity --from`), so reports and
+  // claims can be redone from the committed file without rerunning the passes.
+  {
+    json smp;
+    smp["exact_loss"] = P.exact_loss;
+    smp["exact_grad_norm"] = P.exact_grad_norm;
+    json rs = json::object();
+    for (const FidelityRecipe& fr : P.recipes) {
+      json r;
+      for (const char* scope : {"whole", "linears"}) r[scope] = fr.scopes.at(scope);
+      rs[fr.name] = r;
+    }
+    smp["recipes"] = rs;
+    j["samples"] = smp;
+  }
 
   // Contrasts: each recipe minus the first, and the claims file's.
   auto find = [&](const std::string& name) -> const FidelityRecipe* {
@@ -659,13 +783,16 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         terms.push_back({fr, coef});
       }
       if (!absent.empty()) {
-        std::printf("claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
+        std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
         continue;
       }
       if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
         throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
                         "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
                         "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, or a parameter name)");
+      if (P.params_means_only && cl.scope != "whole" && cl.scope != "linears")
+        throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
+                        "one parameter, which fidelity.json does not store (whole and linears only); rerun the panel");
       contrast(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
     }
   }

@@ -85,6 +85,12 @@ assert a == b, "results differ between 1 and 2 threads"
 print("fidelity: fp32 exact, FP4 rel. error %.4f, thread-count invariant" % q["rel_error"]["mean"])
 PY
 
+# --from rebuilds the report from fidelity.json alone: the same JSON and markdown.
+"$bin" fidelity --from "$work/t1/fidelity.json" --claims "$work/claims.toml" --out "$work/rebuilt" \
+  > "$work/rebuilt.log" 2>&1 || { cat "$work/rebuilt.log"; fail "fidelity --from"; }
+cmp -s "$work/t1/fidelity.md" "$work/rebuilt/fidelity.md" || fail "--from: fidelity.md differs: $(diff "$work/t1/fidelity.md" "$work/rebuilt/fidelity.md" | head -5)"
+cmp -s "$work/t1/fidelity.json" "$work/rebuilt/fidelity.json" || fail "--from: fidelity.json differs"
+
 # Held references (docs/fidelity.md "References"): a D = 4 recipe evaluated at step 11 holds
 # what step 9 sampled (weights of checkpoint 8, the training batch of step 9); at step 21 it
 # refreshes itself, so there held and current agree bit for bit, and at step 11 they differ.
@@ -94,7 +100,7 @@ sed 's/^amax_interval = .*/amax_interval = 4/; s/^name = .*/name = "ue5m3-d4"/' 
 grep -q '^amax_interval = 4' "$work/ue5m3-d4.toml" || fail "could not write the D = 4 recipe"
 for mode in held current; do
   "$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml,ue5m3-b16" --steps 10,20 \
-    --batches 2 --draws 1 --resamples 50 --data "$work/text" --references $mode \
+    --batches 2 --draws 2 --resamples 50 --data "$work/text" --references $mode \
     --out "$work/$mode" --quiet > "$work/$mode.log" 2>&1 || { cat "$work/$mode.log"; fail "fidelity --references $mode"; }
 done
 python3 - "$work/held/fidelity.json" "$work/current/fidelity.json" <<'PY' || fail "held references"
@@ -136,4 +142,26 @@ bad "does not fit the model" --run "$work/ref" --recipe "$work/far.toml" --data 
 bad "--batches" --run "$work/ref" --recipe ue5m3-b16 --batches 1
 printf '[[claim]]\nid = "x"\nmetric = "rel_error"\na = "ue5m3-b16"\nb = "fp32"\nexpect = "smaller"\n' > "$work/badclaim.toml"
 bad 'expect must be' --run "$work/ref" --recipe ue5m3-b16,fp32 --batches 2 --draws 1 --data "$work/text" --claims "$work/badclaim.toml" --out "$work/bc" --quiet
+bad "rounds stochastically: its bias and variance need --draws 2" --run "$work/ref" --recipe ue5m3-b16 --draws 1 --data "$work/text"
+bad "is not a directory" --run "$work/ref/summary.json" --recipe ue5m3-b16
+touch "$work/afile"
+bad "cannot be created" --run "$work/ref" --recipe ue5m3-b16 --out "$work/afile"
+bad "--seed" --run "$work/ref" --recipe ue5m3-b16 --seed -1
+claim_err() {  # claim_err WANT TOML-BODY: a bad claims file, refused before any pass
+  printf '[[claim]]\nid = "x"\n%s\n' "$2" > "$work/c.toml"
+  bad "$1" --run "$work/ref" --recipe ue5m3-b16,fp32 --batches 2 --draws 2 --data "$work/text" --claims "$work/c.toml" --out "$work/ce" --quiet
+  [ ! -e "$work/ce/fidelity.json" ] || fail "a bad claims file still produced a panel"
+}
+claim_err "unknown key 'scop'" $'metric = "rel_error"\nscop = "linears"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
+claim_err "exists for scope whole only" $'metric = "loss_penalty"\nscope = "linears"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
+claim_err "must be a finite number" $'metric = "rel_error"\nterms = { fp32 = nan }\nexpect = "lower"'
+claim_err "scope 'nonsense' is not whole, linears or a parameter" $'metric = "rel_error"\nscope = "nonsense"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
+# A recipe whose RHT needs a token count the run does not have (30 tokens per micro-batch).
+"$bin" train --config "$work/micro.toml" --recipe bf16 --data "$work/text" --out "$work/s30" --steps 2 \
+  --save-every 2 --set train.seq_len=30 --set train.micro_batch_size=1 --quiet > "$work/s30.log" 2>&1 \
+  || { cat "$work/s30.log"; fail "the 30-token run"; }
+bad "multiple of 16" --run "$work/s30" --recipe nvfp4-te --data "$work/text"
+bad "not a fidelity.json" --from "$work/ref/summary.json"
+bad "--from rebuilds the report of a finished panel" --from "$work/t1/fidelity.json" --run "$work/ref"
+bad "needs --run DIR and --recipe" --recipe ue5m3-b16
 echo "fidelity_cli: all checks passed"

@@ -48,8 +48,8 @@ DrawMoments draw_moments(const std::vector<const float*>& est, const float* ref,
 /// gain mean_d ⟨ĝ_d, g*⟩/‖g*‖² (below 1: a shrunken gradient); mse mean_d ‖ĝ_d − g*‖²/‖g*‖²;
 /// variance V/‖g*‖² with V = Σ_d ‖ĝ_d − ḡ‖²/(R − 1) (the per-draw variance, 0 when R = 1);
 /// bias2 (‖ḡ − g*‖² − V/R)/‖g*‖², the finite-R unbiased squared bias of the mean gradient (it
-/// may come out slightly negative when the bias is below the sampling noise of ḡ), so that
-/// bias2 + variance = mse exactly in expectation. With ‖g*‖ = 0 every ratio is NaN except a
+/// may come out slightly negative when the bias is below the sampling noise of ḡ); bias2 +
+/// variance = mse is an identity of these sample moments (up to rounding). With ‖g*‖ = 0 every ratio is NaN except a
 /// cosine of NaN as well; callers skip such samples.
 struct DrawMetrics {
   double rel_error = 0, cosine = 0, gain = 0, mse = 0, bias2 = 0, variance = 0;
@@ -118,26 +118,43 @@ struct FidelityPanel {
   std::vector<std::vector<int64_t>> refresh_steps;
   double seconds = 0;
   std::string cpu;
+  /// Loaded from fidelity.json (load_fidelity_panel): per-parameter scopes hold one mean per
+  /// metric ([1][1]), not per-batch values.
+  bool params_means_only = false;
+  /// Loaded from fidelity.json: the bootstrap it was reported with (0: not recorded).
+  int resamples = 0;
+  uint64_t bootstrap_seed = 0;
 };
 
 /// Run the panel: load every requested checkpoint of req.run, draw the batches, compute the
 /// exact and the quantized forward/backward, and collect the per-(checkpoint, batch) metrics:
 /// rel_error, cosine, gain, mse, bias2, variance (scopes whole, linears and each parameter),
 /// loss_penalty (L_r − L*, mean over draws; whole only), sgd_noise_fraction (mse·‖g*‖²/σ²_sgd)
-/// and grad_to_qnoise (‖g*‖/√(mean_d ‖ĝ_d − g*‖²), the "FP4 All the Way" ratio). Prints a
+/// and qnoise_to_grad (√(mean_d ‖ĝ_d − g*‖²)/‖g*‖, the reciprocal of the "FP4 All the Way"
+/// ratio ‖g*‖/σ_q, which the report gives as grad_to_qnoise). Prints a
 /// progress line per checkpoint on stderr unless req.quiet. Results do not depend on the thread
-/// count. Throws fp4::UserError (exit status 2 from the CLI) naming what is wrong: a run
-/// directory without checkpoints, a requested step without a checkpoint, a recipe that does
-/// not load or does not fit the model, fewer than 2 batches, draws < 1, references other than
+/// count. Throws fp4::UserError (exit status 2 from the CLI) naming what is wrong, before any
+/// pass: a run directory that is missing or holds no checkpoints, a requested step without a
+/// checkpoint, a recipe that does not load or does not fit the model (check_recipe_fits: RHT
+/// token counts, overrides), fewer than 2 batches, draws < 1 (< 2 for a recipe with SR), an
+/// output directory that cannot be created, a bad claims file, references other than
 /// held/current, and under "held" a missing refresh-step checkpoint (listing the steps needed)
 /// or a recipe whose FP4 linears hold references of different intervals.
 FidelityPanel run_fidelity(const FidelityRequest& req);
 
+/// Read a panel back from the fidelity.json write_fidelity_report wrote (its "samples": the
+/// per-(checkpoint, batch) values of the exact side and of every recipe's whole and linears
+/// metrics; per-parameter figures come back as means only), so that the report and claims can be
+/// redone without the passes (`fp4train fidelity --from FILE`). Throws fp4::UserError naming the
+/// file and what is wrong: not JSON, another format, no samples, grids of the wrong shape.
+FidelityPanel load_fidelity_panel(const std::filesystem::path& file);
+
 /// Write req.out/fidelity.json and req.out/fidelity.md from `panel`: per recipe the whole,
 /// linears and per-parameter metrics with two-level bootstrap intervals, per checkpoint means,
 /// the contrasts (each recipe minus the first on rel_error, bias2, variance and loss_penalty,
-/// and the claims of req.claims with verdicts). Throws fp4::UserError on I/O errors or a claims
-/// file that does not parse or names an unknown recipe or metric.
+/// and the claims of req.claims with verdicts; a claim naming a recipe the panel did not run is
+/// skipped with a note on stderr). Throws fp4::UserError on I/O errors or a claims file that
+/// does not parse, names an unknown metric or key, or a scope the panel lacks.
 void write_fidelity_report(const FidelityPanel& panel, const FidelityRequest& req);
 
 }  // namespace fp4
