@@ -103,6 +103,10 @@ void register_fidelity(CLI::App& app) {
   c->add_option("--batches", a->req.batches,
                 "Batches per checkpoint (training micro-batches, the same at every checkpoint)")
       ->capture_default_str()->check(CLI::Range(2, 100000));
+  c->add_option("--batch-size", a->req.batch_size,
+                "Sequences per batch (default: the run's micro-batch); other sizes show how the "
+                "quantization noise compares with SGD noise at other tokens per step")
+      ->check(CLI::Range(1, 1 << 16));
   c->add_option("--draws", a->req.draws,
                 "Stochastic-rounding draws per batch for recipes with SR (RNE recipes: 1)")
       ->capture_default_str()->check(CLI::Range(1, 1000));

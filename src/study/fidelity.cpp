@@ -311,7 +311,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   spec.data = req.data;
   EvalSource exact_src = load_eval_source(spec);
   const RunConfig& cfg = exact_src.cfg;
-  const int B = cfg.train.micro(), T = cfg.train.seq_len;
+  const int B = req.batch_size > 0 ? req.batch_size : cfg.train.micro(), T = cfg.train.seq_len;
   std::vector<EvalSource> rsrc;
   for (const std::string& r : req.recipes) {
     EvalSourceSpec rs = spec;
@@ -333,9 +333,11 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       sampler.next(b.in.data(), b.tg.data());
     }
   }
-  auto exact = build_eval_model(exact_src, B);
+  // Capacity for the panel's batches and for the run's micro-batch (the held references' pass).
+  const int cap = std::max(B, cfg.train.micro());
+  auto exact = build_eval_model(exact_src, cap);
   std::vector<std::unique_ptr<nn::Model>> models;
-  for (const EvalSource& s : rsrc) models.push_back(build_eval_model(s, B));
+  for (const EvalSource& s : rsrc) models.push_back(build_eval_model(s, cap));
 
   // Held references: each recipe's D (one per recipe) and the checkpoints its refresh steps need.
   std::vector<int> interval(models.size(), 1);
@@ -365,6 +367,12 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                     " (train the reference run with --save-every dividing the recipes' "
                     "amax_interval, e.g. 10 for D = 50, or pass --references current)");
 
+  for (size_t r = 0; r < models.size(); ++r)
+    for (const auto& lin : models[r]->linears())
+      if (lin.plan().rht() && (int64_t(B) * T) % 16 != 0)
+        throw UserError("fidelity: recipe " + req.recipes[r] + " uses the RHT, which needs the tokens per "
+                        "batch (--batch-size " + std::to_string(B) + " x seq_len " + std::to_string(T) +
+                        ") to be a multiple of 16");
   for (size_t r = 0; r < rsrc.size(); ++r)
     if (recipe_has_sr(rsrc[r].recipe) && req.draws < 2)
       throw UserError("fidelity: recipe " + req.recipes[r] + " rounds stochastically: its bias and "
@@ -469,14 +477,16 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         train_sampler.set_draws(uint64_t(tr - 1));  // one draw of batch_size windows per step
         std::vector<int32_t> in(size_t(cfg.train.batch_size) * T), tg(in.size());
         train_sampler.next(in.data(), tg.data());
+        // The run's first micro-batch of step t_r (its micro() sequences).
+        const int mb = cfg.train.micro();
         Batch first;
-        first.in.assign(in.begin(), in.begin() + size_t(B) * T);
-        first.tg.assign(tg.begin(), tg.begin() + size_t(B) * T);
+        first.in.assign(in.begin(), in.begin() + size_t(mb) * T);
+        first.tg.assign(tg.begin(), tg.begin() + size_t(mb) * T);
         nn::StepContext q;
         q.step = tr;
         q.seed = req.seed;
         reset_training_references(m);
-        (void)pass(m, first, B, q);
+        (void)pass(m, first, mb, q);
       }
       set_params(m, ck.params);
       const int R = fr.has_sr ? req.draws : 1;  // without SR every draw gives the same bits

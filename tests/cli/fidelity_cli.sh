@@ -85,6 +85,17 @@ assert a == b, "results differ between 1 and 2 threads"
 print("fidelity: fp32 exact, FP4 rel. error %.4f, thread-count invariant" % q["rel_error"]["mean"])
 PY
 
+# --batch-size: another number of sequences per batch (tokens_per_batch follows; fp32 stays exact).
+"$bin" fidelity --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 20 --batches 2 --draws 2 --batch-size 2 \
+  --data "$work/text" --out "$work/bs2" --quiet > "$work/bs2.log" 2>&1 || { cat "$work/bs2.log"; fail "--batch-size 2"; }
+python3 - "$work/bs2/fidelity.json" "$work/t1/fidelity.json" <<'PY' || fail "--batch-size"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["tokens_per_batch"] * 2 == b["tokens_per_batch"], (a["tokens_per_batch"], b["tokens_per_batch"])
+r = {x["name"]: x for x in a["recipes"]}
+assert r["fp32"]["whole"]["rel_error"]["mean"] == 0.0 and r["ue5m3-b16"]["whole"]["rel_error"]["mean"] > 0
+PY
+
 # --from rebuilds the report from fidelity.json alone: the same JSON and markdown.
 "$bin" fidelity --from "$work/t1/fidelity.json" --claims "$work/claims.toml" --out "$work/rebuilt" \
   > "$work/rebuilt.log" 2>&1 || { cat "$work/rebuilt.log"; fail "fidelity --from"; }

@@ -79,6 +79,9 @@ struct FidelityRequest {
                                       ///< evenly spread over those the run holds
   int checkpoints = 5;
   int batches = 16;                   ///< K per checkpoint (the same batches at every checkpoint)
+  /// Sequences per batch; 0: the run's micro-batch (train.micro_batch_size, else batch_size).
+  /// Other sizes measure how the SGD-noise fraction scales with tokens per batch.
+  int batch_size = 0;
   int draws = 4;                      ///< R per (checkpoint, batch) for recipes with SR
   uint64_t seed = 1;                  ///< batch sampler and SR streams
   int resamples = 2000;               ///< bootstrap resamples
