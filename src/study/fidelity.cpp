@@ -3,6 +3,7 @@
 #include "fp4/study/fidelity.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "fp4/data/data.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/nn/model.h"
+#include "fp4/numerics/telemetry.h"
 #include "fp4/study/evaluate.h"
 #include "fp4/train/checkpoint.h"
 #include "fp4/train/paths.h"
@@ -427,6 +429,13 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     P.recipes.push_back(std::move(fr));
   }
 
+  // Scale events (telemetry of draw 0), per recipe and role: sums and counts.
+  struct Events {
+    double sat = 0, guard = 0, zeroed = 0, stale = 0;
+    int64_t n = 0, n_stale = 0;
+    uint64_t blocks = 0, subnormal = 0, above = 0;
+  };
+  std::vector<std::array<Events, nn::LinearTelemetry::kOperands>> events(models.size());
   std::vector<std::vector<float>> gstar(K, std::vector<float>(size_t(NP)));
   for (size_t c = 0; c < C; ++c) {
     const int64_t step = steps[c];
@@ -497,6 +506,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
           nn::StepContext q;
           q.step = step + 1;
           q.seed = req.seed + uint64_t(d);  // draw d's SR stream
+          q.telemetry = d == 0;             // scale events (the quantized bits are the same)
           if (!hold) reset_training_references(m);  // current: references of this batch
           const double l = pass(m, batches[k], B, q);
           g[size_t(d)] = m.grads();
@@ -511,6 +521,28 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                             std::to_string(k + 1) + ", draw " + std::to_string(d + 1) +
                             (hold ? " (references held from step " + std::to_string(tr) + ")" : ""));
           loss += l;
+          if (d == 0)
+            for (const auto& lin : m.linears()) {
+              const nn::LinearTelemetry& t = lin.telemetry();
+              if (!t.valid) continue;
+              for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
+                const QuantStats& qs = t.op[o];
+                Events& e = events[r][size_t(o)];
+                e.sat += qs.saturated_blocks;
+                e.guard += qs.zero_guard_blocks;
+                e.zeroed += qs.zeroed_nonzeros;
+                ++e.n;
+                if (qs.has_staleness) e.stale += qs.staleness, ++e.n_stale;
+                if (qs.ratio_to_g)
+                  for (int b = 0; b < QuantStats::kRatioBins; ++b) {
+                    const uint64_t cnt = qs.log2_amax_ratio_blocks[size_t(b)];
+                    const int lg = b - QuantStats::kRatioBias;  // a_b/g in [2^lg, 2^(lg+1))
+                    e.blocks += cnt;
+                    if (lg + 1 <= -15) e.subnormal += cnt;
+                    if (lg >= 0) e.above += cnt;
+                  }
+              }
+            }
         }
         std::vector<const float*> est;
         for (const auto& v : g) est.push_back(v.data());
@@ -541,6 +573,20 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                    c + 1, C, static_cast<long long>(step), K, models.size(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  for (size_t r = 0; r < models.size(); ++r)
+    for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
+      const Events& e = events[r][size_t(o)];
+      if (e.n == 0) continue;
+      auto& m = P.recipes[r].scale_events[nn::LinearTelemetry::kNames[o]];
+      m["saturated_blocks"] = e.sat / double(e.n);
+      m["zero_guard_blocks"] = e.guard / double(e.n);
+      m["zeroed_nonzeros"] = e.zeroed / double(e.n);
+      if (e.n_stale) m["staleness"] = e.stale / double(e.n_stale);
+      if (e.blocks) {
+        m["e4m3_subnormal_blocks"] = double(e.subnormal) / double(e.blocks);
+        m["at_or_above_reference_blocks"] = double(e.above) / double(e.blocks);
+      }
+    }
   P.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return P;
 }
@@ -611,6 +657,8 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
       fr.name = r.at("name").get<std::string>();
       fr.has_sr = r.at("has_sr").get<bool>();
       P.refresh_steps.push_back(r.value("refresh_steps", std::vector<int64_t>(C, 0)));
+      if (r.contains("scale_events"))
+        fr.scale_events = r["scale_events"].get<std::map<std::string, std::map<std::string, double>>>();
       const json& rs = smp.at("recipes").at(fr.name);
       for (const char* scope : {"whole", "linears"})
         for (const auto& [m, g] : rs.at(scope).items()) {
@@ -675,6 +723,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     r["has_sr"] = fr.has_sr;
     r["draws"] = fr.has_sr ? P.draws : 1;
     r["refresh_steps"] = P.refresh_steps[size_t(&fr - P.recipes.data())];
+    r["scale_events"] = fr.scale_events;
     for (const char* scope : {"whole", "linears"}) {
       json s;
       for (const auto& [m, x] : fr.scopes.at(scope)) s[m] = interval_json(boot(x));
@@ -832,6 +881,21 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) md << " | " << fmt_iv(boot(w.at(m)));
     md << " |\n";
   }
+  md << "\n## Scale events (telemetry of draw 0, mean over linears, checkpoints and batches)\n\n"
+        "| recipe | role | saturated blocks | zero-guarded blocks | zeroed nonzeros | staleness (amax / g) | "
+        "a_b/g < 2^-15 (E4M3-subnormal scale at T = 448) | a_b ≥ g |\n|---|---|---|---|---|---|---|---|\n";
+  for (const FidelityRecipe& fr : P.recipes)
+    for (const char* role : {"x", "w", "dy", "dyt", "xt"}) {
+      const auto it = fr.scale_events.find(role);
+      if (it == fr.scale_events.end()) continue;
+      auto v = [&](const char* k) {
+        const auto f = it->second.find(k);
+        return f == it->second.end() ? std::string("—") : fmt(f->second);
+      };
+      md << "| " << fr.name << " | " << role << " | " << v("saturated_blocks") << " | " << v("zero_guard_blocks")
+         << " | " << v("zeroed_nonzeros") << " | " << v("staleness") << " | " << v("e4m3_subnormal_blocks")
+         << " | " << v("at_or_above_reference_blocks") << " |\n";
+    }
   md << "\n## Over training (whole-gradient relative error, mean over batches)\n\n| recipe |";
   for (int64_t s : P.steps) md << " step " << s << " |";
   md << "\n|---|";

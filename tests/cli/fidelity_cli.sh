@@ -70,6 +70,14 @@ assert not r["ue5m3-b16-rne"]["has_sr"] and r["ue5m3-b16-rne"]["whole"]["varianc
 assert r["ue5m3-b16"]["whole"]["variance"]["lo"] > 0, "SR draws differ"
 assert q["sgd_noise_fraction"]["mean"] > 0 and r["ue5m3-b16"]["whole"]["grad_to_qnoise"]["mean"] > 1
 assert r["fp32"]["whole"]["grad_to_qnoise"]["mean"] is None  # +inf: no quantization noise
+# Scale events: every role of the FP4 recipe, none for fp32; fractions in [0, 1]; under held
+# references (D = 50 from step 1) the activations have grown past the step-1 reference.
+ev = r["ue5m3-b16"]["scale_events"]
+assert sorted(ev) == ["dy", "dyt", "w", "x", "xt"] and r["fp32"]["scale_events"] == {}, ev
+for role, e in ev.items():
+    for k in ("saturated_blocks", "zero_guard_blocks", "zeroed_nonzeros", "e4m3_subnormal_blocks", "at_or_above_reference_blocks"):
+        assert 0 <= e[k] <= 1, (role, k, e[k])
+assert ev["x"]["staleness"] > 1 and ev["x"]["zeroed_nonzeros"] > 0, ev["x"]
 c = {x["id"]: x for x in a["contrasts"]}
 assert c["fp32-exact"]["verdict"] == "supported", c["fp32-exact"]
 assert c["same"]["verdict"] == "supported" and c["same"]["mean"] == 0.0, c["same"]

@@ -102,6 +102,17 @@ struct FidelityRecipe {
   /// "whole" (every parameter), "linears" (the weights of the quantized linears, i.e. their
   /// wgrad outputs dW) and each parameter by name → metric → [c][k].
   std::map<std::string, std::map<std::string, std::vector<std::vector<double>>>> scopes;
+  /// Scale events per operand role ("x", "w", "dy", "dyt", "xt": fprop X and W, dgrad dY, wgrad
+  /// dYᵀ and Xᵀ), from the quantizer telemetry (fp4/numerics/telemetry.h) of every FP4 linear
+  /// on draw 0 of each (checkpoint, batch), averaged over linears and samples:
+  /// saturated_blocks, zero_guard_blocks, zeroed_nonzeros (fractions), staleness (current amax /
+  /// reference g; 1 under current references), e4m3_subnormal_blocks (fraction of nonzero
+  /// blocks with a_b/g below 2^-15, whose scale T·a_b/g at T = 448 lies below E4M3's smallest
+  /// normal 2^-6, resolved to whole log2 bins) and at_or_above_reference_blocks (a_b ≥ g, the
+  /// bins at and above log2 0: the scale T·a_b/g reaches T, and E4M3 scales at T = 448 saturate
+  /// for those above g; under current references only the blocks holding the amax). Empty for
+  /// recipes without FP4 linears; the last two are absent under the MX rules (no g).
+  std::map<std::string, std::map<std::string, double>> scale_events;
 };
 
 struct FidelityPanel {
