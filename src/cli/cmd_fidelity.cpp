@@ -107,6 +107,13 @@ void register_fidelity(CLI::App& app) {
                 "Sequences per batch (default: the run's micro-batch); other sizes show how the "
                 "quantization noise compares with SGD noise at other tokens per step")
       ->check(CLI::Range(1, 1 << 16));
+  c->add_option("--stress-factor", a->req.stress_factor,
+                "Outlier stress: multiply channels --stress-channels of every block's norm by this "
+                "power of two (2 .. 2^20) and divide the matching input columns of q/k/v_proj, "
+                "up_proj and in_proj by it; the exact function is unchanged, the quantized "
+                "operands gain outlier channels (docs/fidelity.md \"Outlier stress\")");
+  c->add_option("--stress-channels", a->req.stress_channels, "Channels of the outlier stress (comma list)")
+      ->delimiter(',')->capture_default_str();
   c->add_option("--draws", a->req.draws,
                 "Stochastic-rounding draws per batch for recipes with SR (RNE recipes: 1)")
       ->capture_default_str()->check(CLI::Range(1, 1000));

@@ -269,6 +269,14 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   if (req.references != "held" && req.references != "current")
     throw UserError("fidelity: --references must be held or current, got '" + req.references + "'");
   const bool held = req.references == "held";
+  if (req.stress_factor != 1) {
+    int e = 0;
+    const double m = std::frexp(req.stress_factor, &e);
+    if (!(req.stress_factor >= 2) || m != 0.5 || req.stress_factor > 1048576.0)
+      throw UserError("fidelity: --stress-factor must be a power of two from 2 to 2^20 (so that the "
+                      "exact computation is unchanged bit for bit), got " + std::to_string(req.stress_factor));
+    if (req.stress_channels.empty()) throw UserError("fidelity: --stress-channels is empty");
+  }
   if (!req.claims.empty()) (void)load_claims(req.claims);  // refuse a bad file before any work
   if (!fs::exists(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
   if (!fs::is_directory(req.run)) throw UserError("fidelity: --run " + req.run.string() + " is not a directory (give the run directory)");
@@ -391,6 +399,8 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   FidelityPanel P;
   P.run = req.run.string();
   P.references = req.references;
+  P.stress_factor = req.stress_factor;
+  if (req.stress_factor != 1) P.stress_channels = req.stress_channels;
   P.refresh_steps.assign(models.size(), std::vector<int64_t>(steps.size(), 0));
   P.steps = steps;
   P.batches = req.batches;
@@ -411,6 +421,49 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       if (lin.count(base)) linear_ranges.push_back({pi.offset, pi.offset + pi.size});
     }
   }
+  // The outlier stress: (offset, stride, count, factor) runs of parameters to multiply.
+  struct Scaled {
+    int64_t offset, stride, count;
+    double factor;  // applied to parameters; its inverse to gradients
+  };
+  std::vector<Scaled> stress;
+  if (req.stress_factor != 1) {
+    const int64_t Cm = cfg.model.d_model;
+    for (int c : req.stress_channels)
+      if (c < 0 || c >= Cm)
+        throw UserError("fidelity: --stress-channels holds " + std::to_string(c) + ", outside 0.." +
+                        std::to_string(Cm - 1) + " (d_model " + std::to_string(Cm) + ")");
+    static const std::set<std::string> readers = {"q_proj", "k_proj", "v_proj", "up_proj", "in_proj"};
+    int norms = 0;
+    for (const auto& pi : infos) {
+      const std::string& n = pi.name;
+      if (n.rfind("layers.", 0) != 0) continue;
+      const size_t dot = n.find('.', 7);
+      const std::string rest = n.substr(dot + 1);
+      if (rest == "norm") {
+        ++norms;
+        for (int c : req.stress_channels) stress.push_back({pi.offset + c, 1, 1, req.stress_factor});
+      } else if (rest.rfind("mixer.", 0) == 0 && readers.count(rest.substr(6))) {
+        if (pi.cols != Cm)
+          throw UserError("fidelity: the outlier stress expects " + n + " to read d_model = " +
+                          std::to_string(Cm) + " inputs, it has " + std::to_string(pi.cols));
+        for (int c : req.stress_channels) stress.push_back({pi.offset + c, pi.cols, pi.rows, 1.0 / req.stress_factor});
+      }
+    }
+    if (norms == 0) throw UserError("fidelity: the outlier stress found no block norm (layers.L.norm) in this model");
+  }
+  // θ' = f·θ on the stressed parameters; the gradient maps back the same way (∂L/∂θ = f·∂L/∂θ').
+  // Multiplying by a power of two is exact (no value here comes near FP32's range limits).
+  auto apply_stress = [&](std::vector<float>& v) {
+    for (const Scaled& sc : stress) {
+      const float f = float(sc.factor);
+      for (int64_t i = 0; i < sc.count; ++i) v[size_t(sc.offset + i * sc.stride)] *= f;
+    }
+  };
+  auto stressed = [&](std::vector<float> v) {
+    apply_stress(v);
+    return v;
+  };
   const size_t C = steps.size(), K = batches.size();
   const int64_t NP = exact->num_params();
   auto grid = [&] { return std::vector<std::vector<double>>(C, std::vector<double>(K, 0.0)); };
@@ -445,14 +498,28 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                       std::to_string(ck.params.size()) + " parameters, the model of step " +
                       std::to_string(steps[0]) + "'s config has " + std::to_string(NP));
     if (c == 0) P.config_name = ck.config_name;
-    set_params(*exact, ck.params);
+    const std::vector<float> theta = stress.empty() ? ck.params : stressed(ck.params);
     nn::StepContext ex;
     ex.step = step + 1;  // the weights after `step` steps are those step + 1 computes with
     ex.seed = req.seed;
     ex.quantize = false;
+    if (!stress.empty()) {  // the stress preserves the exact function: L* and g* of batch 1
+      set_params(*exact, ck.params);
+      const double l0 = pass(*exact, batches[0], B, ex);
+      const std::vector<float> g0 = exact->grads();
+      set_params(*exact, theta);
+      const double l1 = pass(*exact, batches[0], B, ex);
+      std::vector<float> g1 = exact->grads();
+      apply_stress(g1);
+      P.stress_loss_diff = std::max(P.stress_loss_diff, std::fabs(l1 - l0));
+      for (size_t i = 0; i < g0.size(); ++i)
+        P.stress_grad_diff = std::max(P.stress_grad_diff, double(std::fabs(g1[i] - g0[i])));
+    }
+    set_params(*exact, theta);
     for (size_t k = 0; k < K; ++k) {
       P.exact_loss[c][k] = pass(*exact, batches[k], B, ex);
       gstar[k] = exact->grads();
+      apply_stress(gstar[k]);  // back to the original parametrization (nothing without stress)
       double n2 = 0;
       for (float g : gstar[k]) n2 += double(g) * g;
       P.exact_grad_norm[c][k] = std::sqrt(n2);
@@ -480,8 +547,12 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       P.refresh_steps[r][c] = tr;
       const bool hold = tr < step + 1;
       if (hold) {
-        if (tr == 1) m.init(cfg.train.seed);  // the run's initial weights
-        else set_params(m, load_checkpoint(by_step[tr - 1]).params);
+        if (tr == 1) {
+          m.init(cfg.train.seed);  // the run's initial weights
+          if (!stress.empty()) set_params(m, stressed(m.params()));
+        } else {
+          set_params(m, stressed(load_checkpoint(by_step[tr - 1]).params));
+        }
         BatchSampler train_sampler(data.train, T, cfg.train.batch_size, cfg.train.seed);
         train_sampler.set_draws(uint64_t(tr - 1));  // one draw of batch_size windows per step
         std::vector<int32_t> in(size_t(cfg.train.batch_size) * T), tg(in.size());
@@ -497,7 +568,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         reset_training_references(m);
         (void)pass(m, first, mb, q);
       }
-      set_params(m, ck.params);
+      set_params(m, theta);
       const int R = fr.has_sr ? req.draws : 1;  // without SR every draw gives the same bits
       std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));
       for (size_t k = 0; k < K; ++k) {
@@ -510,6 +581,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
           if (!hold) reset_training_references(m);  // current: references of this batch
           const double l = pass(m, batches[k], B, q);
           g[size_t(d)] = m.grads();
+          apply_stress(g[size_t(d)]);  // the original parametrization
           const auto bad = std::find_if(g[size_t(d)].begin(), g[size_t(d)].end(),
                                         [](float v) { return !std::isfinite(v); });
           if (!std::isfinite(l) || bad != g[size_t(d)].end())
@@ -635,6 +707,12 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
     P.cpu = j.value("cpu", "");
     P.seconds = j.value("seconds", 0.0);
     P.references = j.value("references", "");
+    if (j.contains("stress")) {
+      P.stress_factor = j["stress"].at("factor").get<double>();
+      P.stress_channels = j["stress"].at("channels").get<std::vector<int>>();
+      P.stress_loss_diff = j["stress"].at("exact_loss_max_abs_diff").get<double>();
+      P.stress_grad_diff = j["stress"].at("exact_grad_max_abs_diff").get<double>();
+    }
     P.sgd_var = j.at("exact").at("sgd_variance_by_checkpoint").get<std::vector<double>>();
     if (j.contains("bootstrap")) {
       P.resamples = j["bootstrap"].value("resamples", 0);
@@ -709,6 +787,10 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   j["tokens_per_batch"] = P.tokens_per_batch;
   j["seed"] = P.seed;
   j["references"] = P.references;
+  if (P.stress_factor != 1)
+    j["stress"] = {{"factor", P.stress_factor}, {"channels", P.stress_channels},
+                   {"exact_loss_max_abs_diff", P.stress_loss_diff},
+                   {"exact_grad_max_abs_diff", P.stress_grad_diff}};
   j["bootstrap"] = {{"resamples", RS}, {"seed", BS},
                     {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
   j["cpu"] = P.cpu;
@@ -865,6 +947,14 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         "identical); seed " << P.seed << ". References: " << (P.references == "held" ? "held (as each recipe would hold them at the evaluated step; docs/fidelity.md)" : "current (measured on each batch)") << ". "
      << "Intervals: 95%, two-level bootstrap (checkpoints, then batches), " << RS
      << " resamples, seed " << BS << ". CPU: " << P.cpu << "; " << fmt(P.seconds, 0) << " s.\n\n";
+  if (P.stress_factor != 1) {
+    std::string ch;
+    for (int c : P.stress_channels) ch += (ch.empty() ? "" : ", ") + std::to_string(c);
+    md << "**Outlier stress:** channels " << ch << " of every block's norm × " << fmt(P.stress_factor, 0)
+       << ", the reading linears' columns ÷ the same (docs/fidelity.md); exact side with and without it: "
+       << "|ΔL*| ≤ " << fmt(P.stress_loss_diff) << ", |Δg*| ≤ " << fmt(P.stress_grad_diff)
+       << " (0: the function is preserved bit for bit). Gradients are compared in the original parametrization.\n\n";
+  }
   md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ " << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
   md << "## Whole gradient\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² | loss penalty (nats) | quant. / SGD noise | σ_q / ‖g*‖ |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {

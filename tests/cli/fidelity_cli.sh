@@ -104,6 +104,26 @@ r = {x["name"]: x for x in a["recipes"]}
 assert r["fp32"]["whole"]["rel_error"]["mean"] == 0.0 and r["ue5m3-b16"]["whole"]["rel_error"]["mean"] > 0
 PY
 
+# The outlier stress preserves the exact function bit for bit (L* and g*, mapped back), keeps
+# fp32 exact, and raises the FP4 error; a factor that is not a power of two is refused.
+"$bin" fidelity --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 20 --batches 2 --draws 2 \
+  --stress-factor 4096 --stress-channels 0,5 --data "$work/text" --out "$work/stress" --quiet \
+  > "$work/stress.log" 2>&1 || { cat "$work/stress.log"; fail "--stress-factor"; }
+"$bin" fidelity --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 20 --batches 2 --draws 2 \
+  --data "$work/text" --out "$work/nostress" --quiet > "$work/nostress.log" 2>&1 || fail "no stress"
+python3 - "$work/stress/fidelity.json" "$work/nostress/fidelity.json" <<'PY' || fail "outlier stress"
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+st = a["stress"]
+assert st["factor"] == 4096 and st["channels"] == [0, 5], st
+assert st["exact_loss_max_abs_diff"] == 0 and st["exact_grad_max_abs_diff"] == 0, st
+assert a["samples"]["exact_loss"] == b["samples"]["exact_loss"], "the stressed exact loss changed"
+ra, rb = ({x["name"]: x for x in j["recipes"]} for j in (a, b))
+assert ra["fp32"]["whole"]["rel_error"]["mean"] == 0.0
+assert ra["ue5m3-b16"]["whole"]["rel_error"]["mean"] > 1.5 * rb["ue5m3-b16"]["whole"]["rel_error"]["mean"]
+print("stress: exact function preserved, FP4 error %.3f -> %.3f" % (rb["ue5m3-b16"]["whole"]["rel_error"]["mean"], ra["ue5m3-b16"]["whole"]["rel_error"]["mean"]))
+PY
+
 # --from rebuilds the report from fidelity.json alone: the same JSON and markdown.
 "$bin" fidelity --from "$work/t1/fidelity.json" --claims "$work/claims.toml" --out "$work/rebuilt" \
   > "$work/rebuilt.log" 2>&1 || { cat "$work/rebuilt.log"; fail "fidelity --from"; }
@@ -180,6 +200,8 @@ claim_err "scope 'nonsense' is not whole, linears or a parameter" $'metric = "re
   --save-every 2 --set train.seq_len=30 --set train.micro_batch_size=1 --quiet > "$work/s30.log" 2>&1 \
   || { cat "$work/s30.log"; fail "the 30-token run"; }
 bad "multiple of 16" --run "$work/s30" --recipe nvfp4-te --data "$work/text"
+bad "must be a power of two" --run "$work/ref" --recipe ue5m3-b16 --stress-factor 3
+bad "outside 0..31" --run "$work/ref" --recipe ue5m3-b16 --stress-factor 4 --stress-channels 40 --data "$work/text"
 bad "not a fidelity.json" --from "$work/ref/summary.json"
 bad "--from rebuilds the report of a finished panel" --from "$work/t1/fidelity.json" --run "$work/ref"
 bad "needs --run DIR and --recipe" --recipe ue5m3-b16

@@ -86,6 +86,13 @@ struct FidelityRequest {
   uint64_t seed = 1;                  ///< batch sampler and SR streams
   int resamples = 2000;               ///< bootstrap resamples
   uint64_t bootstrap_seed = 20261204;
+  /// Function-preserving outlier stress (docs/fidelity.md "Outlier stress"): channels c of every
+  /// block's pre-mixer RMSNorm weight × stress_factor, and column c of each linear reading that
+  /// norm's output (q/k/v_proj, up_proj, in_proj) ÷ stress_factor. 1: none. A power of two, so
+  /// that the exact FP32 computation is unchanged bit for bit (checked per checkpoint); gradients
+  /// are mapped back to the original parametrization before any metric.
+  double stress_factor = 1;
+  std::vector<int> stress_channels = {0};
   std::string data;                   ///< data path override (default: the run's data.path)
   /// "held": references as the recipe would hold them (needs the checkpoints of the refresh
   /// steps); "current": every reference measured on the panel's batch (D = 1 behaviour).
@@ -127,6 +134,11 @@ struct FidelityPanel {
   std::vector<std::vector<double>> exact_loss, exact_grad_norm;
   std::vector<double> sgd_var;
   std::string references;  ///< FidelityRequest::references
+  double stress_factor = 1;           ///< FidelityRequest::stress_factor
+  std::vector<int> stress_channels;   ///< (empty without stress)
+  /// With stress: the largest |L*(stressed) − L*| and |g*(stressed, mapped back) − g*| over the
+  /// checkpoints' first batches (0 when the function is preserved bit for bit).
+  double stress_loss_diff = 0, stress_grad_diff = 0;
   /// Per recipe (FidelityPanel::recipes order) and checkpoint: the step whose weights and batch
   /// gave the held references (the evaluation step s + 1 itself when they are current).
   std::vector<std::vector<int64_t>> refresh_steps;
