@@ -128,7 +128,7 @@ std::unique_ptr<nn::Model> build_eval_model(const EvalSource& s, int batch) {
   return m;
 }
 
-TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& a) {
+TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& a, bool quiet) {
   auto locate = [&](const std::string& p) { return locate_path(s, p); };
   const fs::path data_path = data_path_of(s, a);
   if (!fs::exists(data_path))
@@ -136,7 +136,9 @@ TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& a) {
                     (a.data.empty() ? " (data.path of the run config; pass --data PATH)" : ""));
   const fs::path cache = locate(s.cfg.data.cache);
   TokenData d = prepare_tokens(data_spec_of(s, a), s.cfg.model.vocab_size, cache,
-                               [](const std::string& l) { std::fprintf(stderr, "%s\n", l.c_str()); });
+                               [quiet](const std::string& l) {
+                                 if (!quiet) std::fprintf(stderr, "%s\n", l.c_str());
+                               });
   // Token ids only mean something with the tokenizer the model was trained with.
   const auto& aliases = d.key_aliases;
   if (!s.data_key.empty() && d.cache_dir.filename().string() != s.data_key &&

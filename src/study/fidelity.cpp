@@ -333,7 +333,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       throw UserError("fidelity: recipe " + r + ": " + e.what());
     }
   }
-  const TokenData data = load_eval_data(exact_src, spec);
+  const TokenData data = load_eval_data(exact_src, spec, req.quiet);
   std::vector<Batch> batches(static_cast<size_t>(req.batches));
   {
     BatchSampler sampler(data.train, T, B, splitmix64(req.seed, 0x66696465));  // "fide"

@@ -53,7 +53,8 @@ std::unique_ptr<nn::Model> build_eval_model(const EvalSource& s, int batch);
 /// The corpus of `s` tokenized (spec.data, else its config's data.path beside the run
 /// directory or in the source tree), refusing data whose token-cache key is not the
 /// checkpoint's (another corpus or tokenizer). Throws fp4::UserError.
-TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& spec);
+/// `quiet`: no progress lines (cache use, tokenizing) on stderr.
+TokenData load_eval_data(const EvalSource& s, const EvalSourceSpec& spec, bool quiet = false);
 /// "checkpoint FILE (step N), recipe R (the checkpoint's)" or "model initialised with seed S, ...".
 std::string describe_eval_source(const EvalSource& s);
 
