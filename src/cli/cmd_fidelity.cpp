@@ -114,6 +114,11 @@ void register_fidelity(CLI::App& app) {
                 "operands gain outlier channels (docs/fidelity.md \"Outlier stress\")");
   c->add_option("--stress-channels", a->req.stress_channels, "Channels of the outlier stress (comma list)")
       ->delimiter(',')->capture_default_str();
+  c->add_flag("--linear-roles", a->req.linear_roles,
+              "Also each linear's output Y, input gradient dX and weight gradient dW, local (its "
+              "quantized GEMMs fed the exact X* and dY*) and end to end (fed the recipe pass's own "
+              "X and dY); scopes Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e for claims. "
+              "About triples the time per recipe (docs/fidelity.md \"Per-linear roles\")");
   c->add_option("--draws", a->req.draws,
                 "Stochastic-rounding draws per batch for recipes with SR (RNE recipes: 1)")
       ->capture_default_str()->check(CLI::Range(1, 1000));

@@ -258,7 +258,7 @@ void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuant
                            spec.rounding == Rounding::SR8 ? key : nullptr, out);
 }
 
-void Linear::forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
+void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx) {
   if (!W_) throw std::logic_error("Linear::forward: weights not bound");
   X_ = X;
   M_ = M;
@@ -347,7 +347,7 @@ const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const
   return xq;
 }
 
-void Linear::backward(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
+void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
   if (M != M_ || !X_) throw std::logic_error("Linear::backward without matching forward");
   if (!quantized_) {
     if (dX) timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dY, N_, W_, K_, 1.f, dX, K_);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -246,6 +247,108 @@ void set_params(nn::Model& m, const std::vector<float>& p) {
   std::copy(p.begin(), p.end(), m.params().begin());
 }
 
+// Per-linear roles (docs/fidelity.md "Per-linear roles"): the X, Y and dY every linear of a
+// model sees in one whole-model pass, copied by a LinearObserver, attached for its lifetime.
+class Capture : public nn::LinearObserver {
+ public:
+  struct Ops {
+    std::vector<float> X, Y, dY;
+    int64_t M = 0;
+    int forwards = 0, backwards = 0;
+  };
+  explicit Capture(nn::Model& m) : m_(m), ops_(m.linears().size()) {
+    for (size_t i = 0; i < m.linears().size(); ++i) {
+      index_[&m.linears()[i]] = i;
+      m.linears()[i].set_observer(this);
+    }
+  }
+  ~Capture() override {
+    for (auto& lin : m_.linears()) lin.set_observer(nullptr);
+  }
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+  void forward_done(const nn::Linear& lin, const float* X, const float* Y, int64_t M) override {
+    Ops& o = ops_.at(index_.at(&lin));
+    o.X.assign(X, X + M * lin.in());
+    o.Y.assign(Y, Y + M * lin.out());
+    o.M = M;
+    ++o.forwards;
+  }
+  void backward_start(const nn::Linear& lin, const float* dY, int64_t M) override {
+    Ops& o = ops_.at(index_.at(&lin));
+    o.dY.assign(dY, dY + M * lin.out());
+    ++o.backwards;
+  }
+  /// Forget the last pass (call before each).
+  void clear() {
+    for (Ops& o : ops_) o.forwards = o.backwards = 0;
+  }
+  /// The operands of linear i; throws std::logic_error unless the pass called it exactly once
+  /// forward and once backward (the roles compare one call per linear per pass).
+  const Ops& at(size_t i, const std::string& name) const {
+    const Ops& o = ops_.at(i);
+    if (o.forwards != 1 || o.backwards != 1)
+      throw std::logic_error("fidelity: linear " + name + " ran " + std::to_string(o.forwards) +
+                             " forward and " + std::to_string(o.backwards) +
+                             " backward calls in one pass; per-linear roles need exactly one of each");
+    return o;
+  }
+
+ private:
+  nn::Model& m_;
+  std::vector<Ops> ops_;
+  std::map<const nn::Linear*, size_t> index_;
+};
+
+// One linear's three role tensors: Y [M, N], dX [M, K] (its own dgrad output, not accumulated
+// into other linears'), dW [N, K].
+struct RoleTensors {
+  std::vector<float> Y, dX, dW;
+};
+
+// Replay `lin` alone on X [M, K] and dY [M, N]: a fresh Linear of the same id (so the same SR
+// keys), plan and weight, holding the tensor references `refs` (the state `lin` started the
+// pass with), one forward and one backward under ctx. Given the operands `lin` saw in a pass,
+// it reproduces that pass's Y, and the dX and dW it contributed, bit for bit.
+RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& refs,
+                   const float* X, const float* dY, int64_t M, const nn::StepContext& ctx) {
+  const int64_t K = lin.in(), N = lin.out();
+  nn::Linear rep(lin.id(), K, N, lin.plan());
+  std::vector<float> W(lin.weight(), lin.weight() + N * K);
+  RoleTensors t;
+  t.Y.resize(size_t(M * N));
+  t.dX.assign(size_t(M * K), 0.f);
+  t.dW.assign(size_t(N * K), 0.f);
+  rep.bind(W.data(), t.dW.data());
+  for (int r = 0; r < 5; ++r) rep.reference(static_cast<nn::Role>(r)) = refs[size_t(r)];
+  rep.forward(X, t.Y.data(), M, ctx);
+  rep.backward(dY, t.dX.data(), M, ctx);
+  return t;
+}
+
+std::vector<std::array<TensorReference, 5>> reference_state(const nn::Model& m) {
+  std::vector<std::array<TensorReference, 5>> s(m.linears().size());
+  for (size_t i = 0; i < s.size(); ++i)
+    for (int r = 0; r < 5; ++r) s[i][size_t(r)] = m.linears()[i].reference(static_cast<nn::Role>(r));
+  return s;
+}
+
+// The sums of DrawMoments are over coordinates: two disjoint index sets' moments add.
+void add_moments(DrawMoments& acc, const DrawMoments& m) {
+  if (acc.draws == 0) {
+    acc = m;
+    return;
+  }
+  acc.ref_sq += m.ref_sq;
+  for (size_t d = 0; d < acc.err_sq.size(); ++d) {
+    acc.err_sq[d] += m.err_sq[d];
+    acc.dot[d] += m.dot[d];
+    acc.est_sq[d] += m.est_sq[d];
+  }
+  acc.mean_err_sq += m.mean_err_sq;
+  acc.spread_sq += m.spread_sq;
+}
+
 void reset_training_references(nn::Model& m) {
   for (auto& lin : m.linears())
     for (int r = 0; r < 5; ++r) lin.reference(static_cast<nn::Role>(r)).reset();
@@ -390,10 +493,14 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   if (!req.claims.empty()) {  // scopes name whole, linears or a parameter of this model
     std::set<std::string> scopes = {"whole", "linears"};
     for (const auto& pi : exact->param_infos()) scopes.insert(pi.name);
+    if (req.linear_roles) scopes.insert(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
     for (const Claim& cl : load_claims(req.claims))
       if (!scopes.count(cl.scope))
         throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' is not whole, linears "
-                        "or a parameter of this model (e.g. " + exact->param_infos().back().name + ")");
+                        "or a parameter of this model (e.g. " + exact->param_infos().back().name + ")" +
+                        (req.linear_roles ? std::string(", nor a role scope (Y.local, Y.e2e, dX.local, dX.e2e, "
+                                                        "dW.local, dW.e2e)")
+                                          : std::string(" (role scopes such as dX.local need --linear-roles)")));
   }
 
   FidelityPanel P;
@@ -410,6 +517,8 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   P.cpu = prof::cpu_model_name();
   const auto& infos = exact->param_infos();
   for (const auto& pi : infos) P.param_names.push_back(pi.name);
+  if (req.linear_roles)
+    for (size_t i = 0; i < exact->linears().size(); ++i) P.linear_names.push_back(exact->linear_name(i));
   // The weights of the quantized linears: parameters named after a linear ("NAME.weight").
   std::vector<std::pair<int64_t, int64_t>> linear_ranges;
   {
@@ -464,6 +573,26 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     apply_stress(v);
     return v;
   };
+  // Per-linear roles under the stress: a reading linear's input channel c is S times larger and
+  // its weight column c S times smaller; in the original parametrization its dX column c is ×S
+  // and its dW column c ×(1/S) (exact: powers of two). Y is unchanged.
+  std::vector<bool> reader(exact->linears().size(), false);
+  if (!stress.empty())
+    for (size_t i = 0; i < reader.size(); ++i) {
+      const std::string n = exact->linear_name(i);
+      const std::string last = n.substr(n.rfind('.') + 1);
+      reader[i] = n.rfind("layers.", 0) == 0 &&
+                  (last == "q_proj" || last == "k_proj" || last == "v_proj" || last == "up_proj" || last == "in_proj");
+    }
+  auto map_back_roles = [&](size_t i, RoleTensors& t) {
+    if (!reader[i]) return;
+    const int64_t Kl = exact->linears()[i].in(), Nl = exact->linears()[i].out();
+    const float up = float(req.stress_factor), down = float(1.0 / req.stress_factor);
+    for (int ch : req.stress_channels) {
+      for (int64_t r = 0; r < int64_t(t.dX.size()) / Kl; ++r) t.dX[size_t(r * Kl + ch)] *= up;
+      for (int64_t r = 0; r < Nl; ++r) t.dW[size_t(r * Kl + ch)] *= down;
+    }
+  };
   const size_t C = steps.size(), K = batches.size();
   const int64_t NP = exact->num_params();
   auto grid = [&] { return std::vector<std::vector<double>>(C, std::vector<double>(K, 0.0)); };
@@ -476,6 +605,11 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     fr.has_sr = recipe_has_sr(rsrc[r].recipe);
     std::vector<std::string> scopes = {"whole", "linears"};
     for (const auto& pi : infos) scopes.push_back(pi.name);
+    for (const char* key : kLinearRoleScopes) {
+      if (!req.linear_roles) break;
+      scopes.push_back(key);
+      for (const std::string& ln : P.linear_names) scopes.push_back(ln + ":" + key);
+    }
     for (const std::string& sc : scopes)
       for (const char* m : kGradMetrics) fr.scopes[sc][m] = grid();
     for (const char* m : {"loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"}) fr.scopes["whole"][m] = grid();
@@ -573,13 +707,55 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));
       for (size_t k = 0; k < K; ++k) {
         double loss = 0;
+        // Per-linear roles: the exact pass of this batch, observed (X*, Y*, dY* of every linear),
+        // and each linear's exact dX* and dW* replayed alone in FP32.
+        const size_t NL = req.linear_roles ? m.linears().size() : 0;
+        std::optional<Capture> cex, cr;
+        std::vector<RoleTensors> star(NL);
+        // est[i][role scope][draw]: linear i's tensor of that role and form on each draw.
+        std::vector<std::array<std::vector<std::vector<float>>, 6>> rest(NL);
+        if (NL) {
+          cex.emplace(*exact);
+          (void)pass(*exact, batches[k], B, ex);
+          const auto none = reference_state(*exact);
+          for (size_t i = 0; i < NL; ++i) {
+            const Capture::Ops& o = cex->at(i, P.linear_names[i]);
+            star[i] = replay(exact->linears()[i], none[i], o.X.data(), o.dY.data(), o.M, ex);
+            if (star[i].Y != o.Y)
+              throw std::logic_error("fidelity: the FP32 replay of " + P.linear_names[i] + " differs from its pass");
+            map_back_roles(i, star[i]);
+          }
+          cr.emplace(m);
+        }
         for (int d = 0; d < R; ++d) {
           nn::StepContext q;
           q.step = step + 1;
           q.seed = req.seed + uint64_t(d);  // draw d's SR stream
           q.telemetry = d == 0;             // scale events (the quantized bits are the same)
           if (!hold) reset_training_references(m);  // current: references of this batch
+          const auto refs0 = NL ? reference_state(m) : std::vector<std::array<TensorReference, 5>>{};
+          if (NL) cr->clear();
           const double l = pass(m, batches[k], B, q);
+          for (size_t i = 0; i < NL; ++i) {  // e2e: its own pass's X and dY; local: X* and dY*
+            const Capture::Ops& o = cr->at(i, P.linear_names[i]);
+            const Capture::Ops& ox = cex->at(i, P.linear_names[i]);
+            nn::StepContext qr = q;
+            qr.telemetry = false;
+            RoleTensors e2e = replay(m.linears()[i], refs0[i], o.X.data(), o.dY.data(), o.M, qr);
+            if (e2e.Y != o.Y)  // the replay must see what the pass computed
+              throw std::logic_error("fidelity: recipe " + fr.name + ": the replay of " + P.linear_names[i] +
+                                     " differs from its pass");
+            RoleTensors loc = replay(m.linears()[i], refs0[i], ox.X.data(), ox.dY.data(), ox.M, qr);
+            map_back_roles(i, e2e);
+            map_back_roles(i, loc);
+            auto& e = rest[i];
+            e[0].push_back(std::move(loc.Y));
+            e[1].push_back(std::move(e2e.Y));
+            e[2].push_back(std::move(loc.dX));
+            e[3].push_back(std::move(e2e.dX));
+            e[4].push_back(std::move(loc.dW));
+            e[5].push_back(std::move(e2e.dW));
+          }
           g[size_t(d)] = m.grads();
           apply_stress(g[size_t(d)]);  // the original parametrization
           const auto bad = std::find_if(g[size_t(d)].begin(), g[size_t(d)].end(),
@@ -632,6 +808,18 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         const DrawMoments whole = draw_moments(est, gstar[k].data(), NP);
         const DrawMetrics dw = put("whole", whole);
         put("linears", draw_moments(est, gstar[k].data(), linear_ranges));
+        for (size_t j = 0; j < 6 && NL; ++j) {  // each role and form: per linear, and concatenated
+          DrawMoments all;
+          for (size_t i = 0; i < NL; ++i) {
+            const std::vector<float>& ref = j < 2 ? star[i].Y : j < 4 ? star[i].dX : star[i].dW;
+            std::vector<const float*> ptrs;
+            for (const auto& v : rest[i][j]) ptrs.push_back(v.data());
+            const DrawMoments mo = draw_moments(ptrs, ref.data(), int64_t(ref.size()));
+            put(P.linear_names[i] + ":" + kLinearRoleScopes[j], mo);
+            add_moments(all, mo);
+          }
+          put(kLinearRoleScopes[j], all);
+        }
         for (const auto& pi : infos)
           put(pi.name, draw_moments(est, gstar[k].data(), {{pi.offset, pi.offset + pi.size}}));
         auto& w = fr.scopes["whole"];
@@ -706,6 +894,7 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
     P.seed = j.at("seed").get<uint64_t>();
     P.cpu = j.value("cpu", "");
     P.seconds = j.value("seconds", 0.0);
+    if (j.contains("linear_names")) P.linear_names = j["linear_names"].get<std::vector<std::string>>();
     P.references = j.value("references", "");
     if (j.contains("stress")) {
       P.stress_factor = j["stress"].at("factor").get<double>();
@@ -744,6 +933,18 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
           check_grid(grid, "samples." + fr.name + "." + scope + "." + m);
           fr.scopes[scope][m] = std::move(grid);
         }
+      if (!P.linear_names.empty()) {  // per-linear roles: samples of the concatenated scopes, means per linear
+        for (const char* key : kLinearRoleScopes)
+          for (const auto& [m, g] : rs.at("roles").at(key).items()) {
+            auto grid = g.get<std::vector<std::vector<double>>>();
+            check_grid(grid, "samples." + fr.name + ".roles." + key + "." + m);
+            fr.scopes[key][m] = std::move(grid);
+          }
+        for (const std::string& ln : P.linear_names)
+          for (const char* key : kLinearRoleScopes)
+            for (const auto& [m, v] : r.at("linear_roles").at(ln).at(key).items())
+              fr.scopes[ln + ":" + key][m] = {{v.is_number() ? v.get<double>() : std::nan("")}};
+      }
       // Per-parameter figures are stored as means only: one value per metric.
       for (const auto& [pn, ms] : r.at("params").items()) {
         if (!names) P.param_names.push_back(pn);
@@ -765,8 +966,11 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   // Every value must be finite (run_fidelity refuses non-finite gradients and losses); a
   // parameter whose exact gradient is 0 on a batch (e.g. an unused embedding row block) gives
   // 0/0 ratios, which the per-parameter means skip (see below), so only whole/linears are checked.
+  const bool roles = !P.linear_names.empty();
+  std::vector<std::string> checked = {"whole", "linears"};
+  if (roles) checked.insert(checked.end(), std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
   for (const FidelityRecipe& fr : P.recipes)
-    for (const char* scope : {"whole", "linears"})
+    for (const std::string& scope : checked)
       for (const auto& [m, x] : fr.scopes.at(scope))
         for (size_t c = 0; c < x.size(); ++c)
           for (size_t k = 0; k < x[c].size(); ++k)
@@ -795,6 +999,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
                     {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
   j["cpu"] = P.cpu;
   j["seconds"] = P.seconds;
+  if (roles) j["linear_names"] = P.linear_names;
   j["exact"] = {{"loss", interval_json(boot(P.exact_loss))},
                 {"grad_norm", interval_json(boot(P.exact_grad_norm))},
                 {"sgd_variance_by_checkpoint", P.sgd_var}};
@@ -831,6 +1036,26 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
       params[pn] = s;
     }
     r["params"] = params;
+    auto mean_of = [](const std::vector<std::vector<double>>& x) {
+      double t = 0;
+      int n = 0;
+      for (const auto& row : x)
+        for (double v : row)
+          if (std::isfinite(v)) t += v, ++n;
+      return n ? json(t / n) : json(nullptr);
+    };
+    if (roles) {  // per-linear roles: concatenated over linears with intervals; per linear, means
+      json ro, lr = json::object();
+      for (const char* key : kLinearRoleScopes)
+        for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"})
+          ro[key][m] = interval_json(boot(fr.scopes.at(key).at(m)));
+      for (const std::string& ln : P.linear_names)
+        for (const char* key : kLinearRoleScopes)
+          for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"})
+            lr[ln][key][m] = mean_of(fr.scopes.at(ln + ":" + key).at(m));
+      r["roles"] = ro;
+      r["linear_roles"] = lr;
+    }
     json byc = json::array();
     for (size_t c = 0; c < P.steps.size(); ++c) {
       json e;
@@ -858,6 +1083,8 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     for (const FidelityRecipe& fr : P.recipes) {
       json r;
       for (const char* scope : {"whole", "linears"}) r[scope] = fr.scopes.at(scope);
+      if (roles)
+        for (const char* key : kLinearRoleScopes) r["roles"][key] = fr.scopes.at(key);
       rs[fr.name] = r;
     }
     smp["recipes"] = rs;
@@ -931,9 +1158,12 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
                         "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
                         "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, or a parameter name)");
-      if (P.params_means_only && cl.scope != "whole" && cl.scope != "linears")
+      const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" ||
+                                 std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), cl.scope) !=
+                                     std::end(kLinearRoleScopes);
+      if (P.params_means_only && !sampled_scope)
         throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
-                        "one parameter, which fidelity.json does not store (whole and linears only); rerun the panel");
+                        "one parameter, which fidelity.json does not store (whole, linears and the role scopes only); rerun the panel");
       contrast(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
     }
   }
@@ -970,6 +1200,33 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     md << "| " << fr.name;
     for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) md << " | " << fmt_iv(boot(w.at(m)));
     md << " |\n";
+  }
+  if (roles) {
+    auto mean_of = [](const std::vector<std::vector<double>>& x) {
+      double t = 0;
+      int n = 0;
+      for (const auto& row : x)
+        for (double v : row)
+          if (std::isfinite(v)) t += v, ++n;
+      return n ? t / n : std::nan("");
+    };
+    md << "\n## Per-linear roles (relative error; every linear's tensor of the role, concatenated)\n\n"
+          "Local: the linear's quantized GEMMs fed the exact X* and dY*. End to end (e2e): fed the X and dY "
+          "of the recipe's own pass, where the errors of other layers reach them. dX is the linear's own "
+          "dgrad output.\n\n| recipe | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
+    for (const FidelityRecipe& fr : P.recipes) {
+      md << "| " << fr.name;
+      for (const char* key : kLinearRoleScopes) md << " | " << fmt_iv(boot(fr.scopes.at(key).at("rel_error")));
+      md << " |\n";
+    }
+    for (const FidelityRecipe& fr : P.recipes) {
+      md << "\n### " << fr.name << ": relative error per linear (means)\n\n| linear | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
+      for (const std::string& ln : P.linear_names) {
+        md << "| " << ln;
+        for (const char* key : kLinearRoleScopes) md << " | " << fmt(mean_of(fr.scopes.at(ln + ":" + key).at("rel_error")));
+        md << " |\n";
+      }
+    }
   }
   md << "\n## Scale events (telemetry of draw 0, mean over linears, checkpoints and batches)\n\n"
         "| recipe | role | saturated blocks | zero-guarded blocks | zeroed nonzeros | staleness (amax / g) | "

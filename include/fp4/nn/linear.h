@@ -173,6 +173,19 @@ struct LinearRefs {
   float g_x = 0, g_w = 0, g_dy = 0;
 };
 
+class Linear;
+/// Sees the operands of the forward() and backward() calls of the Linears it is attached to
+/// (Linear::set_observer): how the fidelity panel reads each linear's X, Y and dY inside a
+/// whole-model pass (docs/fidelity.md "Per-linear roles"). forward_done is called after
+/// forward() has written Y [M, N], with X [M, K] as the caller passed it (before any BF16
+/// boundary rounding); backward_start at the start of backward(), with dY [M, N]. The pointers
+/// are valid only during the call. An observer changes nothing the Linear computes.
+struct LinearObserver {
+  virtual ~LinearObserver() = default;
+  virtual void forward_done(const Linear& lin, const float* X, const float* Y, int64_t M) = 0;
+  virtual void backward_start(const Linear& lin, const float* dY, int64_t M) = 0;
+};
+
 class Linear {
  public:
   /// A linear of `in` (K) inputs and `out` (N) outputs whose weight W [N, K] and gradient
@@ -190,11 +203,21 @@ class Linear {
 
   /// fprop: Y [M, N] = quant(X [M, K]) · quant(W)ᵀ (overwrites Y). X must stay alive and
   /// unchanged until backward(). Throws std::invalid_argument on a non-finite X or W.
-  void forward(const float* X, float* Y, int64_t M, const StepContext& ctx);
+  void forward(const float* X, float* Y, int64_t M, const StepContext& ctx) {
+    forward_impl(X, Y, M, ctx);
+    if (obs_) obs_->forward_done(*this, X, Y, M);
+  }
 
   /// dgrad: dX [M, K] += quant(dY) · quant(W); wgrad: dW [N, K] += quant(dYᵀ) · quant(Xᵀ)ᵀ,
   /// dY [M, N] from the matching forward() call. dX may be null (input needs no gradient).
-  void backward(const float* dY, float* dX, int64_t M, const StepContext& ctx);
+  void backward(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
+    if (obs_) obs_->backward_start(*this, dY, M);
+    backward_impl(dY, dX, M, ctx);
+  }
+  /// Attach `o` (not owned; null detaches): it sees every later forward() and backward().
+  void set_observer(LinearObserver* o) { obs_ = o; }
+  /// The bound weight W [N, K] (null before bind()).
+  const float* weight() const { return W_; }
 
   int id() const { return id_; }
   int64_t in() const { return K_; }
@@ -239,6 +262,8 @@ class Linear {
   LinearWorkspace& workspace() { return *ws_; }
 
  private:
+  void forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx);
+  void backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx);
   // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;
@@ -274,6 +299,7 @@ class Linear {
   // BF16 mode: X, W (from fprop, reused by backward) and dY as BF16 bit patterns.
   std::vector<uint16_t, Aligned64<uint16_t>> xb_, wb_, dyb_;
   std::shared_ptr<LinearWorkspace> ws_;  // transient FP4 operand buffers (maybe shared)
+  LinearObserver* obs_ = nullptr;        // set_observer
 };
 
 }  // namespace fp4::nn

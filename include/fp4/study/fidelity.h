@@ -100,14 +100,25 @@ struct FidelityRequest {
   std::filesystem::path claims;       ///< mechanism claims file (empty: none)
   std::filesystem::path out;          ///< directory for fidelity.json and fidelity.md
   bool quiet = false;                 ///< no progress lines on stderr
+  /// Per-linear roles (docs/fidelity.md "Per-linear roles"): each linear's output Y, input
+  /// gradient dX and weight gradient dW, local (its quantized GEMMs fed the exact X* and dY*)
+  /// and end to end (the X and dY of the recipe's own pass). About triples a recipe's cost.
+  bool linear_roles = false;
 };
+
+/// The per-linear role scopes, ROLE.FORM: Y (fprop output), dX (dgrad output), dW (wgrad
+/// output), each local (fed the exact X* and dY*) or e2e (fed the recipe pass's X and dY).
+inline constexpr const char* kLinearRoleScopes[6] = {"Y.local", "Y.e2e", "dX.local",
+                                                     "dX.e2e", "dW.local", "dW.e2e"};
 
 /// Per-(checkpoint, batch) values of one recipe: metric name → [checkpoint][batch].
 struct FidelityRecipe {
   std::string name;
   bool has_sr = false;  ///< any operand rounded stochastically (else its draws are identical)
   /// "whole" (every parameter), "linears" (the weights of the quantized linears, i.e. their
-  /// wgrad outputs dW) and each parameter by name → metric → [c][k].
+  /// wgrad outputs dW) and each parameter by name → metric → [c][k]. With per-linear roles
+  /// also kLinearRoleScopes (every linear's tensor of that role and form, concatenated) and
+  /// "LINEAR:ROLE.FORM" for each linear (e.g. "layers.0.mixer.q_proj:dX.local").
   std::map<std::string, std::map<std::string, std::vector<std::vector<double>>>> scopes;
   /// Scale events per operand role ("x", "w", "dy", "dyt", "xt": fprop X and W, dgrad dY, wgrad
   /// dYᵀ and Xᵀ), from the quantizer telemetry (fp4/numerics/telemetry.h) of every FP4 linear
@@ -128,6 +139,8 @@ struct FidelityPanel {
   int batches = 0, draws = 0, tokens_per_batch = 0;
   uint64_t seed = 0;
   std::vector<std::string> param_names;  ///< in Model::param_infos order
+  /// With per-linear roles: the linears' names, in Model::linears order (empty without).
+  std::vector<std::string> linear_names;
   std::vector<FidelityRecipe> recipes;
   /// Exact-side values per [c][k]: "loss" (L*), "grad_norm" (‖g*‖) and per checkpoint the SGD
   /// noise σ²_sgd(c) = Σ_k ‖g*_k − mean_k g*_k‖²/(K − 1) (needs K ≥ 2).
