@@ -238,6 +238,31 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
   return r;
 }
 
+std::vector<double> evaluate_batches_nll(
+    nn::Model& model, const std::vector<std::pair<const int32_t*, const int32_t*>>& batches,
+    int seq_len, int batch, const EvalPolicy& policy, const EvalWindows* calib) {
+  check_shape(model, seq_len, batch);
+  for (const auto& [in, tg] : batches)
+    if (!in || !tg) throw std::invalid_argument("evaluate_batches_nll: null batch");
+  if (policy.kind == EvalPolicy::Kind::Calibrated && (!calib || calib->starts.empty()))
+    throw UserError("policy calibrated needs calibration windows");
+  model.reset_inference(policy.kind == EvalPolicy::Kind::Replay ? policy.interval : 50);
+  nn::StepContext ctx = inference_ctx(policy);
+  std::vector<double> out;
+  out.reserve(batches.size());
+  try {
+    if (policy.kind == EvalPolicy::Kind::Calibrated) calibrate(model, *calib, seq_len, batch);
+    for (const auto& [in, tg] : batches) {
+      ctx.infer_batch = int64_t(out.size()) + 1;
+      out.push_back(model.forward(in, tg, batch, ctx));
+    }
+  } catch (const NonFiniteError&) {
+    out.assign(batches.size(), std::numeric_limits<double>::quiet_NaN());
+  }
+  model.reset_inference();
+  return out;
+}
+
 std::vector<double> continuation_logprobs(nn::Model& model, const std::vector<ScoredSequence>& seqs,
                                           int seq_len, int batch, const EvalPolicy& policy,
                                           const EvalWindows* calib) {

@@ -18,6 +18,7 @@
 #include "fp4/base/error.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/data/data.h"
+#include "fp4/eval/eval.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/nn/model.h"
 #include "fp4/numerics/telemetry.h"
@@ -200,12 +201,15 @@ std::vector<Claim> load_claims(const fs::path& file) {
       cl.bound = *b;
     }
     static const std::set<std::string> known = {"rel_error", "cosine", "gain", "mse", "bias2", "variance",
-                                                 "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"};
+                                                 "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad",
+                                                 "loss_penalty_current", "loss_penalty_replay_d50",
+                                                 "loss_penalty_calibrated"};
     if (!known.count(cl.metric))
       throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
                       "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
-                      "sgd_noise_fraction, qnoise_to_grad)");
-    const bool whole_only = cl.metric == "loss_penalty" || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
+                      "sgd_noise_fraction, qnoise_to_grad, loss_penalty_current, loss_penalty_replay_d50, "
+                      "loss_penalty_calibrated)");
+    const bool whole_only = cl.metric.rfind("loss_penalty", 0) == 0 || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
     if (whole_only && cl.scope != "whole")
       throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric + " exists for scope whole only, got scope '" + cl.scope + "'");
     out.push_back(cl);
@@ -214,6 +218,10 @@ std::vector<Claim> load_claims(const fs::path& file) {
 }
 
 const char* const kGradMetrics[] = {"rel_error", "cosine", "gain", "mse", "bias2", "variance"};
+// The loss penalty under each inference policy of `fp4train eval` (whole scope): the panel's K
+// batches of a checkpoint as one ordered evaluation (Replay's clock: the batch index).
+const char* const kPolicyMetrics[] = {"loss_penalty_current", "loss_penalty_replay_d50", "loss_penalty_calibrated"};
+const char* const kPolicyNames[] = {"current", "replay-d50", "calibrated"};
 
 bool recipe_has_sr(const Recipe& r) {
   if (r.mode != LinearMode::FP4) return false;
@@ -446,6 +454,10 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       sampler.next(b.in.data(), b.tg.data());
     }
   }
+  // The calibrated inference policy's windows: eval's (the first 4 batches of the training split).
+  const EvalWindows calib = calibration_windows(data.train, T, B, 4);
+  std::vector<std::pair<const int32_t*, const int32_t*>> batch_ptrs;
+  for (const Batch& b : batches) batch_ptrs.push_back({b.in.data(), b.tg.data()});
   // Capacity for the panel's batches and for the run's micro-batch (the held references' pass).
   const int cap = std::max(B, cfg.train.micro());
   auto exact = build_eval_model(exact_src, cap);
@@ -613,6 +625,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     for (const std::string& sc : scopes)
       for (const char* m : kGradMetrics) fr.scopes[sc][m] = grid();
     for (const char* m : {"loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"}) fr.scopes["whole"][m] = grid();
+    for (const char* m : kPolicyMetrics) fr.scopes["whole"][m] = grid();
     P.recipes.push_back(std::move(fr));
   }
 
@@ -703,6 +716,17 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         (void)pass(m, first, mb, q);
       }
       set_params(m, theta);
+      for (size_t p = 0; p < std::size(kPolicyMetrics); ++p) {  // inference never touches training references
+        const std::vector<double> lp =
+            evaluate_batches_nll(m, batch_ptrs, T, B, parse_eval_policy(kPolicyNames[p]), &calib);
+        for (size_t k = 0; k < K; ++k) {
+          if (!std::isfinite(lp[k]))
+            throw UserError("fidelity: recipe " + fr.name + " gives a non-finite loss under the " +
+                            kPolicyNames[p] + " inference policy at checkpoint " + std::to_string(step) +
+                            ", batch " + std::to_string(k + 1));
+          fr.scopes["whole"][kPolicyMetrics[p]][c][k] = lp[k] - P.exact_loss[c][k];
+        }
+      }
       const int R = fr.has_sr ? req.draws : 1;  // without SR every draw gives the same bits
       std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));
       for (size_t k = 0; k < K; ++k) {
@@ -1193,6 +1217,18 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance", "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"})
       md << " | " << fmt_iv(boot(w.at(m)));
     md << " |\n";
+  }
+  if (!P.recipes.empty() && P.recipes[0].scopes.at("whole").count(kPolicyMetrics[0])) {
+    md << "\n## Loss penalty by forward (nats: L − L*, mean [95%])\n\nTraining forward (the recipe's references, "
+          "mean over draws) and the inference policies of `fp4train eval` on the same batches (run in order "
+          "as one evaluation: replay-d50 samples at the first batch and holds; calibrated measures on eval's "
+          "calibration windows first).\n\n| recipe | training | current | replay-d50 | calibrated |\n|---|---|---|---|---|\n";
+    for (const FidelityRecipe& fr : P.recipes) {
+      const auto& w = fr.scopes.at("whole");
+      md << "| " << fr.name << " | " << fmt_iv(boot(w.at("loss_penalty")));
+      for (const char* m : kPolicyMetrics) md << " | " << fmt_iv(boot(w.at(m)));
+      md << " |\n";
+    }
   }
   md << "\n## Linear weights (dW)\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² |\n|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {

@@ -62,6 +62,9 @@ f = r["fp32"]["whole"]
 for m in ("rel_error", "mse", "bias2", "variance", "loss_penalty"):
     assert f[m] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}, (m, f[m])
 assert f["gain"] == {"mean": 1.0, "lo": 1.0, "hi": 1.0}, f["gain"]
+for m in ("loss_penalty_current", "loss_penalty_replay_d50", "loss_penalty_calibrated"):
+    assert f[m] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}, (m, f[m])  # FP32 inference is the exact forward
+    assert m in r["ue5m3-b16"]["whole"], m
 assert abs(f["cosine"]["mean"] - 1) < 1e-12, f["cosine"]
 q = r["ue5m3-b16"]["whole"]
 assert q["rel_error"]["lo"] > 0 and q["cosine"]["mean"] < 1, q
@@ -205,6 +208,13 @@ assert cr["ue5m3-d4"]["refresh_steps"] == [11, 21], cr["ue5m3-d4"]["refresh_step
 hb, cb = hr["ue5m3-d4"]["by_checkpoint"], cr["ue5m3-d4"]["by_checkpoint"]
 assert hb[1] == cb[1], ("step 21 refreshes: held == current", hb[1], cb[1])
 assert hb[0]["rel_error"] != cb[0]["rel_error"], ("step 11 holds step 9's references", hb[0], cb[0])
+# Inference policies: under current references the training forward and eval's current policy
+# quantize alike (g = max|X| per call, amax(W) of the same weights): the same loss bit for bit.
+cs, hs = c["samples"]["recipes"], h["samples"]["recipes"]
+for name in ("ue5m3-d4", "ue5m3-b16"):
+    assert cs[name]["whole"]["loss_penalty"] == cs[name]["whole"]["loss_penalty_current"], name
+# Held D = 50 references from step 1 are not the batch's own: the training forward differs.
+assert hs["ue5m3-b16"]["whole"]["loss_penalty"] != hs["ue5m3-b16"]["whole"]["loss_penalty_current"]
 print("held references: step 11 holds step 9's, step 21 refreshes")
 PY
 rm "$work/ref/checkpoints/step_00000008.safetensors"

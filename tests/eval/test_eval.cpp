@@ -339,6 +339,47 @@ TEST(EvalModel, WindowNllIsEachWindowsOwnMeanAndAveragesToTheNll) {
   EXPECT_NE(r.window_nll.front(), r.window_nll.back());
 }
 
+// evaluate_batches_nll (the fidelity panel's per-batch inference loss) against evaluate_nll on
+// the same windows in full batches: the batches' mean, weighted as evaluate_nll weighs them, is
+// its NLL bit for bit under every policy (the same forwards in the same order after the same
+// calibration), and a policy's per-batch losses differ from another's.
+TEST(EvalModel, BatchesNllMatchesEvaluateNllUnderEveryPolicy) {
+  const ModelConfig mc = tiny_model();
+  nn::Model q(mc, recipe("ue5m3-b16"), kB, kT);
+  q.init(4);
+  const auto stream = token_stream(400, mc.vocab_size, 5);
+  EvalWindows w{&stream, heldout_windows(int64_t(stream.size()), kT, 6)};
+  w.starts.resize(w.starts.size() / kB * kB);  // full batches only
+  ASSERT_GE(w.starts.size(), size_t(2 * kB));
+  std::vector<std::vector<int32_t>> in, tg;
+  for (size_t w0 = 0; w0 < w.starts.size(); w0 += kB) {
+    in.emplace_back(size_t(kB) * kT);
+    tg.emplace_back(size_t(kB) * kT);
+    for (int b = 0; b < kB; ++b)
+      for (int t = 0; t < kT; ++t) {
+        in.back()[size_t(b) * kT + t] = int32_t(stream[w.starts[w0 + b] + t]);
+        tg.back()[size_t(b) * kT + t] = int32_t(stream[w.starts[w0 + b] + t + 1]);
+      }
+  }
+  std::vector<std::pair<const int32_t*, const int32_t*>> batches;
+  for (size_t i = 0; i < in.size(); ++i) batches.push_back({in[i].data(), tg[i].data()});
+  const auto train = token_stream(300, mc.vocab_size, 6);
+  const EvalWindows calib = calibration_windows(train, kT, kB, 2);
+  std::vector<double> current;
+  for (const char* name : {"none", "current", "replay-d50", "calibrated"}) {
+    const EvalPolicy p = parse_eval_policy(name);
+    const std::vector<double> per = evaluate_batches_nll(q, batches, kT, kB, p, &calib);
+    ASSERT_EQ(per.size(), batches.size());
+    double sum = 0;
+    for (double v : per) sum += v * kB;
+    EXPECT_EQ(sum / double(w.starts.size()), evaluate_nll(q, w, kT, kB, p, &calib).nats_per_token) << name;
+    if (std::string(name) == "current") current = per;
+    if (std::string(name) == "replay-d50") EXPECT_NE(per.back(), current.back()) << "held from batch 1";
+    if (std::string(name) == "replay-d50") EXPECT_EQ(per.front(), current.front()) << "batch 1 samples itself";
+  }
+  EXPECT_THROW(evaluate_batches_nll(q, batches, kT, kB, parse_eval_policy("calibrated")), UserError);
+}
+
 // One AdamW training step at 1-based `step`; returns the loss.
 double train_step(nn::Model& m, AdamW& opt, const TrainConfig& tc, int step, uint32_t seed) {
   const auto in = token_stream(kB * kT, m.config().vocab_size, seed).ids(),

@@ -111,6 +111,16 @@ NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, i
                        const EvalPolicy& policy, const EvalWindows* calib = nullptr,
                        const std::vector<int>* byte_lengths = nullptr);
 
+/// Mean NLL (nats per token) of each of `batches` under `policy`, the batches run in order as
+/// one evaluation (as evaluate_nll: the inference state is reset first and after; calibrated
+/// runs `calib` first; Replay's clock is the batch index). Each batch is (inputs, targets), both
+/// [batch, seq_len] int32 token ids. For the fidelity panel's loss penalty under each inference
+/// policy (docs/fidelity.md). A NonFiniteError gives NaN for every batch. Throws fp4::UserError
+/// for a calibrated policy without calibration windows, std::invalid_argument for bad shapes.
+std::vector<double> evaluate_batches_nll(
+    nn::Model& model, const std::vector<std::pair<const int32_t*, const int32_t*>>& batches,
+    int seq_len, int batch, const EvalPolicy& policy, const EvalWindows* calib = nullptr);
+
 /// The calibration windows `fp4train eval` uses: the first calib_batches · batch
 /// non-overlapping windows of seq_len + 1 tokens (stride seq_len) from the start of the
 /// TRAINING split, disjoint from the held-out windows by the document split. Fewer when the
