@@ -633,7 +633,8 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   struct Events {
     double sat = 0, guard = 0, zeroed = 0, stale = 0;
     int64_t n = 0, n_stale = 0;
-    uint64_t blocks = 0, subnormal = 0, above = 0;
+    uint64_t blocks = 0, subnormal = 0, above = 0, zero = 0;
+    std::array<uint64_t, QuantStats::kRatioBins> hist{};  // blocks per floor(log2(a_b/g)) bin
   };
   std::vector<std::array<Events, nn::LinearTelemetry::kOperands>> events(models.size());
   std::vector<std::vector<float>> gstar(K, std::vector<float>(size_t(NP)));
@@ -805,6 +806,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                 e.zeroed += qs.zeroed_nonzeros;
                 ++e.n;
                 if (qs.has_staleness) e.stale += qs.staleness, ++e.n_stale;
+                if (qs.ratio_to_g) e.zero += qs.zero_blocks;
                 if (qs.ratio_to_g)
                   for (int b = 0; b < QuantStats::kRatioBins; ++b) {
                     const uint64_t cnt = qs.log2_amax_ratio_blocks[size_t(b)];
@@ -812,6 +814,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                     e.blocks += cnt;
                     if (lg + 1 <= -15) e.subnormal += cnt;
                     if (lg >= 0) e.above += cnt;
+                    e.hist[size_t(b)] += cnt;
                   }
               }
             }
@@ -869,6 +872,22 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       if (e.blocks) {
         m["e4m3_subnormal_blocks"] = double(e.subnormal) / double(e.blocks);
         m["at_or_above_reference_blocks"] = double(e.above) / double(e.blocks);
+        m["zero_blocks"] = double(e.zero) / double(e.blocks + e.zero);
+        // Quantiles of log2(a_b/g) over the nonzero blocks (the floor of the bin holding it).
+        const std::pair<const char*, double> qs[] = {{"log2_ratio_q0.001", 0.001}, {"log2_ratio_q0.01", 0.01},
+                                                     {"log2_ratio_q0.5", 0.5}, {"log2_ratio_q0.99", 0.99},
+                                                     {"log2_ratio_q0.999", 0.999}};
+        for (const auto& [key, q] : qs) {
+          const double want = q * double(e.blocks);
+          uint64_t cum = 0;
+          for (int b = 0; b < QuantStats::kRatioBins; ++b) {
+            cum += e.hist[size_t(b)];
+            if (double(cum) >= want && cum > 0) {
+              m[key] = double(b - QuantStats::kRatioBias);
+              break;
+            }
+          }
+        }
       }
     }
   P.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1278,6 +1297,23 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
       md << "| " << fr.name << " | " << role << " | " << v("saturated_blocks") << " | " << v("zero_guard_blocks")
          << " | " << v("zeroed_nonzeros") << " | " << v("staleness") << " | " << v("e4m3_subnormal_blocks")
          << " | " << v("at_or_above_reference_blocks") << " |\n";
+    }
+  md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
+        "nonzero blocks of each role (floor of the log2 bin; E4M3 scales at T = 448 turn subnormal below −15, "
+        "UE5M3 ones below −23, and saturate at 0 or above), and the all-zero blocks.\n\n"
+        "| recipe | role | 0.1% | 1% | median | 99% | 99.9% | all-zero blocks |\n|---|---|---|---|---|---|---|---|\n";
+  for (const FidelityRecipe& fr : P.recipes)
+    for (const char* role : {"x", "w", "dy", "dyt", "xt"}) {
+      const auto it = fr.scale_events.find(role);
+      if (it == fr.scale_events.end() || !it->second.count("log2_ratio_q0.5")) continue;
+      auto v = [&](const char* k) {
+        const auto f = it->second.find(k);
+        return f == it->second.end() ? std::string("—") : fmt(f->second, 0);
+      };
+      const auto z = it->second.find("zero_blocks");
+      md << "| " << fr.name << " | " << role << " | " << v("log2_ratio_q0.001") << " | " << v("log2_ratio_q0.01")
+         << " | " << v("log2_ratio_q0.5") << " | " << v("log2_ratio_q0.99") << " | " << v("log2_ratio_q0.999")
+         << " | " << (z == it->second.end() ? std::string("—") : fmt(z->second)) << " |\n";
     }
   md << "\n## Over training (whole-gradient relative error, mean over batches)\n\n| recipe |";
   for (int64_t s : P.steps) md << " step " << s << " |";

@@ -81,6 +81,12 @@ for role, e in ev.items():
     for k in ("saturated_blocks", "zero_guard_blocks", "zeroed_nonzeros", "e4m3_subnormal_blocks", "at_or_above_reference_blocks"):
         assert 0 <= e[k] <= 1, (role, k, e[k])
 assert ev["x"]["staleness"] > 1 and ev["x"]["zeroed_nonzeros"] > 0, ev["x"]
+for role, e in ev.items():  # log2(a_b/g) quantiles: ordered integers; all-zero blocks a fraction
+    qs = [e["log2_ratio_q" + p] for p in ("0.001", "0.01", "0.5", "0.99", "0.999")]
+    assert qs == sorted(qs) and all(v == int(v) for v in qs), (role, qs)
+    assert 0 <= e["zero_blocks"] <= 1, (role, e["zero_blocks"])
+# Held D = 50 references from step 1: today's activations exceed them, so blocks above g exist.
+assert ev["x"]["log2_ratio_q0.999"] >= 0 and ev["x"]["at_or_above_reference_blocks"] > 0, ev["x"]
 c = {x["id"]: x for x in a["contrasts"]}
 assert c["fp32-exact"]["verdict"] == "supported", c["fp32-exact"]
 assert c["same"]["verdict"] == "supported" and c["same"]["mean"] == 0.0, c["same"]
