@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "fp4/base/error.h"
+#include "fp4/dist/dist.h"
 #include "fp4/study/fidelity.h"
 
 namespace fp4::cli {
@@ -45,6 +46,7 @@ void run(FidelityArgs& a) {
     r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
     if (r.out.empty()) r.out = ".";
     const FidelityPanel p = load_fidelity_panel(a.from);
+    if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes
     // The file's bootstrap unless --resamples is given, so a plain rebuild reproduces the report.
     if (!a.resamples_given && p.resamples > 0) r.resamples = p.resamples;
     if (p.bootstrap_seed) r.bootstrap_seed = p.bootstrap_seed;
@@ -70,6 +72,7 @@ void run(FidelityArgs& a) {
     }
   }
   const FidelityPanel p = run_fidelity(r);
+  if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes (every rank holds the panel)
   write_fidelity_report(p, r);
   std::printf("fidelity: %zu recipes x %zu checkpoints x %d batches in %.0f s; wrote %s and %s\n",
               p.recipes.size(), p.steps.size(), p.batches, p.seconds,

@@ -18,6 +18,7 @@
 #include "fp4/base/error.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/data/data.h"
+#include "fp4/dist/dist.h"
 #include "fp4/eval/eval.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/nn/model.h"
@@ -629,15 +630,26 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     P.recipes.push_back(std::move(fr));
   }
 
-  // Scale events (telemetry of draw 0), per recipe and role: sums and counts.
+  // Under mpirun, batch k of every checkpoint is rank k mod P's (the exact passes, which every
+  // batch's metrics and the SGD noise need, and the inference policies run on every rank); the
+  // per-(checkpoint, batch) values are gathered at the end, so every value is computed by the
+  // same code on the same inputs whatever the process count.
+  const int nproc = dist::size(), me = dist::rank();
+  auto mine = [&](size_t k) { return int(k % size_t(nproc)) == me; };
+  // Scale events (telemetry of draw 0), per recipe, role and (checkpoint, batch): sums and counts.
   struct Events {
     double sat = 0, guard = 0, zeroed = 0, stale = 0;
     int64_t n = 0, n_stale = 0;
     uint64_t blocks = 0, subnormal = 0, above = 0, zero = 0;
     std::array<uint64_t, QuantStats::kRatioBins> hist{};  // blocks per floor(log2(a_b/g)) bin
   };
-  std::vector<std::array<Events, nn::LinearTelemetry::kOperands>> events(models.size());
+  std::vector<std::array<std::vector<Events>, nn::LinearTelemetry::kOperands>> events(models.size());
+  for (auto& per_role : events)
+    for (auto& v : per_role) v.assign(steps.size() * batches.size(), Events{});
   std::vector<std::vector<float>> gstar(K, std::vector<float>(size_t(NP)));
+  // An error on one rank's batch (a non-finite gradient) would leave the others waiting in the
+  // gather: under mpirun it ends every process (exit status 2, the message naming it).
+  try {
   for (size_t c = 0; c < C; ++c) {
     const int64_t step = steps[c];
     const Checkpoint ck = load_checkpoint(by_step[step]);
@@ -731,6 +743,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       const int R = fr.has_sr ? req.draws : 1;  // without SR every draw gives the same bits
       std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));
       for (size_t k = 0; k < K; ++k) {
+        if (!mine(k)) continue;  // another rank's batch
         double loss = 0;
         // Per-linear roles: the exact pass of this batch, observed (X*, Y*, dY* of every linear),
         // and each linear's exact dX* and dW* replayed alone in FP32.
@@ -800,7 +813,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
               if (!t.valid) continue;
               for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
                 const QuantStats& qs = t.op[o];
-                Events& e = events[r][size_t(o)];
+                Events& e = events[r][size_t(o)][c * K + k];
                 e.sat += qs.saturated_blocks;
                 e.guard += qs.zero_guard_blocks;
                 e.zeroed += qs.zeroed_nonzeros;
@@ -855,14 +868,64 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         w["qnoise_to_grad"][c][k] = std::sqrt(dw.mse);  // σ_q/‖g*‖; reported inverted too
       }
     }
-    if (!req.quiet)
+    if (!req.quiet && me == 0)
       std::fprintf(stderr, "fidelity: checkpoint %zu/%zu (step %lld): %zu batches x %zu recipes done, %.0f s\n",
                    c + 1, C, static_cast<long long>(step), K, models.size(),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  } catch (const UserError& e) {
+    if (nproc > 1) dist::abort_all(e.what(), 2);
+    throw;
+  }
+  // Every rank's batches to every rank: each (checkpoint, batch) value from the rank that owns it.
+  constexpr size_t kEv = 10 + QuantStats::kRatioBins;  // an Events as doubles (counts < 2^53: exact)
+  auto ev_put = [](const Events& e, double* x) {
+    const double v[10] = {e.sat, e.guard, e.zeroed, e.stale, double(e.n), double(e.n_stale),
+                          double(e.blocks), double(e.subnormal), double(e.above), double(e.zero)};
+    std::copy(v, v + 10, x);
+    for (int b = 0; b < QuantStats::kRatioBins; ++b) x[10 + b] = double(e.hist[size_t(b)]);
+  };
+  auto ev_get = [](const double* x, Events& e) {
+    e.sat = x[0], e.guard = x[1], e.zeroed = x[2], e.stale = x[3];
+    e.n = int64_t(x[4]), e.n_stale = int64_t(x[5]);
+    e.blocks = uint64_t(x[6]), e.subnormal = uint64_t(x[7]), e.above = uint64_t(x[8]), e.zero = uint64_t(x[9]);
+    for (int b = 0; b < QuantStats::kRatioBins; ++b) e.hist[size_t(b)] = uint64_t(x[10 + b]);
+  };
+  if (nproc > 1) {
+    std::vector<std::vector<std::vector<double>>*> grids;  // every recipe's [c][k] grids, in map order
+    for (FidelityRecipe& fr : P.recipes)
+      for (auto& [scope, ms] : fr.scopes)
+        for (auto& [metric, g] : ms) grids.push_back(&g);
+    const size_t CK = C * K, nev = events.size() * nn::LinearTelemetry::kOperands;
+    std::vector<double> mine_v(grids.size() * CK + nev * CK * kEv);
+    size_t at = 0;
+    for (const auto* g : grids)
+      for (size_t c = 0; c < C; ++c)
+        for (size_t k = 0; k < K; ++k) mine_v[at++] = (*g)[c][k];
+    for (const auto& per_role : events)
+      for (const auto& v : per_role)
+        for (const Events& e : v) ev_put(e, &mine_v[at]), at += kEv;
+    const int64_t n = int64_t(mine_v.size());
+    std::vector<double> all(size_t(n) * size_t(nproc));
+    dist::allgather(mine_v.data(), n, all.data());
+    auto owner = [&](size_t k) { return size_t(k % size_t(nproc)) * size_t(n); };
+    at = 0;
+    for (auto* g : grids)
+      for (size_t c = 0; c < C; ++c)
+        for (size_t k = 0; k < K; ++k, ++at) (*g)[c][k] = all[owner(k) + at];
+    for (auto& per_role : events)
+      for (auto& v : per_role)
+        for (size_t ck = 0; ck < CK; ++ck, at += kEv) ev_get(&all[owner(ck % K) + at], v[ck]);
+  }
   for (size_t r = 0; r < models.size(); ++r)
     for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
-      const Events& e = events[r][size_t(o)];
+      Events e;  // the sums over checkpoints and batches, in their order
+      for (const Events& x : events[r][size_t(o)]) {
+        e.sat += x.sat, e.guard += x.guard, e.zeroed += x.zeroed, e.stale += x.stale;
+        e.n += x.n, e.n_stale += x.n_stale;
+        e.blocks += x.blocks, e.subnormal += x.subnormal, e.above += x.above, e.zero += x.zero;
+        for (int b = 0; b < QuantStats::kRatioBins; ++b) e.hist[size_t(b)] += x.hist[size_t(b)];
+      }
       if (e.n == 0) continue;
       auto& m = P.recipes[r].scale_events[nn::LinearTelemetry::kNames[o]];
       m["saturated_blocks"] = e.sat / double(e.n);
