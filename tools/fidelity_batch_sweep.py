@@ -6,7 +6,9 @@ Reads fidelity.json files of one reference run at several `--batch-size`s and, p
 all hold, the whole-gradient `sgd_noise_fraction` (E||g_hat - g*||^2 / sigma_sgd^2) against tokens
 per batch. Minibatch (SGD) noise falls as 1/B; the variance part of the quantization error falls
 with it, its bias part does not. So the fraction grows about linearly in tokens when the error
-is mostly bias: fraction(n) = a + b*n, fitted by least squares over the panels, with the
+is mostly bias. If the error splits into a part fixed across batch sizes (F) and a part that
+averages like the minibatch noise (V/n, with SGD noise S/n), the fraction is (F*n + V)/S: exactly
+linear in n. So: fraction(n) = a + b*n, fitted by least squares over the panels, with the
 crossover n* = (1 - a)/b (tokens per batch where quantization error would equal SGD noise;
 reported only when b > 0). The split of each panel's fraction into its bias and variance parts
 uses the panel's mean bias2 and variance (fraction * bias2/mse, fraction * variance/mse).

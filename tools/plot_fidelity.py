@@ -146,7 +146,7 @@ def panel_caption(d):
              f"{d.get('tokens_per_batch')} tokens/batch"]
     stress = d.get("stress")
     if isinstance(stress, dict) and stress.get("factor"):
-        parts.append(f"outlier stress x{stress['factor']}")
+        parts.append(f"outlier stress x{stress['factor']:g}")
     return ", ".join(p for p in parts if p)
 
 
