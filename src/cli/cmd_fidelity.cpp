@@ -38,8 +38,9 @@ std::vector<std::string> split_list(const std::vector<std::string>& in) {
 void run(FidelityArgs& a) {
   FidelityRequest& r = a.req;
   if (!a.from.empty()) {  // the report (and claims) again from a panel's fidelity.json
-    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty())
-      throw UserError("--from rebuilds the report of a finished panel; --run, --recipe and --steps go with a new panel");
+    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty() || r.linear_roles)
+      throw UserError("--from rebuilds the report of a finished panel; --run, --recipe, --steps and "
+                      "--linear-roles go with a new panel");
     r.claims = a.claims;
     if (!a.claims.empty() && !std::filesystem::exists(a.claims))
       throw UserError("--claims " + a.claims + " does not exist");

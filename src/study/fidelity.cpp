@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -335,12 +336,58 @@ RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& 
   return t;
 }
 
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 std::vector<std::array<TensorReference, 5>> reference_state(const nn::Model& m) {
   std::vector<std::array<TensorReference, 5>> s(m.linears().size());
   for (size_t i = 0; i < s.size(); ++i)
     for (int r = 0; r < 5; ++r) s[i][size_t(r)] = m.linears()[i].reference(static_cast<nn::Role>(r));
   return s;
 }
+
+// DrawMoments of R draws of one tensor against ref, accumulated one draw at a time (the
+// per-linear roles keep one running sum per element instead of R copies). Per draw its sums
+// (ref_sq, err_sq, dot, est_sq) are those of draw_moments to the last bit, and so is
+// mean_err_sq (the mean is the same sum in draw order, divided by R); spread_sq is
+// Σ_d est_sq[d] − R·Σ_i mean_i² (draw_moments sums (x − mean)² directly), equal up to rounding,
+// exactly 0 for one draw.
+struct StreamMoments {
+  std::vector<double> sum;  // Σ_d x_d per element
+  DrawMoments m;
+  void add(const float* x, const float* ref, size_t n) {
+    if (m.draws == 0) {
+      sum.assign(n, 0.0);
+      for (size_t i = 0; i < n; ++i) m.ref_sq += double(ref[i]) * ref[i];
+    }
+    double e = 0, dt = 0, es = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double v = x[i], g = ref[i];
+      e += (v - g) * (v - g);
+      dt += v * g;
+      es += v * v;
+      sum[i] += v;
+    }
+    m.err_sq.push_back(e);
+    m.dot.push_back(dt);
+    m.est_sq.push_back(es);
+    ++m.draws;
+  }
+  DrawMoments finish(const float* ref) {
+    const double R = m.draws;
+    double me = 0, mm = 0, es = 0;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      const double mean = sum[i] / R, g = ref[i];
+      me += (mean - g) * (mean - g);
+      mm += mean * mean;
+    }
+    for (double v : m.est_sq) es += v;
+    m.mean_err_sq = me;
+    m.spread_sq = std::max(0.0, es - R * mm);
+    return m;
+  }
+};
 
 // The sums of DrawMoments are over coordinates: two disjoint index sets' moments add.
 void add_moments(DrawMoments& acc, const DrawMoments& m) {
@@ -664,16 +711,37 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     ex.seed = req.seed;
     ex.quantize = false;
     if (!stress.empty()) {  // the stress preserves the exact function: L* and g* of batch 1
+      // With per-linear roles, also every linear's exact Y, dX and dW, the stressed ones mapped
+      // back (an independent check of map_back_roles: nothing else compares it with the truth).
+      const size_t NL = req.linear_roles ? exact->linears().size() : 0;
+      auto exact_roles = [&](bool stressed_pass) {
+        std::vector<RoleTensors> t(NL);
+        Capture cap(*exact);
+        (void)pass(*exact, batches[0], B, ex);
+        const auto none = reference_state(*exact);
+        for (size_t i = 0; i < NL; ++i) {
+          const Capture::Ops& o = cap.at(i, P.linear_names[i]);
+          t[i] = replay(exact->linears()[i], none[i], o.X.data(), o.dY.data(), o.M, ex);
+          if (stressed_pass) map_back_roles(i, t[i]);
+        }
+        return t;
+      };
       set_params(*exact, ck.params);
       const double l0 = pass(*exact, batches[0], B, ex);
       const std::vector<float> g0 = exact->grads();
+      const std::vector<RoleTensors> r0 = exact_roles(false);
       set_params(*exact, theta);
       const double l1 = pass(*exact, batches[0], B, ex);
       std::vector<float> g1 = exact->grads();
+      const std::vector<RoleTensors> r1 = exact_roles(true);
       apply_stress(g1);
       P.stress_loss_diff = std::max(P.stress_loss_diff, std::fabs(l1 - l0));
       for (size_t i = 0; i < g0.size(); ++i)
         P.stress_grad_diff = std::max(P.stress_grad_diff, double(std::fabs(g1[i] - g0[i])));
+      for (size_t i = 0; i < NL; ++i)
+        for (auto mem : {&RoleTensors::Y, &RoleTensors::dX, &RoleTensors::dW})
+          for (size_t e = 0; e < (r0[i].*mem).size(); ++e)
+            P.stress_roles_diff = std::max(P.stress_roles_diff, double(std::fabs((r1[i].*mem)[e] - (r0[i].*mem)[e])));
     }
     set_params(*exact, theta);
     for (size_t k = 0; k < K; ++k) {
@@ -750,8 +818,8 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
         const size_t NL = req.linear_roles ? m.linears().size() : 0;
         std::optional<Capture> cex, cr;
         std::vector<RoleTensors> star(NL);
-        // est[i][role scope][draw]: linear i's tensor of that role and form on each draw.
-        std::vector<std::array<std::vector<std::vector<float>>, 6>> rest(NL);
+        // acc[i][j]: linear i's tensor of role scope j (kLinearRoleScopes), over the draws.
+        std::vector<std::array<StreamMoments, 6>> acc(NL);
         if (NL) {
           cex.emplace(*exact);
           (void)pass(*exact, batches[k], B, ex);
@@ -759,7 +827,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
           for (size_t i = 0; i < NL; ++i) {
             const Capture::Ops& o = cex->at(i, P.linear_names[i]);
             star[i] = replay(exact->linears()[i], none[i], o.X.data(), o.dY.data(), o.M, ex);
-            if (star[i].Y != o.Y)
+            if (!same_bits(star[i].Y, o.Y))
               throw std::logic_error("fidelity: the FP32 replay of " + P.linear_names[i] + " differs from its pass");
             map_back_roles(i, star[i]);
           }
@@ -774,26 +842,6 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
           const auto refs0 = NL ? reference_state(m) : std::vector<std::array<TensorReference, 5>>{};
           if (NL) cr->clear();
           const double l = pass(m, batches[k], B, q);
-          for (size_t i = 0; i < NL; ++i) {  // e2e: its own pass's X and dY; local: X* and dY*
-            const Capture::Ops& o = cr->at(i, P.linear_names[i]);
-            const Capture::Ops& ox = cex->at(i, P.linear_names[i]);
-            nn::StepContext qr = q;
-            qr.telemetry = false;
-            RoleTensors e2e = replay(m.linears()[i], refs0[i], o.X.data(), o.dY.data(), o.M, qr);
-            if (e2e.Y != o.Y)  // the replay must see what the pass computed
-              throw std::logic_error("fidelity: recipe " + fr.name + ": the replay of " + P.linear_names[i] +
-                                     " differs from its pass");
-            RoleTensors loc = replay(m.linears()[i], refs0[i], ox.X.data(), ox.dY.data(), ox.M, qr);
-            map_back_roles(i, e2e);
-            map_back_roles(i, loc);
-            auto& e = rest[i];
-            e[0].push_back(std::move(loc.Y));
-            e[1].push_back(std::move(e2e.Y));
-            e[2].push_back(std::move(loc.dX));
-            e[3].push_back(std::move(e2e.dX));
-            e[4].push_back(std::move(loc.dW));
-            e[5].push_back(std::move(e2e.dW));
-          }
           g[size_t(d)] = m.grads();
           apply_stress(g[size_t(d)]);  // the original parametrization
           const auto bad = std::find_if(g[size_t(d)].begin(), g[size_t(d)].end(),
@@ -806,6 +854,24 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
                             " at checkpoint " + std::to_string(step) + ", batch " +
                             std::to_string(k + 1) + ", draw " + std::to_string(d + 1) +
                             (hold ? " (references held from step " + std::to_string(tr) + ")" : ""));
+          for (size_t i = 0; i < NL; ++i) {  // e2e: its own pass's X and dY; local: X* and dY*
+            const Capture::Ops& o = cr->at(i, P.linear_names[i]);
+            const Capture::Ops& ox = cex->at(i, P.linear_names[i]);
+            nn::StepContext qr = q;
+            qr.telemetry = false;
+            RoleTensors e2e = replay(m.linears()[i], refs0[i], o.X.data(), o.dY.data(), o.M, qr);
+            if (!same_bits(e2e.Y, o.Y))  // the replay must see what the pass computed
+              throw std::logic_error("fidelity: recipe " + fr.name + ": the replay of " + P.linear_names[i] +
+                                     " differs from its pass");
+            RoleTensors loc = replay(m.linears()[i], refs0[i], ox.X.data(), ox.dY.data(), ox.M, qr);
+            map_back_roles(i, e2e);
+            map_back_roles(i, loc);
+            const std::vector<float>* est[6] = {&loc.Y, &e2e.Y, &loc.dX, &e2e.dX, &loc.dW, &e2e.dW};
+            for (size_t j = 0; j < 6; ++j) {
+              const std::vector<float>& ref = j < 2 ? star[i].Y : j < 4 ? star[i].dX : star[i].dW;
+              acc[i][j].add(est[j]->data(), ref.data(), ref.size());
+            }
+          }
           loss += l;
           if (d == 0)
             for (const auto& lin : m.linears()) {
@@ -852,9 +918,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
           DrawMoments all;
           for (size_t i = 0; i < NL; ++i) {
             const std::vector<float>& ref = j < 2 ? star[i].Y : j < 4 ? star[i].dX : star[i].dW;
-            std::vector<const float*> ptrs;
-            for (const auto& v : rest[i][j]) ptrs.push_back(v.data());
-            const DrawMoments mo = draw_moments(ptrs, ref.data(), int64_t(ref.size()));
+            const DrawMoments mo = acc[i][j].finish(ref.data());
             put(P.linear_names[i] + ":" + kLinearRoleScopes[j], mo);
             add_moments(all, mo);
           }
@@ -1007,6 +1071,7 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
       P.stress_channels = j["stress"].at("channels").get<std::vector<int>>();
       P.stress_loss_diff = j["stress"].at("exact_loss_max_abs_diff").get<double>();
       P.stress_grad_diff = j["stress"].at("exact_grad_max_abs_diff").get<double>();
+      P.stress_roles_diff = j["stress"].value("exact_roles_max_abs_diff", 0.0);
     }
     P.sgd_var = j.at("exact").at("sgd_variance_by_checkpoint").get<std::vector<double>>();
     if (j.contains("bootstrap")) {
@@ -1098,9 +1163,12 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   j["seed"] = P.seed;
   j["references"] = P.references;
   if (P.stress_factor != 1)
+  {
     j["stress"] = {{"factor", P.stress_factor}, {"channels", P.stress_channels},
                    {"exact_loss_max_abs_diff", P.stress_loss_diff},
                    {"exact_grad_max_abs_diff", P.stress_grad_diff}};
+    if (roles) j["stress"]["exact_roles_max_abs_diff"] = P.stress_roles_diff;
+  }
   j["bootstrap"] = {{"resamples", RS}, {"seed", BS},
                     {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
   j["cpu"] = P.cpu;
@@ -1263,13 +1331,16 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
       if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
         throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
                         "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
-                        "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, or a parameter name)");
+                        "loss_penalty_current, loss_penalty_replay_d50, loss_penalty_calibrated, "
+                        "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, a parameter name, or with "
+                        "per-linear roles Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e)");
       const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" ||
                                  std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), cl.scope) !=
                                      std::end(kLinearRoleScopes);
       if (P.params_means_only && !sampled_scope)
         throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
-                        "one parameter, which fidelity.json does not store (whole, linears and the role scopes only); rerun the panel");
+                        "one parameter or linear, which fidelity.json does not store (whole, linears and the role "
+                        "scopes only); rerun the panel");
       contrast(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
     }
   }
@@ -1289,6 +1360,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     md << "**Outlier stress:** channels " << ch << " of every block's norm × " << fmt(P.stress_factor, 0)
        << ", the reading linears' columns ÷ the same (docs/fidelity.md); exact side with and without it: "
        << "|ΔL*| ≤ " << fmt(P.stress_loss_diff) << ", |Δg*| ≤ " << fmt(P.stress_grad_diff)
+       << (roles ? ", every linear's |ΔY*|, |ΔdX*|, |ΔdW*| ≤ " + fmt(P.stress_roles_diff) : std::string())
        << " (0: the function is preserved bit for bit). Gradients are compared in the original parametrization.\n\n";
   }
   md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ " << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
@@ -1362,8 +1434,9 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
          << " | " << v("at_or_above_reference_blocks") << " |\n";
     }
   md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
-        "nonzero blocks of each role (floor of the log2 bin; E4M3 scales at T = 448 turn subnormal below −15, "
-        "UE5M3 ones below −23, and saturate at 0 or above), and the all-zero blocks.\n\n"
+        "nonzero blocks of each role (floor of the log2 bin, clamped to [−96, 31]; E4M3 scales at T = 448 turn "
+        "subnormal below −15 and saturate at 0 or above, UE5M3 ones turn subnormal below −23), and the all-zero "
+        "blocks.\n\n"
         "| recipe | role | 0.1% | 1% | median | 99% | 99.9% | all-zero blocks |\n|---|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes)
     for (const char* role : {"x", "w", "dy", "dyt", "xt"}) {

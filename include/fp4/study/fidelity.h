@@ -152,6 +152,9 @@ struct FidelityPanel {
   /// With stress: the largest |L*(stressed) − L*| and |g*(stressed, mapped back) − g*| over the
   /// checkpoints' first batches (0 when the function is preserved bit for bit).
   double stress_loss_diff = 0, stress_grad_diff = 0;
+  /// With stress and per-linear roles: the largest |difference| of every linear's exact Y, dX
+  /// and dW (stressed, mapped back) from the unstressed ones on those batches (0 when preserved).
+  double stress_roles_diff = 0;
   /// Per recipe (FidelityPanel::recipes order) and checkpoint: the step whose weights and batch
   /// gave the held references (the evaluation step s + 1 itself when they are current).
   std::vector<std::vector<int64_t>> refresh_steps;
