@@ -111,12 +111,13 @@ void register_fidelity(CLI::App& app) {
                 "Sequences per batch (default: the run's micro-batch); other sizes show how the "
                 "quantization noise compares with SGD noise at other tokens per step")
       ->check(CLI::Range(1, 1 << 16));
-  c->add_option("--stress-factor", a->req.stress_factor,
-                "Outlier stress: multiply channels --stress-channels of every block's norm by this "
-                "power of two (2 .. 2^20) and divide the matching input columns of q/k/v_proj, "
+  auto* sf = c->add_option("--stress-factor", a->req.stress_factor,
+                "Outlier stress (default 1: none): multiply channels --stress-channels (default 0) of "
+                "every block's norm by this power of two (2 .. 2^20) and divide the matching input columns of q/k/v_proj, "
                 "up_proj and in_proj by it; the exact function is unchanged, the quantized "
                 "operands gain outlier channels (docs/fidelity.md \"Outlier stress\")");
-  c->add_option("--stress-channels", a->req.stress_channels, "Channels of the outlier stress (comma list)")
+  auto* sc = c->add_option("--stress-channels", a->req.stress_channels,
+                "Channels of the outlier stress (comma list, each once; used with --stress-factor)")
       ->delimiter(',')->capture_default_str();
   c->add_flag("--linear-roles", a->req.linear_roles,
               "Also each linear's output Y, input gradient dX and weight gradient dW, local (its "
@@ -132,8 +133,8 @@ void register_fidelity(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   c->add_option("--references", a->req.references,
                 "held: each recipe's tensor references as it would hold them at the evaluated "
-                "step (D > 1: sampled at the last refresh step on that step's checkpoint and "
-                "training batch; needs those checkpoints); current: measured on each batch")
+                "step (D > 1: sampled at the last refresh step t_r on the checkpoint of step t_r - 1 "
+                "and step t_r's training batch; needs those checkpoints); current: measured on each batch")
       ->capture_default_str()->check(CLI::IsMember({"held", "current"}));
   c->add_option("--data", a->req.data, "Text file or directory instead of the run's data.path");
   c->add_option("--claims", a->claims,
@@ -143,8 +144,10 @@ void register_fidelity(CLI::App& app) {
                 "verdict; checked before any work");
   c->add_option("--out", a->out, "Output directory (default: RUN/fidelity)");
   c->add_flag("--quiet", a->req.quiet, "No progress lines");
-  c->callback([a, rs] {
+  c->callback([a, rs, sf, sc] {
     a->resamples_given = rs->count() > 0;
+    if (sc->count() > 0 && (sf->count() == 0 || a->req.stress_factor == 1))
+      throw UserError("--stress-channels needs --stress-factor S (a power of two from 2 to 2^20)");
     run(*a);
   });
 }

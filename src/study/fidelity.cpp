@@ -196,6 +196,10 @@ std::vector<Claim> load_claims(const fs::path& file) {
     str("expect", cl.expect, true);
     if (cl.expect != "lower" && cl.expect != "higher" && cl.expect != "within")
       throw UserError("fidelity: " + where + " (" + cl.id + "): expect must be \"lower\", \"higher\" (a's metric against b's) or \"within\" (with bound), got \"" + cl.expect + "\"");
+    for (const Claim& prev : out)
+      if (prev.id == cl.id) throw UserError("fidelity: " + where + ": id \"" + cl.id + "\" is used twice");
+    if (cl.expect != "within" && (*c)["bound"])
+      throw UserError("fidelity: " + where + " (" + cl.id + "): bound goes with expect = \"within\" only");
     if (cl.expect == "within") {
       const auto b = (*c)["bound"].value<double>();
       if (!b || !(*b > 0))
@@ -420,6 +424,10 @@ std::string join_steps(const std::vector<int64_t>& s) {
 FidelityPanel run_fidelity(const FidelityRequest& req) {
   const auto t0 = std::chrono::steady_clock::now();
   if (req.recipes.empty()) throw UserError("fidelity: give at least one --recipe");
+  for (size_t i = 0; i < req.recipes.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (req.recipes[i] == req.recipes[j])
+        throw UserError("fidelity: --recipe names " + req.recipes[i] + " twice");
   if (req.batches < 2)
     throw UserError("fidelity: --batches must be at least 2 (the SGD noise is their spread), got " +
                     std::to_string(req.batches));
@@ -435,6 +443,11 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       throw UserError("fidelity: --stress-factor must be a power of two from 2 to 2^20 (so that the "
                       "exact computation is unchanged bit for bit), got " + std::to_string(req.stress_factor));
     if (req.stress_channels.empty()) throw UserError("fidelity: --stress-channels is empty");
+    std::set<int> seen;
+    for (int c : req.stress_channels)
+      if (!seen.insert(c).second)
+        throw UserError("fidelity: --stress-channels names channel " + std::to_string(c) +
+                        " twice (it would be scaled twice)");
   }
   if (!req.claims.empty()) (void)load_claims(req.claims);  // refuse a bad file before any work
   if (!fs::exists(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
@@ -1328,6 +1341,10 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
         continue;
       }
+      if (std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), cl.scope) != std::end(kLinearRoleScopes) &&
+          P.linear_names.empty())
+        throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs a panel run with "
+                        "--linear-roles, and this one was not");
       if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
         throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
                         "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "

@@ -267,6 +267,13 @@ claim_err "exists for scope whole only" $'metric = "loss_penalty"\nscope = "line
 claim_err "must be a finite number" $'metric = "rel_error"\nterms = { fp32 = nan }\nexpect = "lower"'
 claim_err "scope 'nonsense' is not whole, linears or a parameter" $'metric = "rel_error"\nscope = "nonsense"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
 bad "--linear-roles go with a new panel" --from "$work/t1/fidelity.json" --linear-roles
+bad "names ue5m3-b16 twice" --run "$work/ref" --recipe ue5m3-b16,fp32,ue5m3-b16 --data "$work/text"
+bad "names channel 3 twice" --run "$work/ref" --recipe ue5m3-b16 --stress-factor 4 --stress-channels 3,3 --data "$work/text"
+bad "--stress-channels needs --stress-factor" --run "$work/ref" --recipe ue5m3-b16 --stress-channels 3 --data "$work/text"
+printf '[[claim]]\nid = "r"\nmetric = "rel_error"\nscope = "dX.local"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"\n' > "$work/rc.toml"
+bad "needs a panel run with --linear-roles" --from "$work/nostress/fidelity.json" --claims "$work/rc.toml" --out "$work/rc"
+claim_err 'id "x" is used twice' $'metric = "rel_error"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"\n[[claim]]\nid = "x"\nmetric = "rel_error"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
+claim_err 'bound goes with expect = "within" only' $'metric = "rel_error"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"\nbound = 0.1'
 claim_err "role scopes such as dX.local need --linear-roles" $'metric = "rel_error"\nscope = "dX.local"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
 # A recipe whose RHT needs a token count the run does not have (30 tokens per micro-batch).
 "$bin" train --config "$work/micro.toml" --recipe bf16 --data "$work/text" --out "$work/s30" --steps 2 \
