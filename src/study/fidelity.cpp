@@ -1450,7 +1450,10 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
          << " | " << v("zeroed_nonzeros") << " | " << v("staleness") << " | " << v("e4m3_subnormal_blocks")
          << " | " << v("at_or_above_reference_blocks") << " |\n";
     }
-  md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
+  bool any_quantiles = false;
+  for (const FidelityRecipe& fr : P.recipes)
+    for (const auto& [role, ev] : fr.scale_events) any_quantiles |= ev.count("log2_ratio_q0.5") > 0;
+  if (any_quantiles) md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
         "nonzero blocks of each role (floor of the log2 bin, clamped to [−96, 31]; E4M3 scales at T = 448 turn "
         "subnormal below −15 and saturate at 0 or above, UE5M3 ones turn subnormal below −23), and the all-zero "
         "blocks.\n\n"
