@@ -132,8 +132,16 @@ def plot_error(plt, d, out, title):
     ax.grid(axis="x", alpha=0.3)
     ax.set_title("dW error by kind of linear")
     fig.suptitle(f"{title}error by recipe and role ({panel_caption(d)})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "fidelity_error.png")
+    return save(plt, fig, out, "fidelity_error.png")
+
+
+def save(plt, fig, out, name, rect=None):
+    """Lay out, write out/name at 110 dpi, close the figure; returns the path."""
+    if rect is None:
+        fig.tight_layout()
+    else:
+        fig.tight_layout(rect=rect)
+    path = os.path.join(out, name)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -172,11 +180,7 @@ def plot_over_steps(plt, d, out, title):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, ncol=6, loc="lower center")
     fig.suptitle(f"{title}error over training (means over batches and draws)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    path = os.path.join(out, "fidelity_over_steps.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out, "fidelity_over_steps.png", rect=(0, 0.1, 1, 1))
 
 
 def plot_bias_variance(plt, d, out, title):
@@ -201,11 +205,7 @@ def plot_bias_variance(plt, d, out, title):
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title(f"{title}bias against variance, whole gradient (95% intervals of each recipe;\n"
                  "paired contrasts, in fidelity.md, are tighter)", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "fidelity_bias_variance.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out, "fidelity_bias_variance.png")
 
 
 def plot_sgd_noise(plt, d, out, title):
@@ -227,11 +227,7 @@ def plot_sgd_noise(plt, d, out, title):
     ax.legend(fontsize=8, loc="lower right")
     note = f"{d.get('tokens_per_batch')} tokens per batch" if sigma is not None else ""
     ax.set_title(f"{title}quantization noise against SGD noise, {note}", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "fidelity_sgd_noise.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(plt, fig, out, "fidelity_sgd_noise.png")
 
 
 def main(argv=None):

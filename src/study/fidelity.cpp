@@ -229,6 +229,21 @@ const char* const kGradMetrics[] = {"rel_error", "cosine", "gain", "mse", "bias2
 const char* const kPolicyMetrics[] = {"loss_penalty_current", "loss_penalty_replay_d50", "loss_penalty_calibrated"};
 const char* const kPolicyNames[] = {"current", "replay-d50", "calibrated"};
 
+bool is_role_scope(const std::string& scope) {
+  return std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), scope) != std::end(kLinearRoleScopes);
+}
+
+// Whether parameter or linear `name` (layers.L.mixer.KIND) is a linear that reads its block's
+// norm output: the input columns the outlier stress divides.
+bool reads_block_norm(const std::string& name) {
+  static const std::set<std::string> readers = {"q_proj", "k_proj", "v_proj", "up_proj", "in_proj"};
+  if (name.rfind("layers.", 0) != 0) return false;
+  const size_t dot = name.find('.', 7);
+  if (dot == std::string::npos) return false;
+  const std::string rest = name.substr(dot + 1);
+  return rest.rfind("mixer.", 0) == 0 && readers.count(rest.substr(6)) > 0;
+}
+
 bool recipe_has_sr(const Recipe& r) {
   if (r.mode != LinearMode::FP4) return false;
   if (r.round_x == Rounding::SR8 || r.round_w == Rounding::SR8 || r.round_dy == Rounding::SR8)
@@ -615,7 +630,6 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       if (c < 0 || c >= Cm)
         throw UserError("fidelity: --stress-channels holds " + std::to_string(c) + ", outside 0.." +
                         std::to_string(Cm - 1) + " (d_model " + std::to_string(Cm) + ")");
-    static const std::set<std::string> readers = {"q_proj", "k_proj", "v_proj", "up_proj", "in_proj"};
     int norms = 0;
     for (const auto& pi : infos) {
       const std::string& n = pi.name;
@@ -625,7 +639,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       if (rest == "norm") {
         ++norms;
         for (int c : req.stress_channels) stress.push_back({pi.offset + c, 1, 1, req.stress_factor});
-      } else if (rest.rfind("mixer.", 0) == 0 && readers.count(rest.substr(6))) {
+      } else if (reads_block_norm(n)) {
         if (pi.cols != Cm)
           throw UserError("fidelity: the outlier stress expects " + n + " to read d_model = " +
                           std::to_string(Cm) + " inputs, it has " + std::to_string(pi.cols));
@@ -651,12 +665,7 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
   // and its dW column c ×(1/S) (exact: powers of two). Y is unchanged.
   std::vector<bool> reader(exact->linears().size(), false);
   if (!stress.empty())
-    for (size_t i = 0; i < reader.size(); ++i) {
-      const std::string n = exact->linear_name(i);
-      const std::string last = n.substr(n.rfind('.') + 1);
-      reader[i] = n.rfind("layers.", 0) == 0 &&
-                  (last == "q_proj" || last == "k_proj" || last == "v_proj" || last == "up_proj" || last == "in_proj");
-    }
+    for (size_t i = 0; i < reader.size(); ++i) reader[i] = reads_block_norm(exact->linear_name(i));
   auto map_back_roles = [&](size_t i, RoleTensors& t) {
     if (!reader[i]) return;
     const int64_t Kl = exact->linears()[i].in(), Nl = exact->linears()[i].out();
@@ -727,26 +736,27 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
       // With per-linear roles, also every linear's exact Y, dX and dW, the stressed ones mapped
       // back (an independent check of map_back_roles: nothing else compares it with the truth).
       const size_t NL = req.linear_roles ? exact->linears().size() : 0;
-      auto exact_roles = [&](bool stressed_pass) {
-        std::vector<RoleTensors> t(NL);
-        Capture cap(*exact);
-        (void)pass(*exact, batches[0], B, ex);
+      // The exact pass of batch 1 (its roles observed when asked: replays leave the gradient alone).
+      auto exact_pass = [&](bool stressed_pass, std::vector<RoleTensors>& t) {
+        std::optional<Capture> cap;
+        if (NL) cap.emplace(*exact);
+        const double l = pass(*exact, batches[0], B, ex);
         const auto none = reference_state(*exact);
+        t.resize(NL);
         for (size_t i = 0; i < NL; ++i) {
-          const Capture::Ops& o = cap.at(i, P.linear_names[i]);
+          const Capture::Ops& o = cap->at(i, P.linear_names[i]);
           t[i] = replay(exact->linears()[i], none[i], o.X.data(), o.dY.data(), o.M, ex);
           if (stressed_pass) map_back_roles(i, t[i]);
         }
-        return t;
+        return l;
       };
+      std::vector<RoleTensors> r0, r1;
       set_params(*exact, ck.params);
-      const double l0 = pass(*exact, batches[0], B, ex);
+      const double l0 = exact_pass(false, r0);
       const std::vector<float> g0 = exact->grads();
-      const std::vector<RoleTensors> r0 = exact_roles(false);
       set_params(*exact, theta);
-      const double l1 = pass(*exact, batches[0], B, ex);
+      const double l1 = exact_pass(true, r1);
       std::vector<float> g1 = exact->grads();
-      const std::vector<RoleTensors> r1 = exact_roles(true);
       apply_stress(g1);
       P.stress_loss_diff = std::max(P.stress_loss_diff, std::fabs(l1 - l0));
       for (size_t i = 0; i < g0.size(); ++i)
@@ -1039,6 +1049,22 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
 namespace {
 json interval_json(const Interval& i) { return {{"mean", i.mean}, {"lo", i.lo}, {"hi", i.hi}}; }
 
+// The mean of a [c][k] grid's finite values (a parameter whose g* is 0 on a batch gives 0/0
+// there); NaN when none is finite. Per-parameter and per-linear figures are stored as these
+// means only: intervals for each would bloat the file.
+double finite_mean(const std::vector<std::vector<double>>& x) {
+  double t = 0;
+  int n = 0;
+  for (const auto& row : x)
+    for (double v : row)
+      if (std::isfinite(v)) t += v, ++n;
+  return n ? t / n : std::nan("");
+}
+json mean_json(const std::vector<std::vector<double>>& x) {
+  const double m = finite_mean(x);
+  return std::isnan(m) ? json(nullptr) : json(m);
+}
+
 std::string fmt(double v, int prec = 4) {
   char b[64];
   const double a = std::fabs(v);
@@ -1211,26 +1237,10 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     json params = json::object();
     for (const std::string& pn : P.param_names) {
       json s;
-      for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) {
-        const auto& x = fr.scopes.at(pn).at(m);
-        double t = 0;
-        int n = 0;
-        for (const auto& row : x)
-          for (double v : row)
-            if (std::isfinite(v)) t += v, ++n;  // 0/0 where a batch leaves the parameter's g* = 0
-        s[m] = n ? json(t / n) : json(nullptr);  // means only: per-parameter intervals would bloat the file
-      }
+      for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) s[m] = mean_json(fr.scopes.at(pn).at(m));
       params[pn] = s;
     }
     r["params"] = params;
-    auto mean_of = [](const std::vector<std::vector<double>>& x) {
-      double t = 0;
-      int n = 0;
-      for (const auto& row : x)
-        for (double v : row)
-          if (std::isfinite(v)) t += v, ++n;
-      return n ? json(t / n) : json(nullptr);
-    };
     if (roles) {  // per-linear roles: concatenated over linears with intervals; per linear, means
       json ro, lr = json::object();
       for (const char* key : kLinearRoleScopes)
@@ -1239,7 +1249,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
       for (const std::string& ln : P.linear_names)
         for (const char* key : kLinearRoleScopes)
           for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"})
-            lr[ln][key][m] = mean_of(fr.scopes.at(ln + ":" + key).at(m));
+            lr[ln][key][m] = mean_json(fr.scopes.at(ln + ":" + key).at(m));
       r["roles"] = ro;
       r["linear_roles"] = lr;
     }
@@ -1341,8 +1351,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
         std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
         continue;
       }
-      if (std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), cl.scope) != std::end(kLinearRoleScopes) &&
-          P.linear_names.empty())
+      if (is_role_scope(cl.scope) && P.linear_names.empty())
         throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs a panel run with "
                         "--linear-roles, and this one was not");
       if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
@@ -1351,9 +1360,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
                         "loss_penalty_current, loss_penalty_replay_d50, loss_penalty_calibrated, "
                         "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, a parameter name, or with "
                         "per-linear roles Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e)");
-      const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" ||
-                                 std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), cl.scope) !=
-                                     std::end(kLinearRoleScopes);
+      const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" || is_role_scope(cl.scope);
       if (P.params_means_only && !sampled_scope)
         throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
                         "one parameter or linear, which fidelity.json does not store (whole, linears and the role "
@@ -1409,14 +1416,6 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
     md << " |\n";
   }
   if (roles) {
-    auto mean_of = [](const std::vector<std::vector<double>>& x) {
-      double t = 0;
-      int n = 0;
-      for (const auto& row : x)
-        for (double v : row)
-          if (std::isfinite(v)) t += v, ++n;
-      return n ? t / n : std::nan("");
-    };
     md << "\n## Per-linear roles (relative error; every linear's tensor of the role, concatenated)\n\n"
           "Local: the linear's quantized GEMMs fed the exact X* and dY*. End to end (e2e): fed the X and dY "
           "of the recipe's own pass, where the errors of other layers reach them. dX is the linear's own "
@@ -1430,7 +1429,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
       md << "\n### " << fr.name << ": relative error per linear (means)\n\n| linear | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
       for (const std::string& ln : P.linear_names) {
         md << "| " << ln;
-        for (const char* key : kLinearRoleScopes) md << " | " << fmt(mean_of(fr.scopes.at(ln + ":" + key).at("rel_error")));
+        for (const char* key : kLinearRoleScopes) md << " | " << fmt(finite_mean(fr.scopes.at(ln + ":" + key).at("rel_error")));
         md << " |\n";
       }
     }
