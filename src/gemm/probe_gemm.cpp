@@ -31,6 +31,25 @@
 // recomputed with an exact multi-word integer sum and explicit RNE
 // (detail::round_exact_terms_rne, fp4/gemm/accumulator.h).
 //
+// Integer chunk sums (SIMD kernels, the common case). Write each scale as c = m·2^e and let
+// emin be the least e over a chunk's nonzero segments of one row (per operand). Then a
+// segment's term is D·(m_a·2^(e_a − emin_a))·(m_b·2^(e_b − emin_b))·2^(emin_a + emin_b − 2)
+// = D·f_a·f_b·2^E, with the integer factors f precomputed per (row, segment) while packing
+// (0 for an all-zero segment, whose D is 0). If span_A + span_B ≤ 15 − bitlength(mmax_a·mmax_b)
+// (7 for 4-bit mantissas: 15·15·2^7 = 28800), then w = f_a·f_b < 2^15 is an exact int16
+// product (vpmullw); |D| ≤ 144·64 < 2^15 so vpmaddwd forms D·w exactly in int32; and the chunk
+// sum I = Σ D·w is bounded by 64·144·32767 < 2^29: exact in int32 in any order. The chunk's
+// exact value is I·2^E, and its one RNE rounding to FP32 is vcvtdq2ps(I) (RNE to 24 bits)
+// times 2^E, exact because 2^E is a normal float: each operand's emin is kept within ±62
+// (kIntExpBand), so E + 127 ∈ [1, 249], and a nonzero |I|·2^E ≥ 2^-126 never reaches the
+// subnormal range where a second rounding could differ. (An overflow gives ±Inf exactly
+// where the correctly rounded sum does, and the tile's scalar fallback takes over as for
+// the double path.) A tile takes this path for a chunk when all of its outputs allow it (the
+// largest span over its rows and columns), else the double path below; in training about 86%
+// of chunks take it (tiny config, ue5m3-b16-paper, 120 steps). The int16 multiplier holds w
+// in both halves of a lane for the AVX2 kernel (whose int16 pair sums both need it) and in
+// the low half, with 0 above, for the AVX-512 kernel (whose D is an int32 lane < 2^15).
+//
 // Accumulator. The chunk length (64 above), the rounding of the partials' additions (RTZ) and
 // the snap (1/1024) are ProbeGemmOptions::accumulator's (fp4/gemm/accumulator.h): the portable
 // kernel runs that component's accumulate_add and snap_to_grid, for any accumulator; the SIMD
@@ -40,10 +59,12 @@
 // Kernels. Portable: per output, int32 segment dots, double chunk sums, accumulate_add, snap.
 // AVX-512 VNNI: B packed in panels of 32 columns as bytes n_b + 12 (unsigned), A's n_a as the
 // broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
-// segment the 4×32 tile's D_s are converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
-// per chunk one RNE conversion to FP32 and one RTZ addition. AVX2 (src/gemm/probe_gemm_avx2.cpp):
-// the same panels, vpmaddubsw int16 pair sums per segment (no saturation, argued there), the
-// same double epilogues, RTZ from the RNE sum and its TwoSum error. Every step is exact or a
+// segment the 4×32 tile's D_s are accumulated as D_s·f_a·f_b in int32 (integer path) or
+// converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
+// per chunk one RNE conversion to FP32 and one RTZ addition (both with the integer chunk sums
+// above when the spans allow). AVX2 (src/gemm/probe_gemm_avx2.cpp): the same panels,
+// vpmaddubsw int16 pair sums per segment (no saturation, argued there), the same integer or
+// double epilogues, RTZ from the RNE sum and its TwoSum error. Every step is exact or a
 // single IEEE rounding, so all kernels give the same bits; tests compare each with an
 // independent reference.
 //
@@ -114,6 +135,11 @@ namespace {
 int span_limit(int mmax_a, int mmax_b, int64_t chunk) {
   const int64_t bound = chunk * 144 * mmax_a * mmax_b;
   return 53 - (64 - std::countl_zero(static_cast<uint64_t>(bound)));
+}
+/// Bound on span_A + span_B under which the SIMD kernels' integer chunk path is exact: the
+/// product of factors f_a·f_b ≤ mmax_a·mmax_b·2^span must stay below 2^15 (file comment).
+int int_span_limit(int mmax_a, int mmax_b) {
+  return 15 - (64 - std::countl_zero(static_cast<uint64_t>(mmax_a) * static_cast<uint64_t>(mmax_b)));
 }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -225,6 +251,12 @@ void init_packed(Packed& P, const Plan& pl, int64_t rows, int64_t rows_alloc, in
   P.man.resize(static_cast<size_t>(rows * pl.nseg));
   P.ex.resize(static_cast<size_t>(rows * pl.nseg));
   P.span.resize(static_cast<size_t>(rows * pl.nchunk));
+  P.fac.resize(static_cast<size_t>(rows_alloc * pl.nseg));
+  P.emin.resize(static_cast<size_t>(rows_alloc * pl.nchunk));
+  P.ispan.resize(static_cast<size_t>(rows_alloc * pl.nchunk));
+  std::fill(P.fac.begin() + rows * pl.nseg, P.fac.end(), int16_t{0});
+  std::fill(P.emin.begin() + rows * pl.nchunk, P.emin.end(), int16_t{0});
+  std::fill(P.ispan.begin() + rows * pl.nchunk, P.ispan.end(), int16_t{0});
 }
 
 /// Σ n[0..len) and whether any is nonzero: 8 bytes at a time, each biased to n + 12 ∈ [0, 24]
@@ -326,9 +358,11 @@ unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, in
   }
   unsigned flags = all > 15 ? kBadCode : 0u;
   const int64_t br = q.spec.two_d ? r / B : r;
+  bool nzs[kProbeMaxChunk];  // a chunk has at most `chunk` ≤ kProbeMaxChunk segments
   for (int64_t c = 0; c < nc; ++c) {
     int lo = INT_MAX, hi = INT_MIN;
-    for (int64_t s = pl.chunk_first[c]; s < pl.chunk_first[c + 1]; ++s) {
+    const int64_t s0 = pl.chunk_first[c], s1 = pl.chunk_first[c + 1];
+    for (int64_t s = s0; s < s1; ++s) {
       const Segment& sg = pl.segs[static_cast<size_t>(s)];
       int32_t sum;
       bool nz;
@@ -349,12 +383,23 @@ unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, in
       P.corr[o] = -kNOffset * sum;
       P.man[o] = static_cast<uint8_t>(sh >= 0 ? mant >> sh : mant << -sh);
       P.ex[o] = static_cast<int16_t>(e);
+      nzs[s - s0] = nz;
       if (nz) {
         lo = std::min(lo, e);
         hi = std::max(hi, e);
       }
     }
-    P.span[static_cast<size_t>(r * nc + c)] = static_cast<int16_t>(hi >= lo ? hi - lo : 0);
+    const int span = hi >= lo ? hi - lo : 0, emin = hi >= lo ? lo : 0;
+    const size_t oc = static_cast<size_t>(r * nc + c);
+    P.span[oc] = static_cast<int16_t>(span);
+    // The integer chunk path's factors f = m·2^(e − emin) < 2^8·2^7 (file comment).
+    const bool int_ok = span <= kIntMaxSpan && emin >= -kIntExpBand && emin <= kIntExpBand;
+    P.ispan[oc] = int_ok ? static_cast<int16_t>(span) : kNoIntPath;
+    P.emin[oc] = static_cast<int16_t>(int_ok ? emin : 0);
+    for (int64_t s = s0; s < s1; ++s) {
+      const size_t o = static_cast<size_t>(r * ns + s);
+      P.fac[o] = int_ok && nzs[s - s0] ? static_cast<int16_t>(P.man[o] << (P.ex[o] - emin)) : int16_t{0};
+    }
   }
   return flags;
 }
@@ -454,7 +499,9 @@ bool needs_fixup(const Plan& pl, const Packed& A, int64_t i, const Packed& B, in
 
 // ---- AVX-512 VNNI kernel ----------------------------------------------------------------
 
-void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P) {
+/// Column j of B into its panel (bytes n_b + 12, c_b/2, the integer path's f_b and emin_b);
+/// `pairs`: f_b in both int16 halves of its lane (the AVX2 kernel) rather than the low one.
+void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P, bool pairs) {
   const int64_t Kp = pl.Kp, ns = pl.nseg, p = j / kNR, jj = j % kNR;
   const int8_t* n = B.n.data() + j * Kp;
   uint8_t* dst = P.bytes.data() + p * Kp * kNR + jj * 4;
@@ -465,8 +512,28 @@ void pack_panel_row(const Plan& pl, const Packed& B, int64_t j, Panels& P) {
     w = ((w & 0x7F7F7F7Fu) + 0x01010101u * kNOffset) ^ (w & 0x80808080u);
     std::memcpy(dst + kg * (kNR * 4), &w, 4);
   }
-  for (int64_t s = 0; s < ns; ++s)
-    P.hs[static_cast<size_t>((p * ns + s) * kNR + jj)] = B.hs[static_cast<size_t>(j * ns + s)];
+  for (int64_t s = 0; s < ns; ++s) {
+    const size_t o = static_cast<size_t>((p * ns + s) * kNR + jj);
+    P.hs[o] = B.hs[static_cast<size_t>(j * ns + s)];
+    const uint32_t f = static_cast<uint16_t>(B.fac[static_cast<size_t>(j * ns + s)]);
+    P.fb[o] = static_cast<int32_t>(pairs ? f | (f << 16) : f);
+  }
+  const int64_t nc = pl.nchunk;
+  for (int64_t c = 0; c < nc; ++c)
+    P.eb[static_cast<size_t>((p * nc + c) * kNR + jj)] = B.emin[static_cast<size_t>(j * nc + c)] + kIntExpBias;
+}
+
+/// After the columns [j0, j1) of panel p are packed: the largest ispan of each 16-column half
+/// per chunk (halves without real columns: 0).
+void finish_panel(const Plan& pl, const Packed& B, int64_t p, int64_t j0, int64_t j1, Panels& P) {
+  const int64_t nc = pl.nchunk;
+  for (int64_t c = 0; c < nc; ++c)
+    for (int h = 0; h < 2; ++h) {
+      int16_t m = 0;
+      for (int64_t j = std::max(j0, p * kNR + 16 * h); j < std::min(j1, p * kNR + 16 * h + 16); ++j)
+        m = std::max(m, B.ispan[static_cast<size_t>(j * nc + c)]);
+      P.hspan[static_cast<size_t>((p * nc + c) * 2 + h)] = m;
+    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -510,6 +577,18 @@ FP4_AVX512 inline VF cvt_rne_ps(VD lo, VD hi) {
   const __m256 h = _mm512_cvt_roundpd_ps(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm512_insertf32x8(_mm512_castps256_ps512(l), h, 1);
 }
+/// Each int16 half of every 32-bit lane set to x.
+FP4_AVX512 inline VI set1_epi16(int16_t x) { return _mm512_set1_epi16(x); }
+/// Low 16 bits of the product of each int16 pair.
+FP4_AVX512 inline VI mullo_epi16(VI a, VI b) { return _mm512_mullo_epi16(a, b); }
+/// Per 32-bit lane: a.lo·b.lo + a.hi·b.hi of its signed int16 halves (vpmaddwd).
+FP4_AVX512 inline VI madd_epi16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+FP4_AVX512 inline VI add_epi32(VI a, VI b) { return _mm512_add_epi32(a, b); }
+FP4_AVX512 inline VI loadu_epi32(const int32_t* p) { return _mm512_loadu_si512(p); }
+/// int32 → FP32, RNE (vcvtdq2ps in the default rounding mode).
+FP4_AVX512 inline VF cvt_ps(VI x) { return _mm512_cvtepi32_ps(x); }
+/// 2^(e − 127) per lane for a biased exponent e ∈ [1, 254].
+FP4_AVX512 inline VF pow2_ps(VI e) { return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)); }
 FP4_AVX512 inline VF load_ps(const float* p) { return _mm512_load_ps(p); }
 FP4_AVX512 inline void store_ps(float* p, VF v) { _mm512_store_ps(p, v); }
 /// a + b rounded toward zero (vaddps {rz-sae}: IEEE RTZ).
@@ -609,6 +688,50 @@ inline VF cvt_rne_ps(VD lo, VD hi) {
   VF r;
   for (int l = 0; l < 8; ++l) r.v[l] = static_cast<float>(lo.v[l]);
   for (int l = 0; l < 8; ++l) r.v[8 + l] = static_cast<float>(hi.v[l]);
+  return r;
+}
+inline VI set1_epi16(int16_t x) {
+  const uint16_t u = static_cast<uint16_t>(x);
+  return set1_epi32(static_cast<int32_t>(uint32_t{u} | (uint32_t{u} << 16)));
+}
+/// int16 half h (0 = low) of a 32-bit lane, signed.
+inline int32_t half16(int32_t lane, int h) {
+  return static_cast<int16_t>(static_cast<uint16_t>(static_cast<uint32_t>(lane) >> (16 * h)));
+}
+inline VI mullo_epi16(VI a, VI b) {
+  for (int l = 0; l < 16; ++l) {
+    const uint32_t lo = static_cast<uint16_t>(half16(a.v[l], 0) * half16(b.v[l], 0));
+    const uint32_t hi = static_cast<uint16_t>(half16(a.v[l], 1) * half16(b.v[l], 1));
+    a.v[l] = static_cast<int32_t>(lo | (hi << 16));
+  }
+  return a;
+}
+inline VI madd_epi16(VI a, VI b) {
+  for (int l = 0; l < 16; ++l) {  // two exact int32 products, wrap-around sum as vpmaddwd
+    const uint32_t s = static_cast<uint32_t>(half16(a.v[l], 0) * half16(b.v[l], 0)) +
+                       static_cast<uint32_t>(half16(a.v[l], 1) * half16(b.v[l], 1));
+    a.v[l] = static_cast<int32_t>(s);
+  }
+  return a;
+}
+inline VI add_epi32(VI a, VI b) {
+  for (int l = 0; l < 16; ++l)
+    a.v[l] = static_cast<int32_t>(static_cast<uint32_t>(a.v[l]) + static_cast<uint32_t>(b.v[l]));
+  return a;
+}
+inline VI loadu_epi32(const int32_t* p) {
+  VI r;
+  std::memcpy(r.v, p, 64);
+  return r;
+}
+inline VF cvt_ps(VI x) {
+  VF r;
+  for (int l = 0; l < 16; ++l) r.v[l] = static_cast<float>(x.v[l]);
+  return r;
+}
+inline VF pow2_ps(VI e) {
+  VF r;
+  for (int l = 0; l < 16; ++l) r.v[l] = std::bit_cast<float>(static_cast<uint32_t>(e.v[l]) << 23);
   return r;
 }
 inline VF load_ps(const float* p) {
@@ -772,11 +895,21 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
       BP.bytes.resize(static_cast<size_t>(npan * pl.Kp * kNR));
       BP.hs.resize(static_cast<size_t>(npan * pl.nseg * kNR));
       // Padding columns of the last panel: scale 0 (their bytes are never used unscaled).
-      for (int64_t j = N; j < npan * kNR; ++j)
-        for (int64_t s = 0; s < pl.nseg; ++s)
-          BP.hs[static_cast<size_t>(((j / kNR) * pl.nseg + s) * kNR + j % kNR)] = 0.0;
+      BP.fb.resize(BP.hs.size());
+      BP.eb.resize(static_cast<size_t>(npan * pl.nchunk * kNR));
+      BP.hspan.resize(static_cast<size_t>(npan * pl.nchunk * 2));
+      for (int64_t j = N; j < npan * kNR; ++j) {
+        for (int64_t s = 0; s < pl.nseg; ++s) {
+          const size_t o = static_cast<size_t>(((j / kNR) * pl.nseg + s) * kNR + j % kNR);
+          BP.hs[o] = 0.0;
+          BP.fb[o] = 0;
+        }
+        for (int64_t c = 0; c < pl.nchunk; ++c)
+          BP.eb[static_cast<size_t>(((j / kNR) * pl.nchunk + c) * kNR + j % kNR)] = kIntExpBias;
+      }
     }
     const int limit = span_limit(A.mmax, B.mmax, pl.acc.chunk);
+    BP.int_limit = int_span_limit(A.mmax, B.mmax);
     std::vector<std::atomic<int>> group_state(static_cast<size_t>(ngroups));
     std::vector<std::atomic<int>> panel_state(static_cast<size_t>(npan));
     std::atomic<unsigned> flags_a{0}, flags_b{0};
@@ -800,8 +933,9 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
           unsigned f = 0;
           for (int64_t j = j0; j < j1; ++j) {
             f |= pack_row(b, pl, 1, Fb, j, B, impl);
-            if (simd) pack_panel_row(pl, B, j, BP);
+            if (simd) pack_panel_row(pl, B, j, BP, impl == Impl::Avx2);
           }
+          if (simd) finish_panel(pl, B, p, j0, j1, BP);
           flags_b.fetch_or(f, std::memory_order_relaxed);
         });
         if (impl == Impl::Avx512) {

@@ -29,7 +29,14 @@
 // vpmaddwd with ones adds the two int16 lanes of a column into int32 (exact), giving
 // D_s = Σ n_a·(n_b + 12) − 12·Σ n_a = Σ n_a·n_b exactly (|D_s| ≤ 144·64).
 //
-// Chunk sum in double: D_s (int32 → double, exact) times (c_a/2)·(c_b/2) (exact: at most 8 + 8
+// Chunk sum in int32 (when the tile's spans allow it; probe_gemm.cpp, "Integer chunk sums"):
+// vpmullw forms w = f_a·f_b (< 2^15) in both int16 halves of each column's lane, and vpmaddwd
+// of the segment's int16 pair sums with w gives (corr + Σ pairs)·w = D_s·w in int32, exactly
+// (each product ≤ 18432·32767 < 2^30); the chunk's int32 sum I stays below 2^29. Per chunk,
+// vcvtdq2ps rounds I once (RNE) and the product with the normal float 2^(emin_a + emin_b − 2)
+// is exact.
+//
+// Otherwise the chunk sum in double: D_s (int32 → double, exact) times (c_a/2)·(c_b/2) (exact: at most 8 + 8
 // significant bits) is added with one FMA to the chunk's double accumulators; the product is
 // exact, and the span bound (file comment of probe_gemm.cpp) makes every partial sum exact, so
 // the FMA's one rounding never rounds and the order does not matter. Outputs whose span bound
@@ -70,7 +77,7 @@ namespace fp4::probe_impl {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4_AVX2 __attribute__((target("avx2,fma")))
-#define FP4_AVX2_LAMBDA __attribute__((target("avx2,fma"), always_inline))
+#define FP4_AVX2_INLINE inline __attribute__((target("avx2,fma"), always_inline))
 
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
@@ -102,9 +109,13 @@ FP4_AVX2 inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(a4);
 }
 
-/// acc16 += vpmaddubsw(b, a): int16 pair sums, |pair| ≤ 576 (file comment).
+/// acc16 += vpmaddubsw(b, a): int16 pair sums, |pair| ≤ 576 (file comment). The empty asm
+/// pins the sum in a register: without it GCC reassociates a segment's 32 additions into a
+/// tree of products first, which needs more than 16 registers and spills to the stack.
 FP4_AVX2 inline __m256i mac16(__m256i acc16, __m256i b_u8, __m256i a_s8) {
-  return _mm256_add_epi16(acc16, _mm256_maddubs_epi16(b_u8, a_s8));
+  __m256i r = _mm256_add_epi16(acc16, _mm256_maddubs_epi16(b_u8, a_s8));
+  asm("" : "+x"(r));
+  return r;
 }
 
 /// acc = RTZ_fp32(acc + s) per lane for finite results (file comment); lanes where the TwoSum
@@ -134,104 +145,141 @@ FP4_AVX2 inline __m256 finish8(__m256 x, __m256 alpha) {
   return _mm256_mul_ps(_mm256_blendv_ps(r, x, big), alpha);
 }
 
-/// D = the int32 dots of one int16 accumulator (8 columns; the correction is already in it);
-/// chunk accumulators d[0..8) = (first segment of the chunk ? 0 : d) + D·(c_a/2)·(c_b/2).
-template <bool kFirst>
-FP4_AVX2 inline void seg_epilogue(__m256i acc16, __m256d sa, const double* sb, double* d) {
+/// Double path: D = the int32 dots of one int16 accumulator (8 columns; the correction is
+/// already in it); d[0..8) += D·(c_a/2)·(c_b/2), exact (file comment).
+FP4_AVX2_INLINE void seg_epilogue(__m256i acc16, __m256d sa, const double* sb, double* d) {
   const __m256i D = _mm256_madd_epi16(acc16, _mm256_set1_epi16(1));
   const __m256d lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(D));
   const __m256d hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(D, 1));
   const __m256d slo = _mm256_mul_pd(_mm256_loadu_pd(sb), sa);
   const __m256d shi = _mm256_mul_pd(_mm256_loadu_pd(sb + 4), sa);
-  if (kFirst) {
-    _mm256_store_pd(d, _mm256_mul_pd(lo, slo));
-    _mm256_store_pd(d + 4, _mm256_mul_pd(hi, shi));
-  } else {
-    _mm256_store_pd(d, _mm256_fmadd_pd(lo, slo, _mm256_load_pd(d)));
-    _mm256_store_pd(d + 4, _mm256_fmadd_pd(hi, shi, _mm256_load_pd(d + 4)));
-  }
+  _mm256_store_pd(d, _mm256_fmadd_pd(lo, slo, _mm256_load_pd(d)));
+  _mm256_store_pd(d + 4, _mm256_fmadd_pd(hi, shi, _mm256_load_pd(d + 4)));
+}
+
+/// Integer path: w = f_a·f_b in both int16 halves of each column's lane (< 2^15, file
+/// comment), vpmaddwd gives D·w in int32 exactly, added to ia[0..8).
+FP4_AVX2_INLINE void seg_epilogue_int(__m256i acc16, __m256i fa16, const int32_t* fb, int32_t* ia) {
+  const __m256i w = _mm256_mullo_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(fb)), fa16);
+  __m256i* p = reinterpret_cast<__m256i*>(ia);
+  _mm256_store_si256(p, _mm256_add_epi32(_mm256_load_si256(p), _mm256_madd_epi16(acc16, w)));
 }
 
 /// int16 lanes (corr, 0) in every 32-bit lane: the start of a column's two pair-sum lanes, so
-/// that vpmaddwd with ones later yields Σ u·n_a + corr = D directly.
+/// that vpmaddwd later yields (Σ u·n_a + corr)·w = D·w directly.
 FP4_AVX2 inline __m256i corr16(int32_t corr) { return _mm256_set1_epi32(corr & 0xFFFF); }
+
+/// The int16 pair-sum accumulators of one segment for a 4 × 16 tile (row r: v[2r] columns
+/// 0..7, v[2r + 1] columns 8..15), started from each row's correction.
+struct Seg16 {
+  __m256i v[8];
+};
+
+/// One group of 4 k: 2 loads of B, 4 broadcasts of A, 8 vpmaddubsw + vpaddw.
+FP4_AVX2_INLINE void group4(Seg16& a16, const uint8_t* bk, const int8_t* ak, int64_t Kp) {
+  const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk));
+  const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk + 32));
+#pragma GCC unroll 4
+  for (int r = 0; r < kMR; ++r) {
+    const __m256i a = bcast4(ak + r * Kp);
+    a16.v[2 * r] = mac16(a16.v[2 * r], b0, a);
+    a16.v[2 * r + 1] = mac16(a16.v[2 * r + 1], b1, a);
+  }
+}
 
 /// One 4 × 16 tile: rows i0.. of A, columns [16·h, 16·h + 16) of panel p; the first `rows`
 /// rows and `cols` columns are written to c. Returns false if the tile must be recomputed by
 /// the scalar twin (a non-finite RTZ addition).
 FP4_AVX2 bool half_tile(const Plan& pl, const Packed& A, const Panels& BP, int64_t i0, int64_t p,
                         int h, float alpha, float* c, int64_t ldc, int64_t rows, int64_t cols) {
-  static_assert(kMR == 4 && kNR == 32, "the inner loop is written out for 4 x 16 half panels");
-  const int64_t Kp = pl.Kp, ns = pl.nseg;
+  static_assert(kMR == 4 && kNR == 32, "the kernel is written for 4 x 16 half panels");
+  const int64_t Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk;
   const int8_t* an = A.n.data() + i0 * Kp;
   const double* sa = A.hs.data() + i0 * ns;
   const int32_t* corr = A.corr.data() + i0 * ns;
+  const int16_t* fa = A.fac.data() + i0 * ns;
+  const int16_t* ea = A.emin.data() + i0 * nc;
+  const int16_t* ispan = A.ispan.data() + i0 * nc;
   const uint8_t* bpan = BP.bytes.data() + p * Kp * kNR + h * 64;  // 16 columns × 4 bytes
   const double* sb = BP.hs.data() + p * ns * kNR + h * 16;
-  alignas(32) float acc[kMR][16] = {};   // FP32 RTZ accumulators
-  alignas(32) double dacc[kMR][16];      // the current chunk's exact sums
+  const int32_t* fbp = BP.fb.data() + p * ns * kNR + h * 16;
+  const int32_t* ebp = BP.eb.data() + p * nc * kNR + h * 16;
+  const int16_t* hspan = BP.hspan.data() + p * nc * 2 + h;
+  alignas(32) float acc[kMR][16] = {};  // FP32 RTZ accumulators
+  alignas(32) double dacc[kMR][16] = {};   // the current chunk's exact sums (double path)
+  alignas(32) int32_t iacc[kMR][16] = {};  // the current chunk's exact sums (integer path)
   __m256i bad = _mm256_setzero_si256();
-  for (int64_t ch = 0; ch < pl.nchunk; ++ch) {
+  for (int64_t ch = 0; ch < nc; ++ch) {
+    // The integer path when every output of the tile allows it (span_A + span_B ≤ int_limit).
+    const int span_a = std::max({ispan[0 * nc + ch], ispan[1 * nc + ch], ispan[2 * nc + ch],
+                                 ispan[3 * nc + ch]});
+    const bool use_int = span_a + hspan[ch * 2] <= BP.int_limit;
+#pragma GCC unroll 4
+    for (int r = 0; r < kMR; ++r) {
+      if (use_int) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&iacc[r][0]), _mm256_setzero_si256());
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&iacc[r][8]), _mm256_setzero_si256());
+      } else {
+        for (int q = 0; q < 16; q += 4) _mm256_store_pd(&dacc[r][q], _mm256_setzero_pd());
+      }
+    }
     for (int64_t s = pl.chunk_first[ch]; s < pl.chunk_first[ch + 1]; ++s) {
       const Segment& sg = pl.segs[static_cast<size_t>(s)];
       // int16 accumulators start from the correction −12·Σ n_a (|corr| ≤ 12·12·64 = 9216, so
       // the lane holding it stays within 9216 + 9216 < 2^15; file comment).
-      __m256i c00 = corr16(corr[0 * ns + s]), c01 = c00, c10 = corr16(corr[1 * ns + s]), c11 = c10;
-      __m256i c20 = corr16(corr[2 * ns + s]), c21 = c20, c30 = corr16(corr[3 * ns + s]), c31 = c30;
+      Seg16 a16;
+#pragma GCC unroll 4
+      for (int r = 0; r < kMR; ++r) a16.v[2 * r] = a16.v[2 * r + 1] = corr16(corr[r * ns + s]);
       const uint8_t* bk = bpan + sg.p0 * kNR;
       const int8_t* ak = an + sg.p0;
-      // One group of 4 k: 2 loads of B, 4 broadcasts of A, 8 vpmaddubsw + vpaddw.
-      auto group = [&](int64_t kk) FP4_AVX2_LAMBDA {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk + kk * kNR));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bk + kk * kNR + 32));
-        __m256i a = bcast4(ak + 0 * Kp + kk);
-        c00 = mac16(c00, b0, a);
-        c01 = mac16(c01, b1, a);
-        a = bcast4(ak + 1 * Kp + kk);
-        c10 = mac16(c10, b0, a);
-        c11 = mac16(c11, b1, a);
-        a = bcast4(ak + 2 * Kp + kk);
-        c20 = mac16(c20, b0, a);
-        c21 = mac16(c21, b1, a);
-        a = bcast4(ak + 3 * Kp + kk);
-        c30 = mac16(c30, b0, a);
-        c31 = mac16(c31, b1, a);
-      };
       if (sg.plen == 16) {  // blocks of 16 (the recipes'): unrolled
-        group(0);
-        group(4);
-        group(8);
-        group(12);
+        group4(a16, bk, ak, Kp);
+        group4(a16, bk + 4 * kNR, ak + 4, Kp);
+        group4(a16, bk + 8 * kNR, ak + 8, Kp);
+        group4(a16, bk + 12 * kNR, ak + 12, Kp);
       } else {
-        for (int64_t kk = 0; kk < sg.plen; kk += 4) group(kk);
+        for (int64_t kk = 0; kk < sg.plen; kk += 4) group4(a16, bk + kk * kNR, ak + kk, Kp);
       }
-      const double* sbs = sb + s * kNR;
-      const __m256d s0 = _mm256_set1_pd(sa[0 * ns + s]), s1 = _mm256_set1_pd(sa[1 * ns + s]);
-      const __m256d s2 = _mm256_set1_pd(sa[2 * ns + s]), s3 = _mm256_set1_pd(sa[3 * ns + s]);
-      auto epilogue = [&](auto first) FP4_AVX2_LAMBDA {
-        constexpr bool f = decltype(first)::value;
-        seg_epilogue<f>(c00, s0, sbs, &dacc[0][0]);
-        seg_epilogue<f>(c01, s0, sbs + 8, &dacc[0][8]);
-        seg_epilogue<f>(c10, s1, sbs, &dacc[1][0]);
-        seg_epilogue<f>(c11, s1, sbs + 8, &dacc[1][8]);
-        seg_epilogue<f>(c20, s2, sbs, &dacc[2][0]);
-        seg_epilogue<f>(c21, s2, sbs + 8, &dacc[2][8]);
-        seg_epilogue<f>(c30, s3, sbs, &dacc[3][0]);
-        seg_epilogue<f>(c31, s3, sbs + 8, &dacc[3][8]);
-      };
-      if (s == pl.chunk_first[ch]) {
-        epilogue(std::true_type{});
+      if (use_int) {
+        const int32_t* fbs = fbp + s * kNR;
+#pragma GCC unroll 4
+        for (int r = 0; r < kMR; ++r) {
+          const __m256i f = _mm256_set1_epi16(fa[r * ns + s]);
+          seg_epilogue_int(a16.v[2 * r], f, fbs, &iacc[r][0]);
+          seg_epilogue_int(a16.v[2 * r + 1], f, fbs + 8, &iacc[r][8]);
+        }
       } else {
-        epilogue(std::false_type{});
+        const double* sbs = sb + s * kNR;
+#pragma GCC unroll 4
+        for (int r = 0; r < kMR; ++r) {
+          const __m256d sr = _mm256_set1_pd(sa[r * ns + s]);
+          seg_epilogue(a16.v[2 * r], sr, sbs, &dacc[r][0]);
+          seg_epilogue(a16.v[2 * r + 1], sr, sbs + 8, &dacc[r][8]);
+        }
       }
     }
     // Chunk epilogue: one RNE rounding to FP32, then the RTZ accumulation.
-    for (int r = 0; r < kMR; ++r)
+#pragma GCC unroll 4
+    for (int r = 0; r < kMR; ++r) {
+      const __m256i er = _mm256_set1_epi32(ea[r * nc + ch]);
+#pragma GCC unroll 4
       for (int q = 0; q < 16; q += 8) {
-        const __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_load_pd(&dacc[r][q + 4])),
-                                         _mm256_cvtpd_ps(_mm256_load_pd(&dacc[r][q])));
+        __m256 f;
+        if (use_int) {
+          // I·2^(emin_a + emin_b − 2): vcvtdq2ps is the one RNE rounding of I, the power of
+          // two (a normal float: biased exponent in [1, 249]) scales it exactly.
+          const __m256i e = _mm256_add_epi32(
+              er, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ebp + ch * kNR + q)));
+          f = _mm256_mul_ps(
+              _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(&iacc[r][q]))),
+              _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+        } else {
+          f = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_load_pd(&dacc[r][q + 4])),
+                              _mm256_cvtpd_ps(_mm256_load_pd(&dacc[r][q])));
+        }
         _mm256_store_ps(&acc[r][q], add_rtz8(_mm256_load_ps(&acc[r][q]), f, bad));
       }
+    }
   }
   if (!_mm256_testz_si256(bad, bad)) return false;
   const __m256 al = _mm256_set1_ps(alpha);
@@ -239,8 +287,12 @@ FP4_AVX2 bool half_tile(const Plan& pl, const Packed& A, const Panels& BP, int64
   for (int r = 0; r < kMR && r < rows; ++r)
     for (int q = 0; q < 16 && q < cols; q += 8) {
       const __m256 y = finish8(_mm256_load_ps(&acc[r][q]), al);
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - q)), lane);
-      _mm256_maskstore_ps(c + r * ldc + q, mask, y);
+      if (cols - q >= 8) {
+        _mm256_storeu_ps(c + r * ldc + q, y);
+      } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols - q)), lane);
+        _mm256_maskstore_ps(c + r * ldc + q, mask, y);
+      }
     }
   return true;
 }

@@ -50,7 +50,24 @@ struct Packed {
   std::vector<int16_t> span;  ///< [rows][nchunk] max e − min e over the chunk's nonzero segments
   int max_span = 0;
   int mmax = 15;              ///< bound on m: 2^(F+1) − 1
+  // The SIMD kernels' integer chunk path (src/gemm/probe_gemm.cpp, "Integer chunk sums"): per
+  // (row, segment) the factor f = m·2^(e − emin) (0 for an all-zero segment), per (row, chunk)
+  // emin (the least e of the chunk's nonzero segments, 0 if none) and ispan (span, or
+  // kNoIntPath when the chunk cannot take the integer path: span > kIntMaxSpan or emin outside
+  // ±kIntExpBand). Padding rows: f = 0, emin = 0, ispan = 0.
+  std::vector<int16_t> fac;    ///< [rows_alloc][nseg]
+  std::vector<int16_t> emin;   ///< [rows_alloc][nchunk]
+  std::vector<int16_t> ispan;  ///< [rows_alloc][nchunk]
 };
+
+/// Integer chunk path limits: a factor m·2^span must fit int16 for every m < 2^8 (span ≤ 7),
+/// and 2^(emin_a + emin_b − 2) must be a normal FP32 power of two (|emin| ≤ 62 each).
+inline constexpr int kIntMaxSpan = 7;
+inline constexpr int kIntExpBand = 62;
+inline constexpr int16_t kNoIntPath = 99;
+/// The FP32 exponent bias, and the biased exponent field of 2^(emin_b − 2) stored per column
+/// (the kernels add emin_a and shift it into place).
+inline constexpr int kIntExpBias = 127 - 2;
 
 /// B packed for the SIMD kernels in panels of kNR columns: [panel][Kp/4][kNR][4] bytes
 /// n_b + 12 (unsigned, the u8 operand; A's signed n_a is the broadcast s8 operand), and c_b/2
@@ -60,6 +77,15 @@ struct Panels {
   int64_t npan = 0;
   std::vector<uint8_t> bytes;
   std::vector<double> hs;
+  /// Integer chunk path, per (panel, segment, column): B's factor f_b as the int32 lane the
+  /// kernel multiplies (AVX2: f_b in both int16 halves, for its int16 pair sums; AVX-512:
+  /// f_b in the low half, 0 in the high half, for its int32 dots); 0 in padding columns.
+  std::vector<int32_t> fb;
+  std::vector<int32_t> eb;      ///< [panel][nchunk][kNR] emin_b + kIntExpBias (padding: kIntExpBias)
+  std::vector<int16_t> hspan;   ///< [panel][nchunk][2] max ispan over each 16-column half
+  /// Largest span_A + span_B for which f_a·f_b < 2^15 (15 − bitlength(mmax_a·mmax_b); 7 for
+  /// the contract's 4-bit scale mantissas).
+  int int_limit = 0;
 };
 
 /// The portable (scalar) kernel for one output C[i, j]: exact double chunk sums when the span

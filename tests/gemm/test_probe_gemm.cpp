@@ -1006,6 +1006,51 @@ TEST(ProbeGemmKernels, ExtremeDotProductsInFullChunkSegments) {
   }
 }
 
+TEST(ProbeGemmKernels, IntegerChunkPathAtItsLimits) {
+  // The SIMD kernels sum a chunk in int32 as Σ D·f_a·f_b with f = m·2^(e − emin) when
+  // span_A + span_B ≤ 15 − bitlength(mmax_a·mmax_b) (7 for 4-bit scale mantissas) and
+  // |emin| ≤ 62 on both sides, and in double otherwise (src/gemm/probe_gemm.cpp, "Integer
+  // chunk sums"). Here: every element ±6 (|D| at its maximum), scale mantissas 15 (or 31, a
+  // 5-bit spelled scale, limit 5), and per 64-chunk exponents e0 + {0, span, ...} on each side,
+  // so that f_a·f_b and the int32 chunk sum reach their bounds just inside and just outside
+  // the limit; base exponents at and beyond the ±62 band (chunk sums near 2^-126 included).
+  struct Case {
+    int span_a, span_b, e_a, e_b, m;
+  };
+  const Case cases[] = {{0, 7, 0, 0, 15},    {3, 4, 0, 0, 15},    {4, 4, 0, 0, 15},   {7, 0, 2, -3, 15},
+                        {7, 1, 0, 0, 15},    {0, 8, 0, 0, 15},    {5, 0, 0, 0, 31},   {3, 3, 0, 0, 31},
+                        {0, 0, 62, -62, 15}, {0, 0, 63, -62, 15}, {1, 1, -62, -62, 15}, {0, 0, -63, -62, 15},
+                        {2, 2, -62, -63, 15}, {6, 1, 62, -66, 15}};
+  std::mt19937_64 rng(1515);
+  for (const Case& cs : cases) {
+    const int64_t M = 7, N = 37, K = 192, bc = K / 16;  // 3 chunks of 4 blocks
+    auto scales = [&](int64_t rows, int span, int e0) {
+      std::vector<float> sc(static_cast<size_t>(rows * bc));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < bc; ++b) {
+          // Block b % 4 of each chunk: offsets 0, span, then random in [0, span]; the row's
+          // chunks shifted by r % 3 so that rows of one tile differ.
+          const int64_t q = b % 4;
+          const int off = q == 0 ? 0 : q == 1 ? span : static_cast<int>(rng() % (span + 1));
+          sc[static_cast<size_t>(r * bc + b)] = std::ldexp(static_cast<float>(cs.m), e0 + off + static_cast<int>(r % 3));
+        }
+      return sc;
+    };
+    auto codes = [&](int64_t rows) {
+      std::vector<uint8_t> c(static_cast<size_t>(rows * K));
+      for (auto& v : c) v = rng() % 8 == 0 ? static_cast<uint8_t>(rng() % 16) : (rng() % 2 ? 7 : 15);
+      return c;
+    };
+    const auto a = make_qt(M, K, 16, false, codes(M), scales(M, cs.span_a, cs.e_a));
+    const auto b = make_qt(N, K, 16, false, codes(N), scales(N, cs.span_b, cs.e_b));
+    const auto want = ref_probe(a, b);
+    for (ProbeKernel k : kernels())
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N))
+          << kname(k) << " spans " << cs.span_a << "+" << cs.span_b << ", exponents " << cs.e_a
+          << ", " << cs.e_b << ", mantissa " << cs.m;
+  }
+}
+
 TEST(ProbeGemmKernels, StalePanelBytesAndRaggedShapes) {
   // A larger product first leaves random bytes in the calling thread's packing buffers; the
   // padding columns of the next, ragged products then hold stale bytes (their scale is 0).
