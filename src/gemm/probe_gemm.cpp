@@ -43,8 +43,11 @@
 // times 2^E, exact because 2^E is a normal float: each operand's emin is kept within ±62
 // (kIntExpBand), so E + 127 ∈ [1, 249], and a nonzero |I|·2^E ≥ 2^-126 never reaches the
 // subnormal range where a second rounding could differ. (An overflow gives ±Inf exactly
-// where the correctly rounded sum does, and the tile's scalar fallback takes over as for
-// the double path.) A tile takes this path for a chunk when all of its outputs allow it (the
+// where the correctly rounded sum does: IEEE decides overflow after rounding to 24 bits, and
+// RNE24(I)·2^E ≥ 2^128 is that case; from there each kernel goes on as on the double path,
+// the AVX2 kernel by its scalar fallback, the AVX-512 kernel through vaddps {rz-sae}.) For
+// spelled scale formats with wider mantissas the limit shrinks: 5 for 5-bit mantissas on both
+// sides, 3 for 8-bit against 4-bit, and −1 (never) for 8-bit on both. A tile takes this path for a chunk when all of its outputs allow it (the
 // largest span over its rows and columns), else the double path below; in training about 86%
 // of chunks take it (tiny config, ue5m3-b16-paper, 120 steps). The int16 multiplier holds w
 // in both halves of a lane for the AVX2 kernel (whose int16 pair sums both need it) and in
@@ -61,8 +64,8 @@
 // broadcast signed bytes, vpdpbusd accumulating from −12·Σ n_a so that the result is D_s; per
 // segment the 4×32 tile's D_s are accumulated as D_s·f_a·f_b in int32 (integer path) or
 // converted to double and accumulated as D_s·(c_a/2)·(c_b/2);
-// per chunk one RNE conversion to FP32 and one RTZ addition (both with the integer chunk sums
-// above when the spans allow). AVX2 (src/gemm/probe_gemm_avx2.cpp): the same panels,
+// per chunk one RNE conversion to FP32 (vcvtdq2ps times 2^E on the integer path, vcvtpd2ps
+// on the double path) and one RTZ addition. AVX2 (src/gemm/probe_gemm_avx2.cpp): the same panels,
 // vpmaddubsw int16 pair sums per segment (no saturation, argued there), the same integer or
 // double epilogues, RTZ from the RNE sum and its TwoSum error. Every step is exact or a
 // single IEEE rounding, so all kernels give the same bits; tests compare each with an
@@ -326,12 +329,15 @@ __attribute__((target("avx512f,avx512bw"))) unsigned convert_codes_avx512(const 
 /// Problems pack_row reports (OR-ed over rows; the caller throws or retries after packing).
 enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
 
-/// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)).
+/// The kernel a call runs (ProbeKernel with Auto resolved).
+enum class Impl { Portable, Avx512, Avx2, Avx512Emu };
+
+/// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)):
+/// n = 2q per element (converted with the vector width of `impl`; every width gives the same
+/// bytes), and per (row, segment) c/2, the correction, m and e, per (row, chunk) the span and,
+/// for the SIMD kernels' integer chunk path, the factors f, emin and ispan (file comment).
 /// Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a scale that
 /// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
-/// The kernel a call runs (ProbeKernel with Auto resolved). pack_row converts codes with the
-/// matching vector width (every width gives the same bytes).
-enum class Impl { Portable, Avx512, Avx2, Avx512Emu };
 unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
                   Packed& P, Impl impl) {
   const int64_t K = q.cols, Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk, B = q.spec.block;
@@ -393,6 +399,7 @@ unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, in
     const size_t oc = static_cast<size_t>(r * nc + c);
     P.span[oc] = static_cast<int16_t>(span);
     // The integer chunk path's factors f = m·2^(e − emin) < 2^8·2^7 (file comment).
+    if (impl == Impl::Portable) continue;  // the portable kernel has no integer path
     const bool int_ok = span <= kIntMaxSpan && emin >= -kIntExpBand && emin <= kIntExpBand;
     P.ispan[oc] = int_ok ? static_cast<int16_t>(span) : kNoIntPath;
     P.emin[oc] = static_cast<int16_t>(int_ok ? emin : 0);
@@ -497,7 +504,7 @@ bool needs_fixup(const Plan& pl, const Packed& A, int64_t i, const Packed& B, in
   return false;
 }
 
-// ---- AVX-512 VNNI kernel ----------------------------------------------------------------
+// ---- the SIMD kernels' B panels -----------------------------------------------------------
 
 /// Column j of B into its panel (bytes n_b + 12, c_b/2, the integer path's f_b and emin_b);
 /// `pairs`: f_b in both int16 halves of its lane (the AVX2 kernel) rather than the low one.
@@ -535,6 +542,8 @@ void finish_panel(const Plan& pl, const Packed& B, int64_t p, int64_t j0, int64_
       P.hspan[static_cast<size_t>((p * nc + c) * 2 + h)] = m;
     }
 }
+
+// ---- AVX-512 VNNI kernel ----------------------------------------------------------------
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
@@ -585,8 +594,10 @@ FP4_AVX512 inline VI mullo_epi16(VI a, VI b) { return _mm512_mullo_epi16(a, b); 
 FP4_AVX512 inline VI madd_epi16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
 FP4_AVX512 inline VI add_epi32(VI a, VI b) { return _mm512_add_epi32(a, b); }
 FP4_AVX512 inline VI loadu_epi32(const int32_t* p) { return _mm512_loadu_si512(p); }
-/// int32 → FP32, RNE (vcvtdq2ps in the default rounding mode).
-FP4_AVX512 inline VF cvt_ps(VI x) { return _mm512_cvtepi32_ps(x); }
+/// int32 → FP32, RNE (vcvtdq2ps {rn-sae}).
+FP4_AVX512 inline VF cvt_ps(VI x) {
+  return _mm512_cvt_roundepi32_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 /// 2^(e − 127) per lane for a biased exponent e ∈ [1, 254].
 FP4_AVX512 inline VF pow2_ps(VI e) { return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)); }
 FP4_AVX512 inline VF load_ps(const float* p) { return _mm512_load_ps(p); }

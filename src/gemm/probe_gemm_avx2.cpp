@@ -24,8 +24,9 @@
 // row's correction −12·Σ n_a (|corr| ≤ 12·12·64 = 9216) and lane 2c + 1 from 0: a segment
 // lies inside one 64-chunk, so at most 16 groups add up, every partial sum of pairs is
 // bounded by 16·576 = 9216, and a lane never exceeds 9216 + 9216 = 18432 < 2^15: no wrap
-// either. (Padding columns of the last panel may hold stale bytes up to 255; their int16 sums
-// may wrap, but their scale is 0 and they are never stored.) At the end of the segment
+// either. (Padding columns of the last panel hold stale bytes of an earlier call's panels;
+// whatever their int16 sums, their scale c_b/2 and their factor f_b are 0, so they add 0, and
+// they are never stored.) At the end of the segment
 // vpmaddwd with ones adds the two int16 lanes of a column into int32 (exact), giving
 // D_s = Σ n_a·(n_b + 12) − 12·Σ n_a = Σ n_a·n_b exactly (|D_s| ≤ 144·64).
 //

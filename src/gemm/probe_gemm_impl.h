@@ -65,8 +65,8 @@ struct Packed {
 inline constexpr int kIntMaxSpan = 7;
 inline constexpr int kIntExpBand = 62;
 inline constexpr int16_t kNoIntPath = 99;
-/// The FP32 exponent bias, and the biased exponent field of 2^(emin_b − 2) stored per column
-/// (the kernels add emin_a and shift it into place).
+/// The FP32 exponent bias minus 2: eb = emin_b + kIntExpBias per column is the biased
+/// exponent field of 2^(emin_b − 2); the kernels add emin_a and shift it into place.
 inline constexpr int kIntExpBias = 127 - 2;
 
 /// B packed for the SIMD kernels in panels of kNR columns: [panel][Kp/4][kNR][4] bytes

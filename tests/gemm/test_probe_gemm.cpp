@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -1049,6 +1050,78 @@ TEST(ProbeGemmKernels, IntegerChunkPathAtItsLimits) {
           << kname(k) << " spans " << cs.span_a << "+" << cs.span_b << ", exponents " << cs.e_a
           << ", " << cs.e_b << ", mantissa " << cs.m;
   }
+}
+
+/// A random operand for the integer-path sweep below: codes mostly ±6 (|D| near its maximum)
+/// or uniform; block scales m·2^(base + offset) with offsets in [0, span] (the extremes often),
+/// rows shifted by r % 3 when `row_shift`, mantissas of `frac_bits` fraction bits (0: powers
+/// of two, as UE8M0), and about zero_pct% all-zero blocks (scale 1, the zero guard, or random).
+QuantizedTensor span_operand(std::mt19937_64& rng, int64_t rows, int64_t K, int block, bool two_d,
+                             int base, int span, int frac_bits, int zero_pct, bool row_shift) {
+  const int64_t bc = (K + block - 1) / block, br = two_d ? (rows + block - 1) / block : rows;
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * K));
+  const bool uniform = rng() % 3 == 0;
+  for (auto& c : codes) c = uniform ? static_cast<uint8_t>(rng() % 16) : (rng() % 2 ? 7 : 15);
+  std::vector<float> sc(static_cast<size_t>(br * bc));
+  for (int64_t r = 0; r < br; ++r)
+    for (int64_t b = 0; b < bc; ++b) {
+      int off = static_cast<int>(rng() % (span + 1));
+      if (rng() % 4 == 0) off = rng() % 2 ? span : 0;
+      int m = (1 << frac_bits) + static_cast<int>(rng() % (1u << frac_bits));
+      if (rng() % 3 == 0) m = (2 << frac_bits) - 1;  // the largest mantissa
+      const int e = base + off + (row_shift ? static_cast<int>(r % 3) : 0);
+      float& c = sc[static_cast<size_t>(r * bc + b)];
+      c = std::ldexp(static_cast<float>(m), e);
+      if (!(c > 0.0f) || !std::isfinite(c)) c = 1.0f;
+      if (static_cast<int>(rng() % 100) < zero_pct) {
+        if (rng() % 2) c = 1.0f;
+        const int64_t k0 = b * block, k1 = std::min<int64_t>(K, k0 + block);
+        const int64_t r0 = two_d ? r * block : r, r1 = two_d ? std::min<int64_t>(rows, r0 + block) : r + 1;
+        for (int64_t i = r0; i < r1; ++i)
+          for (int64_t k = k0; k < k1; ++k) codes[static_cast<size_t>(i * K + k)] = rng() % 2 ? 0 : 8;
+      }
+    }
+  return make_qt(rows, K, block, two_d, std::move(codes), std::move(sc));
+}
+
+TEST(ProbeGemmKernels, IntegerChunkPathRandomSpansMatchPortable) {
+  // Random shapes, blocks (1, 7, 16, 24, 32, 64; A and B apart), 1-D and 2-D operands, spans
+  // 0..9 per side, base exponents around the ±62 band and far beyond it, 3-bit, 4..7-bit and
+  // power-of-two mantissas, zero blocks, 1..3 threads: every SIMD kernel against the portable
+  // one, and the portable one against the independent reference on the small cases.
+  std::mt19937_64 rng(777);
+  const int blocks[] = {1, 7, 16, 24, 32, 64, 16, 16};
+  const int bases[] = {0, -3, 5, 58, 59, 60, 61, 62, 63, 65, -62, -63, -64, -65, -66, 30, -30, 97, 110, -123};
+  const int saved = omp_get_max_threads();
+  int refchecks = 0;
+  for (int it = 0; it < 300; ++it) {
+    omp_set_num_threads(1 + static_cast<int>(rng() % 3));
+    const int64_t M = 1 + static_cast<int64_t>(rng() % 9), N = 1 + static_cast<int64_t>(rng() % 70);
+    const int64_t K = rng() % 4 == 0 ? 64 * (1 + static_cast<int64_t>(rng() % 4)) : 1 + static_cast<int64_t>(rng() % 300);
+    const int ba = blocks[rng() % 8], bb = rng() % 2 ? ba : blocks[rng() % 8];
+    const int span_a = static_cast<int>(rng() % 10), span_b = static_cast<int>(rng() % 10);
+    const int ea = bases[rng() % std::size(bases)];
+    const int eb = rng() % 3 == 0 ? -ea + static_cast<int>(rng() % 7) - 3 : bases[rng() % std::size(bases)];
+    const int sel = static_cast<int>(rng() % 8);
+    const int fa = sel < 5 ? 3 : sel == 5 ? 0 : 4 + static_cast<int>(rng() % 4);
+    const int fb = rng() % 4 == 0 ? (rng() % 2 ? 0 : 4 + static_cast<int>(rng() % 4)) : 3;
+    const auto a = span_operand(rng, M, K, ba, rng() % 4 == 0, ea, span_a, fa, static_cast<int>(rng() % 30), rng() % 2);
+    const auto b = span_operand(rng, N, K, bb, rng() % 4 == 0, eb, span_b, fb, static_cast<int>(rng() % 30), rng() % 2);
+    const auto want = run_probe(a, b, ProbeKernel::Portable);
+    if (M * N * K < 6000 && it % 3 == 0) {
+      ++refchecks;
+      EXPECT_TRUE(same_bits(want, ref_probe(a, b), N)) << "portable, iteration " << it;
+    }
+    for (ProbeKernel k : kernels()) {
+      if (k == ProbeKernel::Portable) continue;
+      EXPECT_TRUE(same_bits(run_probe(a, b, k), want, N))
+          << kname(k) << ", iteration " << it << ": M=" << M << " N=" << N << " K=" << K << " blocks " << ba
+          << "/" << bb << " spans " << span_a << "/" << span_b << " exponents " << ea << "/" << eb
+          << " fraction bits " << fa << "/" << fb;
+    }
+  }
+  omp_set_num_threads(saved);
+  EXPECT_GT(refchecks, 30);
 }
 
 TEST(ProbeGemmKernels, StalePanelBytesAndRaggedShapes) {
