@@ -200,21 +200,16 @@ FP4_AVX2 bool half_tile(const Plan& pl, const Packed& A, const Panels& BP, int64
   const int32_t* corr = A.corr.data() + i0 * ns;
   const int16_t* fa = A.fac.data() + i0 * ns;
   const int16_t* ea = A.emin.data() + i0 * nc;
-  const int16_t* ispan = A.ispan.data() + i0 * nc;
   const uint8_t* bpan = BP.bytes.data() + p * Kp * kNR + h * 64;  // 16 columns × 4 bytes
   const double* sb = BP.hs.data() + p * ns * kNR + h * 16;
   const int32_t* fbp = BP.fb.data() + p * ns * kNR + h * 16;
   const int32_t* ebp = BP.eb.data() + p * nc * kNR + h * 16;
-  const int16_t* hspan = BP.hspan.data() + p * nc * 2 + h;
   alignas(32) float acc[kMR][16] = {};  // FP32 RTZ accumulators
   alignas(32) double dacc[kMR][16] = {};   // the current chunk's exact sums (double path)
   alignas(32) int32_t iacc[kMR][16] = {};  // the current chunk's exact sums (integer path)
   __m256i bad = _mm256_setzero_si256();
   for (int64_t ch = 0; ch < nc; ++ch) {
-    // The integer path when every output of the tile allows it (span_A + span_B ≤ int_limit).
-    const int span_a = std::max({ispan[0 * nc + ch], ispan[1 * nc + ch], ispan[2 * nc + ch],
-                                 ispan[3 * nc + ch]});
-    const bool use_int = span_a + hspan[ch * 2] <= BP.int_limit;
+    const bool use_int = tile_takes_int_path(A, BP, nc, i0, p, ch, h, h);
 #pragma GCC unroll 4
     for (int r = 0; r < kMR; ++r) {
       if (use_int) {

@@ -2,6 +2,7 @@
 // the probe-matched GEMM's kernels share, and the kernels' entry points. The exactness
 // arguments are in src/gemm/probe_gemm.cpp (file comment) and docs/gemm.md.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -87,6 +88,19 @@ struct Panels {
   /// the contract's 4-bit scale mantissas).
   int int_limit = 0;
 };
+
+/// Whether chunk ch of a SIMD tile takes the integer path: the tile's kMR rows of A from i0
+/// and the 16-column halves [h0, h1] of panel p (the AVX2 kernel's half tile: h0 = h1; the
+/// AVX-512 kernel's whole panel: 0, 1) allow it when their largest ispan on each side adds up
+/// to at most BP.int_limit (every output of the tile then does; file comment of
+/// probe_gemm.cpp, "Integer chunk sums").
+inline bool tile_takes_int_path(const Packed& A, const Panels& BP, int64_t nc, int64_t i0,
+                                int64_t p, int64_t ch, int h0, int h1) {
+  int span_a = 0, span_b = 0;
+  for (int r = 0; r < kMR; ++r) span_a = std::max<int>(span_a, A.ispan[static_cast<size_t>((i0 + r) * nc + ch)]);
+  for (int h = h0; h <= h1; ++h) span_b = std::max<int>(span_b, BP.hspan[static_cast<size_t>((p * nc + ch) * 2 + h)]);
+  return span_a + span_b <= BP.int_limit;
+}
 
 /// The portable (scalar) kernel for one output C[i, j]: exact double chunk sums when the span
 /// bound allows (span_A + span_B ≤ limit), the multi-word exact sum otherwise. The scalar twin
