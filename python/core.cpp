@@ -35,6 +35,7 @@
 #include "fp4/base/error.h"
 #include "fp4/numerics/format.h"
 #include "fp4/train/info.h"
+#include "fp4/train/resolved_run.h"
 #include "fp4/nn/linear.h"
 #include "fp4/nn/model.h"
 #include "fp4/numerics/philox.h"
@@ -629,10 +630,11 @@ py::dict spec_dict(const fp4::BlockQuantSpec& s) {
   return d;
 }
 
-py::list recipe_plan(const BoundRecipe& rec, const BoundConfig& cfg) {
-  const fp4::ModelInfo info = fp4::model_info(cfg.c, rec.r);
-  const std::vector<fp4::LinearSite> sites = fp4::nn::Model::linear_sites(cfg.c.model);
-  const fp4::ResolvedLinears res = fp4::resolve_linear_plans(rec.r, sites, cfg.c.model.n_blocks());
+// The per-linear plan of `recipe` on the model of `cfg`, whose plans `res` are resolved already
+// (once: Recipe.plan resolves them, resolve_run's ResolvedRun holds them).
+py::list plan_list(const fp4::Recipe& recipe, const fp4::RunConfig& cfg,
+                   const fp4::ResolvedLinears& res) {
+  const fp4::ModelInfo info = fp4::model_info(cfg, recipe, res);
   py::list out;
   for (size_t i = 0; i < info.linears.size(); ++i) {
     const fp4::LinearInfo& li = info.linears[i];
@@ -661,6 +663,30 @@ py::list recipe_plan(const BoundRecipe& rec, const BoundConfig& cfg) {
     out.append(d);
   }
   return out;
+}
+
+py::list recipe_plan(const BoundRecipe& rec, const BoundConfig& cfg) {
+  const std::vector<fp4::LinearSite> sites = fp4::nn::Model::linear_sites(cfg.c.model);
+  return plan_list(rec.r, cfg.c, fp4::resolve_linear_plans(rec.r, sites, cfg.c.model.n_blocks()));
+}
+
+/// A run resolved as the fp4train commands resolve theirs (fp4::resolve_run).
+struct BoundRun {
+  fp4::ResolvedRun run;
+};
+
+BoundRun resolve_run_py(const std::string& config, const std::string& recipe,
+                        const std::vector<std::string>& sets, const std::string& data) {
+  fp4::RunRequest request;
+  request.config = config;
+  request.recipe = recipe;
+  request.sets = sets;
+  if (!data.empty()) request.taken.push_back({"data.path", "data"});
+  request.data = data;
+  request.with_data = !data.empty();
+  BoundRun b;
+  b.run = fp4::resolve_run(request);
+  return b;
 }
 
 /// Checkpoint tensors by parameter name: the names and slices of nn::Model::param_infos() of
@@ -1044,6 +1070,35 @@ PYBIND11_MODULE(_core, m) {
            "the overrides that changed it), specs (FP4 linears: {gemm: {operand: spec dict}} for "
            "fprop x/w, dgrad dy/w, wgrad dy/x; else None). Raises fp4train.UserError when the "
            "recipe does not fit the model.");
+
+  py::class_<BoundRun>(m, "ResolvedRun",
+                       "A run as the fp4train commands resolve it (resolve_run): the config with "
+                       "its overrides, the recipe and its per-linear plan, and the run's label.")
+      .def_property_readonly("label", [](const BoundRun& b) { return b.run.label; },
+                             "The run's label: the config's stem and its result-changing "
+                             "overrides, 'tiny+train.lr=0.001' (what train names runs by).")
+      .def_property_readonly("config", [](const BoundRun& b) {
+            BoundConfig c;
+            c.c = b.run.config;
+            c.source = b.run.config_where;
+            return c; }, "The resolved Config (overrides applied, validated).")
+      .def_property_readonly("recipe", [](const BoundRun& b) { return BoundRecipe{b.run.recipe}; },
+                             "The resolved Recipe (overrides applied).")
+      .def_property_readonly("data_path", [](const BoundRun& b) { return b.run.data.path; },
+                             "The corpus of the run when `data` was given, else an empty path.")
+      .def("plan", [](const BoundRun& b) { return plan_list(b.run.recipe, b.run.config, b.run.plans); },
+           "plan() -> list[dict]\n\nThe per-linear plan resolved with the run, as "
+           "Recipe.plan(config) gives it.")
+      .def("__repr__", [](const BoundRun& b) {
+            return "<fp4train.ResolvedRun " + b.run.label + ", recipe " + b.run.recipe.name + ">"; });
+  m.def("resolve_run", &resolve_run_py, "config"_a, "recipe"_a = "ue5m3-b16",
+        "sets"_a = std::vector<std::string>{}, "data"_a = "",
+        "resolve_run(config, recipe='ue5m3-b16', sets=[], data='') -> ResolvedRun\n\n"
+        "Resolve a run exactly as `fp4train train --config CONFIG --recipe RECIPE --set ... "
+        "--data DATA` does: config found relative to the working directory, then the source "
+        "tree; recipe a shipped name or a .toml path; sets 'KEY=VALUE' overrides of config and "
+        "recipe keys; data the corpus instead of data.path (checked to exist; '' = not "
+        "resolved). Raises fp4train.UserError naming the argument, file and key at fault.");
 
   py::class_<BoundCheckpoint>(m, "Checkpoint", "A training checkpoint (fp4/train/checkpoint.h).")
       .def_property_readonly("file", [](const BoundCheckpoint& c) { return c.file; }, "The checkpoint file read.")

@@ -17,6 +17,7 @@ Functions and classes:
   decode_scales, dequantize(), save()), :func:`load_qtensor`
 * GEMMs: :func:`gemm` (``fp4train gemm``), :func:`probe_gemm_alpha`
 * recipes and runs: :class:`Recipe` (``Recipe.load``, ``plan(config)``), :class:`Config`,
+  :func:`resolve_run` -> :class:`ResolvedRun` (a run resolved as the commands resolve it),
   :func:`load_checkpoint`, :func:`load_run` -> :class:`Run`
 """
 import json as _json
@@ -28,6 +29,7 @@ from ._core import (  # noqa: F401  (re-exported)
     Config,
     QTensor,
     Recipe,
+    ResolvedRun,
     UserError,
     accumulate_partials,
     chunk_partials,
@@ -40,15 +42,17 @@ from ._core import (  # noqa: F401  (re-exported)
     named_formats,
     probe_gemm_alpha,
     quantize,
+    resolve_run,
     round_to,
     sr_bytes,
 )
 
 __all__ = [
-    "Checkpoint", "Config", "QTensor", "Recipe", "Run", "UserError", "accumulate_partials",
+    "Checkpoint", "Config", "QTensor", "Recipe", "ResolvedRun", "Run", "UserError",
+    "accumulate_partials",
     "chunk_partials", "chunked_dot", "decode", "encode",
     "format_info", "gemm", "load_checkpoint", "load_qtensor", "load_run", "named_formats",
-    "probe_gemm_alpha", "quantize", "round_to", "sr_bytes",
+    "probe_gemm_alpha", "quantize", "resolve_run", "round_to", "sr_bytes",
 ]
 
 def _friendly_arguments(f, name):

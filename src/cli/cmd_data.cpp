@@ -15,7 +15,7 @@
 #include "fp4/data/data.h"
 #include "fp4/nn/config.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/train/resolved_run.h"
 #include "options.h"
 
 namespace fp4::cli {
@@ -49,20 +49,21 @@ std::string mb(int64_t bytes) {
 bool token_format(const std::string& f) { return f == "llmc" || f == "uint16" || f == "uint32"; }
 
 void run_data(const DataArgs& a) {
-  std::vector<std::pair<std::string, std::string>> taken;
-  if (!a.data.empty()) taken.push_back({"data.path", "--data"});
-  const Settings sets = parse_set_args(a.sets, taken);
-  if (!sets.recipe.empty())
+  RunRequest request;  // a run without a recipe: its data alone
+  request.config = a.config;
+  request.sets = a.sets;
+  if (!a.data.empty()) request.taken.push_back({"data.path", "--data"});
+  request.data = a.data;
+  const ResolvedRun run = resolve_run(request);
+  if (!run.sets.recipe.empty())
     throw UserError("fp4train data takes run-config settings only (data.*, model.vocab_size); "
-                    "--set " + sets.recipe.front().key + " is a recipe key");
-  for (const Setting& st : sets.config)
+                    "--set " + run.sets.recipe.front().key + " is a recipe key");
+  for (const Setting& st : run.sets.config)
     if (st.key.rfind("data.", 0) != 0 && st.key != "model.vocab_size")
       throw UserError(st.arg + ": fp4train data reads only data.* and model.vocab_size; " + st.key +
                       " changes nothing it shows");
-  const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file, sets.config);
-  if (!a.data.empty()) cfg.data.path = a.data;
-  const DataSpec spec = run_data_spec(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  const RunConfig& cfg = run.config;
+  const DataSpec& spec = run.data;
   const fs::path cache = run_cache_dir(cfg, a.data);
   auto progress = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
   const bool build = a.build || !a.export_dir.empty();

@@ -12,7 +12,7 @@
 #include "fp4/train/info.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/train/resolved_run.h"
 #include "options.h"
 
 namespace fp4::cli {
@@ -185,18 +185,18 @@ json to_json(const ModelInfo& in, const std::string& config, const Settings& set
 }
 
 void run_info(const InfoArgs& a) {
-  const Settings sets = parse_set_args(a.sets, {});
-  const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file, sets.config);
-  validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
-  check_recipe_fits(recipe, cfg);
-  const ModelInfo in = model_info(cfg, recipe);
+  RunRequest request;
+  request.config = a.config;
+  request.recipe = a.recipe;
+  request.sets = a.sets;
+  request.with_data = false;  // the figures come from the config alone
+  const ResolvedRun run = resolve_run(request);
+  const ModelInfo in = model_info(run.config, run.recipe, run.plans);
   if (a.json) {
-    std::printf("%s\n", to_json(in, a.config, sets, recipe).dump(2).c_str());
+    std::printf("%s\n", to_json(in, a.config, run.sets, run.recipe).dump(2).c_str());
     return;
   }
-  print_text(in, labelled_name(fs::path(a.config).filename().string(), sets.config), recipe);
+  print_text(in, run.label, run.recipe);
 }
 }  // namespace
 

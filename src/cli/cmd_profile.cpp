@@ -19,7 +19,7 @@
 #include "fp4/base/safetensors.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/train/resolved_run.h"
 #include "options.h"
 
 namespace fp4::cli {
@@ -43,18 +43,17 @@ std::string mib(int64_t bytes) {
 }
 
 void run_profile(const ProfileArgs& a) {
-  std::vector<std::pair<std::string, std::string>> taken;
-  if (!a.data.empty()) taken.push_back({"data.path", "--data"});
-  const Settings sets = parse_set_args(a.sets, taken);
-  const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file, sets.config);
-  if (!a.data.empty()) cfg.data.path = a.data;
-  validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
-  const std::string cfg_name = labelled_name(fs::path(a.config).filename().string(), sets.config);
-  check_recipe_fits(recipe, cfg);
-  const DataSpec data_spec =
-      run_data_spec(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  RunRequest request;
+  request.config = a.config;
+  request.recipe = a.recipe;
+  request.sets = a.sets;
+  if (!a.data.empty()) request.taken.push_back({"data.path", "--data"});
+  request.data = a.data;
+  const ResolvedRun run = resolve_run(request);
+  RunConfig cfg = run.config;
+  const Recipe& recipe = run.recipe;
+  const std::string& cfg_name = run.label;
+  const DataSpec& data_spec = run.data;
   const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.
@@ -66,7 +65,7 @@ void run_profile(const ProfileArgs& a) {
 
   const auto& tc = cfg.train;
   const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
-  nn::Model model(cfg.model, recipe, tc.micro(), tc.seq_len);  // one micro-batch per forward
+  nn::Model model(cfg.model, run.plans, tc.micro(), tc.seq_len);  // one micro-batch per forward
   model.init(tc.seed);
   AdamW optimizer(model.num_params(), tc);
   const std::unique_ptr<nn::RankReferences> ranks = rank_references(recipe);
@@ -188,7 +187,7 @@ void run_profile(const ProfileArgs& a) {
                        {"gflops", r.flops > 0 ? r.flops / r.s / 1e9 : 0.0},
                        {"calls_per_step", double(r.calls) / n}};
     json j = {{"config", a.config},
-              {"sets", sets.given},
+              {"sets", run.sets.given},
               {"recipe", recipe.name},
               {"threads", omp_get_max_threads()},
               {"machine_load", {{"load1", load.load1}, {"cores", load.cores}, {"busy", load.busy()}}},

@@ -21,7 +21,9 @@
 #include "fp4/train/info.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/base/words.h"
+#include "fp4/train/interruptible.h"
+#include "fp4/train/resolved_run.h"
 #include "options.h"
 
 namespace fp4::cli {
@@ -216,29 +218,33 @@ void check_fits_in_memory(const RunConfig& cfg, const Recipe& recipe, const std:
   throw UserError(b);
 }
 
+// The run the arguments define (resolve_run), with train's own checks before any data.
+ResolvedRun resolve_train_run(const TrainArgs& a) {
+  RunRequest r;
+  r.config = a.config;
+  r.recipe = a.recipe;
+  r.sets = a.sets;
+  if (a.given("--steps")) r.taken.push_back({"train.steps", "--steps"});
+  if (a.given("--seed")) r.taken.push_back({"train.seed", "--seed"});
+  if (a.given("--data")) r.taken.push_back({"data.path", "--data"});
+  r.data = a.data;
+  r.steps = a.steps;
+  if (a.seed_given) r.seed = a.seed;
+  return resolve_run(r);
+}
+
 void run_train(const TrainArgs& a) {
   if (!a.resume.empty()) return run_resume(a);
-  std::vector<std::pair<std::string, std::string>> taken;
-  if (a.given("--steps")) taken.push_back({"train.steps", "--steps"});
-  if (a.given("--seed")) taken.push_back({"train.seed", "--seed"});
-  if (a.given("--data")) taken.push_back({"data.path", "--data"});
-  const Settings sets = parse_set_args(a.sets, taken);
-  const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file, sets.config);
-  if (a.seed_given) cfg.train.seed = a.seed;
-  if (!a.data.empty()) cfg.data.path = a.data;
-  override_steps(cfg, a.steps);
-  validate(cfg, with_settings(a.config, sets.config));
-  const Recipe recipe = load_recipe_arg(a.recipe, sets.recipe);
+  const ResolvedRun run = resolve_train_run(a);
+  const RunConfig& cfg = run.config;
+  const Recipe& recipe = run.recipe;
   // Checked once, before any data is prepared; train() does not repeat it.
-  const ValidatedRun checked = validate_run(cfg, recipe);
-  check_fits_in_memory(cfg, recipe, with_settings(a.config, sets.config));
-
-  const DataSpec data_spec =
-      run_data_spec(cfg, config_file, with_settings(a.config, sets.config), a.data);
+  const ValidatedRun checked = validate_run(run);
+  check_fits_in_memory(cfg, recipe, run.config_where);
+  const DataSpec& data_spec = run.data;
   const fs::path& data_path = data_spec.path;
   // A config changed by --set is not reported under the file's name either.
-  const std::string cfg_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
+  const std::string& cfg_name = run.label;
   fs::path out;
   if (!a.out.empty()) {
     out = a.out;
@@ -274,9 +280,9 @@ void run_train(const TrainArgs& a) {
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");
   logf(b);
-  if (!sets.empty()) {
+  if (!run.sets.empty()) {
     std::string list;
-    for (const auto& g : sets.given) list += " --set " + shell_word(g);
+    for (const auto& g : run.sets.given) list += " --set " + shell_word(g);
     logf("overrides:" + list + " (resolved values in the run's config.toml and recipe.toml)");
   }
   logf("run directory: " + out.string());

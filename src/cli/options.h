@@ -6,7 +6,7 @@
 
 namespace fp4::cli {
 /// Add the repeatable `--set KEY=VALUE` option of `c`, collecting the arguments in `sets`
-/// (parse them with fp4::parse_set_args, fp4/train/run_control.h). `extra` ends the help
+/// (parse them with fp4::parse_set_args, fp4/train/resolved_run.h). `extra` ends the help
 /// text (what it applies to).
 void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::string& extra);
 /// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11

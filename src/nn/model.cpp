@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
+#include <utility>
 
 #include "fp4/base/error.h"
 #include "fp4/gemm/gemm.h"
@@ -32,6 +34,13 @@ int64_t Model::add_param(const std::string& name, int64_t rows, int64_t cols, bo
 }
 
 Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len)
+    : Model(cfg, &recipe, nullptr, batch, seq_len) {}
+
+Model::Model(const ModelConfig& cfg, ResolvedLinears plans, int batch, int seq_len)
+    : Model(cfg, nullptr, &plans, batch, seq_len) {}
+
+Model::Model(const ModelConfig& cfg, const Recipe* recipe, ResolvedLinears* plans, int batch,
+             int seq_len)
     : cfg_(cfg), batch_(batch), seq_len_(seq_len),
       pattern_(cfg.block_pattern()), T_(seq_len) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size;
@@ -64,8 +73,17 @@ Model::Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_le
   params_.assign(infos_.back().offset + infos_.back().size, 0.f);
   grads_.assign(params_.size(), 0.f);
 
-  // Per-linear mode and specs: [high_precision] rules and [[override]]s (recipe.h).
-  resolved_ = resolve_linear_plans(recipe, sites_, L);
+  // Per-linear mode and specs: [high_precision] rules and [[override]]s (recipe.h), resolved
+  // here or given.
+  if (plans == nullptr) {
+    resolved_ = resolve_linear_plans(*recipe, sites_, L);
+  } else if (plans->plans.size() != sites_.size()) {
+    throw std::invalid_argument("model: " + std::to_string(plans->plans.size()) +
+                                " linear plans given for a model of " +
+                                std::to_string(sites_.size()) + " linears");
+  } else {
+    resolved_ = std::move(*plans);
+  }
   const ResolvedLinears& resolved = resolved_;
   linears_.reserve(sites_.size());
   for (int l = 0; l < L; ++l) {

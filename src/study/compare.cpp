@@ -22,7 +22,9 @@
 #include "fp4/train/checkpoint.h"
 #include "fp4/train/metrics_log.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/base/words.h"
+#include "fp4/train/interruptible.h"
+#include "fp4/train/resolved_run.h"
 #include "fp4/train/train.h"
 
 namespace fp4 {
@@ -280,22 +282,61 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
 }
 
 
-void run_comparison(const CompareRequest& a) {
-  if (a.out.empty()) throw UserError("--out DIR is required");
-  const fs::path out = a.out;
-  std::vector<std::pair<std::string, std::string>> taken;
-  if (a.steps > 0) taken.push_back({"train.steps", "--steps"});
-  taken.push_back({"train.seed", "--seeds/--seed-base (every run sets its own seed)"});
-  const Settings sets = parse_set_args(a.sets, taken);
-  const fs::path config_file = resolve(a.config);
-  RunConfig cfg = load_run_config(config_file, sets.config);
-  override_steps(cfg, a.steps);
-  validate(cfg, with_settings(a.config, sets.config));
+namespace {
 
+// One comparison, stage by stage (as TrainRun in src/train/trainer.cpp): plan (the config and
+// the plan, merged with the directory's), check (every recipe and every existing run against
+// the plan, before anything is trained), execute (each recipe × seed trained, evaluated and
+// scored), report. Its members are what a stage hands on to the next.
+struct Comparison {
+  explicit Comparison(const CompareRequest& a) : a(a), out(a.out) {}
+
+  void plan_runs();
+  void check();
+  void execute();
+  void report() { write_comparison_report(out, plan, !a.no_plots, "", "", /*print_table=*/true); }
+
+  // plan's and check's parts.
+  void merge_directory_plan();
+  void check_recipes();
+  void check_run_directory(size_t ri, uint64_t seed) const;
+  // execute's parts.
+  void write_plan();
+  bool train_one(size_t ri, uint64_t seed, const std::string& head);
+  void train_interruptibly(const ValidatedRun& checked, const TrainOptions& opt);
+  void evaluate_one(const fs::path& d, const std::string& head);
+  void score_tasks(const fs::path& d, const std::string& head);
+  static void log(const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); }
+
+  // Given.
+  const CompareRequest& a;
+  const fs::path out;
+
+  // plan.
+  ResolvedRun run;  // the config, without a recipe; check resolves each recipe on it
   ComparePlan plan;
+  // check.
+  std::vector<ValidatedRun> recipes;  // each checked on the config once (validate_run)
+  // execute.
+  TokenData data;
+  std::string policies;  // plan.policies joined by ','
+  size_t diverged = 0;
+};
+
+void Comparison::plan_runs() {
+  if (a.out.empty()) throw UserError("--out DIR is required");
+  RunRequest request;
+  request.config = a.config;
+  request.sets = a.sets;
+  if (a.steps > 0) request.taken.push_back({"train.steps", "--steps"});
+  request.taken.push_back({"train.seed", "--seeds/--seed-base (every run sets its own seed)"});
+  request.steps = a.steps;
+  run = resolve_run(request);
+  const RunConfig& cfg = run.config;
+
   plan.config_arg = a.config;
-  plan.config_name = labelled_name(fs::path(a.config).stem().string(), sets.config);
-  plan.sets = sets.given;
+  plan.config_name = run.label;
+  plan.sets = run.sets.given;
   plan.baseline = a.baseline;
   plan.hypotheses = a.hypotheses;
   for (const std::string& t : split_task_list(a.task)) check_task_name(t, "--task");
@@ -308,51 +349,68 @@ void run_comparison(const CompareRequest& a) {
   plan.save_every = a.save_every;
   plan.keep_checkpoints = a.keep_checkpoints;
   plan.tokens_per_run = int64_t(cfg.train.steps) * cfg.train.batch_size * cfg.train.seq_len;
-  {
-    RunConfig c0 = cfg;
-    c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
-    plan.config_toml = run_config_to_toml(c0);
+  RunConfig c0 = cfg;
+  c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
+  plan.config_toml = run_config_to_toml(c0);
+  if (fs::exists(out / "compare.json")) merge_directory_plan();
+}
+
+// The plan of a comparison already in --out: the same --set arguments and config, and the
+// union of its recipes, seeds, policies and tasks with the new ones, in first-seen order.
+void Comparison::merge_directory_plan() {
+  const ComparePlan old = read_compare_plan(out);
+  if (old.sets != plan.sets) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string o;
+      for (const auto& x : v) o += " --set " + shell_word(x);
+      return o.empty() ? std::string(" no --set") : o;
+    };
+    throw UserError(out.string() + " holds a comparison made with" + list(old.sets) + ", not" +
+                    list(plan.sets) + "; give the same --set arguments or choose another --out "
+                    "(nothing was changed)");
   }
-  std::vector<ValidatedRun> recipes;  // each checked on the config once (validate_run)
-  if (fs::exists(out / "compare.json")) {
-    const ComparePlan old = read_compare_plan(out);
-    if (old.sets != plan.sets) {
-      auto list = [](const std::vector<std::string>& v) {
-        std::string o;
-        for (const auto& x : v) o += " --set " + shell_word(x);
-        return o.empty() ? std::string(" no --set") : o;
-      };
-      throw UserError(out.string() + " holds a comparison made with" + list(old.sets) +
-                      ", not" + list(plan.sets) + "; give the same --set arguments or choose "
-                      "another --out (nothing was changed)");
-    }
-    if (old.config_toml != plan.config_toml)
-      throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
-                      old.config_name + ", " + std::to_string(old.steps) +
-                      " steps); choose another --out (nothing was changed)");
-    // Recipes, seeds and policies may grow: keep the union, in first-seen order.
-    for (const auto& r : old.recipes)
-      if (std::find(plan.recipes.begin(), plan.recipes.end(), r) == plan.recipes.end())
-        plan.recipes.push_back(r);
-    for (uint64_t s : old.seeds)
-      if (std::find(plan.seeds.begin(), plan.seeds.end(), s) == plan.seeds.end())
-        plan.seeds.push_back(s);
-    for (const auto& q : old.policies)
-      if (std::find(plan.policies.begin(), plan.policies.end(), q) == plan.policies.end())
-        plan.policies.push_back(q);
-    if (plan.baseline.empty()) plan.baseline = old.baseline;
-    if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
-    {  // tasks accumulate: the old ones, then the new
-      std::vector<std::string> t = split_task_list(old.task);
-      for (const std::string& x : split_task_list(plan.task))
-        if (std::find(t.begin(), t.end(), x) == t.end()) t.push_back(x);
-      plan.task = join_task_list(t);
-    }
+  if (old.config_toml != plan.config_toml)
+    throw UserError(out.string() + " holds a comparison with a different config or --steps (" +
+                    old.config_name + ", " + std::to_string(old.steps) +
+                    " steps); choose another --out (nothing was changed)");
+  auto add_new = [](auto& to, const auto& from) {
+    for (const auto& x : from)
+      if (std::find(to.begin(), to.end(), x) == to.end()) to.push_back(x);
+  };
+  add_new(plan.recipes, old.recipes);
+  add_new(plan.seeds, old.seeds);
+  add_new(plan.policies, old.policies);
+  if (plan.baseline.empty()) plan.baseline = old.baseline;
+  if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
+  std::vector<std::string> tasks = split_task_list(old.task);  // the old ones, then the new
+  add_new(tasks, split_task_list(plan.task));
+  plan.task = join_task_list(tasks);
+}
+
+void Comparison::check() {
+  check_recipes();
+  (void)plan_baseline(plan, "");  // the baseline must be among the recipes
+  for (size_t ri = 0; ri < recipes.size(); ++ri)
+    for (uint64_t seed : plan.seeds) check_run_directory(ri, seed);
+  // The task reads the held-out documents: refused before any run for pre-tokenized data.
+  if (!plan.task.empty()) {
+    const std::string f = resolve_data_format(run.data);
+    if (f != "text" && f != "jsonl")
+      throw UserError("--task " + plan.task + " scores held-out documents, and the data ('" +
+                      run.data.path.string() + "', " + f + ") is pre-tokenized: it has none");
   }
-  // Every recipe is loaded and checked before anything runs; names must be unique (they
-  // label the rows and name the run directories).
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out))
+    throw UserError("cannot create the comparison directory --out " + out.string() + " (" +
+                    (ec ? ec.message() : "exists and is not a directory") + ")");
+}
+
+// Every recipe resolved on the config and checked before anything runs; names must be unique
+// (they label the rows and name the run directories).
+void Comparison::check_recipes() {
   for (const auto& arg : plan.recipes) {
-    recipes.push_back(validate_run(cfg, load_recipe_arg(arg, sets.recipe)));
+    recipes.push_back(validate_run(resolve_recipe(run, arg)));
     const std::string& name = recipes.back().recipe().name;
     for (size_t i = 0; i < plan.names.size(); ++i)
       if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))
@@ -362,211 +420,213 @@ void run_comparison(const CompareRequest& a) {
                         "another `name = ...` in its file");
     plan.names.push_back(name);
   }
-  // The baseline must be among the recipes before anything is trained.
-  (void)plan_baseline(plan, "");
-  // A reused or resumed run must have been made with exactly this config and recipe.
-  for (size_t ri = 0; ri < recipes.size(); ++ri)
-    for (uint64_t seed : plan.seeds) {
-      const fs::path d = compare_run_dir(out, plan.names[ri], seed);
-      RunConfig rc = cfg;
-      rc.train.seed = seed;
-      auto same = [&](const char* file, const std::string& text) {
-        std::ifstream f(d / file, std::ios::binary);
-        if (!f) return true;  // not started
-        std::ostringstream ss;
-        ss << f.rdbuf();
-        return ss.str() == text;
-      };
-      // A summary without the files a run writes first is not a finished run (another
-      // process, still running or killed mid-way, wrote into a recreated directory): it
-      // would be reused with no config to check and no metrics to report.
-      // (A compacted run holds metrics.jsonl.zst instead of metrics.jsonl.)
-      if (fs::exists(d / "summary.json"))
-        for (const char* f : {"config.toml", "recipe.toml", kMetricsFile})
-          if (!fs::exists(d / f) &&
-              !(f == std::string(kMetricsFile) && fs::exists(d / kCompactMetricsFile)))
-            throw UserError(d.string() + " holds summary.json but no " + f +
-                            ": not a complete run (was another process writing into it?); "
-                            "remove that run directory to train it again (nothing was changed)");
-      if (!same("config.toml", run_config_to_toml(rc)) ||
-          !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
-        throw UserError(d.string() + " holds a run made with a different " +
-                        (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
-                                                                       : "config (config.toml)") +
-                        " than " + plan.recipes[ri] + " now gives; remove that run directory "
-                        "or use another --out (nothing was changed)");
-    }
+}
 
-  const fs::path data_path = resolve_data_path(cfg.data.path, config_file);
-  if (!fs::exists(data_path))
-    throw UserError("data path " + data_path.string() + " does not exist (data.path in " +
-                    with_settings(a.config, sets.config) +
-                    "; the default Brown corpus is installed by scripts/setup)");
-  // The task reads the held-out documents: refused before any run for pre-tokenized data.
-  if (!plan.task.empty()) {
-    const std::string f = resolve_data_format(data_spec(cfg, data_path, config_file));
-    if (f != "text" && f != "jsonl")
-      throw UserError("--task " + plan.task + " scores held-out documents, and the data ('" +
-                      data_path.string() + "', " + f + ") is pre-tokenized: it has none");
-  }
-  {
-    std::error_code ec;
-    fs::create_directories(out, ec);
-    if (ec || !fs::is_directory(out))
-      throw UserError("cannot create the comparison directory --out " + out.string() + " (" +
-                      (ec ? ec.message() : "exists and is not a directory") + ")");
-  }
-  auto logf = [](const std::string& s) { std::printf("%s\n", s.c_str()), std::fflush(stdout); };
-  const TokenData data = prepare_tokens(data_spec(cfg, data_path, config_file), cfg.model.vocab_size,
-                                        resolve(cfg.data.cache), logf);
-  {
-    nn::Model probe(cfg.model, Recipe{}, 1, 1);
-    char b[160];
-    std::snprintf(b, sizeof b, "%.2f M parameters, %d blocks ", probe.num_params() / 1e6,
-                  probe.n_blocks());
-    plan.model_line = b + probe.pattern();
-    std::snprintf(b, sizeof b, ", d_model %d, vocab %d", cfg.model.d_model, cfg.model.vocab_size);
-    plan.model_line += b;
-  }
-  write_file_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
-  std::string policies;
-  for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
-
-  // One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
-  // says how to continue, and the process ends as killed by the signal.
-  auto train_run = [&](const ValidatedRun& checked, TrainOptions opt) {
-    const InterruptibleRun run = train_interruptible(checked, data, opt);
-    const TrainSummary& s = run.summary;
-    // During the run's last step: it completed; the comparison stops before the next.
-    if (run.late_signal != 0)
-      end_by_signal(run.late_signal,
-                    "\n" + signal_name(run.late_signal) + " arrived during the last step of " +
-                        opt.out_dir.string() + ", which completed; its held-out evaluation and "
-                        "the other runs are left. Continue the comparison with:\n  " +
-                        plan_command(plan, out) + "\n");
-    if (s.stop_signal == 0) return;
-    end_by_signal(s.stop_signal,
-                  "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
-                      " after step " + std::to_string(s.steps) + " of " +
-                      std::to_string(checked.config().train.steps) + "; checkpoint " +
-                      s.checkpoint.string() +
-                      "\nContinue the comparison (finished runs are reused, this one resumes "
-                      "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
+// A reused or resumed run must have been made with exactly this config and recipe.
+void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
+  const fs::path d = compare_run_dir(out, plan.names[ri], seed);
+  RunConfig rc = run.config;
+  rc.train.seed = seed;
+  auto same = [&](const char* file, const std::string& text) {
+    std::ifstream f(d / file, std::ios::binary);
+    if (!f) return true;  // not started
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str() == text;
   };
+  // A summary without the files a run writes first is not a finished run (another process,
+  // still running or killed mid-way, wrote into a recreated directory): it would be reused
+  // with no config to check and no metrics to report. (A compacted run holds
+  // metrics.jsonl.zst instead of metrics.jsonl.)
+  if (fs::exists(d / "summary.json"))
+    for (const char* f : {"config.toml", "recipe.toml", kMetricsFile})
+      if (!fs::exists(d / f) &&
+          !(f == std::string(kMetricsFile) && fs::exists(d / kCompactMetricsFile)))
+        throw UserError(d.string() + " holds summary.json but no " + f +
+                        ": not a complete run (was another process writing into it?); remove "
+                        "that run directory to train it again (nothing was changed)");
+  if (!same("config.toml", run_config_to_toml(rc)) ||
+      !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
+    throw UserError(d.string() + " holds a run made with a different " +
+                    (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
+                                                                   : "config (config.toml)") +
+                    " than " + plan.recipes[ri] + " now gives; remove that run directory or use "
+                    "another --out (nothing was changed)");
+}
+
+void Comparison::execute() {
+  data = prepare_tokens(run.data, run.config.model.vocab_size, resolve(run.config.data.cache), log);
+  write_plan();
+  for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
   const size_t total = recipes.size() * plan.seeds.size();
-  size_t k = 0, diverged = 0;
+  size_t k = 0;
   for (size_t ri = 0; ri < recipes.size(); ++ri)
     for (uint64_t seed : plan.seeds) {
-      ++k;
-      const fs::path d = compare_run_dir(out, plan.names[ri], seed);
       char head[256];
-      std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", k, total,
+      std::snprintf(head, sizeof head, "[%zu/%zu] recipe %s, seed %llu: ", ++k, total,
                     plan.names[ri].c_str(), static_cast<unsigned long long>(seed));
-      const ValidatedRun run = recipes[ri].with_seed(seed);  // no check depends on the seed
-      TrainOptions opt;
-      opt.out_dir = d;
-      opt.config_name = plan.config_name;
-      opt.save_every = a.save_every;
-      opt.keep_checkpoints = a.keep_checkpoints;
-      if (!fs::exists(d / "summary.json") && run_error(d) == RunError::Failed) {
-        // A failure (not a divergence) is not a result: start that run again.
-        const fs::path failed = d.string() + ".failed";
-        fs::remove_all(failed);
-        fs::rename(d, failed);
-        logf(std::string(head) + "failed earlier, moved to " + failed.string() + " and retried");
-      }
-      if (fs::exists(d / "summary.json")) {
-        logf(std::string(head) + "finished earlier, reused (" + d.string() + ")");
-      } else if (fs::exists(d / "error.txt")) {
-        // Training is deterministic: a diverged run would diverge again. It is a result.
-        logf(std::string(head) + "diverged earlier, kept (" + (d / "error.txt").string() + ")");
-        ++diverged;
-        continue;
-      } else {
-        try {
-          if (fs::exists(d) && !list_checkpoints(d).empty()) {
-            // An interrupted run continues bit for bit from its newest checkpoint that loads.
-            std::string warn;
-            const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
-            if (!warn.empty()) logf(warn);
-            logf(std::string(head) + "resuming " + d.string() + " from step " +
-                 std::to_string(ck.step));
-            opt.resume_from = &ck;
-            train_run(run, opt);
-          } else {
-            if (fs::exists(d)) {  // started, but stopped before its first checkpoint
-              const fs::path stale = d.string() + ".incomplete";
-              fs::remove_all(stale);
-              fs::rename(d, stale);
-              logf(std::string(head) + "an unfinished run without checkpoints was moved to " +
-                   stale.string());
-            }
-            logf(std::string(head) + "training into " + d.string());
-            train_run(run, opt);
-          }
-        } catch (const UserError& e) {
-          if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison
-          logf(std::string(head) + "DIVERGED: " + e.what() + "; continuing with the next run");
-          ++diverged;
-          continue;
+      if (!train_one(ri, seed, head)) continue;  // diverged: a result, with nothing to evaluate
+      const fs::path d = compare_run_dir(out, plan.names[ri], seed);
+      evaluate_one(d, head);
+      score_tasks(d, head);
+    }
+  if (diverged) log(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
+}
+
+// compare.json, with the model's line for the report.
+void Comparison::write_plan() {
+  const RunConfig& cfg = run.config;
+  nn::Model probe(cfg.model, Recipe{}, 1, 1);
+  char b[160];
+  std::snprintf(b, sizeof b, "%.2f M parameters, %d blocks ", probe.num_params() / 1e6,
+                probe.n_blocks());
+  plan.model_line = b + probe.pattern();
+  std::snprintf(b, sizeof b, ", d_model %d, vocab %d", cfg.model.d_model, cfg.model.vocab_size);
+  plan.model_line += b;
+  write_file_atomic(out / "compare.json", plan_json(plan).dump(2) + "\n");
+}
+
+// One run of the plan: reused when finished, kept when diverged (training is deterministic:
+// it would diverge again), moved aside and retried when it failed, resumed bit for bit from
+// its newest checkpoint when interrupted, else trained. False when it diverged.
+bool Comparison::train_one(size_t ri, uint64_t seed, const std::string& head) {
+  const fs::path d = compare_run_dir(out, plan.names[ri], seed);
+  const ValidatedRun checked = recipes[ri].with_seed(seed);  // no check depends on the seed
+  TrainOptions opt;
+  opt.out_dir = d;
+  opt.config_name = plan.config_name;
+  opt.save_every = a.save_every;
+  opt.keep_checkpoints = a.keep_checkpoints;
+  if (!fs::exists(d / "summary.json") && run_error(d) == RunError::Failed) {
+    // A failure (not a divergence) is not a result: start that run again.
+    const fs::path failed = d.string() + ".failed";
+    fs::remove_all(failed);
+    fs::rename(d, failed);
+    log(head + "failed earlier, moved to " + failed.string() + " and retried");
+  }
+  if (fs::exists(d / "summary.json")) {
+    log(head + "finished earlier, reused (" + d.string() + ")");
+    return true;
+  }
+  if (fs::exists(d / "error.txt")) {
+    log(head + "diverged earlier, kept (" + (d / "error.txt").string() + ")");
+    ++diverged;
+    return false;
+  }
+  try {
+    if (fs::exists(d) && !list_checkpoints(d).empty()) {
+      std::string warn;
+      const Checkpoint ck = load_newest_checkpoint(d, nullptr, &warn);
+      if (!warn.empty()) log(warn);
+      log(head + "resuming " + d.string() + " from step " + std::to_string(ck.step));
+      opt.resume_from = &ck;
+      train_interruptibly(checked, opt);
+      return true;
+    }
+    if (fs::exists(d)) {  // started, but stopped before its first checkpoint
+      const fs::path stale = d.string() + ".incomplete";
+      fs::remove_all(stale);
+      fs::rename(d, stale);
+      log(head + "an unfinished run without checkpoints was moved to " + stale.string());
+    }
+    log(head + "training into " + d.string());
+    train_interruptibly(checked, opt);
+    return true;
+  } catch (const UserError& e) {
+    if (run_error(d) != RunError::Diverged) throw;  // not a divergence: stop the comparison
+    log(head + "DIVERGED: " + e.what() + "; continuing with the next run");
+    ++diverged;
+    return false;
+  }
+}
+
+// One run, stopped after its current step by SIGINT / SIGTERM (StopOnSignal): the message
+// says how to continue, and the process ends as killed by the signal.
+void Comparison::train_interruptibly(const ValidatedRun& checked, const TrainOptions& opt) {
+  const InterruptibleRun r = train_interruptible(checked, data, opt);
+  const TrainSummary& s = r.summary;
+  // During the run's last step: it completed; the comparison stops before the next.
+  if (r.late_signal != 0)
+    end_by_signal(r.late_signal,
+                  "\n" + signal_name(r.late_signal) + " arrived during the last step of " +
+                      opt.out_dir.string() + ", which completed; its held-out evaluation and "
+                      "the other runs are left. Continue the comparison with:\n  " +
+                      plan_command(plan, out) + "\n");
+  if (s.stop_signal == 0) return;
+  end_by_signal(s.stop_signal,
+                "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
+                    " after step " + std::to_string(s.steps) + " of " +
+                    std::to_string(checked.config().train.steps) + "; checkpoint " +
+                    s.checkpoint.string() +
+                    "\nContinue the comparison (finished runs are reused, this one resumes "
+                    "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
+}
+
+// Held-out NLL under every policy of the plan, from the run's final checkpoint; recomputed
+// when eval.json lacks a policy (e.g. one added to the plan later).
+void Comparison::evaluate_one(const fs::path& d, const std::string& head) {
+  bool need_eval = !fs::exists(d / "eval.json");
+  if (!need_eval) {
+    std::ifstream f(d / "eval.json");
+    json e = json::parse(f, nullptr, false);
+    for (const auto& p : plan.policies)
+      need_eval |= e.is_discarded() || !e.contains("results") || !e["results"].contains(p);
+  }
+  if (!need_eval) return;
+  log(head + "held-out NLL under " + policies);
+  eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(),
+                          run.data.path.string());
+}
+
+// Each downstream task under every policy (DIR/<run>/task.json, task-TASK.json), when the plan
+// has tasks; recomputed when the file lacks a policy. It needs the final checkpoint, which a
+// fresh clone of committed runs does not have: then the run is listed and skipped.
+void Comparison::score_tasks(const fs::path& d, const std::string& head) {
+  for (const std::string& task : split_task_list(plan.task)) {
+    const std::string file = task_file_name(task);
+    // Checked as the report reads it (read_run), so a file the report would refuse is
+    // recomputed, not reused.
+    bool need_task = true, unusable = false;
+    if (fs::exists(d / file)) {
+      try {
+        if (task == "next-sentence") {
+          const RunRecord rr = read_run(d);
+          need_task = rr.task != task;
+          for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
+        } else {  // its own file only: a bad task.json does not make it unusable
+          const RunRecord::Pairs pr = read_minimal_pairs_file(d / file);
+          need_task = false;
+          for (const auto& p : plan.policies) need_task |= pr.results.count(p) == 0;
         }
-      }
-      // Held-out NLL under every policy of the plan, from the run's final checkpoint;
-      // recomputed when eval.json lacks a policy (e.g. one added to the plan later).
-      bool need_eval = !fs::exists(d / "eval.json");
-      if (!need_eval) {
-        std::ifstream f(d / "eval.json");
-        json e = json::parse(f, nullptr, false);
-        for (const auto& p : plan.policies)
-          need_eval |= e.is_discarded() || !e.contains("results") || !e["results"].contains(p);
-      }
-      if (need_eval) {
-        logf(std::string(head) + "held-out NLL under " + policies);
-        eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), data_path.string());
-      }
-      // Each downstream task under every policy (DIR/<run>/task.json, task-TASK.json), when
-      // the plan has tasks; recomputed when the file lacks a policy. It needs the final
-      // checkpoint, which a fresh clone of committed runs does not have: then the run is
-      // listed and skipped.
-      for (const std::string& task : split_task_list(plan.task)) {
-        const std::string file = task_file_name(task);
-        // Checked as the report reads it (read_run), so a file the report would refuse is
-        // recomputed, not reused.
-        bool need_task = true, unusable = false;
-        if (fs::exists(d / file)) {
-          try {
-            if (task == "next-sentence") {
-              const RunRecord rr = read_run(d);
-              need_task = rr.task != task;
-              for (const auto& p : plan.policies) need_task |= rr.task_results.count(p) == 0;
-            } else {  // its own file only: a bad task.json does not make it unusable
-              const RunRecord::Pairs pr = read_minimal_pairs_file(d / file);
-              need_task = false;
-              for (const auto& p : plan.policies) need_task |= pr.results.count(p) == 0;
-            }
-          } catch (const UserError& e) {
-            unusable = true;
-            logf(std::string(head) + file + " is unusable (" + e.what() + ")");
-          }
-        }
-        if (need_task && list_checkpoints(d).empty()) {
-          if (unusable) {
-            fs::rename(d / file, d / (file + ".unusable"));
-            logf(std::string(head) + "moved it to " + (d / (file + ".unusable")).string());
-          }
-          logf(std::string(head) + "no checkpoint to run --task " + task + " on (" +
-               d.string() + "): " +
-               (fs::exists(d / file) ? "its " + file + " is reported as it is"
-                                     : "the report has no " + task + " accuracy for it"));
-        } else if (need_task) {
-          logf(std::string(head) + task + " under " + policies);
-          task_checkpoint_to_json(d.string(), task, policies, (d / file).string(),
-                                  data_path.string());
-        }
+      } catch (const UserError& e) {
+        unusable = true;
+        log(head + file + " is unusable (" + e.what() + ")");
       }
     }
-  if (diverged) logf(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
-  write_comparison_report(out, plan, !a.no_plots, "", "", /*print_table=*/true);
+    if (need_task && list_checkpoints(d).empty()) {
+      if (unusable) {
+        fs::rename(d / file, d / (file + ".unusable"));
+        log(head + "moved it to " + (d / (file + ".unusable")).string());
+      }
+      log(head + "no checkpoint to run --task " + task + " on (" + d.string() + "): " +
+          (fs::exists(d / file) ? "its " + file + " is reported as it is"
+                                : "the report has no " + task + " accuracy for it"));
+    } else if (need_task) {
+      log(head + task + " under " + policies);
+      task_checkpoint_to_json(d.string(), task, policies, (d / file).string(),
+                              run.data.path.string());
+    }
+  }
+}
+
+}  // namespace
+
+void run_comparison(const CompareRequest& a) {
+  Comparison c(a);
+  c.plan_runs();
+  c.check();
+  c.execute();
+  c.report();
 }
 
 }  // namespace fp4

@@ -21,7 +21,7 @@
 #include "fp4/study/report.h"
 #include "fp4/train/checkpoint.h"
 #include "fp4/train/paths.h"
-#include "fp4/train/run_control.h"
+#include "fp4/train/resolved_run.h"
 #include "fp4/train/train.h"
 
 namespace fp4 {
@@ -68,21 +68,28 @@ EvalSource load_eval_source(const EvalSourceSpec& a) {
   EvalSource s;
   if (a.checkpoint.empty() == a.config.empty())
     throw UserError("give either --checkpoint PATH or --config FILE --init-seed S");
+  if (!a.config.empty()) {
+    if (a.init_seed < 0) throw UserError("--config needs --init-seed S (a freshly initialised model)");
+    // The run the config and recipe define, resolved as train resolves it; the data is
+    // load_eval_data's (--data, or data.path found beside the config).
+    RunRequest request;
+    request.config = a.config;
+    request.recipe = a.recipe.empty() ? "ue5m3-b16" : a.recipe;
+    request.sets = a.sets;
+    if (!a.data.empty()) request.taken.push_back({"data.path", "--data"});
+    request.with_data = false;
+    ResolvedRun run = resolve_run(request);
+    s.cfg = std::move(run.config);
+    s.init_seed = static_cast<uint64_t>(a.init_seed);
+    s.config_dir = run.config_file.parent_path();
+    s.recipe = std::move(run.recipe);
+    s.recipe_source = with_settings(request.recipe, run.sets.recipe);
+    s.plans = std::move(run.plans);
+    return s;
+  }
   std::vector<std::pair<std::string, std::string>> taken;
   if (!a.data.empty()) taken.push_back({"data.path", "--data"});
   const Settings sets = parse_set_args(a.sets, taken);
-  if (!a.config.empty()) {
-    if (a.init_seed < 0) throw UserError("--config needs --init-seed S (a freshly initialised model)");
-    const fs::path f = resolve(a.config);
-    s.cfg = load_run_config(f, sets.config);
-    validate(s.cfg, with_settings(a.config, sets.config));
-    s.init_seed = static_cast<uint64_t>(a.init_seed);
-    s.config_dir = f.parent_path();
-    s.recipe = load_recipe_arg(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
-    s.recipe_source = with_settings(a.recipe.empty() ? "ue5m3-b16" : a.recipe, sets.recipe);
-    check_fits(s.recipe, s.cfg, a.config);
-    return s;
-  }
   if (a.init_seed >= 0) throw UserError("--init-seed goes with --config, not --checkpoint");
   if (!sets.config.empty())
     throw UserError(sets.config[0].arg + ": a checkpoint's run config is fixed (its model and "
@@ -105,6 +112,8 @@ EvalSource load_eval_source(const EvalSourceSpec& a) {
     s.recipe_source = with_settings(a.recipe, sets.recipe);
   }
   check_fits(s.recipe, s.cfg, file.string());
+  s.plans = resolve_linear_plans(s.recipe, nn::Model::linear_sites(s.cfg.model),
+                                 s.cfg.model.n_blocks());
   s.params = std::move(ck.params);
   s.data_key = ck.data_key;
   s.run_dir = fs::is_directory(arg) ? arg : file.parent_path();
@@ -115,7 +124,10 @@ EvalSource load_eval_source(const EvalSourceSpec& a) {
 
 // The model of the source, parameters loaded (or initialised).
 std::unique_ptr<nn::Model> build_eval_model(const EvalSource& s, int batch) {
-  auto m = std::make_unique<nn::Model>(s.cfg.model, s.recipe, batch, s.cfg.train.seq_len);
+  // The plans load_eval_source resolved; a source made by hand without them resolves here.
+  auto m = s.plans.plans.empty()
+               ? std::make_unique<nn::Model>(s.cfg.model, s.recipe, batch, s.cfg.train.seq_len)
+               : std::make_unique<nn::Model>(s.cfg.model, s.plans, batch, s.cfg.train.seq_len);
   if (s.params.empty()) {
     m->init(s.init_seed);
   } else {

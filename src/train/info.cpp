@@ -17,7 +17,9 @@ const BlockKindCount& ModelInfo::kind(char symbol) const {
   throw std::out_of_range(std::string("ModelInfo::kind: no block kind '") + symbol + "'");
 }
 
-ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
+namespace {
+// model_info's body: `given` are the recipe's plans resolved already, or null.
+ModelInfo describe_run(const RunConfig& cfg, const Recipe& recipe, const ResolvedLinears* given) {
   const ModelConfig& m = cfg.model;
   ModelInfo info;
   info.pattern = m.block_pattern();
@@ -93,7 +95,13 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
 
   // Linears and their plans.
   const std::vector<LinearSite> sites = nn::Model::linear_sites(m);
-  const ResolvedLinears res = resolve_linear_plans(recipe, sites, info.n_blocks);
+  const ResolvedLinears resolved =
+      given ? ResolvedLinears{} : resolve_linear_plans(recipe, sites, info.n_blocks);
+  const ResolvedLinears& res = given ? *given : resolved;
+  if (res.plans.size() != sites.size())
+    throw std::invalid_argument("model_info: " + std::to_string(res.plans.size()) +
+                                " linear plans given for a model of " +
+                                std::to_string(sites.size()) + " linears");
   std::vector<nn::MixerLinear> shapes;
   for (char c : info.pattern)
     for (const nn::MixerLinear& l : mixers[slot(c)]->linears()) shapes.push_back(l);
@@ -137,6 +145,16 @@ ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
   head.mode = LinearMode::FP32;
   info.linears.push_back(head);
   return info;
+}
+
+}  // namespace
+
+ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe) {
+  return describe_run(cfg, recipe, nullptr);
+}
+
+ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe, const ResolvedLinears& plans) {
+  return describe_run(cfg, recipe, &plans);
 }
 
 }  // namespace fp4

@@ -27,6 +27,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
+#include "fp4/train/resolved_run.h"
 #include "fp4/train/run_lock.h"
 #include "fp4/train/train.h"
 #include "telemetry_json.h"
@@ -89,9 +90,9 @@ std::string fmt_duration(double s) {
 }
 }  // namespace
 
-void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
+ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   // Block indices, final_blocks (recipe and overrides), and overrides that change no linear.
-  const ResolvedLinears res =
+  ResolvedLinears res =
       resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
   bool fp4_rht = false;
   for (const LinearPlan& p : res.plans) fp4_rht |= p.rht();
@@ -102,12 +103,18 @@ void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
                     (cfg.train.micro() == cfg.train.batch_size ? "train.batch_size"
                                                                : "train.micro_batch_size") +
                     " × train.seq_len = " + std::to_string(tokens) + " must be a multiple of 16");
+  return res;
 }
 
 ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume) {
-  check_recipe_fits(recipe, cfg);
+  ResolvedLinears plans = check_recipe_fits(recipe, cfg);
   check_process_count(cfg, resume);
-  return ValidatedRun(cfg, recipe);
+  return ValidatedRun(cfg, recipe, std::move(plans));
+}
+
+ValidatedRun validate_run(const ResolvedRun& run, bool resume) {
+  check_process_count(run.config, resume);
+  return ValidatedRun(run.config, run.recipe, run.plans);
 }
 
 ValidatedRun ValidatedRun::with_seed(uint64_t seed) const {
@@ -180,7 +187,7 @@ struct TrainRun {
            const TrainOptions& opt, RunState& st)
       : cfg(cfg), tc(cfg.train), recipe(recipe), data(data), opt(opt), st(st) {}
 
-  void validate(bool validated);
+  void validate(const ResolvedLinears* validated);
   void restore();
   bool loop();
   void finish();
@@ -208,6 +215,7 @@ struct TrainRun {
   RunState& st;
 
   // validate.
+  ResolvedLinears plans;  // the recipe's, one per linear: the model is built from them
   std::vector<int64_t> eval_starts;
   int n_ranks = 1;
   bool rank0 = true;  // the only rank that writes files and prints
@@ -242,14 +250,15 @@ struct TrainRun {
   MachineLoad worst_load;
 };
 
-// validated: validate_run has made its checks (check_recipe_fits, check_process_count); the
-// others are made in the order train() has always made them.
-void TrainRun::validate(bool validated) {
+// validated: the plans of a run validate_run has checked (check_recipe_fits,
+// check_process_count), or null; the other checks are made in the order train() has always
+// made them.
+void TrainRun::validate(const ResolvedLinears* validated) {
   // Everything that can be checked is checked before a file is written.
   if (data.vocab_size > cfg.model.vocab_size)
     throw UserError("tokenizer vocab (" + std::to_string(data.vocab_size) +
                     ") exceeds model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ")");
-  if (!validated) check_recipe_fits(recipe, cfg);
+  plans = validated ? *validated : check_recipe_fits(recipe, cfg);
   eval_starts = heldout_windows(static_cast<int64_t>(data.heldout.size()), tc.seq_len,
                                 cfg.eval.windows);
   if (eval_starts.empty())
@@ -266,7 +275,7 @@ void TrainRun::validate(bool validated) {
 }
 
 void TrainRun::restore() {
-  model.emplace(cfg.model, recipe, tc.micro(), tc.seq_len);
+  model.emplace(cfg.model, plans, tc.micro(), tc.seq_len);
   model->init(tc.seed);
   opt_state.emplace(model->num_params(), tc);
   ranks = rank_references(recipe);
@@ -706,7 +715,7 @@ void TrainRun::finish() {
 
 // One train() call, stage by stage (TrainRun).
 TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
-                       const TrainOptions& opt, bool validated, RunState& st) {
+                       const TrainOptions& opt, const ResolvedLinears* validated, RunState& st) {
   TrainRun run(cfg, recipe, data, opt, st);
   run.validate(validated);
   run.restore();
@@ -716,7 +725,8 @@ TrainSummary train_run(const RunConfig& cfg, const Recipe& recipe, const TokenDa
 
 // train_run, with error.txt for a failure once the run directory exists.
 TrainSummary train_with_error_txt(const RunConfig& cfg, const Recipe& recipe,
-                                  const TokenData& data, const TrainOptions& opt, bool validated) {
+                                  const TokenData& data, const TrainOptions& opt,
+                                  const ResolvedLinears* validated) {
   RunState st;
   try {
     return train_run(cfg, recipe, data, opt, validated, st);
@@ -744,11 +754,11 @@ TrainSummary train_with_error_txt(const RunConfig& cfg, const Recipe& recipe,
 
 TrainSummary train(const RunConfig& cfg, const Recipe& recipe, const TokenData& data,
                    const TrainOptions& opt) {
-  return train_with_error_txt(cfg, recipe, data, opt, /*validated=*/false);
+  return train_with_error_txt(cfg, recipe, data, opt, /*validated=*/nullptr);
 }
 
 TrainSummary train(const ValidatedRun& run, const TokenData& data, const TrainOptions& opt) {
-  return train_with_error_txt(run.config(), run.recipe(), data, opt, /*validated=*/true);
+  return train_with_error_txt(run.config(), run.recipe(), data, opt, &run.plans());
 }
 
 }  // namespace fp4

@@ -20,7 +20,7 @@ expect_error "either --checkpoint" eval --checkpoint "$work/nothing" --config "$
 expect_error "needs --init-seed" eval --config "$work/micro.toml"
 expect_error "unknown recipe 'nope'" eval --config "$work/micro.toml" --init-seed 1 --recipe nope
 printf 'name = "hp"\n[linear]\nmode = "fp4"\n[high_precision]\nblocks = [7]\n' > "$work/hp.toml"
-expect_error "does not fit the model" eval --config "$work/micro.toml" --init-seed 1 --recipe "$work/hp.toml"
+expect_error "high_precision.blocks" eval --config "$work/micro.toml" --init-seed 1 --recipe "$work/hp.toml"
 expect_error "one --policy" sample --config "$work/micro.toml" --init-seed 1 --policy none,current
 expect_error "unknown policy 'x'" sample --config "$work/micro.toml" --init-seed 1 --policy x
 expect_error "does not exist" eval --config "$work/micro.toml" --init-seed 1 --data "$work/missing"

@@ -75,9 +75,9 @@ out=$("$bin" train --config micro.toml --recipe fp32 --steps 2 --set data.cache=
 [ -d "runs/micro+train.seed=3-fp32-s3" ] || fail "a data.cache / progress_seconds setting renamed the run: $(ls runs)"
 [ -d "$work/cache2" ] || fail "--set data.cache was not used"
 
-# profile labels the recipe and config it timed.
+# profile labels the recipe and config it timed, as train labels them (the config's stem).
 "$bin" profile --config micro.toml --recipe mxfp4 --steps 1 --warmup 0 --peak-gflops 100 \
   --set fp4.block=16 --set train.batch_size=2 --json p.json > p.log 2>&1 || { cat p.log; fail "profile --set"; }
-grep -qF "config micro.toml+train.batch_size=2, recipe mxfp4+fp4.block=16:" p.log || fail "profile line: $(grep ^config p.log)"
+grep -qF "config micro+train.batch_size=2, recipe mxfp4+fp4.block=16:" p.log || fail "profile line: $(grep ^config p.log)"
 grep -qF "tokens/step (batch 2 x seq 32)" p.log || fail "profile did not apply train.batch_size"
 echo "set_override: all checks passed"

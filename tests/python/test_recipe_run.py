@@ -24,6 +24,24 @@ def test_plan_matches_info(recipe):
     assert got == want
 
 
+def test_resolve_run_as_the_commands_do():
+    sets = ["train.lr=1e-3", "fp4.block=32", "high_precision.final_blocks=1"]
+    run = fp.resolve_run(TINY, "ue5m3-b16", sets)
+    # the label train gives the run directory: the config's stem and its config overrides
+    assert run.label == "tiny+train.lr=1e-3"
+    assert run.recipe.name == "ue5m3-b16+fp4.block=32+high_precision.final_blocks=1"
+    assert run.recipe.block == 32 and run.config.as_dict()["train"]["lr"] == 1e-3
+    # the plans resolved with the run are Recipe.plan's on the same config, and info's
+    want = fp.Recipe.load("ue5m3-b16", sets=sets[1:]).plan(fp.Config.load(TINY, sets=sets[:1]))
+    assert run.plan() == want
+    modes = [p["mode"] for p in run.plan()]
+    assert modes[-3:] == ["bf16", "bf16", "fp32"], modes  # the final block (up, down_proj), lm_head
+    with pytest.raises(fp.UserError, match="train.bogus"):
+        fp.resolve_run(TINY, "ue5m3-b16", ["train.bogus=1"])
+    with pytest.raises(fp.UserError, match="does not exist"):
+        fp.resolve_run(TINY, "ue5m3-b16", [], data="/nonexistent/corpus")
+
+
 def test_plan_specs_by_hand():
     cfg = fp.Config.load(TINY)
     plan = {p["name"]: p for p in fp.Recipe.load("ue5m3-b16-t2048").plan(cfg)}

@@ -1,4 +1,4 @@
-// StopOnSignal (src/train/run_control.cpp): the stop signals are kept off the compute threads.
+// StopOnSignal (src/train/interruptible.cpp): the stop signals are kept off the compute threads.
 //
 // Why: oneDNN's JIT f32 GEMM kernels (2.x; 3.x before the fix of oneDNN issue #4845) point
 // rsp into a heap workspace while they run. A signal handled on such a thread has its frame
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fp4/gemm/gemm.h"
-#include "fp4/train/run_control.h"
+#include "fp4/train/interruptible.h"
 
 using fp4::StopOnSignal;
 
@@ -86,7 +86,7 @@ TEST(StopOnSignal, BlocksTheStopSignalsOnEveryComputeThreadWhileAlive) {
 
 TEST(StopOnSignal, AStopSignalDuringGemmsLeavesTheHeapIntact) {
   // The failure mode itself: threads in oneDNN GEMMs, one stop signal at a random moment, many
-  // times over. With StopOnSignal's ComputeSignalMask (mask_ in src/train/run_control.cpp) made a no-op (the old guard: a
+  // times over. With StopOnSignal's ComputeSignalMask (mask_ in src/train/interruptible.cpp) made a no-op (the old guard: a
   // handler on whichever thread the kernel picks), this aborted with "corrupted size vs.
   // prev_size while consolidating" in 3 runs out of 3 (AMD EPYC, AVX2, libdnnl 2.6.3); glibc
   // aborts on a corrupted chunk, and the vector churn below makes it look at many.

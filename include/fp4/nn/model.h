@@ -32,8 +32,14 @@ struct ParamInfo {
 class Model {
  public:
   /// Builds the model for `batch` sequences of `seq_len` tokens (activation buffers are sized
-  /// for that). Throws fp4::UserError on inconsistent config.
+  /// for that), its linears from `recipe` resolved for them (resolve_linear_plans). Throws
+  /// fp4::UserError on inconsistent config and what resolve_linear_plans throws.
   Model(const ModelConfig& cfg, const Recipe& recipe, int batch, int seq_len);
+  /// The same with the plans resolved already (check_recipe_fits on this config: one per
+  /// linear, in linear_sites(cfg) order), which a run resolves once. Throws fp4::UserError on
+  /// inconsistent config, std::invalid_argument when plans.plans does not hold one plan per
+  /// linear of the model.
+  Model(const ModelConfig& cfg, ResolvedLinears plans, int batch, int seq_len);
 
   /// Initialise parameters, in parameter order from one mt19937_64(seed) stream:
   /// N(0, init_std) for matrices; projections into the residual stream (o_proj, down_proj,
@@ -158,6 +164,9 @@ class Model {
 
   ModelConfig cfg_;
   ResolvedLinears resolved_;  // the recipe, resolved once per linear (resolve_linear_plans)
+  // The constructors' body: `recipe` is resolved on the model's linears unless `plans` is given.
+  Model(const ModelConfig& cfg, const Recipe* recipe, ResolvedLinears* plans, int batch,
+        int seq_len);
   int batch_, seq_len_;
   std::string pattern_;
   std::vector<ParamInfo> infos_;

@@ -30,6 +30,9 @@ struct EvalSourceSpec {
 struct EvalSource {
   RunConfig cfg;
   Recipe recipe;
+  // The recipe's plans on cfg.model, resolved once by load_eval_source (build_eval_model
+  // builds from them); empty in a source made by hand, which build_eval_model resolves.
+  ResolvedLinears plans;
   std::string recipe_source;   // "checkpoint" or the --recipe argument
   std::vector<float> params;   // empty: initialise with init_seed
   uint64_t init_seed = 0;

@@ -98,5 +98,9 @@ struct ModelInfo {
 /// and what resolve_linear_plans throws when the recipe does not fit the model (naming the
 /// recipe file and key).
 ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe);
+/// The same with the recipe's plans resolved already (check_recipe_fits on `cfg`, or
+/// ResolvedRun::plans): they are not resolved again. Throws std::invalid_argument when `plans`
+/// does not hold one plan per linear of cfg.model.
+ModelInfo model_info(const RunConfig& cfg, const Recipe& recipe, const ResolvedLinears& plans);
 
 }  // namespace fp4

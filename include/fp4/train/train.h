@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp4/train/checkpoint.h"
@@ -81,8 +82,10 @@ double heldout_nll(nn::Model& model, const TokenStream& tokens,
 /// (resolve_linear_plans over nn::Model::linear_sites(cfg.model): no model is built), tokens
 /// per micro-batch (train.micro_batch_size × train.seq_len) a multiple of 16 when an FP4
 /// linear uses the RHT. Throws fp4::UserError naming the recipe file and the key (e.g.
-/// `override[0].final_blocks`). A train run makes it once: validate_run, or train() itself.
-void check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
+/// `override[0].final_blocks`). Returns the plans it resolved, one per linear in
+/// nn::Model::linear_sites order: a run resolves them once, here (resolve_run, validate_run,
+/// or train() itself), and builds its model from them.
+ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
 
 /// The start-of-run description of a recipe on a model: "recipe NAME (m0,m1,... per block)"
 /// with each block's linear mode (modes joined by '+' where overrides mix them), then one line
@@ -202,19 +205,28 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
                       std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
 
 class ValidatedRun;
+struct ResolvedRun;
 /// The checks of a train run that need neither data nor a model, made before the slow work
-/// (fp4train train, train --resume and compare call it before they prepare data):
-/// check_recipe_fits(recipe, cfg), then check_process_count(cfg, resume). Returns the pair as
-/// checked, for train(const ValidatedRun&, ...), which does not repeat these checks. Throws
-/// fp4::UserError as those two do, with their messages.
+/// (train --resume calls it before it prepares data): check_recipe_fits(recipe, cfg), then
+/// check_process_count(cfg, resume). Returns the pair as checked, with the plans
+/// check_recipe_fits resolved, for train(const ValidatedRun&, ...), which does not repeat
+/// these checks. Throws fp4::UserError as those two do, with their messages.
 ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume = false);
+/// The same for a run resolve_run has resolved (fp4train train and compare): its plans are
+/// checked already, so only check_process_count(run.config, resume) remains. Throws
+/// fp4::UserError as check_process_count does.
+ValidatedRun validate_run(const ResolvedRun& run, bool resume = false);
 
-/// A run config and recipe that passed validate_run. Only validate_run (and with_seed) makes
-/// one, and it holds its own copies, so what was checked is what train() runs.
+/// A run config and recipe that passed validate_run, with the recipe's per-linear plans.
+/// Only validate_run (and with_seed) makes one, and it holds its own copies, so what was
+/// checked is what train() runs.
 class ValidatedRun {
  public:
   const RunConfig& config() const { return cfg_; }
   const Recipe& recipe() const { return recipe_; }
+  /// The recipe's plans on config().model (check_recipe_fits), from which train() builds
+  /// the model: they are not resolved again.
+  const ResolvedLinears& plans() const { return plans_; }
   /// The same run with train.seed = seed: no check of validate_run depends on the seed, so
   /// one validation serves every seed of a recipe (fp4train compare). Throws nothing but
   /// std::bad_alloc.
@@ -222,9 +234,12 @@ class ValidatedRun {
 
  private:
   friend ValidatedRun validate_run(const RunConfig& cfg, const Recipe& recipe, bool resume);
-  ValidatedRun(const RunConfig& cfg, const Recipe& recipe) : cfg_(cfg), recipe_(recipe) {}
+  friend ValidatedRun validate_run(const ResolvedRun& run, bool resume);
+  ValidatedRun(const RunConfig& cfg, const Recipe& recipe, ResolvedLinears plans)
+      : cfg_(cfg), recipe_(recipe), plans_(std::move(plans)) {}
   RunConfig cfg_;
   Recipe recipe_;
+  ResolvedLinears plans_;
 };
 
 /// Train `cfg` with `recipe` on `data`, writing metrics.jsonl, config.toml, recipe.toml,

@@ -1,31 +1,16 @@
-// Shared by the commands that train or load configs and recipes (the CLI, the study room's
-// compare): --set arguments checked against dedicated options, names of run directories and
-// shell words, and stopping a training run on SIGINT / SIGTERM.
+// The interruptible run of the commands that train (the CLI's train, the study room's
+// compare): SIGINT / SIGTERM / SIGUSR1 stop a run after its current step, with a checkpoint
+// (docs/checkpoints.md "Checkpoints and resume").
 #pragma once
 #include <csignal>
 #include <optional>
 #include <string>
 #include <thread>
-#include <vector>
 
-#include "fp4/recipe/settings.h"
-#include "fp4/train/train.h"
 #include "fp4/base/signal_mask.h"
+#include "fp4/train/train.h"
 
 namespace fp4 {
-
-/// parse_settings(args), refusing a config key that a dedicated option (`--steps` for
-/// train.steps, ...) also sets: `taken` lists pairs {key, option} of the options given.
-/// Throws fp4::UserError naming both.
-Settings parse_set_args(const std::vector<std::string>& args,
-                        const std::vector<std::pair<std::string, std::string>>& taken);
-
-/// `name` as one directory name: characters outside [A-Za-z0-9._+=,-] become '_', and a
-/// leading '.' (or an empty name) gets a '_' before it.
-std::string dir_safe(const std::string& name);
-
-/// `s` as one shell word: unchanged if it has only [A-Za-z0-9._+=,/:@%-], else single-quoted.
-std::string shell_word(const std::string& s);
 
 /// While alive, SIGINT, SIGTERM and SIGUSR1 (unless ignored when it was made, e.g. SIGINT of
 /// a background job of a non-interactive shell) only set an async-signal-safe flag, which
@@ -38,7 +23,7 @@ std::string shell_word(const std::string& s);
 /// three signals there and in every OpenMP worker, and a watcher thread of its own accepts
 /// them (sigtimedwait), so no handler ever runs on a thread inside a GEMM kernel (oneDNN's
 /// JIT GEMM moves rsp into the heap; a signal frame written there corrupts it: see
-/// run_control.cpp). The destructor unblocks them again.
+/// interruptible.cpp). The destructor unblocks them again.
 class StopOnSignal {
  public:
   StopOnSignal();

@@ -1,13 +1,12 @@
-// What the commands that train share: --set arguments against dedicated options, run
-// directory names, shell words, and the stop on SIGINT / SIGTERM / SIGUSR1 (fp4/train/run_control.h).
-#include "fp4/train/run_control.h"
+// The stop on SIGINT / SIGTERM / SIGUSR1 of the commands that train, and their one
+// interruptible run (fp4/train/interruptible.h).
+#include "fp4/train/interruptible.h"
 
 #include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
 
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,37 +14,6 @@
 #include "fp4/base/error.h"
 
 namespace fp4 {
-
-Settings parse_set_args(const std::vector<std::string>& args,
-                        const std::vector<std::pair<std::string, std::string>>& taken) {
-  Settings s = parse_settings(args);
-  for (const Setting& x : s.config)
-    for (const auto& [key, option] : taken)
-      if (x.key == key)
-        throw UserError(x.arg + " and " + option + " both set " + key + "; give one of them");
-  return s;
-}
-
-std::string dir_safe(const std::string& name) {
-  std::string d = name;
-  for (char& c : d)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
-          c == '+' || c == '=' || c == ','))
-      c = '_';
-  if (d.empty() || d[0] == '.') d = "_" + d;
-  return d;
-}
-
-std::string shell_word(const std::string& s) {
-  bool plain = !s.empty();
-  for (char c : s)
-    plain &= std::isalnum(static_cast<unsigned char>(c)) ||
-             std::string("._+=,/:@%-").find(c) != std::string::npos;
-  if (plain) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::string signal_name(int sig) {
   if (sig == SIGINT) return "SIGINT";
