@@ -6,8 +6,8 @@
 // Why the bits match the scalar twins.
 //  * Tensor scales ge, gd, mult: the same scalar expressions as block_quant.cpp.
 //  * Block amax: max of |x| bit patterns (exact, order-free).
-//  * Block scale: c = a_b·mult, min(c, scale_max), RNE onto the scale grid lane-wise (RoundMag:
-//    the steps of detail::round_magnitude_params, as quant_fast.cpp), zero guard, d_b = c·gd,
+//  * Block scale: c = a_b·mult, min(c, scale_max), RNE onto the scale grid lane-wise (RoundMag
+//    in hwy_common.h: the steps of detail::round_magnitude_params), zero guard, d_b = c·gd,
 //    e_b = 1/d_b (an IEEE division). Scale code: c is on the grid, so its FP32 bits give the code
 //    directly — normal c = (1 + mant/2^F)·2^k: code = ((k + bias) << F) | mant
 //    = (bits >> (23 − F)) − ((127 − bias) << F); subnormal c (< 2^emin) = m·2^(emin − F):
@@ -31,6 +31,10 @@
 //    is built from the code's bits: magnitude m < 2 → m·0.5, else bits (m + 252) << 22; sign
 //    bit from bit 3. BF16: round_bf16's integer steps, lane-wise.
 // No multiply-add is fused (-ffp-contract=off; Mul and Add only).
+//
+// The helpers this file shares with quant_fast.cpp (the lane-wise rounding and block-scale
+// pieces, amax, the vertical RHT, the scale parameters, the argument checks, the plain
+// transpose) are in hwy_common.h.
 
 // ------------------------------------------------------------------------------------------
 // Shared declarations (compiled once; this file is re-included once per target).
@@ -63,11 +67,11 @@
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/hadamard.h"
 #include "fp4/numerics/quant_fast.h"
+#include "hwy_common.h"  // the plain section; its per-target section is included below
 
 namespace fp4::pf {
 
-/// Upper bound on the FP32 lanes of any target; scratch buffers are padded with it.
-constexpr int64_t kMaxLanes = 64;
+using hwy_common::kMaxLanes;
 /// SR bytes are generated in windows of at least this many consecutive elements.
 constexpr int64_t kSrWindow = 16384;
 /// Columns of x per panel of the quantize-transpose (output rows per work item; even, so every
@@ -77,8 +81,10 @@ constexpr int64_t kSrWindow = 16384;
 /// slower at [4096, 4096].
 constexpr int64_t kPanel = 128;
 
-/// Everything the quantize kernel needs about one call (plain data, shared by all targets).
-struct QPlan {
+/// Everything the quantize kernel needs about one call (plain data, shared by all targets): the
+/// block scales' parameters (hwy_common::ScaleParams: tensor scales, scale grid, SR key) and
+/// these.
+struct QPlan : hwy_common::ScaleParams {
   const float* x = nullptr;   ///< row r of the tensor is x + (r − x_row0)·cols
   int64_t x_row0 = 0;
   int64_t x_stride = 0;        ///< floats between rows of x (0: cols)
@@ -87,14 +93,9 @@ struct QPlan {
   int64_t rows = 0, cols = 0, B = 16;
   bool two_d = false;
   int64_t block_rows = 0, block_cols = 0;
-  float mult = 1.f, gd = 1.f;  ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
-  int sfrac = 0, semin = 0, sbias = 0;
-  float smax = 0.f;
+  int sbias = 0;            ///< scale format's exponent bias
   float ssub = 0.f;         ///< scale values below this are subnormal codes (0: none)
   float ssub_mult = 1.f;    ///< 2^(frac − emin): subnormal value → code
-  bool sub_pow2 = false;    ///< scale rounding needs subnormal powers of two (UE8M0)
-  bool sr = false;
-  SrKey key{};
 };
 
 /// Per-thread buffers of the quantize kernel.
@@ -171,81 +172,26 @@ struct Kernels {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "hwy_common.h"  // its per-target section: Pow2, RoundMag, ... (once per target)
+
 HWY_BEFORE_NAMESPACE();
 namespace fp4::pf::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using namespace fp4::hwy_common::HWY_NAMESPACE;  // DF, DI, VF, VI, D8 and the shared helpers
 
-using DF = hn::ScalableTag<float>;
-using DI = hn::RebindToSigned<DF>;
-using VF = hn::Vec<DF>;
-using VI = hn::Vec<DI>;
-using D8 = hn::Rebind<uint8_t, DF>;  ///< one byte per FP32 lane
-
-/// 2^k lane-wise for k in [−149, 127] (kSub: subnormal results for k < −126).
-template <bool kSub>
-HWY_INLINE VF Pow2(VI k) {
-  const DF df;
-  const DI di;
-  const VI normal = hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127)));
-  if constexpr (!kSub) {
-    return hn::BitCast(df, normal);
-  } else {
-    const VI sh = hn::And(hn::Add(k, hn::Set(di, 149)), hn::Set(di, 31));
-    const VI sub = hn::Set(di, 1) << sh;
-    return hn::BitCast(df, hn::IfThenElse(hn::Gt(k, hn::Set(di, -127)), normal, sub));
-  }
-}
-
-/// RNE of a ≥ 0 onto the scale grid: detail::round_magnitude_params(a, frac, emin, maxf, RNE)
-/// lane-wise (clamp, exponent floor, exact power-of-two scalings, truncation, δ, ties to even).
-template <bool kSub>
-HWY_INLINE VF RoundScale(VF a, int frac, int emin, float maxf) {
-  const DF df;
-  const DI di;
-  const VF maxv = hn::Set(df, maxf);
-  a = hn::Abs(a);
-  a = hn::IfThenElse(hn::Lt(a, maxv), a, maxv);
-  const VI field = hn::ShiftRight<23>(hn::BitCast(di, a));
-  const VI e = hn::Max(hn::Sub(field, hn::Set(di, 127)), hn::Set(di, emin));
-  const VI q = hn::Sub(e, hn::Set(di, frac));
-  const VF s = hn::Mul(a, Pow2<kSub>(hn::Neg(q)));
-  const VI loi = hn::ConvertTo(di, s);
-  const VF delta = hn::Sub(s, hn::ConvertTo(df, loi));
-  const VF half = hn::Set(df, 0.5f);
-  const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
-  const auto tie_odd =
-      hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
-  const VI up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
-  const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
-  return hn::IfThenElse(hn::Lt(res, maxv), res, maxv);
-}
-
-/// Block scales of the amax lanes: e_b = 1/(c_b·gd) and the scale code of c_b.
+/// Block scales of the amax lanes: e_b = 1/(c_b·gd) (TensorScaledBlockScale) and the scale
+/// code of c_b.
 template <bool kSub>
 HWY_INLINE void BlockScales(VF amax, const QPlan& p, VF& ev, VI& code) {
   const DF df;
   const DI di;
-  const VF maxv = hn::Set(df, p.smax);
-  VF c = hn::Mul(amax, hn::Set(df, p.mult));
-  c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
-  c = RoundScale<kSub>(c, p.sfrac, p.semin, p.smax);
-  c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
-  const VF dv = hn::Mul(c, hn::Set(df, p.gd));
-  ev = hn::Div(hn::Set(df, 1.0f), dv);
+  VF dv;
+  const VF c = TensorScaledBlockScale<kSub>(amax, p, dv, ev);
   const VI bits = hn::BitCast(di, c);
   const VI normal = hn::Sub(hn::ShiftRightSame(bits, 23 - p.sfrac),
                             hn::Set(di, (127 - p.sbias) << p.sfrac));
   const VI sub = hn::ConvertTo(di, hn::Mul(c, hn::Set(df, p.ssub_mult)));
   code = hn::IfThenElse(hn::RebindMask(di, hn::Lt(c, hn::Set(df, p.ssub))), sub, normal);
-}
-
-/// (2r+1)/512 for the next Lanes() SR bytes, as detail::sr8_offset.
-HWY_INLINE VF SrOffsets(const uint8_t* r) {
-  const DF df;
-  const DI di;
-  const VI v = hn::PromoteTo(di, hn::LoadU(D8(), r));
-  const VI t = hn::Or(hn::ShiftLeft<1>(v), hn::Set(di, 1));
-  return hn::Mul(hn::ConvertTo(df, t), hn::Set(df, 1.0f / 512.0f));
 }
 
 /// E2M1 codes (0..15) of x·e (see the file comment for the proof of n + 2e).
@@ -255,11 +201,8 @@ HWY_INLINE VI CodesVec(VF x, VF ev, VF off) {
   const DI di;
   VF y = hn::Mul(x, ev);
   y = hn::IfThenZeroElse(hn::IsNaN(y), y);  // 0·Inf (e_b overflowed) is taken as 0
-  const VF six = hn::Set(df, 6.0f);
-  VF a = hn::Abs(y);
-  a = hn::IfThenElse(hn::Lt(a, six), a, six);
-  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
-                       hn::Zero(di));
+  VI e;
+  const VF a = E2M1Clamp(y, e);
   VI n;
   if constexpr (kSR) {
     const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
@@ -313,7 +256,6 @@ HWY_INLINE void PackRun(const uint8_t* c, int64_t n, int64_t start, int64_t tota
 template <bool kSR, bool kSub>
 bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
   const DF df;
-  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
   const int64_t total = p.rows * cols;
@@ -325,22 +267,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
     const int64_t r0 = p.two_d ? br * B : br;
     const int64_t r1 = p.two_d ? std::min(p.rows, r0 + B) : br + 1;
     // 1. block amax
-    for (int64_t bc = 0; bc < nbc; ++bc) {
-      const int64_t c0 = bc * B, len = std::min(B, cols - c0);
-      VI m = hn::Zero(di);
-      uint32_t mt = 0;
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = p.x + (r - p.x_row0) * xs + c0;
-        int64_t j = 0;
-        for (; j + N <= len; j += N)
-          m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, xr + j)), hn::Set(di, 0x7FFFFFFF)));
-        for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
-      }
-      const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
-      if (a > 0x7F7FFFFFu) return false;
-      am[bc] = std::bit_cast<float>(a);
-    }
-    for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+    if (!BlockRowAmax(p.x + (r0 - p.x_row0) * xs, xs, r1 - r0, cols, B, nbc, am)) return false;
     // 2. block scales and their codes, Lanes blocks at a time
     for (int64_t bc = 0; bc < nbc; bc += N) {
       VF ev;
@@ -408,12 +335,9 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
 void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int64_t w, bool rht,
                     float* buf, int64_t ld) {
   const DF df;
-  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   alignas(64) float tile[16 * kPanel] = {};
-  alignas(64) int32_t idx_arr[kMaxLanes];
-  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * kPanel);
-  const VI gidx = hn::LoadU(di, idx_arr);
+  const VI gidx = RowIndices(kPanel);
   const bool vec_t = 16 % N == 0;  // Lanes ≤ 16 divides a full chunk
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int64_t h = std::min<int64_t>(16, rows - r0);
@@ -430,18 +354,8 @@ void TransposePanel(const float* x, int64_t rows, int64_t cols, int64_t c0, int6
     if (rht) {  // h == 16
       for (int64_t k = 0; k < kPanel; k += N) {
         VF v[16];
-        for (int i = 0; i < 16; ++i)
-          v[i] = hn::Mul(hn::LoadU(df, tile + i * kPanel + k), hn::Set(df, kRhtSigns[i]));
-        for (int hh = 1; hh < 16; hh <<= 1) {
-          for (int i = 0; i < 16; i += 2 * hh) {
-            for (int j = i; j < i + hh; ++j) {
-              const VF a = v[j], b = v[j + hh];
-              v[j] = hn::Add(a, b);
-              v[j + hh] = hn::Sub(a, b);
-            }
-          }
-        }
-        for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, tile + i * kPanel + k);
+        Rht16Load(tile + k, kPanel, v, /*bf16=*/false);
+        for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, tile + i * kPanel + k);
       }
     }
     if (h == 16 && vec_t) {
@@ -487,12 +401,9 @@ template <bool kSR, bool kSub>
 bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
                 const uint8_t* srb, float* tile) {
   const DF df;
-  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t rows = p.cols, cols = p.rows, B = p.B, nbc = p.block_cols;
-  alignas(64) int32_t idx_arr[kMaxLanes];
-  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * kPanel);
-  const VI gidx = hn::LoadU(di, idx_arr);
+  const VI gidx = RowIndices(kPanel);
   alignas(64) float ev_arr[kPanel + kMaxLanes];
   alignas(64) uint8_t scode[kPanel + kMaxLanes];
   alignas(64) uint8_t cb[16 + kMaxLanes];
@@ -515,28 +426,15 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
         for (int64_t k = 0; k < wv; k += N) {
           VF v[16];
           float* t = tile + g * kPanel + k;
-          for (int i = 0; i < 16; ++i)
-            v[i] = hn::Mul(hn::LoadU(df, t + i * kPanel), hn::Set(df, kRhtSigns[i]));
-          for (int hh = 1; hh < 16; hh <<= 1) {
-            for (int i = 0; i < 16; i += 2 * hh) {
-              for (int j = i; j < i + hh; ++j) {
-                const VF a = v[j], b = v[j + hh];
-                v[j] = hn::Add(a, b);
-                v[j + hh] = hn::Sub(a, b);
-              }
-            }
-          }
-          for (int i = 0; i < 16; ++i) hn::StoreU(hn::Mul(v[i], hn::Set(df, 0.25f)), df, t + i * kPanel);
+          Rht16Load(t, kPanel, v, /*bf16=*/false);
+          for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, t + i * kPanel);
         }
       }
     }
     // 3. block amax of each column (vertical max of |x| bits), block scales and their codes
     for (int64_t k = 0; k < wv; k += N) {
-      VI m = hn::Zero(di);
-      for (int64_t i = 0; i < h; ++i)
-        m = hn::Max(m, hn::And(hn::BitCast(di, hn::LoadU(df, tile + i * kPanel + k)),
-                               hn::Set(di, 0x7FFFFFFF)));
-      if (!hn::AllFalse(di, hn::Gt(m, hn::Set(di, 0x7F7FFFFF)))) return false;
+      VI m;
+      if (!ColumnAmaxBits(tile + k, kPanel, h, m)) return false;
       VF ev;
       VI code;
       BlockScales<kSub>(hn::BitCast(df, m), p, ev, code);
@@ -615,11 +513,7 @@ HWY_INLINE VF DecodeE2M1(VI code) {
 HWY_INLINE VI Bf16Bits(VF v) {
   const DI di;
   const hn::RebindToUnsigned<DF> du;
-  const auto b = hn::BitCast(du, v);
-  const auto is_nan = hn::Gt(hn::And(b, hn::Set(du, 0x7FFFFFFFu)), hn::Set(du, 0x7F800000u));
-  const auto nan_bits = hn::Or(b, hn::Set(du, 0x00400000u));
-  const auto rne = hn::Add(hn::Add(b, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(b), hn::Set(du, 1u)));
-  return hn::BitCast(di, hn::ShiftRight<16>(hn::IfThenElse(is_nan, nan_bits, rne)));
+  return hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, Bf16RoundBits(v))));
 }
 
 template <bool kBf16>
@@ -702,7 +596,7 @@ namespace fp4 {
 namespace pf {
 namespace {
 
-constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
+using hwy_common::kParallelMin;
 
 #define FP4_PF_KERNELS(NS, NAME) \
   Kernels { NAME, &NS::PackRows, &NS::UnpackRows, &NS::TransposePanel, &NS::PackPanel }
@@ -756,26 +650,6 @@ const ScaleTable& scale_table(ScaleFormat f) {
   });
   (void)scale_format_desc(f);  // throws on an invalid enum value
   return tables[static_cast<size_t>(f)];
-}
-
-/// Exactly block_quant.cpp's tensor_scales for E2M1 (emax 6).
-void tensor_scales(float g, float target, float& ge, float& gd, float& mult) {
-  ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
-  ge = std::min(ge, FLT_MAX);
-  gd = 1.0f / ge;
-  mult = ge * (1.0f / 6.0f);
-}
-
-/// Cache-blocked out [cols, rows] = xᵀ (a copy: bits never depend on the threads).
-void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
-  constexpr int64_t T = 32;
-#pragma omp parallel for collapse(2) schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t i0 = 0; i0 < rows; i0 += T)
-    for (int64_t j0 = 0; j0 < cols; j0 += T) {
-      const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = x[i * cols + j];
-    }
 }
 
 void check_qtensor(const char* where, const QTensor& t) {
@@ -836,22 +710,21 @@ namespace {
 /// plan that fills its buffers (x left unset).
 QPlan start_qtensor(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
                     const SrKey* sr, QTensor& out) {
-  float ge, gd, mult;
-  tensor_scales(g, spec.target, ge, gd, mult);
+  QPlan p;
+  hwy_common::set_scale_params(p, spec, g, sr);
   out.rows = rows;
   out.cols = cols;
   out.block = spec.block;
   out.two_d = spec.two_d;
   out.scale_format = spec.scale_format;
   out.element_format = "e2m1";
-  out.decode_scale = gd;
+  out.decode_scale = p.gd;
   out.reference = g;
   out.target = spec.target;
   const int64_t n = rows * cols;
   out.packed.resize(static_cast<size_t>((n + 1) / 2));
   out.scale_codes.resize(static_cast<size_t>(out.block_rows() * out.block_cols()));
 
-  QPlan p;
   p.packed = out.packed.data();
   p.scales = out.scale_codes.data();
   p.rows = rows;
@@ -860,19 +733,10 @@ QPlan start_qtensor(int64_t rows, int64_t cols, const BlockQuantSpec& spec, floa
   p.two_d = spec.two_d;
   p.block_rows = out.block_rows();
   p.block_cols = out.block_cols();
-  p.mult = mult;
-  p.gd = gd;
   const FloatFormat& fmt = scale_format_desc(spec.scale_format);
-  p.sfrac = fmt.frac_bits;
-  p.semin = detail::rounding_emin(fmt);
   p.sbias = fmt.bias;
-  p.smax = fmt.max_finite;
   p.ssub = fmt.subnormals ? detail::pow2f(p.semin) : 0.0f;
   p.ssub_mult = fmt.subnormals ? detail::pow2f(p.sfrac - p.semin) : 1.0f;
-  const int emax = std::ilogb(fmt.max_finite);
-  p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
-  p.sr = spec.rounding == Rounding::SR8;
-  if (p.sr) p.key = *sr;
   return p;
 }
 
@@ -943,15 +807,7 @@ void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                    const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
                                    QTensor& q) {
   const char* where = "quantize_pack_transposed_fast";
-  if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
-                                ", " + std::to_string(cols) + "]");
-  }
-  if (rht && rows % 16 != 0) {
-    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
-                                " is not a multiple of 16 (the RHT works on 16-long chunks "
-                                "along the rows of x)");
-  }
+  hwy_common::check_transposed_shape(where, rows, cols, rht);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   const int64_t n = rows * cols;
   bool fused = pf::packable(spec) && !spec.two_d && n > 0;
@@ -1017,7 +873,7 @@ void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
     // A non-finite value (in x or its RHT): the composition below throws the reference's error.
   }
   std::vector<float> t(static_cast<size_t>(n));
-  pf::transpose(x, rows, cols, t.data());
+  hwy_common::transpose(x, rows, cols, t.data());
   if (rht) rht16_rows(t.data(), cols, rows);
   quantize_pack_fast(t.data(), cols, rows, spec, g, sr, q);
 }

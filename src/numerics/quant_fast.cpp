@@ -7,15 +7,16 @@
 //  * tensor scales ge, gd, mult: computed once, by the same scalar expressions;
 //  * block amax: max of |x| bit patterns (exact, order-free);
 //  * block scale: c = a_b·mult, min(c, scale_max), detail::round_magnitude_params (RNE) written
-//    lane-wise (RoundMag below: the same clamp, exponent field, power-of-two scalings — built
-//    from bit patterns, subnormal powers included for UE8M0 — truncation, δ, tie/SR test),
-//    zero guard, d_b = c_b·gd, e_b = 1/d_b (a true IEEE division, never a reciprocal estimate);
+//    lane-wise (RoundMag in hwy_common.h: the same clamp, exponent field, power-of-two
+//    scalings — built from bit patterns, subnormal powers included for UE8M0 — truncation, δ,
+//    tie/SR test), zero guard, d_b = c_b·gd, e_b = 1/d_b (a true IEEE division, never a
+//    reciprocal estimate);
 //  * element: y = x·e_b, NaN (0·Inf) → 0, E2M1 rounding (SR8: RoundMag; RNE: an IEEE add of a
 //    magic constant whose spacing is the grid's, proven equal in RoundE2M1Rne), copysign, ·d_b;
 //  * RHT: the same sign multiply, the same four butterfly stages (a + b, a − b) in the same
-//    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row; the BF16
-//    variant adds fp4::round_bf16 of the inputs and of the outputs, lane-wise on the bit
-//    patterns (the same integer add of 0x7FFF + bit 16, the same NaN rule);
+//    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row (Rht16Load in
+//    hwy_common.h); the BF16 variant adds fp4::round_bf16 of the inputs and of the outputs,
+//    lane-wise on the bit patterns (the same integer add of 0x7FFF + bit 16, the same NaN rule);
 //  * SR bytes: Philox4x32-10 lane-wise (32×32→64-bit products via MulEven), same counters and
 //    keys as philox.cpp, bytes stored in the same little-endian order.
 // No multiply-add is ever fused: the project compiles with -ffp-contract=off and this file uses
@@ -31,7 +32,9 @@
 // Dispatch: foreach_target.h compiles the kernels below once per target in HWY_TARGETS; the
 // HWY_ONCE section keeps one table of them, and fp4/numerics/hwy_dispatch.h (shared with
 // pack_fast.cpp and layers_fast.cpp) picks the best target this CPU and FP4_MAX_CPU_ISA allow;
-// quant_fast_use_target() lets tests run every target.
+// quant_fast_use_target() lets tests run every target. The helpers this file shares with
+// pack_fast.cpp (the lane-wise rounding and block-scale pieces, amax, the vertical RHT, the
+// scale parameters, the argument checks, the plain transpose) are in hwy_common.h.
 
 // ------------------------------------------------------------------------------------------
 // Shared declarations (compiled once; this file is re-included once per target).
@@ -64,30 +67,25 @@
 #include "fp4/base/error.h"
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/hadamard.h"
+#include "hwy_common.h"  // the plain section; its per-target section is included below
 
 namespace fp4::qf {
 
-/// Upper bound on the FP32 lanes of any x86 target (AVX-512: 16); buffers are sized with it.
-constexpr int64_t kMaxLanes = 64;
+using hwy_common::kMaxLanes;
 
-/// Everything a kernel needs about one call (plain data, shared by all targets).
-struct Plan {
+/// Everything a kernel needs about one call (plain data, shared by all targets): the block
+/// scales' parameters (hwy_common::ScaleParams: tensor scales, scale grid, SR key) and these.
+struct Plan : hwy_common::ScaleParams {
   const float* x = nullptr;
   float* out = nullptr;
   int64_t rows = 0, cols = 0;  ///< shape of x
   int64_t B = 16;              ///< block length (or tile side for two_d)
   bool two_d = false;
   int64_t block_rows = 0, block_cols = 0;  ///< row kernel's block grid
-  float mult = 1.f, gd = 1.f;              ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
-  int sfrac = 0, semin = 0;                ///< scale format's fraction bits and exponent floor
-  float smax = 0.f;                        ///< scale format's max finite
-  bool sub_pow2 = false;  ///< scale rounding needs subnormal powers of two (UE8M0)
   /// MX scale rule (E2M1 elements, UE8M0 scales only): 0 = tensor-scaled, 1 = mx-te
   /// (2^ceil(log2(a_b/6))), 2 = mx-ocp (2^(floor(log2 a_b) − 2)); mult = gd = 1 then.
   int mx = 0;
   int kmin = 0, kmax = 0;  ///< MX: the scale format's exponent range (UE8M0: −127, 127)
-  bool sr = false;        ///< SR8 elements
-  SrKey key{};
   bool rht = false;  ///< transposed kernel: RHT16 along rows first
   bool rht_bf16 = false;  ///< with rht: the BF16 variant (rht16_rows_bf16)
   int64_t panel_rows = 16, panel_cols = 64;  ///< transposed kernel: work unit (panel) of x
@@ -173,65 +171,15 @@ struct Kernels {
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include "hwy_common.h"  // its per-target section: Pow2, RoundMag, ... (once per target)
+
 HWY_BEFORE_NAMESPACE();
 namespace fp4::qf::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::ScalableTag<float>;
-using DI = hn::RebindToSigned<DF>;
-using VF = hn::Vec<DF>;
-using VI = hn::Vec<DI>;
-
-/// 2^k lane-wise for k in [−149, 127], as detail::pow2f: normal pattern, or (kSub) the
-/// subnormal 1 << (k + 149) for k < −126.
-template <bool kSub>
-HWY_INLINE VF Pow2(VI k) {
-  const DF df;
-  const DI di;
-  const VI normal = hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127)));
-  if constexpr (!kSub) {
-    return hn::BitCast(df, normal);
-  } else {
-    const VI sh = hn::And(hn::Add(k, hn::Set(di, 149)), hn::Set(di, 31));
-    const VI sub = hn::Set(di, 1) << sh;
-    return hn::BitCast(df, hn::IfThenElse(hn::Gt(k, hn::Set(di, -127)), normal, sub));
-  }
-}
-
-/// detail::round_magnitude_params lane-wise (see format.h for why each step is exact):
-/// |a|, clamp to maxf, e = max(field − 127, emin), q = e − frac, s = a·2^−q, lo = trunc(s),
-/// δ = s − lo, up (RNE: δ > .5 or δ == .5 and lo odd; SR: δ + off ≥ 1), (lo + up)·2^q, clamp.
-template <bool kSR, bool kSub>
-HWY_INLINE VF RoundMag(VF a, int frac, int emin, float maxf, VF sroff) {
-  const DF df;
-  const DI di;
-  const VF maxv = hn::Set(df, maxf);
-  a = hn::Abs(a);
-  a = hn::IfThenElse(hn::Lt(a, maxv), a, maxv);
-  const VI field = hn::ShiftRight<23>(hn::BitCast(di, a));
-  const VI e = hn::Max(hn::Sub(field, hn::Set(di, 127)), hn::Set(di, emin));
-  const VI q = hn::Sub(e, hn::Set(di, frac));
-  const VF s = hn::Mul(a, Pow2<kSub>(hn::Neg(q)));
-  const VI loi = hn::ConvertTo(di, s);
-  const VF delta = hn::Sub(s, hn::ConvertTo(df, loi));
-  VI up;
-  if constexpr (kSR) {
-    up = hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(hn::Add(delta, sroff), hn::Set(df, 1.0f))),
-                            hn::Set(di, 1));
-  } else {
-    (void)sroff;
-    const VF half = hn::Set(df, 0.5f);
-    const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
-    const auto tie_odd =
-        hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
-    up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
-  }
-  const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
-  return hn::IfThenElse(hn::Lt(res, maxv), res, maxv);
-}
+using namespace fp4::hwy_common::HWY_NAMESPACE;  // DF, DI, VF, VI and the shared helpers
 
 /// Block scales of the amax lanes: d_b (decode) and e_b = 1/d_b (encode), as block_quant.cpp's
-/// block_scale then `d = c_b·gd; e = 1/d`.
+/// block_scale then `d = c_b·gd; e = 1/d` (tensor-scaled: TensorScaledBlockScale).
 template <bool kSub>
 HWY_INLINE void BlockScales(VF amax, const Plan& p, VF& dv, VF& ev) {
   const DF df;
@@ -255,24 +203,7 @@ HWY_INLINE void BlockScales(VF amax, const Plan& p, VF& dv, VF& ev) {
     ev = hn::Div(hn::Set(df, 1.0f), dv);
     return;
   }
-  const VF maxv = hn::Set(df, p.smax);
-  VF c = hn::Mul(amax, hn::Set(df, p.mult));
-  c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
-  c = RoundMag<false, kSub>(c, p.sfrac, p.semin, p.smax, hn::Zero(df));
-  c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
-  dv = hn::Mul(c, hn::Set(df, p.gd));
-  ev = hn::Div(hn::Set(df, 1.0f), dv);
-}
-
-/// (2r+1)/512 for the next Lanes() SR bytes, as detail::sr8_offset.
-HWY_INLINE VF SrOffsets(const uint8_t* r) {
-  const DF df;
-  const DI di;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint8_t, DF> d8;
-  const VI v = hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(d8, r)));
-  const VI t = hn::Or(hn::ShiftLeft<1>(v), hn::Set(di, 1));
-  return hn::Mul(hn::ConvertTo(df, t), hn::Set(df, 1.0f / 512.0f));
+  (void)TensorScaledBlockScale<kSub>(amax, p, dv, ev);
 }
 
 /// RNE of |y| (not NaN) onto the E2M1 grid, equal to RoundMag<false, false>(y, 1, 0, 6, ·) but
@@ -285,11 +216,8 @@ HWY_INLINE VF SrOffsets(const uint8_t* r) {
 HWY_INLINE VF RoundE2M1Rne(VF y) {
   const DF df;
   const DI di;
-  const VF six = hn::Set(df, 6.0f);
-  VF a = hn::Abs(y);
-  a = hn::IfThenElse(hn::Lt(a, six), a, six);
-  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
-                       hn::Zero(di));
+  VI e;
+  const VF a = E2M1Clamp(y, e);
   const VF m = hn::BitCast(df, hn::Add(hn::Set(di, 0x4AC00000), hn::ShiftLeft<23>(e)));  // 3·2^21·2^e
   return hn::Sub(hn::Add(a, m), m);
 }
@@ -306,11 +234,8 @@ HWY_INLINE VF RoundE2M1Rne(VF y) {
 HWY_INLINE VF RoundE2M1Sr(VF y, VF off) {
   const DF df;
   const DI di;
-  const VF six = hn::Set(df, 6.0f);
-  VF a = hn::Abs(y);
-  a = hn::IfThenElse(hn::Lt(a, six), a, six);
-  const VI e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)),
-                       hn::Zero(di));
+  VI e;
+  const VF a = E2M1Clamp(y, e);
   const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
   const VF u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(e, hn::Set(di, 126))));      // 2^(e−1)
   const VF t = hn::Add(hn::Mul(a, inv_u), off);
@@ -331,11 +256,6 @@ HWY_INLINE VF QdqVec(VF x, VF ev, VF dv, VF sroff) {
     v = RoundE2M1Rne(y);
   }
   return hn::Mul(hn::CopySignToAbs(v, x), dv);
-}
-
-HWY_INLINE VI AbsBits(VF v) {
-  const DI di;
-  return hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF));
 }
 
 /// Store v at p: a non-temporal store if `stream` (p then must be vector-aligned), else StoreU.
@@ -532,7 +452,6 @@ HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, 
 template <bool kSR, bool kSub>
 bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   const DF df;
-  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
   const int64_t r0 = p.two_d ? br * B : br;
@@ -551,21 +470,7 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   const auto rot = hn::SetTableIndices(df, rot_arr);  // Rot(v)[t] = v[(t − mis) mod 16]
   float* am = s.amax.data();
   // 1. block amax over the whole block-row (read everything before writing: out may alias x)
-  for (int64_t bc = 0; bc < nbc; ++bc) {
-    const int64_t c0 = bc * B, len = std::min(B, cols - c0);
-    VI m = hn::Zero(di);
-    uint32_t mt = 0;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = p.x + r * cols + c0;
-      int64_t j = 0;
-      for (; j + N <= len; j += N) m = hn::Max(m, AbsBits(hn::LoadU(df, xr + j)));
-      for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
-    }
-    const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
-    if (a > 0x7F7FFFFFu) return false;
-    am[bc] = std::bit_cast<float>(a);
-  }
-  for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+  if (!BlockRowAmax(p.x + r0 * cols, cols, r1 - r0, cols, B, nbc, am)) return false;
   // 2. block scales, Lanes blocks at a time
   for (int64_t bc = 0; bc < nbc; bc += N) {
     VF dv, ev;
@@ -616,45 +521,6 @@ bool Rows(const Plan& p, int64_t br, Scratch& s) {
 
 // ---------------------------------------------------------------- RHT16 (vertical)
 
-/// fp4::round_bf16 lane-wise: RNE to BF16 by adding 0x7FFF + bit 16 to the FP32 bit pattern
-/// and clearing the low 16 bits (integer adds wrap, as the scalar uint32 arithmetic does); NaN
-/// keeps its sign and top payload with the quiet bit forced.
-HWY_INLINE VF RoundBf16(VF v) {
-  const DF df;
-  const DI di;
-  const VI b = hn::BitCast(di, v);
-  const VI hi = hn::Set(di, static_cast<int32_t>(0xFFFF0000u));
-  const VI lsb = hn::And(hn::ShiftRight<16>(b), hn::Set(di, 1));
-  const VI rne = hn::And(hn::Add(hn::Add(b, hn::Set(di, 0x7FFF)), lsb), hi);
-  const VI nan = hn::And(hn::Or(b, hn::Set(di, 0x00400000)), hi);
-  const auto is_nan = hn::Gt(hn::And(b, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
-  return hn::BitCast(df, hn::IfThenElse(is_nan, nan, rne));
-}
-
-/// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
-/// column: (x ⊙ s)·H16/4 with hadamard.cpp's butterfly order, lane-wise; with bf16 the BF16
-/// variant (inputs and outputs rounded by RoundBf16, as rht16_rows_bf16).
-HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v, bool bf16) {
-  const DF df;
-  for (int i = 0; i < 16; ++i) {
-    VF xi = hn::LoadU(df, src + i * stride);
-    if (bf16) xi = RoundBf16(xi);
-    v[i] = hn::Mul(xi, hn::Set(df, kRhtSigns[i]));
-  }
-  for (int h = 1; h < 16; h <<= 1) {
-    for (int i = 0; i < 16; i += 2 * h) {
-      for (int j = i; j < i + h; ++j) {
-        const VF a = v[j], b = v[j + h];
-        v[j] = hn::Add(a, b);
-        v[j + h] = hn::Sub(a, b);
-      }
-    }
-  }
-  for (int i = 0; i < 16; ++i) v[i] = hn::Mul(v[i], hn::Set(df, 0.25f));
-  if (bf16)
-    for (int i = 0; i < 16; ++i) v[i] = RoundBf16(v[i]);
-}
-
 /// Copy rows [r0, r0 + h) × cols [c0, c0 + w) of x into the tile T [h][Lanes], zero-padding
 /// columns w..Lanes.
 HWY_INLINE void LoadTile(const float* x, int64_t cols, int64_t r0, int64_t h, int64_t c0,
@@ -676,7 +542,6 @@ HWY_INLINE void LoadTile(const float* x, int64_t cols, int64_t r0, int64_t h, in
 template <bool kSR, bool kSub, bool kRht>
 bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
   const DF df;
-  const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t rows = p.rows, cols = p.cols, B = p.B;
   // A unit is a panel of x: rows [pr0, pr1) (whole blocks) × columns [pc0, pc1).
@@ -684,9 +549,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
   const int64_t pr0 = (unit / ncp) * p.panel_rows, pr1 = std::min(rows, pr0 + p.panel_rows);
   const int64_t pc0 = (unit % ncp) * p.panel_cols, pc1 = std::min(cols, pc0 + p.panel_cols);
   float* T = s.tile.data();
-  alignas(64) int32_t idx_arr[kMaxLanes];
-  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * N);
-  const VI gidx = hn::LoadU(di, idx_arr);
+  const VI gidx = RowIndices(N);
   uint8_t* srb = reinterpret_cast<uint8_t*>(s.sr.data());
 
   // Streaming stores write whole 64-byte lines of the output rows. With rows % 16 == 0 and
@@ -730,9 +593,8 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
       LoadTile(p.x, cols, r0, h, c0, w, T);
     }
     // 2. block amax of each column (one block per lane), block scales
-    VI m = hn::Zero(di);
-    for (int64_t i = 0; i < h; ++i) m = hn::Max(m, AbsBits(hn::LoadU(df, T + i * N)));
-    if (!hn::AllFalse(di, hn::Gt(m, hn::Set(di, 0x7F7FFFFF)))) return false;
+    VI m;
+    if (!ColumnAmaxBits(T, N, h, m)) return false;
     {
       VF dv, ev;
       BlockScales<kSub>(hn::BitCast(df, m), p, dv, ev);
@@ -860,7 +722,7 @@ namespace fp4 {
 namespace qf {
 namespace {
 
-constexpr int64_t kParallelMin = int64_t{1} << 14;  // as block_quant.cpp; never changes bits
+using hwy_common::kParallelMin;
 /// Work unit (panel of x) of the transposed kernel: rows (rounded down to whole blocks, at
 /// least one) × columns (a multiple of every target's lane count).
 constexpr int64_t kPanelRows = 128;
@@ -920,20 +782,6 @@ const Kernels& active() {
 
 #undef FP4_QF_KERNELS
 
-struct TensorScales {
-  float ge, gd, mult;
-};
-/// Exactly block_quant.cpp's tensor_scales.
-TensorScales tensor_scales(float g, float target) {
-  TensorScales t;
-  t.ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
-  t.ge = std::min(t.ge, FLT_MAX);
-  t.gd = 1.0f / t.ge;
-  t.mult = t.ge * (1.0f / 6.0f);
-  return t;
-}
-
-
 /// For the transposed kernels: name the first non-finite element of x [rows, cols], or say that
 /// only the RHT of x overflowed.
 [[noreturn]] void throw_non_finite_2d(const char* where, const float* x, int64_t rows,
@@ -971,20 +819,9 @@ Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const Blo
   p.two_d = spec.two_d;
   p.block_cols = (cols + p.B - 1) / p.B;
   p.block_rows = spec.two_d ? (rows + p.B - 1) / p.B : rows;
-  const TensorScales ts = tensor_scales(g, spec.target);
-  p.mult = ts.mult;
-  p.gd = ts.gd;
-  const FloatFormat& fmt = scale_format_desc(spec.scale_format);
-  p.sfrac = fmt.frac_bits;
-  p.semin = detail::rounding_emin(fmt);
-  p.smax = fmt.max_finite;
-  // q = e − frac ranges over [emin − frac, floor(log2 max) − frac]; 2^q and 2^−q must be normal
-  // for the cheap power-of-two path.
-  const int emax = std::ilogb(fmt.max_finite);
-  p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
-  p.sr = spec.rounding == Rounding::SR8;
-  if (p.sr) p.key = *sr;
+  hwy_common::set_scale_params(p, spec, g, sr);
   if (spec.scale_rule != ScaleRule::TensorScaled) {  // MX: no tensor scale (block_quant.cpp)
+    const FloatFormat& fmt = scale_format_desc(spec.scale_format);
     p.mx = spec.scale_rule == ScaleRule::MxTe ? 1 : 2;
     p.mult = p.gd = 1.0f;
     p.kmin = detail::rounding_emin(fmt);
@@ -999,18 +836,6 @@ Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const Blo
 Scratch& thread_scratch() {
   thread_local Scratch s;
   return s;
-}
-
-/// out [cols, rows] = xᵀ, cache-blocked (any thread count, same bits: it only copies).
-void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
-  constexpr int64_t T = 32;
-#pragma omp parallel for collapse(2) schedule(static) if (rows * cols >= kParallelMin)
-  for (int64_t i0 = 0; i0 < rows; i0 += T)
-    for (int64_t j0 = 0; j0 < cols; j0 += T) {
-      const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = x[i * cols + j];
-    }
 }
 
 }  // namespace
@@ -1080,21 +905,13 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, RhtPrecision precision, float* out) {
   const char* where = "quantize_dequantize_transposed_fast";
-  if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
-                                ", " + std::to_string(cols) + "]");
-  }
-  if (rht && rows % 16 != 0) {
-    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
-                                " is not a multiple of 16 (the RHT works on 16-long chunks "
-                                "along the rows of x)");
-  }
+  hwy_common::check_transposed_shape(where, rows, cols, rht);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
   const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && spec.block % 16 != 0);
   if (!fast) {
     // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling blocks).
-    qf::transpose(x, rows, cols, out);
+    hwy_common::transpose(x, rows, cols, out);
     if (rht) rht16_rows(out, cols, rows, precision);
     quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
     return;
@@ -1137,15 +954,7 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
 
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision) {
   const char* where = "amax_rht16_transposed";
-  if (rows < 0 || cols < 0) {
-    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
-                                ", " + std::to_string(cols) + "]");
-  }
-  if (rows % 16 != 0) {
-    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
-                                " is not a multiple of 16 (the RHT works on 16-long chunks "
-                                "along the rows of x)");
-  }
+  hwy_common::check_transposed_shape(where, rows, cols, /*rht=*/true);
   if (rows == 0 || cols == 0) return 0.0f;
   const int64_t strips = rows / 16;
   const qf::Kernels& k = qf::active();

@@ -1,0 +1,325 @@
+// The Highway helpers that the fast quantizers (quant_fast.cpp) and packers (pack_fast.cpp)
+// share; not a public header. Per target: 2^k from bit patterns (Pow2), RNE or SR onto a scale
+// grid (RoundMag), the tensor-scaled block scale, the SR offsets, the E2M1 clamp and exponent,
+// block and tile amax, round_bf16 lane-wise, the vertical RHT16 and a tile's gather indices.
+// Compiled once: the scale parameters of a call (tensor scales, scale grid, SR key), the
+// argument checks of the quantize-transposes and their plain transpose. Contract:
+// docs/numerics.md "Rounding a magnitude", "Quantizing one operand", "Random Hadamard
+// transform", "BF16 boundary".
+//
+// Every helper does the scalar reference's IEEE operations, in its order, lane-wise (the files'
+// comments say why the bits match); no multiply-add is fused (-ffp-contract=off; Mul and Add).
+//
+// Two sections, written as Highway's own -inl.h headers are:
+//  * the plain one (an ordinary include guard) is compiled once;
+//  * the per-target one is compiled once per target: its guard flips with HWY_TARGET_TOGGLE,
+//    which hwy/foreach_target.h flips each time it re-includes the source. It is read only
+//    after <hwy/highway.h> (HWY_NAMESPACE defined), so a source includes this header twice: in
+//    its once-compiled declarations (the plain section), and after <hwy/highway.h> in its
+//    per-target part, where `using namespace fp4::hwy_common::HWY_NAMESPACE;` brings the
+//    helpers into the source's own per-target namespace.
+
+// ------------------------------------------------------------------------------------------
+// Plain section (compiled once).
+#ifndef FP4_NUMERICS_HWY_COMMON_H_
+#define FP4_NUMERICS_HWY_COMMON_H_
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "fp4/numerics/block_quant.h"
+#include "fp4/numerics/format.h"
+#include "fp4/numerics/philox.h"
+
+namespace fp4::hwy_common {
+
+/// Upper bound on the FP32 lanes of any x86 target (AVX-512: 16); scratch buffers are padded
+/// with it.
+constexpr int64_t kMaxLanes = 64;
+/// Calls on at least this many elements run on OpenMP threads (as block_quant.cpp); never
+/// changes bits.
+constexpr int64_t kParallelMin = int64_t{1} << 14;
+
+/// What the block scales of one call need (plain data, shared by all targets); the kernel plans
+/// of both files extend it.
+struct ScaleParams {
+  float mult = 1.f, gd = 1.f;  ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
+  int sfrac = 0, semin = 0;    ///< scale format's fraction bits and exponent floor
+  float smax = 0.f;            ///< scale format's max finite
+  bool sub_pow2 = false;       ///< scale rounding needs subnormal powers of two (UE8M0)
+  bool sr = false;             ///< SR8 elements
+  SrKey key{};
+};
+
+/// The scale parameters of E2M1 elements under spec with tensor reference g (sr: the SR key,
+/// read when spec rounds SR8). The tensor scales are exactly block_quant.cpp's tensor_scales
+/// (emax 6): ge = T·6/g (1 when g = 0), at most FLT_MAX, gd = 1/ge, mult = ge·fl(1/6).
+inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g,
+                             const SrKey* sr) {
+  float ge = g == 0.0f ? 1.0f : (spec.target * 6.0f) / g;
+  ge = std::min(ge, FLT_MAX);
+  p.gd = 1.0f / ge;
+  p.mult = ge * (1.0f / 6.0f);
+  const FloatFormat& fmt = scale_format_desc(spec.scale_format);
+  p.sfrac = fmt.frac_bits;
+  p.semin = detail::rounding_emin(fmt);
+  p.smax = fmt.max_finite;
+  // q = e − frac ranges over [emin − frac, floor(log2 max) − frac]; 2^q and 2^−q must be normal
+  // for the cheap power-of-two path.
+  const int emax = std::ilogb(fmt.max_finite);
+  p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
+  p.sr = spec.rounding == Rounding::SR8;
+  if (p.sr) p.key = *sr;
+}
+
+/// The shape checks of a quantize-transpose of x [rows, cols]: rows, cols ≥ 0, and, with the
+/// RHT (`rht`), rows a multiple of 16. Throws std::invalid_argument whose message starts with
+/// `where`.
+inline void check_transposed_shape(const char* where, int64_t rows, int64_t cols, bool rht) {
+  if (rows < 0 || cols < 0) {
+    throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
+                                ", " + std::to_string(cols) + "]");
+  }
+  if (rht && rows % 16 != 0) {
+    throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
+                                " is not a multiple of 16 (the RHT works on 16-long chunks "
+                                "along the rows of x)");
+  }
+}
+
+/// out [cols, rows] = xᵀ, cache-blocked (a copy: the bits never depend on the threads).
+inline void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
+  constexpr int64_t T = 32;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t i0 = 0; i0 < rows; i0 += T)
+    for (int64_t j0 = 0; j0 < cols; j0 += T) {
+      const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) out[j * rows + i] = x[i * cols + j];
+    }
+}
+
+}  // namespace fp4::hwy_common
+
+#endif  // FP4_NUMERICS_HWY_COMMON_H_
+
+// ------------------------------------------------------------------------------------------
+// Per-target section (compiled once per target, after <hwy/highway.h>).
+#if defined(HWY_NAMESPACE)
+#if defined(FP4_NUMERICS_HWY_COMMON_TOGGLE) == defined(HWY_TARGET_TOGGLE)
+#ifdef FP4_NUMERICS_HWY_COMMON_TOGGLE
+#undef FP4_NUMERICS_HWY_COMMON_TOGGLE
+#else
+#define FP4_NUMERICS_HWY_COMMON_TOGGLE
+#endif
+
+#include <hwy/highway.h>
+
+#include <bit>
+
+#include "fp4/numerics/hadamard.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp4::hwy_common::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using D8 = hn::Rebind<uint8_t, DF>;  ///< one byte per FP32 lane
+
+/// 2^k lane-wise for k in [−149, 127], as detail::pow2f: normal pattern, or (kSub) the
+/// subnormal 1 << (k + 149) for k < −126.
+template <bool kSub>
+HWY_INLINE VF Pow2(VI k) {
+  const DF df;
+  const DI di;
+  const VI normal = hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127)));
+  if constexpr (!kSub) {
+    return hn::BitCast(df, normal);
+  } else {
+    const VI sh = hn::And(hn::Add(k, hn::Set(di, 149)), hn::Set(di, 31));
+    const VI sub = hn::Set(di, 1) << sh;
+    return hn::BitCast(df, hn::IfThenElse(hn::Gt(k, hn::Set(di, -127)), normal, sub));
+  }
+}
+
+/// detail::round_magnitude_params lane-wise (see format.h for why each step is exact):
+/// |a|, clamp to maxf, e = max(field − 127, emin), q = e − frac, s = a·2^−q, lo = trunc(s),
+/// δ = s − lo, up (RNE: δ > .5 or δ == .5 and lo odd; SR: δ + off ≥ 1), (lo + up)·2^q, clamp.
+/// The powers of two are built from bit patterns (Pow2), subnormal ones included for UE8M0.
+template <bool kSR, bool kSub>
+HWY_INLINE VF RoundMag(VF a, int frac, int emin, float maxf, VF sroff) {
+  const DF df;
+  const DI di;
+  const VF maxv = hn::Set(df, maxf);
+  a = hn::Abs(a);
+  a = hn::IfThenElse(hn::Lt(a, maxv), a, maxv);
+  const VI field = hn::ShiftRight<23>(hn::BitCast(di, a));
+  const VI e = hn::Max(hn::Sub(field, hn::Set(di, 127)), hn::Set(di, emin));
+  const VI q = hn::Sub(e, hn::Set(di, frac));
+  const VF s = hn::Mul(a, Pow2<kSub>(hn::Neg(q)));
+  const VI loi = hn::ConvertTo(di, s);
+  const VF delta = hn::Sub(s, hn::ConvertTo(df, loi));
+  VI up;
+  if constexpr (kSR) {
+    up = hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(hn::Add(delta, sroff), hn::Set(df, 1.0f))),
+                            hn::Set(di, 1));
+  } else {
+    (void)sroff;
+    const VF half = hn::Set(df, 0.5f);
+    const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
+    const auto tie_odd =
+        hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
+    up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
+  }
+  const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
+  return hn::IfThenElse(hn::Lt(res, maxv), res, maxv);
+}
+
+/// The tensor-scaled block scale of the amax lanes, as block_quant.cpp's block_scale then
+/// `d = c_b·gd; e = 1/d`: c = a_b·mult, min(c, scale_max), RNE onto the scale grid (RoundMag),
+/// the zero-block guard (c = 0 → 1). Returns c_b; dv = d_b (decode), ev = e_b = 1/d_b (encode;
+/// a true IEEE division, never a reciprocal estimate).
+template <bool kSub>
+HWY_INLINE VF TensorScaledBlockScale(VF amax, const ScaleParams& p, VF& dv, VF& ev) {
+  const DF df;
+  const VF maxv = hn::Set(df, p.smax);
+  VF c = hn::Mul(amax, hn::Set(df, p.mult));
+  c = hn::IfThenElse(hn::Lt(maxv, c), maxv, c);  // std::min(c, max)
+  c = RoundMag<false, kSub>(c, p.sfrac, p.semin, p.smax, hn::Zero(df));
+  c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
+  dv = hn::Mul(c, hn::Set(df, p.gd));
+  ev = hn::Div(hn::Set(df, 1.0f), dv);
+  return c;
+}
+
+/// (2r+1)/512 for the next Lanes() SR bytes, as detail::sr8_offset.
+HWY_INLINE VF SrOffsets(const uint8_t* r) {
+  const DF df;
+  const DI di;
+  const VI v = hn::PromoteTo(di, hn::LoadU(D8(), r));
+  const VI t = hn::Or(hn::ShiftLeft<1>(v), hn::Set(di, 1));
+  return hn::Mul(hn::ConvertTo(df, t), hn::Set(df, 1.0f / 512.0f));
+}
+
+/// The E2M1 grid around |y| (y not NaN): returns a = min(|y|, 6) and sets its exponent
+/// e = max(floor(log2 a), 0) ∈ {0, 1, 2}; the grid spacing there is u = 2^(e−1).
+HWY_INLINE VF E2M1Clamp(VF y, VI& e) {
+  const DF df;
+  const DI di;
+  const VF six = hn::Set(df, 6.0f);
+  VF a = hn::Abs(y);
+  a = hn::IfThenElse(hn::Lt(a, six), a, six);
+  e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)), hn::Zero(di));
+  return a;
+}
+
+/// |v|'s bit pattern (ordered as |v| is, for finite and infinite values).
+HWY_INLINE VI AbsBits(VF v) {
+  const DI di;
+  return hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF));
+}
+
+/// The block amax of a block-row: am[bc] = max |x| over block bc (exact, order-free: the max
+/// of the bit patterns), for the nbc = ceil(cols / B) blocks of B columns of the nrows rows at
+/// x (row stride `stride`), then Lanes zeros after them. False (am partly written) if a block
+/// holds a NaN or Inf.
+HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols,
+                             int64_t B, int64_t nbc, float* am) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t bc = 0; bc < nbc; ++bc) {
+    const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+    VI m = hn::Zero(di);
+    uint32_t mt = 0;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const float* xr = x + r * stride + c0;
+      int64_t j = 0;
+      for (; j + N <= len; j += N) m = hn::Max(m, AbsBits(hn::LoadU(df, xr + j)));
+      for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
+    }
+    const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
+    if (a > 0x7F7FFFFFu) return false;
+    am[bc] = std::bit_cast<float>(a);
+  }
+  for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+  return true;
+}
+
+/// Column amax of a tile: m = max |x| bit pattern over rows i < h of the Lanes floats at
+/// t + i·ld (one block per lane). False if a lane holds a NaN or Inf.
+HWY_INLINE bool ColumnAmaxBits(const float* t, int64_t ld, int64_t h, VI& m) {
+  const DF df;
+  const DI di;
+  m = hn::Zero(di);
+  for (int64_t i = 0; i < h; ++i) m = hn::Max(m, AbsBits(hn::LoadU(df, t + i * ld)));
+  return hn::AllFalse(di, hn::Gt(m, hn::Set(di, 0x7F7FFFFF)));
+}
+
+/// Gather indices t·ld of the Lanes rows of a tile whose rows are ld floats apart.
+HWY_INLINE VI RowIndices(int64_t ld) {
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(di));
+  alignas(64) int32_t idx_arr[kMaxLanes];
+  for (int64_t t = 0; t < N; ++t) idx_arr[t] = static_cast<int32_t>(t * ld);
+  return hn::LoadU(di, idx_arr);
+}
+
+/// fp4::round_bf16 lane-wise, before the low 16 bits are cleared: RNE to BF16 adds 0x7FFF +
+/// bit 16 to the FP32 bit pattern (integer adds wrap, as the scalar uint32 arithmetic does); a
+/// NaN keeps its sign and top payload with the quiet bit forced. The upper 16 bits of the
+/// result are the BF16 value.
+HWY_INLINE VI Bf16RoundBits(VF v) {
+  const DI di;
+  const VI b = hn::BitCast(di, v);
+  const VI lsb = hn::And(hn::ShiftRight<16>(b), hn::Set(di, 1));
+  const VI rne = hn::Add(hn::Add(b, hn::Set(di, 0x7FFF)), lsb);
+  const VI nan = hn::Or(b, hn::Set(di, 0x00400000));
+  const auto is_nan = hn::Gt(hn::And(b, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
+  return hn::IfThenElse(is_nan, nan, rne);
+}
+
+/// fp4::round_bf16 lane-wise (Bf16RoundBits with the low 16 bits cleared).
+HWY_INLINE VF RoundBf16(VF v) {
+  const DF df;
+  const DI di;
+  return hn::BitCast(df, hn::And(Bf16RoundBits(v), hn::Set(di, static_cast<int32_t>(0xFFFF0000u))));
+}
+
+/// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
+/// column: (x ⊙ s)·H16/4 with hadamard.cpp's rht16_chunk operations (sign multiply, butterflies
+/// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), lane-wise; with bf16 the BF16 variant (inputs and
+/// outputs rounded by RoundBf16, as rht16_rows_bf16).
+HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v, bool bf16) {
+  const DF df;
+  for (int i = 0; i < 16; ++i) {
+    VF xi = hn::LoadU(df, src + i * stride);
+    if (bf16) xi = RoundBf16(xi);
+    v[i] = hn::Mul(xi, hn::Set(df, kRhtSigns[i]));
+  }
+  for (int h = 1; h < 16; h <<= 1) {
+    for (int i = 0; i < 16; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const VF a = v[j], b = v[j + h];
+        v[j] = hn::Add(a, b);
+        v[j + h] = hn::Sub(a, b);
+      }
+    }
+  }
+  for (int i = 0; i < 16; ++i) v[i] = hn::Mul(v[i], hn::Set(df, 0.25f));
+  if (bf16)
+    for (int i = 0; i < 16; ++i) v[i] = RoundBf16(v[i]);
+}
+
+}  // namespace fp4::hwy_common::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target guard
+#endif  // HWY_NAMESPACE
