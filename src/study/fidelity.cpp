@@ -1,5 +1,6 @@
-// The fidelity panel (include/fp4/study/fidelity.h, docs/fidelity.md): the statistics, the
-// panel's forward/backward passes on a run's checkpoints, and its JSON and markdown report.
+// The fidelity panel (include/fp4/study/fidelity.h, docs/fidelity.md): its statistics
+// (docs/fidelity.md "Metrics" and "Statistics"), its claims file and the panel's forward/backward
+// passes on a run's checkpoints; the report is in fidelity_report.cpp.
 #include "fp4/study/fidelity.h"
 
 #include <algorithm>
@@ -8,16 +9,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <iterator>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <toml++/toml.h>
 
+#include "fidelity_internal.h"
 #include "fp4/base/error.h"
-#include "fp4/base/safetensors.h"
 #include "fp4/data/data.h"
 #include "fp4/dist/dist.h"
 #include "fp4/eval/eval.h"
@@ -31,7 +30,7 @@
 
 namespace fp4 {
 namespace fs = std::filesystem;
-using json = nlohmann::json;
+using namespace fidelity_detail;
 
 // ------------------------------------------------------------------------------ statistics
 
@@ -139,16 +138,89 @@ Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resa
   out.hi = quantile(0.975);
   return out;
 }
+// ------------------------------------------------------------------------------ the claims file
 
-// ------------------------------------------------------------------------------ the panel
-
+namespace fidelity_detail {
 namespace {
-struct Claim {
-  std::string id, text, metric, scope = "whole", expect;  // "lower" | "higher" | "within"
-  double bound = 0;  // expect = "within": |contrast| ≤ bound
-  /// The contrast Σ coefficient × metric(recipe): a = +1, b = −1, or the file's terms.
-  std::vector<std::pair<std::string, double>> terms;
-};
+// The string at `key` into v; an error when it is missing and required.
+void read_string(const toml::table& c, const char* key, std::string& v, bool required,
+                 const std::string& where) {
+  if (auto x = c[key].value<std::string>()) v = *x;
+  else if (required) throw UserError("fidelity: " + where + ": key '" + key + "' (a string) is missing");
+}
+
+// The contrast's terms: the table terms = { RECIPE = coefficient, ... }, or a (+1) and b (−1).
+void read_terms(const toml::table& c, const std::string& where, Claim& cl) {
+  if (const toml::table* t = c["terms"].as_table()) {
+    for (const auto& [k, v] : *t) {
+      const auto x = v.value<double>();
+      if (!x || !std::isfinite(*x))
+        throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a finite number");
+      cl.terms.push_back({std::string(k.str()), *x});
+    }
+    if (cl.terms.empty()) throw UserError("fidelity: " + where + ": terms is empty");
+    if (c["a"] || c["b"]) throw UserError("fidelity: " + where + ": give either a and b, or terms");
+  } else {
+    std::string a, b;
+    read_string(c, "a", a, true, where);
+    read_string(c, "b", b, true, where);
+    cl.terms = {{a, 1.0}, {b, -1.0}};
+  }
+}
+
+// expect ("lower", "higher" or "within"), the id not used before, and bound with "within" only.
+void read_expect(const toml::table& c, const std::string& where, const std::vector<Claim>& before,
+                 Claim& cl) {
+  read_string(c, "expect", cl.expect, true, where);
+  if (cl.expect != "lower" && cl.expect != "higher" && cl.expect != "within")
+    throw UserError("fidelity: " + where + " (" + cl.id + "): expect must be \"lower\", \"higher\" (a's metric against b's) or \"within\" (with bound), got \"" + cl.expect + "\"");
+  for (const Claim& prev : before)
+    if (prev.id == cl.id) throw UserError("fidelity: " + where + ": id \"" + cl.id + "\" is used twice");
+  if (cl.expect != "within" && c["bound"])
+    throw UserError("fidelity: " + where + " (" + cl.id + "): bound goes with expect = \"within\" only");
+  if (cl.expect == "within") {
+    const auto b = c["bound"].value<double>();
+    if (!b || !(*b > 0))
+      throw UserError("fidelity: " + where + " (" + cl.id + "): expect = \"within\" needs bound, a number > 0");
+    cl.bound = *b;
+  }
+}
+
+// A metric the panel computes, in a scope that has it (the loss penalties and noise ratios:
+// whole only).
+void check_metric(const std::string& where, const Claim& cl) {
+  static const std::set<std::string> known = {"rel_error", "cosine", "gain", "mse", "bias2", "variance",
+                                               "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad",
+                                               "loss_penalty_current", "loss_penalty_replay_d50",
+                                               "loss_penalty_calibrated"};
+  if (!known.count(cl.metric))
+    throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
+                    "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
+                    "sgd_noise_fraction, qnoise_to_grad, loss_penalty_current, loss_penalty_replay_d50, "
+                    "loss_penalty_calibrated)");
+  const bool whole_only = cl.metric.rfind("loss_penalty", 0) == 0 || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
+  if (whole_only && cl.scope != "whole")
+    throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric + " exists for scope whole only, got scope '" + cl.scope + "'");
+}
+
+// One [[claim]] table; `before`: the claims above it in the file.
+Claim read_claim(const toml::table& c, const std::string& where, const std::vector<Claim>& before) {
+  static const std::set<std::string> keys = {"id", "text", "metric", "scope", "a", "b", "terms", "expect", "bound"};
+  for (const auto& [k, v] : c)
+    if (!keys.count(std::string(k.str())))
+      throw UserError("fidelity: " + where + ": unknown key '" + std::string(k.str()) +
+                      "' (keys: id, text, metric, scope, a, b, terms, expect, bound)");
+  Claim cl;
+  read_string(c, "id", cl.id, true, where);
+  read_string(c, "text", cl.text, false, where);
+  read_string(c, "metric", cl.metric, true, where);
+  read_string(c, "scope", cl.scope, false, where);
+  read_terms(c, where, cl);
+  read_expect(c, where, before, cl);
+  check_metric(where, cl);
+  return cl;
+}
+}  // namespace
 
 std::vector<Claim> load_claims(const fs::path& file) {
   std::vector<Claim> out;
@@ -164,75 +236,25 @@ std::vector<Claim> load_claims(const fs::path& file) {
     const toml::table* c = (*arr)[i].as_table();
     const std::string where = file.string() + ": claim " + std::to_string(i + 1);
     if (!c) throw UserError("fidelity: " + where + " is not a table");
-    static const std::set<std::string> keys = {"id", "text", "metric", "scope", "a", "b", "terms", "expect", "bound"};
-    for (const auto& [k, v] : *c)
-      if (!keys.count(std::string(k.str())))
-        throw UserError("fidelity: " + where + ": unknown key '" + std::string(k.str()) +
-                        "' (keys: id, text, metric, scope, a, b, terms, expect, bound)");
-    Claim cl;
-    auto str = [&](const char* key, std::string& v, bool required) {
-      if (auto x = (*c)[key].value<std::string>()) v = *x;
-      else if (required) throw UserError("fidelity: " + where + ": key '" + key + "' (a string) is missing");
-    };
-    str("id", cl.id, true);
-    str("text", cl.text, false);
-    str("metric", cl.metric, true);
-    str("scope", cl.scope, false);
-    if (const toml::table* t = (*c)["terms"].as_table()) {
-      for (const auto& [k, v] : *t) {
-        const auto x = v.value<double>();
-        if (!x || !std::isfinite(*x))
-          throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a finite number");
-        cl.terms.push_back({std::string(k.str()), *x});
-      }
-      if (cl.terms.empty()) throw UserError("fidelity: " + where + ": terms is empty");
-      if ((*c)["a"] || (*c)["b"]) throw UserError("fidelity: " + where + ": give either a and b, or terms");
-    } else {
-      std::string a, b;
-      str("a", a, true);
-      str("b", b, true);
-      cl.terms = {{a, 1.0}, {b, -1.0}};
-    }
-    str("expect", cl.expect, true);
-    if (cl.expect != "lower" && cl.expect != "higher" && cl.expect != "within")
-      throw UserError("fidelity: " + where + " (" + cl.id + "): expect must be \"lower\", \"higher\" (a's metric against b's) or \"within\" (with bound), got \"" + cl.expect + "\"");
-    for (const Claim& prev : out)
-      if (prev.id == cl.id) throw UserError("fidelity: " + where + ": id \"" + cl.id + "\" is used twice");
-    if (cl.expect != "within" && (*c)["bound"])
-      throw UserError("fidelity: " + where + " (" + cl.id + "): bound goes with expect = \"within\" only");
-    if (cl.expect == "within") {
-      const auto b = (*c)["bound"].value<double>();
-      if (!b || !(*b > 0))
-        throw UserError("fidelity: " + where + " (" + cl.id + "): expect = \"within\" needs bound, a number > 0");
-      cl.bound = *b;
-    }
-    static const std::set<std::string> known = {"rel_error", "cosine", "gain", "mse", "bias2", "variance",
-                                                 "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad",
-                                                 "loss_penalty_current", "loss_penalty_replay_d50",
-                                                 "loss_penalty_calibrated"};
-    if (!known.count(cl.metric))
-      throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
-                      "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
-                      "sgd_noise_fraction, qnoise_to_grad, loss_penalty_current, loss_penalty_replay_d50, "
-                      "loss_penalty_calibrated)");
-    const bool whole_only = cl.metric.rfind("loss_penalty", 0) == 0 || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
-    if (whole_only && cl.scope != "whole")
-      throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric + " exists for scope whole only, got scope '" + cl.scope + "'");
-    out.push_back(cl);
+    out.push_back(read_claim(*c, where, out));
   }
   return out;
 }
-
-const char* const kGradMetrics[] = {"rel_error", "cosine", "gain", "mse", "bias2", "variance"};
-// The loss penalty under each inference policy of `fp4train eval` (whole scope): the panel's K
-// batches of a checkpoint as one ordered evaluation (Replay's clock: the batch index).
-const char* const kPolicyMetrics[] = {"loss_penalty_current", "loss_penalty_replay_d50", "loss_penalty_calibrated"};
-const char* const kPolicyNames[] = {"current", "replay-d50", "calibrated"};
 
 bool is_role_scope(const std::string& scope) {
   return std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), scope) != std::end(kLinearRoleScopes);
 }
 
+std::string join_steps(const std::vector<int64_t>& s) {
+  std::string o;
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o;
+}
+}  // namespace fidelity_detail
+
+// ------------------------------------------------------------------------------ the panel
+
+namespace {
 // Whether parameter or linear `name` (layers.L.mixer.KIND) is a linear that reads its block's
 // norm output: the input columns the outlier stress divides.
 bool reads_block_norm(const std::string& name) {
@@ -429,11 +451,6 @@ void reset_training_references(nn::Model& m) {
     for (int r = 0; r < 5; ++r) lin.reference(static_cast<nn::Role>(r)).reset();
 }
 
-std::string join_steps(const std::vector<int64_t>& s) {
-  std::string o;
-  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
-  return o;
-}
 }  // namespace
 
 FidelityPanel run_fidelity(const FidelityRequest& req) {
@@ -1042,456 +1059,6 @@ FidelityPanel run_fidelity(const FidelityRequest& req) {
     }
   P.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return P;
-}
-
-// ------------------------------------------------------------------------------ report
-
-namespace {
-json interval_json(const Interval& i) { return {{"mean", i.mean}, {"lo", i.lo}, {"hi", i.hi}}; }
-
-// The mean of a [c][k] grid's finite values (a parameter whose g* is 0 on a batch gives 0/0
-// there); NaN when none is finite. Per-parameter and per-linear figures are stored as these
-// means only: intervals for each would bloat the file.
-double finite_mean(const std::vector<std::vector<double>>& x) {
-  double t = 0;
-  int n = 0;
-  for (const auto& row : x)
-    for (double v : row)
-      if (std::isfinite(v)) t += v, ++n;
-  return n ? t / n : std::nan("");
-}
-json mean_json(const std::vector<std::vector<double>>& x) {
-  const double m = finite_mean(x);
-  return std::isnan(m) ? json(nullptr) : json(m);
-}
-
-std::string fmt(double v, int prec = 4) {
-  char b[64];
-  const double a = std::fabs(v);
-  if (v != 0 && (a < 1e-3 || a >= 1e5)) std::snprintf(b, sizeof b, "%.*e", prec - 1, v);
-  else std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
-std::string fmt_iv(const Interval& i) { return fmt(i.mean) + " [" + fmt(i.lo) + ", " + fmt(i.hi) + "]"; }
-
-}  // namespace
-
-FidelityPanel load_fidelity_panel(const fs::path& file) {
-  const std::string w = "fidelity: " + file.string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw UserError(w + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    throw UserError(w + ": not JSON (" + std::string(e.what()) + ")");
-  }
-  try {
-    if (j.value("format", "") != "fp4train.fidelity.v1")
-      throw UserError(w + ": not a fidelity.json (format " + j.value("format", std::string("missing")) + ")");
-    if (!j.contains("samples"))
-      throw UserError(w + ": holds no per-batch samples (written before they were stored); rerun the panel");
-    FidelityPanel P;
-    P.run = j.at("run").get<std::string>();
-    P.config_name = j.value("config", "");
-    P.steps = j.at("checkpoints").get<std::vector<int64_t>>();
-    P.batches = j.at("batches").get<int>();
-    P.draws = j.at("draws").get<int>();
-    P.tokens_per_batch = j.at("tokens_per_batch").get<int>();
-    P.seed = j.at("seed").get<uint64_t>();
-    P.cpu = j.value("cpu", "");
-    P.seconds = j.value("seconds", 0.0);
-    if (j.contains("linear_names")) P.linear_names = j["linear_names"].get<std::vector<std::string>>();
-    P.references = j.value("references", "");
-    if (j.contains("stress")) {
-      P.stress_factor = j["stress"].at("factor").get<double>();
-      P.stress_channels = j["stress"].at("channels").get<std::vector<int>>();
-      P.stress_loss_diff = j["stress"].at("exact_loss_max_abs_diff").get<double>();
-      P.stress_grad_diff = j["stress"].at("exact_grad_max_abs_diff").get<double>();
-      P.stress_roles_diff = j["stress"].value("exact_roles_max_abs_diff", 0.0);
-    }
-    P.sgd_var = j.at("exact").at("sgd_variance_by_checkpoint").get<std::vector<double>>();
-    if (j.contains("bootstrap")) {
-      P.resamples = j["bootstrap"].value("resamples", 0);
-      P.bootstrap_seed = j["bootstrap"].value("seed", uint64_t{0});
-    }
-    const json& smp = j.at("samples");
-    P.exact_loss = smp.at("exact_loss").get<std::vector<std::vector<double>>>();
-    P.exact_grad_norm = smp.at("exact_grad_norm").get<std::vector<std::vector<double>>>();
-    const size_t C = P.steps.size(), K = size_t(P.batches);
-    auto check_grid = [&](const std::vector<std::vector<double>>& g, const std::string& what) {
-      if (g.size() != C) throw UserError(w + ": " + what + " holds " + std::to_string(g.size()) + " checkpoints, expected " + std::to_string(C));
-      for (const auto& row : g)
-        if (row.size() != K) throw UserError(w + ": " + what + " holds a row of " + std::to_string(row.size()) + " batches, expected " + std::to_string(K));
-    };
-    check_grid(P.exact_loss, "samples.exact_loss");
-    check_grid(P.exact_grad_norm, "samples.exact_grad_norm");
-    bool names = false;
-    for (const json& r : j.at("recipes")) {
-      FidelityRecipe fr;
-      fr.name = r.at("name").get<std::string>();
-      fr.has_sr = r.at("has_sr").get<bool>();
-      P.refresh_steps.push_back(r.value("refresh_steps", std::vector<int64_t>(C, 0)));
-      if (r.contains("scale_events"))
-        fr.scale_events = r["scale_events"].get<std::map<std::string, std::map<std::string, double>>>();
-      const json& rs = smp.at("recipes").at(fr.name);
-      for (const char* scope : {"whole", "linears"})
-        for (const auto& [m, g] : rs.at(scope).items()) {
-          auto grid = g.get<std::vector<std::vector<double>>>();
-          check_grid(grid, "samples." + fr.name + "." + scope + "." + m);
-          fr.scopes[scope][m] = std::move(grid);
-        }
-      if (!P.linear_names.empty()) {  // per-linear roles: samples of the concatenated scopes, means per linear
-        for (const char* key : kLinearRoleScopes)
-          for (const auto& [m, g] : rs.at("roles").at(key).items()) {
-            auto grid = g.get<std::vector<std::vector<double>>>();
-            check_grid(grid, "samples." + fr.name + ".roles." + key + "." + m);
-            fr.scopes[key][m] = std::move(grid);
-          }
-        for (const std::string& ln : P.linear_names)
-          for (const char* key : kLinearRoleScopes)
-            for (const auto& [m, v] : r.at("linear_roles").at(ln).at(key).items())
-              fr.scopes[ln + ":" + key][m] = {{v.is_number() ? v.get<double>() : std::nan("")}};
-      }
-      // Per-parameter figures are stored as means only: one value per metric.
-      for (const auto& [pn, ms] : r.at("params").items()) {
-        if (!names) P.param_names.push_back(pn);
-        for (const auto& [m, v] : ms.items())
-          fr.scopes[pn][m] = {{v.is_number() ? v.get<double>() : std::nan("")}};
-      }
-      names = true;
-      P.recipes.push_back(std::move(fr));
-    }
-    if (P.recipes.empty()) throw UserError(w + ": holds no recipes");
-    P.params_means_only = true;
-    return P;
-  } catch (const json::exception& e) {
-    throw UserError(w + ": malformed (" + std::string(e.what()) + ")");
-  }
-}
-
-void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
-  // Every value must be finite (run_fidelity refuses non-finite gradients and losses); a
-  // parameter whose exact gradient is 0 on a batch (e.g. an unused embedding row block) gives
-  // 0/0 ratios, which the per-parameter means skip (see below), so only whole/linears are checked.
-  const bool roles = !P.linear_names.empty();
-  std::vector<std::string> checked = {"whole", "linears"};
-  if (roles) checked.insert(checked.end(), std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
-  for (const FidelityRecipe& fr : P.recipes)
-    for (const std::string& scope : checked)
-      for (const auto& [m, x] : fr.scopes.at(scope))
-        for (size_t c = 0; c < x.size(); ++c)
-          for (size_t k = 0; k < x[c].size(); ++k)
-            if (!std::isfinite(x[c][k]))
-              throw UserError("fidelity: recipe " + fr.name + ": " + scope + " " + m + " is " +
-                              std::to_string(x[c][k]) + " at checkpoint " + std::to_string(P.steps[c]) +
-                              ", batch " + std::to_string(k + 1));
-  const int RS = req.resamples;
-  const uint64_t BS = req.bootstrap_seed;
-  auto boot = [&](const std::vector<std::vector<double>>& x) { return bootstrap_two_level(x, RS, BS); };
-  json j;
-  j["format"] = "fp4train.fidelity.v1";
-  j["run"] = P.run;
-  j["config"] = P.config_name;
-  j["checkpoints"] = P.steps;
-  j["batches"] = P.batches;
-  j["draws"] = P.draws;
-  j["tokens_per_batch"] = P.tokens_per_batch;
-  j["seed"] = P.seed;
-  j["references"] = P.references;
-  if (P.stress_factor != 1)
-  {
-    j["stress"] = {{"factor", P.stress_factor}, {"channels", P.stress_channels},
-                   {"exact_loss_max_abs_diff", P.stress_loss_diff},
-                   {"exact_grad_max_abs_diff", P.stress_grad_diff}};
-    if (roles) j["stress"]["exact_roles_max_abs_diff"] = P.stress_roles_diff;
-  }
-  j["bootstrap"] = {{"resamples", RS}, {"seed", BS},
-                    {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
-  j["cpu"] = P.cpu;
-  j["seconds"] = P.seconds;
-  if (roles) j["linear_names"] = P.linear_names;
-  j["exact"] = {{"loss", interval_json(boot(P.exact_loss))},
-                {"grad_norm", interval_json(boot(P.exact_grad_norm))},
-                {"sgd_variance_by_checkpoint", P.sgd_var}};
-  json recs = json::array();
-  for (const FidelityRecipe& fr : P.recipes) {
-    json r;
-    r["name"] = fr.name;
-    r["has_sr"] = fr.has_sr;
-    r["draws"] = fr.has_sr ? P.draws : 1;
-    r["refresh_steps"] = P.refresh_steps[size_t(&fr - P.recipes.data())];
-    r["scale_events"] = fr.scale_events;
-    for (const char* scope : {"whole", "linears"}) {
-      json s;
-      for (const auto& [m, x] : fr.scopes.at(scope)) s[m] = interval_json(boot(x));
-      if (std::string(scope) == "whole") {  // ‖g*‖/σ_q ("FP4 All the Way"): the reciprocal
-        const Interval q = boot(fr.scopes.at("whole").at("qnoise_to_grad"));
-        auto inv = [](double v) { return v > 0 ? json(1.0 / v) : json(nullptr); };  // null: +∞
-        s["grad_to_qnoise"] = {{"mean", inv(q.mean)}, {"lo", inv(q.hi)}, {"hi", inv(q.lo)}};
-      }
-      r[scope] = s;
-    }
-    json params = json::object();
-    for (const std::string& pn : P.param_names) {
-      json s;
-      for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) s[m] = mean_json(fr.scopes.at(pn).at(m));
-      params[pn] = s;
-    }
-    r["params"] = params;
-    if (roles) {  // per-linear roles: concatenated over linears with intervals; per linear, means
-      json ro, lr = json::object();
-      for (const char* key : kLinearRoleScopes)
-        for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"})
-          ro[key][m] = interval_json(boot(fr.scopes.at(key).at(m)));
-      for (const std::string& ln : P.linear_names)
-        for (const char* key : kLinearRoleScopes)
-          for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"})
-            lr[ln][key][m] = mean_json(fr.scopes.at(ln + ":" + key).at(m));
-      r["roles"] = ro;
-      r["linear_roles"] = lr;
-    }
-    json byc = json::array();
-    for (size_t c = 0; c < P.steps.size(); ++c) {
-      json e;
-      e["step"] = P.steps[c];
-      for (const char* m : {"rel_error", "bias2", "variance", "loss_penalty", "sgd_noise_fraction"}) {
-        const auto& row = fr.scopes.at("whole").at(m)[c];
-        double t = 0;
-        for (double v : row) t += v;
-        e[m] = t / double(row.size());
-      }
-      byc.push_back(e);
-    }
-    r["by_checkpoint"] = byc;
-    recs.push_back(r);
-  }
-  j["recipes"] = recs;
-  // The per-(checkpoint, batch) values of the exact side and of every recipe's whole and linears
-  // metrics: load_fidelity_panel rebuilds the panel from them (`fidelity --from`), so reports and
-  // claims can be redone from the committed file without rerunning the passes.
-  {
-    json smp;
-    smp["exact_loss"] = P.exact_loss;
-    smp["exact_grad_norm"] = P.exact_grad_norm;
-    json rs = json::object();
-    for (const FidelityRecipe& fr : P.recipes) {
-      json r;
-      for (const char* scope : {"whole", "linears"}) r[scope] = fr.scopes.at(scope);
-      if (roles)
-        for (const char* key : kLinearRoleScopes) r["roles"][key] = fr.scopes.at(key);
-      rs[fr.name] = r;
-    }
-    smp["recipes"] = rs;
-    j["samples"] = smp;
-  }
-
-  // Contrasts: each recipe minus the first, and the claims file's.
-  auto find = [&](const std::string& name) -> const FidelityRecipe* {
-    for (const auto& fr : P.recipes)
-      if (fr.name == name) return &fr;
-    return nullptr;
-  };
-  json contrasts = json::array();
-  std::vector<std::string> md_contrasts;
-  // A contrast: Σ coefficient × metric over (recipe, coefficient) terms, per (checkpoint, batch),
-  // bootstrapped; expect "lower" / "higher" (the sum below / above 0) or "within" (|sum| ≤ bound).
-  auto contrast = [&](const std::string& id, const std::vector<std::pair<const FidelityRecipe*, double>>& terms,
-                      const std::string& scope, const std::string& metric, const std::string& expect,
-                      double bound, const std::string& text) {
-    std::vector<std::vector<double>> x;
-    std::string label;
-    json jt = json::object();
-    for (const auto& [fr, coef] : terms) {
-      const auto& v = fr->scopes.at(scope).at(metric);
-      if (x.empty()) x.assign(v.size(), std::vector<double>(v[0].size(), 0.0));
-      for (size_t c = 0; c < v.size(); ++c)
-        for (size_t k = 0; k < v[c].size(); ++k) x[c][k] += coef * v[c][k];
-      jt[fr->name] = coef;
-      const bool unit = std::fabs(std::fabs(coef) - 1.0) == 0.0;
-      label += (label.empty() ? (coef < 0 ? "−" : "") : (coef < 0 ? " − " : " + ")) +
-               (unit ? "" : fmt(std::fabs(coef), 2) + "·") + fr->name;
-    }
-    const Interval iv = boot(x);
-    const bool resolved = iv.lo > 0 || iv.hi < 0;
-    std::string verdict = resolved ? (iv.hi < 0 ? "below 0" : "above 0") : "not resolved";
-    if (expect == "within") {  // supported: the interval inside ±bound; contradicted: outside it
-      verdict = iv.lo >= -bound && iv.hi <= bound ? "supported"
-                : iv.lo > bound || iv.hi < -bound ? "contradicted" : "not resolved";
-    } else if (!expect.empty() && resolved) {
-      verdict = (expect == "lower") == (iv.hi < 0) ? "supported" : "contradicted";
-    }
-    json c = {{"id", id}, {"contrast", label}, {"terms", jt}, {"scope", scope}, {"metric", metric},
-              {"mean", iv.mean}, {"lo", iv.lo}, {"hi", iv.hi}, {"verdict", verdict}};
-    if (terms.size() == 2 && terms[0].second == 1.0 && terms[1].second == -1.0)
-      c["a"] = terms[0].first->name, c["b"] = terms[1].first->name;
-    if (!text.empty()) c["claim"] = text;
-    if (expect == "within") c["expect"] = "|contrast| <= " + fmt(bound);
-    else if (!expect.empty()) c["expect"] = expect == "lower" ? "contrast < 0" : "contrast > 0";
-    contrasts.push_back(c);
-    md_contrasts.push_back("| " + id + " | " + label + " | " + scope + " " + metric + " | " +
-                           fmt_iv(iv) + " | " + verdict + " |");
-  };
-  for (size_t r = 1; r < P.recipes.size(); ++r)
-    for (const char* m : {"rel_error", "bias2", "variance", "loss_penalty"})
-      contrast(P.recipes[r].name + "-vs-" + P.recipes[0].name, {{&P.recipes[r], 1.0}, {&P.recipes[0], -1.0}},
-               "whole", m, "", 0, "");
-  if (!req.claims.empty()) {
-    for (const Claim& cl : load_claims(req.claims)) {
-      std::vector<std::pair<const FidelityRecipe*, double>> terms;
-      std::string absent;
-      for (const auto& [name, coef] : cl.terms) {
-        const FidelityRecipe* fr = find(name);
-        if (!fr) absent += (absent.empty() ? "" : ", ") + name;
-        terms.push_back({fr, coef});
-      }
-      if (!absent.empty()) {
-        std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
-        continue;
-      }
-      if (is_role_scope(cl.scope) && P.linear_names.empty())
-        throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs a panel run with "
-                        "--linear-roles, and this one was not");
-      if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
-        throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
-                        "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
-                        "loss_penalty_current, loss_penalty_replay_d50, loss_penalty_calibrated, "
-                        "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, a parameter name, or with "
-                        "per-linear roles Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e)");
-      const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" || is_role_scope(cl.scope);
-      if (P.params_means_only && !sampled_scope)
-        throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
-                        "one parameter or linear, which fidelity.json does not store (whole, linears and the role "
-                        "scopes only); rerun the panel");
-      contrast(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
-    }
-  }
-  j["contrasts"] = contrasts;
-
-  std::ostringstream md;
-  md << "# Fidelity panel: " << P.run << "\n\n";
-  md << "Checkpoints (steps) " << join_steps(P.steps) << "; " << P.batches << " batches of "
-     << P.tokens_per_batch << " tokens per checkpoint (the same batches at every checkpoint); "
-     << P.draws << " SR draws for recipes with stochastic rounding (1 otherwise: their draws are "
-        "identical); seed " << P.seed << ". References: " << (P.references == "held" ? "held (as each recipe would hold them at the evaluated step; docs/fidelity.md)" : "current (measured on each batch)") << ". "
-     << "Intervals: 95%, two-level bootstrap (checkpoints, then batches), " << RS
-     << " resamples, seed " << BS << ". CPU: " << P.cpu << "; " << fmt(P.seconds, 0) << " s.\n\n";
-  if (P.stress_factor != 1) {
-    std::string ch;
-    for (int c : P.stress_channels) ch += (ch.empty() ? "" : ", ") + std::to_string(c);
-    md << "**Outlier stress:** channels " << ch << " of every block's norm × " << fmt(P.stress_factor, 0)
-       << ", the reading linears' columns ÷ the same (docs/fidelity.md); exact side with and without it: "
-       << "|ΔL*| ≤ " << fmt(P.stress_loss_diff) << ", |Δg*| ≤ " << fmt(P.stress_grad_diff)
-       << (roles ? ", every linear's |ΔY*|, |ΔdX*|, |ΔdW*| ≤ " + fmt(P.stress_roles_diff) : std::string())
-       << " (0: the function is preserved bit for bit). Gradients are compared in the original parametrization.\n\n";
-  }
-  md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ " << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
-  md << "## Whole gradient\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² | loss penalty (nats) | quant. / SGD noise | σ_q / ‖g*‖ |\n|---|---|---|---|---|---|---|---|---|\n";
-  for (const FidelityRecipe& fr : P.recipes) {
-    const auto& w = fr.scopes.at("whole");
-    md << "| " << fr.name;
-    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance", "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"})
-      md << " | " << fmt_iv(boot(w.at(m)));
-    md << " |\n";
-  }
-  if (!P.recipes.empty() && P.recipes[0].scopes.at("whole").count(kPolicyMetrics[0])) {
-    md << "\n## Loss penalty by forward (nats: L − L*, mean [95%])\n\nTraining forward (the recipe's references, "
-          "mean over draws) and the inference policies of `fp4train eval` on the same batches (run in order "
-          "as one evaluation: replay-d50 samples at the first batch and holds; calibrated measures on eval's "
-          "calibration windows first).\n\n| recipe | training | current | replay-d50 | calibrated |\n|---|---|---|---|---|\n";
-    for (const FidelityRecipe& fr : P.recipes) {
-      const auto& w = fr.scopes.at("whole");
-      md << "| " << fr.name << " | " << fmt_iv(boot(w.at("loss_penalty")));
-      for (const char* m : kPolicyMetrics) md << " | " << fmt_iv(boot(w.at(m)));
-      md << " |\n";
-    }
-  }
-  md << "\n## Linear weights (dW)\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² |\n|---|---|---|---|---|---|\n";
-  for (const FidelityRecipe& fr : P.recipes) {
-    const auto& w = fr.scopes.at("linears");
-    md << "| " << fr.name;
-    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance"}) md << " | " << fmt_iv(boot(w.at(m)));
-    md << " |\n";
-  }
-  if (roles) {
-    md << "\n## Per-linear roles (relative error; every linear's tensor of the role, concatenated)\n\n"
-          "Local: the linear's quantized GEMMs fed the exact X* and dY*. End to end (e2e): fed the X and dY "
-          "of the recipe's own pass, where the errors of other layers reach them. dX is the linear's own "
-          "dgrad output.\n\n| recipe | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
-    for (const FidelityRecipe& fr : P.recipes) {
-      md << "| " << fr.name;
-      for (const char* key : kLinearRoleScopes) md << " | " << fmt_iv(boot(fr.scopes.at(key).at("rel_error")));
-      md << " |\n";
-    }
-    for (const FidelityRecipe& fr : P.recipes) {
-      md << "\n### " << fr.name << ": relative error per linear (means)\n\n| linear | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
-      for (const std::string& ln : P.linear_names) {
-        md << "| " << ln;
-        for (const char* key : kLinearRoleScopes) md << " | " << fmt(finite_mean(fr.scopes.at(ln + ":" + key).at("rel_error")));
-        md << " |\n";
-      }
-    }
-  }
-  md << "\n## Scale events (telemetry of draw 0, mean over linears, checkpoints and batches)\n\n"
-        "| recipe | role | saturated blocks | zero-guarded blocks | zeroed nonzeros | staleness (amax / g) | "
-        "a_b/g < 2^-15 (E4M3-subnormal scale at T = 448) | a_b ≥ g |\n|---|---|---|---|---|---|---|---|\n";
-  for (const FidelityRecipe& fr : P.recipes)
-    for (const char* role : {"x", "w", "dy", "dyt", "xt"}) {
-      const auto it = fr.scale_events.find(role);
-      if (it == fr.scale_events.end()) continue;
-      auto v = [&](const char* k) {
-        const auto f = it->second.find(k);
-        return f == it->second.end() ? std::string("—") : fmt(f->second);
-      };
-      md << "| " << fr.name << " | " << role << " | " << v("saturated_blocks") << " | " << v("zero_guard_blocks")
-         << " | " << v("zeroed_nonzeros") << " | " << v("staleness") << " | " << v("e4m3_subnormal_blocks")
-         << " | " << v("at_or_above_reference_blocks") << " |\n";
-    }
-  bool any_quantiles = false;
-  for (const FidelityRecipe& fr : P.recipes)
-    for (const auto& [role, ev] : fr.scale_events) any_quantiles |= ev.count("log2_ratio_q0.5") > 0;
-  if (any_quantiles) md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
-        "nonzero blocks of each role (floor of the log2 bin, clamped to [−96, 31]; E4M3 scales at T = 448 turn "
-        "subnormal below −15 and saturate at 0 or above, UE5M3 ones turn subnormal below −23), and the all-zero "
-        "blocks.\n\n"
-        "| recipe | role | 0.1% | 1% | median | 99% | 99.9% | all-zero blocks |\n|---|---|---|---|---|---|---|---|\n";
-  for (const FidelityRecipe& fr : P.recipes)
-    for (const char* role : {"x", "w", "dy", "dyt", "xt"}) {
-      const auto it = fr.scale_events.find(role);
-      if (it == fr.scale_events.end() || !it->second.count("log2_ratio_q0.5")) continue;
-      auto v = [&](const char* k) {
-        const auto f = it->second.find(k);
-        return f == it->second.end() ? std::string("—") : fmt(f->second, 0);
-      };
-      const auto z = it->second.find("zero_blocks");
-      md << "| " << fr.name << " | " << role << " | " << v("log2_ratio_q0.001") << " | " << v("log2_ratio_q0.01")
-         << " | " << v("log2_ratio_q0.5") << " | " << v("log2_ratio_q0.99") << " | " << v("log2_ratio_q0.999")
-         << " | " << (z == it->second.end() ? std::string("—") : fmt(z->second)) << " |\n";
-    }
-  md << "\n## Over training (whole-gradient relative error, mean over batches)\n\n| recipe |";
-  for (int64_t s : P.steps) md << " step " << s << " |";
-  md << "\n|---|";
-  for (size_t c = 0; c < P.steps.size(); ++c) md << "---|";
-  md << "\n";
-  for (const FidelityRecipe& fr : P.recipes) {
-    md << "| " << fr.name << " |";
-    for (const auto& row : fr.scopes.at("whole").at("rel_error")) {
-      double t = 0;
-      for (double v : row) t += v;
-      md << " " << fmt(t / double(row.size())) << " |";
-    }
-    md << "\n";
-  }
-  md << "\n## Contrasts (paired on identical checkpoint and batch)\n\n| id | contrast | metric | mean [95%] | verdict |\n|---|---|---|---|---|\n";
-  for (const std::string& l : md_contrasts) md << l << "\n";
-
-  std::error_code ec;
-  fs::create_directories(req.out, ec);
-  if (ec) throw UserError("fidelity: cannot create " + req.out.string() + ": " + ec.message());
-  write_file_atomic(req.out / "fidelity.json", j.dump(1) + "\n");
-  write_file_atomic(req.out / "fidelity.md", md.str());
 }
 
 }  // namespace fp4
