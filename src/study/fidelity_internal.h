@@ -1,7 +1,10 @@
-// What the fidelity panel's files share (private to src/study/): the claims file and the metric
-// names. fidelity.cpp holds the statistics, the claims and the passes (run_fidelity),
-// fidelity_report.cpp the report and its reading back.
+// What the fidelity panel's files share (private to src/study/): the claims file, the metric
+// names, and the per-linear roles' building blocks (docs/fidelity.md "Per-linear roles"):
+// the Capture observer, the replay of one linear, the streamed moments. fidelity.cpp holds the
+// statistics and the claims, fidelity_roles.cpp the roles' blocks, fidelity_run.cpp the passes
+// (run_fidelity), fidelity_report.cpp the report and its reading back.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -9,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "fp4/nn/model.h"
 #include "fp4/study/fidelity.h"
 
 namespace fp4::fidelity_detail {
@@ -42,5 +46,70 @@ inline constexpr const char* kPolicyNames[] = {"current", "replay-d50", "calibra
 bool is_role_scope(const std::string& scope);
 /// "10, 20, 30".
 std::string join_steps(const std::vector<int64_t>& s);
+
+// ------------------------------------------------------------------------------ per-linear roles
+
+/// The X, Y and dY every linear of a model sees in one whole-model pass, copied by a
+/// LinearObserver, attached for its lifetime.
+class Capture : public nn::LinearObserver {
+ public:
+  struct Ops {
+    std::vector<float> X, Y, dY;
+    int64_t M = 0;
+    int forwards = 0, backwards = 0;
+  };
+  explicit Capture(nn::Model& m);
+  ~Capture() override;
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+  void forward_done(const nn::Linear& lin, const float* X, const float* Y, int64_t M) override;
+  void backward_start(const nn::Linear& lin, const float* dY, int64_t M) override;
+  /// Forget the last pass (call before each).
+  void clear();
+  /// The operands of linear i; throws std::logic_error unless the pass called it exactly once
+  /// forward and once backward (the roles compare one call per linear per pass).
+  const Ops& at(size_t i, const std::string& name) const;
+
+ private:
+  nn::Model& m_;
+  std::vector<Ops> ops_;
+  std::map<const nn::Linear*, size_t> index_;
+};
+
+/// One linear's three role tensors: Y [M, N], dX [M, K] (its own dgrad output, not accumulated
+/// into other linears'), dW [N, K].
+struct RoleTensors {
+  std::vector<float> Y, dX, dW;
+};
+
+/// The five tensor references of every linear of a model (the state a pass starts with).
+using ReferenceState = std::vector<std::array<TensorReference, 5>>;
+
+/// Replay `lin` alone on X [M, K] and dY [M, N]: a fresh Linear of the same id (so the same SR
+/// keys), plan and weight, holding the tensor references `refs` (the state `lin` started the
+/// pass with), one forward and one backward under ctx. Given the operands `lin` saw in a pass,
+/// it reproduces that pass's Y, and the dX and dW it contributed, bit for bit.
+RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& refs,
+                   const float* X, const float* dY, int64_t M, const nn::StepContext& ctx);
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
+
+ReferenceState reference_state(const nn::Model& m);
+
+/// DrawMoments of R draws of one tensor against ref, accumulated one draw at a time (the
+/// per-linear roles keep one running sum per element instead of R copies). Per draw its sums
+/// (ref_sq, err_sq, dot, est_sq) are those of draw_moments to the last bit, and so is
+/// mean_err_sq (the mean is the same sum in draw order, divided by R); spread_sq is
+/// Σ_d est_sq[d] − R·Σ_i mean_i² (draw_moments sums (x − mean)² directly), equal up to rounding,
+/// exactly 0 for one draw.
+struct StreamMoments {
+  std::vector<double> sum;  // Σ_d x_d per element
+  DrawMoments m;
+  void add(const float* x, const float* ref, size_t n);
+  DrawMoments finish(const float* ref);
+};
+
+/// The sums of DrawMoments are over coordinates: two disjoint index sets' moments add.
+void add_moments(DrawMoments& acc, const DrawMoments& m);
 
 }  // namespace fp4::fidelity_detail
