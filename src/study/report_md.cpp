@@ -74,25 +74,61 @@ std::string final_window_definition(const std::vector<RunRecord>& runs) {
 }
 }  // namespace report_detail
 
-std::string comparison_report_md(const std::vector<RecipeRow>& rows,
-                                 const std::vector<RunRecord>& runs, const ReportContext& ctx) {
-  std::ostringstream o;
+namespace {
+// The title, the config and model, the tokens per run and the command that reproduces it.
+void write_header(std::ostringstream& o, const ReportContext& ctx) {
   o << "# " << ctx.title << "\n\n";
   if (!ctx.config_name.empty()) o << "Config `" << ctx.config_name << "`";
   if (!ctx.model_line.empty()) o << " (" << ctx.model_line << ")";
   if (ctx.tokens_per_run > 0) o << ", " << ctx.tokens_per_run << " training tokens per run";
   o << ".\n\n";
   if (!ctx.command.empty()) o << "Reproduce with:\n\n    " << ctx.command << "\n\n";
+}
 
+// The inference policies of the columns: the context's, else every one a row holds, in the
+// order first met.
+std::vector<std::string> report_policies(const std::vector<RecipeRow>& rows,
+                                         const ReportContext& ctx) {
   std::vector<std::string> policies = ctx.policies;
   if (policies.empty())
     for (const auto& r : rows)
       for (const auto& [p, v] : r.heldout)
         if (std::find(policies.begin(), policies.end(), p) == policies.end()) policies.push_back(p);
+  return policies;
+}
 
-  // The baseline of the gap columns (aggregate_runs); "baseline" when there is none.
-  const std::string base = rows.empty() || rows[0].baseline.empty() ? "" : rows[0].baseline;
-  const std::string bname = base.empty() ? "baseline" : base;
+// One recipe's line of the main table; *partial_cells is set when a policy cell holds fewer
+// seeds than the row.
+void write_main_row(std::ostringstream& o, const RecipeRow& r,
+                    const std::vector<std::string>& policies, const std::string& base,
+                    bool* partial_cells) {
+  o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
+    << (std::isfinite(r.gap_to_baseline_pct) ? fmt("%+.2f%%", r.gap_to_baseline_pct) : "—") << " | "
+    << (r.paired_delta_baseline.n ? fmt_ms(r.paired_delta_baseline, "%+.4f") : std::string("—"))
+    << " | " << interval_cell(r, base) << " | " << boot_cell(r.heldout_boot) << " |";
+  for (const auto& p : policies) {
+    const auto it = r.heldout.find(p);
+    o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
+    if (it != r.heldout.end() && it->second.n < r.seeds) {
+      o << " (n=" << it->second.n << ")";
+      *partial_cells = true;
+    }
+    o << " |";
+  }
+  o << " ";
+  if (r.diverged == 0) o << "0";
+  for (size_t i = 0; i < r.diverged_at.size(); ++i)
+    o << (i ? ", " : "") << "at step " << r.diverged_at[i];
+  o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm) << " | "
+    << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32)
+    << (r.timing_note.empty() ? "" : " (" + r.timing_note + ")") << " |\n";
+}
+
+// The baseline line, the main table (one row per recipe) and the notes under it.
+void write_main_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
+                      const std::vector<RunRecord>& runs,
+                      const std::vector<std::string>& policies, const std::string& base,
+                      const std::string& bname) {
   if (!base.empty())
     o << "Baseline of the gap columns: `" << base << "`.\n\n";
   else
@@ -107,28 +143,7 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
   o << "---|---|---|---|---|---|\n";
   bool partial_cells = false;
-  for (const auto& r : rows) {
-    o << "| " << r.recipe << " | " << r.seeds << " | " << fmt_ms(r.final_loss) << " | "
-      << (std::isfinite(r.gap_to_baseline_pct) ? fmt("%+.2f%%", r.gap_to_baseline_pct) : "—") << " | "
-      << (r.paired_delta_baseline.n ? fmt_ms(r.paired_delta_baseline, "%+.4f") : std::string("—"))
-      << " | " << interval_cell(r, base) << " | " << boot_cell(r.heldout_boot) << " |";
-    for (const auto& p : policies) {
-      const auto it = r.heldout.find(p);
-      o << " " << (it == r.heldout.end() ? "—" : fmt_ms(it->second));
-      if (it != r.heldout.end() && it->second.n < r.seeds) {
-        o << " (n=" << it->second.n << ")";
-        partial_cells = true;
-      }
-      o << " |";
-    }
-    o << " ";
-    if (r.diverged == 0) o << "0";
-    for (size_t i = 0; i < r.diverged_at.size(); ++i)
-      o << (i ? ", " : "") << "at step " << r.diverged_at[i];
-    o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm) << " | "
-      << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32)
-      << (r.timing_note.empty() ? "" : " (" + r.timing_note + ")") << " |\n";
-  }
+  for (const auto& r : rows) write_main_row(o, r, policies, base, &partial_cells);
   o << "\nMeans ± sample standard deviations over the completed seeds (runs that diverged are "
        "counted under *diverged*, not in the means). Held-out NLL in nats/token; policy `none` "
        "is FP32 inference of the same weights.\n";
@@ -140,8 +155,35 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
       o << "\nNote: the held-out values of `" << r.dir.filename().string()
         << "` come from its checkpoint at step " << r.eval_step << ", not the final step "
         << r.steps << " (the final checkpoint could not be loaded).\n";
+}
 
-  // The downstream task, when any run has one.
+// One recipe's line of the downstream task's table; *partial is set when a policy has fewer
+// seeds than the recipe.
+void write_task_row(std::ostringstream& o, const RecipeRow& r,
+                    const std::vector<std::string>& policies, bool* partial) {
+  int seeds = 0;
+  for (const auto& [p, t] : r.task_rows) seeds = std::max(seeds, t.seeds);
+  o << "| " << r.recipe << " | " << seeds << " |";
+  for (const auto& p : policies) {
+    const auto it = r.task_rows.find(p);
+    if (it == r.task_rows.end()) {
+      o << " — | — |";
+      continue;
+    }
+    const std::string n = it->second.seeds < seeds ? " (n=" + std::to_string(it->second.seeds) + ")" : "";
+    *partial |= !n.empty();
+    for (const BootstrapInterval* b : {&it->second.raw, &it->second.per_char})
+      o << " " << fmt("%.1f%%", 100 * b->mean) << " [" << fmt("%.1f", 100 * b->lo) << ", "
+        << fmt("%.1f", 100 * b->hi) << "]" << n << " |";
+  }
+  o << "\n";
+}
+
+// "## Downstream task", when any row has a task: accuracy per recipe and policy, raw and
+// per character, with its notes.
+void write_task_section(std::ostringstream& o, const std::vector<RecipeRow>& rows,
+                        const std::vector<RunRecord>& runs,
+                        const std::vector<std::string>& policies) {
   std::string task, task_hash;
   double chance = 0;
   int excluded = 0;
@@ -149,52 +191,38 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     excluded += r.task_excluded;
     if (!r.task.empty() && task.empty()) task = r.task, task_hash = r.task_items_hash, chance = r.task_chance;
   }
-  if (!task.empty()) {
-    o << "\n## Downstream task: " << task << "\n\n"
-      << "Accuracy under each inference policy, from each run's final checkpoint (task.json); "
-         "chance is " << fmt("%.0f%%", 100 * chance) << ". Items fnv1a64 `" << task_hash << "`.\n\n"
-      << "| recipe | seeds |";
-    for (const auto& p : policies) o << " " << p << ", raw | " << p << ", per char |";
-    o << "\n|---|---|";
-    for (size_t i = 0; i < policies.size(); ++i) o << "---|---|";
-    o << "\n";
-    bool partial = false;
-    for (const auto& r : rows) {
-      if (r.task.empty()) continue;
-      int seeds = 0;
-      for (const auto& [p, t] : r.task_rows) seeds = std::max(seeds, t.seeds);
-      o << "| " << r.recipe << " | " << seeds << " |";
-      for (const auto& p : policies) {
-        const auto it = r.task_rows.find(p);
-        if (it == r.task_rows.end()) {
-          o << " — | — |";
-          continue;
-        }
-        const std::string n = it->second.seeds < seeds ? " (n=" + std::to_string(it->second.seeds) + ")" : "";
-        partial |= !n.empty();
-        for (const BootstrapInterval* b : {&it->second.raw, &it->second.per_char})
-          o << " " << fmt("%.1f%%", 100 * b->mean) << " [" << fmt("%.1f", 100 * b->lo) << ", "
-            << fmt("%.1f", 100 * b->hi) << "]" << n << " |";
-      }
-      o << "\n";
-    }
-    o << "\nRaw: the choice with the highest log-likelihood after the context; per char: "
-         "log-likelihood divided by the choice's characters (OLMES). Accuracy pooled over the "
-         "seeds' runs; 95% percentile bootstrap over items (10,000 resamples, the same items "
-         "for every seed). An interval that contains the chance level is no evidence the "
-         "model does the task. Recipes without a task.json are not listed.\n";
-    if (partial)
-      o << "\n(n=k): only k of the recipe's seeds have finite scores under this policy.\n";
-    if (excluded > 0)
-      o << "\n" << excluded << " run(s) hold a task.json of other items (another task, corpus "
-           "or item rule) and are left out of this table.\n";
-    for (const auto& r : runs)
-      if (r.diverged_at == 0 && !r.task.empty() && r.task_step >= 0 && r.task_step != r.steps)
-        o << "\nNote: the task accuracy of `" << r.dir.filename().string()
-          << "` comes from its checkpoint at step " << r.task_step << ", not the final step "
-          << r.steps << ".\n";
-  }
+  if (task.empty()) return;
+  o << "\n## Downstream task: " << task << "\n\n"
+    << "Accuracy under each inference policy, from each run's final checkpoint (task.json); "
+       "chance is " << fmt("%.0f%%", 100 * chance) << ". Items fnv1a64 `" << task_hash << "`.\n\n"
+    << "| recipe | seeds |";
+  for (const auto& p : policies) o << " " << p << ", raw | " << p << ", per char |";
+  o << "\n|---|---|";
+  for (size_t i = 0; i < policies.size(); ++i) o << "---|---|";
+  o << "\n";
+  bool partial = false;
+  for (const auto& r : rows)
+    if (!r.task.empty()) write_task_row(o, r, policies, &partial);
+  o << "\nRaw: the choice with the highest log-likelihood after the context; per char: "
+       "log-likelihood divided by the choice's characters (OLMES). Accuracy pooled over the "
+       "seeds' runs; 95% percentile bootstrap over items (10,000 resamples, the same items "
+       "for every seed). An interval that contains the chance level is no evidence the "
+       "model does the task. Recipes without a task.json are not listed.\n";
+  if (partial)
+    o << "\n(n=k): only k of the recipe's seeds have finite scores under this policy.\n";
+  if (excluded > 0)
+    o << "\n" << excluded << " run(s) hold a task.json of other items (another task, corpus "
+         "or item rule) and are left out of this table.\n";
+  for (const auto& r : runs)
+    if (r.diverged_at == 0 && !r.task.empty() && r.task_step >= 0 && r.task_step != r.steps)
+      o << "\nNote: the task accuracy of `" << r.dir.filename().string()
+        << "` comes from its checkpoint at step " << r.task_step << ", not the final step "
+        << r.steps << ".\n";
+}
 
+// "## Per run": one line per run directory.
+void write_per_run_table(std::ostringstream& o, const std::vector<RunRecord>& runs,
+                         const std::vector<std::string>& policies) {
   o << "\n## Per run\n\n| recipe | seed | final-window loss |";
   for (const auto& p : policies) o << " held-out " << p << " |";
   o << " spikes | median step (ms) | directory |\n|---|---|---|";
@@ -215,13 +243,19 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
     o << " " << count_loss_spikes(r.loss) << " | " << fmt("%.1f", median(ms)) << " | `"
       << r.dir.filename().string() << "` |\n";
   }
+}
 
-  if (!ctx.plots.empty() || !ctx.plots_note.empty()) {
-    o << "\n## Plots\n\n";
-    for (const auto& p : ctx.plots) o << "![" << fs::path(p).stem().string() << "](" << p << ")\n\n";
-    if (!ctx.plots_note.empty()) o << ctx.plots_note << "\n";
-  }
+// "## Plots", when there are plots or a note about them.
+void write_plots(std::ostringstream& o, const ReportContext& ctx) {
+  if (ctx.plots.empty() && ctx.plots_note.empty()) return;
+  o << "\n## Plots\n\n";
+  for (const auto& p : ctx.plots) o << "![" << fs::path(p).stem().string() << "](" << p << ")\n\n";
+  if (!ctx.plots_note.empty()) o << ctx.plots_note << "\n";
+}
 
+// "## Definitions": what every column means.
+void write_definitions(std::ostringstream& o, const std::vector<RunRecord>& runs,
+                       const std::string& base, const std::string& bname) {
   o << "\n## Definitions\n\n"
     << "* **Final-window loss**: " << final_window_definition(runs) << "\n"
     << "* **Baseline**: the recipe the gaps are measured against (`--baseline`; by default "
@@ -263,6 +297,22 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
        "summary.json machine_load), *N steps* (fewer than 10 timed steps), *spread P%* (the "
        "interquartile range of the step times above half their median); *fp32: …* when the "
        "reference is.\n";
+}
+}  // namespace
+
+std::string comparison_report_md(const std::vector<RecipeRow>& rows,
+                                 const std::vector<RunRecord>& runs, const ReportContext& ctx) {
+  std::ostringstream o;
+  write_header(o, ctx);
+  const std::vector<std::string> policies = report_policies(rows, ctx);
+  // The baseline of the gap columns (aggregate_runs); "baseline" when there is none.
+  const std::string base = rows.empty() || rows[0].baseline.empty() ? "" : rows[0].baseline;
+  const std::string bname = base.empty() ? "baseline" : base;
+  write_main_table(o, rows, runs, policies, base, bname);
+  write_task_section(o, rows, runs, policies);
+  write_per_run_table(o, runs, policies);
+  write_plots(o, ctx);
+  write_definitions(o, runs, base, bname);
   return o.str();
 }
 
