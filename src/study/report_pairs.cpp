@@ -1,5 +1,6 @@
-// The report's "Minimal pairs" section (fp4/study/report.h minimal_pairs_md, issue 23 §1):
-// accuracy and margin per recipe, policy and paradigm, and item-paired comparisons.
+// The report's "Minimal pairs" section (fp4/study/report.h minimal_pairs_md; docs/evaluation.md
+// "Minimal pairs: `eval --task minimal-pairs`"): accuracy and margin per recipe, policy and
+// paradigm, and item-paired comparisons.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -70,29 +71,34 @@ std::string signed_acc_cell(const BootstrapInterval& b) {
   return fmt("%+.1f", 100 * b.mean) + " [" + fmt("%+.1f", 100 * b.lo) + ", " + fmt("%+.1f", 100 * b.hi) + "]";
 }
 
-}  // namespace
-
-std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vector<std::string>& names,
-                             const std::vector<std::string>& policies, const std::string& baseline,
-                             const std::vector<Hypothesis>& hyps) {
-  // The items of most runs (ties: the first seen), as for next-sentence.
-  std::map<std::string, int> count;
+// The items the section reports on: those of most runs (ties: the first seen), as for
+// next-sentence; ref is null when no completed run has minimal-pairs results.
+struct SectionItems {
   std::string hash;
-  const RunRecord* ref = nullptr;
+  const RunRecord* ref = nullptr;  // a run on these items, for their paradigms
+  int excluded = 0;                // completed runs with results on other items
+  size_t total_items = 0;
+};
+
+SectionItems section_items(const std::vector<RunRecord>& runs) {
+  SectionItems s;
+  std::map<std::string, int> count;
   for (const auto& r : runs)
     if (r.diverged_at == 0 && !r.pairs.items_hash.empty()) {
       const int n = ++count[r.pairs.items_hash];
-      if (n > (hash.empty() ? 0 : count[hash])) hash = r.pairs.items_hash, ref = &r;
+      if (n > (s.hash.empty() ? 0 : count[s.hash])) s.hash = r.pairs.items_hash, s.ref = &r;
     }
-  if (!ref) return "";
-  int excluded = 0;
+  if (!s.ref) return s;
   for (const auto& r : runs)
-    if (r.diverged_at == 0 && !r.pairs.items_hash.empty() && r.pairs.items_hash != hash) ++excluded;
-  const auto& paradigms = ref->pairs.paradigms;
-  size_t total_items = 0;
-  for (const auto& p : paradigms) total_items = std::max(total_items, p.first + p.items);
+    if (r.diverged_at == 0 && !r.pairs.items_hash.empty() && r.pairs.items_hash != s.hash) ++s.excluded;
+  for (const auto& p : s.ref->pairs.paradigms) s.total_items = std::max(s.total_items, p.first + p.items);
+  return s;
+}
 
-  std::ostringstream o;
+using Paradigms = std::vector<RunRecord::Pairs::Paradigm>;
+
+// The heading and the paragraph that says what the items, the accuracy and the margin are.
+void write_intro(std::ostringstream& o, const std::string& hash, const Paradigms& paradigms) {
   o << "\n## Minimal pairs\n\n"
     << "BLiMP-style items from the held-out documents (items fnv1a64 `" << hash << "`): the "
        "model is right on an item when the held-out sentence gets a higher total "
@@ -104,23 +110,30 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
   o << " Accuracy pooled over each recipe's seeds; 95% percentile bootstrap over items (10,000 "
        "resamples, the same items for every seed). Margin: the held-out sentence's "
        "log-probability minus the best altered copy's, in nats, mean over items.\n\n";
+}
 
-  // Accuracy and margin per recipe and policy.
+// The head of a table with one column per paradigm after recipe, policy and seeds.
+void write_paradigm_table_head(std::ostringstream& o, const Paradigms& paradigms) {
   o << "| recipe | policy | seeds |";
   for (const auto& p : paradigms) o << " " << p.name << " |";
   o << "\n|---|---|---|";
   for (size_t i = 0; i < paradigms.size(); ++i) o << "---|";
   o << "\n";
+}
+
+// The accuracy table and the margin table (one row per recipe and policy), the intervals
+// that reach down to chance, and the count of runs on other items.
+void write_accuracy_tables(std::ostringstream& o, const std::vector<RunRecord>& runs,
+                           const std::vector<std::string>& names,
+                           const std::vector<std::string>& policies, const SectionItems& s) {
+  const Paradigms& paradigms = s.ref->pairs.paradigms;
+  write_paradigm_table_head(o, paradigms);
   std::ostringstream mt;  // the margin table, filled alongside
-  mt << "| recipe | policy | seeds |";
-  for (const auto& p : paradigms) mt << " " << p.name << " |";
-  mt << "\n|---|---|---|";
-  for (size_t i = 0; i < paradigms.size(); ++i) mt << "---|";
-  mt << "\n";
+  write_paradigm_table_head(mt, paradigms);
   std::vector<std::string> below_chance;
   for (const auto& name : names)
     for (const auto& pol : policies) {
-      const Cells c = cells_of(runs, name, pol, hash);
+      const Cells c = cells_of(runs, name, pol, s.hash);
       if (c.seeds.empty()) continue;
       o << "| " << name << " | " << pol << " | " << c.seeds.size() << " |";
       mt << "| " << name << " | " << pol << " | " << c.seeds.size() << " |";
@@ -149,14 +162,21 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
   o << "\nMean margin per paradigm, nats (95% bootstrap over items). Margins differ in "
        "scale between paradigms (a shuffle costs tens of nats, an agreement error a few), so "
        "they are not pooled.\n\n" << mt.str();
-  if (excluded > 0)
-    o << "\n" << excluded << " run(s) hold minimal-pairs results on other items (another corpus "
+  if (s.excluded > 0)
+    o << "\n" << s.excluded << " run(s) hold minimal-pairs results on other items (another corpus "
          "or item rule) and are left out.\n";
+}
 
-  // Item-paired comparisons.
-  struct Cmp {
-    std::string a, pa, b, pb, label;
-  };
+// One item-paired comparison: the runs of recipe a under policy pa against those of b under pb.
+struct Cmp {
+  std::string a, pa, b, pb, label;
+};
+
+// The comparisons, each once, in order: every recipe against the baseline, the hypotheses of
+// two recipes (contrast +1 / −1), every quantized policy against `none` of the same recipe.
+std::vector<Cmp> comparisons(const std::vector<std::string>& names,
+                             const std::vector<std::string>& policies, const std::string& baseline,
+                             const std::vector<Hypothesis>& hyps) {
   std::vector<Cmp> cmps;
   std::set<std::string> seen;
   auto add = [&](const std::string& a, const std::string& pa, const std::string& b,
@@ -179,7 +199,74 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
   for (const auto& n : names)
     for (const auto& p : policies)
       if (p != "none") add(n, p, n, "none", "`" + n + "`, " + p + " − none");
+  return cmps;
+}
 
+// The seeds both sets of runs have, on one CPU family (as every other contrast of the
+// report): a2 and b2 hold those rows of A and B in the same order; *mixed counts the seeds
+// left out for their CPUs.
+void pair_by_seed(const Cells& A, const Cells& B, Cells* a2, Cells* b2, int* mixed) {
+  for (size_t i = 0; i < A.seeds.size(); ++i)
+    for (size_t j = 0; j < B.seeds.size(); ++j)
+      if (A.seeds[i] == B.seeds[j]) {
+        if (!A.cpus[i].empty() && !B.cpus[j].empty() && A.cpus[i] != B.cpus[j]) {
+          ++*mixed;
+          continue;
+        }
+        a2->seeds.push_back(A.seeds[i]);
+        a2->credit.push_back(A.credit[i]), a2->margin.push_back(A.margin[i]);
+        b2->credit.push_back(B.credit[j]), b2->margin.push_back(B.margin[j]);
+      }
+}
+
+std::vector<std::vector<double>> difference(const std::vector<std::vector<double>>& x,
+                                            const std::vector<std::vector<double>>& y) {
+  std::vector<std::vector<double>> d = x;
+  for (size_t s = 0; s < d.size(); ++s)
+    for (size_t i = 0; i < d[s].size(); ++i) d[s][i] -= y[s][i];
+  return d;
+}
+
+// The row of comparison c, or false (nothing written) when the two sets share no seed or no
+// item is finite in both.
+bool write_comparison_row(std::ostringstream& o, const Cmp& c, const std::vector<RunRecord>& runs,
+                          const SectionItems& s) {
+  const Cells A = cells_of(runs, c.a, c.pa, s.hash), B = cells_of(runs, c.b, c.pb, s.hash);
+  Cells a2, b2;
+  int mixed = 0;
+  pair_by_seed(A, B, &a2, &b2, &mixed);
+  if (a2.seeds.empty()) return false;
+  const auto dc = difference(a2.credit, b2.credit), dm = difference(a2.margin, b2.margin);
+  const auto keep = finite_items({&a2.credit, &b2.credit}, 0, s.total_items);
+  if (keep.empty()) return false;
+  int64_t nb = 0, nc = 0;
+  for (size_t k = 0; k < a2.credit.size(); ++k)
+    for (size_t i : keep) {
+      const double x = a2.credit[k][i], y = b2.credit[k][i];
+      nb += x == 1 && y == 0;
+      nc += x == 0 && y == 1;
+    }
+  const BootstrapInterval bc = paired_bootstrap(restrict_rows(dc, keep));
+  o << "| " << c.label << " | " << (c.pa == c.pb ? c.pa : c.pa + " vs " + c.pb) << " | "
+    << a2.seeds.size() << (mixed ? " (" + std::to_string(mixed) + " left out: other CPU)" : "")
+    << " | " << signed_acc_cell(bc) << " | " << nb << " / " << nc << " | "
+    << fmt("%.3g", mcnemar_exact_p(nb, nc)) << " |";
+  for (const auto& p : s.ref->pairs.paradigms) {
+    const auto k = finite_items({&a2.credit, &b2.credit}, p.first, p.first + p.items);
+    if (k.empty()) {
+      o << " — |";
+      continue;
+    }
+    const BootstrapInterval b = paired_bootstrap(restrict_rows(dm, k));
+    o << " " << fmt("%+.3f", b.mean) << (b.lo > 0 || b.hi < 0 ? "*" : "") << " |";
+  }
+  o << "\n";
+  return true;
+}
+
+// "### Paired comparisons": what the columns are, then one row per comparison with runs.
+void write_paired_comparisons(std::ostringstream& o, const std::vector<RunRecord>& runs,
+                              const std::vector<Cmp>& cmps, const SectionItems& s) {
   o << "\n### Paired comparisons\n\n"
        "Each row compares two sets of runs item by item and seed by seed (the seeds both "
        "have): the differences of credit (accuracy, in points) and of margin are averaged "
@@ -190,62 +277,27 @@ std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vect
        "the margin difference (nats), marked * where its interval excludes 0. Seeds whose runs "
        "were made on different CPUs are not paired.\n\n"
     << "| comparison | policy | seeds | Δ accuracy, all items, points [95% CI] | b / c | McNemar p |";
+  const Paradigms& paradigms = s.ref->pairs.paradigms;
   for (const auto& p : paradigms) o << " Δ margin " << p.name << " |";
   o << "\n|---|---|---|---|---|---|";
   for (size_t i = 0; i < paradigms.size(); ++i) o << "---|";
   o << "\n";
   int rows = 0;
-  for (const Cmp& c : cmps) {
-    const Cells A = cells_of(runs, c.a, c.pa, hash), B = cells_of(runs, c.b, c.pb, hash);
-    Cells a2, b2;
-    int mixed = 0;
-    for (size_t i = 0; i < A.seeds.size(); ++i)
-      for (size_t j = 0; j < B.seeds.size(); ++j)
-        if (A.seeds[i] == B.seeds[j]) {
-          // Pairs stay within a CPU family, as every other contrast of the report.
-          if (!A.cpus[i].empty() && !B.cpus[j].empty() && A.cpus[i] != B.cpus[j]) {
-            ++mixed;
-            continue;
-          }
-          a2.seeds.push_back(A.seeds[i]);
-          a2.credit.push_back(A.credit[i]), a2.margin.push_back(A.margin[i]);
-          b2.credit.push_back(B.credit[j]), b2.margin.push_back(B.margin[j]);
-        }
-    if (a2.seeds.empty()) continue;
-    auto diff = [](const std::vector<std::vector<double>>& x, const std::vector<std::vector<double>>& y) {
-      std::vector<std::vector<double>> d = x;
-      for (size_t s = 0; s < d.size(); ++s)
-        for (size_t i = 0; i < d[s].size(); ++i) d[s][i] -= y[s][i];
-      return d;
-    };
-    const auto dc = diff(a2.credit, b2.credit), dm = diff(a2.margin, b2.margin);
-    const auto keep = finite_items({&a2.credit, &b2.credit}, 0, total_items);
-    if (keep.empty()) continue;
-    int64_t nb = 0, nc = 0;
-    for (size_t s = 0; s < a2.credit.size(); ++s)
-      for (size_t i : keep) {
-        const double x = a2.credit[s][i], y = b2.credit[s][i];
-        nb += x == 1 && y == 0;
-        nc += x == 0 && y == 1;
-      }
-    const BootstrapInterval bc = paired_bootstrap(restrict_rows(dc, keep));
-    o << "| " << c.label << " | " << (c.pa == c.pb ? c.pa : c.pa + " vs " + c.pb) << " | "
-      << a2.seeds.size() << (mixed ? " (" + std::to_string(mixed) + " left out: other CPU)" : "")
-      << " | " << signed_acc_cell(bc) << " | " << nb << " / " << nc << " | "
-      << fmt("%.3g", mcnemar_exact_p(nb, nc)) << " |";
-    for (const auto& p : paradigms) {
-      const auto k = finite_items({&a2.credit, &b2.credit}, p.first, p.first + p.items);
-      if (k.empty()) {
-        o << " — |";
-        continue;
-      }
-      const BootstrapInterval b = paired_bootstrap(restrict_rows(dm, k));
-      o << " " << fmt("%+.3f", b.mean) << (b.lo > 0 || b.hi < 0 ? "*" : "") << " |";
-    }
-    o << "\n";
-    ++rows;
-  }
+  for (const Cmp& c : cmps) rows += write_comparison_row(o, c, runs, s);
   if (rows == 0) o << "(no two sets of runs share a seed)\n";
+}
+
+}  // namespace
+
+std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vector<std::string>& names,
+                             const std::vector<std::string>& policies, const std::string& baseline,
+                             const std::vector<Hypothesis>& hyps) {
+  const SectionItems s = section_items(runs);
+  if (!s.ref) return "";
+  std::ostringstream o;
+  write_intro(o, s.hash, s.ref->pairs.paradigms);
+  write_accuracy_tables(o, runs, names, policies, s);
+  write_paired_comparisons(o, runs, comparisons(names, policies, baseline, hyps), s);
   return o.str();
 }
 
