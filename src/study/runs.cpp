@@ -145,9 +145,11 @@ RunRecord::Pairs read_minimal_pairs_file(const fs::path& pf) {
   return P;
 }
 
-RunRecord read_run(const fs::path& dir) {
-  RunRecord r;
-  r.dir = dir;
+namespace {
+// The run's outcome: a completed run's summary.json (returned, for the held-out fallback of
+// read_heldout), or a diverged run's error.txt with its config.toml and recipe.toml (an empty
+// object returned); then train.warmup_steps from config.toml when there is one.
+json read_outcome(const fs::path& dir, RunRecord& r) {
   const fs::path sp = dir / "summary.json", errp = dir / "error.txt", cp = dir / "config.toml";
   json s;
   if (fs::exists(sp)) {
@@ -188,8 +190,12 @@ RunRecord read_run(const fs::path& dir) {
     throw UserError(dir.string() + " holds no summary.json: the run did not complete");
   }
   if (fs::exists(cp)) r.warmup_steps = load_run_config(cp).train.warmup_steps;
+  return s;
+}
 
-  // metrics.jsonl, or metrics.jsonl.zst of a compacted run (the same lines).
+// The logged steps of metrics.jsonl, or metrics.jsonl.zst of a compacted run (the same
+// lines), and the mean of the last kLastEvals held-out evaluations among them.
+void read_metrics(const fs::path& dir, RunRecord& r) {
   const fs::path mp = run_metrics_file(dir);
   MetricsReader mf(mp);
   std::string line;
@@ -217,75 +223,92 @@ RunRecord read_run(const fs::path& dir) {
     for (size_t i = r.val_nll.size() - size_t(kLastEvals); i < r.val_nll.size(); ++i) sum += r.val_nll[i];
     r.heldout_last = sum / kLastEvals;
   }
+}
 
-  const fs::path ep = dir / "eval.json";
-  if (r.diverged_at > 0) {
-    // No held-out NLL for a diverged run.
-  } else if (fs::exists(ep)) {
-    const json e = read_json_file(ep);
-    r.eval_step = e.value("step", int64_t{-1});
-    if (!e.contains("results") || !e["results"].is_object())
-      throw UserError(ep.string() + ": missing object 'results' (expected `fp4train eval --json` output)");
-    for (const auto& [pol, v] : e["results"].items()) {
-      r.heldout[pol] = num(v, "nats_per_token", ep);
-      if (v.contains("bits_per_byte")) r.heldout_bpb[pol] = num(v, "bits_per_byte", ep);
-      if (v.contains("window_nll")) {
-        const json& wn = v.at("window_nll");
-        if (!wn.is_array())
-          throw UserError(ep.string() + ": results." + pol + ".window_nll is not an array");
-        std::vector<double>& out = r.heldout_windows[pol];
-        for (const json& x : wn) {
-          if (!x.is_number() && !x.is_null())
-            throw UserError(ep.string() + ": results." + pol + ".window_nll holds a non-number");
-          out.push_back(x.is_null() ? kNaN : x.get<double>());
-        }
+// The held-out NLL per policy of a completed run: eval.json (with per-window values when it
+// has them), else summary.json's heldout_nll and heldout_nll_quant. None for a diverged run.
+void read_heldout(const fs::path& dir, const json& summary, RunRecord& r) {
+  const fs::path ep = dir / "eval.json", sp = dir / "summary.json";
+  if (r.diverged_at > 0) return;  // no held-out NLL for a diverged run
+  if (!fs::exists(ep)) {
+    r.heldout["none"] = num(summary, "heldout_nll", sp);
+    if (r.recipe != "fp32") r.heldout["current"] = num(summary, "heldout_nll_quant", sp);
+    return;
+  }
+  const json e = read_json_file(ep);
+  r.eval_step = e.value("step", int64_t{-1});
+  if (!e.contains("results") || !e["results"].is_object())
+    throw UserError(ep.string() + ": missing object 'results' (expected `fp4train eval --json` output)");
+  for (const auto& [pol, v] : e["results"].items()) {
+    r.heldout[pol] = num(v, "nats_per_token", ep);
+    if (v.contains("bits_per_byte")) r.heldout_bpb[pol] = num(v, "bits_per_byte", ep);
+    if (v.contains("window_nll")) {
+      const json& wn = v.at("window_nll");
+      if (!wn.is_array())
+        throw UserError(ep.string() + ": results." + pol + ".window_nll is not an array");
+      std::vector<double>& out = r.heldout_windows[pol];
+      for (const json& x : wn) {
+        if (!x.is_number() && !x.is_null())
+          throw UserError(ep.string() + ": results." + pol + ".window_nll holds a non-number");
+        out.push_back(x.is_null() ? kNaN : x.get<double>());
       }
     }
-  } else {
-    r.heldout["none"] = num(s, "heldout_nll", sp);
-    if (r.recipe != "fp32") r.heldout["current"] = num(s, "heldout_nll_quant", sp);
   }
+}
 
+// One policy's outcomes of task.json: the 0/1 strings, raw and per character, each checked
+// against its length and its stated accuracy. Empty when the policy has no accuracy.
+RunRecord::TaskOutcome read_task_outcome(const json& v, const std::string& pol, int64_t items,
+                                         const fs::path& tp) {
+  RunRecord::TaskOutcome o;
+  if (!v.contains("accuracy") || v["accuracy"].is_null()) return o;
+  for (const char* k : {"correct", "correct_per_char"}) {
+    if (!v.contains(k) || !v[k].is_string())
+      throw UserError(tp.string() + ": results." + pol + ": missing string '" + k + "'");
+    const std::string c = v[k].get<std::string>();
+    std::string& dst = std::string(k) == "correct" ? o.correct : o.correct_per_char;
+    dst = c;
+    if (int64_t(c.size()) != items || c.find_first_not_of("01") != std::string::npos)
+      throw UserError(tp.string() + ": results." + pol + "." + k + " is not " +
+                      std::to_string(items) + " characters of 0 and 1");
+    const double acc = double(std::count(c.begin(), c.end(), '1')) / double(items);
+    const double said = num(v, std::string(k) == "correct" ? "accuracy" : "accuracy_per_char", tp);
+    if (std::fabs(acc - said) > 1e-9)
+      throw UserError(tp.string() + ": results." + pol + ": the accuracy " + fmt("%.6f", said) +
+                      " disagrees with its outcomes " + k + " (" + fmt("%.6f", acc) + ")");
+  }
+  return o;
+}
+
+// The downstream task of a completed run, from task.json when there is one.
+void read_task(const fs::path& dir, RunRecord& r) {
   const fs::path tp = dir / "task.json";
-  if (r.diverged_at == 0 && fs::exists(tp)) {
-    const json t = read_json_file(tp);
-    if (!t.contains("task") || !t["task"].is_string() || !t.contains("results") ||
-        !t["results"].is_object())
-      throw UserError(tp.string() + ": missing 'task' or object 'results' (expected `fp4train "
-                      "eval --task ... --json` output)");
-    r.task = t["task"].get<std::string>();
-    if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
-        t["items_fnv1a64"].get<std::string>().empty())
-      throw UserError(tp.string() + ": missing string 'items_fnv1a64' (the items' hash)");
-    r.task_items_hash = t["items_fnv1a64"].get<std::string>();
-    r.task_chance = num(t, "chance", tp);
-    r.task_step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
-    const int64_t items = static_cast<int64_t>(num(t, "items", tp));
-    for (const auto& [pol, v] : t["results"].items()) {
-      RunRecord::TaskOutcome o;
-      if (v.contains("accuracy") && !v["accuracy"].is_null()) {
-        for (const char* k : {"correct", "correct_per_char"}) {
-          if (!v.contains(k) || !v[k].is_string())
-            throw UserError(tp.string() + ": results." + pol + ": missing string '" + k + "'");
-          const std::string c = v[k].get<std::string>();
-          std::string& dst = std::string(k) == "correct" ? o.correct : o.correct_per_char;
-          dst = c;
-          if (int64_t(c.size()) != items || c.find_first_not_of("01") != std::string::npos)
-            throw UserError(tp.string() + ": results." + pol + "." + k + " is not " +
-                            std::to_string(items) + " characters of 0 and 1");
-          const double acc = double(std::count(c.begin(), c.end(), '1')) / double(items);
-          const double said = num(v, std::string(k) == "correct" ? "accuracy" : "accuracy_per_char",
-                                  tp);
-          if (std::fabs(acc - said) > 1e-9)
-            throw UserError(tp.string() + ": results." + pol + ": the accuracy " +
-                            fmt("%.6f", said) + " disagrees with its outcomes " + k + " (" +
-                            fmt("%.6f", acc) + ")");
-        }
-      }
-      r.task_results[pol] = o;
-    }
-  }
+  if (r.diverged_at != 0 || !fs::exists(tp)) return;
+  const json t = read_json_file(tp);
+  if (!t.contains("task") || !t["task"].is_string() || !t.contains("results") ||
+      !t["results"].is_object())
+    throw UserError(tp.string() + ": missing 'task' or object 'results' (expected `fp4train "
+                    "eval --task ... --json` output)");
+  r.task = t["task"].get<std::string>();
+  if (!t.contains("items_fnv1a64") || !t["items_fnv1a64"].is_string() ||
+      t["items_fnv1a64"].get<std::string>().empty())
+    throw UserError(tp.string() + ": missing string 'items_fnv1a64' (the items' hash)");
+  r.task_items_hash = t["items_fnv1a64"].get<std::string>();
+  r.task_chance = num(t, "chance", tp);
+  r.task_step = t.contains("step") && t["step"].is_number_integer() ? t["step"].get<int64_t>() : -1;
+  const int64_t items = static_cast<int64_t>(num(t, "items", tp));
+  for (const auto& [pol, v] : t["results"].items())
+    r.task_results[pol] = read_task_outcome(v, pol, items, tp);
+}
+}  // namespace
 
+RunRecord read_run(const fs::path& dir) {
+  RunRecord r;
+  r.dir = dir;
+  const json summary = read_outcome(dir, r);
+  read_metrics(dir, r);
+  read_heldout(dir, summary, r);
+  read_task(dir, r);
   const fs::path pf = dir / "task-minimal-pairs.json";
   if (r.diverged_at == 0 && fs::exists(pf)) r.pairs = read_minimal_pairs_file(pf);
   return r;
@@ -369,112 +392,121 @@ std::string default_baseline(const std::vector<std::string>& names) {
   return b.empty() ? find_baseline(names, "fp32") : b;
 }
 
-std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
-                                      const std::vector<std::string>& order,
-                                      const std::string& baseline_arg,
-                                      const std::string& bootstrap_policy) {
+namespace {
+// The recipes in the order given, then those only the runs name, in the order first met.
+std::vector<std::string> recipe_names(const std::vector<RunRecord>& runs,
+                                      const std::vector<std::string>& order) {
   std::vector<std::string> names = order;
   for (const auto& r : runs)
     if (std::find(names.begin(), names.end(), r.recipe) == names.end()) names.push_back(r.recipe);
-  // The items every recipe's task row is measured on: those of most runs (ties: the first
-  // seen), so one run on other items cannot take its recipe's row away.
-  std::string task_hash;
-  {
-    std::map<std::string, int> count;
-    std::vector<std::string> seen;
-    for (const auto& r : runs)
-      if (r.diverged_at == 0 && !r.task.empty()) {
-        const std::string k = r.task + "\n" + r.task_items_hash;
-        if (count[k]++ == 0) seen.push_back(k);
-      }
-    int best = 0;
-    for (const auto& k : seen)
-      if (count[k] > best) best = count[k], task_hash = k;
+  return names;
+}
+
+// The items every recipe's task row is measured on ("task\nitems hash"): those of most runs
+// (ties: the first seen), so one run on other items cannot take its recipe's row away.
+std::string common_task_key(const std::vector<RunRecord>& runs) {
+  std::string task_key;
+  std::map<std::string, int> count;
+  std::vector<std::string> seen;
+  for (const auto& r : runs)
+    if (r.diverged_at == 0 && !r.task.empty()) {
+      const std::string k = r.task + "\n" + r.task_items_hash;
+      if (count[k]++ == 0) seen.push_back(k);
+    }
+  int best = 0;
+  for (const auto& k : seen)
+    if (count[k] > best) best = count[k], task_key = k;
+  return task_key;
+}
+
+// Interquartile range of the step times over their median (step_spread); 0 for fewer than 4.
+double step_spread(const std::vector<double>& ms, double median_ms) {
+  if (ms.size() < 4) return 0;
+  std::vector<double> q = ms;
+  std::sort(q.begin(), q.end());
+  auto at = [&](double f) {  // linear interpolation between order statistics
+    const double x = f * double(q.size() - 1);
+    const size_t i = size_t(x);
+    return i + 1 < q.size() ? q[i] + (x - double(i)) * (q[i + 1] - q[i]) : q[i];
+  };
+  return (at(0.75) - at(0.25)) / median_ms;
+}
+
+// The losses, stability counts and timings of the recipe's runs into row; false when the
+// recipe has no run.
+bool add_loss_and_timing(RecipeRow& row, const std::vector<RunRecord>& runs) {
+  std::vector<double> fl, ms;
+  std::map<std::string, std::vector<double>> held;
+  int64_t tokens_per_step = 0;
+  bool any = false;
+  for (const auto& r : runs) {
+    if (r.recipe != row.recipe) continue;
+    any = true;
+    row.spikes += count_loss_spikes(r.loss);
+    row.grad_norm_excursions += grad_norm_excursions(r);
+    tokens_per_step = r.tokens_per_step;
+    if (r.diverged_at > 0) {
+      ++row.diverged;
+      row.diverged_at.push_back(r.diverged_at);
+    } else {
+      ++row.seeds;
+      fl.push_back(r.final_window_loss);
+      for (const auto& [p, v] : r.heldout) held[p].push_back(v);
+    }
+    for (size_t i = 0; i < r.step.size(); ++i) {
+      if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
+        row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
+      if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
+    }
   }
-  std::vector<RecipeRow> rows;
-  for (const auto& name : names) {
-    RecipeRow row;
-    row.recipe = name;
-    std::vector<double> fl, ms;
-    std::map<std::string, std::vector<double>> held;
-    int64_t tokens_per_step = 0;
-    bool any = false;
-    for (const auto& r : runs) {
-      if (r.recipe != name) continue;
-      any = true;
-      row.spikes += count_loss_spikes(r.loss);
-      row.grad_norm_excursions += grad_norm_excursions(r);
-      tokens_per_step = r.tokens_per_step;
-      if (r.diverged_at > 0) {
-        ++row.diverged;
-        row.diverged_at.push_back(r.diverged_at);
-      } else {
-        ++row.seeds;
-        fl.push_back(r.final_window_loss);
-        for (const auto& [p, v] : r.heldout) held[p].push_back(v);
-      }
-      for (size_t i = 0; i < r.step.size(); ++i) {
-        if (r.step[i] > r.warmup_steps && std::isfinite(r.grad_norm[i]))
-          row.max_grad_norm = std::max(row.max_grad_norm, r.grad_norm[i]);
-        if (r.step[i] > 5 && std::isfinite(r.step_ms[i])) ms.push_back(r.step_ms[i]);
-      }
+  if (!any) return false;
+  row.final_loss = mean_std(fl);
+  if (fl.empty()) row.final_loss.mean = kNaN;
+  for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
+  row.median_step_ms = median(ms);
+  row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
+  row.timed_steps = int(ms.size());
+  if (ms.size() >= 4) row.step_spread = step_spread(ms, row.median_step_ms);
+  for (const auto& r : runs)
+    if (r.recipe == row.recipe && r.busy_machine) ++row.busy_runs;
+  return true;
+}
+
+// The downstream task of the recipe's completed runs on the common items (task_key): per
+// policy, the 0/1 outcomes of every seed, bootstrapped over items.
+void add_task(RecipeRow& row, const std::vector<RunRecord>& runs, const std::string& task_key) {
+  std::map<std::string, std::vector<std::vector<double>>> raw, per_char;
+  for (const auto& r : runs) {
+    if (r.recipe != row.recipe || r.diverged_at > 0 || r.task.empty()) continue;
+    if (r.task + "\n" + r.task_items_hash != task_key) {
+      ++row.task_excluded;
+      continue;
     }
-    if (!any) continue;
-    row.final_loss = mean_std(fl);
-    if (fl.empty()) row.final_loss.mean = kNaN;
-    for (const auto& [p, v] : held) row.heldout[p] = mean_std(v);
-    row.median_step_ms = median(ms);
-    row.tokens_per_s = tokens_per_step * 1e3 / row.median_step_ms;
-    row.timed_steps = int(ms.size());
-    if (ms.size() >= 4) {
-      std::vector<double> q = ms;
-      std::sort(q.begin(), q.end());
-      auto at = [&](double f) {  // linear interpolation between order statistics
-        const double x = f * double(q.size() - 1);
-        const size_t i = size_t(x);
-        return i + 1 < q.size() ? q[i] + (x - double(i)) * (q[i + 1] - q[i]) : q[i];
-      };
-      row.step_spread = (at(0.75) - at(0.25)) / row.median_step_ms;
+    row.task = r.task, row.task_items_hash = r.task_items_hash, row.task_chance = r.task_chance;
+    for (const auto& [p, o] : r.task_results) {
+      if (o.correct.empty()) continue;
+      std::vector<double> a, b;
+      for (char c : o.correct) a.push_back(c == '1');
+      for (char c : o.correct_per_char) b.push_back(c == '1');
+      raw[p].push_back(a), per_char[p].push_back(b);
     }
-    for (const auto& r : runs)
-      if (r.recipe == name && r.busy_machine) ++row.busy_runs;
-    // The downstream task: per policy, the 0/1 outcomes of every seed on the same items.
-    std::map<std::string, std::vector<std::vector<double>>> raw, per_char;
-    for (const auto& r : runs) {
-      if (r.recipe != name || r.diverged_at > 0 || r.task.empty()) continue;
-      if (r.task + "\n" + r.task_items_hash != task_hash) {
-        ++row.task_excluded;
-        continue;
-      }
-      row.task = r.task, row.task_items_hash = r.task_items_hash, row.task_chance = r.task_chance;
-      for (const auto& [p, o] : r.task_results) {
-        if (o.correct.empty()) continue;
-        std::vector<double> a, b;
-        for (char c : o.correct) a.push_back(c == '1');
-        for (char c : o.correct_per_char) b.push_back(c == '1');
-        raw[p].push_back(a), per_char[p].push_back(b);
-      }
-    }
-    for (const auto& [p, v] : raw) {
-      TaskRow t;
-      t.seeds = int(v.size());
-      t.items = int(v[0].size());
-      t.raw = paired_bootstrap(v);
-      t.per_char = paired_bootstrap(per_char[p]);
-      row.task_rows[p] = t;
-    }
-    rows.push_back(row);
   }
-  std::vector<std::string> row_names;
-  for (const auto& r : rows) row_names.push_back(r.recipe);
-  const std::string baseline = baseline_arg.empty() ? default_baseline(row_names) : baseline_arg;
-  // The step-time reference: fp32, or fp32 as changed by --set (its speed is fp32's).
-  const std::string fp32_name = find_baseline(row_names, "fp32");
-  const RecipeRow *base = nullptr, *fp32 = nullptr;
-  for (const auto& r : rows) {
-    if (!baseline.empty() && r.recipe == baseline) base = &r;
-    if (!fp32_name.empty() && r.recipe == fp32_name) fp32 = &r;
+  for (const auto& [p, v] : raw) {
+    TaskRow t;
+    t.seeds = int(v.size());
+    t.items = int(v[0].size());
+    t.raw = paired_bootstrap(v);
+    t.per_char = paired_bootstrap(per_char[p]);
+    row.task_rows[p] = t;
   }
+}
+
+// The columns against the baseline: the final-window loss paired by seed (within one CPU
+// family, as common_seeds) with its t-interval, the held-out NLL's bootstrap over windows
+// under bootstrap_policy, the gap of the means; and the step time over fp32's.
+void add_baseline_columns(std::vector<RecipeRow>& rows, const std::vector<RunRecord>& runs,
+                          const std::string& baseline, const std::string& bootstrap_policy,
+                          const RecipeRow* base, const RecipeRow* fp32) {
   std::map<uint64_t, const RunRecord*> base_run;  // seed → a completed baseline run
   for (const auto& r : runs)
     if (!baseline.empty() && r.recipe == baseline && r.diverged_at == 0) base_run[r.seed] = &r;
@@ -483,7 +515,6 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
     for (const auto& r : runs) {
       if (r.recipe != row.recipe || r.diverged_at != 0 || !base_run.count(r.seed)) continue;
       const RunRecord& b = *base_run[r.seed];
-      // Pairs within one CPU family only (as common_seeds).
       if (!r.cpu.empty() && !b.cpu.empty() && r.cpu != b.cpu) continue;
       d.push_back(r.final_window_loss - b.final_window_loss);
     }
@@ -501,21 +532,55 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
         base ? 100.0 * (r.final_loss.mean - base->final_loss.mean) / base->final_loss.mean : kNaN;
     r.step_ratio_fp32 = fp32 ? r.median_step_ms / fp32->median_step_ms : kNaN;
   }
-  // Marks on timings that should not be read as measurements (a ratio inherits fp32's).
-  auto own_note = [](const RecipeRow& r) {
-    std::string n;
-    auto add = [&](const std::string& x) { n += (n.empty() ? "" : ", ") + x; };
-    if (r.busy_runs > 0) add("busy machine");
-    if (r.timed_steps < 10) add(std::to_string(r.timed_steps) + " step" + (r.timed_steps == 1 ? "" : "s"));
-    if (r.step_spread > 0.5) add(fmt("spread %.0f%%", 100 * r.step_spread));
-    return n;
-  };
-  const std::string fp32_note = fp32 ? own_note(*fp32) : "";
+}
+
+// Why a row's own timing should not be read as a measurement: "busy machine", "N steps",
+// "spread P%", comma-separated; "" when none applies.
+std::string own_timing_note(const RecipeRow& r) {
+  std::string n;
+  auto add = [&](const std::string& x) { n += (n.empty() ? "" : ", ") + x; };
+  if (r.busy_runs > 0) add("busy machine");
+  if (r.timed_steps < 10) add(std::to_string(r.timed_steps) + " step" + (r.timed_steps == 1 ? "" : "s"));
+  if (r.step_spread > 0.5) add(fmt("spread %.0f%%", 100 * r.step_spread));
+  return n;
+}
+
+// Marks on timings that should not be read as measurements (a ratio inherits fp32's).
+void add_timing_notes(std::vector<RecipeRow>& rows, const RecipeRow* fp32) {
+  const std::string fp32_note = fp32 ? own_timing_note(*fp32) : "";
   for (auto& r : rows) {
-    r.timing_note = own_note(r);
+    r.timing_note = own_timing_note(r);
     if (&r != fp32 && !fp32_note.empty() && fp32 && r.recipe != fp32->recipe)
       r.timing_note += (r.timing_note.empty() ? "fp32: " : "; fp32: ") + fp32_note;
   }
+}
+}  // namespace
+
+std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
+                                      const std::vector<std::string>& order,
+                                      const std::string& baseline_arg,
+                                      const std::string& bootstrap_policy) {
+  const std::string task_key = common_task_key(runs);
+  std::vector<RecipeRow> rows;
+  for (const auto& name : recipe_names(runs, order)) {
+    RecipeRow row;
+    row.recipe = name;
+    if (!add_loss_and_timing(row, runs)) continue;
+    add_task(row, runs, task_key);
+    rows.push_back(row);
+  }
+  std::vector<std::string> row_names;
+  for (const auto& r : rows) row_names.push_back(r.recipe);
+  const std::string baseline = baseline_arg.empty() ? default_baseline(row_names) : baseline_arg;
+  // The step-time reference: fp32, or fp32 as changed by --set (its speed is fp32's).
+  const std::string fp32_name = find_baseline(row_names, "fp32");
+  const RecipeRow *base = nullptr, *fp32 = nullptr;
+  for (const auto& r : rows) {
+    if (!baseline.empty() && r.recipe == baseline) base = &r;
+    if (!fp32_name.empty() && r.recipe == fp32_name) fp32 = &r;
+  }
+  add_baseline_columns(rows, runs, baseline, bootstrap_policy, base, fp32);
+  add_timing_notes(rows, fp32);
   return rows;
 }
 
