@@ -1,10 +1,13 @@
-// The minimal-pair tasks (include/fp4/eval/minimal_pairs.h, issue 23 §1): items from the
-// held-out documents, their rows, and their credit under an inference policy.
+// The minimal-pair tasks (include/fp4/eval/minimal_pairs.h; docs/evaluation.md "Minimal pairs:
+// `eval --task minimal-pairs`"): items from the held-out documents, one generator per
+// paradigm, their rows, and their credit under an inference policy.
 #include "fp4/eval/minimal_pairs.h"
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -108,6 +111,38 @@ struct Place {
   int side = 0;   // which word of the pair the original has (drawn equally within a group)
 };
 
+// det-noun flips this ↔ these only: one token each, so the copy has as many tokens as
+// the sentence. (that/those: "that" is also a conjunction, "said that men ..." and "those
+// stand out" are grammatical; each/all: "all year" is.)
+const std::map<std::string_view, std::string_view> kDetFlip = {{"this", "these"},
+                                                               {"these", "this"}};
+// subj-verb: the verbs flipped, the singular ones, the pronouns of known number and the
+// group of each verb's pair (is/are 0, was/were 1, has/have 2).
+const std::map<std::string_view, std::string_view> kVerbFlip = {
+    {"is", "are"}, {"are", "is"}, {"was", "were"}, {"were", "was"}, {"has", "have"}, {"have", "has"}};
+const std::set<std::string_view> kSingVerb = {"is", "was", "has"};
+const std::set<std::string_view> kSingPron = {"he", "she", "it"}, kPlurPron = {"they", "we"};
+const std::map<std::string_view, int> kVerbPair = {
+    {"is", 0}, {"are", 0}, {"was", 1}, {"were", 1}, {"has", 2}, {"have", 2}};
+
+// The noun after a determiner, when it ends the noun phrase: its token (w[j]) is a lower-case
+// word with at most trailing punctuation (*core and *tail), and punctuation, the sentence's
+// end or a function word follows it ("these men had", "each year,"), not a word it could
+// modify ("this original capsule" has no place: "original" is an adjective there).
+bool phrase_noun(const std::vector<std::string>& w, size_t j, std::string* core, std::string* tail) {
+  const std::string& t = w[j];
+  size_t e = t.size();
+  while (e > 0 && is_ascii_punct(t[e - 1])) --e;
+  *core = t.substr(0, e), *tail = t.substr(e);
+  if (!is_lower_word(*core)) return false;
+  if (!tail->empty() || j + 1 == w.size()) return true;
+  const std::string nx = lower(w[j + 1]);
+  size_t b = 0, f = nx.size();
+  while (b < f && is_ascii_punct(nx[b])) ++b;
+  while (f > b && is_ascii_punct(nx[f - 1])) --f;
+  return function_words().count(std::string_view(nx).substr(b, f - b)) > 0;
+}
+
 }  // namespace
 
 std::string plural_of(std::string_view s) {
@@ -136,13 +171,12 @@ std::map<std::string, int64_t> training_word_counts(const CorpusSplit& split) {
   return wc;
 }
 
-std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
-                                                     const MinimalPairOptions& o) {
-  if (o.items < 1 || o.min_words < 2 || o.min_words > o.max_words || o.max_bytes < 1 ||
-      o.cloze_min_count < 1)
-    throw std::invalid_argument("make_minimal_pair_items: options out of range");
-  const std::map<std::string, int64_t> wc = training_word_counts(split);
-  // The held-out sentences of acceptable size.
+namespace {
+
+// The held-out sentences of acceptable size (min_words..max_words words, at most max_bytes
+// bytes joined), in (document, sentence) order; a sentence's index counts every sentence of
+// its document.
+std::vector<Sentence> heldout_sentences(const CorpusSplit& split, const MinimalPairOptions& o) {
   std::vector<Sentence> sents;
   for (size_t d = 0; d < split.heldout_docs.size(); ++d) {
     int index = 0;
@@ -161,243 +195,357 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
       p = e + 1;
     }
   }
-  // Cloze: frequent content words (lower-case in training, at least cloze_min_count times).
-  auto content = [&](const std::string& w) {
+  return sents;
+}
+
+// The cloze words: frequent content words (lower-case in training, at least cloze_min_count
+// times, not function words), ranked by (count, word) within each length class.
+class ClozeWords {
+ public:
+  ClozeWords(const std::map<std::string, int64_t>& wc, int min_count) : wc_(wc), min_count_(min_count) {
+    std::vector<std::pair<int64_t, std::string>> by_count;  // content words by (count, word)
+    for (const auto& [w, n] : wc)
+      if (content(w)) by_count.push_back({n, w});
+    std::sort(by_count.begin(), by_count.end());
+    // Per target length L: the content words of length L − 1 .. L + 1 in (count, word)
+    // order, and each one's rank there.
+    for (const auto& c : by_count) {
+      const size_t L = c.second.size();
+      if (by_len_.count(L)) continue;
+      auto& v = by_len_[L];
+      for (const auto& d : by_count)
+        if (d.second.size() + 1 >= L && d.second.size() <= L + 1) v.push_back(d);
+      for (size_t k = 0; k < v.size(); ++k) rank_in_len_[L][v[k].second] = k;
+    }
+  }
+  bool content(const std::string& w) const {
     if (!is_lower_word(w) || w.size() < 3 || function_words().count(w)) return false;
-    auto it = wc.find(w);
-    return it != wc.end() && it->second >= o.cloze_min_count;
-  };
-  std::vector<std::pair<int64_t, std::string>> by_count;  // content words by (count, word)
-  for (const auto& [w, n] : wc)
-    if (content(w)) by_count.push_back({n, w});
-  std::sort(by_count.begin(), by_count.end());
-  // Per target length L: the content words of length L − 1 .. L + 1 in (count, word) order,
-  // and each one's rank there.
-  std::map<size_t, std::vector<std::pair<int64_t, std::string>>> by_len;
-  std::map<size_t, std::map<std::string, size_t>> rank_in_len;
-  for (const auto& c : by_count) {
-    const size_t L = c.second.size();
-    if (by_len.count(L)) continue;
-    auto& v = by_len[L];
-    for (const auto& d : by_count)
-      if (d.second.size() + 1 >= L && d.second.size() <= L + 1) v.push_back(d);
-    for (size_t k = 0; k < v.size(); ++k) rank_in_len[L][v[k].second] = k;
+    auto it = wc_.find(w);
+    return it != wc_.end() && it->second >= min_count_;
+  }
+  // The length class of a target of w's length: content words within one letter of it.
+  const std::vector<std::pair<int64_t, std::string>>& ranked(const std::string& w) const {
+    return by_len_.at(w.size());
   }
   // [first, last): the ranks of the words of w's length class with w's count.
-  auto same_count_range = [&](const std::string& w) {
-    const auto& v = by_len.at(w.size());
-    const int64_t n = wc.at(w);
-    size_t a = rank_in_len.at(w.size()).at(w), b = a + 1;
+  std::pair<size_t, size_t> same_count_range(const std::string& w) const {
+    const auto& v = ranked(w);
+    const int64_t n = wc_.at(w);
+    size_t a = rank_in_len_.at(w.size()).at(w), b = a + 1;
     while (a > 0 && v[a - 1].first == n) --a;
     while (b < v.size() && v[b].first == n) ++b;
-    return std::pair<size_t, size_t>{a, b};
-  };
+    return {a, b};
+  }
   // A cloze target needs kClozeNeighbours words of a smaller count and as many of a larger
   // one in its length class (distractors never tie with it in count).
-  auto cloze_target = [&](const std::string& w) {
+  bool target(const std::string& w) const {
     if (!content(w)) return false;
     const auto [a, b] = same_count_range(w);
-    return a >= kClozeNeighbours && b + kClozeNeighbours <= by_len.at(w.size()).size();
-  };
+    return a >= kClozeNeighbours && b + kClozeNeighbours <= ranked(w).size();
+  }
 
-  // det-noun flips this ↔ these only: one token each, so the copy has as many tokens as
-  // the sentence. (that/those: "that" is also a conjunction, "said that men ..." and "those
-  // stand out" are grammatical; each/all: "all year" is.)
-  static const std::map<std::string_view, std::string_view> kDetFlip = {{"this", "these"},
-                                                                        {"these", "this"}};
-  // The noun after a determiner, when it ends the noun phrase: its token is a lower-case word
-  // with at most trailing punctuation, and punctuation, the sentence's end or a function word
-  // follows it ("these men had", "each year,"), not a word it could modify ("this original
-  // capsule" has no place: "original" is an adjective there).
-  auto phrase_noun = [&](const std::vector<std::string>& w, size_t j, std::string* core,
-                         std::string* tail) {
-    const std::string& t = w[j];
-    size_t e = t.size();
-    while (e > 0 && is_ascii_punct(t[e - 1])) --e;
-    *core = t.substr(0, e), *tail = t.substr(e);
-    if (!is_lower_word(*core)) return false;
-    if (!tail->empty() || j + 1 == w.size()) return true;
-    const std::string nx = lower(w[j + 1]);
-    size_t b = 0, f = nx.size();
-    while (b < f && is_ascii_punct(nx[b])) ++b;
-    while (f > b && is_ascii_punct(nx[f - 1])) --f;
-    return function_words().count(std::string_view(nx).substr(b, f - b)) > 0;
-  };
-  static const std::map<std::string_view, std::string_view> kVerbFlip = {
-      {"is", "are"}, {"are", "is"}, {"was", "were"}, {"were", "was"}, {"has", "have"}, {"have", "has"}};
-  static const std::set<std::string_view> kSingVerb = {"is", "was", "has"};
-  static const std::set<std::string_view> kSingPron = {"he", "she", "it"}, kPlurPron = {"they", "we"};
+ private:
+  const std::map<std::string, int64_t>& wc_;
+  int min_count_;
+  std::map<size_t, std::vector<std::pair<int64_t, std::string>>> by_len_;
+  std::map<size_t, std::map<std::string, size_t>> rank_in_len_;
+};
 
+// What every paradigm's generator reads (the training word counts, the held-out sentences,
+// the cloze words) and the one splitmix64 draw stream of the whole item set.
+struct ItemSource {
+  ItemSource(const CorpusSplit& s, const MinimalPairOptions& opt)
+      : split(s), o(opt), wc(training_word_counts(s)), sents(heldout_sentences(s, opt)),
+        cloze(wc, opt.cloze_min_count) {}
+  const CorpusSplit& split;
+  const MinimalPairOptions& o;
+  const std::map<std::string, int64_t> wc;
+  const std::vector<Sentence> sents;
+  const ClozeWords cloze;
   uint64_t draw = 0;
-  auto uniform = [&](uint64_t n) { return splitmix64(o.seed, draw++) % n; };
-  std::vector<MinimalPairItem> items;
-  for (const std::string_view paradigm : kMinimalPairParadigms) {
-    std::vector<Place> places;
-    for (size_t si = 0; si < sents.size(); ++si) {
-      const auto& w = sents[si].words;
-      const int n = int(w.size());
-      if (paradigm == "shuffle") {
-        if (std::set<std::string>(w.begin(), w.end()).size() >= 2) places.push_back({si, 0});
+
+  ItemSource(const ItemSource&) = delete;
+  ItemSource& operator=(const ItemSource&) = delete;
+  uint64_t uniform(uint64_t n) { return splitmix64(o.seed, draw++) % n; }
+  // An item of `paradigm` at place p, its first choice the original sentence.
+  MinimalPairItem item(std::string_view paradigm, const Place& p) const {
+    const Sentence& s = sents[p.sent];
+    MinimalPairItem it;
+    it.paradigm = std::string(paradigm);
+    it.doc = split.heldout_names[s.doc];
+    it.sentence = s.index;
+    it.choices.push_back(join(s.words));
+    return it;
+  }
+};
+
+// Every place in (sentence, position) order where at(words, i, &place) holds; `at` sets the
+// place's group and side.
+template <class At>
+std::vector<Place> places_where(const ItemSource& src, At at) {
+  std::vector<Place> places;
+  for (size_t si = 0; si < src.sents.size(); ++si) {
+    const auto& w = src.sents[si].words;
+    for (int i = 0; i < int(w.size()); ++i) {
+      Place p{si, i};
+      if (at(w, size_t(i), &p)) places.push_back(p);
+    }
+  }
+  return places;
+}
+
+// The places an item is made at, in (sentence, position) order: the places shuffled, then
+// round robin over the groups; within a group, alternately a place of each of `sides` sides
+// (the original's word of the pair), in shuffled order, one place per sentence; a group
+// closes when the side whose turn it is has no place left, so its sides differ by at most
+// one item and a model that knows only which word of a pair is more frequent ("was" over
+// "were", "a" over "an") scores chance on it.
+std::vector<Place> choose_places(ItemSource& src, std::string_view paradigm,
+                                 std::vector<Place> places, int sides) {
+  if (places.empty())
+    throw UserError("minimal-pairs: the held-out split has no place for the " +
+                    std::string(paradigm) + " paradigm (too small a corpus, or not English "
+                    "text; the task file's min_words, max_words, max_bytes and, for cloze, "
+                    "cloze_min_count say where it may look)");
+  for (size_t i = places.size(); i > 1; --i) std::swap(places[i - 1], places[src.uniform(i)]);
+  int groups = 1;
+  for (const Place& p : places) groups = std::max(groups, p.group + 1);
+  const std::vector<std::vector<Place>> one_group(static_cast<size_t>(sides));
+  std::vector<std::vector<std::vector<Place>>> by(static_cast<size_t>(groups), one_group);
+  for (const Place& p : places) by[size_t(p.group)][size_t(p.side)].push_back(p);
+  const std::vector<size_t> zeros(static_cast<size_t>(sides), 0);
+  std::vector<std::vector<size_t>> next(static_cast<size_t>(groups), zeros);
+  std::vector<int> turn(size_t(groups), 0);
+  std::vector<bool> closed(size_t(groups), false);
+  std::vector<Place> chosen;
+  std::set<size_t> used;
+  for (bool any = true; any && int(chosen.size()) < src.o.items;) {
+    any = false;
+    for (int g = 0; g < groups && int(chosen.size()) < src.o.items; ++g) {
+      if (closed[size_t(g)]) continue;
+      const int sd = turn[size_t(g)];
+      auto& q = by[size_t(g)][size_t(sd)];
+      size_t& j = next[size_t(g)][size_t(sd)];
+      while (j < q.size() && used.count(q[j].sent)) ++j;
+      if (j == q.size()) {
+        closed[size_t(g)] = true;
         continue;
       }
-      for (int i = 0; i < n; ++i) {
-        const std::string lw = lower(w[size_t(i)]);
-        const bool next = i + 1 < n;
-        bool ok = false;
-        if (paradigm == "swap") {
-          ok = next && is_lower_word(w[size_t(i)]) && is_lower_word(w[size_t(i) + 1]) &&
-               w[size_t(i)] != w[size_t(i) + 1];
-        } else if (paradigm == "det-noun") {
-          std::string nn, tail;
-          if (next && is_letter_word(w[size_t(i)]) && kDetFlip.count(lw) &&
-              phrase_noun(w, size_t(i) + 1, &nn, &tail)) {
-            // The original agrees: "this" before a noun whose plural is listed, "these"
-            // before a noun whose singular is.
-            const bool sing = lw == "this";
-            if (sing ? !plural_in(nn, wc).empty() : !singular_in(nn, wc).empty())
-              places.push_back({si, i, 0, sing ? 0 : 1});
-          }
-        } else if (paradigm == "a-an") {
-          // The article agrees with the next word's first sound: only its first letter
-          // matters here (punctuation after it is kept).
-          if (next && (lw == "a" || lw == "an") && w[size_t(i) + 1][0] >= 'a' &&
-              w[size_t(i) + 1][0] <= 'z')
-            places.push_back({si, i, 0, lw == "a" ? 0 : 1});
-        } else if (paradigm == "subj-verb") {
-          if (next && is_letter_word(w[size_t(i)]) && kVerbFlip.count(w[size_t(i) + 1])) {
-            const bool sing_verb = kSingVerb.count(w[size_t(i) + 1]) > 0;
-            int number = 0;  // +1 singular subject, -1 plural, 0 unknown
-            if (kSingPron.count(lw)) number = 1;
-            else if (kPlurPron.count(lw)) number = -1;
-            else if (is_lower_word(w[size_t(i)])) {
-              if (!plural_in(w[size_t(i)], wc).empty()) number = 1;
-              else if (!singular_in(w[size_t(i)], wc).empty()) number = -1;
-            }
-            static const std::map<std::string_view, int> kPair = {
-                {"is", 0}, {"are", 0}, {"was", 1}, {"were", 1}, {"has", 2}, {"have", 2}};
-            if (number != 0 && (number == 1) == sing_verb)
-              places.push_back({si, i, kPair.at(w[size_t(i) + 1]), sing_verb ? 0 : 1});
-          }
-        } else if (paradigm == "cloze") {
-          ok = i > 0 && cloze_target(w[size_t(i)]);
-        }
-        if (ok) places.push_back({si, i});
-      }
+      used.insert(q[j].sent);
+      chosen.push_back(q[j++]);
+      turn[size_t(g)] = (sd + 1) % sides;
+      any = true;
     }
-    if (places.empty())
-      throw UserError("minimal-pairs: the held-out split has no place for the " +
-                      std::string(paradigm) + " paradigm (too small a corpus, or not English "
-                      "text; the task file's min_words, max_words, max_bytes and, for cloze, "
-                      "cloze_min_count say where it may look)");
-    for (size_t i = places.size(); i > 1; --i) std::swap(places[i - 1], places[uniform(i)]);
-    // Round robin over the groups; within a group, alternately a place of each side (the
-    // original's word of the pair), in shuffled order, one place per sentence; a group
-    // closes when the side whose turn it is has no place left, so its sides differ by at most
-    // one item and a model that knows only which word of a pair is more frequent ("was" over
-    // "were", "a" over "an") scores chance on it.
-    const int sides = (paradigm == "det-noun" || paradigm == "a-an" || paradigm == "subj-verb") ? 2 : 1;
-    int groups = 1;
-    for (const Place& p : places) groups = std::max(groups, p.group + 1);
-    const std::vector<std::vector<Place>> one_group(static_cast<size_t>(sides));
-    std::vector<std::vector<std::vector<Place>>> by(static_cast<size_t>(groups), one_group);
-    for (const Place& p : places) by[size_t(p.group)][size_t(p.side)].push_back(p);
-    const std::vector<size_t> zeros(static_cast<size_t>(sides), 0);
-    std::vector<std::vector<size_t>> next(static_cast<size_t>(groups), zeros);
-    std::vector<int> turn(size_t(groups), 0);
-    std::vector<bool> closed(size_t(groups), false);
-    std::vector<Place> chosen;
-    std::set<size_t> used;
-    for (bool any = true; any && int(chosen.size()) < o.items;) {
-      any = false;
-      for (int g = 0; g < groups && int(chosen.size()) < o.items; ++g) {
-        if (closed[size_t(g)]) continue;
-        const int sd = turn[size_t(g)];
-        auto& q = by[size_t(g)][size_t(sd)];
-        size_t& j = next[size_t(g)][size_t(sd)];
-        while (j < q.size() && used.count(q[j].sent)) ++j;
-        if (j == q.size()) {
-          closed[size_t(g)] = true;
-          continue;
-        }
-        used.insert(q[j].sent);
-        chosen.push_back(q[j++]);
-        turn[size_t(g)] = (sd + 1) % sides;
-        any = true;
-      }
+  }
+  if (chosen.empty())
+    throw UserError("minimal-pairs: the held-out split has no place for one form of the " +
+                    std::string(paradigm) + " paradigm (too small a corpus; the task file's "
+                    "min_words, max_words and max_bytes say which sentences are used)");
+  std::sort(chosen.begin(), chosen.end(), [](const Place& a, const Place& b) {
+    return a.sent != b.sent ? a.sent < b.sent : a.pos < b.pos;
+  });
+  return chosen;
+}
+
+// The item at p whose altered copy is w, described by `change`.
+MinimalPairItem altered_item(const ItemSource& src, std::string_view paradigm, const Place& p,
+                             const std::vector<std::string>& w, std::string change) {
+  MinimalPairItem it = src.item(paradigm, p);
+  it.change = std::move(change);
+  it.choices.push_back(join(w));
+  return it;
+}
+
+// swap: two adjacent different lower-case words exchanged.
+std::vector<MinimalPairItem> swap_items(ItemSource& src) {
+  const std::vector<Place> places = places_where(src, [](const auto& w, size_t i, Place*) {
+    return i + 1 < w.size() && is_lower_word(w[i]) && is_lower_word(w[i + 1]) && w[i] != w[i + 1];
+  });
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "swap", places, 1)) {
+    std::vector<std::string> w = src.sents[p.sent].words;
+    const size_t i = size_t(p.pos);
+    std::swap(w[i], w[i + 1]);
+    items.push_back(altered_item(src, "swap", p, w,
+                                 "swap " + std::to_string(i) + "," + std::to_string(i + 1)));
+  }
+  return items;
+}
+
+// shuffle: a uniform permutation of a sentence of at least two different words that changes
+// the text (redrawn until it does).
+std::vector<MinimalPairItem> shuffle_items(ItemSource& src) {
+  std::vector<Place> places;
+  for (size_t si = 0; si < src.sents.size(); ++si) {
+    const auto& w = src.sents[si].words;
+    if (std::set<std::string>(w.begin(), w.end()).size() >= 2) places.push_back({si, 0});
+  }
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "shuffle", places, 1)) {
+    const std::vector<std::string>& s = src.sents[p.sent].words;
+    std::vector<std::string> w;
+    do {
+      w = s;
+      for (size_t k = w.size(); k > 1; --k) std::swap(w[k - 1], w[src.uniform(k)]);
+    } while (w == s);
+    items.push_back(altered_item(src, "shuffle", p, w, "shuffle"));
+  }
+  return items;
+}
+
+// det-noun: this ↔ these before a noun that ends the noun phrase, where the original agrees
+// ("this" before a noun whose plural is listed, "these" before one whose singular is); the
+// two sides are "this" and "these".
+std::vector<MinimalPairItem> det_noun_items(ItemSource& src) {
+  const std::vector<Place> places = places_where(src, [&](const auto& w, size_t i, Place* p) {
+    const std::string lw = lower(w[i]);
+    std::string nn, tail;
+    if (!(i + 1 < w.size() && is_letter_word(w[i]) && kDetFlip.count(lw) &&
+          phrase_noun(w, i + 1, &nn, &tail)))
+      return false;
+    const bool sing = lw == "this";
+    p->side = sing ? 0 : 1;
+    return sing ? !plural_in(nn, src.wc).empty() : !singular_in(nn, src.wc).empty();
+  });
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "det-noun", places, 2)) {
+    std::vector<std::string> w = src.sents[p.sent].words;
+    const size_t i = size_t(p.pos);
+    std::string f(kDetFlip.at(lower(w[i])));
+    if (w[i][0] >= 'A' && w[i][0] <= 'Z') f[0] = char(f[0] - 'a' + 'A');
+    std::string change = w[i] + " -> " + f;
+    w[i] = f;
+    items.push_back(altered_item(src, "det-noun", p, w, std::move(change)));
+  }
+  return items;
+}
+
+// a-an: the article flipped before a word that starts with a lower-case letter (only its
+// first letter matters; punctuation after it is kept); the two sides are "a" and "an".
+std::vector<MinimalPairItem> a_an_items(ItemSource& src) {
+  const std::vector<Place> places = places_where(src, [](const auto& w, size_t i, Place* p) {
+    const std::string lw = lower(w[i]);
+    p->side = lw == "a" ? 0 : 1;
+    return i + 1 < w.size() && (lw == "a" || lw == "an") && w[i + 1][0] >= 'a' && w[i + 1][0] <= 'z';
+  });
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "a-an", places, 2)) {
+    std::vector<std::string> w = src.sents[p.sent].words;
+    const size_t i = size_t(p.pos);
+    std::string f = lower(w[i]) == "a" ? "an" : "a";
+    if (w[i][0] == 'A') f[0] = 'A';
+    std::string change = w[i] + " -> " + f;
+    w[i] = f;
+    items.push_back(altered_item(src, "a-an", p, w, std::move(change)));
+  }
+  return items;
+}
+
+// The number of a subject word: +1 singular (he, she, it; a noun whose plural is listed),
+// -1 plural (they, we; a noun whose singular is), 0 unknown.
+int subject_number(const std::string& word, const std::map<std::string, int64_t>& wc) {
+  const std::string lw = lower(word);
+  if (kSingPron.count(lw)) return 1;
+  if (kPlurPron.count(lw)) return -1;
+  if (is_lower_word(word)) {
+    if (!plural_in(word, wc).empty()) return 1;
+    if (!singular_in(word, wc).empty()) return -1;
+  }
+  return 0;
+}
+
+// subj-verb: is/are, was/were, has/have flipped after a subject of known number that agrees
+// with it; the groups are the three pairs, the sides their singular and plural verb.
+std::vector<MinimalPairItem> subj_verb_items(ItemSource& src) {
+  const std::vector<Place> places = places_where(src, [&](const auto& w, size_t i, Place* p) {
+    if (!(i + 1 < w.size() && is_letter_word(w[i]) && kVerbFlip.count(w[i + 1]))) return false;
+    const bool sing_verb = kSingVerb.count(w[i + 1]) > 0;
+    const int number = subject_number(w[i], src.wc);
+    p->group = kVerbPair.at(w[i + 1]);
+    p->side = sing_verb ? 0 : 1;
+    return number != 0 && (number == 1) == sing_verb;
+  });
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "subj-verb", places, 2)) {
+    std::vector<std::string> w = src.sents[p.sent].words;
+    const size_t i = size_t(p.pos);
+    const std::string other(kVerbFlip.at(w[i + 1]));
+    std::string change = w[i + 1] + " -> " + other;
+    w[i + 1] = other;
+    items.push_back(altered_item(src, "subj-verb", p, w, std::move(change)));
+  }
+  return items;
+}
+
+// n of the kClozeNeighbours ranks nearest the target's count class [first, last), below
+// it or above it, drawn without replacement; their words are appended to pick.
+void draw_neighbours(ItemSource& src, const std::vector<std::pair<int64_t, std::string>>& ranked,
+                     std::pair<size_t, size_t> range, size_t n, bool below,
+                     std::vector<const std::string*>* pick) {
+  const auto [first, last] = range;
+  std::vector<size_t> pool;  // the kClozeNeighbours nearest with a smaller / larger count
+  for (size_t k = 1; k <= kClozeNeighbours; ++k) pool.push_back(below ? first - k : last + k - 1);
+  for (size_t k = 0; k < n; ++k) {
+    std::swap(pool[k], pool[k + size_t(src.uniform(pool.size() - k))]);
+    pick->push_back(&ranked[pool[k]].second);
+  }
+}
+
+// The 3 cloze distractors of `target`: among the content words within one letter of the
+// target's length (BPE token counts follow length, and an untrained model prefers fewer
+// tokens), ranked by (count, word): r of the kClozeNeighbours just below the target's count
+// and 3 − r of those just above it (never the same count), r uniform in 0..3, so the target
+// is the most frequent of the four with probability 1/4 and a model that knows only
+// frequency scores chance.
+std::vector<const std::string*> cloze_distractors(ItemSource& src, const std::string& target) {
+  const auto& ranked = src.cloze.ranked(target);
+  const std::pair<size_t, size_t> range = src.cloze.same_count_range(target);
+  const size_t r = size_t(src.uniform(4));
+  std::vector<const std::string*> pick;
+  draw_neighbours(src, ranked, range, r, /*below=*/true, &pick);
+  draw_neighbours(src, ranked, range, 3 - r, /*below=*/false, &pick);
+  return pick;
+}
+
+// cloze: a content word (not the sentence's first) against 3 words of about its frequency
+// and length; 4 choices.
+std::vector<MinimalPairItem> cloze_items(ItemSource& src) {
+  const std::vector<Place> places = places_where(src, [&](const auto& w, size_t i, Place*) {
+    return i > 0 && src.cloze.target(w[i]);
+  });
+  std::vector<MinimalPairItem> items;
+  for (const Place& p : choose_places(src, "cloze", places, 1)) {
+    const std::vector<std::string>& s = src.sents[p.sent].words;
+    const size_t i = size_t(p.pos);
+    MinimalPairItem it = src.item("cloze", p);
+    it.change = s[i] + " ->";
+    for (const std::string* d : cloze_distractors(src, s[i])) {
+      std::vector<std::string> v = s;
+      v[i] = *d;
+      it.choices.push_back(join(v));
+      it.change += " " + *d;
     }
-    if (chosen.empty())
-      throw UserError("minimal-pairs: the held-out split has no place for one form of the " +
-                      std::string(paradigm) + " paradigm (too small a corpus; the task file's "
-                      "min_words, max_words and max_bytes say which sentences are used)");
-    std::sort(chosen.begin(), chosen.end(), [](const Place& a, const Place& b) {
-      return a.sent != b.sent ? a.sent < b.sent : a.pos < b.pos;
-    });
-    for (const Place& p : chosen) {
-      const Sentence& s = sents[p.sent];
-      const size_t i = size_t(p.pos);
-      MinimalPairItem it;
-      it.paradigm = std::string(paradigm);
-      it.doc = split.heldout_names[s.doc];
-      it.sentence = s.index;
-      it.choices.push_back(join(s.words));
-      std::vector<std::string> w = s.words;
-      if (paradigm == "swap") {
-        std::swap(w[i], w[i + 1]);
-        it.change = "swap " + std::to_string(i) + "," + std::to_string(i + 1);
-      } else if (paradigm == "shuffle") {
-        // A uniform permutation that changes the text (redrawn until it does).
-        do {
-          w = s.words;
-          for (size_t k = w.size(); k > 1; --k) std::swap(w[k - 1], w[uniform(k)]);
-        } while (w == s.words);
-        it.change = "shuffle";
-      } else if (paradigm == "det-noun") {
-        std::string f(kDetFlip.at(lower(w[i])));
-        if (w[i][0] >= 'A' && w[i][0] <= 'Z') f[0] = char(f[0] - 'a' + 'A');
-        it.change = w[i] + " -> " + f;
-        w[i] = f;
-      } else if (paradigm == "a-an") {
-        const std::string flip = lower(w[i]) == "a" ? "an" : "a";
-        std::string f = flip;
-        if (w[i][0] == 'A') f[0] = 'A';
-        it.change = w[i] + " -> " + f;
-        w[i] = f;
-      } else if (paradigm == "subj-verb") {
-        const std::string other(kVerbFlip.at(w[i + 1]));
-        it.change = w[i + 1] + " -> " + other;
-        w[i + 1] = other;
-      } else {  // cloze: 3 frequency-rank neighbours, the target's rank among the 4 uniform
-        // Among the content words within one letter of the target's length (BPE token counts
-        // follow length, and an untrained model prefers fewer tokens), ranked by (count, word):
-        // r of the kClozeNeighbours just below the target's count and 3 − r of those just
-        // above it (never the same count), r uniform in 0..3, so the target is the most
-        // frequent of the four with probability 1/4 and a model that knows only frequency
-        // scores chance.
-        const auto& ranked = by_len.at(w[i].size());
-        const auto [first, last] = same_count_range(w[i]);
-        const size_t r = size_t(uniform(4));
-        std::vector<const std::string*> pick;
-        auto draw_side = [&](size_t n, bool below) {
-          std::vector<size_t> pool;  // the kClozeNeighbours nearest with a smaller / larger count
-          for (size_t k = 1; k <= kClozeNeighbours; ++k) pool.push_back(below ? first - k : last + k - 1);
-          for (size_t k = 0; k < n; ++k) {
-            std::swap(pool[k], pool[k + size_t(uniform(pool.size() - k))]);
-            pick.push_back(&ranked[pool[k]].second);
-          }
-        };
-        draw_side(r, true);
-        draw_side(3 - r, false);
-        it.change = w[i] + " ->";
-        for (const std::string* d : pick) {
-          std::vector<std::string> v = s.words;
-          v[i] = *d;
-          it.choices.push_back(join(v));
-          it.change += " " + *d;
-        }
-      }
-      if (paradigm != "cloze") it.choices.push_back(join(w));
-      items.push_back(std::move(it));
-    }
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+}  // namespace
+
+std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
+                                                     const MinimalPairOptions& o) {
+  if (o.items < 1 || o.min_words < 2 || o.min_words > o.max_words || o.max_bytes < 1 ||
+      o.cloze_min_count < 1)
+    throw std::invalid_argument("make_minimal_pair_items: options out of range");
+  using Generator = std::vector<MinimalPairItem> (*)(ItemSource&);
+  static const std::map<std::string_view, Generator> kGenerators = {
+      {"swap", swap_items},  {"shuffle", shuffle_items},     {"det-noun", det_noun_items},
+      {"a-an", a_an_items},  {"subj-verb", subj_verb_items}, {"cloze", cloze_items}};
+  ItemSource src(split, o);
+  std::vector<MinimalPairItem> items;
+  for (const std::string_view paradigm : kMinimalPairParadigms) {
+    std::vector<MinimalPairItem> more = kGenerators.at(paradigm)(src);
+    items.insert(items.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
   return items;
 }
