@@ -45,7 +45,9 @@ struct QuantOptions {
 };
 
 
-void run_quant(const QuantOptions& o, bool reference_given) {
+// The quantization spec of the options. Throws fp4::UserError naming the option that is
+// malformed, out of range or does not fit the others.
+BlockQuantSpec quant_spec(const QuantOptions& o, bool reference_given) {
   BlockQuantSpec spec;
   try {
     set_scale_format(spec, o.scale_format);
@@ -79,53 +81,49 @@ void run_quant(const QuantOptions& o, bool reference_given) {
       (!(o.reference >= 0.0) || std::isinf(o.reference) || o.reference > FLT_MAX)) {
     throw UserError("--reference must be finite and >= 0, got " + num(o.reference));
   }
+  return spec;
+}
 
-  Matrix m;
-  if (o.file == "-") {
-    m = read_matrix(std::cin, "<stdin>");
-  } else {
-    std::ifstream f(o.file);
-    if (!f) throw UserError("cannot open input file '" + o.file + "'");
-    m = read_matrix(f, o.file);
-  }
+// The input matrix: stdin for "-", else the file. Throws fp4::UserError (unreadable file,
+// malformed text: matrix_text.h).
+Matrix read_input(const std::string& file) {
+  if (file == "-") return read_matrix(std::cin, "<stdin>");
+  std::ifstream f(file);
+  if (!f) throw UserError("cannot open input file '" + file + "'");
+  return read_matrix(f, file);
+}
 
-  const float g = reference_given ? static_cast<float>(o.reference)
-                                  : tensor_amax(m.data.data(), static_cast<int64_t>(m.data.size()));
+// The SR key of the command: seed `seed`, step 1, layer 0, operand 2 (dY), GEMM 0.
+SrKey quant_key(uint64_t seed) {
   SrKey key;
-  key.seed = o.seed;
+  key.seed = seed;
   key.step = 1;
   key.layer = 0;
   key.operand = 2;
   key.gemm = 0;
-  QuantizedTensor q;
-  std::vector<float> deq(m.data.size());
-  try {
-    q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
-    dequantize(q, deq.data());
-    // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "Edge: overflow").
-    check_dequantized_finite("quant", q, m.data.data(), deq.data());
-  } catch (const std::invalid_argument& e) {
-    throw UserError(e.what());
-  }
-  if (!o.save.empty()) {
-    // The packed file comes from quantize_pack_fast (the fused SIMD quantizer; MXFP4 through
-    // the scalar composition), bit-identical to packing q.
-    if (!quant_fast_supports(spec)) {
-      throw UserError("--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
-                      "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
-                      "mx-ocp); got element " + spec.element.name() +
-                      ", scale " + spec_scale_format(spec).name + ", rule " +
-                      scale_rule_name(spec.scale_rule));
-    }
-    std::map<std::string, std::string> facts = {{"source", "fp4train quant"},
-                                                {"rounding", o.rounding}};
-    if (spec.rounding == Rounding::SR8) facts["seed"] = std::to_string(o.seed);
-    save_safetensors(quantize_pack_fast(m.data.data(), m.rows, m.cols, spec, g, &key, facts), o.save);
-  }
+  return key;
+}
 
-  nlohmann::ordered_json out;
-  out["rows"] = m.rows;
-  out["cols"] = m.cols;
+// --save: the packed QTensor of m, from quantize_pack_fast (the fused SIMD quantizer; MXFP4
+// through the scalar composition), bit-identical to packing the scalar quantization.
+void save_packed(const QuantOptions& o, const BlockQuantSpec& spec, const Matrix& m, float g,
+                 const SrKey& key) {
+  if (!quant_fast_supports(spec)) {
+    throw UserError("--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
+                    "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
+                    "mx-ocp); got element " + spec.element.name() +
+                    ", scale " + spec_scale_format(spec).name + ", rule " +
+                    scale_rule_name(spec.scale_rule));
+  }
+  std::map<std::string, std::string> facts = {{"source", "fp4train quant"},
+                                              {"rounding", o.rounding}};
+  if (spec.rounding == Rounding::SR8) facts["seed"] = std::to_string(o.seed);
+  save_safetensors(quantize_pack_fast(m.data.data(), m.rows, m.cols, spec, g, &key, facts), o.save);
+}
+
+// The "spec" object of the output: the quantization as applied (and the SR key under sr8).
+nlohmann::ordered_json spec_json(const QuantOptions& o, const BlockQuantSpec& spec,
+                                 const SrKey& key) {
   nlohmann::ordered_json js;
   js["element_format"] = spec.element.name();
   js["scale_format"] = spec_scale_format(spec).name;
@@ -139,13 +137,12 @@ void run_quant(const QuantOptions& o, bool reference_given) {
     js["sr_key"] = {{"step", key.step}, {"layer", key.layer}, {"operand", key.operand},
                     {"gemm", key.gemm}};
   }
-  out["spec"] = js;
-  out["g"] = q.g;
-  out["reference_given"] = reference_given;
-  out["ge"] = q.ge;
-  out["gd"] = q.gd;
-  out["block_rows"] = q.block_rows;
-  out["block_cols"] = q.block_cols;
+  return js;
+}
+
+// The "blocks" array: per block (block-grid order) its indices, element origin, amax, scale
+// code, scale and decode scale.
+nlohmann::ordered_json blocks_json(const QuantizedTensor& q, const BlockQuantSpec& spec) {
   nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
   for (int64_t br = 0; br < q.block_rows; ++br) {
     for (int64_t bc = 0; bc < q.block_cols; ++bc) {
@@ -162,7 +159,12 @@ void run_quant(const QuantOptions& o, bool reference_given) {
       blocks.push_back(jb);
     }
   }
-  out["blocks"] = blocks;
+  return blocks;
+}
+
+// The "elements" array: per row, the element codes and their dequantized values.
+nlohmann::ordered_json elements_json(const QuantizedTensor& q, const Matrix& m,
+                                     const std::vector<float>& deq) {
   nlohmann::ordered_json elems = nlohmann::ordered_json::array();
   for (int64_t r = 0; r < m.rows; ++r) {
     nlohmann::ordered_json codes = nlohmann::ordered_json::array();
@@ -173,7 +175,39 @@ void run_quant(const QuantOptions& o, bool reference_given) {
     }
     elems.push_back({{"codes", codes}, {"values", values}});
   }
-  out["elements"] = elems;
+  return elems;
+}
+
+void run_quant(const QuantOptions& o, bool reference_given) {
+  const BlockQuantSpec spec = quant_spec(o, reference_given);
+  const Matrix m = read_input(o.file);
+  const float g = reference_given ? static_cast<float>(o.reference)
+                                  : tensor_amax(m.data.data(), static_cast<int64_t>(m.data.size()));
+  const SrKey key = quant_key(o.seed);
+  QuantizedTensor q;
+  std::vector<float> deq(m.data.size());
+  try {
+    q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
+    dequantize(q, deq.data());
+    // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "Edge: overflow").
+    check_dequantized_finite("quant", q, m.data.data(), deq.data());
+  } catch (const std::invalid_argument& e) {
+    throw UserError(e.what());
+  }
+  if (!o.save.empty()) save_packed(o, spec, m, g, key);
+
+  nlohmann::ordered_json out;
+  out["rows"] = m.rows;
+  out["cols"] = m.cols;
+  out["spec"] = spec_json(o, spec, key);
+  out["g"] = q.g;
+  out["reference_given"] = reference_given;
+  out["ge"] = q.ge;
+  out["gd"] = q.gd;
+  out["block_rows"] = q.block_rows;
+  out["block_cols"] = q.block_cols;
+  out["blocks"] = blocks_json(q, spec);
+  out["elements"] = elements_json(q, m, deq);
   if (!o.save.empty()) out["saved"] = o.save;
   std::cout << out.dump(2) << "\n";
 }
