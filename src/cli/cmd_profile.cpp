@@ -1,8 +1,9 @@
-// `fp4train profile`: where the time of a training step goes (issue 5 §1).
+// `fp4train profile`: where the time of a training step goes (docs/performance.md "Where the
+// time goes: `fp4train profile`"). The options and the printing; the steps run in the train
+// room (fp4/train/profile_run.h).
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
+#include "fp4/train/profile_run.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
 #include "fp4/train/resolved_run.h"
@@ -42,109 +44,76 @@ std::string mib(int64_t bytes) {
   return b;
 }
 
-void run_profile(const ProfileArgs& a) {
-  RunRequest request;
-  request.config = a.config;
-  request.recipe = a.recipe;
-  request.sets = a.sets;
-  if (!a.data.empty()) request.taken.push_back({"data.path", "--data"});
-  request.data = a.data;
-  const ResolvedRun run = resolve_run(request);
-  RunConfig cfg = run.config;
-  const Recipe& recipe = run.recipe;
-  const std::string& cfg_name = run.label;
-  const DataSpec& data_spec = run.data;
-  const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
-  // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
-  // vocab 50304), keeping stdout the breakdown alone.
-  const TokenData data = prepare_tokens_all_ranks(
-      data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
-      [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
-  if (data.vocab_size > cfg.model.vocab_size)
-    throw UserError("tokenizer vocab exceeds model.vocab_size");
+// One component of the breakdown: its name and totals over the measured steps.
+struct Row {
+  const char* name;
+  double s, flops;
+  int64_t calls;
+};
 
-  const auto& tc = cfg.train;
-  const int64_t tokens_per_step = int64_t(tc.batch_size) * tc.seq_len;
-  nn::Model model(cfg.model, run.plans, tc.micro(), tc.seq_len);  // one micro-batch per forward
-  model.init(tc.seed);
-  AdamW optimizer(model.num_params(), tc);
-  const std::unique_ptr<nn::RankReferences> ranks = rank_references(recipe);
-  StepBuffers buffers;
-  BatchSampler sampler(data.train, tc.seq_len, tc.batch_size, tc.seed);
-  std::vector<int32_t> inputs(tokens_per_step), targets(tokens_per_step);
-  // The steps run with train's schedule over warmup + steps steps; telemetry only as train
-  // would do it (step 1, inside the warm-up, and every telemetry_interval-th step).
-  cfg.train.steps = std::max(cfg.train.steps, a.warmup + a.steps);
-
-  prof::enable(true);
-  std::vector<double> step_ms;
-  int telemetry_steps = 0;
-  for (int step = 1; step <= a.warmup + a.steps; ++step) {
-    if (step == a.warmup + 1) prof::reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = train_step(model, optimizer, sampler, cfg, recipe, step, inputs, targets,
-                                    buffers, ranks.get());
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!r.diverged.empty())
-      throw UserError(r.diverged + " at step " + std::to_string(step) + " while profiling");
-    if (step > a.warmup) {
-      step_ms.push_back(ms);
-      telemetry_steps += r.telemetry;
-    }
-  }
-  const prof::Totals t = prof::totals();
-  prof::enable(false);
-  const int n = a.steps;
-  double mean_ms = 0;
-  for (double m : step_ms) mean_ms += m;
-  mean_ms /= n;
-  std::vector<double> sorted = step_ms;
-  std::sort(sorted.begin(), sorted.end());
-  const double median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-
-  const double fpt = model.flops_per_token(tc.seq_len);
-  const double tok_s = tokens_per_step / (mean_ms / 1e3);
-  const double model_gflops = fpt * tok_s / 1e9;
-  const double mfu = model_gflops / peak.gflops;
-  // The same with attention counted over the causal triangle the kernel computes (the
-  // mixers' causal_flops_per_token).
-  const double fpt_causal = model.flops_per_token(tc.seq_len, /*causal=*/true);
-  const double mfu_causal = fpt_causal * tok_s / 1e9 / peak.gflops;
-  const nn::Model::MemoryUse mem = model.memory_use();
-  const int64_t adam = 2 * int64_t(model.num_params()) * int64_t(sizeof(float));
-  const int64_t peak_rss = prof::peak_rss_bytes();
-
-  std::printf("step: %.1f ms\n", mean_ms);
-  std::printf("(mean of %d steps after %d warm-up steps; median %.1f ms, min %.1f, max %.1f)\n", n,
-              a.warmup, median_ms, sorted.front(), sorted.back());
-  std::printf("config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
-              "%d OpenMP threads%s\n",
-              cfg_name.c_str(), recipe.name.c_str(),
-              static_cast<long long>(model.num_params()), static_cast<long long>(tokens_per_step),
-              tc.batch_size, tc.seq_len, omp_get_max_threads(),
-              telemetry_steps ? " (telemetry steps included)" : "");
-  if (tc.n_micro() > 1 || dist::size() > 1)
-    std::printf("%d micro-batches of %d sequences per step over %d process%s (MPI: rank 0's "
-                "components; `comm` is its communication)\n",
-                tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
-  const prof::ComputePaths compute = prof::compute_paths();
-  std::printf("compute: %s\n", compute.line().c_str());
-  const MachineLoad load = machine_load();
-  if (load.busy())
-    std::printf("warning: busy machine (%s): more runnable threads than cores, so these timings "
-                "measure the scheduler too; rerun on a quieter machine or with fewer threads "
-                "(OMP_NUM_THREADS)\n",
-                load.describe().c_str());
-  std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
-  double total = 0;
-  for (int c = 0; c < int(prof::Cat::kCount); ++c) total += t.seconds[c];
-  struct Row { const char* name; double s, flops; int64_t calls; };
+// The components that ran, slowest first (ties in prof::Cat order).
+std::vector<Row> component_rows(const prof::Totals& t) {
   std::vector<Row> rows;
   for (int c = 0; c < int(prof::Cat::kCount); ++c)
     if (t.seconds[c] > 0 || t.calls[c] > 0)
       rows.push_back({prof::name(prof::Cat(c)), t.seconds[c], t.flops[c], t.calls[c]});
   std::stable_sort(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.s > y.s; });
+  return rows;
+}
+
+// Seconds of every component, summed in prof::Cat order: the step the percentages are of.
+double total_seconds(const prof::Totals& t) {
+  double total = 0;
+  for (int c = 0; c < int(prof::Cat::kCount); ++c) total += t.seconds[c];
+  return total;
+}
+
+// Throughput and model FLOPs utilization against the FP32 GEMM rate.
+struct Rates {
+  double tok_s, model_gflops, mfu, mfu_causal;
+};
+
+Rates rates_of(const ProfileResult& p, const prof::PeakRate& peak) {
+  Rates r;
+  r.tok_s = p.tokens_per_step / (p.mean_step_ms / 1e3);
+  r.model_gflops = p.flops_per_token * r.tok_s / 1e9;
+  r.mfu = r.model_gflops / peak.gflops;
+  // The same with attention counted over the causal triangle the kernel computes (the
+  // mixers' causal_flops_per_token).
+  r.mfu_causal = p.flops_per_token_causal * r.tok_s / 1e9 / peak.gflops;
+  return r;
+}
+
+// The step time first (`step: <mean ms> ms`), then what was run where.
+void print_header(const ProfileArgs& a, const std::string& cfg_name, const RunConfig& cfg,
+                  const Recipe& recipe, const ProfileResult& p,
+                  const prof::ComputePaths& compute, const MachineLoad& load) {
+  const auto& tc = cfg.train;
+  std::printf("step: %.1f ms\n", p.mean_step_ms);
+  std::printf("(mean of %d steps after %d warm-up steps; median %.1f ms, min %.1f, max %.1f)\n",
+              a.steps, a.warmup, p.median_step_ms, p.min_step_ms, p.max_step_ms);
+  std::printf("config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
+              "%d OpenMP threads%s\n",
+              cfg_name.c_str(), recipe.name.c_str(),
+              static_cast<long long>(p.num_params), static_cast<long long>(p.tokens_per_step),
+              tc.batch_size, tc.seq_len, omp_get_max_threads(),
+              p.telemetry_steps ? " (telemetry steps included)" : "");
+  if (tc.n_micro() > 1 || dist::size() > 1)
+    std::printf("%d micro-batches of %d sequences per step over %d process%s (MPI: rank 0's "
+                "components; `comm` is its communication)\n",
+                tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
+  std::printf("compute: %s\n", compute.line().c_str());
+  if (load.busy())
+    std::printf("warning: busy machine (%s): more runnable threads than cores, so these timings "
+                "measure the scheduler too; rerun on a quieter machine or with fewer threads "
+                "(OMP_NUM_THREADS)\n",
+                load.describe().c_str());
+}
+
+// The component table (ms per step, % of the step, GFLOP/s, calls per step over n steps)
+// and the GEMM and quantization shares.
+void print_components(const std::vector<Row>& rows, double total, int n) {
+  std::printf("\n%-24s %10s %8s %10s %8s\n", "component", "ms/step", "% step", "GFLOP/s", "calls");
   double gemm_s = 0, gemm_flops = 0, quant_s = 0;
   for (const Row& r : rows) {
     const std::string nm = r.name;
@@ -159,19 +128,29 @@ void run_profile(const ProfileArgs& a) {
   std::printf("\nGEMMs %.1f%% of the step at %.1f GFLOP/s; quantization %.1f%%\n",
               100.0 * gemm_s / total, gemm_s > 0 ? gemm_flops / gemm_s / 1e9 : 0.0,
               100.0 * quant_s / total);
+}
+
+// Throughput, model FLOPs and MFU.
+void print_rates(const ProfileResult& p, const Rates& r, const prof::PeakRate& peak,
+                 const RunConfig& cfg) {
   std::printf("throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + mixers, N = %lld "
               "non-embedding parameters)\n",
-              tok_s, fpt / 1e6,
-              static_cast<long long>(model.num_params() -
+              r.tok_s, p.flops_per_token / 1e6,
+              static_cast<long long>(p.num_params -
                                      int64_t(cfg.model.vocab_size) * cfg.model.d_model));
-  std::printf("MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * mfu,
-              model_gflops, peak.gflops, peak.source.c_str());
+  std::printf("MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * r.mfu,
+              r.model_gflops, peak.gflops, peak.source.c_str());
   std::printf("    %.1f%% with attention counted over the causal triangle only (6N + 6·A·H·hd·(T+1), A attention blocks)\n",
-              100 * mfu_causal);
-  std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n", mib(peak_rss).c_str(),
-              mib(mem.total() + adam).c_str());
+              100 * r.mfu_causal);
+}
+
+// Peak resident memory and the model's buffers by part.
+void print_memory(const ProfileResult& p) {
+  const nn::Model::MemoryUse& mem = p.memory;
+  std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n", mib(p.peak_rss_bytes).c_str(),
+              mib(mem.total() + p.adamw_bytes).c_str());
   std::printf("  parameters %s + gradients %s + AdamW moments %s\n", mib(mem.params).c_str(),
-              mib(mem.grads).c_str(), mib(adam).c_str());
+              mib(mem.grads).c_str(), mib(p.adamw_bytes).c_str());
   std::printf("  activations kept for backward %s, logits (their gradient in place) %s\n",
               mib(mem.activations).c_str(), mib(mem.logits).c_str());
   std::printf("  backward gradient buffers %s, Linear operand scratch %s (kept per layer %s, "
@@ -179,46 +158,85 @@ void run_profile(const ProfileArgs& a) {
               mib(mem.backward_scratch).c_str(),
               mib(mem.linear_scratch + mem.linear_workspace).c_str(),
               mib(mem.linear_scratch).c_str(), mib(mem.linear_workspace).c_str());
+}
 
-  if (!a.json_file.empty() && dist::rank() == 0) {  // rank 0 alone writes (under mpirun)
-    json comps = json::object();
-    for (const Row& r : rows)
-      comps[r.name] = {{"ms_per_step", r.s * 1e3 / n}, {"fraction", r.s / total},
-                       {"gflops", r.flops > 0 ? r.flops / r.s / 1e9 : 0.0},
-                       {"calls_per_step", double(r.calls) / n}};
-    json j = {{"config", a.config},
-              {"sets", run.sets.given},
-              {"recipe", recipe.name},
-              {"threads", omp_get_max_threads()},
-              {"machine_load", {{"load1", load.load1}, {"cores", load.cores}, {"busy", load.busy()}}},
-              {"processes", dist::size()},
-              {"micro_batch_size", tc.micro()},
-              {"steps", n},
-              {"warmup", a.warmup},
-              {"step_ms", step_ms},
-              {"mean_step_ms", mean_ms},
-              {"median_step_ms", median_ms},
-              {"tokens_per_step", tokens_per_step},
-              {"tokens_per_s", tok_s},
-              {"model_flops_per_token", fpt},
-              {"peak_gflops", peak.gflops},
-              {"peak_source", peak.source},
-              {"mfu", mfu},
-              {"mfu_causal", mfu_causal},
-              {"components", comps},
-              {"peak_rss_bytes", peak_rss},
-              {"memory",
-               {{"params", mem.params},
-                {"grads", mem.grads},
-                {"adamw", adam},
-                {"activations", mem.activations},
-                {"logits", mem.logits},
-                {"backward_scratch", mem.backward_scratch},
-                {"linear_scratch", mem.linear_scratch},
-                {"linear_workspace", mem.linear_workspace}}}};
-    for (const auto& [k, v] : compute.fields()) j["compute"][k] = v;
-    write_file_atomic(a.json_file, j.dump(2) + "\n");
-  }
+// --json: the breakdown as one JSON object.
+void write_profile_json(const ProfileArgs& a, const Settings& sets, const Recipe& recipe,
+                        const RunConfig& cfg, const ProfileResult& p, const Rates& r,
+                        const prof::PeakRate& peak, const std::vector<Row>& rows,
+                        const prof::ComputePaths& compute, const MachineLoad& load) {
+  const int n = a.steps;
+  const double total = total_seconds(p.totals);
+  const nn::Model::MemoryUse& mem = p.memory;
+  json comps = json::object();
+  for (const Row& c : rows)
+    comps[c.name] = {{"ms_per_step", c.s * 1e3 / n}, {"fraction", c.s / total},
+                     {"gflops", c.flops > 0 ? c.flops / c.s / 1e9 : 0.0},
+                     {"calls_per_step", double(c.calls) / n}};
+  json j = {{"config", a.config},
+            {"sets", sets.given},
+            {"recipe", recipe.name},
+            {"threads", omp_get_max_threads()},
+            {"machine_load", {{"load1", load.load1}, {"cores", load.cores}, {"busy", load.busy()}}},
+            {"processes", dist::size()},
+            {"micro_batch_size", cfg.train.micro()},
+            {"steps", n},
+            {"warmup", a.warmup},
+            {"step_ms", p.step_ms},
+            {"mean_step_ms", p.mean_step_ms},
+            {"median_step_ms", p.median_step_ms},
+            {"tokens_per_step", p.tokens_per_step},
+            {"tokens_per_s", r.tok_s},
+            {"model_flops_per_token", p.flops_per_token},
+            {"peak_gflops", peak.gflops},
+            {"peak_source", peak.source},
+            {"mfu", r.mfu},
+            {"mfu_causal", r.mfu_causal},
+            {"components", comps},
+            {"peak_rss_bytes", p.peak_rss_bytes},
+            {"memory",
+             {{"params", mem.params},
+              {"grads", mem.grads},
+              {"adamw", p.adamw_bytes},
+              {"activations", mem.activations},
+              {"logits", mem.logits},
+              {"backward_scratch", mem.backward_scratch},
+              {"linear_scratch", mem.linear_scratch},
+              {"linear_workspace", mem.linear_workspace}}}};
+  for (const auto& [k, v] : compute.fields()) j["compute"][k] = v;
+  write_file_atomic(a.json_file, j.dump(2) + "\n");
+}
+
+void run_profile(const ProfileArgs& a) {
+  RunRequest request;
+  request.config = a.config;
+  request.recipe = a.recipe;
+  request.sets = a.sets;
+  if (!a.data.empty()) request.taken.push_back({"data.path", "--data"});
+  request.data = a.data;
+  const ResolvedRun run = resolve_run(request);
+  const RunConfig& cfg = run.config;
+  const Recipe& recipe = run.recipe;
+  const std::string& cfg_name = run.label;
+  const DataSpec& data_spec = run.data;
+  const prof::PeakRate peak = prof::fp32_peak_gflops(a.peak_gflops, /*remeasure=*/true);
+  // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
+  // vocab 50304), keeping stdout the breakdown alone.
+  const TokenData data = prepare_tokens_all_ranks(
+      data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
+      [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
+
+  const ProfileResult p = profile_steps(run, data, {a.steps, a.warmup});
+  const Rates rates = rates_of(p, peak);
+  const prof::ComputePaths compute = prof::compute_paths();
+  const MachineLoad load = machine_load();
+  print_header(a, cfg_name, cfg, recipe, p, compute, load);
+  const std::vector<Row> rows = component_rows(p.totals);
+  print_components(rows, total_seconds(p.totals), a.steps);
+  print_rates(p, rates, peak, cfg);
+  print_memory(p);
+  if (!a.json_file.empty() && dist::rank() == 0)  // rank 0 alone writes (under mpirun)
+    write_profile_json(a, run.sets, recipe, cfg, p, rates, peak, rows, compute, load);
 }
 }  // namespace
 
