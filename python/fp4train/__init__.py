@@ -154,7 +154,9 @@ def gemm(a, b, mode="probe-matched", *, scale_format="ue5m3", scale_rule="tensor
 
 
 class Run:
-    """A run directory of ``fp4train train`` (README "What the demo does"), loaded by :func:`load_run`.
+    """A run directory of ``fp4train train``, loaded by :func:`load_run`.
+
+    What the directory holds: docs/demo.md "What the demo does".
 
     Attributes:
       path (str): the directory.

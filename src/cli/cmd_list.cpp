@@ -1,5 +1,6 @@
 // `fp4train configs` and `fp4train recipes`: one line per shipped run config and recipe, with
-// what it is, so that a user can find them without reading configs/ (issue 27 §2).
+// what it is, so that a user can find them without reading configs/ (docs/cli.md "The
+// `fp4train` program").
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

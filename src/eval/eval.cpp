@@ -1,5 +1,5 @@
 // Held-out NLL under the inference reference policies, bits per byte, sampling
-// (see include/fp4/eval/eval.h and README "Quantized inference evaluation").
+// (see include/fp4/eval/eval.h and docs/evaluation.md "Quantized inference evaluation").
 #include "fp4/eval/eval.h"
 
 #include <sentencepiece_processor.h>

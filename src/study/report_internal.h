@@ -1,5 +1,5 @@
-// Helpers shared by the study room's report files (report.cpp was split into statistics,
-// run records and aggregation, markdown, hypotheses: issue 25 §7). Private to src/study/.
+// Helpers shared by the study room's report files (statistics, run records and aggregation,
+// markdown, hypotheses: docs/design.md "The rooms, file by file"). Private to src/study/.
 #pragma once
 #include <cmath>
 #include <cstdio>

@@ -189,7 +189,8 @@ Checkpoint parse_checkpoint(const safetensors::File& f) {
                               any_block_kinds());
   (void)recipe_from_text(c.recipe_toml, f.name() + " (metadata 'recipe_toml')");
   // Every checkpoint since the hybrid model stores its block pattern; one without it was made
-  // by the Llama-only version, whose recipe rules counted transformer layers (README "Models").
+  // by the Llama-only version, whose recipe rules counted transformer layers (docs/models.md
+  // "Models: Llama-style and the Nemotron-H hybrid").
   if (c.config_toml.find("\npattern = ") == std::string::npos)
     throw f.error("was written before the hybrid model (its config has no model.pattern): its "
                   "recipe's block rules counted transformer layers, which this version counts "

@@ -61,10 +61,11 @@ json telemetry_record(const nn::Model& model, std::string& digest) {
   return t;
 }
 
-// Where the blocks fall (issue 13 §3), on a telemetry step: for each operand role, the
-// histograms of QuantStats summed over every FP4 linear of that role and scale format, and
-// the same for the model's final down_proj alone (the reference implementation captures
-// those). Dense from the first to the last nonzero bin, to keep metrics.jsonl small:
+// Where the blocks fall (docs/evaluation.md "Numerics telemetry", `scale_hist`), on a telemetry
+// step: for each operand role, the histograms of QuantStats summed over every FP4 linear of
+// that role and scale format, and the same for the model's final down_proj alone (the reference
+// implementation captures those). Dense from the first to the last nonzero bin, to keep
+// metrics.jsonl small:
 //   [{"linears": "all" | NAME, "operand": "x" | "w" | "dy" | "dyt" | "xt",
 //     "scale_format": "ue5m3", "exp_bits": 5, "frac_bits": 3, "bias": 15, "subnormals": true,
 //     "scale_min": min subnormal, "scale_max": max finite,

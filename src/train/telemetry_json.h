@@ -1,6 +1,7 @@
 // The numerics fields of a telemetry step's metrics.jsonl line, which the training loop
-// (trainer.cpp) writes: per-linear quantization statistics and the scale histograms (issue 25
-// §7: moved out of trainer.cpp). Private to src/train/.
+// (trainer.cpp) writes: per-linear quantization statistics and the scale histograms
+// (docs/evaluation.md "Numerics telemetry"), kept out of trainer.cpp so that the loop reads as
+// its stages (docs/design.md "How data flows"). Private to src/train/.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

@@ -1,6 +1,7 @@
-// Step-time profiling (issue 5 §1): exclusive wall time per component of a training step,
-// GEMM FLOPs per kind, peak resident memory, model FLOPs per token and the machine's measured
-// FP32 GEMM rate for model FLOPs utilization (MFU; the rate itself: fp4/gemm/machine.h).
+// Step-time profiling (docs/performance.md "Where the time goes: `fp4train profile`"):
+// exclusive wall time per component of a training step, GEMM FLOPs per kind, peak resident
+// memory, model FLOPs per token and the machine's measured FP32 GEMM rate for model FLOPs
+// utilization (MFU; the rate itself: fp4/gemm/machine.h).
 //
 // Timing model. Code marks regions with `prof::Scope s(prof::Cat::X)`. Time is EXCLUSIVE: when
 // a scope opens inside another, the outer one stops accruing until the inner one closes, so the

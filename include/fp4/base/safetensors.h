@@ -21,7 +21,7 @@ namespace fp4 {
 /// A file could not be written (write, fsync, close or rename failed: a full disk, an I/O
 /// error), with a message naming the file and the system's reason; thrown by AtomicFile,
 /// AppendFile and fsync_file. A UserError, so code that reports those reports it too; the
-/// CLI exits with status 1 for it (a failure, not a bad argument: README "Exit codes").
+/// CLI exits with status 1 for it (a failure, not a bad argument: docs/cli.md "Exit codes").
 struct IoError : UserError {
   using UserError::UserError;
 };

@@ -1,6 +1,6 @@
 // JSONL corpora: one JSON object per line, the document text in one string field, read as a
-// stream from a plain `.jsonl` file or a zstd-compressed `.jsonl.zst` file (issue 26, "bring
-// your own corpus"). Each line is parsed with simdjson (DOM parser, strict: the whole line must
+// stream from a plain `.jsonl` file or a zstd-compressed `.jsonl.zst` file (docs/data.md
+// "JSONL"). Each line is parsed with simdjson (DOM parser, strict: the whole line must
 // be one JSON value, valid UTF-8); `.zst` files are decompressed with libzstd's streaming API.
 #pragma once
 #include <cstdint>

@@ -1,6 +1,7 @@
 // Data parallelism over MPI (Open MPI): the process group of a run, the few collectives the
 // trainer needs, and the fixed-order reduction of micro-batch gradients that makes a run
-// bit-identical for any process count (README "More than one process").
+// bit-identical for any process count (docs/recipes.md "Micro-batches and data parallelism",
+// the contract; running it: docs/parallel.md "More than one process: micro-batches and MPI").
 //
 // A program not launched by mpirun (no OMPI_COMM_WORLD_SIZE / PMIX_RANK / PMI_RANK in its
 // environment) never initialises MPI: it is one process of rank 0, every collective is a

@@ -1,5 +1,5 @@
 // Held-out NLL under quantized inference: the four inference reference policies of
-// README "Quantized inference evaluation" (docs/numerics.md "Tensor reference g", issue 4 §3),
+// docs/evaluation.md "Quantized inference evaluation" (docs/numerics.md "Tensor reference g"),
 // nats per token and bits per byte.
 //
 // With every policy except `none`, the recipe's forward quantization (fprop X and W of every
@@ -74,9 +74,10 @@ struct NllResult {
   int64_t batches = 0;          ///< evaluation batches (forward calls), in order
   int64_t calib_tokens = 0;     ///< calibrated: input tokens of the calibration batches
   /// Mean NLL (nats/token) of each held-out window, in window order ([windows]): the
-  /// per-window values a paired bootstrap over windows resamples (issue 13 §2; report.h
-  /// paired_bootstrap). Their mean equals nats_per_token up to the order of the FP64 sums
-  /// (about 1e-15 relative). Empty when a quantizer met a non-finite tensor.
+  /// per-window values a paired bootstrap over windows resamples (report.h paired_bootstrap;
+  /// docs/compare.md "Comparing recipes: `fp4train compare`"). Their mean equals nats_per_token
+  /// up to the order of the FP64 sums (about 1e-15 relative). Empty when a quantizer met a
+  /// non-finite tensor.
   std::vector<double> window_nll;
 };
 

@@ -1,8 +1,9 @@
-// Minimal-pair tasks under quantized inference (issue 23 §1): BLiMP-style items (Warstadt et
-// al., arXiv 1912.00582) drawn from the held-out split only. Each item is a sentence of a
-// held-out document and one or more altered copies of it; the model is right when it gives
-// the corpus's sentence the highest total log-probability. Unlike next-sentence, a model of
-// the study's size passes these: they need local word order and agreement, not discourse.
+// Minimal-pair tasks under quantized inference (docs/evaluation.md "Minimal pairs: `eval --task
+// minimal-pairs`"): BLiMP-style items (Warstadt et al., arXiv 1912.00582) drawn from the
+// held-out split only. Each item is a sentence of a held-out document and one or more altered
+// copies of it; the model is right when it gives the corpus's sentence the highest total
+// log-probability. Unlike next-sentence, a model of the study's size passes these: they need
+// local word order and agreement, not discourse.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -1,5 +1,6 @@
-// Downstream tasks under quantized inference (issue 13 §4): multiple-choice items built from
-// the held-out split only, scored by log-likelihood (OLMES's raw and per-character forms).
+// Downstream tasks under quantized inference (docs/evaluation.md "Downstream task: `eval --task
+// next-sentence`"): multiple-choice items built from the held-out split only, scored by
+// log-likelihood (OLMES's raw and per-character forms).
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 // The probe-matched GEMM's accumulator as a component (docs/gemm.md "The accumulator", steps 2-5
-// of its "Probe-matched rules"; docs/numerics.md "GEMM emulation"; issue 24 §1): how a native FP4
+// of its "Probe-matched rules"; docs/numerics.md "GEMM emulation"): how a native FP4
 // GEMM adds up its products. Step numbers are docs/gemm.md's (step 1 forms the products):
 //
 //   2. The K products of one output are cut into chunks of `chunk` consecutive products (the

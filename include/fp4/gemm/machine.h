@@ -1,7 +1,8 @@
-// The machine fp4train computes on: the FP32 and BF16 GEMM implementations and SIMD targets
-// in use (ComputePaths), and the measured FP32 GEMM rate that model FLOPs utilization is
-// measured against (issue 5 §1). In the gemm room because it asks oneDNN, the probe GEMM and
-// the quantizers which paths they took; the step-time scopes are in fp4/base/profile.h.
+// The machine fp4train computes on: the FP32 and BF16 GEMM implementations and SIMD targets in
+// use (ComputePaths), and the measured FP32 GEMM rate that model FLOPs utilization is measured
+// against (docs/performance.md "Where the time goes: `fp4train profile`"). In the gemm room
+// because it asks oneDNN, the probe GEMM and the quantizers which paths they took; the
+// step-time scopes are in fp4/base/profile.h.
 #pragma once
 #include <string>
 #include <utility>

@@ -99,8 +99,8 @@ struct LinearWorkspace {
 };
 
 /// Activation tensor reference `g` of an FP4 Linear's fprop X in inference forwards
-/// (StepContext::training == false; docs/numerics.md "Tensor reference g", README "Quantized
-/// inference evaluation"). The weight reference of every inference forward is amax(W)
+/// (StepContext::training == false; docs/numerics.md "Tensor reference g", docs/evaluation.md
+/// "Quantized inference evaluation"). The weight reference of every inference forward is amax(W)
 /// measured at the first inference forward after Linear::reset_inference and then frozen.
 /// None of these touch the training caches (Linear::reference).
 enum class InferenceRef {
@@ -113,10 +113,10 @@ enum class InferenceRef {
               ///< std::logic_error if the layer was never calibrated since the last reset
 };
 
-/// How data-parallel ranks agree on the activation and gradient references of a training
-/// step (README "More than one process"; Recipe::amax_ranks). Implemented by the trainer
-/// over MPI; a Linear calls it, on every rank in the same order, whenever it has measured a
-/// reference of a role other than W (weights are replicated).
+/// How data-parallel ranks agree on the activation and gradient references of a training step
+/// (docs/recipes.md "Micro-batches and data parallelism"; Recipe::amax_ranks). Implemented by
+/// the trainer over MPI; a Linear calls it, on every rank in the same order, whenever it has
+/// measured a reference of a role other than W (weights are replicated).
 struct RankReferences {
   virtual ~RankReferences() = default;
   /// The value every rank uses, given this rank's measurement `local`. `sample`: a held
@@ -145,7 +145,8 @@ struct StepContext {
 };
 
 /// Inference-only tensor references of one Linear, kept apart from the training caches so
-/// that evaluating never changes training (README "Quantized inference evaluation").
+/// that evaluating never changes training (docs/evaluation.md "Quantized inference
+/// evaluation").
 struct InferenceState {
   TensorReference x{50};     ///< Replay: held activation reference, clocked by eval batch
   bool has_w = false;        ///< weight amax measured (first inference forward since reset)

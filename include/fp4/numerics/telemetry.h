@@ -1,5 +1,6 @@
 // Numerics telemetry of one quantized operand: why a recipe is stable or not.
-// Issue 3 §5; definitions follow docs/numerics.md "Quantizing one operand" and "Tensor reference g".
+// The fields: docs/evaluation.md "Numerics telemetry"; definitions follow docs/numerics.md
+// "Quantizing one operand" and "Tensor reference g".
 #pragma once
 #include <array>
 #include <cstdint>
@@ -21,11 +22,12 @@ struct QuantStats {
   bool has_staleness = true;    ///< false under the MX scale rules: no reference g is used
                                 ///< (nor measured), so there is no staleness to report
 
-  // Where the blocks fall (issue 13 §3): histograms of this one quantization. Merged over
-  // micro-batches and ranks they are not: worst_of keeps the first argument's, so a step's
-  // histograms are those of its first micro-batch (global micro-batch 0, rank 0's under MPI):
-  // the same for any thread or process count, but with micro-batching they cover that one
-  // micro-batch only, while the fractions above are the worst over all of them.
+  // Where the blocks fall (docs/evaluation.md "Numerics telemetry", `scale_hist`): histograms
+  // of this one quantization. Merged over micro-batches and ranks they are not: worst_of keeps
+  // the first argument's, so a step's histograms are those of its first micro-batch (global
+  // micro-batch 0, rank 0's under MPI): the same for any thread or process count, but with
+  // micro-batching they cover that one micro-batch only, while the fractions above are the
+  // worst over all of them.
   static constexpr int kRatioBins = 128;  ///< log2-ratio bins: floor(log2) in [-96, 31]
   static constexpr int kRatioBias = 96;   ///< bin b is stored at index b + kRatioBias
   /// Blocks per stored block-scale code (QuantizedTensor::scale_codes, in `scale_format`),

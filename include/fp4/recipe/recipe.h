@@ -101,7 +101,8 @@ struct LinearOverride {
   bool operator==(const LinearOverride&) const = default;
 };
 
-/// Recipe fields (TOML keys in brackets). See configs/recipes/*.toml and README "Recipes".
+/// Recipe fields (TOML keys in brackets). See configs/recipes/*.toml and docs/recipes.md
+/// "Every knob".
 struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]

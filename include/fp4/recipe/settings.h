@@ -1,4 +1,4 @@
-// Command-line overrides of run-config and recipe keys: `--set KEY=VALUE` (README
+// Command-line overrides of run-config and recipe keys: `--set KEY=VALUE` (docs/cli.md
 // "Command-line overrides"). The value is applied to the parsed TOML of the config or recipe
 // file before it is read, so it gets exactly the validation a value in the file gets; errors
 // name the --set argument instead of the file.

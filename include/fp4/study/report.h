@@ -1,7 +1,7 @@
-// Recipe comparison report (issue 4 §4): reads finished run directories and condenses them
-// into the paper's side-by-side table — final-window training loss, held-out NLL under each
-// quantized-inference policy, stability (loss spikes, gradient-norm excursions) and
-// throughput — as Markdown.
+// Recipe comparison report (docs/compare.md "Comparing recipes: `fp4train compare`"): reads
+// finished run directories and condenses them into the paper's side-by-side table —
+// final-window training loss, held-out NLL under each quantized-inference policy, stability
+// (loss spikes, gradient-norm excursions) and throughput — as Markdown.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -12,9 +12,11 @@
 
 namespace fp4 {
 
-/// Evaluations averaged by the metric heldout_nll_last (issue 23 §2).
+/// Evaluations averaged by the metric heldout_nll_last (docs/recipes.md "Studies: claims as
+/// hypotheses").
 inline constexpr int kLastEvals = 2;
-/// The half-width of the power table's target interval, nats (issue 23 §2).
+/// The half-width of the power table's target interval, nats (docs/recipes.md "Studies: claims
+/// as hypotheses", **Power**).
 inline constexpr double kPowerHalfWidth = 0.005;
 
 /// One finished run, as read back from its directory.
@@ -109,9 +111,10 @@ RunRecord read_run(const std::filesystem::path& dir);
 /// against its margin. Throws fp4::UserError naming the file and the field on anything else.
 RunRecord::Pairs read_minimal_pairs_file(const std::filesystem::path& file);
 
-/// Loss spikes (issue 4 §4): the number of entries i whose loss exceeds the median of the
-/// previous `window` entries (all previous ones while fewer exist; none for i = 0) by more
-/// than `threshold`. Non-finite losses count as spikes. O(n·window·log window).
+/// Loss spikes (docs/compare.md "Comparing recipes: `fp4train compare`"): the number of entries
+/// i whose loss exceeds the median of the previous `window` entries (all previous ones while
+/// fewer exist; none for i = 0) by more than `threshold`. Non-finite losses count as spikes.
+/// O(n·window·log window).
 int count_loss_spikes(const std::vector<double>& loss, int window = 100, double threshold = 0.5);
 
 /// Median of xs (mean of the two middle values for an even count); NaN for an empty input.
@@ -129,8 +132,9 @@ MeanStd mean_std(const std::vector<double>& xs);
 /// value there). NaN for df < 1.
 double t_quantile_975(int df);
 /// A two-sided 95% t-interval for the mean of paired differences: mean ± t_{0.975, n−1} ·
-/// std / √n. `resolved` is false when n < 2 or the interval contains 0 (issue 13: "not
-/// resolved"); `sign` is then 0, else +1 (the recipe's loss is higher) or −1 (lower).
+/// std / √n. `resolved` is false when n < 2 or the interval contains 0 ("not resolved",
+/// docs/compare.md "Comparing recipes: `fp4train compare`"); `sign` is then 0, else +1 (the
+/// recipe's loss is higher) or −1 (lower).
 struct PairedInterval {
   double lo = 0, hi = 0;
   int n = 0;
@@ -139,9 +143,9 @@ struct PairedInterval {
 };
 PairedInterval paired_interval(const MeanStd& d);
 
-/// A paired bootstrap over held-out windows (issue 13 §2, as the paper's reference
-/// implementation evaluates held-out loss): a 95% percentile interval for the mean of paired
-/// per-window differences.
+/// A paired bootstrap over held-out windows (docs/recipes.md "Studies: claims as hypotheses";
+/// as the paper's reference implementation evaluates held-out loss): a 95% percentile interval
+/// for the mean of paired per-window differences.
 struct BootstrapInterval {
   double mean = 0;     ///< the observed mean over seeds and windows
   double lo = 0, hi = 0;
@@ -163,9 +167,10 @@ struct BootstrapInterval {
 BootstrapInterval paired_bootstrap(const std::vector<std::vector<double>>& d,
                                    int resamples = 10000, uint64_t seed = 20260902);
 
-/// Downstream-task accuracy of one recipe under one inference policy (issue 13 §4), over
-/// the seeds whose task.json holds the items most runs of the comparison hold (same task
-/// and items_fnv1a64; others are counted in RecipeRow::task_excluded).
+/// Downstream-task accuracy of one recipe under one inference policy (docs/evaluation.md
+/// "Downstream task: `eval --task next-sentence`"), over the seeds whose task.json holds the
+/// items most runs of the comparison hold (same task and items_fnv1a64; others are counted in
+/// RecipeRow::task_excluded).
 struct TaskRow {
   int seeds = 0;
   int items = 0;
@@ -241,9 +246,10 @@ std::vector<RecipeRow> aggregate_runs(const std::vector<RunRecord>& runs,
                                       const std::string& baseline = "",
                                       const std::string& bootstrap_policy = "none");
 
-/// One claim of a study (issue 13 §1), as a linear contrast of recipes: the claim holds when
-/// Σ_i coef_i · metric(recipe_i) has the expected sign. "A beats B" is {A: +1, B: −1},
-/// expected negative; "UE5M3 scales close more than half the NVFP4→BF16 gap" is
+/// One claim of a study (docs/recipes.md "Studies: claims as hypotheses"), as a linear
+/// contrast of recipes: the claim holds when Σ_i coef_i · metric(recipe_i) has the expected
+/// sign. "A beats B" is {A: +1, B: −1}, expected negative; "UE5M3 scales close more than half
+/// the NVFP4→BF16 gap" is
 /// ue5m3-te − nvfp4-te + 0.5·(nvfp4-te − bf16) = {ue5m3-te: 1, nvfp4-te: −0.5, bf16: −0.5},
 /// expected negative.
 struct Hypothesis {
@@ -270,7 +276,8 @@ struct Hypothesis {
 /// all-zero contrast.
 std::vector<Hypothesis> load_hypotheses(const std::filesystem::path& file);
 
-/// The verdict on one hypothesis from the runs (issue 13 §2).
+/// The verdict on one hypothesis from the runs (docs/recipes.md "Studies: claims as
+/// hypotheses", the verdicts).
 struct Verdict {
   /// "supported", "contradicted", "not resolved" or "not run".
   std::string verdict;

@@ -1,4 +1,4 @@
-// The metrics log of a finished run, plain or compacted (issue 25 §6): a run directory holds
+// The metrics log of a finished run, plain or compacted: a run directory holds
 // metrics.jsonl (what fp4::train writes and a resume cuts) or, once `fp4train compact` has
 // compressed it, metrics.jsonl.zst (one zstd stream of the same bytes, with its checksum).
 // `report` and the plots read either; see docs/compare.md "Compacted runs".

@@ -1,11 +1,12 @@
 """fp4train's model in plain PyTorch: an independent implementation for checking it.
 
 The Llama-style decoder and the Nemotron-H hybrid of fp4train (``include/fp4/nn/model.h``,
-README "Models") written with torch's own operators only (``torch.nn.functional``, matmul,
-a Python loop for the Mamba-2 recurrence), never fp4train's kernels, in float32 or float64 on
-the CPU. It loads the Hugging Face style directory of ``fp4train export`` (``model.safetensors``
-+ ``config.json``, docs/export.md) with the HF parameter names, or a fp4train checkpoint
-directly (:func:`from_checkpoint`, parameters found by name from the checkpoint's config).
+docs/models.md "Models: Llama-style and the Nemotron-H hybrid") written with torch's own
+operators only (``torch.nn.functional``, matmul, a Python loop for the Mamba-2 recurrence),
+never fp4train's kernels, in float32 or float64 on the CPU. It loads the Hugging Face style
+directory of ``fp4train export`` (``model.safetensors`` + ``config.json``, docs/export.md)
+with the HF parameter names, or a fp4train checkpoint directly (:func:`from_checkpoint`,
+parameters found by name from the checkpoint's config).
 
 Pure Python (torch, numpy and the standard library); it does not need the compiled
 ``fp4train._core`` extension. Every block computes ``x + mixer(RMSNorm(x))``:
