@@ -1,13 +1,13 @@
 // One training step of a Linear (fprop + dgrad + wgrad) at M = 4096 tokens, K = N = 1024:
 // FP32 (the three oneDNN GEMMs alone) versus the FP4 recipes in decoded-GEMM mode
-// (quantize every operand, then the same three GEMMs). Issue 3 target: FP4 ≤ 1.25× FP32.
+// (quantize every operand, then the same three GEMMs). Target: FP4 ≤ 1.25× FP32.
 // BM_LinearStep_ue5m3_b16_probe runs the three GEMMs probe-matched (fp4::probe_gemm, default
 // kernel: AVX-512 VNNI or AVX2), the paper's headline recipe; BM_LinearStep_ue5m3_b16_paper adds
 // the paper's BF16 interface (configs/recipes/ue5m3-b16-paper.toml: BF16 X and dY, BF16 outputs;
-// issue 24 target: at most 1.2× the fp32 step on both CPU families).
+// target: at most 1.2× the fp32 step on both CPU families).
 // BM_StepVsFp32/<recipe> times the fp32 step and the recipe's step alternately in one loop
 // (robust on a shared, noisy machine) and reports ratio = recipe time / fp32 time, with
-// fp32_ms and recipe_ms; the issue 24 figure is its median for ue5m3-b16-paper.
+// fp32_ms and recipe_ms; the figure for that target is its median for ue5m3-b16-paper.
 // Every benchmark runs one untimed step first, so that the buffers a training loop keeps
 // (BF16 copies, packing workspaces) are allocated before timing: the steady-state step.
 // Run: ./build/bench_linear --benchmark_repetitions=5 --benchmark_report_aggregates_only=true

@@ -1,7 +1,7 @@
-// Quantizer throughput (issue 3, section 6): GB/s of FP32 input for the scalar reference and the
-// fast (SIMD + OpenMP) quantizers, next to a plain read-and-write-once parallel copy of the same
-// tensor measured in the same process. Target: fast kernels ≥ 50% of the copy bandwidth at a
-// 64 MiB tensor ([4096, 4096] FP32) on 2 threads.
+// Quantizer throughput: GB/s of FP32 input for the scalar reference and the fast (SIMD +
+// OpenMP) quantizers, next to a plain read-and-write-once parallel copy of the same tensor
+// measured in the same process. Target: fast kernels ≥ 50% of the copy bandwidth at a 64 MiB
+// tensor ([4096, 4096] FP32) on 2 threads.
 //
 //   ./build/bench_quant --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //

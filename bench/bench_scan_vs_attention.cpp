@@ -1,9 +1,10 @@
 // The SSD scan against the attention of the same config, in one process, interleaved
-// (issue 11 §5: "never slower than the attention of the same config"). The machine this runs
-// on is shared and noisy, so the two are timed alternately (A S S A per repetition) and the
-// figure that counts is the median over repetitions of the per-repetition ratio
-// scan / attention (each ratio from timings taken within a fraction of a second), next to the
-// medians of each, both in wall-clock time and in the process's CPU time.
+// (the target: "never slower than the attention of the same config"; docs/performance.md "The
+// scan against the attention of the same config"). The machine this runs on is shared and
+// noisy, so the two are timed alternately (A S S A per repetition) and the figure that counts
+// is the median over repetitions of the per-repetition ratio scan / attention (each ratio from
+// timings taken within a fraction of a second), next to the medians of each, both in wall-clock
+// time and in the process's CPU time.
 //
 // Shapes: configs/nemotron-h-tiny.toml, laid out as the model lays them out
 // (src/nn/mixer_mamba2.cpp, src/nn/mixer_attention.cpp):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Data parallelism and micro-batching, measured as ratios in one run (issue 12): step time
-# (fp4train profile) at the same global batch for
+# Data parallelism and micro-batching, measured as ratios in one run (docs/parallel.md): step
+# time (fp4train profile) at the same global batch for
 #   A  1 process  x 2 threads, micro-batches of M/2 (2 per step)
 #   B  2 processes x 1 thread,  micro-batches of M/2 (1 per process)
 #   C  1 process  x 2 threads, one forward of the whole batch M

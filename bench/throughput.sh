@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 5 targets in one run: `fp4train profile` of each recipe at one config, in ABBA order
-# (every recipe, then again in reverse) so that a slow drift of a shared machine affects all
-# recipes alike. Prints per recipe the median step time over all timed steps of both rounds,
-# its ratio to the first recipe, MFU against the FP32 GEMM rate (the best measured on this
-# machine, remeasured by every profile run), the step-time ratio nvfp4-te / ue5m3-b16 when
-# both ran, and the median ms/step of every component side by side.
+# The whole-step figures of docs/performance.md in one run: `fp4train profile` of each recipe at
+# one config, in ABBA order (every recipe, then again in reverse) so that a slow drift of a
+# shared machine affects all recipes alike. Prints per recipe the median step time over all
+# timed steps of both rounds, its ratio to the first recipe, MFU against the FP32 GEMM rate (the
+# best measured on this machine, remeasured by every profile run), the step-time ratio nvfp4-te
+# / ue5m3-b16 when both ran, and the median ms/step of every component side by side.
 # Usage: bash bench/throughput.sh [--config C] [--steps N] [--warmup W] [--rounds R]
 #                                 [--bin PATH] [--json-dir DIR] [recipe ...]
 #   defaults: configs/small.toml, 4 timed steps after 2 warm-up steps, 1 ABBA round,

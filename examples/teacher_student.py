@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The teacher-student control of the UE5M3 paper (arXiv 2609.02846, Appendix C.1), run through
-fp4train's C++ Linear (issue 24 §3; docs/results.md "The paper's small experiments").
+fp4train's C++ Linear (docs/results.md "The teacher–student control (Appendix C.1)").
 
 A two-layer SiLU MLP teacher 256 -> 256 -> 64 (no biases, W1, W2 ~ N(0, 1/256)) labels 2,048
 training and 1,024 evaluation inputs ~ N(0, 1), rounded to BF16, with FP32 targets. A student

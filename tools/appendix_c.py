@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Appendix C of the UE5M3 paper (Hu, Luschi, Balanca, arXiv 2609.02846), rerun with fp4train's
-accumulator (issue 24 §2; docs/results.md "The paper's small experiments").
+accumulator (docs/results.md "The accumulator's statistics (Appendix C)").
 
 The statistics of the native FP4 GEMM's output model -- chunks of 64 products, each chunk's exact
 sum rounded once to FP32, RNE or RTZ additions of the chunk sums, an optional snap to the 1/1024

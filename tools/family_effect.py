@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU-family effect on a study (issue 23 §2; docs/results.md, "The CPU family as a factor").
+"""The CPU-family effect on a study (docs/results.md "The CPU family as a factor").
 
 Usage: python3 tools/family_effect.py BASE_DIR OTHER_DIR [--hypotheses FILE] [--json OUT]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How quantization noise compares with SGD noise as tokens per step grow (issue 22 §4,
-docs/fidelity.md "Batch size").
+"""How quantization noise compares with SGD noise as tokens per step grow (docs/fidelity.md
+"Batch size").
 
 Reads fidelity.json files of one reference run at several `--batch-size`s and, per recipe they
 all hold, the whole-gradient `sgd_noise_fraction` (E||g_hat - g*||^2 / sigma_sgd^2) against tokens

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Calibrate the fidelity panel against the loss study (issue 22 §2, docs/fidelity.md).
+"""Calibrate the fidelity panel against the loss study (docs/fidelity.md; the figures:
+docs/results.md "What the panel resolves that the loss study did not").
 
 Spearman's rank correlation, over the recipes both hold, between a panel metric (a recipe's
 whole-gradient `rel_error`, `loss_penalty`, ...: the `mean` of fidelity.json's `whole` object)

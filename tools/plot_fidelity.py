@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots of a fidelity panel (issue 22 §2, docs/fidelity.md "Plots").
+"""Plots of a fidelity panel (docs/fidelity.md "Plots").
 
 Reads a `fidelity.json` written by `fp4train fidelity` (format fp4train.fidelity.v1) and writes
 four PNG files into --out (default: the JSON's directory):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `fp4train compact` (issue 25 §6, docs/compare.md "Compacted runs"): finished runs of a
-# comparison get metrics.jsonl.zst instead of metrics.jsonl; `report` (report.md, plots) and
-# tools/study_telemetry.py give the same bytes after as before; unfinished and locked runs
-# are left alone; a compacted run is reused by `compare` and refused by a resume; a damaged
-# archive or a directory holding both files is refused, naming the file.
+# `fp4train compact` (docs/compare.md "Compacted runs"): finished runs of a comparison get
+# metrics.jsonl.zst instead of metrics.jsonl; `report` (report.md, plots) and
+# tools/study_telemetry.py give the same bytes after as before; unfinished and locked runs are
+# left alone; a compacted run is reused by `compare` and refused by a resume; a damaged archive
+# or a directory holding both files is refused, naming the file.
 # Usage: compact_cli.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `fp4train data` and the data sources of issue 26, end to end on a micro model:
+# `fp4train data` and the data sources of docs/data.md ("`fp4train data`", "JSONL",
+# "Pre-tokenized shards"), end to end on a micro model:
 #  * data describes a text corpus (not built, then built with --build; --json);
 #  * --export writes llm.c shards of the cached streams, and training on them (data.path,
 #    data.heldout, data.tokenizer) gives the same metrics, bit for bit, as training on the text;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Exit codes of bad arguments (issue 10): every subcommand exits 2 with one message line on
-# stderr for any bad argument, including the values CLI11 itself rejects (a number out of an
-# option's range, one that does not fit its type, a malformed number, an unknown option, a
-# missing required argument); --help exits 0. No bad argument may start any work.
+# Exit codes of bad arguments (docs/cli.md "Exit codes"): every subcommand exits 2 with one
+# message line on stderr for any bad argument, including the values CLI11 itself rejects (a
+# number out of an option's range, one that does not fit its type, a malformed number, an
+# unknown option, a missing required argument); --help exits 0. No bad argument may start any
+# work.
 # Usage: exit_codes.sh <path-to-fp4train> <source-dir>
 set -u
 BIN="$1"
@@ -80,7 +81,8 @@ bad "FP4_MAX_CPU_ISA=bogus"        "FP4_MAX_CPU_ISA=bogus is not a SIMD level" t
 help train --help
 unset FP4_MAX_CPU_ISA
 
-# --version (issue 27 §2): exit 0, the version and the compute paths, nothing on stderr.
+# --version (docs/cli.md "The `fp4train` program"): exit 0, the version and the compute paths,
+# nothing on stderr.
 out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?
 if [ "$rc" -ne 0 ] || ! echo "$out" | grep -q '^fp4train [0-9]*\.[0-9]*\.[0-9]*$' ||
    ! echo "$out" | grep -q '^compute: .*FP32 GEMM' || [ -s "$tmp/err" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Finding things (issue 27 §2, issue 25 §8): `fp4train --help` gives one line per command;
-# `fp4train configs` and `fp4train recipes` list every shipped file with what it is; an unknown
-# recipe's error lists the available ones sorted. Expected values are read from configs/.
+# Finding things (docs/cli.md "The `fp4train` program"): `fp4train --help` gives one line per
+# command; `fp4train configs` and `fp4train recipes` list every shipped file with what it is; an
+# unknown recipe's error lists the available ones sorted. Expected values are read from
+# configs/.
 # Usage: list_cli.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Data parallelism over MPI (fp4/dist/dist.h, issue 12): the gradient reduction gives the same bytes
-# for P = 1, 2, 3, 4 processes, equal to the single-process tree sum / n (checked inside
-# dist_check on every rank), and the other collectives work (tests/mpi/dist_check.cpp).
-# Also fp4train itself starts and ends under mpirun. Exits 77 (CTest: skipped) with a
-# "SKIP: ..." line when mpirun is missing or the build has no MPI (no dist_check binary).
+# Data parallelism over MPI (fp4/dist/dist.h; docs/recipes.md "Micro-batches and data
+# parallelism"): the gradient reduction gives the same bytes for P = 1, 2, 3, 4 processes, equal
+# to the single-process tree sum / n (checked inside dist_check on every rank), and the other
+# collectives work (tests/mpi/dist_check.cpp). Also fp4train itself starts and ends under
+# mpirun. Exits 77 (CTest: skipped) with a "SKIP: ..." line when mpirun is missing or the build
+# has no MPI (no dist_check binary).
 # Usage: mpi_dist.sh FP4TRAIN_BIN SOURCE_DIR
 set -u
 bin=${1:?fp4train binary}

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Data-parallel training over MPI is bit-identical for any process count (issue 12): a micro
-# model with batch_size 8 in micro-batches of 2 (4 per step) trained by 1 process (no mpirun)
-# and by `mpirun -np 2` and `-np 4`, for ue5m3-b16 (D = 50, SR on dY), nvfp4-te (D = 1 per
-# call, RHT, BF16 blocks) and fp32: the same losses, grad norms, held-out NLLs and telemetry
-# in metrics.jsonl and the same final checkpoint tensors (params, AdamW moments, losses) and
-# held references. Then:
+# Data-parallel training over MPI is bit-identical for any process count (docs/recipes.md
+# "Micro-batches and data parallelism"): a micro model with batch_size 8 in micro-batches of 2
+# (4 per step) trained by 1 process (no mpirun) and by `mpirun -np 2` and `-np 4`, for ue5m3-b16
+# (D = 50, SR on dY), nvfp4-te (D = 1 per call, RHT, BF16 blocks) and fp32: the same losses,
+# grad norms, held-out NLLs and telemetry in metrics.jsonl and the same final checkpoint tensors
+# (params, AdamW moments, losses) and held references. Then:
 #   * amax_ranks = "max" (the reference implementation's rule) depends on P by design: after
 #     step 1 under -np 2 it changes held references; block 0's activation references (taken
 #     before any quantization) are >= the P-invariant ones, the weights' equal.

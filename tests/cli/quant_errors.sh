@@ -88,9 +88,9 @@ assert struct.unpack("<f", data[a:b])[0] == j["gd"], j["gd"]
 assert j["saved"] == sys.argv[2]
 print("ok   [save: packed file matches the JSON]")
 PY
-# MXFP4 --save (issue 10): UE8M0 scale codes, no tensor scale (decode_scale 1), the rule in the
-# metadata. Hand-computed: block [7 1 0.3 -2] has amax 7 → mx-te scale 2 (code 128), mx-ocp 1
-# (code 127); block [0 0 0 0] → scale 1 (code 127).
+# MXFP4 --save (docs/formats.md "`mx-te` and `mx-ocp` (MXFP4)"): UE8M0 scale codes, no tensor
+# scale (decode_scale 1), the rule in the metadata. Hand-computed: block [7 1 0.3 -2] has amax 7
+# → mx-te scale 2 (code 128), mx-ocp 1 (code 127); block [0 0 0 0] → scale 1 (code 127).
 for rule in mx-te mx-ocp; do
   printf '7 1 0.3 -2 0 0 0 0\n' |
     "$BIN" quant --block 4 --scale-format ue8m0 --scale-rule $rule --save "$tmp/mx.safetensors" \

@@ -29,9 +29,9 @@
 #   prune       FP4_TEST_KILL_AT=checkpoint:N:after  a checkpoint renamed into place, the
 #               older ones not yet pruned (N = the last: the resume has no step to train)
 # Kills are drawn after the first checkpoint is complete (a run killed before it has nothing
-# to resume from, and `--resume` refuses it: README "Checkpoints and resume"). Finally, when
-# run as root with tmpfs mounts allowed, a real full disk: the run directory on a small tmpfs
-# (skipped with a message otherwise).
+# to resume from, and `--resume` refuses it: docs/checkpoints.md "Checkpoints and resume").
+# Finally, when run as root with tmpfs mounts allowed, a real full disk: the run directory on a
+# small tmpfs (skipped with a message otherwise).
 #
 # Usage: kill_campaign.sh <fp4train binary> <source dir> [--kills N] [--seed S] [--keep DIR]
 #   --kills N  number of kills (default 50); --seed S  seed of the draws (default: from the

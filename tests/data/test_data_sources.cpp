@@ -1,8 +1,9 @@
-// Data sources beyond a text corpus (issue 26): token streams of 2 and 4 bytes, the version-2
-// token shard and its writer, pre-tokenized input files (llm.c shards, headerless uint16 /
-// uint32), their cache with a held-out file or fraction, vocabularies above 65,535, the format
-// rules of DataSpec, and streaming text files. Expected values are built by hand here (header
-// bytes written field by field, split points computed from the counts), not by the readers.
+// Data sources beyond a text corpus (docs/data.md "Pre-tokenized shards", "Vocabularies above
+// 65,535"): token streams of 2 and 4 bytes, the version-2 token shard and its writer,
+// pre-tokenized input files (llm.c shards, headerless uint16 / uint32), their cache with a
+// held-out file or fraction, vocabularies above 65,535, the format rules of DataSpec, and
+// streaming text files. Expected values are built by hand here (header bytes written field by
+// field, split points computed from the counts), not by the readers.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
-// Quantized inference evaluation (include/fp4/eval/eval.h, README "Quantized inference
-// evaluation"): each activation-reference policy against an independent computation in one
-// Linear, the policies through the whole model, bits per byte, training untouched by
+// Quantized inference evaluation (include/fp4/eval/eval.h, docs/evaluation.md "Quantized
+// inference evaluation"): each activation-reference policy against an independent computation
+// in one Linear, the policies through the whole model, bits per byte, training untouched by
 // evaluation, thread-count independence, sampling.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,6 +1,6 @@
-// The minimal-pair tasks (include/fp4/eval/minimal_pairs.h, issue 23 §1): items by hand on a
-// built corpus, their credit and margin, the credit strings, McNemar's test, and scoring at
-// a forward length shorter than the model's.
+// The minimal-pair tasks (include/fp4/eval/minimal_pairs.h; docs/evaluation.md "Minimal pairs:
+// `eval --task minimal-pairs`"): items by hand on a built corpus, their credit and margin, the
+// credit strings, McNemar's test, and scoring at a forward length shorter than the model's.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The accumulator component (fp4/gemm/accumulator.h; docs/gemm.md "The accumulator",
-// docs/numerics.md "GEMM emulation"; issue 24 §1). Expected values are worked by hand in the comments, or
+// docs/numerics.md "GEMM emulation"). Expected values are worked by hand in the comments, or
 // come from an independent exact reference written here: BF16 operands as integers times
 // powers of two, summed exactly in __int128 and rounded by libgcc's correctly rounded
 // __int128 → float conversion (not the component's multi-word sum).

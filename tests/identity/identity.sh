@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Behaviour fingerprint of fp4train, for restructurings that must not change a bit (issue 25):
-# short runs of every shipped recipe on the configs tiny, study and nemotron-h-tiny (the
-# metrics.jsonl of each without its timing fields, and every tensor and non-timing metadata
-# field of its final checkpoint), `fp4train info --json` of every shipped config, and
-# `fp4train report` of the committed study. One line per item: "<item> <sha256>" (or
-# "<item> refused" where the config refuses the recipe).
+# Behaviour fingerprint of fp4train, for restructurings that must not change a bit
+# (docs/design.md "The rooms, file by file", "Restructurings keep every bit"): short runs of
+# every shipped recipe on the configs tiny, study and nemotron-h-tiny (the metrics.jsonl of each
+# without its timing fields, and every tensor and non-timing metadata field of its final
+# checkpoint), `fp4train info --json` of every shipped config, and `fp4train report` of the
+# committed study. One line per item: "<item> <sha256>" (or "<item> refused" where the config
+# refuses the recipe).
 #
 # Usage:
 #   identity.sh record FP4TRAIN_BIN SOURCE_DIR OUT.txt      write the fingerprint
@@ -58,13 +59,14 @@ else:  # safetensors checkpoint
     text = json.dumps(meta, sort_keys=True)
     if work:
         text = text.replace(work, "WORK")
-        # The config's label: fp4train since issue 27 adds none for data.cache (a key that
-        # changes no result); the baseline's binary labelled it "tiny+data.cache=WORK/cache".
+        # The config's label: fp4train now adds none for data.cache (a key that changes no
+        # result); the baseline's binary labelled it "tiny+data.cache=WORK/cache".
         text = text.replace("+data.cache=WORK/cache", "")
     if src:
         text = text.replace(src, "SRC")
-    # The token-cache key is version 2 since issue 26 (data_key); a text corpus's cache
-    # records the version-1 key of the same tokens, which the baseline's binary wrote.
+    # The token-cache key is version 2 since pre-tokenized sources (data_key; docs/data.md "The
+    # token cache"); a text corpus's cache records the version-1 key of the same tokens, which
+    # the baseline's binary wrote.
     if work:
         import glob
         for m in glob.glob(work + "/cache/*/meta.json"):
@@ -114,7 +116,7 @@ record() {  # bin src out
   done
   cp -r "$src/docs/results/study" "$work/study"
   # Without its report and plots: `report --no-plots` notes a plots/ directory left from an
-  # earlier report (since issue 27), which the baseline's binary did not.
+  # earlier report, which the baseline's binary did not.
   rm -rf "$work/study/report.md" "$work/study/plots"
   # From inside $work: the report names the directory it was given.
   (cd "$work" && "$bin" report study --hypotheses "$src/configs/studies/claims.toml" --no-plots \

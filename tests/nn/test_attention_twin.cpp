@@ -412,12 +412,12 @@ TEST_F(AttentionTwin, GroupedQueryShapes) {
         random_inputs(gshape(1, 33, 4, 2, 48), seed++));
 }
 
-// Every shape class a model config can produce (issue 21: the twin tests had no head_dim
-// below 16 with GQA, the hybrid test configs' shape): head_dim below 16, equal to it, and not a
-// multiple of any vector width (4, 8, 16 lanes); GQA ratios 1, 2, 4; T around every row block
-// (kMR = 4 and 8), the 16-column groups and the 32-column main blocks of the AVX-512 kernel;
-// B = 1 and 2. Includes the shapes of tests/nn/test_hybrid.cpp's attention mixer (B 2, T 5, H 4,
-// Hkv 2, hd 4) and hybrid model (T 12, 9). Every variant, including the emulated AVX-512 body.
+// Every shape class a model config can produce (the twin tests once had no head_dim below 16
+// with GQA, the hybrid test configs' shape): head_dim below 16, equal to it, and not a multiple
+// of any vector width (4, 8, 16 lanes); GQA ratios 1, 2, 4; T around every row block (kMR = 4
+// and 8), the 16-column groups and the 32-column main blocks of the AVX-512 kernel; B = 1 and
+// 2. Includes the shapes of tests/nn/test_hybrid.cpp's attention mixer (B 2, T 5, H 4, Hkv 2,
+// hd 4) and hybrid model (T 12, 9). Every variant, including the emulated AVX-512 body.
 TEST_F(AttentionTwin, ModelShapeClasses) {
   uint32_t seed = 9000;
   for (int64_t hd : {2, 4, 12, 16, 20})

@@ -167,7 +167,7 @@ struct FdStats {
 // noise of the forward (L ≈ 30 summed from FP32 outputs, noise of a few 1e-6 whose bits
 // depend on the GEMM kernels' summation order) divided by h stays far below `abs`: with a
 // plain central difference at h = 2e-3 it did not (q_proj element 227 of the attention
-// test failed on oneDNN's AVX-512 sgemm with a correct gradient, issue 21).
+// test failed on oneDNN's AVX-512 sgemm with a correct gradient).
 FdStats fd_check(const std::string& name, float* v, const float* g, int64_t n,
                  const std::function<double()>& loss, float h, double rel, double abs,
                  int max_checks, uint32_t seed) {
@@ -586,7 +586,7 @@ double max_rel_diff(const float* a, const float* b, int64_t n) {
 // a row's bits may depend on M, the number of rows computed with it (oneDNN picks kernels and
 // blocking by shape; see fp4/gemm/gemm.h). A leak across sequences or from later tokens would be
 // O(1); the bound 1e-5 is ~100 ulp of the O(1) logits. (This test asserted bit-identity
-// there until issue 21: it failed on oneDNN's AVX-512 sgemm and passed on AVX2 by luck of
+// there at first: it failed on oneDNN's AVX-512 sgemm and passed on AVX2 by luck of
 // the shapes.) The scan's own prefix property is bit-exact: SsmScan.PrefixOfLongerT.
 TEST(HybridModel, CausalPerSequenceAndShorterT) {
   const TeamSize team(1);

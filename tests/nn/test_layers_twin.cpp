@@ -417,10 +417,11 @@ TEST(OptimTwin, ClipGradNormBitExact) {
       }
 }
 
-// Gradient-norm overflow (issue 10). By hand: 128 entries of 1e19 have the norm
-// sqrt(128)·1e19 = 1.1314e20, far below FLT_MAX, and clipping to max_norm 2 scales every entry
-// to 2/sqrt(128) = 0.17678. Four entries of 1e19: norm 2e19. 1000 entries of ±FLT_MAX: norm
-// sqrt(1000)·3.4028e38 = 1.0761e40 (the norm is a double). None of these may come out Inf.
+// Gradient-norm overflow (docs/numerics.md "Gradient clipping"). By hand: 128 entries of 1e19
+// have the norm sqrt(128)·1e19 = 1.1314e20, far below FLT_MAX, and clipping to max_norm 2
+// scales every entry to 2/sqrt(128) = 0.17678. Four entries of 1e19: norm 2e19. 1000 entries of
+// ±FLT_MAX: norm sqrt(1000)·3.4028e38 = 1.0761e40 (the norm is a double). None of these may
+// come out Inf.
 TEST(OptimTwin, ClipGradNormHugeEntriesHandComputed) {
   const auto check = [](const std::string& what, double (*clip)(float*, int64_t, double)) {
     Vec g(128, 1e19f);

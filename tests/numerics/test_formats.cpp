@@ -524,7 +524,8 @@ TEST(MxScaleRules, ZeroTinyAndHugeBlocks) {
       EXPECT_NO_THROW(check_dequantized_finite("t", q, x.data(), out.data()));
     } else {
       // TE: x̂ = +Inf; check_dequantized_finite (what `fp4train quant` runs) names the element,
-      // its block scale and why, instead of letting the Inf through (issue 10).
+      // its block scale and why, instead of letting the Inf through (docs/formats.md
+      // "`mx-te` and `mx-ocp` (MXFP4)", "Edge: overflow near FLT_MAX").
       EXPECT_EQ(out[4], std::numeric_limits<float>::infinity());
       try {
         check_dequantized_finite("t", q, x.data(), out.data());

@@ -578,8 +578,9 @@ TEST(PackFast, BadArgumentsThrowLikeScalar) {
       check_pack(x, r, c, make_spec(ScaleFormat::UE5M3, Rounding::RNE, 16, two_d), 1.f, "empty");
 }
 
-// MXFP4 (E2M1, UE8M0, mx-te / mx-ocp) is QTensor material too (issue 10): the fast entry
-// points give pack(quantize_blocks(...)) of the reference, and the fast dequantizers its values.
+// MXFP4 (E2M1, UE8M0, mx-te / mx-ocp; docs/formats.md "`mx-te` and `mx-ocp` (MXFP4)") is
+// QTensor material too: the fast entry points give pack(quantize_blocks(...)) of the reference,
+// and the fast dequantizers its values.
 TEST(PackFast, MxRulesPackLikeScalar) {
   const std::vector<float> x = make_data(Dist::Normal, 24 * 70, 9);
   for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp})

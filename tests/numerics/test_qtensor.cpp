@@ -242,9 +242,10 @@ TEST(QTensor, ShapesThatWouldOverflowAreRejected) {
 }  // namespace
 
 namespace {
-// MXFP4 QTensors (issue 10): E2M1 codes with UE8M0 power-of-two scales and no tensor scale
-// (decode_scale exactly 1) under both MX rules. Save, load: codes, scale codes, the rule and
-// the dequantized values are those of the QuantizedTensor, bit for bit.
+// MXFP4 QTensors (docs/formats.md "`mx-te` and `mx-ocp` (MXFP4)"): E2M1 codes with UE8M0
+// power-of-two scales and no tensor scale (decode_scale exactly 1) under both MX rules. Save,
+// load: codes, scale codes, the rule and the dequantized values are those of the
+// QuantizedTensor, bit for bit.
 TEST(QTensor, MxRulesSaveAndLoadBack) {
   for (ScaleRule rule : {ScaleRule::MxTe, ScaleRule::MxOcp}) {
     for (bool two_d : {false, true}) {

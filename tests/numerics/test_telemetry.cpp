@@ -93,7 +93,8 @@ TEST(Telemetry, E4M3BlockAtTheTensorAmaxIsNotSaturatedButAStaleOneIs) {
 }  // namespace
 
 namespace {
-// Block histograms (issue 13 §3), hand-computed from the contract (docs/numerics.md).
+// Block histograms (docs/evaluation.md "Numerics telemetry", `scale_hist`), hand-computed from
+// the contract (docs/numerics.md).
 uint32_t total(const std::array<uint32_t, 256>& h) {
   uint32_t t = 0;
   for (uint32_t v : h) t += v;

@@ -1,5 +1,6 @@
-"""tools/appendix_c.py (issue 24 §2): its closed form for a snapped Gaussian residual against hand
-values and a Monte Carlo of its own, and a small run that writes every list the issue names."""
+"""tools/appendix_c.py: its closed form for a snapped Gaussian residual against hand values and a
+Monte Carlo of its own, and a small run that writes every list of docs/results.md "The
+accumulator's statistics (Appendix C)"."""
 import importlib.util
 import json
 import math

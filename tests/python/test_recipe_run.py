@@ -57,7 +57,8 @@ def test_plan_specs_by_hand():
     assert q["wgrad"]["dy"]["target"] == 448.0
     assert plan["lm_head"]["mode"] == "fp32" and plan["lm_head"]["specs"] is None
     nv = {p["name"]: p for p in fp.Recipe.load("nvfp4-te").plan(cfg)}
-    # round(0.15 * 8 blocks) = 1: the last MLP block in BF16 (README)
+    # round(0.15 * 8 blocks) = 1: the last MLP block in BF16 (docs/models.md "Models: Llama-style
+    # and the Nemotron-H hybrid")
     assert nv["layers.7.mixer.up_proj"]["mode"] == "bf16" and nv["layers.6.mixer.q_proj"]["mode"] == "fp4"
     assert nv["layers.0.mixer.q_proj"]["specs"]["fprop"]["x"]["scale_format"] == "e4m3"
     mx = fp.Recipe.load("mxfp4")

@@ -1,5 +1,6 @@
-"""examples/teacher_student.py (issue 24 §3): a short run writes the issue's lists, a run is
-bit-reproducible, and the FP4 students train through fp4train's Linear (their loss falls)."""
+"""examples/teacher_student.py: a short run writes the lists of docs/results.md "The
+teacher–student control (Appendix C.1)", a run is bit-reproducible, and the FP4 students train
+through fp4train's Linear (their loss falls)."""
 import json
 import os
 import subprocess

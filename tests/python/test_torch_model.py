@@ -1,4 +1,6 @@
-"""fp4train's model against an independent PyTorch implementation (issue 14 §3).
+"""fp4train's model against an independent PyTorch implementation.
+
+docs/export.md "The check (tests/python/test_torch_model.py)".
 
 For two tiny Llama-style configs (SwiGLU + RoPE + GQA; squared ReLU without RoPE) and a tiny
 Nemotron-H hybrid (Mamba-2, attention with RoPE, MLP; tests/python/tiny_*.toml), with

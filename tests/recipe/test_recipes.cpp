@@ -662,7 +662,7 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
   EXPECT_NE(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float)));
 }
 
-// The paper's primary run (issue 24 §4): every choice of docs/recipes.md "The paper's primary run".
+// The paper's primary run: every choice of docs/recipes.md "The paper's primary run".
 TEST(RecipeFiles, PaperRecipeStatesThePapersInterface) {
   const Recipe r = load_recipe("ue5m3-b16-paper", kDir);
   EXPECT_EQ(r.mode, LinearMode::FP4);
@@ -688,7 +688,7 @@ TEST(RecipeFiles, PaperRecipeStatesThePapersInterface) {
   EXPECT_EQ(r.overrides[0].role, Operand::DY);
 }
 
-// ------------------------------------------------------------------- linear.probe_snap (issue 24 §1)
+// ------------------------------------------ linear.probe_snap (docs/gemm.md "The accumulator")
 
 TEST(RecipeProbeSnap, ParseValidateAndRoundTrip) {
   // Default 1024, absent from the resolved text of every shipped recipe (their recipe.toml in
@@ -725,7 +725,7 @@ TEST(RecipeProbeSnap, ParseValidateAndRoundTrip) {
   EXPECT_NE(e.find("probe-matched"), std::string::npos) << e;
 }
 
-// ------------------------------------------------------------------- fidelity knobs (issue 10 §4)
+// --------------------------------------------- fidelity knobs (docs/recipes.md "Fidelity knobs")
 
 #include "fp4/train/checkpoint.h"
 
@@ -784,8 +784,9 @@ TEST(RecipeFidelityKnobs, ParseValidateAndRoundTrip) {
   }
 }
 
-// The ablations of issue 13 differ from their base recipe in exactly one knob: with that knob
-// (and the name and description) set back, the resolved recipe text is the base's.
+// The study's ablations (docs/recipes.md "Studies: claims as hypotheses") differ from their
+// base recipe in exactly one knob: with that knob (and the name and description) set back, the
+// resolved recipe text is the base's.
 TEST(RecipeFiles, AblationsChangeOneKnobOfTheirBase) {
   auto text_as = [](Recipe r, const Recipe& base) {
     r.name = base.name;

@@ -1,4 +1,5 @@
-// Comparison-report arithmetic against hand-computed values (issue 4 §4 definitions).
+// Comparison-report arithmetic against hand-computed values (the definitions of docs/compare.md
+// "Comparing recipes: `fp4train compare`").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,9 +80,9 @@ TEST(Report, AggregateGapsRatiosAndGradNorms) {
   EXPECT_DOUBLE_EQ(rows[2].paired_delta_baseline.mean, -0.5);
 }
 
-// Step-time ratios that are not measurements are marked (issue 27): fewer than 10 timed
-// steps, a run on a busy machine, an interquartile spread above half the median, and fp32's
-// own marks on every ratio to it. run() gives 5 timed steps (6..10) per run.
+// Step-time ratios that are not measurements are marked: fewer than 10 timed steps, a run on a
+// busy machine, an interquartile spread above half the median, and fp32's own marks on every
+// ratio to it. run() gives 5 timed steps (6..10) per run.
 TEST(Report, UnreliableStepTimesAreMarked) {
   std::vector<RunRecord> runs = {run("fp32", 5.0, 10, 1), run("fp32", 5.0, 10, 1),
                                  run("a", 5.0, 20, 1), run("a", 5.0, 20, 1),
@@ -401,7 +402,8 @@ TEST(ReportStats, GradNormExcursionsAfterWarmupAreCounted) {
   EXPECT_NE(md.find("grad norm > 1 after warmup"), std::string::npos);
 }
 
-// Paired bootstrap over windows (issue 13 §2), against hand calculation and normal theory.
+// Paired bootstrap over windows (docs/recipes.md "Studies: claims as hypotheses"), against hand
+// calculation and normal theory.
 TEST(ReportBootstrap, ConstantDifferencesGiveAPointInterval) {
   const BootstrapInterval b = paired_bootstrap({std::vector<double>(8, -0.25)}, 1000);
   EXPECT_EQ(b.lo, -0.25);
@@ -697,7 +699,8 @@ TEST(ReportHypotheses, TheShippedStudyNamesShippedRecipes) {
 }
 
 // task.json (`fp4train eval --task next-sentence --json`): read back, checked, pooled over
-// seeds with the same items, and tabulated (issue 13 §4). Values by hand.
+// seeds with the same items, and tabulated (docs/evaluation.md "Downstream task: `eval --task
+// next-sentence`"). Values by hand.
 TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
   const fs::path d = fs::temp_directory_path() / ("fp4_report_task_" + std::to_string(::getpid()));
   fs::remove_all(d);
@@ -778,7 +781,7 @@ TEST(ReportTask, TaskJsonIsReadCheckedAndPooledOverSeeds) {
 }
 
 // task-minimal-pairs.json (`fp4train eval --task minimal-pairs --json`): read back and
-// checked (issue 23 §1).
+// checked (docs/evaluation.md "Minimal pairs: `eval --task minimal-pairs`").
 TEST(ReportMinimalPairs, TaskFileIsReadAndChecked) {
   const fs::path d = fs::temp_directory_path() / ("fp4_report_pairs_" + std::to_string(::getpid()));
   fs::remove_all(d);
@@ -887,7 +890,8 @@ TEST(ReportMinimalPairs, SectionPoolsSeedsAndPairsItems) {
   EXPECT_EQ(minimal_pairs_md({run("bf16", 4.0, 20, 1)}, {"bf16"}, {"none"}, "bf16", {}), "");
 }
 
-// The power table's seed count (issue 23 §2), by hand from the t table: sd 0.01 needs n = 18
+// The power table's seed count (docs/recipes.md "Studies: claims as hypotheses", **Power**),
+// by hand from the t table: sd 0.01 needs n = 18
 // (t₁₆ · 0.01 / √17 = 0.00514 > 0.005; t₁₇ · 0.01 / √18 = 0.00497); sd 0.006 needs 9
 // (t₇ · 0.006 / √8 = 0.00502; t₈ · 0.006 / 3 = 0.00461).
 TEST(ReportPower, SeedsForAHalfWidth) {

@@ -1,6 +1,7 @@
-// Compacted metrics logs (issue 25 §6, fp4/study/run_metrics.h): a run whose metrics.jsonl
-// is replaced by metrics.jsonl.zst reads back exactly as its plain twin; a damaged archive is
-// refused with the file named; compaction refuses runs that are not finished or are in use.
+// Compacted metrics logs (docs/compare.md "Compacted runs", fp4/study/run_metrics.h): a run
+// whose metrics.jsonl is replaced by metrics.jsonl.zst reads back exactly as its plain twin; a
+// damaged archive is refused with the file named; compaction refuses runs that are not finished
+// or are in use.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>

@@ -1,5 +1,5 @@
-// Which SIMD variants a twin test runs (issue 21 §2), from the environment variable
-// FP4_TEST_VARIANTS:
+// Which SIMD variants a twin test runs (docs/design.md "SIMD bodies, per kernel"), from the
+// environment variable FP4_TEST_VARIANTS:
 //   unset, "" or "native"  the variants this CPU runs natively (the default run of the suite);
 //   "emulated"             only the emulated wide bodies: the AVX-512 code paths compiled for
 //                          baseline x86-64 (GCC vectors, per-lane operations), which any

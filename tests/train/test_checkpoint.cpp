@@ -689,7 +689,8 @@ TEST(Resume, RefusesACheckpointOfAnotherRun) {
 
 // A checkpoint names its data by the token-cache key. Data whose key differs is refused,
 // unless its cache lists the checkpoint's key among its aliases (the version-1 key of an
-// unchanged text cache, issue 26): then the run resumes as if uninterrupted.
+// unchanged text cache, docs/data.md "The token cache"): then the run resumes as if
+// uninterrupted.
 TEST(Resume, AcceptsTheDataUnderAnAliasOfItsKey) {
   const RunConfig cfg = micro_config(4);
   const Recipe r = recipe_named("fp32");
@@ -748,7 +749,7 @@ TEST(RunFailure, SummaryNamesTheComputePaths) {
 }
 
 // validate_run: a train run checks its recipe once, before the data (the CLI), or inside
-// train() for a caller that never validated (issue 25 §7).
+// train() for a caller that never validated (docs/design.md "How data flows").
 std::string user_error_of(const std::function<void()>& f) {
   try {
     f();

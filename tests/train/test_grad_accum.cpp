@@ -1,9 +1,9 @@
-// Gradient accumulation (train.micro_batch_size, issue 12): the step gradient is the mean of
-// the micro-batch gradients summed in the fixed tree of fp4/dist/dist.h, the loss the mean of the
-// micro-batch losses; held references are sampled on the first micro-batch, a per-call D = 1
-// amax on every one, and SR bits are keyed by the micro-batch index. Each expectation is
-// rebuilt independently: the micro-batches run one by one through a second model with the
-// same weights, and the tree is written out by hand.
+// Gradient accumulation (train.micro_batch_size; docs/recipes.md "Micro-batches and data
+// parallelism"): the step gradient is the mean of the micro-batch gradients summed in the fixed
+// tree of fp4/dist/dist.h, the loss the mean of the micro-batch losses; held references are
+// sampled on the first micro-batch, a per-call D = 1 amax on every one, and SR bits are keyed
+// by the micro-batch index. Each expectation is rebuilt independently: the micro-batches run
+// one by one through a second model with the same weights, and the tree is written out by hand.
 #include <gtest/gtest.h>
 
 #include <cctype>
