@@ -6,7 +6,7 @@ The statistics of the native FP4 GEMM's output model -- chunks of 64 products, e
 sum rounded once to FP32, RNE or RTZ additions of the chunk sums, an optional snap to the 1/1024
 grid -- on a fixed protocol with its own random stream. Nothing here is tuned toward the paper's
 figures. The arithmetic is fp4train's own (fp4/gemm/accumulator.h, through the Python package):
-fp4train.chunk_partials (step 3 of docs/gemm.md "Probe-matched rules") and
+fp4train.chunk_partials (step 3 of docs/gemm.md "Probe-matched rules (exact)") and
 fp4train.accumulate_partials (steps 4-5), the code
 fp4::probe_gemm runs.
 

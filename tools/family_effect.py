@@ -9,7 +9,7 @@ docs/results/study-family-intel-avx512, made by `bash scripts/study families` on
 Each run's family is read from its summary.json (compute.cpu). Same config + seed + recipe gives
 the same bits on one machine, so every difference printed here is the family's: a GEMM or a
 SIMD kernel that rounds an FP32 sum in another order flips a tie now and then, and training
-amplifies it like a change of seed (docs/performance.md, "CPU families").
+amplifies it like a change of seed (docs/determinism.md "Determinism and CPU families").
 
 Prints (markdown), per metric (final-window training loss; held-out NLL, FP32 inference):
   * per recipe: OTHER − BASE per seed, their mean and sample std;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The noise floor of a study (docs/results.md, "The study"): how much of a recipe difference
+"""The noise floor of a study (docs/results.md "The noise floor"): how much of a recipe difference
 run-to-run noise alone would give.
 
 Usage: python3 tools/noise_floor.py STUDY_DIR [SR_DIR ...]

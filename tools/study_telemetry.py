@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The numerics telemetry of a study, one line per recipe (docs/results.md, "The study").
+"""The numerics telemetry of a study, one line per recipe (docs/results.md "The verdicts").
 
 Usage: python3 tools/study_telemetry.py STUDY_DIR
 

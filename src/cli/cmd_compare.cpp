@@ -106,14 +106,16 @@ void register_compare(CLI::App& app) {
   c->add_option("--hypotheses", a->hypotheses,
                 "Study file of [[hypothesis]] claims (e.g. configs/studies/claims.toml): the "
                 "report judges each as supported / contradicted / not resolved / not run "
-                "(docs/recipes.md, \"Studies\"); remembered in DIR/compare.json");
+                "(docs/recipes.md \"Studies: claims as hypotheses\"); remembered in "
+                "DIR/compare.json");
   add_set_option(c, a->sets,
                  ", in every run of the comparison (recipe keys in every recipe: fp32+fp4.block=32, "
                  "ue5m3-b16+fp4.block=32, ...; train.seed is set by --seeds, train.steps by --steps)");
   c->add_option("--task", a->task,
                 "Downstream task run on every run's final checkpoint under every --policies "
                 "policy, or a comma-separated list: next-sentence (docs/evaluation.md \"Downstream "
-                "task\"), into DIR/<run>/task.json; minimal-pairs (\"Minimal pairs\"), into "
+                "task: `eval --task next-sentence`\"), into DIR/<run>/task.json; minimal-pairs "
+                "(\"Minimal pairs: `eval --task minimal-pairs`\"), into "
                 "DIR/<run>/task-minimal-pairs.json; the report adds their accuracy tables and "
                 "item-paired comparisons; remembered in DIR/compare.json (tasks accumulate)");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");

@@ -141,12 +141,13 @@ void register_eval(CLI::App& app) {
                 "document's true next sentence among 4 (3 length-matched sentences of other "
                 "held-out documents), after 3 sentences of context, under each --policy; items "
                 "drawn as configs/tasks/next-sentence.toml says and checked against its hash "
-                "(docs/evaluation.md \"Downstream task\"). minimal-pairs: the accuracy of "
-                "giving a held-out sentence a higher total log-probability than its altered "
-                "copies (adjacent swap, shuffle, determiner-noun and a/an, subject-verb "
-                "agreement, a cloze of 4 frequency-matched words), per paradigm, with the "
-                "log-probability margin; items as configs/tasks/minimal-pairs.toml says "
-                "(docs/evaluation.md \"Minimal pairs\")");
+                "(docs/evaluation.md \"Downstream task: `eval --task next-sentence`\"). "
+                "minimal-pairs: the accuracy of giving a held-out sentence a higher total "
+                "log-probability than its altered copies (adjacent swap, shuffle, "
+                "determiner-noun and a/an, subject-verb agreement, a cloze of 4 "
+                "frequency-matched words), per paradigm, with the log-probability margin; items "
+                "as configs/tasks/minimal-pairs.toml says (docs/evaluation.md \"Minimal pairs: "
+                "`eval --task minimal-pairs`\")");
   c->add_option("--items-out", a->items_out, "With --task: also write the items as JSON Lines");
   c->callback([a] { evaluate_checkpoint(*a); });
 }

@@ -189,7 +189,8 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   try {
     q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
     dequantize(q, deq.data());
-    // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "Edge: overflow").
+    // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "`mx-te` and `mx-ocp`
+    // (MXFP4)", "Edge: overflow near FLT_MAX").
     check_dequantized_finite("quant", q, m.data.data(), deq.data());
   } catch (const std::invalid_argument& e) {
     throw UserError(e.what());

@@ -108,7 +108,8 @@ json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>&
     // [0.0, Infinity], Python's json spelling of an infinite bound, which is not JSON
     // (RFC 8259 has no non-finite numbers; nlohmann would write null). The upper bound here is
     // FLT_MAX, the largest finite FP32, which clamps no finite FP32 Δ (and rounds to +inf in
-    // BF16): the same no-clamp in valid JSON. docs/export.md "config.json".
+    // BF16): the same no-clamp in valid JSON. docs/export.md "config.json: two keys of the
+    // Nemotron-H layout".
     j["time_step_limit"] = {0.0, double(std::numeric_limits<float>::max())};
     j["use_conv_bias"] = true;
     j["use_bias"] = false;

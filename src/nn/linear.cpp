@@ -364,7 +364,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     timed_gemm_bf16(Cat::kGemmWgrad, true, false, N_, K_, M, dyb_.data(), N_, xb_.data(), K_, true, dW_, K_);
     return;
   }
-  // FP4. dY has one reference shared by dgrad and wgrad (docs/numerics.md "Tensor reference").
+  // FP4. dY has one reference shared by dgrad and wgrad (docs/numerics.md "Tensor reference g").
   if (plan_.bf16_boundary && mode_ == LinearMode::FP4) {
     // BF16 boundary: dY rounded to BF16 once; the copy feeds its amax, dgrad and wgrad.
     Scope s(Cat::kQuantBf16);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The rooms of the source tree (docs/design.md "The house"). The build enforces the direction
-# of includes between rooms' .cpp files (each room's library sees only its own headers and
-# those of the rooms it links: CMakeLists.txt `fp4_room`); this script checks what the
-# compiler cannot see:
+# The rooms of the source tree (docs/design.md "The house: rooms, and the direction of
+# includes"). The build enforces the direction of includes between rooms' .cpp files (each
+# room's library sees only its own headers and those of the rooms it links: CMakeLists.txt
+# `fp4_room`); this script checks what the compiler cannot see:
 #   - src/<room>/ and include/fp4/<room>/ mirror each other, and every room is one of the
 #     build's (build/rooms/<room>.rooms, written by CMake; cli has no public headers);
 #   - a public header, and every file of src/<room>/ (private headers included), includes only

@@ -157,7 +157,8 @@ def test_save_refuses_unpackable(tmp_path):
 
 
 def test_mx_te_overflow_refused_like_cli(tmp_path):
-    # docs/formats.md "Edge: overflow near FLT_MAX": an error, not +-Inf.
+    # docs/formats.md "`mx-te` and `mx-ocp` (MXFP4)", "Edge: overflow near FLT_MAX": an error,
+    # not +-Inf.
     x = np.zeros((1, 32), np.float32)
     x[0, 0] = np.float32(3.4e38)
     kw = {"scale_format": "ue8m0", "scale_rule": "mx-te", "block": 32}

@@ -155,7 +155,8 @@ def test_export_round_trip(trained):
     conf = json.load(open(os.path.join(r.hf, "config.json")))
     if conf["model_type"] == "nemotron_h":
         # As nvidia's Nemotron-H configs: residual_in_fp32 false; time_step_limit with FLT_MAX
-        # for their Infinity (no clamp; docs/export.md "config.json").
+        # for their Infinity (no clamp; docs/export.md "config.json: two keys of the Nemotron-H
+        # layout").
         assert conf["residual_in_fp32"] is False
         assert conf["time_step_limit"] == [0.0, float(np.finfo(np.float32).max)]
     mine = M.hf_state_dict_from_flat(r.cfg, r.ck_tensors["params"])

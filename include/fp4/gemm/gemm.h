@@ -38,7 +38,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 ///    by (tile shape, K, transposes, strides, accumulate), created with oneDNN's thread count
 ///    forced to 1; accumulate through oneDNN's sum post-op. Needs AVX512_CORE (oneDNN 2.6).
 ///    Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
-///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM").
+///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM
+///    (`gemm_bf16`)").
 ///  * Widened (every other x86-64 CPU, e.g. AVX2 only, or ONEDNN_MAX_CPU_ISA=AVX2): per output
 ///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
 ///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).

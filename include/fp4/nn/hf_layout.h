@@ -63,7 +63,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
 /// names to fp4train names). `seq_len` becomes max_position_embeddings. The Nemotron-H layout
 /// says residual_in_fp32 = false and time_step_limit = [0.0, FLT_MAX], as nvidia's configs
 /// (whose [0.0, Infinity] is not JSON; FLT_MAX clamps no finite FP32 Δ, and fp4train clamps Δ
-/// nowhere): docs/export.md "config.json".
+/// nowhere): docs/export.md "config.json: two keys of the Nemotron-H layout".
 nlohmann::json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>& tensors);
 
 }  // namespace fp4

@@ -85,9 +85,10 @@ struct TrainConfig {
   /// 0.3). With the default 0.1 it is max(1, steps / 10) for every steps. Throws nothing.
   int final_window_steps() const;
   uint64_t seed = 1;
-  /// Seed of the stochastic-rounding stream (the Philox key of every SR draw, docs/numerics.md "Stochastic rounding");
+  /// Seed of the stochastic-rounding stream (the Philox key of every SR draw, docs/numerics.md
+  /// "Stochastic-rounding bits (Philox keys)");
   /// -1, the default, means `seed`. Changing only this isolates SR noise from the
-  /// initialisation and batch order (the noise floor of docs/results.md, "The study").
+  /// initialisation and batch order (docs/results.md "The noise floor").
   int64_t sr_seed = -1;
   uint64_t sr_key_seed() const { return sr_seed >= 0 ? uint64_t(sr_seed) : seed; }
 

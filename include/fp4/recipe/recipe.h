@@ -200,7 +200,7 @@ struct Recipe {
 /// Its mode and the block-quantization spec of every (GEMM, operand) pair it quantizes, after
 /// [high_precision] and [[override]]; and the recipe-wide knobs of its FP4 path. The dY
 /// reference g is still one per layer, shared by dgrad and wgrad (docs/numerics.md "Tensor
-/// reference"); specs may differ only in what the quantization does with it (T, rounding).
+/// reference g"); specs may differ only in what the quantization does with it (T, rounding).
 /// The knobs below mode and specs are the recipe's values, whatever the mode; a Linear applies
 /// them only in FP4 mode (rht(), probe(), reference_interval()).
 struct LinearPlan {
@@ -249,10 +249,11 @@ struct ResolvedLinears {
 ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
                                      int n_blocks);
 
-/// The one check of the RHT's shape rule (docs/numerics.md "RHT"): the 16-point RHT of the
-/// wgrad operands runs along the M tokens of one call, so M must be a multiple of 16 when the
-/// plan applies it (plan.rht()). Throws std::invalid_argument "<who>: RHT needs the token
-/// count M = <M> to be a multiple of 16" otherwise; no-op for plans without the RHT.
+/// The one check of the RHT's shape rule (docs/numerics.md "Random Hadamard transform"): the
+/// 16-point RHT of the wgrad operands runs along the M tokens of one call, so M must be a
+/// multiple of 16 when the plan applies it (plan.rht()). Throws std::invalid_argument "<who>:
+/// RHT needs the token count M = <M> to be a multiple of 16" otherwise; no-op for plans without
+/// the RHT.
 void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who);
 
 /// The linears of the Llama-style pattern "*-" repeated n_layers times (2·n_layers blocks;

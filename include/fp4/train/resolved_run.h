@@ -1,7 +1,7 @@
 // One resolved run: what a command was given (config, recipe, `--set` overrides, data options,
 // seed, steps) turned into one object, once, for every command that defines a run: train,
 // profile, info, data, compare, eval and the Python module (docs/cli.md "Command-line
-// overrides", docs/design.md "The house").
+// overrides", docs/design.md "The house: rooms, and the direction of includes").
 #pragma once
 #include <cstdint>
 #include <filesystem>
