@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Citations that resolve (docs/design.md "Conventions"): a comment gives its reason by citing a
+# docs/ page and heading, never a README section or an issue number, which a reader of the code
+# cannot look up (README.md is the front page and points to docs/; there is no tracker with the
+# code). In src/, include/ and python/ this fails on
+#   - `README "Section"` or `README, "Section"`, and `README` at the end of a line (a section
+#     name that continues on the next);
+#   - `issue N` (any case), the number of a tracker issue (`oneDNN issue #4845`, a public one,
+#     is written with its `#` and is not matched);
+#   - `docs/PAGE.md "Heading"` where PAGE.md does not exist or has no heading spelled so (the
+#     whole heading, without its #s; a citation may continue on the next comment line).
+# Usage: doc_citations.sh <fp4train binary (unused)> <source dir>
+set -u
+src=${2:?source dir}
+cd "$src" || exit 1
+fail=0
+dirs="src include python"
+hits=$(grep -rnE 'README,? *\\?"|README[[:space:]]*$' $dirs)
+if [ -n "$hits" ]; then
+  echo "doc_citations: README sections cited (cite docs/PAGE.md \"Heading\" instead):"
+  echo "$hits"
+  fail=1
+fi
+hits=$(grep -rniE '(^|[^[:alnum:]_#])issue [0-9]' $dirs)
+if [ -n "$hits" ]; then
+  echo "doc_citations: issue numbers cited (cite docs/PAGE.md \"Heading\", or write the reason):"
+  echo "$hits"
+  fail=1
+fi
+command -v python3 >/dev/null || { echo "doc_citations: SKIP the heading check: no python3"; exit $((fail ? 1 : 77)); }
+python3 - $dirs <<'PY' || fail=1
+import os, re, sys
+heads = {}
+for page in sorted(os.listdir("docs")):
+    if not page.endswith(".md"):
+        continue
+    fence, hs = False, set()
+    for line in open(os.path.join("docs", page), encoding="utf-8"):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#+ ", line):
+            hs.add(line.split(" ", 1)[1].strip())
+    heads[page] = hs
+cite = re.compile(r'docs/([\w.-]+\.md)[,;:]?\s+\(?\\?"([^"\\]+)\\?"')
+bad = 0
+for top in sys.argv[1:]:
+    for base, _, files in sorted(os.walk(top)):
+        for name in sorted(files):
+            if not name.endswith((".cpp", ".h", ".inc", ".py")):
+                continue
+            path = os.path.join(base, name)
+            text = open(path, encoding="utf-8", errors="replace").read()
+            # One citation may run over comment lines and over adjacent C++ string literals.
+            text = re.sub(r"\n[ \t]*(?:///|//|#)[ \t]?", " ", text)
+            text = re.sub(r'"[ \t]*\n[ \t]*"', "", text)
+            for m in cite.finditer(text):
+                page, heading = m.group(1), " ".join(m.group(2).split())
+                if page not in heads:
+                    print(f"doc_citations: {path}: docs/{page} does not exist")
+                    bad += 1
+                elif heading not in heads[page]:
+                    print(f'doc_citations: {path}: docs/{page} has no heading "{heading}"')
+                    bad += 1
+sys.exit(1 if bad else 0)
+PY
+[ "$fail" -eq 0 ] && echo "doc_citations: ok"
+exit "$fail"
