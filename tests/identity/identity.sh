@@ -121,7 +121,10 @@ record() {  # bin src out
   # From inside $work: the report names the directory it was given.
   (cd "$work" && "$bin" report study --hypotheses "$src/configs/studies/claims.toml" --no-plots \
     > report.log 2>&1)
-  echo "report/study $(sha256sum < "$work/study/report.md" | cut -c1-64)" >> "$work/fingerprint"
+  # The report names the study file by its path in the source tree: SRC, so that the
+  # fingerprint does not depend on where the tree is.
+  echo "report/study $(sed "s|$src|SRC|g" "$work/study/report.md" | sha256sum | cut -c1-64)" \
+    >> "$work/fingerprint"
   mv "$work/fingerprint" "$out"
 }
 
