@@ -86,28 +86,30 @@ Rates rates_of(const ProfileResult& p, const prof::PeakRate& peak) {
 
 // The step time first (`step: <mean ms> ms`), then what was run where.
 void print_header(const ProfileArgs& a, const std::string& cfg_name, const RunConfig& cfg,
-                  const Recipe& recipe, const ProfileResult& p,
-                  const prof::ComputePaths& compute, const MachineLoad& load) {
+                  const Recipe& recipe, const ProfileResult& p, const prof::ComputePaths& compute,
+                  const MachineLoad& load) {
   const auto& tc = cfg.train;
   std::printf("step: %.1f ms\n", p.mean_step_ms);
   std::printf("(mean of %d steps after %d warm-up steps; median %.1f ms, min %.1f, max %.1f)\n",
               a.steps, a.warmup, p.median_step_ms, p.min_step_ms, p.max_step_ms);
-  std::printf("config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
-              "%d OpenMP threads%s\n",
-              cfg_name.c_str(), recipe.name.c_str(),
-              static_cast<long long>(p.num_params), static_cast<long long>(p.tokens_per_step),
-              tc.batch_size, tc.seq_len, omp_get_max_threads(),
-              p.telemetry_steps ? " (telemetry steps included)" : "");
+  std::printf(
+      "config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
+      "%d OpenMP threads%s\n",
+      cfg_name.c_str(), recipe.name.c_str(), static_cast<long long>(p.num_params),
+      static_cast<long long>(p.tokens_per_step), tc.batch_size, tc.seq_len, omp_get_max_threads(),
+      p.telemetry_steps ? " (telemetry steps included)" : "");
   if (tc.n_micro() > 1 || dist::size() > 1)
-    std::printf("%d micro-batches of %d sequences per step over %d process%s (MPI: rank 0's "
-                "components; `comm` is its communication)\n",
-                tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
+    std::printf(
+        "%d micro-batches of %d sequences per step over %d process%s (MPI: rank 0's "
+        "components; `comm` is its communication)\n",
+        tc.n_micro(), tc.micro(), dist::size(), dist::size() > 1 ? "es" : "");
   std::printf("compute: %s\n", compute.line().c_str());
   if (load.busy())
-    std::printf("warning: busy machine (%s): more runnable threads than cores, so these timings "
-                "measure the scheduler too; rerun on a quieter machine or with fewer threads "
-                "(OMP_NUM_THREADS)\n",
-                load.describe().c_str());
+    std::printf(
+        "warning: busy machine (%s): more runnable threads than cores, so these timings "
+        "measure the scheduler too; rerun on a quieter machine or with fewer threads "
+        "(OMP_NUM_THREADS)\n",
+        load.describe().c_str());
 }
 
 // The component table (ms per step, % of the step, GFLOP/s, calls per step over n steps)
@@ -121,8 +123,8 @@ void print_components(const std::vector<Row>& rows, double total, int n) {
     if (nm.rfind("quant.", 0) == 0 || nm == "transpose") quant_s += r.s;
     char gf[32] = "";
     if (r.flops > 0) std::snprintf(gf, sizeof gf, "%.1f", r.flops / r.s / 1e9);
-    std::printf("%-24s %10.2f %7.1f%% %10s %8.1f\n", r.name, r.s * 1e3 / n, 100.0 * r.s / total,
-                gf, double(r.calls) / n);
+    std::printf("%-24s %10.2f %7.1f%% %10s %8.1f\n", r.name, r.s * 1e3 / n, 100.0 * r.s / total, gf,
+                double(r.calls) / n);
   }
   std::printf("%-24s %10.2f %7.1f%%\n", "sum of components", total * 1e3 / n, 100.0);
   std::printf("\nGEMMs %.1f%% of the step at %.1f GFLOP/s; quantization %.1f%%\n",
@@ -133,31 +135,35 @@ void print_components(const std::vector<Row>& rows, double total, int n) {
 // Throughput, model FLOPs and MFU.
 void print_rates(const ProfileResult& p, const Rates& r, const prof::PeakRate& peak,
                  const RunConfig& cfg) {
-  std::printf("throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + mixers, N = %lld "
-              "non-embedding parameters)\n",
-              r.tok_s, p.flops_per_token / 1e6,
-              static_cast<long long>(p.num_params -
-                                     int64_t(cfg.model.vocab_size) * cfg.model.d_model));
-  std::printf("MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate (%s)\n", 100 * r.mfu,
-              r.model_gflops, peak.gflops, peak.source.c_str());
-  std::printf("    %.1f%% with attention counted over the causal triangle only (6N + 6·A·H·hd·(T+1), A attention blocks)\n",
-              100 * r.mfu_causal);
+  std::printf(
+      "throughput %.0f tokens/s; model FLOPs %.2f M/token (6N + mixers, N = %lld "
+      "non-embedding parameters)\n",
+      r.tok_s, p.flops_per_token / 1e6,
+      static_cast<long long>(p.num_params - int64_t(cfg.model.vocab_size) * cfg.model.d_model));
+  std::printf(
+      "MFU %.1f%% (vs the FP32 GEMM rate): %.1f model GFLOP/s of %.1f GFLOP/s FP32 GEMM rate "
+      "(%s)\n",
+      100 * r.mfu, r.model_gflops, peak.gflops, peak.source.c_str());
+  std::printf(
+      "    %.1f%% with attention counted over the causal triangle only (6N + 6·A·H·hd·(T+1), A "
+      "attention blocks)\n",
+      100 * r.mfu_causal);
 }
 
 // Peak resident memory and the model's buffers by part.
 void print_memory(const ProfileResult& p) {
   const nn::Model::MemoryUse& mem = p.memory;
-  std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n", mib(p.peak_rss_bytes).c_str(),
-              mib(mem.total() + p.adamw_bytes).c_str());
+  std::printf("\nmemory: peak resident %s (VmHWM). Model buffers %s:\n",
+              mib(p.peak_rss_bytes).c_str(), mib(mem.total() + p.adamw_bytes).c_str());
   std::printf("  parameters %s + gradients %s + AdamW moments %s\n", mib(mem.params).c_str(),
               mib(mem.grads).c_str(), mib(p.adamw_bytes).c_str());
   std::printf("  activations kept for backward %s, logits (their gradient in place) %s\n",
               mib(mem.activations).c_str(), mib(mem.logits).c_str());
-  std::printf("  backward gradient buffers %s, Linear operand scratch %s (kept per layer %s, "
-              "shared workspace %s)\n",
-              mib(mem.backward_scratch).c_str(),
-              mib(mem.linear_scratch + mem.linear_workspace).c_str(),
-              mib(mem.linear_scratch).c_str(), mib(mem.linear_workspace).c_str());
+  std::printf(
+      "  backward gradient buffers %s, Linear operand scratch %s (kept per layer %s, "
+      "shared workspace %s)\n",
+      mib(mem.backward_scratch).c_str(), mib(mem.linear_scratch + mem.linear_workspace).c_str(),
+      mib(mem.linear_scratch).c_str(), mib(mem.linear_workspace).c_str());
 }
 
 // --json: the breakdown as one JSON object.
@@ -170,7 +176,8 @@ void write_profile_json(const ProfileArgs& a, const Settings& sets, const Recipe
   const nn::Model::MemoryUse& mem = p.memory;
   json comps = json::object();
   for (const Row& c : rows)
-    comps[c.name] = {{"ms_per_step", c.s * 1e3 / n}, {"fraction", c.s / total},
+    comps[c.name] = {{"ms_per_step", c.s * 1e3 / n},
+                     {"fraction", c.s / total},
                      {"gflops", c.flops > 0 ? c.flops / c.s / 1e9 : 0.0},
                      {"calls_per_step", double(c.calls) / n}};
   json j = {{"config", a.config},
@@ -258,10 +265,13 @@ void register_profile(CLI::App& app) {
   c->add_option("--steps", a->steps, "Timed steps (after the warm-up)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
-  c->add_option("--warmup", a->warmup, "Untimed warm-up steps first (JIT, page faults, step 1's telemetry)")
+  c->add_option("--warmup", a->warmup,
+                "Untimed warm-up steps first (JIT, page faults, step 1's telemetry)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
-  c->add_option("--data", a->data, "Data file or directory instead of data.path (text, JSONL, token shards: docs/data.md)");
+  c->add_option(
+      "--data", a->data,
+      "Data file or directory instead of data.path (text, JSONL, token shards: docs/data.md)");
   c->add_option("--json", a->json_file, "Also write the breakdown as JSON to this file");
   c->add_option("--peak-gflops", a->peak_gflops,
                 "FP32 GEMM rate (GFLOP/s) to compute MFU against, instead of the measured one "

@@ -44,7 +44,6 @@ struct QuantOptions {
   std::string save;  ///< --save: packed QTensor safetensors file ("" = none)
 };
 
-
 // The quantization spec of the options. Throws fp4::UserError naming the option that is
 // malformed, out of range or does not fit the others.
 BlockQuantSpec quant_spec(const QuantOptions& o, bool reference_given) {
@@ -69,7 +68,8 @@ BlockQuantSpec quant_spec(const QuantOptions& o, bool reference_given) {
                     " needs a power-of-two scale format: add --scale-format ue8m0 (got " +
                     spec_scale_format(spec).name + ")");
   }
-  if (const std::string e = block_length_error(o.block); !e.empty()) throw UserError("--block " + e);
+  if (const std::string e = block_length_error(o.block); !e.empty())
+    throw UserError("--block " + e);
   spec.block = o.block;
   spec.two_d = o.two_d;
   if (!(o.target > 0.f) || std::isinf(o.target)) {
@@ -109,11 +109,12 @@ SrKey quant_key(uint64_t seed) {
 void save_packed(const QuantOptions& o, const BlockQuantSpec& spec, const Matrix& m, float g,
                  const SrKey& key) {
   if (!quant_fast_supports(spec)) {
-    throw UserError("--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
-                    "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
-                    "mx-ocp); got element " + spec.element.name() +
-                    ", scale " + spec_scale_format(spec).name + ", rule " +
-                    scale_rule_name(spec.scale_rule));
+    throw UserError(
+        "--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
+        "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
+        "mx-ocp); got element " +
+        spec.element.name() + ", scale " + spec_scale_format(spec).name + ", rule " +
+        scale_rule_name(spec.scale_rule));
   }
   std::map<std::string, std::string> facts = {{"source", "fp4train quant"},
                                               {"rounding", o.rounding}};
@@ -134,8 +135,8 @@ nlohmann::ordered_json spec_json(const QuantOptions& o, const BlockQuantSpec& sp
   js["rounding"] = o.rounding;
   if (spec.rounding == Rounding::SR8) {
     js["seed"] = o.seed;
-    js["sr_key"] = {{"step", key.step}, {"layer", key.layer}, {"operand", key.operand},
-                    {"gemm", key.gemm}};
+    js["sr_key"] = {
+        {"step", key.step}, {"layer", key.layer}, {"operand", key.operand}, {"gemm", key.gemm}};
   }
   return js;
 }
@@ -221,7 +222,8 @@ void register_quant(CLI::App& app) {
       "quant",
       "Quantize a matrix (text: one row per line, whitespace-separated numbers) with block-scaled\n"
       "FP4 and print tensor scales, block scales, element codes and dequantized values as JSON.\n"
-      "Block \"row\"/\"col\" are block-grid indices. Contract: docs/numerics.md \"Quantizing one operand\".");
+      "Block \"row\"/\"col\" are block-grid indices. Contract: docs/numerics.md \"Quantizing one "
+      "operand\".");
   sub->add_option("file", opts->file, "Input file ('-' or omitted: stdin)");
   sub->add_option("--scale-format", opts->scale_format,
                   "Block-scale format: ue5m3, ue5m3-ptx, e4m3, ue8m0, ue4m3, or a spelled "
@@ -240,18 +242,23 @@ void register_quant(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--2d", opts->two_d, "block x block tiles (weights) instead of 1 x block");
   sub->add_option("--target", opts->target, "Scale target T")->capture_default_str();
-  CLI::Option* ref = sub->add_option("--reference", opts->reference,
-                                     "Tensor reference amax g (default: current max|x| of the input)");
-  sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8")->capture_default_str();
+  CLI::Option* ref =
+      sub->add_option("--reference", opts->reference,
+                      "Tensor reference amax g (default: current max|x| of the input)");
+  sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8")
+      ->capture_default_str();
   sub->add_option("--seed", opts->seed,
                   "SR key seed (key: step 1, layer 0, operand 2 = dY, gemm 0)")
       ->capture_default_str()
       ->check(CLI::Validator(
-          [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must be >= 0") : std::string(); },
+          [](std::string& v) {
+            return v.rfind('-', 0) == 0 ? std::string("must be >= 0") : std::string();
+          },
           "NONNEGATIVE"));
-  sub->add_option("--save", opts->save,
-                  "Also write the packed QTensor (two E2M1 codes per byte + one scale byte per "
-                  "block, safetensors as fp4/numerics/qtensor.h describes; MXFP4 too) to this file");
+  sub->add_option(
+      "--save", opts->save,
+      "Also write the packed QTensor (two E2M1 codes per byte + one scale byte per "
+      "block, safetensors as fp4/numerics/qtensor.h describes; MXFP4 too) to this file");
   sub->callback([opts, ref]() { run_quant(*opts, ref->count() > 0); });
 }
 

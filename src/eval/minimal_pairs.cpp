@@ -59,20 +59,29 @@ std::string join(const std::vector<std::string>& w) {
 // Function words: never cloze targets or distractors (the task asks for content words).
 const std::set<std::string_view>& function_words() {
   static const std::set<std::string_view> k = {
-      "is", "am", "i", "me", "my", "we", "us", "he", "it", "his", "our", "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was",
-      "one", "our", "out", "has", "him", "his", "how", "its", "may", "who", "did", "yet", "nor",
-      "she", "they", "them", "their", "there", "these", "those", "this", "that", "than", "then",
-      "with", "from", "into", "onto", "upon", "have", "been", "were", "will", "would", "could",
-      "should", "shall", "might", "must", "what", "when", "where", "which", "while", "whom",
-      "whose", "why", "also", "about", "above", "after", "again", "against", "because", "before",
-      "being", "below", "between", "both", "during", "each", "every", "few", "further", "here",
-      "more", "most", "much", "many", "other", "some", "such", "only", "own", "same", "very",
-      "just", "over", "under", "until", "through", "does", "doing", "having", "itself", "himself",
-      "herself", "themselves", "ourselves", "yourself", "myself", "your", "mine", "ours", "hers",
-      "theirs", "either", "neither", "whether", "though", "although", "since", "unless", "within",
-      "without", "among", "toward", "towards", "across", "along", "around", "behind", "beyond",
-      "per", "via", "let", "got", "get", "too", "now", "well", "even", "ever", "never", "still",
-      "already", "perhaps", "rather", "quite", "thus", "hence", "therefore", "however", "shall"};
+      "is",        "am",        "i",       "me",      "my",      "we",       "us",
+      "he",        "it",        "his",     "our",     "the",     "and",      "for",
+      "are",       "but",       "not",     "you",     "all",     "any",      "can",
+      "had",       "her",       "was",     "one",     "our",     "out",      "has",
+      "him",       "his",       "how",     "its",     "may",     "who",      "did",
+      "yet",       "nor",       "she",     "they",    "them",    "their",    "there",
+      "these",     "those",     "this",    "that",    "than",    "then",     "with",
+      "from",      "into",      "onto",    "upon",    "have",    "been",     "were",
+      "will",      "would",     "could",   "should",  "shall",   "might",    "must",
+      "what",      "when",      "where",   "which",   "while",   "whom",     "whose",
+      "why",       "also",      "about",   "above",   "after",   "again",    "against",
+      "because",   "before",    "being",   "below",   "between", "both",     "during",
+      "each",      "every",     "few",     "further", "here",    "more",     "most",
+      "much",      "many",      "other",   "some",    "such",    "only",     "own",
+      "same",      "very",      "just",    "over",    "under",   "until",    "through",
+      "does",      "doing",     "having",  "itself",  "himself", "herself",  "themselves",
+      "ourselves", "yourself",  "myself",  "your",    "mine",    "ours",     "hers",
+      "theirs",    "either",    "neither", "whether", "though",  "although", "since",
+      "unless",    "within",    "without", "among",   "toward",  "towards",  "across",
+      "along",     "around",    "behind",  "beyond",  "per",     "via",      "let",
+      "got",       "get",       "too",     "now",     "well",    "even",     "ever",
+      "never",     "still",     "already", "perhaps", "rather",  "quite",    "thus",
+      "hence",     "therefore", "however", "shall"};
   return k;
 }
 
@@ -82,10 +91,11 @@ std::string singular_in(std::string_view p, const std::map<std::string, int64_t>
   if (function_words().count(p)) return "";
   std::vector<std::string> cands;
   static const std::map<std::string_view, std::string_view> irregular = {
-      {"men", "man"},     {"women", "woman"}, {"children", "child"}, {"people", "person"},
-      {"feet", "foot"},   {"teeth", "tooth"}, {"mice", "mouse"}};
+      {"men", "man"},   {"women", "woman"}, {"children", "child"}, {"people", "person"},
+      {"feet", "foot"}, {"teeth", "tooth"}, {"mice", "mouse"}};
   if (auto it = irregular.find(p); it != irregular.end()) cands.emplace_back(it->second);
-  if (p.size() > 3 && p.substr(p.size() - 3) == "ies") cands.push_back(std::string(p.substr(0, p.size() - 3)) + "y");
+  if (p.size() > 3 && p.substr(p.size() - 3) == "ies")
+    cands.push_back(std::string(p.substr(0, p.size() - 3)) + "y");
   if (p.size() > 2 && p.substr(p.size() - 2) == "es") cands.emplace_back(p.substr(0, p.size() - 2));
   if (p.size() > 1 && p.back() == 's') cands.emplace_back(p.substr(0, p.size() - 1));
   for (const auto& s : cands)
@@ -94,7 +104,8 @@ std::string singular_in(std::string_view p, const std::map<std::string, int64_t>
 }
 // The plural the word list holds of singular s (s not ending in 's', itself listed), or "".
 std::string plural_in(std::string_view s, const std::map<std::string, int64_t>& wc) {
-  if (s.empty() || s.back() == 's' || function_words().count(s) || !wc.count(std::string(s))) return "";
+  if (s.empty() || s.back() == 's' || function_words().count(s) || !wc.count(std::string(s)))
+    return "";
   std::string p = plural_of(s);
   return wc.count(p) ? p : "";
 }
@@ -118,18 +129,20 @@ const std::map<std::string_view, std::string_view> kDetFlip = {{"this", "these"}
                                                                {"these", "this"}};
 // subj-verb: the verbs flipped, the singular ones, the pronouns of known number and the
 // group of each verb's pair (is/are 0, was/were 1, has/have 2).
-const std::map<std::string_view, std::string_view> kVerbFlip = {
-    {"is", "are"}, {"are", "is"}, {"was", "were"}, {"were", "was"}, {"has", "have"}, {"have", "has"}};
+const std::map<std::string_view, std::string_view> kVerbFlip = {{"is", "are"},   {"are", "is"},
+                                                                {"was", "were"}, {"were", "was"},
+                                                                {"has", "have"}, {"have", "has"}};
 const std::set<std::string_view> kSingVerb = {"is", "was", "has"};
 const std::set<std::string_view> kSingPron = {"he", "she", "it"}, kPlurPron = {"they", "we"};
-const std::map<std::string_view, int> kVerbPair = {
-    {"is", 0}, {"are", 0}, {"was", 1}, {"were", 1}, {"has", 2}, {"have", 2}};
+const std::map<std::string_view, int> kVerbPair = {{"is", 0},   {"are", 0}, {"was", 1},
+                                                   {"were", 1}, {"has", 2}, {"have", 2}};
 
 // The noun after a determiner, when it ends the noun phrase: its token (w[j]) is a lower-case
 // word with at most trailing punctuation (*core and *tail), and punctuation, the sentence's
 // end or a function word follows it ("these men had", "each year,"), not a word it could
 // modify ("this original capsule" has no place: "original" is an adjective there).
-bool phrase_noun(const std::vector<std::string>& w, size_t j, std::string* core, std::string* tail) {
+bool phrase_noun(const std::vector<std::string>& w, size_t j, std::string* core,
+                 std::string* tail) {
   const std::string& t = w[j];
   size_t e = t.size();
   while (e > 0 && is_ascii_punct(t[e - 1])) --e;
@@ -147,13 +160,16 @@ bool phrase_noun(const std::vector<std::string>& w, size_t j, std::string* core,
 
 std::string plural_of(std::string_view s) {
   static const std::map<std::string_view, std::string_view> irregular = {
-      {"man", "men"},     {"woman", "women"}, {"child", "children"}, {"person", "people"},
-      {"foot", "feet"},   {"tooth", "teeth"}, {"mouse", "mice"}};
+      {"man", "men"},   {"woman", "women"}, {"child", "children"}, {"person", "people"},
+      {"foot", "feet"}, {"tooth", "teeth"}, {"mouse", "mice"}};
   if (auto it = irregular.find(s); it != irregular.end()) return std::string(it->second);
   std::string w(s);
-  auto ends = [&](std::string_view e) { return w.size() >= e.size() && w.compare(w.size() - e.size(), e.size(), e) == 0; };
+  auto ends = [&](std::string_view e) {
+    return w.size() >= e.size() && w.compare(w.size() - e.size(), e.size(), e) == 0;
+  };
   if (ends("s") || ends("x") || ends("z") || ends("ch") || ends("sh")) return w + "es";
-  if (w.size() >= 2 && w.back() == 'y' && std::string_view("aeiou").find(w[w.size() - 2]) == std::string_view::npos)
+  if (w.size() >= 2 && w.back() == 'y' &&
+      std::string_view("aeiou").find(w[w.size() - 2]) == std::string_view::npos)
     return w.substr(0, w.size() - 1) + "ies";
   return w + "s";
 }
@@ -188,7 +204,8 @@ std::vector<Sentence> heldout_sentences(const CorpusSplit& split, const MinimalP
       for (const std::string& s : split_sentences(std::string_view(text).substr(p, e - p))) {
         std::vector<std::string> w = split_words(s);
         const std::string j = join(w);
-        if (int(w.size()) >= o.min_words && int(w.size()) <= o.max_words && int(j.size()) <= o.max_bytes)
+        if (int(w.size()) >= o.min_words && int(w.size()) <= o.max_words &&
+            int(j.size()) <= o.max_bytes)
           sents.push_back({d, index, std::move(w)});
         ++index;
       }
@@ -202,7 +219,8 @@ std::vector<Sentence> heldout_sentences(const CorpusSplit& split, const MinimalP
 // times, not function words), ranked by (count, word) within each length class.
 class ClozeWords {
  public:
-  ClozeWords(const std::map<std::string, int64_t>& wc, int min_count) : wc_(wc), min_count_(min_count) {
+  ClozeWords(const std::map<std::string, int64_t>& wc, int min_count)
+      : wc_(wc), min_count_(min_count) {
     std::vector<std::pair<int64_t, std::string>> by_count;  // content words by (count, word)
     for (const auto& [w, n] : wc)
       if (content(w)) by_count.push_back({n, w});
@@ -255,7 +273,10 @@ class ClozeWords {
 // the cloze words) and the one splitmix64 draw stream of the whole item set.
 struct ItemSource {
   ItemSource(const CorpusSplit& s, const MinimalPairOptions& opt)
-      : split(s), o(opt), wc(training_word_counts(s)), sents(heldout_sentences(s, opt)),
+      : split(s),
+        o(opt),
+        wc(training_word_counts(s)),
+        sents(heldout_sentences(s, opt)),
         cloze(wc, opt.cloze_min_count) {}
   const CorpusSplit& split;
   const MinimalPairOptions& o;
@@ -304,7 +325,8 @@ std::vector<Place> choose_places(ItemSource& src, std::string_view paradigm,
                                  std::vector<Place> places, int sides) {
   if (places.empty())
     throw UserError("minimal-pairs: the held-out split has no place for the " +
-                    std::string(paradigm) + " paradigm (too small a corpus, or not English "
+                    std::string(paradigm) +
+                    " paradigm (too small a corpus, or not English "
                     "text; the task file's min_words, max_words, max_bytes and, for cloze, "
                     "cloze_min_count say where it may look)");
   for (size_t i = places.size(); i > 1; --i) std::swap(places[i - 1], places[src.uniform(i)]);
@@ -339,7 +361,8 @@ std::vector<Place> choose_places(ItemSource& src, std::string_view paradigm,
   }
   if (chosen.empty())
     throw UserError("minimal-pairs: the held-out split has no place for one form of the " +
-                    std::string(paradigm) + " paradigm (too small a corpus; the task file's "
+                    std::string(paradigm) +
+                    " paradigm (too small a corpus; the task file's "
                     "min_words, max_words and max_bytes say which sentences are used)");
   std::sort(chosen.begin(), chosen.end(), [](const Place& a, const Place& b) {
     return a.sent != b.sent ? a.sent < b.sent : a.pos < b.pos;
@@ -366,8 +389,8 @@ std::vector<MinimalPairItem> swap_items(ItemSource& src) {
     std::vector<std::string> w = src.sents[p.sent].words;
     const size_t i = size_t(p.pos);
     std::swap(w[i], w[i + 1]);
-    items.push_back(altered_item(src, "swap", p, w,
-                                 "swap " + std::to_string(i) + "," + std::to_string(i + 1)));
+    items.push_back(
+        altered_item(src, "swap", p, w, "swap " + std::to_string(i) + "," + std::to_string(i + 1)));
   }
   return items;
 }
@@ -426,7 +449,8 @@ std::vector<MinimalPairItem> a_an_items(ItemSource& src) {
   const std::vector<Place> places = places_where(src, [](const auto& w, size_t i, Place* p) {
     const std::string lw = lower(w[i]);
     p->side = lw == "a" ? 0 : 1;
-    return i + 1 < w.size() && (lw == "a" || lw == "an") && w[i + 1][0] >= 'a' && w[i + 1][0] <= 'z';
+    return i + 1 < w.size() && (lw == "a" || lw == "an") && w[i + 1][0] >= 'a' &&
+           w[i + 1][0] <= 'z';
   });
   std::vector<MinimalPairItem> items;
   for (const Place& p : choose_places(src, "a-an", places, 2)) {
@@ -510,9 +534,8 @@ std::vector<const std::string*> cloze_distractors(ItemSource& src, const std::st
 // cloze: a content word (not the sentence's first) against 3 words of about its frequency
 // and length; 4 choices.
 std::vector<MinimalPairItem> cloze_items(ItemSource& src) {
-  const std::vector<Place> places = places_where(src, [&](const auto& w, size_t i, Place*) {
-    return i > 0 && src.cloze.target(w[i]);
-  });
+  const std::vector<Place> places = places_where(
+      src, [&](const auto& w, size_t i, Place*) { return i > 0 && src.cloze.target(w[i]); });
   std::vector<MinimalPairItem> items;
   for (const Place& p : choose_places(src, "cloze", places, 1)) {
     const std::vector<std::string>& s = src.sents[p.sent].words;
@@ -539,13 +562,14 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
     throw std::invalid_argument("make_minimal_pair_items: options out of range");
   using Generator = std::vector<MinimalPairItem> (*)(ItemSource&);
   static const std::map<std::string_view, Generator> kGenerators = {
-      {"swap", swap_items},  {"shuffle", shuffle_items},     {"det-noun", det_noun_items},
-      {"a-an", a_an_items},  {"subj-verb", subj_verb_items}, {"cloze", cloze_items}};
+      {"swap", swap_items}, {"shuffle", shuffle_items},     {"det-noun", det_noun_items},
+      {"a-an", a_an_items}, {"subj-verb", subj_verb_items}, {"cloze", cloze_items}};
   ItemSource src(split, o);
   std::vector<MinimalPairItem> items;
   for (const std::string_view paradigm : kMinimalPairParadigms) {
     std::vector<MinimalPairItem> more = kGenerators.at(paradigm)(src);
-    items.insert(items.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    items.insert(items.end(), std::make_move_iterator(more.begin()),
+                 std::make_move_iterator(more.end()));
   }
   return items;
 }
@@ -553,8 +577,11 @@ std::vector<MinimalPairItem> make_minimal_pair_items(const CorpusSplit& split,
 std::string minimal_pair_items_jsonl(const std::vector<MinimalPairItem>& items) {
   std::string out;
   for (const auto& it : items) {
-    const nlohmann::json j = {{"paradigm", it.paradigm}, {"doc", it.doc}, {"sentence", it.sentence},
-                              {"choices", it.choices},   {"change", it.change}};
+    const nlohmann::json j = {{"paradigm", it.paradigm},
+                              {"doc", it.doc},
+                              {"sentence", it.sentence},
+                              {"choices", it.choices},
+                              {"change", it.change}};
     out += j.dump() + "\n";
   }
   return out;
@@ -570,9 +597,8 @@ MinimalPairTask load_minimal_pair_task(const std::filesystem::path& file) {
     throw UserError(file.string() + ": " + std::string(e.description()));
   }
   for (const auto& [k, v] : tb) {
-    static const std::set<std::string_view> known = {"items",     "seed",      "min_words",
-                                                     "max_words", "max_bytes", "cloze_min_count",
-                                                     "fnv1a64"};
+    static const std::set<std::string_view> known = {
+        "items", "seed", "min_words", "max_words", "max_bytes", "cloze_min_count", "fnv1a64"};
     if (!known.count(k.str()))
       throw UserError(file.string() + ": unknown key '" + std::string(k.str()) + "'");
   }
@@ -611,7 +637,8 @@ MinimalPairRows minimal_pair_rows(const std::vector<MinimalPairItem>& items, con
     bool fits = true;
     for (const auto& c : it.choices) {
       const std::vector<int> ids = tok.encode(c, "a minimal-pairs sentence");
-      if (ids.empty()) throw UserError("minimal-pairs: a sentence encodes to no token: '" + c + "'");
+      if (ids.empty())
+        throw UserError("minimal-pairs: a sentence encodes to no token: '" + c + "'");
       fits &= int(ids.size()) <= max_tokens;
       std::vector<int32_t> t = {kTokenEos};
       t.insert(t.end(), ids.begin(), ids.end());
@@ -638,9 +665,12 @@ PairCredit minimal_pair_credit(const std::vector<double>& lp) {
   for (size_t k = 1; k < lp.size(); ++k) best_other = std::max(best_other, lp[k]);
   PairCredit c;
   c.margin = lp[0] - best_other;
-  if (lp[0] > best_other) c.credit = 1;
-  else if (lp[0] < best_other) c.credit = 0;
-  else c.credit = 1.0 / double(std::count(lp.begin(), lp.end(), lp[0]));
+  if (lp[0] > best_other)
+    c.credit = 1;
+  else if (lp[0] < best_other)
+    c.credit = 0;
+  else
+    c.credit = 1.0 / double(std::count(lp.begin(), lp.end(), lp[0]));
   return c;
 }
 
@@ -649,9 +679,9 @@ MinimalPairScore score_minimal_pairs(nn::Model& model, const std::vector<Minimal
                                      const EvalPolicy& policy, const EvalWindows* calib) {
   if (rows.first_row.size() != items.size() || rows.skipped.size() != items.size())
     throw std::invalid_argument("score_minimal_pairs: rows of another item set");
-  const std::vector<double> lp =
-      rows.seqs.empty() ? std::vector<double>()
-                        : continuation_logprobs(model, rows.seqs, rows.T, batch, policy, calib);
+  const std::vector<double> lp = rows.seqs.empty() ? std::vector<double>()
+                                                   : continuation_logprobs(model, rows.seqs, rows.T,
+                                                                           batch, policy, calib);
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   MinimalPairScore sc;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -672,13 +702,23 @@ MinimalPairScore score_minimal_pairs(nn::Model& model, const std::vector<Minimal
 std::string format_credits(const std::vector<double>& credit) {
   std::string s;
   for (double c : credit) {
-    if (std::isnan(c)) { s += '-'; continue; }
-    if (c == 1) { s += '1'; continue; }
-    if (c == 0) { s += '0'; continue; }
+    if (std::isnan(c)) {
+      s += '-';
+      continue;
+    }
+    if (c == 1) {
+      s += '1';
+      continue;
+    }
+    if (c == 0) {
+      s += '0';
+      continue;
+    }
     const double m = 1.0 / c;
     const long r = std::lround(m);
     if (r < 2 || r > 9 || 1.0 / double(r) != c)
-      throw std::invalid_argument("format_credits: credit " + std::to_string(c) + " is not 0, 1 or 1/m");
+      throw std::invalid_argument("format_credits: credit " + std::to_string(c) +
+                                  " is not 0, 1 or 1/m");
     s += char('0' + r);
   }
   return s;
@@ -687,11 +727,17 @@ std::string format_credits(const std::vector<double>& credit) {
 std::vector<double> parse_credits(std::string_view s) {
   std::vector<double> v;
   for (char ch : s) {
-    if (ch == '-') v.push_back(std::numeric_limits<double>::quiet_NaN());
-    else if (ch == '0') v.push_back(0);
-    else if (ch == '1') v.push_back(1);
-    else if (ch >= '2' && ch <= '9') v.push_back(1.0 / double(ch - '0'));
-    else throw std::invalid_argument(std::string("parse_credits: '") + ch + "' is not 0, 1, 2..9 or -");
+    if (ch == '-')
+      v.push_back(std::numeric_limits<double>::quiet_NaN());
+    else if (ch == '0')
+      v.push_back(0);
+    else if (ch == '1')
+      v.push_back(1);
+    else if (ch >= '2' && ch <= '9')
+      v.push_back(1.0 / double(ch - '0'));
+    else
+      throw std::invalid_argument(std::string("parse_credits: '") + ch +
+                                  "' is not 0, 1, 2..9 or -");
   }
   return v;
 }

@@ -58,8 +58,7 @@ struct ScaleParams {
 /// The scale parameters of E2M1 elements under spec with tensor reference g (sr: the SR key,
 /// read when spec rounds SR8). The tensor scales are exactly block_quant.cpp's tensor_scales
 /// (emax 6): ge = T·6/g (1 when g = 0), at most FLT_MAX, gd = 1/ge, mult = ge·fl(1/6).
-inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g,
-                             const SrKey* sr) {
+inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g, const SrKey* sr) {
   float ge = g == 0.0f ? 1.0f : (spec.target * 6.0f) / g;
   ge = std::min(ge, FLT_MAX);
   p.gd = 1.0f / ge;
@@ -174,8 +173,8 @@ HWY_INLINE VF RoundMag(VF a, int frac, int emin, float maxf, VF sroff) {
     (void)sroff;
     const VF half = hn::Set(df, 0.5f);
     const auto gt = hn::RebindMask(di, hn::Gt(delta, half));
-    const auto tie_odd =
-        hn::And(hn::RebindMask(di, hn::Eq(delta, half)), hn::TestBit(loi, hn::Set(di, 1)));
+    const auto tie_odd = hn::And(hn::RebindMask(di, hn::Eq(delta, half)),
+                                 hn::TestBit(loi, hn::Set(di, 1)));
     up = hn::IfThenElseZero(hn::Or(gt, tie_odd), hn::Set(di, 1));
   }
   const VF res = hn::Mul(hn::ConvertTo(df, hn::Add(loi, up)), Pow2<kSub>(q));
@@ -230,8 +229,8 @@ HWY_INLINE VI AbsBits(VF v) {
 /// of the bit patterns), for the nbc = ceil(cols / B) blocks of B columns of the nrows rows at
 /// x (row stride `stride`), then Lanes zeros after them. False (am partly written) if a block
 /// holds a NaN or Inf.
-HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols,
-                             int64_t B, int64_t nbc, float* am) {
+HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols, int64_t B,
+                             int64_t nbc, float* am) {
   const DF df;
   const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));

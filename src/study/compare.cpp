@@ -67,15 +67,21 @@ std::string find_plot_python() {
   return "";
 }
 
-
 json plan_json(const ComparePlan& p) {
-  json j = {{"config", p.config_arg},        {"config_name", p.config_name},
-          {"config_toml", p.config_toml},  {"recipes", p.recipes},
-          {"names", p.names},              {"policies", p.policies},
-          {"seeds", p.seeds},              {"steps", p.steps},
-          {"save_every", p.save_every},    {"keep_checkpoints", p.keep_checkpoints},
-          {"tokens_per_run", p.tokens_per_run}, {"model", p.model_line},
-          {"sets", p.sets},                {"baseline", p.baseline}};
+  json j = {{"config", p.config_arg},
+            {"config_name", p.config_name},
+            {"config_toml", p.config_toml},
+            {"recipes", p.recipes},
+            {"names", p.names},
+            {"policies", p.policies},
+            {"seeds", p.seeds},
+            {"steps", p.steps},
+            {"save_every", p.save_every},
+            {"keep_checkpoints", p.keep_checkpoints},
+            {"tokens_per_run", p.tokens_per_run},
+            {"model", p.model_line},
+            {"sets", p.sets},
+            {"baseline", p.baseline}};
   if (!p.hypotheses.empty()) j["hypotheses"] = p.hypotheses;  // absent: older files unchanged
   if (!p.task.empty()) j["task"] = p.task;
   return j;
@@ -86,7 +92,8 @@ json plan_json(const ComparePlan& p) {
 ComparePlan read_compare_plan(const fs::path& dir) {
   const fs::path f = dir / "compare.json";
   std::ifstream in(f);
-  if (!in) throw UserError(dir.string() + " holds no compare.json (not a `fp4train compare` directory)");
+  if (!in)
+    throw UserError(dir.string() + " holds no compare.json (not a `fp4train compare` directory)");
   try {
     const json j = json::parse(in);
     ComparePlan p;
@@ -95,7 +102,8 @@ ComparePlan read_compare_plan(const fs::path& dir) {
     p.config_toml = j.at("config_toml");
     p.recipes = j.at("recipes").get<std::vector<std::string>>();
     p.names = j.contains("names") ? j.at("names").get<std::vector<std::string>>() : p.recipes;
-    if (p.names.size() != p.recipes.size()) throw UserError(f.string() + ": names and recipes differ in length");
+    if (p.names.size() != p.recipes.size())
+      throw UserError(f.string() + ": names and recipes differ in length");
     p.policies = j.at("policies").get<std::vector<std::string>>();
     p.seeds = j.at("seeds").get<std::vector<uint64_t>>();
     p.steps = j.at("steps");
@@ -121,7 +129,8 @@ std::string plan_command(const ComparePlan& p, const fs::path& out) {
   for (const auto& q : p.policies) policies += (policies.empty() ? "" : ",") + q;
   std::vector<uint64_t> seeds = p.seeds;
   std::sort(seeds.begin(), seeds.end());
-  std::string cmd = "fp4train compare --config " + shell_quote(p.config_arg.empty() ? p.config_name : p.config_arg) +
+  std::string cmd = "fp4train compare --config " +
+                    shell_quote(p.config_arg.empty() ? p.config_name : p.config_arg) +
                     " --recipes " + shell_quote(recipes) + " --steps " + std::to_string(p.steps);
   if (!seeds.empty() && seeds.back() - seeds.front() + 1 == seeds.size()) {
     cmd += " --seeds " + std::to_string(seeds.size());
@@ -191,11 +200,14 @@ void print_main_table(const std::string& md, const fs::path& report) {
   std::vector<size_t> w(6, 0);
   for (const auto& r : rows)
     for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  std::printf("\nFinal-window loss (the full table, with held-out NLL per inference policy, "
-              "stability and throughput: %s):\n", report.string().c_str());
+  std::printf(
+      "\nFinal-window loss (the full table, with held-out NLL per inference policy, "
+      "stability and throughput: %s):\n",
+      report.string().c_str());
   for (const auto& r : rows) {
     std::string s = " ";
-    for (size_t i = 0; i < r.size(); ++i) s += " " + r[i] + std::string(w[i] - r[i].size() + 1, ' ');
+    for (size_t i = 0; i < r.size(); ++i)
+      s += " " + r[i] + std::string(w[i] - r[i].size() + 1, ' ');
     while (!s.empty() && s.back() == ' ') s.pop_back();
     std::printf("%s\n", s.c_str());
   }
@@ -212,8 +224,8 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
   if (hypotheses_arg.empty() && !hyp_file.empty() && !fs::is_regular_file(resolve(hyp_file)))
     throw UserError((out / "compare.json").string() + " names the study file '" + hyp_file +
                     "' (its --hypotheses), which is not found from here; give --hypotheses FILE");
-  const std::vector<Hypothesis> hyps =
-      hyp_file.empty() ? std::vector<Hypothesis>{} : load_hypotheses(resolve(hyp_file));
+  const std::vector<Hypothesis> hyps = hyp_file.empty() ? std::vector<Hypothesis>{}
+                                                        : load_hypotheses(resolve(hyp_file));
   std::vector<RunRecord> runs;
   std::vector<std::string> missing;
   for (const auto& r : plan.names)
@@ -240,22 +252,26 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
   else if (fs::exists(hyp_json))
     fs::remove(hyp_json);
   if (!plots && fs::is_directory(out / "plots") && !fs::is_empty(out / "plots"))
-    ctx.plots_note = "Plots were not remade (--no-plots): plots/ holds those of an earlier "
-                     "report, which may not match this one (another baseline, other runs).";
+    ctx.plots_note =
+        "Plots were not remade (--no-plots): plots/ holds those of an earlier "
+        "report, which may not match this one (another baseline, other runs).";
   if (plots) {
     const std::string py = find_plot_python();
     if (py.empty()) {
-      ctx.plots_note = "Plots were not made: no python3 with matplotlib (Debian: apt install "
-                       "python3-matplotlib, or set FP4_PYTHON).";
+      ctx.plots_note =
+          "Plots were not made: no python3 with matplotlib (Debian: apt install "
+          "python3-matplotlib, or set FP4_PYTHON).";
     } else {
-      std::string cmd = shell_quote(py) + " " + shell_quote(resolve("tools/plot_runs.py").string()) +
-                        " --title " + shell_quote(plan.config_name) + " --baseline " +
-                        shell_quote(baseline) + " --out " + shell_quote((out / "plots").string());
+      std::string cmd = shell_quote(py) + " " +
+                        shell_quote(resolve("tools/plot_runs.py").string()) + " --title " +
+                        shell_quote(plan.config_name) + " --baseline " + shell_quote(baseline) +
+                        " --out " + shell_quote((out / "plots").string());
       if (!hyps.empty()) cmd += " --hypotheses " + shell_quote(hyp_json.string());
       for (const auto& r : runs) cmd += " " + shell_quote(r.dir.string());
       const fs::path plots_dir = out / "plots";
       if (fs::exists(plots_dir) && !fs::is_directory(plots_dir))
-        throw UserError(plots_dir.string() + " exists and is not a directory; remove it or use --no-plots");
+        throw UserError(plots_dir.string() +
+                        " exists and is not a directory; remove it or use --no-plots");
       std::fflush(stdout);
       if (std::system(cmd.c_str()) == 0) {
         for (const char* p : {"loss.png", "loss_vs_baseline.png", "heldout.png", "telemetry.png"})
@@ -278,9 +294,9 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
   write_file_atomic(out / "report.md", md);
   if (print_table) print_main_table(md, out / "report.md");
   std::printf("report: %s (%zu runs%s)\n", (out / "report.md").string().c_str(), runs.size(),
-              missing.empty() ? "" : (", " + std::to_string(missing.size()) + " not finished").c_str());
+              missing.empty() ? ""
+                              : (", " + std::to_string(missing.size()) + " not finished").c_str());
 }
-
 
 namespace {
 
@@ -366,7 +382,8 @@ void Comparison::merge_directory_plan() {
       return o.empty() ? std::string(" no --set") : o;
     };
     throw UserError(out.string() + " holds a comparison made with" + list(old.sets) + ", not" +
-                    list(plan.sets) + "; give the same --set arguments or choose another --out "
+                    list(plan.sets) +
+                    "; give the same --set arguments or choose another --out "
                     "(nothing was changed)");
   }
   if (old.config_toml != plan.config_toml)
@@ -414,8 +431,8 @@ void Comparison::check_recipes() {
     const std::string& name = recipes.back().recipe().name;
     for (size_t i = 0; i < plan.names.size(); ++i)
       if (plan.names[i] == name || dir_safe(plan.names[i]) == dir_safe(name))
-        throw UserError("--recipes: '" + plan.recipes[i] + "' and '" + arg +
-                        "' are both named '" + name +
+        throw UserError("--recipes: '" + plan.recipes[i] + "' and '" + arg + "' are both named '" +
+                        name +
                         "' (runs and report rows are labelled by name); give one of them "
                         "another `name = ...` in its file");
     plan.names.push_back(name);
@@ -449,8 +466,9 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
       !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
     throw UserError(d.string() + " holds a run made with a different " +
                     (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
-                                                                   : "config (config.toml)") +
-                    " than " + plan.recipes[ri] + " now gives; remove that run directory or use "
+                                                                 : "config (config.toml)") +
+                    " than " + plan.recipes[ri] +
+                    " now gives; remove that run directory or use "
                     "another --out (nothing was changed)");
 }
 
@@ -470,7 +488,8 @@ void Comparison::execute() {
       evaluate_one(d, head);
       score_tasks(d, head);
     }
-  if (diverged) log(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
+  if (diverged)
+    log(std::to_string(diverged) + " run(s) diverged; see the report's *diverged* column");
 }
 
 // compare.json, with the model's line for the report.
@@ -547,11 +566,11 @@ void Comparison::train_interruptibly(const ValidatedRun& checked, const TrainOpt
   const TrainSummary& s = r.summary;
   // During the run's last step: it completed; the comparison stops before the next.
   if (r.late_signal != 0)
-    end_by_signal(r.late_signal,
-                  "\n" + signal_name(r.late_signal) + " arrived during the last step of " +
-                      opt.out_dir.string() + ", which completed; its held-out evaluation and "
-                      "the other runs are left. Continue the comparison with:\n  " +
-                      plan_command(plan, out) + "\n");
+    end_by_signal(r.late_signal, "\n" + signal_name(r.late_signal) +
+                                     " arrived during the last step of " + opt.out_dir.string() +
+                                     ", which completed; its held-out evaluation and "
+                                     "the other runs are left. Continue the comparison with:\n  " +
+                                     plan_command(plan, out) + "\n");
   if (s.stop_signal == 0) return;
   end_by_signal(s.stop_signal,
                 "\nstopped by " + signal_name(s.stop_signal) + " in " + opt.out_dir.string() +
@@ -559,7 +578,8 @@ void Comparison::train_interruptibly(const ValidatedRun& checked, const TrainOpt
                     std::to_string(checked.config().train.steps) + "; checkpoint " +
                     s.checkpoint.string() +
                     "\nContinue the comparison (finished runs are reused, this one resumes "
-                    "bit for bit) with:\n  " + plan_command(plan, out) + "\n");
+                    "bit for bit) with:\n  " +
+                    plan_command(plan, out) + "\n");
 }
 
 // Held-out NLL under every policy of the plan, from the run's final checkpoint; recomputed
@@ -574,8 +594,7 @@ void Comparison::evaluate_one(const fs::path& d, const std::string& head) {
   }
   if (!need_eval) return;
   log(head + "held-out NLL under " + policies);
-  eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(),
-                          run.data.path.string());
+  eval_checkpoint_to_json(d.string(), policies, (d / "eval.json").string(), run.data.path.string());
 }
 
 // Each downstream task under every policy (DIR/<run>/task.json, task-TASK.json), when the plan

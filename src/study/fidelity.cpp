@@ -83,11 +83,13 @@ Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resa
   if (K == 0) throw std::invalid_argument("bootstrap_two_level: no batches");
   for (const auto& row : x) {
     if (row.size() != K)
-      throw std::invalid_argument("bootstrap_two_level: checkpoints hold different numbers of "
-                                  "batches (" + std::to_string(row.size()) + " and " +
-                                  std::to_string(K) + ")");
+      throw std::invalid_argument(
+          "bootstrap_two_level: checkpoints hold different numbers of "
+          "batches (" +
+          std::to_string(row.size()) + " and " + std::to_string(K) + ")");
     for (double v : row)
-      if (!std::isfinite(v)) throw std::invalid_argument("bootstrap_two_level: a value is not finite");
+      if (!std::isfinite(v))
+        throw std::invalid_argument("bootstrap_two_level: a value is not finite");
   }
   if (resamples < 1) throw std::invalid_argument("bootstrap_two_level: resamples must be >= 1");
   const size_t C = x.size();
@@ -130,8 +132,10 @@ namespace {
 // The string at `key` into v; an error when it is missing and required.
 void read_string(const toml::table& c, const char* key, std::string& v, bool required,
                  const std::string& where) {
-  if (auto x = c[key].value<std::string>()) v = *x;
-  else if (required) throw UserError("fidelity: " + where + ": key '" + key + "' (a string) is missing");
+  if (auto x = c[key].value<std::string>())
+    v = *x;
+  else if (required)
+    throw UserError("fidelity: " + where + ": key '" + key + "' (a string) is missing");
 }
 
 // The contrast's terms: the table terms = { RECIPE = coefficient, ... }, or a (+1) and b (−1).
@@ -140,7 +144,8 @@ void read_terms(const toml::table& c, const std::string& where, Claim& cl) {
     for (const auto& [k, v] : *t) {
       const auto x = v.value<double>();
       if (!x || !std::isfinite(*x))
-        throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) + " must be a finite number");
+        throw UserError("fidelity: " + where + ": terms." + std::string(k.str()) +
+                        " must be a finite number");
       cl.terms.push_back({std::string(k.str()), *x});
     }
     if (cl.terms.empty()) throw UserError("fidelity: " + where + ": terms is empty");
@@ -158,15 +163,21 @@ void read_expect(const toml::table& c, const std::string& where, const std::vect
                  Claim& cl) {
   read_string(c, "expect", cl.expect, true, where);
   if (cl.expect != "lower" && cl.expect != "higher" && cl.expect != "within")
-    throw UserError("fidelity: " + where + " (" + cl.id + "): expect must be \"lower\", \"higher\" (a's metric against b's) or \"within\" (with bound), got \"" + cl.expect + "\"");
+    throw UserError("fidelity: " + where + " (" + cl.id +
+                    "): expect must be \"lower\", \"higher\" (a's metric against b's) or "
+                    "\"within\" (with bound), got \"" +
+                    cl.expect + "\"");
   for (const Claim& prev : before)
-    if (prev.id == cl.id) throw UserError("fidelity: " + where + ": id \"" + cl.id + "\" is used twice");
+    if (prev.id == cl.id)
+      throw UserError("fidelity: " + where + ": id \"" + cl.id + "\" is used twice");
   if (cl.expect != "within" && c["bound"])
-    throw UserError("fidelity: " + where + " (" + cl.id + "): bound goes with expect = \"within\" only");
+    throw UserError("fidelity: " + where + " (" + cl.id +
+                    "): bound goes with expect = \"within\" only");
   if (cl.expect == "within") {
     const auto b = c["bound"].value<double>();
     if (!b || !(*b > 0))
-      throw UserError("fidelity: " + where + " (" + cl.id + "): expect = \"within\" needs bound, a number > 0");
+      throw UserError("fidelity: " + where + " (" + cl.id +
+                      "): expect = \"within\" needs bound, a number > 0");
     cl.bound = *b;
   }
 }
@@ -174,23 +185,35 @@ void read_expect(const toml::table& c, const std::string& where, const std::vect
 // A metric the panel computes, in a scope that has it (the loss penalties and noise ratios:
 // whole only).
 void check_metric(const std::string& where, const Claim& cl) {
-  static const std::set<std::string> known = {"rel_error", "cosine", "gain", "mse", "bias2", "variance",
-                                               "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad",
-                                               "loss_penalty_current", "loss_penalty_replay_d50",
-                                               "loss_penalty_calibrated"};
+  static const std::set<std::string> known = {"rel_error",
+                                              "cosine",
+                                              "gain",
+                                              "mse",
+                                              "bias2",
+                                              "variance",
+                                              "loss_penalty",
+                                              "sgd_noise_fraction",
+                                              "qnoise_to_grad",
+                                              "loss_penalty_current",
+                                              "loss_penalty_replay_d50",
+                                              "loss_penalty_calibrated"};
   if (!known.count(cl.metric))
-    throw UserError("fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
-                    "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
-                    "sgd_noise_fraction, qnoise_to_grad, loss_penalty_current, loss_penalty_replay_d50, "
-                    "loss_penalty_calibrated)");
-  const bool whole_only = cl.metric.rfind("loss_penalty", 0) == 0 || cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
+    throw UserError(
+        "fidelity: " + where + " (" + cl.id + "): unknown metric '" + cl.metric +
+        "' (rel_error, cosine, gain, mse, bias2, variance; scope whole also loss_penalty, "
+        "sgd_noise_fraction, qnoise_to_grad, loss_penalty_current, loss_penalty_replay_d50, "
+        "loss_penalty_calibrated)");
+  const bool whole_only = cl.metric.rfind("loss_penalty", 0) == 0 ||
+                          cl.metric == "sgd_noise_fraction" || cl.metric == "qnoise_to_grad";
   if (whole_only && cl.scope != "whole")
-    throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric + " exists for scope whole only, got scope '" + cl.scope + "'");
+    throw UserError("fidelity: " + where + " (" + cl.id + "): metric " + cl.metric +
+                    " exists for scope whole only, got scope '" + cl.scope + "'");
 }
 
 // One [[claim]] table; `before`: the claims above it in the file.
 Claim read_claim(const toml::table& c, const std::string& where, const std::vector<Claim>& before) {
-  static const std::set<std::string> keys = {"id", "text", "metric", "scope", "a", "b", "terms", "expect", "bound"};
+  static const std::set<std::string> keys = {"id", "text",  "metric", "scope", "a",
+                                             "b",  "terms", "expect", "bound"};
   for (const auto& [k, v] : c)
     if (!keys.count(std::string(k.str())))
       throw UserError("fidelity: " + where + ": unknown key '" + std::string(k.str()) +
@@ -227,7 +250,8 @@ std::vector<Claim> load_claims(const fs::path& file) {
 }
 
 bool is_role_scope(const std::string& scope) {
-  return std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), scope) != std::end(kLinearRoleScopes);
+  return std::find(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes), scope) !=
+         std::end(kLinearRoleScopes);
 }
 
 std::string join_steps(const std::vector<int64_t>& s) {

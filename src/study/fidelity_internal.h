@@ -22,7 +22,7 @@ namespace fp4::fidelity_detail {
 /// One [[claim]] of a claims file (docs/fidelity.md "Statistics").
 struct Claim {
   std::string id, text, metric, scope = "whole", expect;  // "lower" | "higher" | "within"
-  double bound = 0;  // expect = "within": |contrast| ≤ bound
+  double bound = 0;                                       // expect = "within": |contrast| ≤ bound
   /// The contrast Σ coefficient × metric(recipe): a = +1, b = −1, or the file's terms.
   std::vector<std::pair<std::string, double>> terms;
 };
@@ -33,7 +33,8 @@ std::vector<Claim> load_claims(const std::filesystem::path& file);
 
 // ------------------------------------------------------------------------------ names
 
-inline constexpr const char* kGradMetrics[] = {"rel_error", "cosine", "gain", "mse", "bias2", "variance"};
+inline constexpr const char* kGradMetrics[] = {"rel_error", "cosine", "gain",
+                                               "mse",       "bias2",  "variance"};
 /// The metrics of per-parameter and per-linear means and of the role scopes' intervals.
 inline constexpr const char* kMeanMetrics[] = {"rel_error", "cosine", "gain", "bias2", "variance"};
 /// The loss penalty under each inference policy of `fp4train eval` (whole scope): the panel's K

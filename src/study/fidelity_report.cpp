@@ -45,11 +45,15 @@ json mean_json(const Grid& x) {
 std::string fmt(double v, int prec = 4) {
   char b[64];
   const double a = std::fabs(v);
-  if (v != 0 && (a < 1e-3 || a >= 1e5)) std::snprintf(b, sizeof b, "%.*e", prec - 1, v);
-  else std::snprintf(b, sizeof b, "%.*f", prec, v);
+  if (v != 0 && (a < 1e-3 || a >= 1e5))
+    std::snprintf(b, sizeof b, "%.*e", prec - 1, v);
+  else
+    std::snprintf(b, sizeof b, "%.*f", prec, v);
   return b;
 }
-std::string fmt_iv(const Interval& i) { return fmt(i.mean) + " [" + fmt(i.lo) + ", " + fmt(i.hi) + "]"; }
+std::string fmt_iv(const Interval& i) {
+  return fmt(i.mean) + " [" + fmt(i.lo) + ", " + fmt(i.hi) + "]";
+}
 
 // The report's two-level bootstrap (FidelityRequest::resamples and bootstrap_seed).
 struct Boot {
@@ -62,9 +66,13 @@ struct Boot {
 
 // A grid of C checkpoints × K batches, or an error naming `what` in file `w`.
 void check_grid(const Grid& g, size_t C, size_t K, const std::string& w, const std::string& what) {
-  if (g.size() != C) throw UserError(w + ": " + what + " holds " + std::to_string(g.size()) + " checkpoints, expected " + std::to_string(C));
+  if (g.size() != C)
+    throw UserError(w + ": " + what + " holds " + std::to_string(g.size()) +
+                    " checkpoints, expected " + std::to_string(C));
   for (const auto& row : g)
-    if (row.size() != K) throw UserError(w + ": " + what + " holds a row of " + std::to_string(row.size()) + " batches, expected " + std::to_string(K));
+    if (row.size() != K)
+      throw UserError(w + ": " + what + " holds a row of " + std::to_string(row.size()) +
+                      " batches, expected " + std::to_string(K));
 }
 
 // The panel's description and exact side (fidelity.json's top-level keys and samples' exact_*).
@@ -79,7 +87,8 @@ FidelityPanel read_description(const json& j, const std::string& w) {
   P.seed = j.at("seed").get<uint64_t>();
   P.cpu = j.value("cpu", "");
   P.seconds = j.value("seconds", 0.0);
-  if (j.contains("linear_names")) P.linear_names = j["linear_names"].get<std::vector<std::string>>();
+  if (j.contains("linear_names"))
+    P.linear_names = j["linear_names"].get<std::vector<std::string>>();
   P.references = j.value("references", "");
   if (j.contains("stress")) {
     P.stress_factor = j["stress"].at("factor").get<double>();
@@ -123,7 +132,8 @@ void read_recipe(const json& r, const json& smp, FidelityPanel& P, const std::st
   };
   for (const char* scope : {"whole", "linears"})
     read_samples(rs.at(scope), scope, "samples." + fr.name + "." + scope);
-  if (!P.linear_names.empty()) {  // per-linear roles: samples of the concatenated scopes, means per linear
+  if (!P.linear_names
+           .empty()) {  // per-linear roles: samples of the concatenated scopes, means per linear
     for (const char* key : kLinearRoleScopes)
       read_samples(rs.at("roles").at(key), key, "samples." + fr.name + ".roles." + key);
     for (const std::string& ln : P.linear_names)
@@ -156,9 +166,11 @@ FidelityPanel load_fidelity_panel(const fs::path& file) {
   }
   try {
     if (j.value("format", "") != "fp4train.fidelity.v1")
-      throw UserError(w + ": not a fidelity.json (format " + j.value("format", std::string("missing")) + ")");
+      throw UserError(w + ": not a fidelity.json (format " +
+                      j.value("format", std::string("missing")) + ")");
     if (!j.contains("samples"))
-      throw UserError(w + ": holds no per-batch samples (written before they were stored); rerun the panel");
+      throw UserError(
+          w + ": holds no per-batch samples (written before they were stored); rerun the panel");
     FidelityPanel P = read_description(j, w);
     for (const json& r : j.at("recipes")) read_recipe(r, j.at("samples"), P, w);
     if (P.recipes.empty()) throw UserError(w + ": holds no recipes");
@@ -178,7 +190,8 @@ namespace {
 // role scopes are checked.
 void check_finite_samples(const FidelityPanel& P) {
   std::vector<std::string> checked = {"whole", "linears"};
-  if (!P.linear_names.empty()) checked.insert(checked.end(), std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
+  if (!P.linear_names.empty())
+    checked.insert(checked.end(), std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
   for (const FidelityRecipe& fr : P.recipes)
     for (const std::string& scope : checked)
       for (const auto& [m, x] : fr.scopes.at(scope))
@@ -186,8 +199,8 @@ void check_finite_samples(const FidelityPanel& P) {
           for (size_t k = 0; k < x[c].size(); ++k)
             if (!std::isfinite(x[c][k]))
               throw UserError("fidelity: recipe " + fr.name + ": " + scope + " " + m + " is " +
-                              std::to_string(x[c][k]) + " at checkpoint " + std::to_string(P.steps[c]) +
-                              ", batch " + std::to_string(k + 1));
+                              std::to_string(x[c][k]) + " at checkpoint " +
+                              std::to_string(P.steps[c]) + ", batch " + std::to_string(k + 1));
 }
 
 // The panel's description, the bootstrap and the exact side.
@@ -203,13 +216,17 @@ json description_json(const FidelityPanel& P, const Boot& boot) {
   j["seed"] = P.seed;
   j["references"] = P.references;
   if (P.stress_factor != 1) {
-    j["stress"] = {{"factor", P.stress_factor}, {"channels", P.stress_channels},
+    j["stress"] = {{"factor", P.stress_factor},
+                   {"channels", P.stress_channels},
                    {"exact_loss_max_abs_diff", P.stress_loss_diff},
                    {"exact_grad_max_abs_diff", P.stress_grad_diff}};
     if (!P.linear_names.empty()) j["stress"]["exact_roles_max_abs_diff"] = P.stress_roles_diff;
   }
-  j["bootstrap"] = {{"resamples", boot.resamples}, {"seed", boot.seed},
-                    {"method", "two-level: checkpoints with replacement, then batches with replacement within each drawn checkpoint; 95% percentile interval"}};
+  j["bootstrap"] = {{"resamples", boot.resamples},
+                    {"seed", boot.seed},
+                    {"method",
+                     "two-level: checkpoints with replacement, then batches with replacement "
+                     "within each drawn checkpoint; 95% percentile interval"}};
   j["cpu"] = P.cpu;
   j["seconds"] = P.seconds;
   if (!P.linear_names.empty()) j["linear_names"] = P.linear_names;
@@ -250,7 +267,8 @@ void add_roles_json(const FidelityPanel& P, const FidelityRecipe& fr, const Boot
     for (const char* m : kMeanMetrics) ro[key][m] = interval_json(boot(fr.scopes.at(key).at(m)));
   for (const std::string& ln : P.linear_names)
     for (const char* key : kLinearRoleScopes)
-      for (const char* m : kMeanMetrics) lr[ln][key][m] = mean_json(fr.scopes.at(ln + ":" + key).at(m));
+      for (const char* m : kMeanMetrics)
+        lr[ln][key][m] = mean_json(fr.scopes.at(ln + ":" + key).at(m));
   r["roles"] = ro;
   r["linear_roles"] = lr;
 }
@@ -340,8 +358,10 @@ std::string contrast_verdict(const Interval& iv, const std::string& expect, doub
   const bool resolved = iv.lo > 0 || iv.hi < 0;
   if (expect == "within")  // supported: the interval inside ±bound; contradicted: outside it
     return iv.lo >= -bound && iv.hi <= bound ? "supported"
-           : iv.lo > bound || iv.hi < -bound ? "contradicted" : "not resolved";
-  if (!expect.empty() && resolved) return (expect == "lower") == (iv.hi < 0) ? "supported" : "contradicted";
+           : iv.lo > bound || iv.hi < -bound ? "contradicted"
+                                             : "not resolved";
+  if (!expect.empty() && resolved)
+    return (expect == "lower") == (iv.hi < 0) ? "supported" : "contradicted";
   return resolved ? (iv.hi < 0 ? "below 0" : "above 0") : "not resolved";
 }
 
@@ -352,23 +372,27 @@ struct Contrasts {
   json entries = json::array();
   std::vector<std::string> md_rows;
 
-  void add(const std::string& id, const Terms& terms, const std::string& scope, const std::string& metric,
-           const std::string& expect, double bound, const std::string& text) {
+  void add(const std::string& id, const Terms& terms, const std::string& scope,
+           const std::string& metric, const std::string& expect, double bound,
+           const std::string& text) {
     const std::string label = contrast_label(terms);
     json jt = json::object();
     for (const auto& [fr, coef] : terms) jt[fr->name] = coef;
     const Interval iv = boot(contrast_samples(terms, scope, metric));
     const std::string verdict = contrast_verdict(iv, expect, bound);
-    json c = {{"id", id}, {"contrast", label}, {"terms", jt}, {"scope", scope}, {"metric", metric},
-              {"mean", iv.mean}, {"lo", iv.lo}, {"hi", iv.hi}, {"verdict", verdict}};
+    json c = {{"id", id},       {"contrast", label}, {"terms", jt},
+              {"scope", scope}, {"metric", metric},  {"mean", iv.mean},
+              {"lo", iv.lo},    {"hi", iv.hi},       {"verdict", verdict}};
     if (terms.size() == 2 && terms[0].second == 1.0 && terms[1].second == -1.0)
       c["a"] = terms[0].first->name, c["b"] = terms[1].first->name;
     if (!text.empty()) c["claim"] = text;
-    if (expect == "within") c["expect"] = "|contrast| <= " + fmt(bound);
-    else if (!expect.empty()) c["expect"] = expect == "lower" ? "contrast < 0" : "contrast > 0";
+    if (expect == "within")
+      c["expect"] = "|contrast| <= " + fmt(bound);
+    else if (!expect.empty())
+      c["expect"] = expect == "lower" ? "contrast < 0" : "contrast > 0";
     entries.push_back(c);
-    md_rows.push_back("| " + id + " | " + label + " | " + scope + " " + metric + " | " + fmt_iv(iv) +
-                      " | " + verdict + " |");
+    md_rows.push_back("| " + id + " | " + label + " | " + scope + " " + metric + " | " +
+                      fmt_iv(iv) + " | " + verdict + " |");
   }
 };
 
@@ -376,8 +400,8 @@ struct Contrasts {
 void recipe_contrasts(const FidelityPanel& P, Contrasts& out) {
   for (size_t r = 1; r < P.recipes.size(); ++r)
     for (const char* m : {"rel_error", "bias2", "variance", "loss_penalty"})
-      out.add(P.recipes[r].name + "-vs-" + P.recipes[0].name, {{&P.recipes[r], 1.0}, {&P.recipes[0], -1.0}},
-              "whole", m, "", 0, "");
+      out.add(P.recipes[r].name + "-vs-" + P.recipes[0].name,
+              {{&P.recipes[r], 1.0}, {&P.recipes[0], -1.0}}, "whole", m, "", 0, "");
 }
 
 const FidelityRecipe* find_recipe(const FidelityPanel& P, const std::string& name) {
@@ -398,22 +422,29 @@ void claim_contrasts(const FidelityPanel& P, const fs::path& file, Contrasts& ou
       terms.push_back({fr, coef});
     }
     if (!absent.empty()) {
-      std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(), absent.c_str());
+      std::fprintf(stderr, "claim %s: skipped (not in this panel: %s)\n", cl.id.c_str(),
+                   absent.c_str());
       continue;
     }
     if (is_role_scope(cl.scope) && P.linear_names.empty())
-      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs a panel run with "
+      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope +
+                      "' needs a panel run with "
                       "--linear-roles, and this one was not");
-    if (!terms[0].first->scopes.count(cl.scope) || !terms[0].first->scopes.at(cl.scope).count(cl.metric))
-      throw UserError("fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
-                      "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
-                      "loss_penalty_current, loss_penalty_replay_d50, loss_penalty_calibrated, "
-                      "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, a parameter name, or with "
-                      "per-linear roles Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e)");
-    const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" || is_role_scope(cl.scope);
+    if (!terms[0].first->scopes.count(cl.scope) ||
+        !terms[0].first->scopes.at(cl.scope).count(cl.metric))
+      throw UserError(
+          "fidelity: claim " + cl.id + ": no metric '" + cl.metric + "' in scope '" + cl.scope +
+          "' (metrics: rel_error, cosine, gain, mse, bias2, variance; whole also loss_penalty, "
+          "loss_penalty_current, loss_penalty_replay_d50, loss_penalty_calibrated, "
+          "sgd_noise_fraction, qnoise_to_grad; scopes: whole, linears, a parameter name, or with "
+          "per-linear roles Y.local, Y.e2e, dX.local, dX.e2e, dW.local, dW.e2e)");
+    const bool sampled_scope = cl.scope == "whole" || cl.scope == "linears" ||
+                               is_role_scope(cl.scope);
     if (P.params_means_only && !sampled_scope)
-      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' needs per-batch samples of "
-                      "one parameter or linear, which fidelity.json does not store (whole, linears and the role "
+      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope +
+                      "' needs per-batch samples of "
+                      "one parameter or linear, which fidelity.json does not store (whole, linears "
+                      "and the role "
                       "scopes only); rerun the panel");
     out.add(cl.id, terms, cl.scope, cl.metric, cl.expect, cl.bound, cl.text);
   }
@@ -426,10 +457,17 @@ void md_description(std::ostream& md, const FidelityPanel& P, const Boot& boot) 
   md << "# Fidelity panel: " << P.run << "\n\n";
   md << "Checkpoints (steps) " << join_steps(P.steps) << "; " << P.batches << " batches of "
      << P.tokens_per_batch << " tokens per checkpoint (the same batches at every checkpoint); "
-     << P.draws << " SR draws for recipes with stochastic rounding (1 otherwise: their draws are "
-        "identical); seed " << P.seed << ". References: " << (P.references == "held" ? "held (as each recipe would hold them at the evaluated step; docs/fidelity.md)" : "current (measured on each batch)") << ". "
+     << P.draws
+     << " SR draws for recipes with stochastic rounding (1 otherwise: their draws are "
+        "identical); seed "
+     << P.seed << ". References: "
+     << (P.references == "held"
+             ? "held (as each recipe would hold them at the evaluated step; docs/fidelity.md)"
+             : "current (measured on each batch)")
+     << ". "
      << "Intervals: 95%, two-level bootstrap (checkpoints, then batches), " << boot.resamples
-     << " resamples, seed " << boot.seed << ". CPU: " << P.cpu << "; " << fmt(P.seconds, 0) << " s.\n\n";
+     << " resamples, seed " << boot.seed << ". CPU: " << P.cpu << "; " << fmt(P.seconds, 0)
+     << " s.\n\n";
 }
 
 // The outlier stress (docs/fidelity.md "Outlier stress") and how well the exact side kept.
@@ -437,21 +475,30 @@ void md_stress(std::ostream& md, const FidelityPanel& P) {
   if (P.stress_factor == 1) return;
   std::string ch;
   for (int c : P.stress_channels) ch += (ch.empty() ? "" : ", ") + std::to_string(c);
-  md << "**Outlier stress:** channels " << ch << " of every block's norm × " << fmt(P.stress_factor, 0)
-     << ", the reading linears' columns ÷ the same (docs/fidelity.md); exact side with and without it: "
+  md << "**Outlier stress:** channels " << ch << " of every block's norm × "
+     << fmt(P.stress_factor, 0)
+     << ", the reading linears' columns ÷ the same (docs/fidelity.md); exact side with and without "
+        "it: "
      << "|ΔL*| ≤ " << fmt(P.stress_loss_diff) << ", |Δg*| ≤ " << fmt(P.stress_grad_diff)
-     << (!P.linear_names.empty() ? ", every linear's |ΔY*|, |ΔdX*|, |ΔdW*| ≤ " + fmt(P.stress_roles_diff) : std::string())
-     << " (0: the function is preserved bit for bit). Gradients are compared in the original parametrization.\n\n";
+     << (!P.linear_names.empty()
+             ? ", every linear's |ΔY*|, |ΔdX*|, |ΔdW*| ≤ " + fmt(P.stress_roles_diff)
+             : std::string())
+     << " (0: the function is preserved bit for bit). Gradients are compared in the original "
+        "parametrization.\n\n";
 }
 
 // The exact side's loss and gradient norm, then the whole gradient per recipe.
 void md_whole_gradient(std::ostream& md, const FidelityPanel& P, const Boot& boot) {
-  md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ " << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
-  md << "## Whole gradient\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² | loss penalty (nats) | quant. / SGD noise | σ_q / ‖g*‖ |\n|---|---|---|---|---|---|---|---|---|\n";
+  md << "Exact side: loss " << fmt_iv(boot(P.exact_loss)) << ", ‖g*‖ "
+     << fmt_iv(boot(P.exact_grad_norm)) << ".\n\n";
+  md << "## Whole gradient\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / "
+        "‖g*‖² | loss penalty (nats) | quant. / SGD noise | σ_q / ‖g*‖ "
+        "|\n|---|---|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {
     const auto& w = fr.scopes.at("whole");
     md << "| " << fr.name;
-    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance", "loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"})
+    for (const char* m : {"rel_error", "cosine", "gain", "bias2", "variance", "loss_penalty",
+                          "sgd_noise_fraction", "qnoise_to_grad"})
       md << " | " << fmt_iv(boot(w.at(m)));
     md << " |\n";
   }
@@ -461,10 +508,14 @@ void md_whole_gradient(std::ostream& md, const FidelityPanel& P, const Boot& boo
 // binaries have none).
 void md_policy_penalties(std::ostream& md, const FidelityPanel& P, const Boot& boot) {
   if (P.recipes.empty() || !P.recipes[0].scopes.at("whole").count(kPolicyMetrics[0])) return;
-  md << "\n## Loss penalty by forward (nats: L − L*, mean [95%])\n\nTraining forward (the recipe's references, "
-        "mean over draws) and the inference policies of `fp4train eval` on the same batches (run in order "
-        "as one evaluation: replay-d50 samples at the first batch and holds; calibrated measures on eval's "
-        "calibration windows first).\n\n| recipe | training | current | replay-d50 | calibrated |\n|---|---|---|---|---|\n";
+  md << "\n## Loss penalty by forward (nats: L − L*, mean [95%])\n\nTraining forward (the recipe's "
+        "references, "
+        "mean over draws) and the inference policies of `fp4train eval` on the same batches (run "
+        "in order "
+        "as one evaluation: replay-d50 samples at the first batch and holds; calibrated measures "
+        "on eval's "
+        "calibration windows first).\n\n| recipe | training | current | replay-d50 | calibrated "
+        "|\n|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {
     const auto& w = fr.scopes.at("whole");
     md << "| " << fr.name << " | " << fmt_iv(boot(w.at("loss_penalty")));
@@ -474,7 +525,8 @@ void md_policy_penalties(std::ostream& md, const FidelityPanel& P, const Boot& b
 }
 
 void md_linear_weights(std::ostream& md, const FidelityPanel& P, const Boot& boot) {
-  md << "\n## Linear weights (dW)\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | variance / ‖g*‖² |\n|---|---|---|---|---|---|\n";
+  md << "\n## Linear weights (dW)\n\n| recipe | rel. error | cosine | gain | bias² / ‖g*‖² | "
+        "variance / ‖g*‖² |\n|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {
     const auto& w = fr.scopes.at("linears");
     md << "| " << fr.name;
@@ -487,20 +539,28 @@ void md_linear_weights(std::ostream& md, const FidelityPanel& P, const Boot& boo
 // then per recipe a table of every linear's means.
 void md_roles(std::ostream& md, const FidelityPanel& P, const Boot& boot) {
   if (P.linear_names.empty()) return;
-  md << "\n## Per-linear roles (relative error; every linear's tensor of the role, concatenated)\n\n"
-        "Local: the linear's quantized GEMMs fed the exact X* and dY*. End to end (e2e): fed the X and dY "
-        "of the recipe's own pass, where the errors of other layers reach them. dX is the linear's own "
-        "dgrad output.\n\n| recipe | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
+  md << "\n## Per-linear roles (relative error; every linear's tensor of the role, "
+        "concatenated)\n\n"
+        "Local: the linear's quantized GEMMs fed the exact X* and dY*. End to end (e2e): fed the X "
+        "and dY "
+        "of the recipe's own pass, where the errors of other layers reach them. dX is the linear's "
+        "own "
+        "dgrad output.\n\n| recipe | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e "
+        "|\n|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes) {
     md << "| " << fr.name;
-    for (const char* key : kLinearRoleScopes) md << " | " << fmt_iv(boot(fr.scopes.at(key).at("rel_error")));
+    for (const char* key : kLinearRoleScopes)
+      md << " | " << fmt_iv(boot(fr.scopes.at(key).at("rel_error")));
     md << " |\n";
   }
   for (const FidelityRecipe& fr : P.recipes) {
-    md << "\n### " << fr.name << ": relative error per linear (means)\n\n| linear | Y local | Y e2e | dX local | dX e2e | dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
+    md << "\n### " << fr.name
+       << ": relative error per linear (means)\n\n| linear | Y local | Y e2e | dX local | dX e2e | "
+          "dW local | dW e2e |\n|---|---|---|---|---|---|---|\n";
     for (const std::string& ln : P.linear_names) {
       md << "| " << ln;
-      for (const char* key : kLinearRoleScopes) md << " | " << fmt(finite_mean(fr.scopes.at(ln + ":" + key).at("rel_error")));
+      for (const char* key : kLinearRoleScopes)
+        md << " | " << fmt(finite_mean(fr.scopes.at(ln + ":" + key).at("rel_error")));
       md << " |\n";
     }
   }
@@ -517,16 +577,19 @@ const char* const kEventRoles[] = {"x", "w", "dy", "dyt", "xt"};
 // Scale events (docs/fidelity.md "Scale events"), per recipe and operand role.
 void md_scale_events(std::ostream& md, const FidelityPanel& P) {
   md << "\n## Scale events (telemetry of draw 0, mean over linears, checkpoints and batches)\n\n"
-        "| recipe | role | saturated blocks | zero-guarded blocks | zeroed nonzeros | staleness (amax / g) | "
-        "a_b/g < 2^-15 (E4M3-subnormal scale at T = 448) | a_b ≥ g |\n|---|---|---|---|---|---|---|---|\n";
+        "| recipe | role | saturated blocks | zero-guarded blocks | zeroed nonzeros | staleness "
+        "(amax / g) | "
+        "a_b/g < 2^-15 (E4M3-subnormal scale at T = 448) | a_b ≥ g "
+        "|\n|---|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes)
     for (const char* role : kEventRoles) {
       const auto it = fr.scale_events.find(role);
       if (it == fr.scale_events.end()) continue;
       auto v = [&](const char* k) { return event_or_dash(it->second, k, 4); };
-      md << "| " << fr.name << " | " << role << " | " << v("saturated_blocks") << " | " << v("zero_guard_blocks")
-         << " | " << v("zeroed_nonzeros") << " | " << v("staleness") << " | " << v("e4m3_subnormal_blocks")
-         << " | " << v("at_or_above_reference_blocks") << " |\n";
+      md << "| " << fr.name << " | " << role << " | " << v("saturated_blocks") << " | "
+         << v("zero_guard_blocks") << " | " << v("zeroed_nonzeros") << " | " << v("staleness")
+         << " | " << v("e4m3_subnormal_blocks") << " | " << v("at_or_above_reference_blocks")
+         << " |\n";
     }
 }
 
@@ -536,19 +599,25 @@ void md_block_amax(std::ostream& md, const FidelityPanel& P) {
   bool any_quantiles = false;
   for (const FidelityRecipe& fr : P.recipes)
     for (const auto& [role, ev] : fr.scale_events) any_quantiles |= ev.count("log2_ratio_q0.5") > 0;
-  if (any_quantiles) md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of log2(a_b/g) over the "
-        "nonzero blocks of each role (floor of the log2 bin, clamped to [−96, 31]; E4M3 scales at T = 448 turn "
-        "subnormal below −15 and saturate at 0 or above, UE5M3 ones turn subnormal below −23), and the all-zero "
-        "blocks.\n\n"
-        "| recipe | role | 0.1% | 1% | median | 99% | 99.9% | all-zero blocks |\n|---|---|---|---|---|---|---|---|\n";
+  if (any_quantiles)
+    md << "\n## Block amax against the tensor reference (telemetry of draw 0)\n\nQuantiles of "
+          "log2(a_b/g) over the "
+          "nonzero blocks of each role (floor of the log2 bin, clamped to [−96, 31]; E4M3 scales "
+          "at T = 448 turn "
+          "subnormal below −15 and saturate at 0 or above, UE5M3 ones turn subnormal below −23), "
+          "and the all-zero "
+          "blocks.\n\n"
+          "| recipe | role | 0.1% | 1% | median | 99% | 99.9% | all-zero blocks "
+          "|\n|---|---|---|---|---|---|---|---|\n";
   for (const FidelityRecipe& fr : P.recipes)
     for (const char* role : kEventRoles) {
       const auto it = fr.scale_events.find(role);
       if (it == fr.scale_events.end() || !it->second.count("log2_ratio_q0.5")) continue;
       auto v = [&](const char* k) { return event_or_dash(it->second, k, 0); };
-      md << "| " << fr.name << " | " << role << " | " << v("log2_ratio_q0.001") << " | " << v("log2_ratio_q0.01")
-         << " | " << v("log2_ratio_q0.5") << " | " << v("log2_ratio_q0.99") << " | " << v("log2_ratio_q0.999")
-         << " | " << event_or_dash(it->second, "zero_blocks", 4) << " |\n";
+      md << "| " << fr.name << " | " << role << " | " << v("log2_ratio_q0.001") << " | "
+         << v("log2_ratio_q0.01") << " | " << v("log2_ratio_q0.5") << " | " << v("log2_ratio_q0.99")
+         << " | " << v("log2_ratio_q0.999") << " | " << event_or_dash(it->second, "zero_blocks", 4)
+         << " |\n";
     }
 }
 
@@ -571,7 +640,8 @@ void md_over_training(std::ostream& md, const FidelityPanel& P) {
 }
 
 void md_contrasts(std::ostream& md, const std::vector<std::string>& rows) {
-  md << "\n## Contrasts (paired on identical checkpoint and batch)\n\n| id | contrast | metric | mean [95%] | verdict |\n|---|---|---|---|---|\n";
+  md << "\n## Contrasts (paired on identical checkpoint and batch)\n\n| id | contrast | metric | "
+        "mean [95%] | verdict |\n|---|---|---|---|---|\n";
   for (const std::string& l : rows) md << l << "\n";
 }
 }  // namespace

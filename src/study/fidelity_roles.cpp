@@ -41,9 +41,10 @@ void Capture::clear() {
 const Capture::Ops& Capture::at(size_t i, const std::string& name) const {
   const Ops& o = ops_.at(i);
   if (o.forwards != 1 || o.backwards != 1)
-    throw std::logic_error("fidelity: linear " + name + " ran " + std::to_string(o.forwards) +
-                           " forward and " + std::to_string(o.backwards) +
-                           " backward calls in one pass; per-linear roles need exactly one of each");
+    throw std::logic_error(
+        "fidelity: linear " + name + " ran " + std::to_string(o.forwards) + " forward and " +
+        std::to_string(o.backwards) +
+        " backward calls in one pass; per-linear roles need exactly one of each");
   return o;
 }
 
@@ -70,7 +71,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 ReferenceState reference_state(const nn::Model& m) {
   ReferenceState s(m.linears().size());
   for (size_t i = 0; i < s.size(); ++i)
-    for (int r = 0; r < 5; ++r) s[i][size_t(r)] = m.linears()[i].reference(static_cast<nn::Role>(r));
+    for (int r = 0; r < 5; ++r)
+      s[i][size_t(r)] = m.linears()[i].reference(static_cast<nn::Role>(r));
   return s;
 }
 

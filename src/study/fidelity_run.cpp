@@ -194,10 +194,13 @@ OutlierStress::OutlierStress(const FidelityRequest& req, const nn::Model& exact,
       if (pi.cols != Cm)
         throw UserError("fidelity: the outlier stress expects " + n + " to read d_model = " +
                         std::to_string(Cm) + " inputs, it has " + std::to_string(pi.cols));
-      for (int c : req.stress_channels) runs_.push_back({pi.offset + c, pi.cols, pi.rows, 1.0 / req.stress_factor});
+      for (int c : req.stress_channels)
+        runs_.push_back({pi.offset + c, pi.cols, pi.rows, 1.0 / req.stress_factor});
     }
   }
-  if (norms == 0) throw UserError("fidelity: the outlier stress found no block norm (layers.L.norm) in this model");
+  if (norms == 0)
+    throw UserError(
+        "fidelity: the outlier stress found no block norm (layers.L.norm) in this model");
   reader_.assign(exact.linears().size(), false);
   for (size_t i = 0; i < reader_.size(); ++i) reader_[i] = reads_block_norm(exact.linear_name(i));
 }
@@ -257,7 +260,8 @@ class BatchRoles {
       stress_.map_back(i, e2e);
       stress_.map_back(i, loc);
       const std::vector<float>* est[6] = {&loc.Y, &e2e.Y, &loc.dX, &e2e.dX, &loc.dW, &e2e.dW};
-      for (size_t j = 0; j < 6; ++j) acc_[i][j].add(est[j]->data(), exact(i, j).data(), exact(i, j).size());
+      for (size_t j = 0; j < 6; ++j)
+        acc_[i][j].add(est[j]->data(), exact(i, j).data(), exact(i, j).size());
     }
   }
   void record(FidelityRecipe& fr, size_t c, size_t k) {
@@ -281,10 +285,10 @@ class BatchRoles {
   nn::Model& model_;
   const std::vector<std::string>& names_;
   const OutlierStress& stress_;
-  std::optional<Capture> exact_ops_, ops_;  // X*, Y*, dY*; the recipe pass's X, Y, dY
-  std::vector<RoleTensors> star_;           // per linear: Y*, dX*, dW*
+  std::optional<Capture> exact_ops_, ops_;         // X*, Y*, dY*; the recipe pass's X, Y, dY
+  std::vector<RoleTensors> star_;                  // per linear: Y*, dX*, dW*
   std::vector<std::array<StreamMoments, 6>> acc_;  // [linear][role scope], over the draws
-  ReferenceState refs0_;                    // the recipe's references at the draw's start
+  ReferenceState refs0_;                           // the recipe's references at the draw's start
 };
 
 // ------------------------------------------------------------------------------ scale events
@@ -329,15 +333,17 @@ void add_scale_events(const nn::Model& m, RoleEvents& ev, size_t ck) {
 // An Events as doubles (counts < 2^53: exact), for the gather over the ranks.
 constexpr size_t kEv = 10 + QuantStats::kRatioBins;
 void events_to_doubles(const Events& e, double* x) {
-  const double v[10] = {e.sat, e.guard, e.zeroed, e.stale, double(e.n), double(e.n_stale),
-                        double(e.blocks), double(e.subnormal), double(e.above), double(e.zero)};
+  const double v[10] = {e.sat,           e.guard,           e.zeroed,         e.stale,
+                        double(e.n),     double(e.n_stale), double(e.blocks), double(e.subnormal),
+                        double(e.above), double(e.zero)};
   std::copy(v, v + 10, x);
   for (int b = 0; b < QuantStats::kRatioBins; ++b) x[10 + b] = double(e.hist[size_t(b)]);
 }
 void events_from_doubles(const double* x, Events& e) {
   e.sat = x[0], e.guard = x[1], e.zeroed = x[2], e.stale = x[3];
   e.n = int64_t(x[4]), e.n_stale = int64_t(x[5]);
-  e.blocks = uint64_t(x[6]), e.subnormal = uint64_t(x[7]), e.above = uint64_t(x[8]), e.zero = uint64_t(x[9]);
+  e.blocks = uint64_t(x[6]), e.subnormal = uint64_t(x[7]), e.above = uint64_t(x[8]),
+  e.zero = uint64_t(x[9]);
   for (int b = 0; b < QuantStats::kRatioBins; ++b) e.hist[size_t(b)] = uint64_t(x[10 + b]);
 }
 
@@ -365,8 +371,10 @@ std::map<std::string, double> scale_event_figures(const Events& e) {
   m["at_or_above_reference_blocks"] = double(e.above) / double(e.blocks);
   m["zero_blocks"] = double(e.zero) / double(e.blocks + e.zero);
   // Quantiles of log2(a_b/g) over the nonzero blocks (the floor of the bin holding it).
-  const std::pair<const char*, double> qs[] = {{"log2_ratio_q0.001", 0.001}, {"log2_ratio_q0.01", 0.01},
-                                               {"log2_ratio_q0.5", 0.5}, {"log2_ratio_q0.99", 0.99},
+  const std::pair<const char*, double> qs[] = {{"log2_ratio_q0.001", 0.001},
+                                               {"log2_ratio_q0.01", 0.01},
+                                               {"log2_ratio_q0.5", 0.5},
+                                               {"log2_ratio_q0.99", 0.99},
                                                {"log2_ratio_q0.999", 0.999}};
   for (const auto& [key, q] : qs) {
     const double want = q * double(e.blocks);
@@ -461,8 +469,8 @@ class FidelityRun {
   std::vector<std::pair<const int32_t*, const int32_t*>> batch_ptrs;  // [K]: batches' in, tg
   EvalWindows calib;  // the calibrated inference policy's windows
   std::unique_ptr<nn::Model> exact;
-  std::vector<std::unique_ptr<nn::Model>> models;  // one per recipe
-  std::vector<int> interval;                       // per recipe: its references' D
+  std::vector<std::unique_ptr<nn::Model>> models;          // one per recipe
+  std::vector<int> interval;                               // per recipe: its references' D
   std::vector<std::pair<int64_t, int64_t>> linear_ranges;  // the quantized linears' weights
   OutlierStress stress;
   size_t C = 0, K = 0;  // checkpoints, batches
@@ -486,14 +494,18 @@ void FidelityRun::check_request() const {
   if (req.batches < 2)
     throw UserError("fidelity: --batches must be at least 2 (the SGD noise is their spread), got " +
                     std::to_string(req.batches));
-  if (req.draws < 1) throw UserError("fidelity: --draws must be at least 1, got " + std::to_string(req.draws));
+  if (req.draws < 1)
+    throw UserError("fidelity: --draws must be at least 1, got " + std::to_string(req.draws));
   if (req.checkpoints < 1) throw UserError("fidelity: --checkpoints must be at least 1");
   if (req.references != "held" && req.references != "current")
     throw UserError("fidelity: --references must be held or current, got '" + req.references + "'");
   check_stress_request();
   if (!req.claims.empty()) (void)load_claims(req.claims);  // refuse a bad file before any work
-  if (!fs::exists(req.run)) throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
-  if (!fs::is_directory(req.run)) throw UserError("fidelity: --run " + req.run.string() + " is not a directory (give the run directory)");
+  if (!fs::exists(req.run))
+    throw UserError("fidelity: run directory " + req.run.string() + " does not exist");
+  if (!fs::is_directory(req.run))
+    throw UserError("fidelity: --run " + req.run.string() +
+                    " is not a directory (give the run directory)");
   make_output_directory();
 }
 
@@ -502,8 +514,10 @@ void FidelityRun::check_stress_request() const {
   int e = 0;
   const double m = std::frexp(req.stress_factor, &e);
   if (!(req.stress_factor >= 2) || m != 0.5 || req.stress_factor > 1048576.0)
-    throw UserError("fidelity: --stress-factor must be a power of two from 2 to 2^20 (so that the "
-                    "exact computation is unchanged bit for bit), got " + std::to_string(req.stress_factor));
+    throw UserError(
+        "fidelity: --stress-factor must be a power of two from 2 to 2^20 (so that the "
+        "exact computation is unchanged bit for bit), got " +
+        std::to_string(req.stress_factor));
   if (req.stress_channels.empty()) throw UserError("fidelity: --stress-channels is empty");
   std::set<int> seen;
   for (int c : req.stress_channels)
@@ -544,7 +558,8 @@ void FidelityRun::plan() {
 void FidelityRun::select_steps() {
   const std::vector<fs::path> files = list_checkpoints(req.run);
   if (files.empty())
-    throw UserError("fidelity: run " + req.run.string() + " holds no checkpoints (train it with "
+    throw UserError("fidelity: run " + req.run.string() +
+                    " holds no checkpoints (train it with "
                     "--save-every N and --keep-checkpoints large enough to keep them)");
   for (const fs::path& f : files) {
     const std::string n = f.filename().string();  // step_%08d.safetensors
@@ -602,7 +617,8 @@ void FidelityRun::plan_held_references() {
     for (const auto& lin : models[r]->linears())
       if (lin.plan().mode == LinearMode::FP4) ds.insert(lin.plan().reference_interval());
     if (held && ds.size() > 1)
-      throw UserError("fidelity: recipe " + req.recipes[r] + " holds references with different "
+      throw UserError("fidelity: recipe " + req.recipes[r] +
+                      " holds references with different "
                       "intervals in different linears; the panel emulates one interval per recipe "
                       "(use --references current)");
     interval[r] = ds.empty() ? 1 : *ds.begin();
@@ -612,11 +628,12 @@ void FidelityRun::plan_held_references() {
     }
   }
   if (!missing.empty())
-    throw UserError("fidelity: held references need the checkpoints of the steps before each "
-                    "refresh step, and run " + req.run.string() + " lacks steps " +
-                    join_steps({missing.begin(), missing.end()}) +
-                    " (train the reference run with --save-every dividing the recipes' "
-                    "amax_interval, e.g. 10 for D = 50, or pass --references current)");
+    throw UserError(
+        "fidelity: held references need the checkpoints of the steps before each "
+        "refresh step, and run " +
+        req.run.string() + " lacks steps " + join_steps({missing.begin(), missing.end()}) +
+        " (train the reference run with --save-every dividing the recipes' "
+        "amax_interval, e.g. 10 for D = 50, or pass --references current)");
 }
 
 // The refresh step whose references recipe r holds at step t.
@@ -630,13 +647,17 @@ void FidelityRun::check_recipes() const {
   for (size_t r = 0; r < models.size(); ++r)
     for (const auto& lin : models[r]->linears())
       if (lin.plan().rht() && (int64_t(B) * T) % 16 != 0)
-        throw UserError("fidelity: recipe " + req.recipes[r] + " uses the RHT, which needs the tokens per "
-                        "batch (--batch-size " + std::to_string(B) + " x seq_len " + std::to_string(T) +
+        throw UserError("fidelity: recipe " + req.recipes[r] +
+                        " uses the RHT, which needs the tokens per "
+                        "batch (--batch-size " +
+                        std::to_string(B) + " x seq_len " + std::to_string(T) +
                         ") to be a multiple of 16");
   for (size_t r = 0; r < src.recipes.size(); ++r)
     if (recipe_has_sr(src.recipes[r].recipe) && req.draws < 2)
-      throw UserError("fidelity: recipe " + req.recipes[r] + " rounds stochastically: its bias and "
-                      "variance need --draws 2 or more, got " + std::to_string(req.draws));
+      throw UserError("fidelity: recipe " + req.recipes[r] +
+                      " rounds stochastically: its bias and "
+                      "variance need --draws 2 or more, got " +
+                      std::to_string(req.draws));
 }
 
 // The claims' scopes name whole, linears or a parameter of this model (or, with per-linear
@@ -648,11 +669,14 @@ void FidelityRun::check_claim_scopes() const {
   if (req.linear_roles) scopes.insert(std::begin(kLinearRoleScopes), std::end(kLinearRoleScopes));
   for (const Claim& cl : load_claims(req.claims))
     if (!scopes.count(cl.scope))
-      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope + "' is not whole, linears "
-                      "or a parameter of this model (e.g. " + exact->param_infos().back().name + ")" +
-                      (req.linear_roles ? std::string(", nor a role scope (Y.local, Y.e2e, dX.local, dX.e2e, "
-                                                      "dW.local, dW.e2e)")
-                                        : std::string(" (role scopes such as dX.local need --linear-roles)")));
+      throw UserError("fidelity: claim " + cl.id + ": scope '" + cl.scope +
+                      "' is not whole, linears "
+                      "or a parameter of this model (e.g. " +
+                      exact->param_infos().back().name + ")" +
+                      (req.linear_roles
+                           ? std::string(", nor a role scope (Y.local, Y.e2e, dX.local, dX.e2e, "
+                                         "dW.local, dW.e2e)")
+                           : std::string(" (role scopes such as dX.local need --linear-roles)")));
 }
 
 // The panel's description, names and exact-side grids; the weights of the quantized linears
@@ -680,7 +704,9 @@ void FidelityRun::start_panel() {
   }
   for (const auto& pi : exact->param_infos()) {
     const std::string n = pi.name;
-    const std::string base = n.size() > 7 && n.substr(n.size() - 7) == ".weight" ? n.substr(0, n.size() - 7) : n;
+    const std::string base = n.size() > 7 && n.substr(n.size() - 7) == ".weight"
+                                 ? n.substr(0, n.size() - 7)
+                                 : n;
     if (lin.count(base)) linear_ranges.push_back({pi.offset, pi.offset + pi.size});
   }
   P.exact_loss.assign(C, std::vector<double>(K, 0.0));
@@ -703,7 +729,8 @@ FidelityRecipe FidelityRun::empty_recipe(size_t r) const {
   }
   for (const std::string& sc : scopes)
     for (const char* m : kGradMetrics) fr.scopes[sc][m] = grid;
-  for (const char* m : {"loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"}) fr.scopes["whole"][m] = grid;
+  for (const char* m : {"loss_penalty", "sgd_noise_fraction", "qnoise_to_grad"})
+    fr.scopes["whole"][m] = grid;
   for (const char* m : kPolicyMetrics) fr.scopes["whole"][m] = grid;
   return fr;
 }
@@ -775,14 +802,15 @@ void FidelityRun::check_stress(const std::vector<float>& params, const std::vect
   for (size_t i = 0; i < r0.size(); ++i)
     for (auto mem : {&RoleTensors::Y, &RoleTensors::dX, &RoleTensors::dW})
       for (size_t e = 0; e < (r0[i].*mem).size(); ++e)
-        P.stress_roles_diff = std::max(P.stress_roles_diff, double(std::fabs((r1[i].*mem)[e] - (r0[i].*mem)[e])));
+        P.stress_roles_diff = std::max(P.stress_roles_diff,
+                                       double(std::fabs((r1[i].*mem)[e] - (r0[i].*mem)[e])));
 }
 
 // The exact pass of batch 1 on `params`: its loss, its gradient into g and, with per-linear
 // roles, its linears' tensors into roles (replay_exact, mapped back by `map_back` when given).
-double FidelityRun::first_exact_pass(const std::vector<float>& params, const OutlierStress* map_back,
-                                     const nn::StepContext& ex, std::vector<RoleTensors>& roles,
-                                     std::vector<float>& g) {
+double FidelityRun::first_exact_pass(const std::vector<float>& params,
+                                     const OutlierStress* map_back, const nn::StepContext& ex,
+                                     std::vector<RoleTensors>& roles, std::vector<float>& g) {
   set_params(*exact, params);
   std::optional<Capture> cap;
   if (req.linear_roles) cap.emplace(*exact);
@@ -869,13 +897,13 @@ Batch FidelityRun::first_micro_batch(int64_t t) const {
 void FidelityRun::inference_penalties(size_t r, size_t c) {
   FidelityRecipe& fr = P.recipes[r];
   for (size_t p = 0; p < std::size(kPolicyMetrics); ++p) {
-    const std::vector<double> lp =
-        evaluate_batches_nll(*models[r], batch_ptrs, T, B, parse_eval_policy(kPolicyNames[p]), &calib);
+    const std::vector<double> lp = evaluate_batches_nll(*models[r], batch_ptrs, T, B,
+                                                        parse_eval_policy(kPolicyNames[p]), &calib);
     for (size_t k = 0; k < K; ++k) {
       if (!std::isfinite(lp[k]))
         throw UserError("fidelity: recipe " + fr.name + " gives a non-finite loss under the " +
-                        kPolicyNames[p] + " inference policy at checkpoint " + std::to_string(steps[c]) +
-                        ", batch " + std::to_string(k + 1));
+                        kPolicyNames[p] + " inference policy at checkpoint " +
+                        std::to_string(steps[c]) + ", batch " + std::to_string(k + 1));
       fr.scopes["whole"][kPolicyMetrics[p]][c][k] = lp[k] - P.exact_loss[c][k];
     }
   }
@@ -885,10 +913,12 @@ void FidelityRun::inference_penalties(size_t r, size_t c) {
 // with per-linear roles when asked, and their metrics.
 void FidelityRun::recipe_batch(size_t r, size_t c, size_t k, int64_t tr) {
   const int R = P.recipes[r].has_sr ? req.draws : 1;
-  std::vector<std::vector<float>> g(static_cast<size_t>(R), std::vector<float>(static_cast<size_t>(NP)));  // [R][NP]
+  std::vector<std::vector<float>> g(static_cast<size_t>(R),
+                                    std::vector<float>(static_cast<size_t>(NP)));  // [R][NP]
   std::optional<BatchRoles> roles;
   if (req.linear_roles)
-    roles.emplace(*exact, *models[r], batches[k], B, exact_context(steps[c]), P.linear_names, stress);
+    roles.emplace(*exact, *models[r], batches[k], B, exact_context(steps[c]), P.linear_names,
+                  stress);
   double loss = 0;
   for (int d = 0; d < R; ++d) loss += draw(r, c, k, d, tr, g[size_t(d)], roles ? &*roles : nullptr);
   record_batch(r, c, k, g, loss, roles ? &*roles : nullptr);
@@ -921,17 +951,19 @@ void FidelityRun::check_finite(size_t r, size_t c, size_t k, int d, int64_t tr, 
   if (std::isfinite(loss) && bad == g.end()) return;
   const bool hold = tr < steps[c] + 1;
   throw UserError("fidelity: recipe " + P.recipes[r].name + " gives a non-finite " +
-                  (std::isfinite(loss) ? "gradient (parameter element " + std::to_string(bad - g.begin()) + ")"
-                                       : std::string("loss")) +
-                  " at checkpoint " + std::to_string(steps[c]) + ", batch " + std::to_string(k + 1) +
-                  ", draw " + std::to_string(d + 1) +
+                  (std::isfinite(loss)
+                       ? "gradient (parameter element " + std::to_string(bad - g.begin()) + ")"
+                       : std::string("loss")) +
+                  " at checkpoint " + std::to_string(steps[c]) + ", batch " +
+                  std::to_string(k + 1) + ", draw " + std::to_string(d + 1) +
                   (hold ? " (references held from step " + std::to_string(tr) + ")" : ""));
 }
 
 // The metrics of batch k's draws g (scopes whole, linears, the roles, each parameter) and its
 // loss penalty (mean over the draws of their summed `loss`) and noise ratios.
-void FidelityRun::record_batch(size_t r, size_t c, size_t k, const std::vector<std::vector<float>>& g,
-                               double loss, BatchRoles* roles) {
+void FidelityRun::record_batch(size_t r, size_t c, size_t k,
+                               const std::vector<std::vector<float>>& g, double loss,
+                               BatchRoles* roles) {
   FidelityRecipe& fr = P.recipes[r];
   const int R = int(g.size());
   std::vector<const float*> est;
@@ -941,7 +973,8 @@ void FidelityRun::record_batch(size_t r, size_t c, size_t k, const std::vector<s
   put_metrics(fr, "linears", c, k, draw_moments(est, gstar[k].data(), linear_ranges));
   if (roles) roles->record(fr, c, k);
   for (const auto& pi : exact->param_infos())
-    put_metrics(fr, pi.name, c, k, draw_moments(est, gstar[k].data(), {{pi.offset, pi.offset + pi.size}}));
+    put_metrics(fr, pi.name, c, k,
+                draw_moments(est, gstar[k].data(), {{pi.offset, pi.offset + pi.size}}));
   auto& w = fr.scopes["whole"];
   w["loss_penalty"][c][k] = loss / R - P.exact_loss[c][k];
   w["sgd_noise_fraction"][c][k] = dw.mse * whole.ref_sq / P.sgd_var[c];
@@ -950,7 +983,8 @@ void FidelityRun::record_batch(size_t r, size_t c, size_t k, const std::vector<s
 
 void FidelityRun::progress(size_t c) const {
   if (req.quiet || me != 0) return;
-  std::fprintf(stderr, "fidelity: checkpoint %zu/%zu (step %lld): %zu batches x %zu recipes done, %.0f s\n",
+  std::fprintf(stderr,
+               "fidelity: checkpoint %zu/%zu (step %lld): %zu batches x %zu recipes done, %.0f s\n",
                c + 1, C, static_cast<long long>(steps[c]), K, models.size(),
                std::chrono::duration<double>(clock::now() - t0).count());
 }
@@ -966,7 +1000,8 @@ FidelityPanel FidelityRun::finish() {
 
 // Every rank's batches to every rank: each (checkpoint, batch) value from the rank that owns it.
 void FidelityRun::gather_ranks() {
-  std::vector<std::vector<std::vector<double>>*> grids;  // every recipe's [c][k] grids, in map order
+  std::vector<std::vector<std::vector<double>>*>
+      grids;  // every recipe's [c][k] grids, in map order
   for (FidelityRecipe& fr : P.recipes)
     for (auto& [scope, ms] : fr.scopes)
       for (auto& [metric, g] : ms) grids.push_back(&g);
@@ -989,7 +1024,8 @@ void FidelityRun::gather_ranks() {
       for (size_t k = 0; k < K; ++k, ++at) (*g)[c][k] = all[owner(k) + at];
   for (auto& per_role : events)
     for (auto& v : per_role)
-      for (size_t ck = 0; ck < CK; ++ck, at += kEv) events_from_doubles(&all[owner(ck % K) + at], v[ck]);
+      for (size_t ck = 0; ck < CK; ++ck, at += kEv)
+        events_from_doubles(&all[owner(ck % K) + at], v[ck]);
 }
 
 // FidelityRecipe::scale_events: per recipe and operand role, over checkpoints and batches.

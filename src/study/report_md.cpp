@@ -34,14 +34,18 @@ std::string interval_cell(const RecipeRow& r, const std::string& base) {
   if (r.recipe == base || r.paired_ci95.n < 2) return "—";
   const PairedInterval& c = r.paired_ci95;
   return "[" + fmt("%+.4f", c.lo) + ", " + fmt("%+.4f", c.hi) + "] " +
-         (c.sign < 0 ? "lower" : c.sign > 0 ? "higher" : "not resolved");
+         (c.sign < 0   ? "lower"
+          : c.sign > 0 ? "higher"
+                       : "not resolved");
 }
 
 // "[lo, hi] lower|higher|not resolved" of a bootstrap, or "—".
 std::string boot_cell(const BootstrapInterval& b) {
   if (b.seeds == 0) return "—";
   return fmt("%+.4f", b.mean) + " [" + fmt("%+.4f", b.lo) + ", " + fmt("%+.4f", b.hi) + "] " +
-         (b.sign < 0 ? "lower" : b.sign > 0 ? "higher" : "not resolved");
+         (b.sign < 0   ? "lower"
+          : b.sign > 0 ? "higher"
+                       : "not resolved");
 }
 }  // namespace report_detail
 
@@ -61,8 +65,8 @@ std::string final_window_definition(const std::vector<RunRecord>& runs) {
   if (windows.empty()) return "mean training loss over the last steps of a run" + key + ".";
   if (windows.size() == 1)
     return "mean training loss over the last " +
-           window(windows.begin()->first.first, windows.begin()->first.second) +
-           " of each run" + key + ".";
+           window(windows.begin()->first.first, windows.begin()->first.second) + " of each run" +
+           key + ".";
   std::string s = "mean training loss over the last steps of a run" + key + "; here the last ";
   bool first = true;
   for (const auto& [wn, count] : windows) {
@@ -119,16 +123,15 @@ void write_main_row(std::ostringstream& o, const RecipeRow& r,
   if (r.diverged == 0) o << "0";
   for (size_t i = 0; i < r.diverged_at.size(); ++i)
     o << (i ? ", " : "") << "at step " << r.diverged_at[i];
-  o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm) << " | "
-    << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32)
+  o << " | " << r.spikes << " | " << r.grad_norm_excursions << " | " << fmt("%.3f", r.max_grad_norm)
+    << " | " << fmt("%.0f", r.tokens_per_s) << " | " << fmt("%.2f×", r.step_ratio_fp32)
     << (r.timing_note.empty() ? "" : " (" + r.timing_note + ")") << " |\n";
 }
 
 // The baseline line, the main table (one row per recipe) and the notes under it.
 void write_main_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
-                      const std::vector<RunRecord>& runs,
-                      const std::vector<std::string>& policies, const std::string& base,
-                      const std::string& bname) {
+                      const std::vector<RunRecord>& runs, const std::vector<std::string>& policies,
+                      const std::string& base, const std::string& bname) {
   if (!base.empty())
     o << "Baseline of the gap columns: `" << base << "`.\n\n";
   else
@@ -138,7 +141,8 @@ void write_main_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
     << ", paired by seed | its 95% interval | held-out NLL (none) Δ vs " << bname
     << ", paired bootstrap over windows |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
-  o << " diverged | loss spikes | grad norm > 1 after warmup | max grad norm after warmup | tokens/s | step time vs fp32 "
+  o << " diverged | loss spikes | grad norm > 1 after warmup | max grad norm after warmup | "
+       "tokens/s | step time vs fp32 "
        "|\n|---|---|---|---|---|---|---|";
   for (size_t i = 0; i < policies.size(); ++i) o << "---|";
   o << "---|---|---|---|---|---|\n";
@@ -170,7 +174,8 @@ void write_task_row(std::ostringstream& o, const RecipeRow& r,
       o << " — | — |";
       continue;
     }
-    const std::string n = it->second.seeds < seeds ? " (n=" + std::to_string(it->second.seeds) + ")" : "";
+    const std::string n = it->second.seeds < seeds ? " (n=" + std::to_string(it->second.seeds) + ")"
+                                                   : "";
     *partial |= !n.empty();
     for (const BootstrapInterval* b : {&it->second.raw, &it->second.per_char})
       o << " " << fmt("%.1f%%", 100 * b->mean) << " [" << fmt("%.1f", 100 * b->lo) << ", "
@@ -189,12 +194,14 @@ void write_task_section(std::ostringstream& o, const std::vector<RecipeRow>& row
   int excluded = 0;
   for (const auto& r : rows) {
     excluded += r.task_excluded;
-    if (!r.task.empty() && task.empty()) task = r.task, task_hash = r.task_items_hash, chance = r.task_chance;
+    if (!r.task.empty() && task.empty())
+      task = r.task, task_hash = r.task_items_hash, chance = r.task_chance;
   }
   if (task.empty()) return;
   o << "\n## Downstream task: " << task << "\n\n"
     << "Accuracy under each inference policy, from each run's final checkpoint (task.json); "
-       "chance is " << fmt("%.0f%%", 100 * chance) << ". Items fnv1a64 `" << task_hash << "`.\n\n"
+       "chance is "
+    << fmt("%.0f%%", 100 * chance) << ". Items fnv1a64 `" << task_hash << "`.\n\n"
     << "| recipe | seeds |";
   for (const auto& p : policies) o << " " << p << ", raw | " << p << ", per char |";
   o << "\n|---|---|";
@@ -208,10 +215,11 @@ void write_task_section(std::ostringstream& o, const std::vector<RecipeRow>& row
        "seeds' runs; 95% percentile bootstrap over items (10,000 resamples, the same items "
        "for every seed). An interval that contains the chance level is no evidence the "
        "model does the task. Recipes without a task.json are not listed.\n";
-  if (partial)
-    o << "\n(n=k): only k of the recipe's seeds have finite scores under this policy.\n";
+  if (partial) o << "\n(n=k): only k of the recipe's seeds have finite scores under this policy.\n";
   if (excluded > 0)
-    o << "\n" << excluded << " run(s) hold a task.json of other items (another task, corpus "
+    o << "\n"
+      << excluded
+      << " run(s) hold a task.json of other items (another task, corpus "
          "or item rule) and are left out of this table.\n";
   for (const auto& r : runs)
     if (r.diverged_at == 0 && !r.task.empty() && r.task_step >= 0 && r.task_step != r.steps)

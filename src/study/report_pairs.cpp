@@ -62,13 +62,15 @@ std::vector<size_t> finite_items(const std::vector<const std::vector<std::vector
 }
 
 std::string acc_cell(const BootstrapInterval& b) {
-  return fmt("%.1f%%", 100 * b.mean) + " [" + fmt("%.1f", 100 * b.lo) + ", " + fmt("%.1f", 100 * b.hi) + "]";
+  return fmt("%.1f%%", 100 * b.mean) + " [" + fmt("%.1f", 100 * b.lo) + ", " +
+         fmt("%.1f", 100 * b.hi) + "]";
 }
 std::string margin_cell(const BootstrapInterval& b) {
   return fmt("%+.3f", b.mean) + " [" + fmt("%+.3f", b.lo) + ", " + fmt("%+.3f", b.hi) + "]";
 }
 std::string signed_acc_cell(const BootstrapInterval& b) {
-  return fmt("%+.1f", 100 * b.mean) + " [" + fmt("%+.1f", 100 * b.lo) + ", " + fmt("%+.1f", 100 * b.hi) + "]";
+  return fmt("%+.1f", 100 * b.mean) + " [" + fmt("%+.1f", 100 * b.lo) + ", " +
+         fmt("%+.1f", 100 * b.hi) + "]";
 }
 
 // The items the section reports on: those of most runs (ties: the first seen), as for
@@ -90,8 +92,10 @@ SectionItems section_items(const std::vector<RunRecord>& runs) {
     }
   if (!s.ref) return s;
   for (const auto& r : runs)
-    if (r.diverged_at == 0 && !r.pairs.items_hash.empty() && r.pairs.items_hash != s.hash) ++s.excluded;
-  for (const auto& p : s.ref->pairs.paradigms) s.total_items = std::max(s.total_items, p.first + p.items);
+    if (r.diverged_at == 0 && !r.pairs.items_hash.empty() && r.pairs.items_hash != s.hash)
+      ++s.excluded;
+  for (const auto& p : s.ref->pairs.paradigms)
+    s.total_items = std::max(s.total_items, p.first + p.items);
   return s;
 }
 
@@ -100,7 +104,8 @@ using Paradigms = std::vector<RunRecord::Pairs::Paradigm>;
 // The heading and the paragraph that says what the items, the accuracy and the margin are.
 void write_intro(std::ostringstream& o, const std::string& hash, const Paradigms& paradigms) {
   o << "\n## Minimal pairs\n\n"
-    << "BLiMP-style items from the held-out documents (items fnv1a64 `" << hash << "`): the "
+    << "BLiMP-style items from the held-out documents (items fnv1a64 `" << hash
+    << "`): the "
        "model is right on an item when the held-out sentence gets a higher total "
        "log-probability than each altered copy (a tie of m sentences counts 1/m). Paradigms "
        "and chance:";
@@ -161,9 +166,12 @@ void write_accuracy_tables(std::ostringstream& o, const std::vector<RunRecord>& 
   }
   o << "\nMean margin per paradigm, nats (95% bootstrap over items). Margins differ in "
        "scale between paradigms (a shuffle costs tens of nats, an agreement error a few), so "
-       "they are not pooled.\n\n" << mt.str();
+       "they are not pooled.\n\n"
+    << mt.str();
   if (s.excluded > 0)
-    o << "\n" << s.excluded << " run(s) hold minimal-pairs results on other items (another corpus "
+    o << "\n"
+      << s.excluded
+      << " run(s) hold minimal-pairs results on other items (another corpus "
          "or item rule) and are left out.\n";
 }
 
@@ -181,7 +189,8 @@ std::vector<Cmp> comparisons(const std::vector<std::string>& names,
   std::set<std::string> seen;
   auto add = [&](const std::string& a, const std::string& pa, const std::string& b,
                  const std::string& pb, const std::string& label) {
-    if (seen.insert(a + "\n" + pa + "\n" + b + "\n" + pb).second) cmps.push_back({a, pa, b, pb, label});
+    if (seen.insert(a + "\n" + pa + "\n" + b + "\n" + pb).second)
+      cmps.push_back({a, pa, b, pb, label});
   };
   if (!baseline.empty() && std::find(names.begin(), names.end(), baseline) != names.end())
     for (const auto& n : names)
@@ -276,7 +285,8 @@ void write_paired_comparisons(std::ostringstream& o, const std::vector<RunRecord
        "under several seeds is not, so read it with the bootstrap. Per-paradigm columns give "
        "the margin difference (nats), marked * where its interval excludes 0. Seeds whose runs "
        "were made on different CPUs are not paired.\n\n"
-    << "| comparison | policy | seeds | Δ accuracy, all items, points [95% CI] | b / c | McNemar p |";
+    << "| comparison | policy | seeds | Δ accuracy, all items, points [95% CI] | b / c | McNemar p "
+       "|";
   const Paradigms& paradigms = s.ref->pairs.paradigms;
   for (const auto& p : paradigms) o << " Δ margin " << p.name << " |";
   o << "\n|---|---|---|---|---|---|";
@@ -289,7 +299,8 @@ void write_paired_comparisons(std::ostringstream& o, const std::vector<RunRecord
 
 }  // namespace
 
-std::string minimal_pairs_md(const std::vector<RunRecord>& runs, const std::vector<std::string>& names,
+std::string minimal_pairs_md(const std::vector<RunRecord>& runs,
+                             const std::vector<std::string>& names,
                              const std::vector<std::string>& policies, const std::string& baseline,
                              const std::vector<Hypothesis>& hyps) {
   const SectionItems s = section_items(runs);

@@ -41,8 +41,9 @@ nlohmann::json plans_json(const ResolvedLinears& res) {
           if (!gemm_uses(Gemm(g), Operand(o))) continue;
           const BlockQuantSpec& s = p.specs[g][o];
           j[std::string(gemm_name(Gemm(g))) + "." + operand_name(Operand(o))] = {
-              s.element.name(), spec_scale_format(s).name, s.block, s.two_d, s.target,
-              s.rounding == Rounding::RNE ? "rne" : "sr8"};
+              s.element.name(), spec_scale_format(s).name,
+              s.block,          s.two_d,
+              s.target,         s.rounding == Rounding::RNE ? "rne" : "sr8"};
         }
     }
     out.push_back(j);

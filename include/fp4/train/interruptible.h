@@ -40,10 +40,11 @@ class StopOnSignal {
   [[noreturn]] static void exit_by(int sig);
 
  private:
-  struct sigaction old_int_ {}, old_term_ {}, old_usr1_ {};
+  struct sigaction old_int_ {
+  }, old_term_{}, old_usr1_{};
   bool int_installed_ = false, term_installed_ = false, usr1_installed_ = false;
-  sigset_t set_{};       ///< the installed ones: blocked in the compute threads
-  std::thread watcher_;  ///< accepts them (sigtimedwait) while the guard lives
+  sigset_t set_{};                         ///< the installed ones: blocked in the compute threads
+  std::thread watcher_;                    ///< accepts them (sigtimedwait) while the guard lives
   std::optional<ComputeSignalMask> mask_;  ///< blocks them on the compute threads
 };
 

@@ -32,9 +32,9 @@ struct ProfileResult {
   /// Per component (prof::Cat), summed over the measured steps: exclusive wall seconds,
   /// GEMM FLOPs, regions opened.
   prof::Totals totals;
-  int64_t num_params = 0;        ///< the model's parameters N (all of them)
-  int64_t tokens_per_step = 0;   ///< train.batch_size · train.seq_len
-  double flops_per_token = 0;    ///< model FLOPs per token, attention over the full T × T
+  int64_t num_params = 0;             ///< the model's parameters N (all of them)
+  int64_t tokens_per_step = 0;        ///< train.batch_size · train.seq_len
+  double flops_per_token = 0;         ///< model FLOPs per token, attention over the full T × T
   double flops_per_token_causal = 0;  ///< the same, attention over the causal triangle
   /// The model's buffers after the measured steps, bytes (Linear scratch exists only once a
   /// step has run).

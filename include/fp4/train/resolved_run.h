@@ -25,7 +25,7 @@ Settings parse_set_args(const std::vector<std::string>& args,
 
 /// The arguments of a command that define a run, as given on its command line.
 struct RunRequest {
-  std::string config;             ///< --config, as typed ("configs/tiny.toml"); found by resolve()
+  std::string config;  ///< --config, as typed ("configs/tiny.toml"); found by resolve()
   /// --recipe: a shipped name or a .toml path (load_recipe_arg). Empty: no recipe is resolved
   /// (fp4train data takes none; compare resolves each of its own with resolve_recipe).
   std::string recipe;
@@ -34,9 +34,9 @@ struct RunRequest {
   /// key (--steps: train.steps, --seed: train.seed, --data: data.path); a `--set` of the same
   /// key is refused (parse_set_args).
   std::vector<std::pair<std::string, std::string>> taken;
-  std::string data;               ///< --data: the corpus instead of data.path; empty = data.path
-  int steps = 0;                  ///< --steps: train.steps (override_steps); 0 = the config's
-  std::optional<uint64_t> seed;   ///< --seed: train.seed
+  std::string data;              ///< --data: the corpus instead of data.path; empty = data.path
+  int steps = 0;                 ///< --steps: train.steps (override_steps); 0 = the config's
+  std::optional<uint64_t> seed;  ///< --seed: train.seed
   /// Resolve the data source (RunRequest::data or data.path; it must exist). False for
   /// commands that read no data (info, eval --config, compare, which checks it itself).
   bool with_data = true;
