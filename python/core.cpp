@@ -4,7 +4,7 @@
 // quantize_blocks, dequantize and check_dequantized_finite (fp4/numerics/block_quant.h, as
 // `fp4train quant`), pack / save_safetensors / load_safetensors (fp4/numerics/qtensor.h, `quant --save`),
 // decoded_gemm / probe_gemm (fp4/gemm/probe_gemm.h, `fp4train gemm`), recipes, run configs and
-// checkpoints (fp4/recipe/recipe.h, fp4/recipe/config.h, fp4/train/checkpoint.h). Nothing numeric is computed here.
+// checkpoints (fp4/recipe/recipe.h, fp4/config/config.h, fp4/train/checkpoint.h). Nothing numeric is computed here.
 //
 // Arrays: numpy float32 (codes: uint8), C-contiguous; anything else is refused with TypeError
 // (not an ndarray, wrong dtype) or ValueError (not C-contiguous, wrong number of dimensions).
@@ -43,7 +43,7 @@
 #include "fp4/numerics/bf16.h"
 #include "fp4/numerics/qtensor.h"
 #include "fp4/recipe/recipe.h"
-#include "fp4/recipe/settings.h"
+#include "fp4/config/settings.h"
 #include "fp4/base/signal_mask.h"
 #include "fp4/study/run_metrics.h"
 

@@ -6,8 +6,9 @@
 #include <sstream>
 
 #include "fp4/base/error.h"
+#include "fp4/config/config.h"
+#include "fp4/config/toml_reader.h"
 #include "fp4/gemm/accumulator.h"
-#include "toml_reader.h"
 
 namespace fp4 {
 namespace {
@@ -550,17 +551,6 @@ Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path&
   throw UserError("unknown recipe '" + name_or_path + "' (no file " + f.string() +
                   "); available:" + (names.empty() ? " none found" : names) +
                   " ('fp4train recipes' describes them)");
-}
-
-std::vector<std::string> toml_names(const std::filesystem::path& dir) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> names;
-  std::error_code ec;
-  if (fs::is_directory(dir, ec))
-    for (auto& e : fs::directory_iterator(dir, ec))
-      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 std::string recipe_to_toml(const Recipe& r) {

@@ -15,7 +15,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 set(_fp4_fuzz_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 add_library(fp4parse STATIC
-  src/recipe/recipe.cpp src/recipe/config.cpp src/recipe/settings.cpp
+  src/recipe/recipe.cpp src/config/config.cpp src/config/settings.cpp
   src/numerics/format.cpp src/numerics/block_quant.cpp src/numerics/hadamard.cpp src/base/safetensors.cpp
   src/numerics/qtensor.cpp src/numerics/philox.cpp src/gemm/gemm_mode.cpp src/gemm/accumulator.cpp
   src/train/checkpoint.cpp src/train/metrics_log.cpp src/data/token_shard.cpp src/data/jsonl.cpp src/data/utf8.cpp

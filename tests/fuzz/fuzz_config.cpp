@@ -10,7 +10,7 @@
 // 'M' blocks, which alone use them).
 #include <string>
 
-#include "fp4/recipe/config.h"
+#include "fp4/config/config.h"
 #include "fp4/base/error.h"
 #include "fuzz_common.h"
 

@@ -15,7 +15,7 @@
 #include "fp4/train/info.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe/recipe.h"
-#include "fp4/recipe/settings.h"
+#include "fp4/config/settings.h"
 
 using namespace fp4;
 namespace fs = std::filesystem;

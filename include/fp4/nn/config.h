@@ -1,5 +1,5 @@
 // Run configs read with the block kinds of the mixer registry (fp4/nn/mixer.h): the entry
-// points for every caller above nn. The parser (fp4/recipe/config.h) knows no kind; these
+// points for every caller above nn. The parser (fp4/config/config.h) knows no kind; these
 // functions give it the registered ones, so a kind's pattern character, its name in errors and
 // its cross-key checks come from its MixerKind entry.
 #pragma once
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/config/config.h"
 
 namespace fp4 {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/config.h"
+#include "fp4/config/config.h"
 #include "fp4/nn/linear.h"
 
 namespace fp4::nn {

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "fp4/config/settings.h"
 #include "fp4/gemm/gemm_mode.h"
 #include "fp4/numerics/block_quant.h"
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/hadamard.h"
-#include "fp4/recipe/settings.h"
 
 namespace fp4 {
 
@@ -275,10 +275,6 @@ Recipe load_recipe_file(const std::filesystem::path& file, const std::vector<Set
 /// listing the available names.
 Recipe load_recipe(const std::string& name_or_path, const std::filesystem::path& recipes_dir,
                    const std::vector<Setting>& sets = {});
-
-/// The names of the *.toml files of `dir` without the extension, sorted: the recipes of
-/// configs/recipes/, the run configs of configs/. Empty if `dir` is not a readable directory.
-std::vector<std::string> toml_names(const std::filesystem::path& dir);
 
 /// Recipe as TOML text (for the resolved config written next to a run).
 std::string recipe_to_toml(const Recipe& r);

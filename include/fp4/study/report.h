@@ -228,7 +228,7 @@ struct RecipeRow {
 
 /// The recipe among `names` that a baseline argument `want` (e.g. `--baseline fp32`) selects:
 /// `want` itself if listed, else the one name that is `want` labelled by `--set` overrides
-/// ("fp32+fp4.block=32", fp4/recipe/settings.h labelled_name); "" if none. Throws fp4::UserError if
+/// ("fp32+fp4.block=32", fp4/config/settings.h labelled_name); "" if none. Throws fp4::UserError if
 /// several labelled names match.
 std::string find_baseline(const std::vector<std::string>& names, const std::string& want);
 

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "fp4/config/settings.h"
 #include "fp4/data/data.h"
 #include "fp4/nn/config.h"
 #include "fp4/recipe/recipe.h"
-#include "fp4/recipe/settings.h"
 
 namespace fp4 {
 

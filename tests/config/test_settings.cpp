@@ -1,4 +1,4 @@
-// `--set KEY=VALUE` overrides (fp4/recipe/settings.h): the parser's errors, and applying settings to
+// `--set KEY=VALUE` overrides (fp4/config/settings.h): the parser's errors, and applying settings to
 // run configs and recipes with exactly the validation of the files themselves.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "fp4/nn/config.h"
 #include "fp4/base/error.h"
 #include "fp4/recipe/recipe.h"
-#include "fp4/recipe/settings.h"
+#include "fp4/config/settings.h"
 
 using namespace fp4;
 namespace fs = std::filesystem;

@@ -1,4 +1,5 @@
-// Run configuration (model size, data, optimisation, evaluation), parsed from TOML.
+// Run configuration (model size, data, optimisation, evaluation), parsed from TOML; the
+// names of the TOML files of a directory (toml_names: configs/, configs/recipes/).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -6,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/recipe/settings.h"
+#include "fp4/config/settings.h"
 
 namespace fp4 {
 
@@ -131,7 +132,7 @@ struct RunConfig {
   bool operator==(const RunConfig&) const = default;
 };
 
-/// What the parser needs to know of the block kinds, from the mixer registry one room up
+/// What the parser needs to know of the block kinds, from the mixer registry of the nn room
 /// (nn::block_kind_rules() in fp4/nn/config.h, which also declares load_run_config, the
 /// entry point most callers want). The parser itself knows no kind.
 struct BlockKindRules {
@@ -164,5 +165,9 @@ RunConfig parse_run_config_text(const std::string& toml, const std::string& wher
                                 const BlockKindRules& kinds);
 /// The resolved config as TOML text.
 std::string run_config_to_toml(const RunConfig& c);
+
+/// The names of the *.toml files of `dir` without the extension, sorted: the recipes of
+/// configs/recipes/, the run configs of configs/. Empty if `dir` is not a readable directory.
+std::vector<std::string> toml_names(const std::filesystem::path& dir);
 
 }  // namespace fp4

@@ -1,5 +1,7 @@
 // Strict TOML reading: every key must be known, of the right type and in range; errors
-// name the file, the dotted key and what was expected.
+// name the file, the dotted key and what was expected. The reader of run configs (this
+// room's config.cpp) and of recipe files (the recipe room's recipe.cpp); TomlReader::apply
+// applies the --set settings (fp4/config/settings.h) to either before it is read.
 #pragma once
 #include <toml++/toml.h>
 
@@ -15,7 +17,7 @@
 #include <vector>
 
 #include "fp4/base/error.h"
-#include "fp4/recipe/settings.h"
+#include "fp4/config/settings.h"
 
 namespace fp4::detail {
 
@@ -84,7 +86,7 @@ class TomlReader {
   /// Same as where(): the source named by cross-key errors.
   const std::string& file() const { return where(); }
 
-  /// Apply `--set` overrides (fp4/recipe/settings.h) to the parsed file, before any get(): each
+  /// Apply `--set` overrides (fp4/config/settings.h) to the parsed file, before any get(): each
   /// key's value is replaced (or added) with the setting's TOML value, creating its table if
   /// the file lacks it; an index `name[N]` must name an existing table of the array of tables
   /// `name`. Later errors about an overridden key name its --set argument instead of the file.

@@ -1,12 +1,12 @@
 // Run configs: TOML → fp4::RunConfig, strictly validated.
-#include "fp4/recipe/config.h"
+#include "fp4/config/config.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
 #include "fp4/base/error.h"
-#include "toml_reader.h"
+#include "fp4/config/toml_reader.h"
 
 namespace fp4 {
 
@@ -275,6 +275,17 @@ std::string run_config_to_toml(const RunConfig& c) {
   o << "[log]\nprogress_seconds = " << toml_number(c.progress_seconds)
     << "\ntelemetry_interval = " << c.telemetry_interval << "\n";
   return o.str();
+}
+
+std::vector<std::string> toml_names(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (fs::is_directory(dir, ec))
+    for (auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace fp4

@@ -1,13 +1,13 @@
-// `--set KEY=VALUE` command-line overrides: parsing and naming (fp4/recipe/settings.h). Applying them
-// is TomlReader::apply (toml_reader.h), called by the config and recipe loaders.
-#include "fp4/recipe/settings.h"
+// `--set KEY=VALUE` command-line overrides: parsing and naming (fp4/config/settings.h). Applying them
+// is TomlReader::apply (fp4/config/toml_reader.h), called by the config and recipe loaders.
+#include "fp4/config/settings.h"
 
 #include <toml++/toml.h>
 
 #include <cctype>
 
 #include "fp4/base/error.h"
-#include "toml_reader.h"
+#include "fp4/config/toml_reader.h"
 
 namespace fp4 {
 namespace {
