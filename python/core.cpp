@@ -31,7 +31,7 @@
 
 #include "fp4/numerics/block_quant.h"
 #include "fp4/train/checkpoint.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/base/error.h"
 #include "fp4/numerics/format.h"
 #include "fp4/train/info.h"

@@ -13,7 +13,7 @@
 #include "commands.h"
 #include "fp4/base/error.h"
 #include "fp4/data/data.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/train/paths.h"
 #include "fp4/train/resolved_run.h"
 #include "options.h"

@@ -10,7 +10,7 @@
 
 #include "commands.h"
 #include "fp4/base/error.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/info.h"
 #include "fp4/nn/hf_layout.h"

@@ -14,7 +14,7 @@
 #include "fp4/base/error.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/eval/eval.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/model.h"
 #include "fp4/study/evaluate.h"
 #include "fp4/study/report.h"

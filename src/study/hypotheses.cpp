@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <toml++/toml.h>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/data/data.h"
 #include "fp4/eval/eval.h"
 #include "fp4/base/error.h"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fp4/train/checkpoint.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/base/error.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/config/settings.h"

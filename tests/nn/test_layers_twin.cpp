@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/layers.h"
 #include "fp4/nn/model.h"
 #include "fp4/numerics/quant_fast.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "fp4/base/error.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/mixer.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe/recipe.h"

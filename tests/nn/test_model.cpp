@@ -13,7 +13,7 @@
 #include <random>
 #include <unistd.h>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/base/error.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe/recipe.h"

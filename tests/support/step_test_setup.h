@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fp4/data/data.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4::testing {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/base/error.h"
 #include "fp4/train/info.h"
 #include "fp4/nn/model.h"

@@ -133,7 +133,7 @@ struct RunConfig {
 };
 
 /// What the parser needs to know of the block kinds, from the mixer registry of the nn room
-/// (nn::block_kind_rules() in fp4/nn/config.h, which also declares load_run_config, the
+/// (nn::block_kind_rules() in fp4/nn/run_config.h, which also declares load_run_config, the
 /// entry point most callers want). The parser itself knows no kind.
 struct BlockKindRules {
   std::string symbols;  ///< the pattern characters: "M*-"
@@ -153,7 +153,7 @@ BlockKindRules any_block_kinds();
 /// out-of-range values throw fp4::UserError naming the file, key and allowed range. `sets`
 /// (the config part of parse_settings) override keys of the file first and are validated as
 /// the file's values are; their errors name the --set argument, cross-key errors the file
-/// "with --set ...". Most callers want fp4::load_run_config (fp4/nn/config.h).
+/// "with --set ...". Most callers want fp4::load_run_config (fp4/nn/run_config.h).
 RunConfig parse_run_config_file(const std::filesystem::path& file, const std::vector<Setting>& sets,
                                 const BlockKindRules& kinds);
 /// Check cross-field constraints (batch and micro-batch, final window, warm-up, and the

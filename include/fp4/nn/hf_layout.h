@@ -32,7 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/model.h"
 
 namespace fp4 {

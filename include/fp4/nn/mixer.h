@@ -5,7 +5,7 @@
 //
 // Everything fp4train knows about a kind of block is in its MixerKind entry (below): the
 // pattern character, its names, its config checks, its linears, its factory, its Hugging
-// Face names; its FLOPs are the Mixer's own. Config validation (nn/config.h), the model,
+// Face names; its FLOPs are the Mixer's own. Config validation (nn/run_config.h), the model,
 // `info`, `profile`, `export` and the recipe rules all read the registry, mixer_kinds(). A new
 // kind is one file (the Mixer class and its MixerKind), its entry function's declaration in
 // src/nn/mixers.h and one line in mixer.cpp's list of built-in kinds;

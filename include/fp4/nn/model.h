@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/linear.h"
 #include "fp4/nn/mixer.h"
 #include "fp4/recipe/recipe.h"

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4 {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4 {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/data/data.h"
 

@@ -8,7 +8,7 @@
 
 #include "fp4/base/profile.h"
 #include "fp4/data/data.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/nn/model.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/resolved_run.h"

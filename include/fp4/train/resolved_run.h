@@ -12,7 +12,7 @@
 
 #include "fp4/config/settings.h"
 #include "fp4/data/data.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4 {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fp4/train/checkpoint.h"
-#include "fp4/nn/config.h"
+#include "fp4/nn/run_config.h"
 #include "fp4/data/data.h"
 #include "fp4/dist/dist.h"
 #include "fp4/nn/layers.h"

@@ -1,5 +1,5 @@
-// Run configs with the registered block kinds (fp4/nn/config.h).
-#include "fp4/nn/config.h"
+// Run configs with the registered block kinds (fp4/nn/run_config.h).
+#include "fp4/nn/run_config.h"
 
 #include "fp4/nn/mixer.h"
 

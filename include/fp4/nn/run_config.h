@@ -1,7 +1,8 @@
 // Run configs read with the block kinds of the mixer registry (fp4/nn/mixer.h): the entry
 // points for every caller above nn. The parser (fp4/config/config.h) knows no kind; these
 // functions give it the registered ones, so a kind's pattern character, its name in errors and
-// its cross-key checks come from its MixerKind entry.
+// its cross-key checks come from its MixerKind entry. A header apart from mixer.h: its callers
+// (train, study, cli, python) read configs and need none of the Mixer interface.
 #pragma once
 #include <filesystem>
 #include <string>
