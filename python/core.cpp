@@ -1028,8 +1028,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const BoundRecipe& r) { return r.r.name; }, "[name]")
       .def_property_readonly("description", [](const BoundRecipe& r) { return r.r.description; }, "[description]")
       .def_property_readonly("mode", [](const BoundRecipe& r) { return std::string(fp4::linear_mode_name(r.r.mode)); }, "[linear] mode: fp32, bf16 or fp4.")
-      .def_property_readonly("gemm", [](const BoundRecipe& r) { return r.r.gemm; }, "[linear] gemm: decoded or probe-matched.")
-      .def_property_readonly("element_format", [](const BoundRecipe& r) { return r.r.element_format; }, "[fp4] element_format.")
+      .def_property_readonly("gemm", [](const BoundRecipe& r) { return std::string(fp4::gemm_mode_name(r.r.gemm)); }, "[linear] gemm: decoded or probe-matched.")
+      .def_property_readonly("element_format", [](const BoundRecipe& r) { return r.r.element_format.name(); }, "[fp4] element_format.")
       .def_property_readonly("scale_format", [](const BoundRecipe& r) { return r.r.scale_format_str(); }, "[fp4] scale_format.")
       .def_property_readonly("scale_rule", [](const BoundRecipe& r) { return std::string(fp4::scale_rule_name(r.r.scale_rule)); }, "[fp4] scale_rule.")
       .def_property_readonly("block", [](const BoundRecipe& r) { return r.r.block; }, "[fp4] block.")
@@ -1046,11 +1046,11 @@ PYBIND11_MODULE(_core, m) {
             const fp4::Recipe& r = b.r;
             std::string s = "<fp4train.Recipe " + r.name + ": " + fp4::linear_mode_name(r.mode);
             if (r.mode == fp4::LinearMode::FP4) {
-              s += " " + r.element_format + ", " + r.scale_format_str() + " scales, block " +
+              s += " " + r.element_format.name() + ", " + r.scale_format_str() + " scales, block " +
                    std::to_string(r.block) + (r.weight_2d ? " (2-D weights)" : "") + ", D " +
                    std::to_string(r.amax_interval) + ", RHT " + (r.rht_wgrad ? "on" : "off") +
                    ", " + std::to_string(r.overrides.size()) + " overrides";
-              if (r.gemm != "decoded") s += ", gemm " + r.gemm;
+              if (r.gemm != fp4::GemmMode::Decoded) s += std::string(", gemm ") + fp4::gemm_mode_name(r.gemm);
             }
             return s + " (.toml: the whole recipe)>"; })
       .def("spec", [](const BoundRecipe& r, const std::string& role) {

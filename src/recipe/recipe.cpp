@@ -183,7 +183,7 @@ std::string Recipe::scale_format_str() const {
 namespace {
 BlockQuantSpec make_spec(const Recipe& r, bool two_d, Rounding rounding) {
   BlockQuantSpec s{r.scale_format, r.block, two_d, r.scale_target, rounding};
-  s.element = parse_element_format(r.element_format);
+  s.element = r.element_format;
   s.scale_rule = r.scale_rule;
   s.scale_desc = r.scale_desc;
   return s;
@@ -200,7 +200,7 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   const BlockQuantSpec by_op[3] = {r.spec_x(), r.spec_w(), r.spec_dy()};
   for (int g = 0; g < 3; ++g)
     for (int o = 0; o < 3; ++o) p.specs[g][o] = by_op[o];
-  p.gemm = parse_gemm_mode(r.gemm);
+  p.gemm = r.gemm;
   p.probe_snap = r.probe_snap;
   p.amax_interval = r.amax_interval;
   p.amax_sample = r.amax_sample;
@@ -411,8 +411,10 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   s = linear_mode_name(rc.mode);
   r.get("linear.mode", s);
   rc.mode = parse_mode(r, "linear.mode", s);
-  r.get("linear.gemm", rc.gemm);
-  r.choice("linear.gemm", rc.gemm, {"decoded", "probe-matched"});
+  s = gemm_mode_name(rc.gemm);
+  r.get("linear.gemm", s);
+  r.choice("linear.gemm", s, {"decoded", "probe-matched"});
+  rc.gemm = parse_gemm_mode(s);
   r.get("linear.probe_snap", rc.probe_snap);
   {
     Accumulator acc;
@@ -424,20 +426,22 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                   "1/d of the probe-matched GEMM; default 1024), got " +
                                       std::to_string(rc.probe_snap));
     }
-    if (rc.probe_snap != 1024 && rc.gemm != "probe-matched")
-      r.fail("linear.probe_snap", "to be left at 1024 with gemm = \"" + rc.gemm + "\", got " +
+    if (rc.probe_snap != 1024 && rc.gemm != GemmMode::ProbeMatched)
+      r.fail("linear.probe_snap", std::string("to be left at 1024 with gemm = \"") +
+                                      gemm_mode_name(rc.gemm) + "\", got " +
                                       std::to_string(rc.probe_snap) + ": the snap belongs to the "
                                       "probe-matched GEMM's accumulator (set linear.gemm = "
                                       "\"probe-matched\")");
   }
 
-  r.get("fp4.element_format", rc.element_format);
+  s = rc.element_format.name();
+  r.get("fp4.element_format", s);
   try {
-    rc.element_format = parse_element_format(rc.element_format).name();
+    rc.element_format = parse_element_format(s);
   } catch (const std::invalid_argument& e) {
     r.fail("fp4.element_format",
            "an element format (e2m1, e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, e<E>m<M>, int4, "
-           "int4-sym), got \"" + rc.element_format + "\": " + e.what());
+           "int4-sym), got \"" + s + "\": " + e.what());
   }
   s = rc.scale_format_str();
   r.get("fp4.scale_format", s);
@@ -558,11 +562,12 @@ std::string recipe_to_toml(const Recipe& r) {
   o.precision(10);
   o << "name = " << detail::toml_quote(r.name) << "\n";
   o << "description = " << detail::toml_quote(r.description) << "\n";
-  o << "[linear]\nmode = \"" << linear_mode_name(r.mode) << "\"\ngemm = \"" << r.gemm << "\"\n";
+  o << "[linear]\nmode = \"" << linear_mode_name(r.mode) << "\"\ngemm = \"" << gemm_mode_name(r.gemm)
+    << "\"\n";
   // Like the fidelity knobs below, only when not the default: earlier runs' recipe.toml stays
   // byte-identical.
   if (r.probe_snap != 1024) o << "probe_snap = " << r.probe_snap << "\n";
-  o << "[fp4]\nelement_format = \"" << r.element_format << "\"\nscale_format = \""
+  o << "[fp4]\nelement_format = \"" << r.element_format.name() << "\"\nscale_format = \""
     << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
     << "\"\nblock = " << r.block
     << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << float_str(r.scale_target)

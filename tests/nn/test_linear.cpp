@@ -377,7 +377,7 @@ std::vector<float> expect_probe_linear(const Recipe& r, const std::vector<float>
 TEST(Linear, ProbeMatchedModeRunsAllThreeGemmsThroughTheProbeKernel) {
   const int64_t M = 32, K = 40, N = 24;
   Recipe r = fp4_recipe(ScaleFormat::UE5M3, true, true, 1);
-  r.gemm = "probe-matched";
+  r.gemm = GemmMode::ProbeMatched;
   auto X = randn(M * K, 31), W = randn(N * K, 32, 0.1f), dY = randn(M * N, 33, 1e-3f);
   (void)expect_probe_linear(r, X, W, dY, M, K, N, ProbeGemmOptions{}, "default accumulator");
 }
@@ -394,14 +394,14 @@ TEST(Linear, ProbeMatchedFastQuantizersMatchTheScalarComposition) {
   for (bool w2d : {false, true})
     for (ScaleFormat sf : {ScaleFormat::UE5M3, ScaleFormat::E4M3}) {
       Recipe r = fp4_recipe(sf, /*rht=*/false, w2d, 1);
-      r.gemm = "probe-matched";
+      r.gemm = GemmMode::ProbeMatched;
       (void)expect_probe_linear(r, X, W, dY, M, K, N, ProbeGemmOptions{},
                                 std::string(scale_format_name(sf)) + (w2d ? " 2-D" : " 1-D"));
     }
   Recipe mx = fp4_recipe(ScaleFormat::UE8M0, false, false, 1);
   mx.scale_rule = ScaleRule::MxTe;
   mx.block = 32;
-  mx.gemm = "probe-matched";
+  mx.gemm = GemmMode::ProbeMatched;
   (void)expect_probe_linear(mx, X, W, dY, M, K, N, ProbeGemmOptions{}, "mxfp4");
 }
 
@@ -415,7 +415,7 @@ TEST(Linear, ProbeSnapReachesEveryGemm) {
   std::vector<float> Y_default;
   for (int snap : {1024, 0, 4096}) {
     Recipe r = fp4_recipe(ScaleFormat::UE5M3, /*rht=*/false, /*w2d=*/true, 1);
-    r.gemm = "probe-matched";
+    r.gemm = GemmMode::ProbeMatched;
     r.probe_snap = snap;
     EXPECT_EQ(LinearPlan::uniform(r, LinearMode::FP4).probe_snap, snap);
     ProbeGemmOptions opt;
@@ -452,7 +452,7 @@ TEST(Linear, Bf16OutputsRoundYAndTheLinearsOwnDx) {
   recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, false, true, 50));
   recipes.push_back(fp4_recipe(ScaleFormat::E4M3, true, true, 1));
   recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, false, true, 50));
-  recipes.back().gemm = "probe-matched";
+  recipes.back().gemm = GemmMode::ProbeMatched;
   for (size_t ri = 0; ri < recipes.size(); ++ri) {
     SCOPED_TRACE("recipe " + std::to_string(ri));
     Recipe on = recipes[ri];
@@ -511,7 +511,7 @@ TEST(Linear, Bf16BoundaryEqualsQuantizingPreRoundedOperands) {
   recipes.back().scale_rule = ScaleRule::MxTe;
   recipes.back().block = 32;
   recipes.push_back(fp4_recipe(ScaleFormat::UE5M3, true, true, 1));
-  recipes.back().gemm = "probe-matched";
+  recipes.back().gemm = GemmMode::ProbeMatched;
   for (size_t ri = 0; ri < recipes.size(); ++ri) {
     SCOPED_TRACE("recipe " + std::to_string(ri));
     Recipe on = recipes[ri], off = recipes[ri];
@@ -576,7 +576,7 @@ TEST(Linear, Bf16RhtEqualsItsReferenceComposition) {
   for (const char* mode : {"decoded", "probe-matched"}) {
     SCOPED_TRACE(mode);
     Recipe r = fp4_recipe(ScaleFormat::E4M3, true, true, 1);
-    r.gemm = mode;
+    r.gemm = parse_gemm_mode(mode);
     Recipe r32 = r;
     r.rht_precision = RhtPrecision::BF16;
     auto X = randn(M * K, 81), W = randn(N * K, 82, 0.1f), dY = randn(M * N, 83, 1e-3f);

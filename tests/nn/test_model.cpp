@@ -191,8 +191,8 @@ TEST(Recipes, ShippedRecipesParseWithTheirTableValues) {
   EXPECT_EQ(u.round_x, Rounding::RNE);
   EXPECT_EQ(u.scale_target, 448.f);
   EXPECT_EQ(u.round_w, Rounding::RNE);
-  EXPECT_EQ(u.element_format, "e2m1");
-  EXPECT_EQ(u.gemm, "decoded");
+  EXPECT_TRUE(u.element_format.is_e2m1());
+  EXPECT_EQ(u.gemm, GemmMode::Decoded);
   for (int b = 0; b < 4; ++b) EXPECT_EQ(u.block_mode(b, 4), LinearMode::FP4);
   const Recipe n = load_recipe("nvfp4-te", dir);
   EXPECT_EQ(n.scale_format, ScaleFormat::E4M3);

@@ -814,7 +814,7 @@ TEST(RecipeFormats, NewKeysParseAndRoundTrip) {
   const Recipe a = load_recipe_file(write_tmp(
       "a.toml", "[linear]\nmode = \"fp4\"\n[fp4]\nelement_format = \"int4-sym\"\n"
                 "scale_format = \"ue4m3\"\nscale_rule = \"tensor-scaled\"\n"));
-  EXPECT_EQ(a.element_format, "int4-sym");
+  EXPECT_EQ(a.element_format.name(), "int4-sym");
   EXPECT_EQ(a.scale_desc, &kUE4M3);
   EXPECT_EQ(a.scale_rule, ScaleRule::TensorScaled);
   for (const BlockQuantSpec& s : {a.spec_x(), a.spec_w(), a.spec_dy()}) {
@@ -829,7 +829,7 @@ TEST(RecipeFormats, NewKeysParseAndRoundTrip) {
   const Recipe b = load_recipe_file(write_tmp(
       "b.toml", "[linear]\nmode = \"fp4\"\n[fp4]\nelement_format = \"E2M3\"\n"
                 "scale_format = \"ue8m0\"\nscale_rule = \"mx-ocp\"\nblock = 32\n"));
-  EXPECT_EQ(b.element_format, "e2m3");  // canonical
+  EXPECT_EQ(b.element_format.name(), "e2m3");  // canonical
   EXPECT_EQ(b.scale_format, ScaleFormat::UE8M0);
   EXPECT_EQ(b.scale_desc, nullptr);
   EXPECT_EQ(b.scale_rule, ScaleRule::MxOcp);
@@ -844,7 +844,7 @@ TEST(RecipeFormats, NewKeysParseAndRoundTrip) {
 
   // Defaults are the old behaviour.
   const Recipe d = load_recipe_file(write_tmp("d.toml", "name = \"d\"\n"));
-  EXPECT_EQ(d.element_format, "e2m1");
+  EXPECT_EQ(d.element_format.name(), "e2m1");
   EXPECT_TRUE(d.spec_x().element.is_e2m1());
   EXPECT_EQ(d.scale_rule, ScaleRule::TensorScaled);
   EXPECT_EQ(d.scale_desc, nullptr);
@@ -853,8 +853,11 @@ TEST(RecipeFormats, NewKeysParseAndRoundTrip) {
   for (const Recipe* r : {&a, &b, &c, &d}) {
     const std::string text = recipe_to_toml(*r);
     EXPECT_NE(text.find("scale_rule = \""), std::string::npos) << text;
+    // The typed element format is written back as its canonical name.
+    EXPECT_NE(text.find("element_format = \"" + r->element_format.name() + "\"\n"), std::string::npos)
+        << text;
     const Recipe back = load_recipe_file(write_tmp("rt.toml", text));
-    EXPECT_EQ(back.element_format, r->element_format);
+    EXPECT_TRUE(back.element_format == r->element_format);
     EXPECT_EQ(back.scale_format, r->scale_format);
     EXPECT_EQ(back.scale_desc, r->scale_desc);
     EXPECT_EQ(back.scale_rule, r->scale_rule);

@@ -666,7 +666,7 @@ TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
 TEST(RecipeFiles, PaperRecipeStatesThePapersInterface) {
   const Recipe r = load_recipe("ue5m3-b16-paper", kDir);
   EXPECT_EQ(r.mode, LinearMode::FP4);
-  EXPECT_EQ(r.gemm, "probe-matched");
+  EXPECT_EQ(r.gemm, GemmMode::ProbeMatched);
   EXPECT_EQ(r.probe_snap, 1024);
   EXPECT_EQ(r.scale_format, ScaleFormat::UE5M3);
   EXPECT_EQ(r.block, 16);

@@ -107,7 +107,9 @@ struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
-  std::string gemm = "decoded";        ///< [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md)
+  /// [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md "GEMM emulation"), parsed by
+  /// the recipe reader and written back by recipe_to_toml under the same name (gemm_mode_name).
+  GemmMode gemm = GemmMode::Decoded;
   /// [linear] probe_snap: the probe-matched GEMM's snap grid 1/d (fp4/gemm/accumulator.h):
   /// 1024 (default, the paper's probe), 0 = no snap, or another power of two up to 65536.
   /// Used only with gemm = "probe-matched".
@@ -115,8 +117,9 @@ struct Recipe {
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
-  /// e<E>m<M>, int4, int4-sym (parse_element_format); stored in canonical lower case.
-  std::string element_format = "e2m1";
+  /// e<E>m<M>, int4, int4-sym, parsed by the recipe reader (parse_element_format) and written
+  /// back by recipe_to_toml as its canonical lower-case name (ElementFormat::name).
+  ElementFormat element_format{};
   /// [fp4] scale_format when it is one of the four conventions of ScaleFormat.
   ScaleFormat scale_format = ScaleFormat::UE5M3;
   /// [fp4] scale_format naming any other block-scale format (ue4m3, ue6m2, ...): set, it
@@ -185,8 +188,7 @@ struct Recipe {
   /// Name of the block-scale format (scale_desc's if set, else scale_format's).
   std::string scale_format_str() const;
   /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block,
-  /// 2-D (W), target, rounding of the role, element format, scale rule. Throws
-  /// std::invalid_argument if element_format is not a valid element format name.
+  /// 2-D (W), target, rounding of the role, element format, scale rule. Throws nothing.
   BlockQuantSpec spec_x() const;
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;
@@ -224,8 +226,7 @@ struct LinearPlan {
   int reference_interval() const { return mode == LinearMode::FP4 ? amax_interval : 1; }
   /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
   /// X, spec_w() for W, spec_dy() for dY, in every GEMM, and the recipe's knobs. Throws
-  /// std::invalid_argument for a recipe whose gemm is neither "decoded" nor "probe-matched"
-  /// (parse_recipe refuses such files first).
+  /// nothing.
   static LinearPlan uniform(const Recipe& r, LinearMode mode);
 
   /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
