@@ -1,5 +1,5 @@
-// The comparison of recipes (fp4/study/compare.h). Moved from the CLI's cmd_compare.cpp,
-// which now parses the options and calls run_comparison.
+// The comparison of recipes (fp4/study/compare.h): its plan, its runs, their evaluation and
+// the report. The CLI's cmd_compare.cpp parses the options and calls run_comparison.
 #include "fp4/study/compare.h"
 
 #include <algorithm>
@@ -170,8 +170,6 @@ fs::path compare_run_dir(const fs::path& out, const std::string& recipe_name, ui
 }
 
 namespace {
-/// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the
-/// gap columns and the difference plot against `baseline_arg` (empty: the plan's).
 /// The first columns (recipe .. the paired interval of the final-window loss) of the report's
 /// main table, aligned for a terminal: what `compare` prints at its end.
 void print_main_table(const std::string& md, const fs::path& report) {
@@ -215,6 +213,8 @@ void print_main_table(const std::string& md, const fs::path& report) {
 
 }  // namespace
 
+// Rebuild DIR/report.md (and DIR/plots/*.png) from the finished runs of the plan, with the gap
+// columns and the difference plot against `baseline_arg` (empty: the plan's).
 void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool plots,
                              const std::string& baseline_arg, const std::string& hypotheses_arg,
                              bool print_table) {

@@ -38,7 +38,8 @@ struct RunRequest {
   int steps = 0;                 ///< --steps: train.steps (override_steps); 0 = the config's
   std::optional<uint64_t> seed;  ///< --seed: train.seed
   /// Resolve the data source (RunRequest::data or data.path; it must exist). False for
-  /// commands that read no data (info, eval --config, compare, which checks it itself).
+  /// commands that read no data (info) or find it their own way (eval --config, whose
+  /// load_eval_data looks beside the config too).
   bool with_data = true;
 };
 
