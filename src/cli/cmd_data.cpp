@@ -64,7 +64,7 @@ void run_data(const DataArgs& a) {
                       " changes nothing it shows");
   const RunConfig& cfg = run.config;
   const DataSpec& spec = run.data;
-  const fs::path cache = run_cache_dir(cfg, a.data);
+  const fs::path& cache = run.cache_dir;
   auto progress = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
   const bool build = a.build || !a.export_dir.empty();
   DataSummary s = describe_data(spec, cfg.model.vocab_size, cache, progress);

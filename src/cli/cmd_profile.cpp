@@ -230,7 +230,7 @@ void run_profile(const ProfileArgs& a) {
   // Data preparation reports on stderr (a first run trains the tokenizer: up to a minute at
   // vocab 50304), keeping stdout the breakdown alone.
   const TokenData data = prepare_tokens_all_ranks(
-      data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data),
+      data_spec, cfg.model.vocab_size, run.cache_dir,
       [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
 
   const ProfileResult p = profile_steps(run, data, {a.steps, a.warmup});

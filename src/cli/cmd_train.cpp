@@ -275,7 +275,7 @@ void run_train(const TrainArgs& a) {
   };
   logf("data: " + data_path.string() + (data_spec.format == "auto" ? "" : " (" + data_spec.format + ")"));
   const TokenData data =
-      prepare_tokens_all_ranks(data_spec, cfg.model.vocab_size, run_cache_dir(cfg, a.data), logf);
+      prepare_tokens_all_ranks(data_spec, cfg.model.vocab_size, run.cache_dir, logf);
   char b[256];
   std::snprintf(b, sizeof b, "tokens: %zu train, %zu held-out (vocab %d, %s)", data.train.size(),
                 data.heldout.size(), data.vocab_size, data.from_cache ? "cached" : "new");

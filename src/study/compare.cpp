@@ -473,7 +473,7 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
 }
 
 void Comparison::execute() {
-  data = prepare_tokens(run.data, run.config.model.vocab_size, resolve(run.config.data.cache), log);
+  data = prepare_tokens(run.data, run.config.model.vocab_size, run.cache_dir, log);
   write_plan();
   for (const auto& p : plan.policies) policies += (policies.empty() ? "" : ",") + p;
   const size_t total = recipes.size() * plan.seeds.size();

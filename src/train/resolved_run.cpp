@@ -96,6 +96,7 @@ ResolvedRun resolve_run(const RunRequest& r) {
 
   // The data source.
   if (r.with_data) run.data = run_data_spec(run.config, run.config_file, run.config_where, r.data);
+  run.cache_dir = run_cache_dir(run.config, r.data);
   log_resolved_run(run);
   return run;
 }

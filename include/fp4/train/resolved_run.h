@@ -57,6 +57,9 @@ struct ResolvedRun {
   bool has_recipe = false;  ///< whether recipe and plans were resolved
   /// The data source (run_data_spec); its path is empty when request.with_data is false.
   DataSpec data;
+  /// The token cache root (run_cache_dir: data.cache found like the repository's paths when
+  /// the corpus is the config's, as given with --data).
+  std::filesystem::path cache_dir;
   /// The run's label: the config file's stem with its result-changing `--set` overrides,
   /// "tiny+train.lr=0.001" (labelled_name); names run directories and summaries.
   std::string label;
