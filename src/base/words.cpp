@@ -1,7 +1,9 @@
-// Directory names and shell words (fp4/base/words.h).
+// Directory names, shell words, counted nouns and durations (fp4/base/words.h).
 #include "fp4/base/words.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 
 namespace fp4 {
 
@@ -24,6 +26,28 @@ std::string shell_word(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+std::string count_of(long long n, const std::string& singular, const std::string& plural) {
+  return std::to_string(n) + " " +
+         (n == 1 ? singular : plural.empty() ? singular + "s" : plural);
+}
+
+std::string duration_words(double seconds) {
+  constexpr double kMaxDays = 99999;
+  if (seconds < 0 || !std::isfinite(seconds)) return "?";
+  if (seconds >= kMaxDays * 86400) return "> 99999d";
+  const auto t = static_cast<long long>(seconds + 0.5);
+  char b[32];
+  if (t >= 86400)
+    std::snprintf(b, sizeof b, "%lldd%02lldh", t / 86400, (t / 3600) % 24);
+  else if (t >= 3600)
+    std::snprintf(b, sizeof b, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(b, sizeof b, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(b, sizeof b, "%llds", t);
+  return b;
 }
 
 }  // namespace fp4

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "fp4/base/error.h"
+#include "fp4/base/words.h"
 #include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/info.h"
@@ -87,7 +88,7 @@ void run_configs() {
               ", d_model " + std::to_string(cfg.model.d_model) + ", " + millions(mi.parameters) +
               " parameters, " + std::to_string(cfg.train.batch_size) + " x " +
               std::to_string(cfg.train.seq_len) + " tokens per step, " +
-              std::to_string(cfg.train.steps) + " steps";
+              count_of(cfg.train.steps, "step");
     } catch (const std::exception& e) {
       facts = std::string("(does not load: ") + e.what() + ")";
     }

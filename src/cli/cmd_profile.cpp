@@ -18,6 +18,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
+#include "fp4/base/words.h"
 #include "fp4/train/profile_run.h"
 #include "fp4/train/train.h"
 #include "fp4/train/paths.h"
@@ -90,8 +91,9 @@ void print_header(const ProfileArgs& a, const std::string& cfg_name, const RunCo
                   const MachineLoad& load) {
   const auto& tc = cfg.train;
   std::printf("step: %.1f ms\n", p.mean_step_ms);
-  std::printf("(mean of %d steps after %d warm-up steps; median %.1f ms, min %.1f, max %.1f)\n",
-              a.steps, a.warmup, p.median_step_ms, p.min_step_ms, p.max_step_ms);
+  std::printf("(mean of %s after %s; median %.1f ms, min %.1f, max %.1f)\n",
+              count_of(a.steps, "step").c_str(), count_of(a.warmup, "warm-up step").c_str(),
+              p.median_step_ms, p.min_step_ms, p.max_step_ms);
   std::printf(
       "config %s, recipe %s: %lld parameters, %lld tokens/step (batch %d x seq %d), "
       "%d OpenMP threads%s\n",

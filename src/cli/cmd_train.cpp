@@ -50,13 +50,14 @@ struct TrainArgs {
 
 void print_summary(const TrainSummary& s, const RunConfig& cfg, const Recipe& recipe,
                    const std::string& cfg_name, const fs::path& out) {
-  std::printf("\nsummary (%s, recipe %s, %d steps, seed %llu)\n", cfg_name.c_str(),
-              recipe.name.c_str(), s.steps, static_cast<unsigned long long>(cfg.train.seed));
+  std::printf("\nsummary (%s, recipe %s, %s, seed %llu)\n", cfg_name.c_str(),
+              recipe.name.c_str(), count_of(s.steps, "step").c_str(),
+              static_cast<unsigned long long>(cfg.train.seed));
   std::printf("  first-step loss                     %.4f   (ln vocab = %.4f)\n", s.first_loss,
               std::log(double(cfg.model.vocab_size)));
   const int window = s.final_window_steps;
-  std::printf("  final-window training loss          %.4f   (mean of the last %d step%s)\n",
-              s.final_window_loss, window, window == 1 ? "" : "s");
+  std::printf("  final-window training loss          %.4f   (mean of the last %s)\n",
+              s.final_window_loss, window == 1 ? "step" : count_of(window, "step").c_str());
   std::printf("  held-out NLL, FP32 inference        %.4f nats/token\n", s.heldout_nll);
   if (recipe.mode != LinearMode::FP32)
     std::printf("  held-out NLL, quantized inference   %.4f nats/token   (%s, current scaling)\n",

@@ -4,6 +4,7 @@
 
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
+#include "fp4/base/words.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -42,16 +43,16 @@ void override_steps(RunConfig& cfg, int steps) {
   if (cfg.train.warmup_steps >= cfg.train.steps && cfg.train.steps > 1) {
     const int was = cfg.train.warmup_steps;
     cfg.train.warmup_steps = cfg.train.steps / 10;
-    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %d steps\n",
-                cfg.train.steps, was, cfg.train.warmup_steps);
+    std::printf("note: --steps %d is not above train.warmup_steps = %d; warming up for %s\n",
+                cfg.train.steps, was, count_of(cfg.train.warmup_steps, "step").c_str());
   }
   if (cfg.train.final_window >= 1.0 && cfg.train.final_window > cfg.train.steps) {
     const auto was = static_cast<long long>(cfg.train.final_window);
     cfg.train.final_window = TrainConfig{}.final_window;
     const int w = cfg.train.final_window_steps();
     std::printf("note: --steps %d is below train.final_window = %lld steps; the final-window loss "
-                "is the mean of the last %d step%s (the default, 10%%)\n",
-                cfg.train.steps, was, w, w == 1 ? "" : "s");
+                "is the mean of the last %s (the default, 10%%)\n",
+                cfg.train.steps, was, w == 1 ? "step" : count_of(w, "step").c_str());
   }
 }
 std::filesystem::path run_data_path(const RunConfig& cfg, const std::filesystem::path& config_file,

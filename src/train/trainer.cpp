@@ -27,6 +27,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/base/safetensors.h"
+#include "fp4/base/words.h"
 #include "fp4/train/resolved_run.h"
 #include "fp4/train/run_lock.h"
 #include "fp4/train/train.h"
@@ -76,18 +77,6 @@ void write_error_of_rank(const fs::path& file, const std::string& msg) {
   fs::rename(tmp, file, ec);
 }
 
-std::string fmt_duration(double s) {
-  char b[32];
-  if (s < 0 || !std::isfinite(s)) return "?";
-  const int t = static_cast<int>(s + 0.5);
-  if (t >= 3600)
-    std::snprintf(b, sizeof b, "%dh%02dm", t / 3600, (t / 60) % 60);
-  else if (t >= 60)
-    std::snprintf(b, sizeof b, "%dm%02ds", t / 60, t % 60);
-  else
-    std::snprintf(b, sizeof b, "%ds", t);
-  return b;
-}
 }  // namespace
 
 ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
@@ -248,6 +237,7 @@ struct TrainRun {
   // times and tokens/s taken on a busy machine are marked as such in summary.json, the
   // progress line and compare's report.
   MachineLoad worst_load;
+  bool busy_noted = false;  // the busy-machine note printed (once; later lines end in "| busy")
 };
 
 // validated: the plans of a run validate_run has checked (check_recipe_fits,
@@ -555,8 +545,8 @@ void TrainRun::stop_diverged(int step, const StepResult& r) {
   throw UserError(msg);
 }
 
-// The progress line of `step` (tokens/s over the steps since the last one), marked when the
-// machine is busy.
+// The progress line of `step` (tokens/s over the steps since the last one), marked "| busy"
+// when the machine is busy, after one note that says what the mark means.
 void TrainRun::progress_line(int step, const StepResult& r) {
   const double loss = r.loss, gnorm = r.grad_norm, lr = r.lr;
   const double tps = window_tokens / std::max(window_seconds, 1e-9);
@@ -566,12 +556,15 @@ void TrainRun::progress_line(int step, const StepResult& r) {
   std::snprintf(b, sizeof b,
                 "step %*d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s",
                 int(std::to_string(tc.steps).size()), step, tc.steps, loss, lr, gnorm, tps, m,
-                fmt_duration(eta).c_str());
+                duration_words(eta).c_str());
   const MachineLoad ml = machine_load();
   if (ml.load1 > worst_load.load1) worst_load = ml;
-  log(ml.busy() ? std::string(b) + " | busy machine (" + ml.describe() +
-                      "): timings unreliable"
-                : std::string(b));
+  if (ml.busy() && !busy_noted) {
+    log("note: busy machine (" + ml.describe() + "): tokens/s and ETA unreliable; progress "
+        "lines taken while it stays busy end in '| busy'");
+    busy_noted = true;
+  }
+  log(ml.busy() ? std::string(b) + " | busy" : std::string(b));
   last_print = clock::now();
   window_seconds = 0;
   window_tokens = 0;
