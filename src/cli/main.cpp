@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "omp_wait.h"
+#include "options.h"
 #include "fp4/base/cpu_isa.h"
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
   fp4::cli::register_list(app);
   fp4::cli::register_data(app);
   fp4::cli::register_fidelity(app);
+  // Integer options take 1e9 as well as 1000000000 (options.h, whole_number).
+  fp4::cli::accept_whole_numbers(app);
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     bool known = false;

@@ -31,4 +31,34 @@ std::string check_peak_gflops(const std::string& text) {
   return "";
 }
 
+std::string whole_number(const std::string& text) {
+  // A plain integer (optional sign, digits): CLI11's own conversion and range check decide.
+  const size_t digits_from = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  if (text.size() > digits_from &&
+      text.find_first_not_of("0123456789", digits_from) == std::string::npos)
+    return text;
+  char* end = nullptr;
+  const long double v = std::strtold(text.c_str(), &end);
+  const bool numeral = !text.empty() && end != text.c_str() && *end == '\0' &&
+                       text.find_first_of("xXnNiI") == std::string::npos;  // no hex, nan, inf
+  if (!numeral || v != std::floor(v))
+    throw CLI::ValidationError("'" + text + "' is not a whole number");
+  if (std::fabs(v) >= 9.2e18L) throw CLI::ValidationError(text + " is out of range");
+  return std::to_string(static_cast<long long>(v));
+}
+
+void accept_whole_numbers(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0)
+      o->transform(CLI::Validator(
+          [](std::string& v) {
+            v = whole_number(v);
+            return std::string();
+          },
+          "", "whole number"));
+  }
+  for (CLI::App* sub : app.get_subcommands({})) accept_whole_numbers(*sub);
+}
+
 }  // namespace fp4::cli

@@ -1,4 +1,5 @@
-// CLI11 pieces shared by the subcommands: the `--set` option and the --peak-gflops check.
+// CLI11 pieces shared by the subcommands: the `--set` option, the --peak-gflops check and whole
+// numbers written as 1e9.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -12,4 +13,13 @@ void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::stri
 /// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11
 /// prefixes with the option) says whether it is not a number or out of range.
 std::string check_peak_gflops(const std::string& text);
+/// An integer option's value as CLI11 converts it: "1e9" or "2.5e3" (a whole number in
+/// scientific or decimal notation, as step and token counts are often written) becomes
+/// "1000000000" / "2500"; a plain integer is returned unchanged. Throws CLI::ValidationError
+/// (which CLI11 prefixes with the option) for a value that is not a whole number ("1.5",
+/// "abc") or lies outside the 64-bit integers.
+std::string whole_number(const std::string& text);
+/// Give every integer option (CLI11 type INT or UINT) of `app` and of its subcommands the
+/// whole_number transform, ahead of its range check, so `--steps 1e9` means 10^9 steps.
+void accept_whole_numbers(CLI::App& app);
 }  // namespace fp4::cli

@@ -47,7 +47,13 @@ for cmd in train eval sample export quant gemm compare report compact profile in
 # --steps -5 (range check), a number beyond the option's type, a malformed number.
 bad "train --steps -5"             "--steps"        train --steps -5
 bad "train --steps 100000000000"   "--steps"        train --steps 100000000000
-bad "train --steps 1.5"            "--steps"        train --steps 1.5
+bad "train --steps 1.5"            "not a whole number" train --steps 1.5
+bad "train --steps 2.5e0"          "not a whole number" train --steps 2.5e0
+bad "train --steps 1e30"           "out of range"   train --steps 1e30
+bad "train --steps 2e9"            "not in range 1 to 1073741824" train --steps 2e9
+# A whole number in scientific notation is the number: --steps 1e9 passes the parse, and the
+# run stops at the next check (the missing config), not at --steps.
+bad "train --steps 1e9 accepted"   "no-such.toml"   train --steps 1e9 --config "$tmp/no-such.toml"
 bad "train --peak-gflops abc"      "--peak-gflops"  train --peak-gflops abc
 bad "train unknown option"         "--bogus"        train --bogus
 bad "compare --steps -5"           "--steps"        compare --out "$tmp/c" --steps -5
