@@ -1,7 +1,8 @@
-// `fp4train export --checkpoint PATH --out DIR`: a Hugging Face style directory of a
-// checkpoint's model: model.safetensors (FP32 weights under HF transformers' names,
-// hf_layout.h), config.json, and the run's tokenizer.model when there is one. The map of
-// names is in docs/export.md; python/fp4train/torch/models.py loads the directory.
+// `fp4train export --checkpoint PATH --out DIR [--format hf|gguf]`: a checkpoint's model as a
+// Hugging Face style directory (model.safetensors with FP32 weights under HF transformers'
+// names, hf_layout.h; config.json; the run's tokenizer.model), or as one GGUF file for
+// llama.cpp (DIR/model.gguf: gguf_layout.h, with the run's SentencePiece vocabulary). The
+// maps of names are in docs/export.md; python/fp4train/torch/models.py loads the HF directory.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -16,6 +17,9 @@
 #include "fp4/nn/model.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/nn/hf_layout.h"
+#include "fp4/base/gguf.h"
+#include "fp4/data/data.h"
+#include "fp4/nn/gguf_layout.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -25,10 +29,21 @@ namespace {
 struct ExportArgs {
   std::string checkpoint;
   std::string out;
+  std::string format = "hf";
 };
 
-void run_export(const ExportArgs& a) {
-  const fs::path arg(a.checkpoint);
+// A checkpoint with its run config, recipe and the model's parameter table.
+struct Exported {
+  fs::path file;  // the checkpoint file
+  fs::path run_dir;
+  Checkpoint ck;
+  RunConfig cfg;
+  Recipe recipe;
+  std::vector<nn::ParamInfo> infos;
+};
+
+Exported load_exported(const std::string& checkpoint) {
+  const fs::path arg(checkpoint);
   if (!fs::exists(arg)) throw UserError("checkpoint " + arg.string() + " does not exist");
   std::string warn;
   const fs::path file = resolve_checkpoint(arg, &warn);
@@ -42,14 +57,28 @@ void run_export(const ExportArgs& a) {
     throw UserError("checkpoint " + file.string() + " holds " + std::to_string(ck.params.size()) +
                     " parameters but the model of its config has " +
                     std::to_string(model.num_params()));
-  const std::vector<HfTensor> tensors = hf_tensors(cfg.model, model.param_infos(), ck.params);
+  fs::path run_dir = fs::is_directory(arg) ? arg : file.parent_path();
+  if (run_dir.filename() == "checkpoints") run_dir = run_dir.parent_path();
+  return {file, run_dir, ck, cfg, recipe, model.param_infos()};
+}
 
-  const fs::path out(a.out);
+// --out as a directory, created.
+fs::path out_directory(const std::string& out_arg) {
+  const fs::path out(out_arg);
   std::error_code ec;
   if (fs::exists(out) && !fs::is_directory(out))
     throw UserError("--out " + out.string() + " exists and is not a directory");
   fs::create_directories(out, ec);
   if (ec) throw UserError("cannot create --out directory " + out.string() + ": " + ec.message());
+  return out;
+}
+
+void export_hf(const Exported& e, const fs::path& out) {
+  const Checkpoint& ck = e.ck;
+  const RunConfig& cfg = e.cfg;
+  const fs::path& file = e.file;
+  const std::vector<HfTensor> tensors = hf_tensors(cfg.model, e.infos, ck.params);
+  std::error_code ec;
 
   std::vector<safetensors::TensorOut> outs;
   for (const HfTensor& t : tensors)
@@ -63,13 +92,11 @@ void run_export(const ExportArgs& a) {
   json conf = hf_config(cfg.model, cfg.train.seq_len, tensors);
   conf["fp4train"]["checkpoint"] = file.string();
   conf["fp4train"]["step"] = ck.step;
-  conf["fp4train"]["recipe"] = recipe.name;
+  conf["fp4train"]["recipe"] = e.recipe.name;
   conf["fp4train"]["config_toml"] = ck.config_toml;
   write_file_atomic(out / "config.json", conf.dump(2) + "\n");
 
-  fs::path run_dir = fs::is_directory(arg) ? arg : file.parent_path();
-  if (run_dir.filename() == "checkpoints") run_dir = run_dir.parent_path();
-  const fs::path tok = run_dir / "tokenizer.model";
+  const fs::path tok = e.run_dir / "tokenizer.model";
   const bool copied = fs::exists(tok);
   if (copied) {
     fs::copy_file(tok, out / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
@@ -79,8 +106,66 @@ void run_export(const ExportArgs& a) {
               "model.safetensors, config.json%s\n",
               file.string().c_str(), static_cast<long long>(ck.step),
               hf_llama_layout(cfg.model) ? "Llama" : "Nemotron-H", tensors.size(),
-              static_cast<long long>(model.num_params()), out.string().c_str(),
+              static_cast<long long>(ck.params.size()), out.string().c_str(),
               copied ? ", tokenizer.model" : "");
+}
+
+// The run's SentencePiece vocabulary as llama.cpp's "llama" (SentencePiece) tokenizer; without
+// a tokenizer.model, vocabulary type "none" (llama.cpp then evaluates token ids only).
+bool add_gguf_tokenizer(gguf::Writer& w, const fs::path& tokenizer_model) {
+  using gguf::ValueType;
+  if (!fs::exists(tokenizer_model)) {
+    w.add("tokenizer.ggml.model", ValueType::String, "none");
+    return false;
+  }
+  const Tokenizer tok(tokenizer_model);
+  json pieces = json::array(), scores = json::array(), types = json::array();
+  for (const Tokenizer::Piece& p : tok.vocabulary()) {
+    pieces.push_back(p.piece);
+    scores.push_back(p.score);
+    types.push_back(p.type);
+  }
+  w.add("tokenizer.ggml.model", ValueType::String, "llama");
+  w.add("tokenizer.ggml.pre", ValueType::String, "default");
+  w.add_array("tokenizer.ggml.tokens", ValueType::String, pieces);
+  w.add_array("tokenizer.ggml.scores", ValueType::F32, scores);
+  w.add_array("tokenizer.ggml.token_type", ValueType::I32, types);
+  w.add("tokenizer.ggml.unknown_token_id", ValueType::U32, kTokenUnk);
+  w.add("tokenizer.ggml.bos_token_id", ValueType::U32, kTokenBos);
+  w.add("tokenizer.ggml.eos_token_id", ValueType::U32, kTokenEos);
+  // fp4train's token streams have no BOS: documents are separated by EOS (docs/data.md).
+  w.add("tokenizer.ggml.add_bos_token", ValueType::Bool, false);
+  w.add("tokenizer.ggml.add_eos_token", ValueType::Bool, false);
+  return true;
+}
+
+void export_gguf(const Exported& e, const fs::path& out) {
+  const std::vector<GgufTensor> tensors = gguf_tensors(e.cfg.model, e.infos, e.ck.params);
+  gguf::Writer w;
+  add_gguf_metadata(w, e.cfg.model, e.cfg.train.seq_len,
+                    e.recipe.name + " step " + std::to_string(e.ck.step), /*all_f32=*/true);
+  const bool vocab = add_gguf_tokenizer(w, e.run_dir / "tokenizer.model");
+  w.add("fp4train.checkpoint", gguf::ValueType::String, e.file.string());
+  w.add("fp4train.step", gguf::ValueType::U64, e.ck.step);
+  w.add("fp4train.recipe", gguf::ValueType::String, e.recipe.name);
+  for (const GgufTensor& t : tensors) w.add_f32(t.name, t.ne, t.data.data());
+  const fs::path file = out / "model.gguf";
+  w.write(file);
+  std::printf("exported %s (step %lld, llama.cpp architecture %s, %zu tensors F32%s) to %s\n",
+              e.file.string().c_str(), static_cast<long long>(e.ck.step),
+              gguf_architecture(e.cfg.model).c_str(), tensors.size(),
+              vocab ? ", SentencePiece vocabulary" : ", no vocabulary (no tokenizer.model)",
+              file.string().c_str());
+}
+
+void run_export(const ExportArgs& a) {
+  const Exported e = load_exported(a.checkpoint);
+  if (a.format == "gguf") gguf_architecture(e.cfg.model);  // refuse before creating --out
+  const fs::path out = out_directory(a.out);
+  if (a.format == "gguf")
+    export_gguf(e, out);
+  else
+    export_hf(e, out);
 }
 }  // namespace
 
@@ -111,6 +196,13 @@ void register_export(CLI::App& app) {
       ->required();
   c->add_option("--out", a->out, "Output directory (created; existing files are replaced)")
       ->required();
+  c->add_option("--format", a->format,
+                "hf: the Hugging Face directory above; gguf: DIR/model.gguf for llama.cpp "
+                "(Llama-style configs with RoPE: architecture llama for SwiGLU, arcee for "
+                "squared ReLU; F32 weights; the run's SentencePiece vocabulary; docs/export.md "
+                "\"GGUF for llama.cpp\")")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"hf", "gguf"}));
   c->callback([a] { run_export(*a); });
 }
 

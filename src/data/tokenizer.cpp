@@ -197,6 +197,18 @@ std::vector<int> Tokenizer::encode(std::string_view text, const std::string& wha
 
 int Tokenizer::pieces() const { return impl_->sp.GetPieceSize(); }
 
+std::vector<Tokenizer::Piece> Tokenizer::vocabulary() const {
+  const sentencepiece::SentencePieceProcessor& sp = impl_->sp;
+  std::vector<Piece> v(static_cast<size_t>(sp.GetPieceSize()));
+  for (int id = 0; id < sp.GetPieceSize(); ++id) {
+    Piece& p = v[static_cast<size_t>(id)];
+    p.piece = sp.IdToPiece(id);
+    p.score = sp.GetScore(id);
+    p.type = sp.IsUnknown(id) ? 2 : sp.IsControl(id) ? 3 : sp.IsUnused(id) ? 5 : sp.IsByte(id) ? 6 : 1;
+  }
+  return v;
+}
+
 std::string detokenize(const fs::path& tokenizer_model, const std::vector<int>& ids) {
   sentencepiece::SentencePieceProcessor sp;
   load_processor(sp, tokenizer_model);

@@ -337,6 +337,17 @@ class Tokenizer {
   std::vector<int> encode(std::string_view text, const std::string& what = "text") const;
   /// Pieces of the vocabulary (ids 0 .. pieces() − 1).
   int pieces() const;
+  /// One vocabulary entry: its piece ("▁the", "<0x0A>"), score (the BPE merge rank as
+  /// SentencePiece stores it) and type as SentencePiece numbers them (ModelProto
+  /// SentencePiece.Type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte),
+  /// which are llama.cpp's token types too (llama_token_type).
+  struct Piece {
+    std::string piece;
+    float score = 0;
+    int type = 1;
+  };
+  /// Every entry of the vocabulary, by id.
+  std::vector<Piece> vocabulary() const;
   const std::filesystem::path& path() const { return path_; }
 
  private:

@@ -1,0 +1,53 @@
+// The GGUF layout of a fp4train model for llama.cpp (`fp4train export --format gguf`):
+// llama.cpp's architecture, its metadata keys and its tensor names. docs/export.md "GGUF for
+// llama.cpp" has the table; in short, for a Llama-style config (pattern "*-" repeated):
+//
+//   architecture: "llama" (SwiGLU MLP) or "arcee" (squared-ReLU MLP, no gate); both apply
+//                 RoPE to adjacent pairs (x[2i], x[2i+1]), as fp4train does, so q_proj and
+//                 k_proj keep fp4train's row order (the HF export permutes them).
+//   embeddings → token_embd.weight   layers.2i.norm → blk.i.attn_norm.weight
+//   q/k/v/o_proj → blk.i.attn_q / attn_k / attn_v / attn_output.weight
+//   layers.2i+1.norm → blk.i.ffn_norm.weight   up_proj → ffn_gate + ffn_up (SwiGLU: first /
+//   second half of the rows) or ffn_up   down_proj → ffn_down
+//   norm_f → output_norm.weight      lm_head → output.weight
+//
+// A row-major [rows, cols] matrix is the GGUF tensor ne = {cols, rows}.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "fp4/base/gguf.h"
+#include "fp4/config/config.h"
+#include "fp4/nn/model.h"
+
+namespace fp4 {
+
+/// llama.cpp's architecture for `cfg`: "llama" or "arcee" (see above). Throws fp4::UserError
+/// naming what llama.cpp cannot run: a hybrid pattern (Mamba-2 blocks; not exported yet), a
+/// model without RoPE (both architectures apply it).
+std::string gguf_architecture(const ModelConfig& cfg);
+
+/// One tensor of the GGUF layout: FP32 values, dims in GGUF order (ne[0] fastest).
+struct GgufTensor {
+  std::string name;    ///< e.g. "blk.0.attn_q.weight"
+  std::string source;  ///< the fp4train parameter, e.g. "layers.0.mixer.q_proj"
+  std::vector<int64_t> ne;
+  std::vector<float> data;  ///< row-major, ne[0] fastest
+};
+
+/// The GGUF tensors of a model of `cfg` whose parameters are `values` (in the layout of
+/// `infos`, Model::param_infos), in llama.cpp's names, F32. Throws as gguf_architecture, and
+/// std::invalid_argument for a parameter this layout does not know.
+std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
+                                     const std::vector<nn::ParamInfo>& infos,
+                                     const std::vector<float>& values);
+
+/// The architecture's metadata keys of `cfg` added to `w` (general.architecture, general.name
+/// = `name`, general.file_type, <arch>.context_length = `context_length`, embedding_length,
+/// block_count, feed_forward_length, attention.head_count(_kv), layer_norm_rms_epsilon,
+/// rope.freq_base, rope.dimension_count, vocab_size), as llama.cpp's loader reads them
+/// (llama-arch.cpp LLM_KV_*). `all_f32`: every tensor F32 (general.file_type 0).
+void add_gguf_metadata(gguf::Writer& w, const ModelConfig& cfg, int context_length,
+                       const std::string& name, bool all_f32);
+
+}  // namespace fp4

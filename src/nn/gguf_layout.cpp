@@ -1,0 +1,109 @@
+// The GGUF layout of a fp4train model: see gguf_layout.h and docs/export.md.
+#include "fp4/nn/gguf_layout.h"
+
+#include <map>
+#include <stdexcept>
+
+#include "fp4/base/error.h"
+#include "fp4/nn/hf_layout.h"
+
+namespace fp4 {
+namespace {
+
+// llama.cpp's name of an HF Llama-layout tensor (convert_hf_to_gguf's map for LlamaForCausalLM),
+// or "" if it has none.
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> top = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"}};
+  static const std::map<std::string, std::string> layer = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"}};
+  if (auto it = top.find(hf); it != top.end()) return it->second;
+  const std::string pre = "model.layers.";
+  if (hf.rfind(pre, 0) != 0) return "";
+  const size_t dot = hf.find('.', pre.size());
+  if (dot == std::string::npos) return "";
+  auto it = layer.find(hf.substr(dot + 1));
+  return it == layer.end() ? ""
+                           : "blk." + hf.substr(pre.size(), dot - pre.size()) + "." + it->second;
+}
+
+// Rows of an HF q_proj / k_proj (heads of hd rows, RoPE pairs in halves) back in fp4train's
+// order (adjacent pairs), which is llama.cpp's: row 2i of a head is HF row i, row 2i + 1 is
+// HF row i + hd/2 (the inverse of hf_layout.h's permutation).
+std::vector<float> rope_rows_adjacent(const std::vector<float>& hf, int64_t cols, int hd) {
+  std::vector<float> out(hf.size());
+  const int64_t rows = static_cast<int64_t>(hf.size()) / cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t head = r / hd, j = r % hd;
+    const int64_t src = head * hd + (j % 2 == 0 ? j / 2 : j / 2 + hd / 2);
+    std::copy(hf.begin() + src * cols, hf.begin() + (src + 1) * cols, out.begin() + r * cols);
+  }
+  return out;
+}
+}  // namespace
+
+std::string gguf_architecture(const ModelConfig& cfg) {
+  if (!hf_llama_layout(cfg))
+    throw UserError("GGUF export: pattern '" + cfg.block_pattern() +
+                    "' is not Llama-style (*- repeated); only Llama-style configs are exported "
+                    "to GGUF so far (docs/export.md \"GGUF for llama.cpp\")");
+  if (!cfg.rope)
+    throw UserError(
+        "GGUF export: model.rope = false, but llama.cpp's llama and arcee "
+        "architectures apply RoPE to every attention block");
+  if (cfg.mlp == "swiglu") return "llama";
+  if (cfg.mlp == "squared_relu") return "arcee";
+  throw UserError("GGUF export: MLP '" + cfg.mlp + "' has no llama.cpp architecture");
+}
+
+std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
+                                     const std::vector<nn::ParamInfo>& infos,
+                                     const std::vector<float>& values) {
+  gguf_architecture(cfg);  // throws for a config llama.cpp cannot run
+  std::vector<GgufTensor> out;
+  for (HfTensor& t : hf_tensors(cfg, infos, values)) {
+    const std::string name = gguf_name(t.name);
+    if (name.empty()) throw std::invalid_argument("gguf_tensors: no GGUF name for " + t.name);
+    const bool rope_rows = name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight");
+    std::vector<int64_t> ne(t.shape.rbegin(), t.shape.rend());
+    std::vector<float> data = rope_rows && cfg.rope
+                                  ? rope_rows_adjacent(t.data, t.shape[1], cfg.attn_head_dim())
+                                  : std::move(t.data);
+    out.push_back({name, t.source, std::move(ne), std::move(data)});
+  }
+  return out;
+}
+
+void add_gguf_metadata(gguf::Writer& w, const ModelConfig& cfg, int context_length,
+                       const std::string& name, bool all_f32) {
+  using gguf::ValueType;
+  const std::string arch = gguf_architecture(cfg);
+  w.add("general.architecture", ValueType::String, arch);
+  w.add("general.name", ValueType::String, name);
+  // llama_ftype: 0 = all F32 (LLAMA_FTYPE_ALL_F32).
+  if (all_f32) w.add("general.file_type", ValueType::U32, 0);
+  w.add(arch + ".context_length", ValueType::U32, context_length);
+  w.add(arch + ".embedding_length", ValueType::U32, cfg.d_model);
+  w.add(arch + ".block_count", ValueType::U32, cfg.n_blocks() / 2);
+  w.add(arch + ".feed_forward_length", ValueType::U32, cfg.mlp_hidden);
+  w.add(arch + ".attention.head_count", ValueType::U32, cfg.n_heads);
+  w.add(arch + ".attention.head_count_kv", ValueType::U32, cfg.kv_heads());
+  w.add(arch + ".attention.key_length", ValueType::U32, cfg.attn_head_dim());
+  w.add(arch + ".attention.value_length", ValueType::U32, cfg.attn_head_dim());
+  w.add(arch + ".attention.layer_norm_rms_epsilon", ValueType::F32, cfg.norm_eps);
+  w.add(arch + ".rope.freq_base", ValueType::F32, cfg.rope_theta);
+  w.add(arch + ".rope.dimension_count", ValueType::U32, cfg.attn_head_dim());
+  w.add(arch + ".vocab_size", ValueType::U32, cfg.vocab_size);
+}
+
+}  // namespace fp4
