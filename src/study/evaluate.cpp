@@ -215,6 +215,20 @@ void write_gradients(const EvalSource& s, const EvalWindows& held, int n, const 
               "written to %s\n", n, loss, file.c_str());
 }
 
+// --windows-out: the evaluated held-out windows as JSON, {"format": "fp4train.windows.v1",
+// "seq_len": T, "windows": [[T + 1 token ids], ...]} in evaluation order, for another engine to
+// score the same tokens (tools/llama_nll.mjs; docs/export.md "The llama.cpp check").
+void write_windows(const EvalWindows& held, int seq_len, const std::string& file) {
+  json w = json::array();
+  for (const int64_t start : held.starts) {
+    json ids = json::array();
+    for (int t = 0; t <= seq_len; ++t) ids.push_back((*held.tokens)[start + t]);
+    w.push_back(std::move(ids));
+  }
+  const json j = {{"format", "fp4train.windows.v1"}, {"seq_len", seq_len}, {"windows", w}};
+  write_file_atomic(file, j.dump() + "\n");
+}
+
 // `eval --task next-sentence`: accuracy of choosing the true next sentence among four, scored
 // by the log-likelihood of each choice after the context (raw, and per character), under
 // each policy; 95% bootstrap intervals over items.
@@ -457,10 +471,10 @@ void evaluate_checkpoint(const EvalRequest& a) {
     if (!dir.empty() && !fs::is_directory(dir))
       throw UserError("--json " + a.json_file + ": directory " + dir.string() + " does not exist");
   }
-  if (!a.grad_out.empty()) {
-    const fs::path dir = fs::path(a.grad_out).parent_path();
-    if (!dir.empty() && !fs::is_directory(dir))
-      throw UserError("--grad-out " + a.grad_out + ": directory " + dir.string() + " does not exist");
+  for (const auto& [flag, file] : {std::pair{"--grad-out", a.grad_out}, {"--windows-out", a.windows_out}}) {
+    const fs::path dir = fs::path(file).parent_path();
+    if (!file.empty() && !dir.empty() && !fs::is_directory(dir))
+      throw UserError(std::string(flag) + " " + file + ": directory " + dir.string() + " does not exist");
   }
   if (a.grad_windows > 0 && a.grad_out.empty()) throw UserError("--grad-windows goes with --grad-out FILE");
   if (!a.items_out.empty() && a.task.empty()) throw UserError("--items-out goes with --task TASK");
@@ -479,6 +493,7 @@ void evaluate_checkpoint(const EvalRequest& a) {
   if (held.starts.empty())
     throw UserError("the held-out split has " + std::to_string(data.heldout.size()) +
                     " tokens, fewer than train.seq_len + 1 = " + std::to_string(seq_len + 1));
+  if (!a.windows_out.empty()) write_windows(held, seq_len, a.windows_out);
   if (!a.grad_out.empty()) {
     const int n = a.grad_windows > 0 ? a.grad_windows : int(held.starts.size());
     if (n > int(held.starts.size()))

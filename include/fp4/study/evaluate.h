@@ -71,6 +71,7 @@ struct EvalRequest {
   std::string json_file;
   std::string grad_out;   // --grad-out: gradient file (safetensors, HF names)
   int grad_windows = 0;   // --grad-windows: its windows (0: every evaluated window)
+  std::string windows_out;  // --windows-out: the held-out windows' token ids as JSON
   std::string task;       // --task next-sentence | minimal-pairs: task accuracy instead of NLL
   std::string items_out;  // --items-out: the task's items as JSON Lines
 };

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# `fp4train export --format gguf` checked against llama.cpp itself (docs/export.md "The
+# llama.cpp check"): micro fp32 runs of both Llama-style MLPs (squared ReLU -> llama.cpp's
+# arcee, SwiGLU with grouped-query attention -> llama), exported, loaded by llama.cpp
+# (node-llama-cpp 3.21.1, tools/llama/), scored on fp4train eval's own held-out windows:
+# the mean NLL and every window's NLL agree to 1e-4 relative. A copy with one attn_q row pair
+# swapped (a RoPE pair read in the wrong order) must disagree, so the check can fail. The GGUF
+# reader checks every key and tensor written; configs llama.cpp cannot run are refused (exit 2).
+# Exit 77 (skip) without tools/llama/node_modules (scripts/setup installs it where Node.js >= 20
+# runs on x86-64) unless FP4_REQUIRE_LLAMA=1 (.ci/run sets it).
+# Usage: llama_cpp.sh <fp4train binary> <source dir>
+set -uo pipefail
+bin=$1; src=$2
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/lib/micro.bash"
+llama="$src/tools/llama"
+
+micro_setup "$work" steps=80 warmup_steps=8 interval=100 windows=6 telemetry_interval=0
+
+# --- refusals (no llama.cpp needed) -------------------------------------------------------
+"$bin" train --config "$work/micro.toml" --recipe fp32 --out "$work/norope" --quiet --peak-gflops 1 \
+  --steps 2 --set model.rope=false > "$work/t0.txt" 2>&1 || { cat "$work/t0.txt"; fail "train (no RoPE)"; }
+expect_error "model.rope = false" export --checkpoint "$work/norope" --out "$work/g0" --format gguf
+[ ! -e "$work/g0" ] || fail "a refused export created its --out directory"
+expect_error "--format: gguf2 not in" export --checkpoint "$work/norope" --out "$work/g0" --format gguf2
+
+if [ ! -d "$llama/node_modules/node-llama-cpp" ]; then
+  [ "${FP4_REQUIRE_LLAMA:-0}" = 1 ] && fail "tools/llama/node_modules missing (bash scripts/setup installs it)"
+  echo "SKIP: tools/llama/node_modules missing (bash scripts/setup installs node-llama-cpp)"
+  exit 77
+fi
+
+# check_run NAME ARCH [--set ...]: train, export, score with both engines, compare.
+check_run() {
+  local name=$1 arch=$2; shift 2
+  local run="$work/$name"
+  "$bin" train --config "$work/micro.toml" --recipe fp32 --out "$run" --quiet --peak-gflops 1 "$@" \
+    > "$run.train.txt" 2>&1 || { cat "$run.train.txt"; fail "$name: train"; }
+  "$bin" export --checkpoint "$run" --out "$run/gguf" --format gguf > "$run.export.txt" 2>&1 \
+    || { cat "$run.export.txt"; fail "$name: export"; }
+  grep -q "architecture $arch" "$run.export.txt" || { cat "$run.export.txt"; fail "$name: not $arch"; }
+  "$bin" eval --checkpoint "$run" --policy none --json "$run/eval.json" --windows-out "$run/windows.json" \
+    > "$run.eval.txt" 2>&1 || { cat "$run.eval.txt"; fail "$name: eval"; }
+  node "$llama/llama_nll.mjs" "$run/gguf/model.gguf" "$run/windows.json" "$run/llama.json" \
+    > "$run.llama.txt" 2>&1 || { cat "$run.llama.txt"; fail "$name: llama.cpp"; }
+  python3 - "$run" "$arch" <<'PY' || fail "$name: llama.cpp disagrees"
+import json, sys
+run, arch = sys.argv[1:]
+ours = json.load(open(f"{run}/eval.json"))["results"]["none"]
+theirs = json.load(open(f"{run}/llama.json"))
+rel = lambda a, b: abs(a - b) / abs(a)
+worst = max(rel(a, b) for a, b in zip(ours["window_nll"], theirs["window_nll"]))
+assert len(ours["window_nll"]) == len(theirs["window_nll"]) == 6, "window counts"
+print(f"{arch}: fp4train {ours['nats_per_token']:.6f}, llama.cpp {theirs['nats_per_token']:.6f} "
+      f"nats/token; worst window relative difference {worst:.2e}")
+assert rel(ours["nats_per_token"], theirs["nats_per_token"]) < 1e-4
+assert worst < 1e-4
+PY
+}
+
+check_run relu2 arcee
+check_run swiglu llama --set model.mlp=swiglu --set model.n_kv_heads=1
+
+# --- every key and tensor written, read back --------------------------------------------
+python3 - "$work/swiglu" <<'PY' || fail "GGUF contents"
+import json, struct, sys
+run = sys.argv[1]
+b = open(f"{run}/gguf/model.gguf", "rb").read()
+assert b[:4] == b"GGUF" and struct.unpack_from("<I", b, 4)[0] == 3
+nt, nkv = struct.unpack_from("<QQ", b, 8)
+pos = 24
+def rd(fmt):
+    global pos
+    v = struct.unpack_from(fmt, b, pos); pos += struct.calcsize(fmt); return v[0]
+def rs():
+    n = rd("<Q"); global pos; s = b[pos:pos + n].decode(); pos += n; return s
+scal = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+def val(t):
+    if t == 8: return rs()
+    if t == 9:
+        et, n = rd("<I"), rd("<Q"); return [val(et) for _ in range(n)]
+    return rd(scal[t])
+kv = {}
+for _ in range(nkv):
+    k = rs(); kv[k] = val(rd("<I"))
+cfg = {"d": 32, "L": 2, "F": 64, "H": 2, "KV": 1, "V": 512, "T": 32}
+want = {"general.architecture": "llama", "general.file_type": 0, "llama.context_length": cfg["T"],
+        "llama.embedding_length": cfg["d"], "llama.block_count": cfg["L"],
+        "llama.feed_forward_length": cfg["F"], "llama.attention.head_count": cfg["H"],
+        "llama.attention.head_count_kv": cfg["KV"], "llama.rope.dimension_count": 16,
+        "llama.vocab_size": cfg["V"], "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.add_bos_token": False}
+for k, v in want.items():
+    assert kv.get(k) == v, (k, kv.get(k), v)
+assert abs(kv["llama.attention.layer_norm_rms_epsilon"] - 1e-5) < 1e-12
+assert kv["llama.rope.freq_base"] == 10000.0
+assert len(kv["tokenizer.ggml.tokens"]) == len(kv["tokenizer.ggml.scores"]) == len(kv["tokenizer.ggml.token_type"]) == cfg["V"]
+assert kv["tokenizer.ggml.tokens"][:3] == ["<unk>", "<s>", "</s>"], kv["tokenizer.ggml.tokens"][:3]
+assert kv["tokenizer.ggml.token_type"][:3] == [2, 3, 3]
+assert kv["tokenizer.ggml.tokens"][3] == "<0x00>" and kv["tokenizer.ggml.token_type"][3] == 6
+names = {}
+for _ in range(nt):
+    n = rs(); nd = rd("<I"); ne = [rd("<Q") for _ in range(nd)]; t = rd("<I"); off = rd("<Q")
+    names[n] = (ne, t)
+d, F, V, hd = cfg["d"], cfg["F"], cfg["V"], 16
+expect = {"token_embd.weight": [d, V], "output_norm.weight": [d], "output.weight": [d, V]}
+for i in range(cfg["L"]):
+    expect.update({f"blk.{i}.attn_norm.weight": [d], f"blk.{i}.attn_q.weight": [d, 2 * hd],
+                   f"blk.{i}.attn_k.weight": [d, hd], f"blk.{i}.attn_v.weight": [d, hd],
+                   f"blk.{i}.attn_output.weight": [2 * hd, d], f"blk.{i}.ffn_norm.weight": [d],
+                   f"blk.{i}.ffn_gate.weight": [d, F], f"blk.{i}.ffn_up.weight": [d, F],
+                   f"blk.{i}.ffn_down.weight": [F, d]})
+assert {n: v[0] for n, v in names.items()} == expect, sorted(set(names) ^ set(expect))
+assert all(t == 0 for _, t in names.values())
+print(f"GGUF: {len(kv)} keys and {len(names)} tensors as expected")
+PY
+
+# --- a weight read wrongly must fail the check -------------------------------------------
+# corrupt SRC DST MODE: a copy of a GGUF with one plausible export bug. rope-halves: the rows of
+# every attn_q / attn_k head in HF's rotate-half order instead of adjacent pairs; gate-up: the
+# SwiGLU halves of up_proj swapped (ffn_gate <-> ffn_up).
+corrupt() {
+  python3 - "$@" <<'PY'
+import struct, sys
+src, dst, mode = sys.argv[1:]
+b = bytearray(open(src, "rb").read())
+nt, nkv = struct.unpack_from("<QQ", b, 8)
+pos = 24
+def rd(fmt):
+    global pos
+    v = struct.unpack_from(fmt, b, pos); pos += struct.calcsize(fmt); return v[0]
+def skip_val(t):
+    global pos
+    if t == 8: n = rd("<Q"); pos += n; return
+    if t == 9:
+        et, n = rd("<I"), rd("<Q")
+        for _ in range(n): skip_val(et)
+        return
+    pos += {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}[t]
+for _ in range(nkv):
+    n = rd("<Q"); pos += n; skip_val(rd("<I"))
+info = {}
+for _ in range(nt):
+    n = rd("<Q"); name = b[pos:pos + n].decode(); pos += n
+    nd = rd("<I"); ne = [rd("<Q") for _ in range(nd)]; rd("<I"); info[name] = (ne, rd("<Q"))
+data = (pos + 31) // 32 * 32
+def rows(name):
+    ne, off = info[name]
+    w = ne[0] * 4
+    return [bytes(b[data + off + r * w:data + off + (r + 1) * w]) for r in range(ne[1])], data + off
+def put(at, rs):
+    b[at:at + sum(map(len, rs))] = b"".join(rs)
+hd = 16
+for name in info:
+    if mode == "rope-halves" and (name.endswith("attn_q.weight") or name.endswith("attn_k.weight")):
+        rs, at = rows(name)
+        out = []
+        for h in range(len(rs) // hd):
+            head = rs[h * hd:(h + 1) * hd]
+            out += head[0::2] + head[1::2]  # row j <- pair j (j < hd/2), else the pairs' second rows
+        put(at, out)
+    if mode == "gate-up" and name.endswith("ffn_gate.weight"):
+        g, ga = rows(name)
+        u, ua = rows(name.replace("ffn_gate", "ffn_up"))
+        put(ga, u); put(ua, g)
+open(dst, "wb").write(b)
+PY
+}
+# must_disagree RUN MODE: on the corrupted copy the agreement check above fails.
+must_disagree() {
+  local run="$work/$1" mode=$2
+  corrupt "$run/gguf/model.gguf" "$work/broken-$mode.gguf" "$mode" || fail "corrupting ($mode)"
+  node "$llama/llama_nll.mjs" "$work/broken-$mode.gguf" "$run/windows.json" "$work/broken-$mode.json" \
+    > "$work/broken.txt" 2>&1 || { cat "$work/broken.txt"; fail "llama.cpp on the broken copy ($mode)"; }
+  python3 - "$run/eval.json" "$work/broken-$mode.json" "$mode" <<'PY' || fail "$mode went unnoticed"
+import json, sys
+ours = json.load(open(sys.argv[1]))["results"]["none"]
+theirs = json.load(open(sys.argv[2]))
+rel = lambda a, b: abs(a - b) / abs(a)
+worst = max(rel(a, b) for a, b in zip(ours["window_nll"], theirs["window_nll"]))
+mean = rel(ours["nats_per_token"], theirs["nats_per_token"])
+print(f"{sys.argv[3]}: fp4train {ours['nats_per_token']:.6f}, llama.cpp {theirs['nats_per_token']:.6f}; "
+      f"relative {mean:.2e}, worst window {worst:.2e}")
+assert worst > 1e-4  # the agreement check above would fail
+PY
+}
+must_disagree swiglu gate-up
+must_disagree relu2 rope-halves
+echo "llama_cpp: ok"
