@@ -199,8 +199,8 @@ void register_export(CLI::App& app) {
   c->add_option("--format", a->format,
                 "hf: the Hugging Face directory above; gguf: DIR/model.gguf for llama.cpp "
                 "(Llama-style configs with RoPE: architecture llama for SwiGLU, arcee for "
-                "squared ReLU; F32 weights; the run's SentencePiece vocabulary; docs/export.md "
-                "\"GGUF for llama.cpp\")")
+                "squared ReLU; the hybrid without RoPE: nemotron_h; F32 weights; the run's "
+                "SentencePiece vocabulary; docs/export.md \"GGUF for llama.cpp\")")
       ->capture_default_str()
       ->check(CLI::IsMember({"hf", "gguf"}));
   c->callback([a] { run_export(*a); });

@@ -1,6 +1,7 @@
 // The GGUF layout of a fp4train model: see gguf_layout.h and docs/export.md.
 #include "fp4/nn/gguf_layout.h"
 
+#include <cmath>
 #include <map>
 #include <stdexcept>
 
@@ -9,6 +10,37 @@
 
 namespace fp4 {
 namespace {
+
+static const std::map<std::string, std::string> nemotron_top = {
+    {"backbone.embeddings.weight", "token_embd.weight"},
+    {"backbone.norm_f.weight", "output_norm.weight"}};
+
+// llama.cpp's name of an HF Nemotron-H tensor of block N, "backbone.layers.N.<rest>"
+// (convert_hf_to_gguf's map for NemotronHForCausalLM; A, D without ".weight"), or "".
+std::string nemotron_block_name(const std::string& hf) {
+  static const std::map<std::string, std::string> block = {
+      {"norm.weight", "attn_norm.weight"},
+      {"mixer.q_proj.weight", "attn_q.weight"},
+      {"mixer.k_proj.weight", "attn_k.weight"},
+      {"mixer.v_proj.weight", "attn_v.weight"},
+      {"mixer.o_proj.weight", "attn_output.weight"},
+      {"mixer.up_proj.weight", "ffn_up.weight"},
+      {"mixer.down_proj.weight", "ffn_down.weight"},
+      {"mixer.in_proj.weight", "ssm_in.weight"},
+      {"mixer.conv1d.weight", "ssm_conv1d.weight"},
+      {"mixer.conv1d.bias", "ssm_conv1d.bias"},
+      {"mixer.dt_bias", "ssm_dt.bias"},
+      {"mixer.A_log", "ssm_a"},
+      {"mixer.D", "ssm_d"},
+      {"mixer.norm.weight", "ssm_norm.weight"},
+      {"mixer.out_proj.weight", "ssm_out.weight"}};
+  const std::string pre = "backbone.layers.";
+  const size_t dot = hf.find('.', pre.size());
+  if (dot == std::string::npos) return "";
+  auto it = block.find(hf.substr(dot + 1));
+  return it == block.end() ? ""
+                           : "blk." + hf.substr(pre.size(), dot - pre.size()) + "." + it->second;
+}
 
 // llama.cpp's name of an HF Llama-layout tensor (convert_hf_to_gguf's map for LlamaForCausalLM),
 // or "" if it has none.
@@ -28,6 +60,8 @@ std::string gguf_name(const std::string& hf) {
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"}};
   if (auto it = top.find(hf); it != top.end()) return it->second;
+  if (auto it = nemotron_top.find(hf); it != nemotron_top.end()) return it->second;
+  if (hf.rfind("backbone.layers.", 0) == 0) return nemotron_block_name(hf);
   const std::string pre = "model.layers.";
   if (hf.rfind(pre, 0) != 0) return "";
   const size_t dot = hf.find('.', pre.size());
@@ -53,10 +87,18 @@ std::vector<float> rope_rows_adjacent(const std::vector<float>& hf, int64_t cols
 }  // namespace
 
 std::string gguf_architecture(const ModelConfig& cfg) {
-  if (!hf_llama_layout(cfg))
-    throw UserError("GGUF export: pattern '" + cfg.block_pattern() +
-                    "' is not Llama-style (*- repeated); only Llama-style configs are exported "
-                    "to GGUF so far (docs/export.md \"GGUF for llama.cpp\")");
+  if (!hf_llama_layout(cfg)) {
+    // The hybrid: llama.cpp's nemotron_h has no positional embedding and squared-ReLU MLPs.
+    const bool attention = cfg.block_pattern().find('*') != std::string::npos;
+    if (attention && cfg.rope)
+      throw UserError("GGUF export: pattern '" + cfg.block_pattern() +
+                      "' with model.rope = true, but llama.cpp's nemotron_h applies no RoPE "
+                      "(docs/export.md \"GGUF for llama.cpp\")");
+    if (cfg.mlp != "squared_relu")
+      throw UserError("GGUF export: pattern '" + cfg.block_pattern() + "' with mlp = '" + cfg.mlp +
+                      "', but llama.cpp's nemotron_h MLP is squared ReLU");
+    return "nemotron_h";
+  }
   if (!cfg.rope)
     throw UserError(
         "GGUF export: model.rope = false, but llama.cpp's llama and arcee "
@@ -79,6 +121,15 @@ std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
     std::vector<float> data = rope_rows && cfg.rope
                                   ? rope_rows_adjacent(t.data, t.shape[1], cfg.attn_head_dim())
                                   : std::move(t.data);
+    // Mamba-2 (llama.cpp's shapes, convert_hf_to_gguf's Mamba2Model): the conv1d weight
+    // [C', 1, W] as {W, C'}; A and D [H] as {1, H}, A itself (−exp(A_log), what the scan takes);
+    // the gated RMSNorm's weight [d_inner] as {d_inner / G, G} (one norm per group).
+    if (name.ends_with("ssm_conv1d.weight")) ne = {t.shape[2], t.shape[0]};
+    if (name.ends_with("ssm_a") || name.ends_with("ssm_d")) ne = {1, t.shape[0]};
+    if (name.ends_with("ssm_a"))
+      for (float& v : data) v = -std::exp(v);
+    if (name.ends_with("ssm_norm.weight"))
+      ne = {t.shape[0] / cfg.mamba_n_groups, cfg.mamba_n_groups};
     out.push_back({name, t.source, std::move(ne), std::move(data)});
   }
   return out;
@@ -94,16 +145,37 @@ void add_gguf_metadata(gguf::Writer& w, const ModelConfig& cfg, int context_leng
   if (all_f32) w.add("general.file_type", ValueType::U32, 0);
   w.add(arch + ".context_length", ValueType::U32, context_length);
   w.add(arch + ".embedding_length", ValueType::U32, cfg.d_model);
-  w.add(arch + ".block_count", ValueType::U32, cfg.n_blocks() / 2);
-  w.add(arch + ".feed_forward_length", ValueType::U32, cfg.mlp_hidden);
   w.add(arch + ".attention.head_count", ValueType::U32, cfg.n_heads);
-  w.add(arch + ".attention.head_count_kv", ValueType::U32, cfg.kv_heads());
   w.add(arch + ".attention.key_length", ValueType::U32, cfg.attn_head_dim());
   w.add(arch + ".attention.value_length", ValueType::U32, cfg.attn_head_dim());
   w.add(arch + ".attention.layer_norm_rms_epsilon", ValueType::F32, cfg.norm_eps);
-  w.add(arch + ".rope.freq_base", ValueType::F32, cfg.rope_theta);
-  w.add(arch + ".rope.dimension_count", ValueType::U32, cfg.attn_head_dim());
   w.add(arch + ".vocab_size", ValueType::U32, cfg.vocab_size);
+  if (arch != "nemotron_h") {
+    w.add(arch + ".block_count", ValueType::U32, cfg.n_blocks() / 2);
+    w.add(arch + ".feed_forward_length", ValueType::U32, cfg.mlp_hidden);
+    w.add(arch + ".attention.head_count_kv", ValueType::U32, cfg.kv_heads());
+    w.add(arch + ".rope.freq_base", ValueType::F32, cfg.rope_theta);
+    w.add(arch + ".rope.dimension_count", ValueType::U32, cfg.attn_head_dim());
+    return;
+  }
+  // nemotron_h: one block per pattern character; llama.cpp takes a block for Mamba-2 when its
+  // feed_forward_length and head_count_kv are both 0, for attention when only the first is.
+  const std::string pattern = cfg.block_pattern();
+  nlohmann::json ff = nlohmann::json::array(), kv = nlohmann::json::array();
+  for (char c : pattern) {
+    ff.push_back(c == '-' ? cfg.mlp_hidden : 0);
+    kv.push_back(c == '*' ? cfg.kv_heads() : 0);
+  }
+  w.add(arch + ".block_count", ValueType::U32, cfg.n_blocks());
+  w.add_array(arch + ".feed_forward_length", ValueType::U32, ff);
+  w.add_array(arch + ".attention.head_count_kv", ValueType::U32, kv);
+  // Read by the loader for the multi-token-prediction head's LayerNorm, required.
+  w.add(arch + ".attention.layer_norm_epsilon", ValueType::F32, cfg.norm_eps);
+  w.add(arch + ".ssm.conv_kernel", ValueType::U32, cfg.mamba_conv_kernel);
+  w.add(arch + ".ssm.inner_size", ValueType::U32, cfg.mamba_d_inner());
+  w.add(arch + ".ssm.state_size", ValueType::U32, cfg.mamba_state_size);
+  w.add(arch + ".ssm.time_step_rank", ValueType::U32, cfg.mamba_num_heads);
+  w.add(arch + ".ssm.group_count", ValueType::U32, cfg.mamba_n_groups);
 }
 
 }  // namespace fp4

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `fp4train export --format gguf` checked against llama.cpp itself (docs/export.md "The
 # llama.cpp check"): micro fp32 runs of both Llama-style MLPs (squared ReLU -> llama.cpp's
-# arcee, SwiGLU with grouped-query attention -> llama), exported, loaded by llama.cpp
-# (node-llama-cpp 3.21.1, tools/llama/), scored on fp4train eval's own held-out windows:
-# the mean NLL and every window's NLL agree to 1e-4 relative. A copy with one attn_q row pair
-# swapped (a RoPE pair read in the wrong order) must disagree, so the check can fail. The GGUF
-# reader checks every key and tensor written; configs llama.cpp cannot run are refused (exit 2).
+# arcee, SwiGLU with grouped-query attention -> llama) and of the hybrid (Mamba-2 with 2 groups,
+# GQA attention, MLP -> nemotron_h), exported, loaded by llama.cpp (node-llama-cpp 3.21.1,
+# tools/llama/), scored on fp4train eval's own held-out windows: the mean NLL and every
+# window's NLL agree to 1e-4 relative. Copies with a plausible export bug (SwiGLU halves
+# swapped, q/k rows in HF's order, A_log for A) must miss, so the check
+# can fail. Every key and tensor written is read back; configs llama.cpp cannot run are
+# refused (exit 2).
 # Exit 77 (skip) without tools/llama/node_modules (scripts/setup installs it where Node.js >= 20
 # runs on x86-64) unless FP4_REQUIRE_LLAMA=1 (.ci/run sets it).
 # Usage: llama_cpp.sh <fp4train binary> <source dir>
@@ -24,6 +26,15 @@ expect_error "model.rope = false" export --checkpoint "$work/norope" --out "$wor
 [ ! -e "$work/g0" ] || fail "a refused export created its --out directory"
 expect_error "--format: gguf2 not in" export --checkpoint "$work/norope" --out "$work/g0" --format gguf2
 
+# The hybrid: the micro model as "M-*M-" (Mamba-2: 4 heads of 8, 2 groups, state 8, two SSD
+# chunks per sequence), no RoPE, as llama.cpp's nemotron_h.
+sed -e 's/^n_layers = 2$/pattern = "M-*M-"\nn_kv_heads = 1\nrope = false\nmamba_num_heads = 4\nmamba_head_dim = 8\nmamba_n_groups = 2\nmamba_state_size = 8\nmamba_chunk_size = 16/' \
+  "$work/micro.toml" > "$work/hybrid.toml"
+grep -q 'pattern = "M-\*M-"' "$work/hybrid.toml" || fail "hybrid.toml"
+"$bin" train --config "$work/hybrid.toml" --recipe fp32 --out "$work/hyrope" --quiet --peak-gflops 1 \
+  --steps 2 --set model.rope=true > "$work/t1.txt" 2>&1 || { cat "$work/t1.txt"; fail "train (hybrid, RoPE)"; }
+expect_error "nemotron_h applies no RoPE" export --checkpoint "$work/hyrope" --out "$work/g1" --format gguf
+
 if [ ! -d "$llama/node_modules/node-llama-cpp" ]; then
   [ "${FP4_REQUIRE_LLAMA:-0}" = 1 ] && fail "tools/llama/node_modules missing (bash scripts/setup installs it)"
   echo "SKIP: tools/llama/node_modules missing (bash scripts/setup installs node-llama-cpp)"
@@ -33,8 +44,9 @@ fi
 # check_run NAME ARCH [--set ...]: train, export, score with both engines, compare.
 check_run() {
   local name=$1 arch=$2; shift 2
-  local run="$work/$name"
-  "$bin" train --config "$work/micro.toml" --recipe fp32 --out "$run" --quiet --peak-gflops 1 "$@" \
+  local run="$work/$name" config="$work/micro.toml"
+  if [ "${1:-}" = --config ]; then config=$2; shift 2; fi
+  "$bin" train --config "$config" --recipe fp32 --out "$run" --quiet --peak-gflops 1 "$@" \
     > "$run.train.txt" 2>&1 || { cat "$run.train.txt"; fail "$name: train"; }
   "$bin" export --checkpoint "$run" --out "$run/gguf" --format gguf > "$run.export.txt" 2>&1 \
     || { cat "$run.export.txt"; fail "$name: export"; }
@@ -60,6 +72,7 @@ PY
 
 check_run relu2 arcee
 check_run swiglu llama --set model.mlp=swiglu --set model.n_kv_heads=1
+check_run hybrid nemotron_h --config "$work/hybrid.toml"
 
 # --- every key and tensor written, read back --------------------------------------------
 python3 - "$work/swiglu" <<'PY' || fail "GGUF contents"
@@ -119,10 +132,11 @@ PY
 # --- a weight read wrongly must fail the check -------------------------------------------
 # corrupt SRC DST MODE: a copy of a GGUF with one plausible export bug. rope-halves: the rows of
 # every attn_q / attn_k head in HF's rotate-half order instead of adjacent pairs; gate-up: the
-# SwiGLU halves of up_proj swapped (ffn_gate <-> ffn_up).
+# SwiGLU halves of up_proj swapped (ffn_gate <-> ffn_up); ssm-a-log: the Mamba-2 A_log written
+# where llama.cpp takes A = -exp(A_log).
 corrupt() {
   python3 - "$@" <<'PY'
-import struct, sys
+import math, struct, sys
 src, dst, mode = sys.argv[1:]
 b = bytearray(open(src, "rb").read())
 nt, nkv = struct.unpack_from("<QQ", b, 8)
@@ -164,6 +178,11 @@ for name in info:
         g, ga = rows(name)
         u, ua = rows(name.replace("ffn_gate", "ffn_up"))
         put(ga, u); put(ua, g)
+    if mode == "ssm-a-log" and name.endswith("ssm_a"):
+        ne, off = info[name]  # A_log written where llama.cpp takes A = -exp(A_log)
+        n = ne[0] * ne[1]
+        a = struct.unpack_from(f"<{n}f", b, data + off)
+        struct.pack_into(f"<{n}f", b, data + off, *[math.log(-v) for v in a])
 open(dst, "wb").write(b)
 PY
 }
@@ -187,4 +206,5 @@ PY
 }
 must_disagree swiglu gate-up
 must_disagree relu2 rope-halves
+must_disagree hybrid ssm-a-log
 echo "llama_cpp: ok"

@@ -11,6 +11,10 @@
 //   second half of the rows) or ffn_up   down_proj → ffn_down
 //   norm_f → output_norm.weight      lm_head → output.weight
 //
+// The hybrid (any other pattern) is llama.cpp's "nemotron_h": no RoPE, squared-ReLU MLPs, and
+// Mamba-2 blocks as ssm_in, ssm_conv1d, ssm_dt.bias, ssm_a (A = −exp(A_log)), ssm_d, ssm_norm
+// ({d_inner / G, G}) and ssm_out.
+//
 // A row-major [rows, cols] matrix is the GGUF tensor ne = {cols, rows}.
 #pragma once
 #include <string>
@@ -22,9 +26,9 @@
 
 namespace fp4 {
 
-/// llama.cpp's architecture for `cfg`: "llama" or "arcee" (see above). Throws fp4::UserError
-/// naming what llama.cpp cannot run: a hybrid pattern (Mamba-2 blocks; not exported yet), a
-/// model without RoPE (both architectures apply it).
+/// llama.cpp's architecture for `cfg`: "llama", "arcee" or "nemotron_h" (see above). Throws
+/// fp4::UserError naming what llama.cpp cannot run: a Llama-style model without RoPE, a hybrid
+/// with RoPE or a SwiGLU MLP.
 std::string gguf_architecture(const ModelConfig& cfg);
 
 /// One tensor of the GGUF layout: FP32 values, dims in GGUF order (ne[0] fastest).
@@ -45,8 +49,9 @@ std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
 /// The architecture's metadata keys of `cfg` added to `w` (general.architecture, general.name
 /// = `name`, general.file_type, <arch>.context_length = `context_length`, embedding_length,
 /// block_count, feed_forward_length, attention.head_count(_kv), layer_norm_rms_epsilon,
-/// rope.freq_base, rope.dimension_count, vocab_size), as llama.cpp's loader reads them
-/// (llama-arch.cpp LLM_KV_*). `all_f32`: every tensor F32 (general.file_type 0).
+/// vocab_size; rope.* for llama and arcee; ssm.* and per-block arrays for nemotron_h), as
+/// llama.cpp's loader reads them (llama-arch.cpp LLM_KV_*). `all_f32`: every tensor F32
+/// (general.file_type 0). Throws as gguf_architecture.
 void add_gguf_metadata(gguf::Writer& w, const ModelConfig& cfg, int context_length,
                        const std::string& name, bool all_f32);
 
