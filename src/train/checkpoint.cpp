@@ -302,9 +302,15 @@ std::vector<fs::path> list_checkpoints(const fs::path& run_dir) {
   return out;
 }
 
-void prune_checkpoints(const fs::path& run_dir, int keep) {
+void prune_checkpoints(const fs::path& run_dir, int keep, const std::vector<int64_t>& also_keep) {
   if (keep < 1) throw std::invalid_argument("prune_checkpoints: keep must be >= 1");
-  const auto all = list_checkpoints(run_dir);
+  std::vector<fs::path> all;  // the prunable ones, oldest first
+  for (const fs::path& p : list_checkpoints(run_dir)) {
+    int64_t step = 0;
+    if (!(parse_step_name(p.filename().string(), step) &&
+          std::find(also_keep.begin(), also_keep.end(), step) != also_keep.end()))
+      all.push_back(p);
+  }
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     std::error_code ec;
     fs::remove(all[i], ec);

@@ -379,7 +379,7 @@ std::string TrainRun::ready_run_directory() {
     }
     // A kill between a checkpoint's rename and the pruning after it leaves one too many;
     // a resume with nothing left to train (killed in summary.json) would keep it.
-    prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
+    prune_checkpoints(opt.out_dir, opt.keep_checkpoints, opt.keep_steps);
     // Temporaries of writes cut off by a kill (AtomicFile's <file>.tmp: a checkpoint, the
     // metrics.jsonl rewrite below, summary.json, ...) in the checkpoint and run directories.
     for (const fs::path& dir : {ckpt_dir, opt.out_dir}) {
@@ -498,7 +498,9 @@ bool TrainRun::loop() {
     // after a kill finds every line up to the checkpoint step.
     if (rank0 && (step % opt.log_every == 0 || eval_step || r.telemetry))
       metrics.append(rec.dump() + "\n");
-    const bool due = (opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps;
+    const bool due = (opt.save_every > 0 && step % opt.save_every == 0) || step == tc.steps ||
+                     std::find(opt.keep_steps.begin(), opt.keep_steps.end(), step) !=
+                         opt.keep_steps.end();
     if (due) save(step);
     if (step == opt.stop_after) {
       sum.stopped = true;
@@ -657,7 +659,7 @@ void TrainRun::save_rank0(int step) {
   metrics.sync();
   fs::create_directories(ckpt_dir);
   save_checkpoint(ckpt_dir / checkpoint_file_name(step), c);
-  prune_checkpoints(opt.out_dir, opt.keep_checkpoints);
+  prune_checkpoints(opt.out_dir, opt.keep_checkpoints, opt.keep_steps);
 }
 
 void TrainRun::save(int step) {

@@ -86,9 +86,11 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 /// The file name of the checkpoint after `step` steps: "step_%08d.safetensors".
 std::string checkpoint_file_name(int64_t step);
 
-/// Delete all but the newest `keep` (>= 1) checkpoints of list_checkpoints(run_dir).
-/// Throws fp4::UserError if a file cannot be removed.
-void prune_checkpoints(const std::filesystem::path& run_dir, int keep);
+/// Delete all but the newest `keep` (>= 1) checkpoints of list_checkpoints(run_dir), leaving
+/// those of the steps in `also_keep` (which do not count against `keep`). Throws
+/// fp4::UserError if a file cannot be removed.
+void prune_checkpoints(const std::filesystem::path& run_dir, int keep,
+                       const std::vector<int64_t>& also_keep = {});
 
 /// The newest checkpoint of a run directory that loads (like resolve_checkpoint, which
 /// calls it), loaded once; its path goes to `file` and skipped newer files, each with the

@@ -101,6 +101,11 @@ struct TrainOptions {
   /// final one, which is always written).
   int save_every = 0;
   int keep_checkpoints = 3;        ///< keep the newest K checkpoints (>= 1), delete older ones
+  /// Also checkpoint these steps, and never prune their checkpoints (they do not count
+  /// against keep_checkpoints): e.g. off the amax refresh grid for the fidelity panel
+  /// (docs/compare.md "Checkpoints", docs/fidelity.md "References"). Steps above the run's are
+  /// never reached.
+  std::vector<int64_t> keep_steps;
   /// metrics.jsonl gets a line every N-th step, and always at evaluation, telemetry and the
   /// final step.
   int log_every = 1;
