@@ -39,13 +39,11 @@ std::string interval_cell(const RecipeRow& r, const std::string& base) {
                        : "not resolved");
 }
 
-// "[lo, hi] lower|higher|not resolved" of a bootstrap, or "—".
+// "mean [lo, hi]" of a bootstrap, or "—". No verdict word: a row's verdict is its t-interval
+// over seeds (docs/compare.md "The report"); this interval is evaluation noise only.
 std::string boot_cell(const BootstrapInterval& b) {
   if (b.seeds == 0) return "—";
-  return fmt("%+.4f", b.mean) + " [" + fmt("%+.4f", b.lo) + ", " + fmt("%+.4f", b.hi) + "] " +
-         (b.sign < 0   ? "lower"
-          : b.sign > 0 ? "higher"
-                       : "not resolved");
+  return fmt("%+.4f", b.mean) + " [" + fmt("%+.4f", b.lo) + ", " + fmt("%+.4f", b.hi) + "]";
 }
 }  // namespace report_detail
 
@@ -139,7 +137,7 @@ void write_main_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
          "columns are empty.\n\n";
   o << "| recipe | seeds | final-window loss | vs " << bname << " | Δ vs " << bname
     << ", paired by seed | its 95% interval | held-out NLL (none) Δ vs " << bname
-    << ", paired bootstrap over windows |";
+    << ", bootstrap over windows (evaluation noise only) |";
   for (const auto& p : policies) o << " held-out NLL, " << p << " |";
   o << " diverged | loss spikes | grad norm > 1 after warmup | max grad norm after warmup | "
        "tokens/s | step time vs fp32 "
@@ -159,6 +157,34 @@ void write_main_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
       o << "\nNote: the held-out values of `" << r.dir.filename().string()
         << "` come from its checkpoint at step " << r.eval_step << ", not the final step "
         << r.steps << " (the final checkpoint could not be loaded).\n";
+}
+
+// "## Power": per recipe, the seeds a 95% t-interval of ±E nats on its paired difference to
+// the baseline would take at the paired std measured here (docs/compare.md "Power before
+// cost"); nothing without a baseline or a recipe with 2 paired seeds.
+void write_power_table(std::ostringstream& o, const std::vector<RecipeRow>& rows,
+                       const std::string& base, double effect) {
+  std::ostringstream t;
+  for (const auto& r : rows) {
+    if (r.recipe == base || r.paired_delta_baseline.n < 2) continue;
+    const MeanStd& d = r.paired_delta_baseline;
+    const int n = seeds_for_half_width(d.std, effect);
+    t << "| " << r.recipe << " | " << d.n << " | " << fmt("%.4f", d.std) << " | ±"
+      << fmt("%.4f", (r.paired_ci95.hi - r.paired_ci95.lo) / 2) << " | "
+      << (n >= 100000 ? std::string("≥ 100000") : std::to_string(n)) << " |\n";
+  }
+  if (t.str().empty()) return;
+  const std::string e = fmt("%g", effect);
+  o << "\n## Power\n\nSeeds for a 95% t-interval of ±" << e
+    << " nats on each recipe's paired difference to `" << base
+    << "` (final-window loss), at the paired std over the seeds measured here: the smallest n "
+       "with t₀.₉₇₅,ₙ₋₁ · std / √n ≤ "
+    << e << ". With that many, a true difference of " << e
+    << " is resolved about half the time (about twice as many seeds for 80%); the std itself "
+       "is uncertain with few seeds.\n\n"
+    << "| recipe | paired seeds | paired std | 95% half-width now | seeds for ±" << e
+    << " |\n|---|---|---|---|---|\n"
+    << t.str();
 }
 
 // One recipe's line of the downstream task's table; *partial is set when a policy has fewer
@@ -276,15 +302,20 @@ void write_definitions(std::ostringstream& o, const std::vector<RunRecord>& runs
        "std is the uncertainty to read when ranking recipes; the unpaired ± mostly measures "
        "how seeds differ.\n"
        "* **its 95% interval**: mean ± t₀.₉₇₅,ₙ₋₁ · std / √n over the n paired seeds (Student's "
-       "t; needs n ≥ 2). *lower* / *higher*: the interval excludes 0, the recipe's loss is "
-       "below / above the baseline's; *not resolved*: the interval contains 0.\n"
-       "* **Paired bootstrap over windows**: the held-out NLL (FP32 inference, policy "
-       "`none`) of the recipe minus the baseline's, per held-out window and seed; 10,000 "
-       "resamples of the windows with replacement (the same windows for every seed, "
-       "splitmix64 draws with a fixed seed), the mean over seeds and drawn windows; the "
+       "t; needs n ≥ 2), and the row's one verdict. *lower* / *higher*: the interval excludes "
+       "0, the recipe's loss is below / above the baseline's; *not resolved*: the interval "
+       "contains 0.\n"
+       "* **Bootstrap over windows (evaluation noise only)**: the held-out NLL (FP32 "
+       "inference, policy `none`) of the recipe minus the baseline's, per held-out window and "
+       "seed; 10,000 resamples of the windows with replacement (the same windows for every "
+       "seed, splitmix64 draws with a fixed seed), the mean over seeds and drawn windows; the "
        "interval is its 2.5% and 97.5% quantiles. It measures how much the figure depends on "
-       "which text was held out, not how it varies with the training seed (the t-interval "
-       "does that). Empty for evaluations written before per-window values were recorded.\n"
+       "which text was held out, for these trained runs only, not how it varies with the "
+       "training seed, so it carries no verdict: an interval that excludes 0 does not make "
+       "a recipe better (the t-interval over seeds decides). Empty for evaluations written "
+       "before per-window values were recorded.\n"
+       "* **Power**: the seeds a 95% t-interval of ±E nats would take at each recipe's "
+       "measured paired std (docs/compare.md \"Power before cost\").\n"
        "* **Held-out NLL** under a quantized-inference policy: `none` FP32 inference; `current` "
        "the recipe's quantization with every tensor's own amax (D = 1); `replay-d50` cold "
        "periodic sample-and-hold over ordered evaluation batches; `calibrated` references "
@@ -318,6 +349,7 @@ std::string comparison_report_md(const std::vector<RecipeRow>& rows,
   const std::string base = rows.empty() || rows[0].baseline.empty() ? "" : rows[0].baseline;
   const std::string bname = base.empty() ? "baseline" : base;
   write_main_table(o, rows, runs, policies, base, bname);
+  write_power_table(o, rows, base, ctx.effect);
   write_task_section(o, rows, runs, policies);
   write_per_run_table(o, runs, policies);
   write_plots(o, ctx);

@@ -385,6 +385,51 @@ TEST(ReportStats, TheTableShowsTheIntervalAndItsVerdict) {
   EXPECT_NE(md.find("its 95% interval"), std::string::npos);
 }
 
+// One verdict per row (docs/compare.md "The report"): the t-interval over seeds decides; the
+// bootstrap over windows, resolved here too, is shown without a verdict word. And the Power
+// table is in every report with a baseline and 2 paired seeds, no study file needed. Hand
+// calculation: deltas {0.10, 0.12, 0.11}, std 0.01; n = 18 is the first with
+// t₀.₉₇₅,ₙ₋₁ · 0.01 / √n ≤ 0.005 (t(17) = 2.1098: 0.00497; t(16) = 2.1199 / √17: 0.00514);
+// for ±0.01, n = 7 (2.4469 / √7 = 0.925; 2.5706 / √6 = 1.049).
+TEST(ReportStats, OneVerdictPerRowAndAPowerTableWithoutHypotheses) {
+  RunRecord b1 = run("bf16", 4.0, 10, 1), b2 = run("bf16", 6.0, 10, 1),
+            b3 = run("bf16", 5.0, 10, 1);
+  RunRecord f1 = run("fp4", 4.10, 10, 1), f2 = run("fp4", 6.12, 10, 1),
+            f3 = run("fp4", 5.11, 10, 1);
+  b1.seed = f1.seed = 1;
+  b2.seed = f2.seed = 2;
+  b3.seed = f3.seed = 3;
+  for (RunRecord* r : {&b1, &b2, &b3}) r->heldout_windows["none"] = {5.0, 5.0, 5.0, 5.0};
+  for (RunRecord* r : {&f1, &f2, &f3}) r->heldout_windows["none"] = {5.1, 5.2, 5.1, 5.2};
+  const std::vector<RunRecord> runs = {b1, b2, b3, f1, f2, f3};
+  const auto rows = aggregate_runs(runs, {"bf16", "fp4"});
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_TRUE(rows[1].heldout_boot.resolved);  // the bootstrap excludes 0 as well
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  const size_t at = md.find("\n| fp4 | 3 | ");
+  ASSERT_NE(at, std::string::npos) << md;
+  const std::string row = md.substr(at + 1, md.find('\n', at + 1) - at - 1);
+  int words = 0;
+  for (const char* w : {"lower", "higher", "not resolved"})
+    for (size_t p = row.find(w); p != std::string::npos; p = row.find(w, p + 1)) ++words;
+  EXPECT_EQ(words, 1) << row;
+  EXPECT_NE(row.find("| [+0.0852, +0.1348] higher |"), std::string::npos) << row;
+  EXPECT_NE(row.find("| +0.1500 [+0.1000, +0.2000] |"), std::string::npos) << row;
+  EXPECT_NE(md.find("bootstrap over windows (evaluation noise only)"), std::string::npos);
+  EXPECT_EQ(md.find("## Hypotheses"), std::string::npos);
+  EXPECT_NE(md.find("\n## Power\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fp4 | 3 | 0.0100 | ±0.0248 | 18 |"), std::string::npos) << md;
+  ReportContext ctx;
+  ctx.effect = 0.01;
+  const std::string md10 = comparison_report_md(rows, runs, ctx);
+  EXPECT_NE(md10.find("| fp4 | 3 | 0.0100 | ±0.0248 | 7 |"), std::string::npos) << md10;
+  EXPECT_NE(md10.find("seeds for ±0.01 |"), std::string::npos) << md10;
+  // One seed: no paired spread, no Power table.
+  const std::string one = comparison_report_md(aggregate_runs({b1, f1}, {"bf16", "fp4"}), {b1, f1},
+                                               ReportContext{});
+  EXPECT_EQ(one.find("## Power"), std::string::npos) << one;
+}
+
 // Grad-norm excursions: logged steps after warmup with a norm above 1 (or not finite).
 TEST(ReportStats, GradNormExcursionsAfterWarmupAreCounted) {
   RunRecord r = run("fp4", 4.0, 10, 1);

@@ -337,9 +337,13 @@ struct ReportContext {
   std::vector<std::string> policies;  ///< inference policies to tabulate, in order
   std::vector<std::string> plots;     ///< PNG paths relative to the report (may be empty)
   std::string plots_note;             ///< why plots are missing, if they are
+  /// The half-width E (nats) of the "Power" table's target interval (`compare --effect`).
+  double effect = kPowerHalfWidth;
 };
 
-/// The Markdown report: main table, per-seed table, definitions and plots.
+/// The Markdown report: main table (one verdict per row: the t-interval over seeds), the
+/// Power table (seeds for ±ctx.effect at each recipe's paired std, when a baseline and 2
+/// paired seeds exist), per-seed table, definitions and plots (docs/compare.md "The report").
 std::string comparison_report_md(const std::vector<RecipeRow>& rows,
                                  const std::vector<RunRecord>& runs, const ReportContext& ctx);
 
