@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
 #include "fp4/study/compare.h"
 #include "fp4/study/run_metrics.h"
 #include "fp4/train/metrics_log.h"
@@ -62,6 +63,33 @@ void run_compact(const std::vector<std::string>& dirs, int level) {
               before ? (", " + std::to_string(before) + " compacted before").c_str() : "",
               static_cast<unsigned long long>(plain), static_cast<unsigned long long>(packed));
 }
+
+/// `fp4train noise DIR...`: the noise table of finished comparisons (docs/compare.md "Power
+/// before cost"), to stdout or --out FILE.
+void register_noise(CLI::App& app) {
+  auto ndirs = std::make_shared<std::vector<std::string>>();
+  auto nout = std::make_shared<std::string>();
+  auto* n = app.add_subcommand(
+      "noise",
+      "The paired noise of finished comparisons, as the TOML table `compare` reads before it\n"
+      "trains (configs/studies/noise.toml): per config and recipe, the std over seeds of\n"
+      "(recipe - baseline) final-window loss (docs/compare.md \"Power before cost\").");
+  n->add_option("dir", *ndirs,
+                "Comparison directories (or a committed report.md whose runs are not kept)")
+      ->required();
+  n->add_option("--out", *nout, "Write the table to FILE (default: stdout)");
+  n->callback([ndirs, nout] {
+    std::vector<fs::path> ds(ndirs->begin(), ndirs->end());
+    std::string cmd = "fp4train noise";
+    for (const auto& d : *ndirs) cmd += " " + d;
+    const std::string text = noise_table_toml(ds, cmd);
+    if (nout->empty())
+      std::fputs(text.c_str(), stdout);
+    else
+      write_file_atomic(*nout, text);
+  });
+}
+
 }  // namespace
 
 void register_compare(CLI::App& app) {
@@ -95,8 +123,25 @@ void register_compare(CLI::App& app) {
                 "(the final step is always saved; it is what eval.json is computed from)")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
-  c->add_option("--keep-checkpoints", a->keep_checkpoints, "Checkpoints kept per run")
+  c->add_option("--keep-checkpoints", a->keep_checkpoints,
+                "Resume checkpoints kept per run (the newest; the final one when it finishes)")
       ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  c->add_option("--checkpoint-steps", a->checkpoint_steps,
+                "Comma-separated steps whose checkpoints are also saved and kept in every run, "
+                "e.g. off the amax refresh grid for `fp4train fidelity` (docs/compare.md "
+                "\"Checkpoints\")")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_option("--effect", a->effect,
+                "The difference (nats) the comparison should resolve: before training, the "
+                "95% half-width the planned seeds give and the seeds this takes, from the "
+                "measured paired noise of the config (--noise); the report's Power table")
+      ->check(CLI::Range(1e-9, 100.0))
+      ->capture_default_str();
+  c->add_option("--noise", a->noise,
+                "Table of measured paired noise per config (`fp4train noise`; docs/compare.md "
+                "\"Power before cost\")")
       ->capture_default_str();
   c->add_option("--baseline", a->baseline,
                 "Recipe the gap columns (vs X, Δ vs X paired by seed) and the difference plot "
@@ -140,6 +185,8 @@ void register_compare(CLI::App& app) {
   r->callback([dir, no_plots, baseline, hypotheses] {
     write_comparison_report(*dir, read_compare_plan(*dir), !*no_plots, *baseline, *hypotheses);
   });
+
+  register_noise(app);
 
   auto dirs = std::make_shared<std::vector<std::string>>();
   auto level = std::make_shared<int>(19);

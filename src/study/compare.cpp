@@ -4,12 +4,17 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <toml++/toml.h>
 
 #include "fp4/base/error.h"
 #include "fp4/base/safetensors.h"
@@ -30,6 +35,7 @@
 namespace fp4 {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 namespace {
 std::vector<std::string> split_list(const std::string& s, const char* what) {
@@ -46,6 +52,19 @@ std::vector<std::string> split_list(const std::string& s, const char* what) {
   }
   if (out.empty()) throw UserError(std::string(what) + " is empty");
   return out;
+}
+
+std::string fmt_g(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+
+// x with 4 decimals.
+std::string fmt_g4(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4f", x);
+  return b;
 }
 
 std::string shell_quote(const std::string& s) {
@@ -84,6 +103,8 @@ json plan_json(const ComparePlan& p) {
             {"baseline", p.baseline}};
   if (!p.hypotheses.empty()) j["hypotheses"] = p.hypotheses;  // absent: older files unchanged
   if (!p.task.empty()) j["task"] = p.task;
+  if (p.effect != kPowerHalfWidth) j["effect"] = p.effect;
+  if (!p.checkpoint_steps.empty()) j["checkpoint_steps"] = p.checkpoint_steps;
   return j;
 }
 
@@ -115,6 +136,10 @@ ComparePlan read_compare_plan(const fs::path& dir) {
     p.baseline = j.value("baseline", "");
     p.hypotheses = j.value("hypotheses", "");
     p.task = j.value("task", "");
+    p.effect = j.value("effect", kPowerHalfWidth);
+    if (!(p.effect > 0)) throw UserError(f.string() + ": effect must be > 0");
+    if (j.contains("checkpoint_steps"))
+      p.checkpoint_steps = j.at("checkpoint_steps").get<std::vector<int>>();
     return p;
   } catch (const json::exception& e) {
     throw UserError(f.string() + ": malformed (" + e.what() + ")");
@@ -144,6 +169,12 @@ std::string plan_command(const ComparePlan& p, const fs::path& out) {
   if (!p.baseline.empty()) cmd += " --baseline " + shell_word(p.baseline);
   if (!p.hypotheses.empty()) cmd += " --hypotheses " + shell_quote(p.hypotheses);
   if (!p.task.empty()) cmd += " --task " + shell_word(p.task);
+  if (p.effect != kPowerHalfWidth) cmd += " --effect " + fmt_g(p.effect);
+  if (!p.checkpoint_steps.empty()) {
+    std::string list;
+    for (int x : p.checkpoint_steps) list += (list.empty() ? "" : ",") + std::to_string(x);
+    cmd += " --checkpoint-steps " + list;
+  }
   return cmd + " --policies " + policies + " --out " + shell_quote(out.string());
 }
 
@@ -170,6 +201,23 @@ fs::path compare_run_dir(const fs::path& out, const std::string& recipe_name, ui
 }
 
 namespace {
+/// The finished runs of `plan` in `out` (completed or diverged), recipe by recipe; the
+/// directories of the others go to *missing. Throws fp4::UserError when none has finished.
+std::vector<RunRecord> finished_runs(const fs::path& out, const ComparePlan& plan,
+                                     std::vector<std::string>* missing) {
+  std::vector<RunRecord> runs;
+  for (const auto& r : plan.names)
+    for (uint64_t s : plan.seeds) {
+      const fs::path d = compare_run_dir(out, r, s);
+      if (fs::exists(d / "summary.json") || fs::exists(d / "error.txt"))
+        runs.push_back(read_run(d));
+      else
+        missing->push_back(d.filename().string());
+    }
+  if (runs.empty()) throw UserError("no finished runs in " + out.string() + " yet");
+  return runs;
+}
+
 /// The first columns (recipe .. the paired interval of the final-window loss) of the report's
 /// main table, aligned for a terminal: what `compare` prints at its end.
 void print_main_table(const std::string& md, const fs::path& report) {
@@ -226,17 +274,8 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
                     "' (its --hypotheses), which is not found from here; give --hypotheses FILE");
   const std::vector<Hypothesis> hyps = hyp_file.empty() ? std::vector<Hypothesis>{}
                                                         : load_hypotheses(resolve(hyp_file));
-  std::vector<RunRecord> runs;
   std::vector<std::string> missing;
-  for (const auto& r : plan.names)
-    for (uint64_t s : plan.seeds) {
-      const fs::path d = compare_run_dir(out, r, s);
-      if (fs::exists(d / "summary.json") || fs::exists(d / "error.txt"))
-        runs.push_back(read_run(d));
-      else
-        missing.push_back(d.filename().string());
-    }
-  if (runs.empty()) throw UserError("no finished runs in " + out.string() + " yet");
+  const std::vector<RunRecord> runs = finished_runs(out, plan, &missing);
   ReportContext ctx;
   ctx.title = "Recipe comparison: " + plan.config_name;
   ctx.config_name = plan.config_name;
@@ -244,6 +283,7 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
   ctx.model_line = plan.model_line;
   ctx.tokens_per_run = plan.tokens_per_run;
   ctx.policies = plan.policies;
+  ctx.effect = plan.effect;
   // The verdicts as JSON, for the plot (and for anyone's own analysis); removed when the
   // report has no study file, so a stale one never describes other runs.
   const fs::path hyp_json = out / "hypotheses.json";
@@ -299,6 +339,145 @@ void write_comparison_report(const fs::path& out, const ComparePlan& plan, bool 
 }
 
 namespace {
+// A comparison as its noise needs it: config label, steps, tokens, recipes and finished runs.
+struct NoiseSource {
+  std::string config;
+  int steps = 0;
+  int64_t tokens_per_run = 0;
+  std::vector<std::string> names;
+  std::vector<RunRecord> runs;
+  std::string baseline;
+};
+
+// A comparison directory, read as `report` reads it.
+NoiseSource noise_source_dir(const fs::path& dir) {
+  const ComparePlan plan = read_compare_plan(dir);
+  std::vector<std::string> missing;
+  return {plan.config_name, plan.steps,  plan.tokens_per_run,
+          plan.names,       finished_runs(dir, plan, &missing), plan_baseline(plan, "")};
+}
+
+// A committed report.md whose runs were not committed (docs/results/report.md): its title
+// ("# Recipe comparison: CONFIG"), its reproduce command's --steps, its tokens per run, and the
+// final-window loss of each run in its "## Per run" table (4 decimals; diverged runs left out).
+NoiseSource noise_source_report(const fs::path& md) {
+  std::ifstream in(md);
+  if (!in) throw UserError("cannot read " + md.string());
+  NoiseSource src;
+  std::string line;
+  bool per_run = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("# Recipe comparison: ", 0) == 0) src.config = line.substr(21);
+    if (const size_t p = line.find(" --steps "); p != std::string::npos && src.steps == 0)
+      src.steps = std::atoi(line.c_str() + p + 9);
+    if (const size_t p = line.find(" training tokens per run"); p != std::string::npos) {
+      const size_t b = line.find_last_of(' ', p - 1);
+      src.tokens_per_run = std::atoll(line.c_str() + (b == std::string::npos ? 0 : b + 1));
+    }
+    if (line.rfind("## ", 0) == 0) per_run = line == "## Per run";
+    if (!per_run || line.rfind("| ", 0) != 0 || line.rfind("| recipe |", 0) == 0) continue;
+    std::istringstream cells(line.substr(2));
+    std::string recipe, seed, loss;
+    std::getline(cells, recipe, '|'), std::getline(cells, seed, '|'), std::getline(cells, loss, '|');
+    RunRecord r;
+    r.recipe = recipe.substr(0, recipe.find_last_not_of(' ') + 1);
+    r.seed = std::strtoull(seed.c_str(), nullptr, 10);
+    r.final_window_loss = std::strtod(loss.c_str(), nullptr);
+    r.steps = src.steps;
+    if (loss.find("diverged") != std::string::npos) continue;
+    if (std::find(src.names.begin(), src.names.end(), r.recipe) == src.names.end())
+      src.names.push_back(r.recipe);
+    src.runs.push_back(r);
+  }
+  if (src.config.empty() || src.steps < 1 || src.runs.empty())
+    throw UserError(md.string() + ": not a comparison report with a title, a reproduce command "
+                    "with --steps and a \"## Per run\" table");
+  src.baseline = default_baseline(src.names);
+  return src;
+}
+}  // namespace
+
+std::string noise_table_toml(const std::vector<fs::path>& dirs, const std::string& command) {
+  std::ostringstream o;
+  o << "# The paired noise of committed comparisons: per config and recipe, the std over seeds of\n"
+       "# (recipe - baseline) final-window loss, in nats. `fp4train compare` reads it to say,\n"
+       "# before it trains, how many seeds a difference of --effect nats takes (docs/compare.md\n"
+       "# \"Power before cost\"). Generated from the runs in each `source` (a report.md: its\n"
+       "# per-run table, 4 decimals), do not edit:\n#   "
+    << command << "\n# tests/cli/compare_power.sh rebuilds it from them.\n";
+  for (const fs::path& dir : dirs) {
+    const NoiseSource src =
+        dir.extension() == ".md" ? noise_source_report(dir) : noise_source_dir(dir);
+    if (src.baseline.empty())
+      throw UserError(dir.string() +
+                      ": no baseline among its recipes (bf16 or fp32, or "
+                      "--baseline): no paired noise to measure");
+    o << "\n[[measured]]\nconfig = " << json(src.config).dump()
+      << "\nsource = " << json(dir.string()).dump() << "\nsteps = " << src.steps
+      << "\ntokens_per_run = " << src.tokens_per_run << "\nbaseline = " << json(src.baseline).dump()
+      << "\n# recipe = { seeds paired with the baseline, std over them (nats) }\n"
+         "[measured.paired]\n";
+    for (const RecipeRow& r : aggregate_runs(src.runs, src.names, src.baseline)) {
+      if (r.recipe == src.baseline || r.paired_delta_baseline.n < 2) continue;
+      char b[64];
+      std::snprintf(b, sizeof b, "%.6f", r.paired_delta_baseline.std);
+      o << json(r.recipe).dump() << " = { seeds = " << r.paired_delta_baseline.n << ", std = " << b
+        << " }\n";
+    }
+  }
+  return o.str();
+}
+
+namespace {
+// One [[measured]] table of a noise table (read_noise_table); `where` names it in errors.
+MeasuredNoise read_measured(const toml::table& t, const std::string& where) {
+  MeasuredNoise m;
+  auto text = [&](const char* key) {
+    const auto v = t[key].value<std::string>();
+    if (!v || v->empty()) throw UserError(where + ": missing or empty '" + key + "'");
+    return *v;
+  };
+  m.config = text("config");
+  m.source = text("source");
+  m.baseline = text("baseline");
+  m.steps = static_cast<int>(t["steps"].value<int64_t>().value_or(0));
+  m.tokens_per_run = t["tokens_per_run"].value<int64_t>().value_or(0);
+  if (m.steps < 1) throw UserError(where + ": 'steps' must be an integer >= 1");
+  const toml::table* paired = t["paired"].as_table();
+  if (!paired) throw UserError(where + ": missing table 'paired'");
+  for (const auto& [key, node] : *paired) {
+    const std::string name(key.str());
+    const toml::table* e = node.as_table();
+    const auto seeds = e ? (*e)["seeds"].value<int64_t>() : std::nullopt;
+    const auto sd = e ? (*e)["std"].value<double>() : std::nullopt;
+    if (!seeds || *seeds < 2 || !sd || !(*sd >= 0))
+      throw UserError(where + ": paired '" + name + "' needs seeds >= 2 and std >= 0");
+    m.paired.push_back({name, {static_cast<int>(*seeds), *sd}});
+  }
+  return m;
+}
+}  // namespace
+
+std::vector<MeasuredNoise> read_noise_table(const fs::path& file) {
+  toml::table t;
+  try {
+    t = toml::parse_file(file.string());
+  } catch (const toml::parse_error& e) {
+    throw UserError(file.string() + ": malformed TOML (" + std::string(e.description()) + ")");
+  }
+  const toml::array* arr = t["measured"].as_array();
+  if (!arr) throw UserError(file.string() + ": no [[measured]] tables");
+  std::vector<MeasuredNoise> out;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table* m = arr->at(i).as_table();
+    const std::string where = file.string() + " [[measured]] #" + std::to_string(i + 1);
+    if (!m) throw UserError(where + ": not a table");
+    out.push_back(read_measured(*m, where));
+  }
+  return out;
+}
+
+namespace {
 
 // One comparison, stage by stage (as TrainRun in src/train/trainer.cpp): plan (the config and
 // the plan, merged with the directory's), check (every recipe and every existing run against
@@ -309,6 +488,7 @@ struct Comparison {
 
   void plan_runs();
   void check();
+  void estimate_power() const;
   void execute();
   void report() { write_comparison_report(out, plan, !a.no_plots, "", "", /*print_table=*/true); }
 
@@ -364,6 +544,18 @@ void Comparison::plan_runs() {
   plan.steps = cfg.train.steps;
   plan.save_every = a.save_every;
   plan.keep_checkpoints = a.keep_checkpoints;
+  if (!(a.effect > 0) || !std::isfinite(a.effect))
+    throw UserError("--effect must be a difference in nats > 0, got " + fmt_g(a.effect));
+  plan.effect = a.effect;
+  for (int st : a.checkpoint_steps)
+    if (st < 1 || st > cfg.train.steps)
+      throw UserError("--checkpoint-steps: step " + std::to_string(st) +
+                      " is not a step of the runs (1.." + std::to_string(cfg.train.steps) + ")");
+  plan.checkpoint_steps = a.checkpoint_steps;
+  std::sort(plan.checkpoint_steps.begin(), plan.checkpoint_steps.end());
+  plan.checkpoint_steps.erase(
+      std::unique(plan.checkpoint_steps.begin(), plan.checkpoint_steps.end()),
+      plan.checkpoint_steps.end());
   plan.tokens_per_run = int64_t(cfg.train.steps) * cfg.train.batch_size * cfg.train.seq_len;
   RunConfig c0 = cfg;
   c0.train.seed = 0;  // the plan's config is seed-free; runs set their own
@@ -399,6 +591,8 @@ void Comparison::merge_directory_plan() {
   add_new(plan.policies, old.policies);
   if (plan.baseline.empty()) plan.baseline = old.baseline;
   if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
+  if (a.effect == kPowerHalfWidth) plan.effect = old.effect;  // not given: the directory's
+  if (plan.checkpoint_steps.empty()) plan.checkpoint_steps = old.checkpoint_steps;
   std::vector<std::string> tasks = split_task_list(old.task);  // the old ones, then the new
   add_new(tasks, split_task_list(plan.task));
   plan.task = join_task_list(tasks);
@@ -472,6 +666,108 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
                     "another --out (nothing was changed)");
 }
 
+namespace {
+// The paired std a power estimate uses for one recipe against the baseline: the measurement
+// with the most seeds among `measured` (one config's entries), else the largest measured for
+// any recipe of that config (measured = false).
+struct PowerInput {
+  double std = 0;
+  int seeds = 0;
+  std::string source;
+  bool measured = false;
+};
+PowerInput power_input(const std::vector<const MeasuredNoise*>& measured, const std::string& recipe,
+                       const std::string& baseline) {
+  PowerInput in;
+  for (const MeasuredNoise* m : measured)
+    for (const auto& [name, p] : m->paired) {
+      const bool mine = name == recipe && m->baseline == baseline;
+      if (mine && (!in.measured || p.seeds > in.seeds)) in = {p.std, p.seeds, m->source, true};
+      if (!in.measured && p.std > in.std)
+        in = {p.std, p.seeds, m->source + " (" + name + ")", false};
+    }
+  return in;
+}
+
+// The seeds the least favourable recipe of a config's entries needs for ±effect (0: none).
+int config_seeds_needed(const std::vector<const MeasuredNoise*>& measured, double effect) {
+  int n = 0;
+  for (const MeasuredNoise* m : measured)
+    for (const auto& [name, p] : m->paired) n = std::max(n, seeds_for_half_width(p.std, effect));
+  return n;
+}
+}  // namespace
+
+// Power before cost (docs/compare.md "Power before cost"): from the measured paired noise of
+// this config (the --noise table), the 95% half-width the planned seeds give each recipe's
+// difference to the baseline and the seeds ±effect takes; a warning, naming those seeds and a
+// measured config that could, when the plan cannot resolve it. Never refuses.
+void Comparison::estimate_power() const {
+  const std::string base = plan_baseline(plan, ""), e = fmt_g(plan.effect);
+  const fs::path table = resolve(a.noise);
+  if (base.empty() || !fs::is_regular_file(table)) {
+    log("power: not estimated (" +
+        (base.empty() ? std::string("no baseline") : "no noise table " + a.noise) + ")");
+    return;
+  }
+  const std::vector<MeasuredNoise> all = read_noise_table(table);
+  std::map<std::string, std::vector<const MeasuredNoise*>> by_config;
+  for (const MeasuredNoise& m : all) by_config[m.config].push_back(&m);
+  // The measured config that resolves ±effect with the fewest seeds: the suggestion.
+  std::string best;
+  int best_n = 0;
+  for (const auto& [name, ms] : by_config) {
+    const int n = config_seeds_needed(ms, plan.effect);
+    if (n > 0 && (best.empty() || n < best_n)) best = name, best_n = n;
+  }
+  const int planned = static_cast<int>(plan.seeds.size());
+  const auto it = by_config.find(plan.config_name);
+  if (it == by_config.end()) {
+    std::string known;
+    for (const auto& [name, ms] : by_config) known += (known.empty() ? "" : ", ") + name;
+    log("power: the paired noise of config " + plan.config_name + " is unknown (" + a.noise +
+        " measures " + known + "); a pilot measures it: 3 seeds of " + base +
+        " and one recipe, then `fp4train report DIR` gives its Power table" +
+        (best.empty() ? ""
+                      : "; configs/" + best + ".toml resolves ±" + e + " nats with " +
+                            std::to_string(best_n) + " seeds"));
+    return;
+  }
+  log("power: the paired noise of config " + plan.config_name + " (" + a.noise + ") against " +
+      base + ", for ±" + e + " nats with the planned " + std::to_string(planned) + " seeds:");
+  int need = 0;
+  for (const std::string& r : plan.names) {
+    if (r == base) continue;
+    const PowerInput in = power_input(it->second, r, base);
+    const int n = seeds_for_half_width(in.std, plan.effect);
+    need = std::max(need, n);
+    const double hw = planned >= 2
+                          ? t_quantile_975(planned - 1) * in.std / std::sqrt(double(planned))
+                          : kInf;
+    char b[160];
+    std::snprintf(b, sizeof b, "  %s: paired std %.4f -> 95%% half-width %s; ±%s takes %d seeds (",
+                  r.c_str(), in.std, planned >= 2 ? ("±" + fmt_g4(hw)).c_str() : "none (1 seed)",
+                  e.c_str(), n);
+    log(b +
+        std::string(in.measured
+                        ? "measured over " + std::to_string(in.seeds) + " seeds in " + in.source
+                        : "not measured: the largest of the config, " + in.source) +
+        ")");
+  }
+  for (const MeasuredNoise* m : it->second)
+    if (m->steps != plan.steps)
+      log("  (" + m->source + " was measured at " + std::to_string(m->steps) +
+          " steps; this plan has " + std::to_string(plan.steps) + ": its spread may differ)");
+  if (need > planned)
+    log("WARNING: " + std::to_string(planned) + " seed(s) cannot resolve ±" + e + " nats on " +
+        plan.config_name + ": it takes " + std::to_string(need) + " (--seeds " +
+        std::to_string(need) + ")" +
+        (!best.empty() && best != plan.config_name && best_n < need
+             ? "; configs/" + best + ".toml could with " + std::to_string(best_n)
+             : "") +
+        ". Training anyway.");
+}
+
 void Comparison::execute() {
   data = prepare_tokens(run.data, run.config.model.vocab_size, run.cache_dir, log);
   write_plan();
@@ -516,6 +812,7 @@ bool Comparison::train_one(size_t ri, uint64_t seed, const std::string& head) {
   opt.config_name = plan.config_name;
   opt.save_every = a.save_every;
   opt.keep_checkpoints = a.keep_checkpoints;
+  opt.keep_steps.assign(plan.checkpoint_steps.begin(), plan.checkpoint_steps.end());
   if (!fs::exists(d / "summary.json") && run_error(d) == RunError::Failed) {
     // A failure (not a divergence) is not a result: start that run again.
     const fs::path failed = d.string() + ".failed";
@@ -644,6 +941,7 @@ void run_comparison(const CompareRequest& a) {
   Comparison c(a);
   c.plan_runs();
   c.check();
+  c.estimate_power();
   c.execute();
   c.report();
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "fp4/study/report.h"
+
 namespace fp4 {
 
 /// The comparison's plan, stored as DIR/compare.json so `report` and reruns know it.
@@ -27,6 +29,8 @@ struct ComparePlan {
   std::string baseline;                ///< --baseline as given; empty: the default rule
   std::string hypotheses;              ///< --hypotheses study file as given; empty: none
   std::string task;                    ///< --task: comma-separated tasks (next-sentence, minimal-pairs); empty: none
+  double effect = kPowerHalfWidth;     ///< --effect: the Power table's half-width, nats
+  std::vector<int> checkpoint_steps;   ///< --checkpoint-steps: steps whose checkpoints are kept
 };
 
 /// The plan of the comparison in `dir` (its compare.json). Throws fp4::UserError when there
@@ -48,6 +52,36 @@ void write_comparison_report(const std::filesystem::path& out, const ComparePlan
                              const std::string& baseline_arg = "",
                              const std::string& hypotheses_arg = "", bool print_table = false);
 
+/// The paired noise of one finished comparison, as configs/studies/noise.toml records it
+/// (docs/compare.md "Power before cost"): per recipe, the seeds paired with the baseline and
+/// the sample std over them of (recipe − baseline) final-window loss, in nats.
+struct MeasuredNoise {
+  std::string config;  ///< the comparison's config label (compare.json config_name)
+  std::string source;  ///< the comparison directory, as given to noise_table_toml
+  int steps = 0;
+  int64_t tokens_per_run = 0;
+  std::string baseline;
+  struct Paired {
+    int seeds = 0;
+    double std = 0;  ///< nats
+  };
+  std::vector<std::pair<std::string, Paired>> paired;  ///< in the comparison's recipe order
+};
+
+/// The noise table of the comparisons in `dirs` (each a `fp4train compare` directory, whose
+/// finished runs are read as `report` reads them, against the comparison's baseline; or a
+/// committed report.md whose runs were not committed, read from its "Per run" table against
+/// the default baseline), as the TOML text of configs/studies/noise.toml: a header naming
+/// `command` (how it was made) and one [[measured]] table per source. Recipes with fewer than 2 paired seeds are left out.
+/// Throws fp4::UserError naming a directory that is not a comparison, has no finished run or
+/// no baseline, or a report.md without a title, a --steps command or a per-run table.
+std::string noise_table_toml(const std::vector<std::filesystem::path>& dirs,
+                             const std::string& command);
+
+/// Read a noise table written by noise_table_toml. Throws fp4::UserError naming the file and
+/// the entry on a missing or malformed key (a std below 0, fewer than 2 seeds).
+std::vector<MeasuredNoise> read_noise_table(const std::filesystem::path& file);
+
 /// One `fp4train compare` (its options, defaults as the command's).
 struct CompareRequest {
   std::string config = "configs/tiny.toml";
@@ -65,6 +99,14 @@ struct CompareRequest {
   std::string hypotheses;         // --hypotheses FILE
   std::string task;               // --task next-sentence,minimal-pairs
   bool steps_given = false;
+  /// --effect: the difference (nats, > 0) the comparison should resolve; the power estimate
+  /// before training and the report's Power table use it.
+  double effect = kPowerHalfWidth;
+  /// --noise: the table of measured paired noise the power estimate reads.
+  std::string noise = "configs/studies/noise.toml";
+  /// --checkpoint-steps: steps whose checkpoints are also saved and never pruned (e.g. off the
+  /// amax refresh grid for the fidelity panel); empty: only the resume checkpoint.
+  std::vector<int> checkpoint_steps;
 };
 
 /// Run the comparison: check the config, every recipe and every existing run directory
