@@ -71,9 +71,9 @@ void register_noise(CLI::App& app) {
   auto nout = std::make_shared<std::string>();
   auto* n = app.add_subcommand(
       "noise",
-      "The paired noise of finished comparisons, as the TOML table `compare` reads before it\n"
-      "trains (configs/studies/noise.toml): per config and recipe, the std over seeds of\n"
-      "(recipe - baseline) final-window loss (docs/compare.md \"Power before cost\").");
+      "Paired noise of finished comparisons: the table compare's power estimate reads\n"
+      "(configs/studies/noise.toml): per config and recipe, the std over seeds of (recipe -\n"
+      "baseline) final-window loss, in nats (docs/compare.md \"Power before cost\").");
   n->add_option("dir", *ndirs,
                 "Comparison directories (or a committed report.md whose runs are not kept)")
       ->required();
