@@ -314,13 +314,9 @@ std::string hypotheses_md(const std::vector<Hypothesis>& hs, const std::vector<R
     const Verdict v = judge_hypothesis(h, runs);
     if (v.contrast.n < 2) continue;
     any = true;
-    p << "| " << h.id << " | " << h.metric << " | " << v.contrast.n << " | "
-      << fmt("%.4f", v.contrast.std) << " | ±" << fmt("%.4f", (v.t95.hi - v.t95.lo) / 2) << " | "
-      << [&] {
-           const int n = seeds_for_half_width(v.contrast.std, kPowerHalfWidth);
-           return n >= 100000 ? std::string("≥ 100000") : std::to_string(n);
-         }()
-      << " |\n";
+    p << "| " << h.id << " | " << h.metric << " "
+      << power_cells(v.contrast.n, v.contrast.std, (v.t95.hi - v.t95.lo) / 2, kPowerHalfWidth)
+      << "\n";
   }
   if (any) o << p.str();
   return o.str();

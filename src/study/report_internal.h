@@ -70,5 +70,8 @@ std::vector<std::vector<double>> window_differences(
     const std::string& policy);
 // Defined in report_md.cpp, used by hypotheses.cpp.
 std::string boot_cell(const BootstrapInterval& b);
+// The two Power tables' cells (the report's and the hypotheses'): "| n | std | ±half-width |
+// seeds |" of a paired std over n seeds, the seeds for ±effect by seeds_for_half_width.
+std::string power_cells(int n, double std, double half_width, double effect);
 
 }  // namespace fp4::report_detail

@@ -29,6 +29,12 @@ using json = nlohmann::json;
 using namespace report_detail;
 
 namespace report_detail {
+std::string power_cells(int n, double std, double half_width, double effect) {
+  const int need = seeds_for_half_width(std, effect);
+  return "| " + std::to_string(n) + " | " + fmt("%.4f", std) + " | ±" + fmt("%.4f", half_width) +
+         " | " + (need >= 100000 ? std::string("≥ 100000") : std::to_string(need)) + " |";
+}
+
 // "[lo, hi] lower|higher|not resolved", or "—" (the baseline itself, or fewer than 2 seeds).
 std::string interval_cell(const RecipeRow& r, const std::string& base) {
   if (r.recipe == base || r.paired_ci95.n < 2) return "—";
@@ -168,10 +174,8 @@ void write_power_table(std::ostringstream& o, const std::vector<RecipeRow>& rows
   for (const auto& r : rows) {
     if (r.recipe == base || r.paired_delta_baseline.n < 2) continue;
     const MeanStd& d = r.paired_delta_baseline;
-    const int n = seeds_for_half_width(d.std, effect);
-    t << "| " << r.recipe << " | " << d.n << " | " << fmt("%.4f", d.std) << " | ±"
-      << fmt("%.4f", (r.paired_ci95.hi - r.paired_ci95.lo) / 2) << " | "
-      << (n >= 100000 ? std::string("≥ 100000") : std::to_string(n)) << " |\n";
+    t << "| " << r.recipe << " "
+      << power_cells(d.n, d.std, (r.paired_ci95.hi - r.paired_ci95.lo) / 2, effect) << "\n";
   }
   if (t.str().empty()) return;
   const std::string e = fmt("%g", effect);
