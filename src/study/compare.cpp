@@ -705,9 +705,14 @@ int config_seeds_needed(const std::vector<const MeasuredNoise*>& measured, doubl
 void Comparison::estimate_power() const {
   const std::string base = plan_baseline(plan, ""), e = fmt_g(plan.effect);
   const fs::path table = resolve(a.noise);
-  if (base.empty() || !fs::is_regular_file(table)) {
+  const bool contrasts = std::any_of(plan.names.begin(), plan.names.end(),
+                                     [&](const std::string& r) { return r != base; });
+  if (base.empty() || !contrasts || !fs::is_regular_file(table)) {
     log("power: not estimated (" +
-        (base.empty() ? std::string("no baseline") : "no noise table " + a.noise) + ")");
+        (base.empty() ? std::string("no baseline")
+         : !contrasts ? "no recipe besides the baseline " + base
+                      : "no noise table " + a.noise) +
+        ")");
     return;
   }
   const std::vector<MeasuredNoise> all = read_noise_table(table);
