@@ -96,4 +96,11 @@ got=$(ls keep/fp32-s1/checkpoints | tr '\n' ' ')
 [ "$got" = "step_00000002.safetensors step_00000003.safetensors step_00000006.safetensors " ] \
   || fail "--checkpoint-steps 2,3 kept: $got"
 grep -qF -- "--checkpoint-steps 2,3" keep/report.md || fail "reproduce command lacks --checkpoint-steps"
+# Off the refresh grid of a D = 2 recipe (refreshes at 1, 3, 5): the fidelity panel evaluates
+# checkpoint 3 at step 4, holding what step 3 sampled from checkpoint 2 (docs/fidelity.md
+# "References"), which --checkpoint-steps kept.
+sed 's/^name = "ue5m3-b16"/name = "ue5m3-d2"/; s/^amax_interval = 50 .*/amax_interval = 2/' \
+  "$src/configs/recipes/ue5m3-b16.toml" > d2.toml
+out=$("$bin" fidelity --run keep/fp32-s1 --steps 3 --recipe d2.toml --batches 2 --draws 2 \
+      --out fid 2>&1) || fail "fidelity on the kept checkpoints failed: $out"
 echo "compare_power: OK"
