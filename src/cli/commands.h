@@ -9,7 +9,7 @@ void register_gemm(CLI::App& app);
 void register_train(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_sample(CLI::App& app);
-void register_compare(CLI::App& app);  // compare, report and compact
+void register_compare(CLI::App& app);  // compare, report, noise and compact
 void register_profile(CLI::App& app);
 void register_info(CLI::App& app);    // model size, FLOPs, memory and linear plan
 void register_export(CLI::App& app);  // Hugging Face style directory of a checkpoint
