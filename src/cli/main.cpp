@@ -32,33 +32,46 @@ int command_error(const char* what, int code) {
   std::fprintf(stderr, "fp4train: error: %s\n", what);
   return code;
 }
-/// The top-level --help lists each command with one line (kCommandSummaries); `CMD --help`
-/// prints the command's full description, as before.
+/// The top-level --help lists each command with one line, a whole sentence ending in a full
+/// stop (kCommandSummaries; tests/cli/help_cli.sh checks every line); `CMD --help` prints the
+/// command's full description, as before.
 const std::pair<const char*, const char*> kCommandSummaries[] = {
-    {"train", "Pretrain a model (Llama-style or the Nemotron-H hybrid) on text with one recipe"},
-    {"compare", "Train recipes x seeds on one config, then write a comparison report"},
-    {"report", "Rebuild a comparison's report.md and plots from its finished runs"},
-    {"compact", "Compress finished runs' metrics.jsonl into metrics.jsonl.zst (report reads both)"},
-    {"eval", "Held-out NLL, or a downstream task, of a checkpoint under quantized inference"},
-    {"sample", "Generate text from a checkpoint"},
-    {"export", "Write a checkpoint as a Hugging Face style model directory"},
-    {"profile", "Where a training step's time goes, per component, and model FLOPs utilization"},
-    {"info", "Parameters, FLOPs, step memory and every linear's mode of a config and recipe"},
-    {"quant", "Quantize a matrix with block-scaled FP4; print scales, codes and values"},
-    {"gemm", "Quantize two matrices and print their emulated FP4 product"},
-    {"configs", "List the shipped run configs"},
-    {"recipes", "List the shipped recipes"},
+    {"train", "Pretrain a model (Llama-style or the Nemotron-H hybrid) on text with one recipe."},
+    {"compare", "Train recipes x seeds on one config, then write a comparison report."},
+    {"report", "Rebuild a comparison's report.md and plots from its finished runs."},
+    {"compact",
+     "Compress finished runs' metrics.jsonl into metrics.jsonl.zst (report reads both)."},
+    {"eval", "Held-out NLL, or a downstream task, of a checkpoint under quantized inference."},
+    {"sample", "Generate text from a checkpoint."},
+    {"export", "Write a checkpoint as a Hugging Face style model directory."},
+    {"profile", "Where a training step's time goes, per component, and model FLOPs utilization."},
+    {"info", "Parameters, FLOPs, step memory and every linear's mode of a config and recipe."},
+    {"quant", "Quantize a matrix with block-scaled FP4; print scales, codes and values."},
+    {"gemm", "Quantize two matrices and print their emulated FP4 product."},
+    {"configs", "List the shipped run configs."},
+    {"recipes", "List the shipped recipes."},
+    {"data", "What a run's data source holds (splits, vocabulary, token cache), before a run."},
+    {"fidelity",
+     "Each recipe's gradient and loss error against exact FP32 on a run's checkpoints."},
 };
+
+/// A command's line in the top-level --help: its summary, or for a command without one the
+/// first sentence of its description (its line breaks as spaces), never a clipped line.
+std::string command_summary(const CLI::App* sub) {
+  for (const auto& [name, summary] : kCommandSummaries)
+    if (sub->get_name() == name) return summary;
+  std::string text = sub->get_description();
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  const size_t end = text.find(". ");
+  return end == std::string::npos ? text : text.substr(0, end + 1);
+}
 
 class OneLineCommands : public CLI::Formatter {
  public:
   std::string make_subcommand(const CLI::App* sub) const override {
-    std::string line = sub->get_description();
-    line = line.substr(0, line.find('\n'));
-    for (const auto& [name, summary] : kCommandSummaries)
-      if (sub->get_name() == name) line = summary;
     std::stringstream out;
-    CLI::detail::format_help(out, sub->get_display_name(true), line, column_width_);
+    CLI::detail::format_help(out, sub->get_display_name(true), command_summary(sub), column_width_);
     return out.str();
   }
 };
