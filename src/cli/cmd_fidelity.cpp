@@ -52,6 +52,8 @@ void run(FidelityArgs& a) {
     if (!a.resamples_given && p.resamples > 0) r.resamples = p.resamples;
     if (p.bootstrap_seed) r.bootstrap_seed = p.bootstrap_seed;
     write_fidelity_report(p, r);
+    for (const std::string& w : p.warnings)  // run_fidelity printed them when it ran the panel
+      std::fprintf(stderr, "fidelity: warning: %s\n", w.c_str());
     std::printf("fidelity: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
     return;
   }
@@ -101,7 +103,9 @@ void register_fidelity(CLI::App& app) {
                 "verdicts) from a panel's fidelity.json, without rerunning it");
   c->add_option("--steps", a->steps,
                 "Checkpoint steps, a comma list (default: --checkpoints of those the run holds, "
-                "evenly spread, the newest included)");
+                "evenly spread, the newest included). A step that is a multiple of a recipe's "
+                "amax_interval D is followed by a refresh step and shows no staleness; when all "
+                "are, the panel warns (docs/fidelity.md \"Choosing the steps\")");
   c->add_option("--checkpoints", a->req.checkpoints, "How many checkpoints without --steps")
       ->capture_default_str()->check(CLI::Range(1, 1000));
   c->add_option("--batches", a->req.batches,

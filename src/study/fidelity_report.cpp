@@ -90,6 +90,7 @@ FidelityPanel read_description(const json& j, const std::string& w) {
   if (j.contains("linear_names"))
     P.linear_names = j["linear_names"].get<std::vector<std::string>>();
   P.references = j.value("references", "");
+  P.warnings = j.value("warnings", std::vector<std::string>{});  // none in older panels
   if (j.contains("stress")) {
     P.stress_factor = j["stress"].at("factor").get<double>();
     P.stress_channels = j["stress"].at("channels").get<std::vector<int>>();
@@ -215,6 +216,7 @@ json description_json(const FidelityPanel& P, const Boot& boot) {
   j["tokens_per_batch"] = P.tokens_per_batch;
   j["seed"] = P.seed;
   j["references"] = P.references;
+  j["warnings"] = P.warnings;
   if (P.stress_factor != 1) {
     j["stress"] = {{"factor", P.stress_factor},
                    {"channels", P.stress_channels},
@@ -470,6 +472,11 @@ void md_description(std::ostream& md, const FidelityPanel& P, const Boot& boot) 
      << " s.\n\n";
 }
 
+// What the panel cannot show with its steps (FidelityPanel::warnings), before any figure.
+void md_warnings(std::ostream& md, const FidelityPanel& P) {
+  for (const std::string& w : P.warnings) md << "**Warning:** " << w << "\n\n";
+}
+
 // The outlier stress (docs/fidelity.md "Outlier stress") and how well the exact side kept.
 void md_stress(std::ostream& md, const FidelityPanel& P) {
   if (P.stress_factor == 1) return;
@@ -644,6 +651,7 @@ void md_contrasts(std::ostream& md, const std::vector<std::string>& rows) {
         "mean [95%] | verdict |\n|---|---|---|---|---|\n";
   for (const std::string& l : rows) md << l << "\n";
 }
+
 }  // namespace
 
 void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
@@ -661,6 +669,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
 
   std::ostringstream md;
   md_description(md, P, boot);
+  md_warnings(md, P);
   md_stress(md, P);
   md_whole_gradient(md, P, boot);
   md_policy_penalties(md, P, boot);

@@ -96,6 +96,15 @@ DrawMetrics put_metrics(FidelityRecipe& fr, const std::string& scope, size_t c, 
   return dm;
 }
 
+// n of `all` (ascending), evenly spread, the last always included; all of them when n is larger.
+std::vector<int64_t> spread_steps(const std::vector<int64_t>& all, size_t n) {
+  n = std::min(n, all.size());
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(all[n == 1 ? all.size() - 1 : (all.size() - 1) * i / (n - 1)]);
+  return out;
+}
+
 // ------------------------------------------------------------------------------ the recipes
 
 // The panel's sources: the exact side (the first checkpoint, recipe fp32: its config is the
@@ -421,6 +430,8 @@ class FidelityRun {
   void draw_batches();
   void build_models();
   void plan_held_references();
+  void warn_unseen_staleness();
+  std::string unseen_staleness(size_t r) const;
   void check_recipes() const;
   void check_claim_scopes() const;
   void start_panel();
@@ -546,6 +557,7 @@ void FidelityRun::plan() {
   draw_batches();
   build_models();
   plan_held_references();
+  warn_unseen_staleness();
   check_recipes();
   check_claim_scopes();
   start_panel();
@@ -569,9 +581,7 @@ void FidelityRun::select_steps() {
   if (steps.empty()) {
     std::vector<int64_t> all;
     for (const auto& [s, f] : by_step) all.push_back(s);
-    const size_t n = std::min<size_t>(size_t(req.checkpoints), all.size());
-    for (size_t i = 0; i < n; ++i)
-      steps.push_back(all[n == 1 ? all.size() - 1 : (all.size() - 1) * i / (n - 1)]);
+    steps = spread_steps(all, size_t(req.checkpoints));
   }
   std::sort(steps.begin(), steps.end());
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
@@ -634,6 +644,65 @@ void FidelityRun::plan_held_references() {
         req.run.string() + " lacks steps " + join_steps({missing.begin(), missing.end()}) +
         " (train the reference run with --save-every dividing the recipes' "
         "amax_interval, e.g. 10 for D = 50, or pass --references current)");
+}
+
+// Staleness the panel cannot see (docs/fidelity.md "Choosing the steps"): each recipe whose
+// evaluated steps are all refresh steps gets a warning, on stderr (rank 0, quiet or not)
+// and in the panel.
+void FidelityRun::warn_unseen_staleness() {
+  for (size_t r = 0; r < models.size(); ++r) {
+    const std::string w = unseen_staleness(r);
+    if (w.empty()) continue;
+    P.warnings.push_back(w);
+    if (dist::rank() == 0) std::fprintf(stderr, "fidelity: warning: %s\n", w.c_str());
+  }
+}
+
+// The warning of recipe r, or "" when it holds no tensor scale (current references, D = 1, the
+// MX rules) or some evaluated step s + 1 holds references older than itself. Step s + 1 is a
+// refresh step exactly when s is a multiple of D; the remedy is a checkpoint off that grid
+// (whose step before its refresh the run also holds, or which refreshes at step 1).
+std::string FidelityRun::unseen_staleness(size_t r) const {
+  const int D = interval[r];
+  bool tensor_scaled = false;
+  for (const auto& lin : models[r]->linears())
+    if (lin.plan().mode == LinearMode::FP4)
+      for (const auto& per_gemm : lin.plan().specs)
+        for (const BlockQuantSpec& sp : per_gemm)
+          tensor_scaled |= sp.scale_rule == ScaleRule::TensorScaled;
+  if (!held || D <= 1 || !tensor_scaled) return "";
+  std::vector<int64_t> refresh, usable, save, save_before;
+  for (int64_t s : steps) {
+    if (refresh_step(r, s + 1) < s + 1) return "";  // this step shows held references
+    refresh.push_back(s + 1);
+    if (s - 1 > 0) save.push_back(s - 1);         // step s holds step s − D + 1's, D − 1 old
+    if (s - D > 0) save_before.push_back(s - D);  // the step before that refresh
+  }
+  for (const auto& [s, f] : by_step) {
+    const int64_t tr = refresh_step(r, s + 1);
+    if (tr < s + 1 && (tr == 1 || by_step.count(tr - 1))) usable.push_back(s);
+  }
+  const std::string d = std::to_string(D);
+  std::string w = "recipe " + src.recipes[r].recipe.name +
+                  " holds its tensor scale for amax_interval D = " + d +
+                  " steps, but every evaluated checkpoint step (" + join_steps(steps) +
+                  ") is a multiple of D, so each is followed by a refresh step (" +
+                  join_steps(refresh) +
+                  ") that measures its references afresh: its staleness reads 1 and the cost of "
+                  "holding the scale is not seen. ";
+  if (!usable.empty())
+    w += "Evaluate checkpoints that are not multiples of " + d + ": this run holds " +
+         join_steps(spread_steps(usable, 8)) + " (--steps). ";
+  else
+    w += "This run holds no checkpoint off that grid (with the checkpoint of the step before "
+         "its refresh). ";
+  w += "Save checkpoints at steps that are not multiples of D (train --save-every / compare's "
+       "checkpoint options)";
+  if (!save.empty())
+    w += ", e.g. steps " + join_steps(save) +
+         (save_before.empty() ? std::string()
+                              : " and, for their refreshes, " + join_steps(save_before));
+  return w + ".";
 }
 
 // The refresh step whose references recipe r holds at step t.

@@ -227,6 +227,36 @@ for name in ("ue5m3-d4", "ue5m3-b16"):
 assert hs["ue5m3-b16"]["whole"]["loss_penalty"] != hs["ue5m3-b16"]["whole"]["loss_penalty_current"]
 print("held references: step 11 holds step 9's, step 21 refreshes")
 PY
+# Staleness the steps cannot show (docs/fidelity.md "Choosing the steps"): steps 10 and 20 are
+# not both multiples of 4 (nor of 50), so the panel above warned of nothing; steps 8 and 20 are
+# multiples of D = 4, each followed by a refresh step (9, 21), so ue5m3-d4 is warned about (its
+# name, D, the steps, the run's usable off-grid checkpoints, steps to save), ue5m3-b16 is not,
+# and the warning is in fidelity.json and fidelity.md, and survives --from.
+for mode in held current; do
+  ! grep -q "warning" "$work/$mode.log" || fail "off-grid steps warned ($mode): $(cat "$work/$mode.log")"
+done
+"$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml,ue5m3-b16" --steps 8,20 \
+  --batches 2 --draws 2 --resamples 50 --data "$work/text" --out "$work/grid" --quiet \
+  > "$work/grid.out" 2> "$work/grid.err" || { cat "$work/grid.err"; fail "fidelity on the D = 4 grid"; }
+want="fidelity: warning: recipe ue5m3-d4 holds its tensor scale for amax_interval D = 4 steps, but every evaluated checkpoint step (8, 20) is a multiple of D, so each is followed by a refresh step (9, 21)"
+grep -qF -- "$want" "$work/grid.err" || fail "no staleness warning on stderr: $(cat "$work/grid.err")"
+grep -qF -- "this run holds 2, 6, 10, 14, 18 (--steps)" "$work/grid.err" || fail "warning lacks the usable steps: $(cat "$work/grid.err")"
+grep -qF -- "e.g. steps 7, 19 and, for their refreshes, 4, 16." "$work/grid.err" || fail "warning lacks the steps to save: $(cat "$work/grid.err")"
+[ "$(grep -c "warning" "$work/grid.err")" = 1 ] || fail "ue5m3-b16 (D = 50) warned too: $(cat "$work/grid.err")"
+grep -qF -- "**Warning:** recipe ue5m3-d4 holds its tensor scale" "$work/grid/fidelity.md" || fail "no warning in fidelity.md"
+python3 - "$work/grid/fidelity.json" "$work/held/fidelity.json" <<'PY' || fail "warnings in fidelity.json"
+import json, sys
+g, h = (json.load(open(f)) for f in sys.argv[1:3])
+assert len(g["warnings"]) == 1 and g["warnings"][0].startswith("recipe ue5m3-d4 holds"), g["warnings"]
+assert h["warnings"] == [], h["warnings"]
+r = {x["name"]: x for x in g["recipes"]}
+assert r["ue5m3-d4"]["refresh_steps"] == [9, 21], r["ue5m3-d4"]["refresh_steps"]  # the rule warned about
+assert r["ue5m3-d4"]["scale_events"]["x"]["staleness"] == 1.0, r["ue5m3-d4"]["scale_events"]["x"]
+PY
+"$bin" fidelity --from "$work/grid/fidelity.json" --out "$work/grid-rebuilt" > /dev/null 2> "$work/grid-rebuilt.err" \
+  || { cat "$work/grid-rebuilt.err"; fail "--from of a warned panel"; }
+grep -qF -- "$want" "$work/grid-rebuilt.err" || fail "--from does not repeat the warning"
+cmp -s "$work/grid/fidelity.md" "$work/grid-rebuilt/fidelity.md" || fail "--from: the warned fidelity.md differs"
 rm "$work/ref/checkpoints/step_00000008.safetensors"
 "$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml" --steps 10 --batches 2 \
   --data "$work/text" --out "$work/miss" > /dev/null 2> "$work/miss.err"

@@ -158,6 +158,12 @@ struct FidelityPanel {
   /// Per recipe (FidelityPanel::recipes order) and checkpoint: the step whose weights and batch
   /// gave the held references (the evaluation step s + 1 itself when they are current).
   std::vector<std::vector<int64_t>> refresh_steps;
+  /// What the panel cannot show with the steps it evaluated, one sentence each: a recipe that
+  /// holds its tensor scale (amax_interval D > 1) evaluated only at checkpoint steps that are
+  /// multiples of D, each followed by a refresh step, so its staleness is not seen
+  /// (docs/fidelity.md "Choosing the steps"). Printed on stderr by run_fidelity, written to
+  /// fidelity.json ("warnings") and fidelity.md, read back by load_fidelity_panel.
+  std::vector<std::string> warnings;
   double seconds = 0;
   std::string cpu;
   /// Loaded from fidelity.json (load_fidelity_panel): per-parameter scopes hold one mean per
@@ -174,7 +180,8 @@ struct FidelityPanel {
 /// loss_penalty (L_r − L*, mean over draws; whole only), sgd_noise_fraction (mse·‖g*‖²/σ²_sgd)
 /// and qnoise_to_grad (√(mean_d ‖ĝ_d − g*‖²)/‖g*‖, the reciprocal of the "FP4 All the Way"
 /// ratio ‖g*‖/σ_q, which the report gives as grad_to_qnoise). Prints a
-/// progress line per checkpoint on stderr unless req.quiet. Results do not depend on the thread
+/// progress line per checkpoint on stderr unless req.quiet, and the panel's warnings
+/// (FidelityPanel::warnings) before any pass, quiet or not. Results do not depend on the thread
 /// count. Throws fp4::UserError (exit status 2 from the CLI) naming what is wrong, before any
 /// pass: a run directory that is missing or holds no checkpoints, a requested step without a
 /// checkpoint, a recipe that does not load or does not fit the model (check_recipe_fits: RHT
@@ -195,8 +202,9 @@ FidelityPanel load_fidelity_panel(const std::filesystem::path& file);
 /// linears and per-parameter metrics with two-level bootstrap intervals, per checkpoint means,
 /// the contrasts (each recipe minus the first on rel_error, bias2, variance and loss_penalty,
 /// and the claims of req.claims with verdicts; a claim naming a recipe the panel did not run is
-/// skipped with a note on stderr). Throws fp4::UserError on I/O errors or a claims file that
-/// does not parse, names an unknown metric or key, or a scope the panel lacks.
+/// skipped with a note on stderr) and the panel's warnings. Throws fp4::UserError on I/O errors
+/// or a claims file that does not parse, names an unknown metric or key, or a scope the panel
+/// lacks.
 void write_fidelity_report(const FidelityPanel& panel, const FidelityRequest& req);
 
 }  // namespace fp4
