@@ -652,6 +652,52 @@ void md_contrasts(std::ostream& md, const std::vector<std::string>& rows) {
   for (const std::string& l : rows) md << l << "\n";
 }
 
+// Every quantity the tables print, in one place (docs/fidelity.md "Reading the report" is the
+// long form).
+void md_definitions(std::ostream& md) {
+  md << R"(
+## Definitions (docs/fidelity.md "Reading the report")
+
+Per (checkpoint, batch): g* and L* are the exact FP32 gradient and loss (‖g*‖ its norm); ĝ_d
+and L_d the recipe's, draw d of R (R = 1 without stochastic rounding), ḡ their mean. A table
+entry is the mean over checkpoints and batches with its 95% interval [lo, hi] (two-level
+bootstrap: checkpoints, then batches within each).
+
+* **rel. error** = mean_d ‖ĝ_d − g*‖ / ‖g*‖. **cosine** = mean_d ⟨ĝ_d, g*⟩ / (‖ĝ_d‖ ‖g*‖).
+* **gain** = mean_d ⟨ĝ_d, g*⟩ / ‖g*‖²: the length of ĝ_d's component along g*, in units of ‖g*‖;
+  1 when that component is g* itself, below 1 a shrunken (biased) gradient, above 1 an
+  inflated one.
+* **variance / ‖g*‖²** = V / ‖g*‖², V = Σ_d ‖ĝ_d − ḡ‖² / (R − 1) (0 for R = 1); **bias² /
+  ‖g*‖²** = (‖ḡ − g*‖² − V/R) / ‖g*‖², the squared bias over SR draws for the batch (slightly
+  below 0 when the bias is under the noise of ḡ). They sum to mse = mean_d ‖ĝ_d − g*‖² / ‖g*‖².
+* **loss penalty** = mean_d L_d − L* in nats, for the training forward; under an inference
+  policy of `fp4train eval` (current, replay-d50, calibrated), that policy's loss − L*.
+* **quant. / SGD noise** = mean_d ‖ĝ_d − g*‖² / σ²_sgd, σ²_sgd = Σ_k ‖g*_k − mean_k g*_k‖² /
+  (K − 1) over the checkpoint's K batches: quantization noise as a fraction of minibatch noise.
+* **σ_q / ‖g*‖**: σ_q = √(mean_d ‖ĝ_d − g*‖²), the root-mean-square quantization error of the
+  gradient; fidelity.json's grad_to_qnoise is its reciprocal ‖g*‖ / σ_q.
+* Scopes: **whole gradient**, every parameter; **linear weights (dW)**, the weights of the
+  quantized linears; **per-linear roles**, each linear's Y, dX and dW, local (fed the exact X*
+  and dY*) or e2e (fed the recipe pass's own X and dY).
+* Scale events, per operand role (x, w: fprop; dy: dgrad; dyt, xt: wgrad), on draw 0, averaged
+  over linears, checkpoints and batches. a_b = max |x| over block b; g = the tensor reference
+  (the amax the recipe scales against: measured on the batch, or held since the refresh step
+  t_r); T the scale target (448 unless the recipe sets another). **saturated blocks**:
+  fraction of blocks whose scale clipped at the scale format's maximum; **zero-guarded
+  blocks**: nonzero blocks whose scale underflowed to 0 and became 1; **zeroed nonzeros**:
+  nonzero elements quantized to ±0;
+  **staleness** = max |x| of the operand now / g (1 under current references, above 1 when the
+  tensor outgrew a held g); **a_b/g < 2^-15**: nonzero blocks whose scale T·a_b/g falls below
+  E4M3's smallest normal, 2^-6, at T = 448; **a_b ≥ g**: nonzero blocks whose scale reaches T.
+* Block amax: quantiles of floor(log2(a_b/g)) over the nonzero blocks; **all-zero blocks**:
+  fraction of blocks with a_b = 0.
+* **Over training**: the whole-gradient rel. error of each checkpoint, mean over its batches.
+* Contrasts: Σ coefficient × metric per (checkpoint, batch), bootstrapped (paired); verdict
+  "below 0" / "above 0" when the interval excludes 0, else "not resolved"; a claim's is
+  "supported" / "contradicted" by its `expect` (lower or higher than 0: the interval on that
+  side or the other; within ±bound: the interval inside or outside it), else "not resolved".
+)";
+}
 }  // namespace
 
 void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
@@ -679,6 +725,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   md_block_amax(md, P);
   md_over_training(md, P);
   md_contrasts(md, contrasts.md_rows);
+  md_definitions(md);
 
   std::error_code ec;
   fs::create_directories(req.out, ec);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `fp4train fidelity` end to end on a micro run (docs/fidelity.md): fp32 against the exact side
 # gives error 0, cosine 1 and gain 1 exactly; an FP4 recipe does not; RNE recipes have variance 0;
-# the results do not depend on the thread count; the claims file gets verdicts; bad input exits 2
-# with a message naming what is wrong, before any work.
+# the results do not depend on the thread count; the claims file gets verdicts; fidelity.md
+# defines every quantity it prints; steps that can show no held scale's staleness are warned
+# about; bad input exits 2 with a message naming what is wrong, before any work.
 # Usage: fidelity_cli.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2
@@ -187,6 +188,30 @@ done
 cmp -s "$work/roles/fidelity.json" "$work/roles-rebuilt/fidelity.json" || fail "--from: roles' fidelity.json differs"
 cmp -s "$work/roles/fidelity.md" "$work/roles-rebuilt/fidelity.md" || fail "--from: roles' fidelity.md differs"
 grep -q "^| layers.0.mixer.q_proj | " "$work/roles/fidelity.md" || fail "no per-linear table in fidelity.md"
+# fidelity.md defines what it prints (docs/fidelity.md "Reading the report"): every column
+# heading of every table (its words before any parenthesis), except the names of rows, steps
+# and quantiles, appears in its closing Definitions section.
+python3 - "$work/roles/fidelity.md" <<'PY' || fail "fidelity.md: a printed quantity is not defined"
+import re, sys
+md = open(sys.argv[1]).read()
+assert "\n## Definitions" in md, "no Definitions section"
+defs = " ".join(md.split("\n## Definitions", 1)[1].replace("**", "").split()).lower()
+structural = {"recipe", "role", "linear", "id", "metric", "mean [95%]", "median"}
+headings = set()
+for line, rule in zip(md.splitlines(), md.splitlines()[1:]):
+    if line.startswith("| ") and rule.startswith("|---"):
+        headings.update(c.strip() for c in line.strip("|").split("|"))
+missing = []
+for h in sorted(headings):
+    name = re.sub(r"\s*\(.*\)$", "", h).lower()
+    if name in structural or re.fullmatch(r"step \d+|[\d.]+%|(y|dx|dw) (local|e2e)", name):
+        continue
+    if name not in defs:
+        missing.append(h)
+assert not missing, "not in the Definitions section: %s" % missing
+assert len(headings) > 20, headings
+print("fidelity.md: %d column headings, every quantity defined" % len(headings))
+PY
 
 # --from rebuilds the report from fidelity.json alone: the same JSON and markdown.
 "$bin" fidelity --from "$work/t1/fidelity.json" --claims "$work/claims.toml" --out "$work/rebuilt" \

@@ -202,9 +202,10 @@ FidelityPanel load_fidelity_panel(const std::filesystem::path& file);
 /// linears and per-parameter metrics with two-level bootstrap intervals, per checkpoint means,
 /// the contrasts (each recipe minus the first on rel_error, bias2, variance and loss_penalty,
 /// and the claims of req.claims with verdicts; a claim naming a recipe the panel did not run is
-/// skipped with a note on stderr) and the panel's warnings. Throws fp4::UserError on I/O errors
-/// or a claims file that does not parse, names an unknown metric or key, or a scope the panel
-/// lacks.
+/// skipped with a note on stderr), the panel's warnings, and in fidelity.md a closing
+/// Definitions section (docs/fidelity.md "Reading the report"). Throws fp4::UserError on I/O
+/// errors or a claims file that does not parse, names an unknown metric or key, or a scope the
+/// panel lacks.
 void write_fidelity_report(const FidelityPanel& panel, const FidelityRequest& req);
 
 }  // namespace fp4
