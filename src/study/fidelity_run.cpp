@@ -694,8 +694,8 @@ std::string FidelityRun::unseen_staleness(size_t r) const {
     w += "Evaluate checkpoints that are not multiples of " + d + ": this run holds " +
          join_steps(spread_steps(usable, 8)) + " (--steps). ";
   else
-    w += "This run holds no checkpoint off that grid (with the checkpoint of the step before "
-         "its refresh). ";
+    w += "This run holds no checkpoint it could evaluate instead (off the grid, with the "
+         "checkpoint of the step before its refresh). ";
   w += "Save checkpoints at steps that are not multiples of D (train --save-every / compare's "
        "checkpoint options)";
   if (!save.empty())

@@ -282,6 +282,16 @@ PY
   || { cat "$work/grid-rebuilt.err"; fail "--from of a warned panel"; }
 grep -qF -- "$want" "$work/grid-rebuilt.err" || fail "--from does not repeat the warning"
 cmp -s "$work/grid/fidelity.md" "$work/grid-rebuilt/fidelity.md" || fail "--from: the warned fidelity.md differs"
+# D = 2 against checkpoints of every second step: none off the grid to offer, only steps to save.
+sed 's/^amax_interval = .*/amax_interval = 2/; s/^name = .*/name = "ue5m3-d2"/' \
+  "$src/configs/recipes/ue5m3-b16.toml" > "$work/ue5m3-d2.toml"
+"$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d2.toml" --steps 20 --batches 2 --draws 2 \
+  --resamples 20 --data "$work/text" --out "$work/grid2" --quiet > /dev/null 2> "$work/grid2.err" \
+  || { cat "$work/grid2.err"; fail "fidelity on the D = 2 grid"; }
+grep -qF -- "D = 2 steps, but every evaluated checkpoint step (20) is a multiple of D" "$work/grid2.err" \
+  && grep -qF -- "This run holds no checkpoint it could evaluate instead" "$work/grid2.err" \
+  && grep -qF -- "e.g. steps 19 and, for their refreshes, 18." "$work/grid2.err" \
+  || fail "the D = 2 warning: $(cat "$work/grid2.err")"
 rm "$work/ref/checkpoints/step_00000008.safetensors"
 "$bin" fidelity --run "$work/ref" --recipe "$work/ue5m3-d4.toml" --steps 10 --batches 2 \
   --data "$work/text" --out "$work/miss" > /dev/null 2> "$work/miss.err"
