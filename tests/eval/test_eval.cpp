@@ -374,8 +374,10 @@ TEST(EvalModel, BatchesNllMatchesEvaluateNllUnderEveryPolicy) {
     for (double v : per) sum += v * kB;
     EXPECT_EQ(sum / double(w.starts.size()), evaluate_nll(q, w, kT, kB, p, &calib).nats_per_token) << name;
     if (std::string(name) == "current") current = per;
-    if (std::string(name) == "replay-d50") EXPECT_NE(per.back(), current.back()) << "held from batch 1";
-    if (std::string(name) == "replay-d50") EXPECT_EQ(per.front(), current.front()) << "batch 1 samples itself";
+    if (std::string(name) == "replay-d50") {
+      EXPECT_NE(per.back(), current.back()) << "held from batch 1";
+      EXPECT_EQ(per.front(), current.front()) << "batch 1 samples itself";
+    }
   }
   EXPECT_THROW(evaluate_batches_nll(q, batches, kT, kB, parse_eval_policy("calibrated")), UserError);
 }
