@@ -225,16 +225,87 @@ HWY_INLINE VI AbsBits(VF v) {
   return hn::And(hn::BitCast(di, v), hn::Set(di, 0x7FFFFFFF));
 }
 
+/// Lane t's block relative to lane 0's, for a vector whose lane 0 is element o0 (0 ≤ o0 < B)
+/// of a block of B: rel[t] = (o0 + t) / B, by `kmax` compares (kmax = (B + Lanes − 2) / B,
+/// the largest value rel can take). The walks along rows (and columns) of blocks that are not
+/// whole vectors look their lanes' block scales up with it (LookupBlocks).
+HWY_INLINE VI LaneBlockRel(int64_t o0, int64_t B, int64_t kmax) {
+  const DI di;
+  const VI v = hn::Iota(di, static_cast<int32_t>(o0));
+  VI rel = hn::Zero(di);
+  for (int64_t k = 1; k <= kmax; ++k)
+    rel = hn::Sub(rel, hn::VecFromMask(di, hn::Gt(v, hn::Set(di, static_cast<int32_t>(k * B - 1)))));
+  return rel;
+}
+
+/// v[t] = a[rel[t]] (rel[t] < Lanes; a holds Lanes readable floats): each lane's block scale.
+HWY_INLINE VF LookupBlocks(const float* a, VI rel) {
+  const DF df;
+  return hn::TableLookupLanes(hn::LoadU(df, a), hn::IndicesFromVec(df, rel));
+}
+
+/// One step of a walk of whole vectors along a run of blocks of B: lane 0 moves from element
+/// o0 of block bc0 to the element Lanes further on (qN = Lanes / B, rN = Lanes % B).
+HWY_INLINE void BlockWalkStep(int64_t B, int64_t qN, int64_t rN, int64_t& bc0, int64_t& o0) {
+  bc0 += qN;
+  o0 += rN;
+  if (o0 >= B) {
+    o0 -= B;
+    ++bc0;
+  }
+}
+
+/// Block amax where B divides Lanes (B < Lanes, so B is a power of two): for each whole vector
+/// of the nrows rows at x (row stride `stride`; columns j .. j + Lanes), the max of |x| bits
+/// over the rows, then over each group of B lanes (log2 B lane swaps: t ↔ t xor s), and the
+/// groups' maxima (lanes 0, B, 2B, ...) stored compacted at am[j / B ...] (Lanes floats
+/// written; the later ones are overwritten or padding). Returns the number of blocks done
+/// (whole vectors only), or −1 if a block holds a NaN or Inf.
+HWY_INLINE int64_t SegmentedBlockAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols,
+                                      int64_t B, float* am) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  alignas(64) int32_t idx[kMaxLanes];
+  using IdxI = decltype(hn::SetTableIndices(di, idx));
+  IdxI swap[8];
+  int nswap = 0;
+  for (int64_t s = 1; s < B; s <<= 1) {
+    for (int64_t t = 0; t < N; ++t) idx[t] = static_cast<int32_t>(t ^ s);
+    swap[nswap++] = hn::SetTableIndices(di, idx);
+  }
+  for (int64_t t = 0; t < N; ++t) idx[t] = static_cast<int32_t>(std::min(t * B, N - 1));
+  const IdxI compact = hn::SetTableIndices(di, idx);
+  const VI finite_max = hn::Set(di, 0x7F7FFFFF);
+  int64_t j = 0;
+  for (; j + N <= cols; j += N) {
+    VI m = hn::Zero(di);
+    for (int64_t r = 0; r < nrows; ++r) m = hn::Max(m, AbsBits(hn::LoadU(df, x + r * stride + j)));
+    if (!hn::AllFalse(di, hn::Gt(m, finite_max))) return -1;
+    for (int k = 0; k < nswap; ++k) m = hn::Max(m, hn::TableLookupLanes(m, swap[k]));
+    hn::StoreU(hn::BitCast(df, hn::TableLookupLanes(m, compact)), df, am + j / B);
+  }
+  return j / B;
+}
+
 /// The block amax of a block-row: am[bc] = max |x| over block bc (exact, order-free: the max
 /// of the bit patterns), for the nbc = ceil(cols / B) blocks of B columns of the nrows rows at
-/// x (row stride `stride`), then Lanes zeros after them. False (am partly written) if a block
-/// holds a NaN or Inf.
+/// x (row stride `stride`), then Lanes zeros after them. Blocks that divide a vector go
+/// through SegmentedBlockAmax; the others (and the rest) block by block, in whole vectors and
+/// a masked last one (a plain load that stays inside the block-row's rows; the block-row's
+/// very last elements one at a time). False (am partly written) if a block holds a NaN or Inf.
 HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols, int64_t B,
                              int64_t nbc, float* am) {
   const DF df;
   const DI di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t bc = 0; bc < nbc; ++bc) {
+  int64_t bc = 0;
+  if (B < N && N % B == 0) {
+    bc = SegmentedBlockAmax(x, stride, nrows, cols, B, am);
+    if (bc < 0) return false;
+  }
+  const float* x_end = x + (nrows - 1) * stride + cols;  // one past the last element read
+  for (; bc < nbc; ++bc) {
     const int64_t c0 = bc * B, len = std::min(B, cols - c0);
     VI m = hn::Zero(di);
     uint32_t mt = 0;
@@ -242,13 +313,18 @@ HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int6
       const float* xr = x + r * stride + c0;
       int64_t j = 0;
       for (; j + N <= len; j += N) m = hn::Max(m, AbsBits(hn::LoadU(df, xr + j)));
+      if (j < len && xr + j + N <= x_end) {
+        const auto first = hn::FirstN(di, static_cast<size_t>(len - j));
+        m = hn::Max(m, hn::IfThenElseZero(first, AbsBits(hn::LoadU(df, xr + j))));
+        continue;
+      }
       for (; j < len; ++j) mt = std::max(mt, std::bit_cast<uint32_t>(xr[j]) & 0x7FFFFFFFu);
     }
     const uint32_t a = std::max(static_cast<uint32_t>(hn::GetLane(hn::MaxOfLanes(di, m))), mt);
     if (a > 0x7F7FFFFFu) return false;
     am[bc] = std::bit_cast<float>(a);
   }
-  for (int64_t bc = nbc; bc < nbc + N; ++bc) am[bc] = 0.0f;
+  for (int64_t bc2 = nbc; bc2 < nbc + N; ++bc2) am[bc2] = 0.0f;
   return true;
 }
 

@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <numeric>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -89,6 +90,9 @@ struct Plan : hwy_common::ScaleParams {
   bool rht = false;  ///< transposed kernel: RHT16 along rows first
   bool rht_bf16 = false;  ///< with rht: the BF16 variant (rht16_rows_bf16)
   int64_t panel_rows = 16, panel_cols = 64;  ///< transposed kernel: work unit (panel) of x
+  /// Transposed kernel: rows of x per tile, a whole number of blocks (tile_rows(): B, or for
+  /// blocks that are not a multiple of 16 the smallest multiple of both, e.g. 16 for B = 8).
+  int64_t H = 16;
   /// Write whole 64-byte output lines with non-temporal (streaming) stores where the kernel can
   /// (aligned, complete lines); set by the driver for large outputs. Never changes values.
   bool stream = false;
@@ -101,7 +105,8 @@ struct Scratch {
   std::vector<uint64_t> sr;       ///< SR bytes, 8 per word (Philox output, 16 bytes per block)
   std::vector<uint64_t> sr2;      ///< second SR buffer (unaligned column runs)
   std::vector<uint32_t> ctr;      ///< Philox counters of a tile
-  std::vector<float> tile;        ///< transposed kernel: [B][lanes] tile
+  std::vector<float> tile;        ///< transposed kernel: [H][lanes] tile
+  std::vector<float> dT, eT;      ///< transposed kernel, H > B: scales per column [lanes][ld]
   std::vector<float> carry;       ///< transposed kernel, misaligned streaming: 16 per column
   std::vector<float> pad;         ///< 2·kMaxLanes: a zero-padded vector and its result
   std::vector<uint8_t> padsr;     ///< kMaxLanes SR bytes of the padded vector
@@ -115,16 +120,21 @@ struct Scratch {
     common();
   }
   void for_cols(const Plan& p) {
+    const int64_t nb = p.H / p.B;  // blocks per tile
     amax.assign(kMaxLanes, 0.f);
-    d.assign(kMaxLanes, 0.f);
-    e.assign(kMaxLanes, 0.f);
+    d.assign(static_cast<size_t>(nb * kMaxLanes), 0.f);
+    e.assign(static_cast<size_t>(nb * kMaxLanes), 0.f);
+    if (nb > 1) {
+      dT.assign(static_cast<size_t>(kMaxLanes * (nb + kMaxLanes)), 0.f);
+      eT.assign(static_cast<size_t>(kMaxLanes * (nb + kMaxLanes)), 0.f);
+    }
     if (p.sr) {
-      const size_t inst = static_cast<size_t>(kMaxLanes * (p.B / 16 + 2) + kMaxLanes);
+      const size_t inst = static_cast<size_t>(kMaxLanes * (p.H / 16 + 2) + kMaxLanes);
       sr.assign(2 * inst, 0);
-      sr2.assign(static_cast<size_t>(2 * (p.B / 16 + 2 + kMaxLanes)), 0);
+      sr2.assign(static_cast<size_t>(2 * (p.H / 16 + 2 + kMaxLanes)), 0);
       ctr.assign(inst, 0);
     }
-    tile.assign(static_cast<size_t>(std::max<int64_t>(p.B, 16) * kMaxLanes), 0.f);
+    tile.assign(static_cast<size_t>(std::max<int64_t>(p.H, 16) * kMaxLanes), 0.f);
     if (p.stream) carry.assign(static_cast<size_t>(p.panel_cols * 16), 0.f);
     common();
   }
@@ -456,12 +466,12 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
   const int64_t r0 = p.two_d ? br * B : br;
   const int64_t r1 = p.two_d ? std::min(p.rows, r0 + B) : br + 1;
-  // Streaming stores write whole 64-byte lines: with cols % 16 == 0 and blocks of multiples of
-  // 16 every vector of a row is a whole line if out is 64-byte aligned (mis == 0). Otherwise
+  // Streaming stores write whole 64-byte lines: with cols % 16 == 0 every vector of a row is a
+  // whole line (or half of one, 8 lanes) if out is 64-byte aligned (mis == 0). Otherwise
   // (16-lane targets only) each line is the previous vector's last `mis` values and this one's
   // first 16 − mis, assembled in registers; a row's first and last lines are shared with the
   // neighbouring rows and written with masked plain stores.
-  bool stream = p.stream && cols % 16 == 0 && B % 16 == 0;
+  bool stream = p.stream && cols % 16 == 0;
   if (stream && p.out_mis != 0 && N != 16) stream = false;
   const int64_t mis = stream ? p.out_mis : 0;
   const auto keep_first = hn::FirstN(df, static_cast<size_t>(mis));  // lanes t < mis
@@ -478,35 +488,59 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
     hn::StoreU(dv, df, s.d.data() + bc);
     hn::StoreU(ev, df, s.e.data() + bc);
   }
-  // 3. elements
+  // 3. elements. Blocks of whole vectors (B % Lanes == 0) one at a time, their scales
+  // broadcast; other blocks (e.g. 8 on 16 lanes) in a walk of whole vectors along the row,
+  // each lane's scales looked up from its block (LaneBlockRel, LookupBlocks).
+  const bool walk = B % N != 0;
+  const int64_t qN = N / B, rN = N % B, kmax = (B + N - 2) / B;
+  const VI rel0 = LaneBlockRel(0, B, kmax);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = p.x + r * cols;
     float* orow = p.out + r * cols;
     const uint8_t* srp = nullptr;
     if constexpr (kSR) srp = SrRun(p.key, static_cast<uint64_t>(r * cols), cols, s.sr.data());
     VF prev = hn::Zero(df);  // misaligned streaming: Rot of the previous vector
-    for (int64_t bc = 0; bc < nbc; ++bc) {
-      const int64_t c0 = bc * B, len = std::min(B, cols - c0);
-      const VF dv = hn::Set(df, s.d[bc]);
-      const VF ev = hn::Set(df, s.e[bc]);
-      int64_t j = c0;
-      const int64_t c1 = c0 + len;
-      for (; j + N <= c1; j += N) {
-        const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
-        const VF v = QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off);
-        if (mis == 0) {
-          Put(v, orow + j, stream);
-        } else {
-          const VF rv = hn::TableLookupLanes(v, rot);
-          if (j == 0) {
-            hn::BlendedStore(rv, hn::Not(keep_first), df, orow - mis);  // orow[0, 16 − mis)
-          } else {
-            hn::Stream(hn::IfThenElse(keep_first, prev, rv), df, orow + j - mis);
-          }
-          prev = rv;
-        }
+    auto put = [&](VF v, int64_t j) {
+      if (mis == 0) {
+        Put(v, orow + j, stream);
+        return;
       }
-      if (j < c1) QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, c1 - j, ev, dv, s, orow + j);
+      const VF rv = hn::TableLookupLanes(v, rot);
+      if (j == 0) {
+        hn::BlendedStore(rv, hn::Not(keep_first), df, orow - mis);  // orow[0, 16 − mis)
+      } else {
+        hn::Stream(hn::IfThenElse(keep_first, prev, rv), df, orow + j - mis);
+      }
+      prev = rv;
+    };
+    if (!walk) {
+      for (int64_t bc = 0; bc < nbc; ++bc) {
+        const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+        const VF dv = hn::Set(df, s.d[bc]);
+        const VF ev = hn::Set(df, s.e[bc]);
+        int64_t j = c0;
+        const int64_t c1 = c0 + len;
+        for (; j + N <= c1; j += N) {
+          const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
+          put(QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off), j);
+        }
+        if (j < c1) QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, c1 - j, ev, dv, s, orow + j);
+      }
+    } else {
+      int64_t bc0 = 0, o0 = 0, j = 0;
+      VI rel = rel0;
+      for (; j + N <= cols; j += N) {
+        const VF dv = LookupBlocks(s.d.data() + bc0, rel);
+        const VF ev = LookupBlocks(s.e.data() + bc0, rel);
+        const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
+        put(QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off), j);
+        BlockWalkStep(B, qN, rN, bc0, o0);
+        if (rN != 0) rel = LaneBlockRel(o0, B, kmax);
+      }
+      if (j < cols) {
+        QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, cols - j, LookupBlocks(s.e.data() + bc0, rel),
+                        LookupBlocks(s.d.data() + bc0, rel), s, orow + j);
+      }
     }
     if (mis != 0) hn::BlendedStore(prev, keep_first, df, orow + cols - mis);  // last mis values
   }
@@ -543,23 +577,29 @@ template <bool kSR, bool kSub, bool kRht>
 bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t rows = p.rows, cols = p.cols, B = p.B;
-  // A unit is a panel of x: rows [pr0, pr1) (whole blocks) × columns [pc0, pc1).
+  const int64_t rows = p.rows, cols = p.cols, B = p.B, H = p.H;
+  // A unit is a panel of x: rows [pr0, pr1) (whole tiles) × columns [pc0, pc1).
   const int64_t ncp = (cols + p.panel_cols - 1) / p.panel_cols;
   const int64_t pr0 = (unit / ncp) * p.panel_rows, pr1 = std::min(rows, pr0 + p.panel_rows);
   const int64_t pc0 = (unit % ncp) * p.panel_cols, pc1 = std::min(cols, pc0 + p.panel_cols);
   float* T = s.tile.data();
   const VI gidx = RowIndices(N);
   uint8_t* srb = reinterpret_cast<uint8_t*>(s.sr.data());
+  // A tile of H rows holds H / B blocks per column; with more than one (B not a multiple of
+  // 16), each column's output vectors walk over its blocks, their lanes' scales looked up from
+  // the column's run of scales in dT, eT (ld apart), as the row kernel's walk does.
+  const int64_t ld = H / B + kMaxLanes;
+  const int64_t qN = N / B, rN = N % B, kmax = (B + N - 2) / B;
+  const VI rel0 = LaneBlockRel(0, B, kmax);
 
   // Streaming stores write whole 64-byte lines of the output rows. With rows % 16 == 0 and
-  // blocks of multiples of 16, every output row starts at the same offset `mis` (floats) from a
-  // line boundary. mis == 0: each block's vectors are whole aligned lines. mis != 0 (e.g. the
-  // 16-byte alignment of glibc's large allocations), 16-lane targets only: the line ending in
-  // this block is the previous block's last `mis` values (kept per column in s.carry, already
-  // rotated) followed by this block's first 16 − mis, assembled in registers; the unit's first
+  // tiles of multiples of 16 rows, every output row starts at the same offset `mis` (floats)
+  // from a line boundary. mis == 0: each tile's vectors are whole aligned lines. mis != 0 (e.g.
+  // the 16-byte alignment of glibc's large allocations), 16-lane targets only: the line ending
+  // in this tile is the previous tile's last `mis` values (kept per column in s.carry, already
+  // rotated) followed by this tile's first 16 − mis, assembled in registers; the unit's first
   // and last partial lines (shared with the neighbouring unit) use masked plain stores.
-  bool stream = p.stream && rows % 16 == 0 && B % 16 == 0;
+  bool stream = p.stream && rows % 16 == 0 && H % 16 == 0;
   if (stream && p.out_mis != 0 && N != 16) stream = false;
   const int64_t mis = stream ? p.out_mis : 0;
   const auto keep_first = hn::FirstN(df, static_cast<size_t>(mis));  // lanes t < mis
@@ -568,7 +608,8 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
   const auto rot = hn::SetTableIndices(df, rot_arr);  // Rot(v)[t] = v[(t − mis) mod 16]
 
   auto tile = [&](int64_t r0, int64_t c0) -> bool {
-    const int64_t h = std::min(B, rows - r0);
+    const int64_t h = std::min(H, rows - r0);
+    const int64_t nbt = (h + B - 1) / B;  // blocks per column in this tile
     // SR bytes of a column run are whole Philox blocks when the runs start and end on
     // multiples of 16 of the operand's flat index c·rows + r.
     const bool sr_aligned = rows % 16 == 0 && r0 % 16 == 0 && h % 16 == 0;
@@ -592,14 +633,22 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
     } else {
       LoadTile(p.x, cols, r0, h, c0, w, T);
     }
-    // 2. block amax of each column (one block per lane), block scales
-    VI m;
-    if (!ColumnAmaxBits(T, N, h, m)) return false;
-    {
+    // 2. block amax of each column (one block per lane), block scales: block k's in
+    // s.d, s.e [k·N, k·N + N); with several blocks, also per column in dT, eT [j·ld + k]
+    for (int64_t k = 0; k < nbt; ++k) {
+      VI m;
+      if (!ColumnAmaxBits(T + k * B * N, N, std::min(B, h - k * B), m)) return false;
       VF dv, ev;
       BlockScales<kSub>(hn::BitCast(df, m), p, dv, ev);
-      hn::StoreU(dv, df, s.d.data());
-      hn::StoreU(ev, df, s.e.data());
+      hn::StoreU(dv, df, s.d.data() + k * N);
+      hn::StoreU(ev, df, s.e.data() + k * N);
+    }
+    if (nbt > 1) {
+      for (int64_t j = 0; j < w; ++j)
+        for (int64_t k = 0; k < nbt; ++k) {
+          s.dT[j * ld + k] = s.d[k * N + j];
+          s.eT[j * ld + k] = s.e[k * N + j];
+        }
     }
     // 3. SR bytes of the w column runs: srb[j·h + i] is the byte of element (c0 + j, r0 + i)
     if constexpr (kSR) {
@@ -620,18 +669,30 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
     }
     // 4. each column of the tile is one output row segment out[c, r0 .. r0 + h)
     for (int64_t j = 0; j < w; ++j) {
-      const VF dv = hn::Set(df, s.d[j]);
-      const VF ev = hn::Set(df, s.e[j]);
+      VF dv = hn::Set(df, s.d[j]);
+      VF ev = hn::Set(df, s.e[j]);
       float* o = p.out + (c0 + j) * rows + r0;
       const uint8_t* sj = kSR ? srb + j * h : nullptr;
+      // the walk over the column's blocks (nbt > 1): scales of the vector at i, then a step
+      int64_t bc0 = 0, o0 = 0;
+      VI rel = rel0;
+      auto scales = [&]() {
+        if (nbt == 1) return;
+        dv = LookupBlocks(s.dT.data() + j * ld + bc0, rel);
+        ev = LookupBlocks(s.eT.data() + j * ld + bc0, rel);
+        BlockWalkStep(B, qN, rN, bc0, o0);
+        if (rN != 0) rel = LaneBlockRel(o0, B, kmax);
+      };
       if (mis == 0) {
         int64_t i = 0;
         for (; i + N <= h; i += N) {
+          scales();
           const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
           const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
           Put(QdqVec<kSR>(xv, ev, dv, off), o + i, stream);
         }
         if (i < h) {
+          scales();
           float col[kMaxLanes];
           for (int64_t t = 0; t < h - i; ++t) col[t] = T[(i + t) * N + j];
           QdqPartial<kSR>(col, kSR ? sj + i : nullptr, h - i, ev, dv, s, o + i);
@@ -640,14 +701,15 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
         // Misaligned streaming (N == 16, h % 16 == 0): vector k covers o[16k, 16k + 16); the
         // aligned line starting at o + 16k − mis is Rot(prev)[t < mis] | Rot(v_k)[t ≥ mis].
         float* carry = s.carry.data() + (c0 + j - pc0) * 16;
-        VF prev = hn::LoadU(df, carry);  // Rot of the previous block's last vector
+        VF prev = hn::LoadU(df, carry);  // Rot of the previous tile's last vector
         for (int64_t i = 0; i < h; i += 16) {
+          scales();
           const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
           const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
           const VF r = hn::TableLookupLanes(QdqVec<kSR>(xv, ev, dv, off), rot);
           if (i == 0 && r0 == pr0) {
             // the unit's first line is shared with the previous unit: plain masked store of
-            // this block's part, o[0, 16 − mis) (lanes mis.. of the line)
+            // this tile's part, o[0, 16 − mis) (lanes mis.. of the line)
             hn::BlendedStore(r, hn::Not(keep_first), df, o - mis);
           } else {
             hn::Stream(hn::IfThenElse(keep_first, prev, r), df, o + i - mis);
@@ -655,7 +717,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
           prev = r;
         }
         hn::StoreU(prev, df, carry);
-        if (r0 + B >= pr1) {
+        if (r0 + H >= pr1) {
           // the unit's last line is shared with the next unit: o[h − mis, h) (lanes < mis)
           hn::BlendedStore(prev, keep_first, df, o + h - mis);
         }
@@ -666,7 +728,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
 
   if (stream) {
     // Streaming: strip by strip (x read sequentially along its rows), all columns per strip.
-    for (int64_t r0 = pr0; r0 < pr1; r0 += B)
+    for (int64_t r0 = pr0; r0 < pr1; r0 += H)
       for (int64_t c0 = pc0; c0 < pc1; c0 += N)
         if (!tile(r0, c0)) return false;
     hwy::FlushStream();
@@ -674,7 +736,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
     // Plain stores: down the rows for each column tile, so every output row receives pr1 − pr0
     // contiguous floats per visit and the unit touches few enough 4 KiB pages for the TLB.
     for (int64_t c0 = pc0; c0 < pc1; c0 += N)
-      for (int64_t r0 = pr0; r0 < pr1; r0 += B)
+      for (int64_t r0 = pr0; r0 < pr1; r0 += H)
         if (!tile(r0, c0)) return false;
   }
   return true;
@@ -727,6 +789,17 @@ using hwy_common::kParallelMin;
 /// least one) × columns (a multiple of every target's lane count).
 constexpr int64_t kPanelRows = 128;
 constexpr int64_t kPanelCols = 128;
+
+/// Rows of x per tile of the transposed kernel (Plan::H) for blocks of B: B itself when it is
+/// a multiple of 16; else the smallest multiple of both B and 16 (16 for B = 8, 48 for B = 24),
+/// so that a column of a tile fills whole vectors, its SR bytes are whole Philox blocks and the
+/// RHT's 16-row chunks lie inside it; B again when that multiple would exceed 256 rows (odd B
+/// over 16, ...), where each block's last vector is a partial one.
+int64_t tile_rows(int64_t B) {
+  if (B % 16 == 0) return B;
+  const int64_t l = B / std::gcd(B, int64_t{16}) * 16;
+  return l <= 256 ? l : B;
+}
 
 /// Outputs of at least this many bytes are written with streaming (non-temporal) stores when
 /// their address allows it (64-byte aligned): they would not stay in a core's caches anyway, and
@@ -908,9 +981,10 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   hwy_common::check_transposed_shape(where, rows, cols, rht);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
-  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && spec.block % 16 != 0);
+  const int64_t H = qf::tile_rows(spec.block);
+  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && H % 16 != 0);
   if (!fast) {
-    // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling blocks).
+    // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling tiles).
     hwy_common::transpose(x, rows, cols, out);
     if (rht) rht16_rows(out, cols, rows, precision);
     quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
@@ -919,16 +993,17 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
   p.rht = rht;
   p.rht_bf16 = rht && precision == RhtPrecision::BF16;
+  p.H = H;
   p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
   if (p.stream) {
     // With streaming stores the output's scattered lines cost no reads, and walking strips of
     // one block of rows across the unit's columns reads x in long runs: the fastest order
     // measured.
-    p.panel_rows = std::max<int64_t>(1, qf::kStreamUnitRows / p.B) * p.B;
+    p.panel_rows = std::max<int64_t>(1, qf::kStreamUnitRows / H) * H;
     p.panel_cols = qf::kStreamUnitCols;
   } else {
-    p.panel_rows = std::max<int64_t>(1, qf::kPanelRows / p.B) * p.B;
+    p.panel_rows = std::max<int64_t>(1, qf::kPanelRows / H) * H;
     p.panel_cols = qf::kPanelCols;
   }
   const int64_t units = ((rows + p.panel_rows - 1) / p.panel_rows) *
