@@ -802,3 +802,108 @@ TEST(QuantFast, Bf16RhtBitExact) {
                  NonFiniteError);
   });
 }
+
+// ------------------------------------------------------------------------------------------
+// Every block size a recipe accepts (fp4.block in 1..256) runs SIMD, also where a block is not
+// a whole vector (8 on AVX-512, 4 on AVX2) or a vector does not hold whole blocks (12, 24):
+// docs/numerics.md "Block sizes and the fast path". Rows (1-D and 2-D tiles) and the
+// quantize-transpose (with and without the RHT), RNE and SR8, ragged edges, every target.
+TEST(QuantFast, BlockSizesBitExact) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{96, 64}, {37, 53}, {64, 130}, {48, 200}};
+  for_each_target([&](const std::string&) {
+    int k = 0;
+    for (int block : {8, 32, 4, 12, 24, 2, 40})
+      for (Rounding r : kRoundings)
+        for (const Shape& sh : shapes) {
+          const Dist d = kDists[k % 4];
+          const ScaleFormat f = kFormats[k % 4];
+          const size_t offset = size_t(k % 5 == 4 ? 4 : 0);
+          ++k;
+          const auto x = make_data(d, size_t(sh.rows * sh.cols), 7000 + k);
+          const float g = tensor_amax(x.data(), int64_t(x.size()));
+          check_rows(x, sh.rows, sh.cols, make_spec(f, r, block), g, "block rows", offset);
+          check_rows(x, sh.rows, sh.cols, make_spec(f, r, block, true), g, "block 2D", offset);
+          check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block), g, false, "block T", offset);
+          if (sh.rows % 16 == 0)
+            check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block), ref_amax_rht(x, sh.rows, sh.cols),
+                             true, "block T RHT", offset);
+        }
+  });
+}
+
+// Blocks of 8 and 32 on the adversarial tensors (zero blocks, values at and above 6·d_b,
+// one huge among tiny ones, subnormals), with the references that push scales to their ends.
+TEST(QuantFast, BlockSizesAdversarial) {
+  std::mt19937_64 rng(19);
+  const auto inputs = adversarial_inputs(rng);
+  for_each_target([&](const std::string&) {
+    for (const auto& [name, v] : inputs) {
+      const float amax = tensor_amax(v.data(), int64_t(v.size()));
+      for (int block : {8, 32})
+        for (ScaleFormat f : kFormats)
+          for (Rounding r : kRoundings)
+            for (float g : {amax, 0.f, 1e-38f, FLT_MAX})
+              for (int64_t cols : {int64_t{8}, int64_t{17}, int64_t{48}}) {
+                const int64_t rows = std::min<int64_t>(int64_t(v.size()) / cols, 64);
+                const std::vector<float> x(v.begin(), v.begin() + rows * cols);
+                const std::string what = name + " block " + std::to_string(block);
+                check_rows(x, rows, cols, make_spec(f, r, block), g, what);
+                check_rows(x, rows, cols, make_spec(f, r, block, true), g, what + " 2D");
+                check_transposed(x, rows, cols, make_spec(f, r, block), g, false, what + " T");
+              }
+    }
+  });
+}
+
+// A non-finite element in any block of 8 or 32 makes the fast quantizers throw the scalar
+// reference's message (rows, 2-D tiles, in place, the quantize-transpose).
+TEST(QuantFast, BlockSizesNonFiniteThrowLikeScalar) {
+  for_each_target([&](const std::string&) {
+    for (int block : {8, 32})
+      for (int64_t pos : {int64_t{0}, int64_t{9}, int64_t{40 * 53 - 1}, int64_t{23 * 53 + 30}}) {
+        auto x = make_data(Dist::Normal, 40 * 53, 3);
+        x[size_t(pos)] = pos % 2 ? -std::numeric_limits<float>::infinity()
+                                 : std::numeric_limits<float>::quiet_NaN();
+        std::string want;
+        try {
+          tensor_amax(x.data(), int64_t(x.size()));
+        } catch (const NonFiniteError& e) {
+          want = after_colon(e.what());
+        }
+        ASSERT_FALSE(want.empty());
+        for (bool two_d : {false, true}) {
+          std::vector<float> io = x;
+          try {
+            quantize_dequantize_fast(io.data(), 40, 53, make_spec(ScaleFormat::UE5M3, Rounding::SR8, block, two_d),
+                                     1.f, &kKey, io.data());
+            ADD_FAILURE() << "no throw, block " << block << " pos " << pos;
+          } catch (const NonFiniteError& e) {
+            EXPECT_EQ(after_colon(e.what()), want) << "block " << block << " pos " << pos;
+          }
+        }
+        std::vector<float> out(x.size());
+        EXPECT_THROW(quantize_dequantize_transposed_fast(x.data(), 40, 53,
+                                                         make_spec(ScaleFormat::E4M3, Rounding::RNE, block),
+                                                         1.f, nullptr, false, out.data()),
+                     NonFiniteError);
+      }
+  });
+}
+
+// Large outputs with streaming stores forced, at blocks 8 and 24: the walks' whole-line stores
+// (aligned, and assembled from two vectors on 16-lane targets when out is misaligned).
+TEST(QuantFast, BlockSizesStreamingStores) {
+  const auto x = make_data(Dist::Normal, 256 * 192, 23);
+  const float g = tensor_amax(x.data(), int64_t(x.size()));
+  for_each_target([&](const std::string&) {
+    for (int block : {8, 24})
+      for (Rounding r : kRoundings)
+        for (size_t offset : {0, 4, 9}) {
+          check_rows(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, "stream rows", offset);
+          check_transposed(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, false, "stream T", offset);
+        }
+  });
+}
