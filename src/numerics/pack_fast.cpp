@@ -749,6 +749,13 @@ void share(int64_t units, int nt, int id, int64_t& u0, int64_t& u1) {
 }  // namespace
 }  // namespace pf
 
+std::string pack_fast_slow_path(const BlockQuantSpec& spec) {
+  // The row-wise answer covers the forced hook and the specs without any SIMD kernel.
+  if (std::string why = quant_fast_slow_path(spec, false, false); !why.empty()) return why;
+  if (!pf::packable(spec)) return "scalar quantize_blocks, then pack (MXFP4 has no fused packer)";
+  return "";
+}
+
 void quantize_pack_fast(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                         float g, const SrKey* sr, QTensor& out) {
   const char* where = "quantize_pack_fast";

@@ -60,6 +60,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -924,6 +925,49 @@ bool quant_fast_supports(const BlockQuantSpec& spec) {
   return qf::known_scale_format(spec.scale_format) && spec.block > 0 && spec.element.is_e2m1() &&
          spec.scale_desc == nullptr && rule_ok;
 }
+
+namespace {
+/// quant_fast_force_slow_path's switch: −1 until read from FP4_TEST_FORCE_SLOW_PATH.
+std::atomic<int> g_force_slow{-1};
+
+bool forced_slow() {
+  int f = g_force_slow.load(std::memory_order_relaxed);
+  if (f < 0) {
+    const char* e = std::getenv("FP4_TEST_FORCE_SLOW_PATH");
+    f = e != nullptr && std::string(e) == "1" ? 1 : 0;
+    g_force_slow.store(f, std::memory_order_relaxed);
+  }
+  return f == 1;
+}
+
+/// Why spec has no SIMD kernel (quant_fast_supports is false): the element or scale format
+/// or scale rule the kernels do not implement.
+std::string unsupported_reason(const BlockQuantSpec& spec) {
+  if (!spec.element.is_e2m1()) return "element format " + spec.element.name();
+  const FloatFormat& f = spec_scale_format(spec);
+  if (spec.scale_rule != ScaleRule::TensorScaled && spec.scale_format != ScaleFormat::UE8M0)
+    return std::string("scale rule ") + scale_rule_name(spec.scale_rule) + " with scale format " +
+           f.name;
+  return std::string("scale format ") + f.name;
+}
+}  // namespace
+
+std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht) {
+  if (forced_slow()) return "scalar reference quantizer (forced by a test hook)";
+  if (!quant_fast_supports(spec))
+    return "scalar reference quantizer (" + unsupported_reason(spec) + " has no SIMD kernel)";
+  if (!transposed) return "";
+  if (spec.two_d)
+    return "composed quantize-transpose (FP32 transpose, then the row kernel: 2-D tiles of the "
+           "transposed operand)";
+  if (rht && qf::tile_rows(spec.block) % 16 != 0)
+    return "composed quantize-transpose (FP32 transpose, scalar RHT, row kernel: the RHT's "
+           "16-row chunks straddle tiles of block " +
+           std::to_string(spec.block) + ")";
+  return "";
+}
+
+void quant_fast_force_slow_path(bool on) { g_force_slow.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 float amax_fast(const float* x, int64_t n) {
   if (n < 0) throw std::invalid_argument("amax_fast: negative length");

@@ -79,6 +79,14 @@ void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                    const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
                                    QTensor& out);
 
+/// Which path quantize_pack_fast / quantize_pack_transposed_fast (and a probe-matched linear's
+/// operands, docs/numerics.md "GEMM emulation") take for spec when it is not a fused SIMD
+/// packer: "" if it is one (every block size, 1-D and 2-D); else a phrase naming the scalar
+/// path, e.g. "scalar quantize_blocks, then pack (MXFP4 has no fused packer)", for a run's one
+/// warning (docs/performance.md "Block sizes and the quantizer's fast path"). Honours
+/// quant_fast_force_slow_path. Throws nothing.
+std::string pack_fast_slow_path(const BlockQuantSpec& spec);
+
 /// x̂ [t.rows, t.cols] (row-major FP32) = e2m1_decode(code) · (scale_decode(scale code) ·
 /// decode_scale): bit-identical to dequantize(t, out) (qtensor.h; docs/numerics.md "Quantizing one
 /// operand", x̂ = q · d_b). Parallel over rows; bits do not depend on the thread count.

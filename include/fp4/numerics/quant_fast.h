@@ -90,6 +90,24 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPreci
 /// falling back to the scalar reference. Results are identical either way.
 bool quant_fast_supports(const BlockQuantSpec& spec);
 
+/// Which path quantize_dequantize_fast (transposed = false) or
+/// quantize_dequantize_transposed_fast (transposed = true, with the RHT if rht) takes for spec,
+/// when it is not the fused SIMD kernel: "" if it is the SIMD kernel; otherwise a phrase naming
+/// the slower path and why, for a run's one warning (docs/performance.md "Block sizes and the
+/// quantizer's fast path"), e.g. "scalar reference quantizer (scale format ue4m3 has no SIMD
+/// kernel)" or "composed quantize-transpose (FP32 transpose, scalar RHT, row kernel: the RHT's
+/// 16-row chunks straddle tiles of block 17)". Every block size 1..kMaxBlock takes the SIMD
+/// kernels, 1-D and 2-D, with and without the RHT, except the RHT with a block whose smallest
+/// common multiple with 16 exceeds 256 rows (odd blocks over 16, ...) and 2-D tiles of the
+/// transposed operand. Results are bit-identical on every path. Throws nothing.
+std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht);
+
+/// Test hook: while on, quant_fast_slow_path names a (pretended) slow path for every spec,
+/// "scalar reference quantizer (forced by a test hook)", so that tests can see a run's warning
+/// and the comparison report's "slow path" mark without a slow recipe. Kernels are unchanged.
+/// Also switched on by the environment variable FP4_TEST_FORCE_SLOW_PATH=1 (read once).
+void quant_fast_force_slow_path(bool on);
+
 /// SIMD Philox4x32-10: out[0..n) = sr_byte(key, first + j), identical to sr_bytes.
 void sr_bytes_fast(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out);
 
