@@ -114,6 +114,22 @@ void print_header(const ProfileArgs& a, const std::string& cfg_name, const RunCo
         load.describe().c_str());
 }
 
+// The run's one warning when a quantizer path is slower than the fused SIMD kernels
+// (slow_quantizer_paths, docs/performance.md "Block sizes and the quantizer's fast path"),
+// with what quantization measured here.
+void print_slow_path(const std::string& slow, const ProfileResult& p, int steps) {
+  if (slow.empty()) return;
+  double quant_s = 0;
+  for (int c = 0; c < int(prof::Cat::kCount); ++c) {
+    const std::string nm = prof::name(prof::Cat(c));
+    if (nm.rfind("quant.", 0) == 0 || nm == "transpose") quant_s += p.totals.seconds[c];
+  }
+  std::printf(
+      "warning: slow quantizer path (the fused SIMD kernels do not cover it, so step times are "
+      "longer, not the machine busier): %s; quantization measured %.1f ms of the %.1f ms step\n",
+      slow.c_str(), quant_s * 1e3 / steps, p.mean_step_ms);
+}
+
 // The component table (ms per step, % of the step, GFLOP/s, calls per step over n steps)
 // and the GEMM and quantization shares.
 void print_components(const std::vector<Row>& rows, double total, int n) {
@@ -172,7 +188,8 @@ void print_memory(const ProfileResult& p) {
 void write_profile_json(const ProfileArgs& a, const Settings& sets, const Recipe& recipe,
                         const RunConfig& cfg, const ProfileResult& p, const Rates& r,
                         const prof::PeakRate& peak, const std::vector<Row>& rows,
-                        const prof::ComputePaths& compute, const MachineLoad& load) {
+                        const prof::ComputePaths& compute, const MachineLoad& load,
+                        const std::string& slow_path) {
   const int n = a.steps;
   const double total = total_seconds(p.totals);
   const nn::Model::MemoryUse& mem = p.memory;
@@ -213,6 +230,7 @@ void write_profile_json(const ProfileArgs& a, const Settings& sets, const Recipe
               {"linear_scratch", mem.linear_scratch},
               {"linear_workspace", mem.linear_workspace}}}};
   for (const auto& [k, v] : compute.fields()) j["compute"][k] = v;
+  if (!slow_path.empty()) j["slow_path"] = slow_path;
   write_file_atomic(a.json_file, j.dump(2) + "\n");
 }
 
@@ -240,12 +258,14 @@ void run_profile(const ProfileArgs& a) {
   const prof::ComputePaths compute = prof::compute_paths();
   const MachineLoad load = machine_load();
   print_header(a, cfg_name, cfg, recipe, p, compute, load);
+  const std::string slow = slow_quantizer_paths(run.plans);
+  print_slow_path(slow, p, a.steps);
   const std::vector<Row> rows = component_rows(p.totals);
   print_components(rows, total_seconds(p.totals), a.steps);
   print_rates(p, rates, peak, cfg);
   print_memory(p);
   if (!a.json_file.empty() && dist::rank() == 0)  // rank 0 alone writes (under mpirun)
-    write_profile_json(a, run.sets, recipe, cfg, p, rates, peak, rows, compute, load);
+    write_profile_json(a, run.sets, recipe, cfg, p, rates, peak, rows, compute, load, slow);
 }
 }  // namespace
 

@@ -26,6 +26,8 @@
 #include "fp4/train/metrics_log.h"
 #include "fp4/base/profile.h"
 #include "fp4/gemm/machine.h"
+#include "fp4/numerics/pack_fast.h"
+#include "fp4/numerics/quant_fast.h"
 #include "fp4/base/safetensors.h"
 #include "fp4/base/words.h"
 #include "fp4/train/resolved_run.h"
@@ -137,6 +139,35 @@ std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) 
   return o.str();
 }
 
+std::string slow_quantizer_paths(const ResolvedLinears& res) {
+  // Each distinct slow path, first seen first, with the GEMM operands that take it.
+  std::vector<std::pair<std::string, std::vector<std::string>>> found;
+  const std::pair<Gemm, Operand> uses[] = {{Gemm::Fprop, Operand::X}, {Gemm::Fprop, Operand::W},
+                                           {Gemm::Dgrad, Operand::DY}, {Gemm::Dgrad, Operand::W},
+                                           {Gemm::Wgrad, Operand::DY}, {Gemm::Wgrad, Operand::X}};
+  for (const LinearPlan& p : res.plans) {
+    if (p.mode != LinearMode::FP4) continue;
+    for (const auto& [g, op] : uses) {
+      const bool transposed = g == Gemm::Wgrad;  // the wgrad operands are quantize-transposes
+      const std::string why = p.probe() ? pack_fast_slow_path(p.spec(g, op))
+                                        : quant_fast_slow_path(p.spec(g, op), transposed,
+                                                               transposed && p.rht_wgrad);
+      if (why.empty()) continue;
+      const std::string use = std::string(gemm_name(g)) + " " + operand_name(op);
+      auto it = std::find_if(found.begin(), found.end(), [&](const auto& f) { return f.first == why; });
+      if (it == found.end()) it = found.insert(found.end(), {why, {}});
+      if (std::find(it->second.begin(), it->second.end(), use) == it->second.end())
+        it->second.push_back(use);
+    }
+  }
+  std::string line;
+  for (const auto& [why, used] : found) {
+    line += (line.empty() ? "" : "; ") + why + ":";
+    for (size_t i = 0; i < used.size(); ++i) line += (i ? ", " : " ") + used[i];
+  }
+  return line;
+}
+
 double heldout_nll(nn::Model& model, const TokenStream& tokens,
                    const std::vector<int64_t>& starts, int seq_len, int batch, bool quantize) {
   if (starts.empty()) throw UserError("held-out split has fewer than seq_len + 1 tokens");
@@ -225,6 +256,7 @@ struct TrainRun {
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;
   prof::ComputePaths compute;
+  std::string slow_path;  // slow_quantizer_paths of the plans: warned at the start, in summary.json
   TrainSummary sum;
   double train_seconds = 0, window_seconds = 0, wall_before = 0;
   bool have_eval = false;
@@ -433,6 +465,12 @@ void TrainRun::print_header(const std::string& metrics_note) {
   }
   compute = prof::compute_paths();
   log("compute: " + compute.line());
+  slow_path = slow_quantizer_paths(model->resolved_linears());
+  if (rank0 && !slow_path.empty())
+    std::fprintf(stderr,
+                 "warning: slow quantizer path (the fused SIMD kernels do not cover it, so step "
+                 "times are longer, not the machine busier): %s\n",
+                 slow_path.c_str());
 
   if (ck) {
     log("resumed at step " + std::to_string(start) + " of " + std::to_string(tc.steps) + "; " +
@@ -700,6 +738,7 @@ void TrainRun::finish() {
     js["mfu"] = sum.mfu;
   }
   for (const auto& [k, v] : compute.fields()) js["compute"][k] = v;
+  if (!slow_path.empty()) js["slow_path"] = slow_path;
   if (const MachineLoad ml = machine_load(); ml.load1 > worst_load.load1) worst_load = ml;
   js["machine_load"] = {{"max_load1", worst_load.load1},
                         {"cores", worst_load.cores},

@@ -93,6 +93,15 @@ ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg);
 /// Throws what resolve_linear_plans throws.
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model);
 
+/// The quantizer paths of a run that are slower than the fused SIMD kernels, as one line for
+/// its warning and summary.json's "slow_path": "" when every FP4 operand of every linear takes
+/// a SIMD kernel; else each distinct path (fp4::quant_fast_slow_path, or
+/// fp4::pack_fast_slow_path for probe-matched linears) followed by the GEMM operands that take
+/// it, e.g. "scalar reference quantizer (scale format ue4m3 has no SIMD kernel): fprop x,
+/// fprop w, ...", several joined by "; " (docs/performance.md "Block sizes and the
+/// quantizer's fast path"). Throws nothing.
+std::string slow_quantizer_paths(const ResolvedLinears& plans);
+
 struct TrainOptions {
   std::filesystem::path out_dir;   ///< run directory (created; must not hold a previous run)
   std::string config_name = "run";
