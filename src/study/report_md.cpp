@@ -337,7 +337,9 @@ void write_definitions(std::ostringstream& o, const std::vector<RunRecord>& runs
        "5th, all seeds pooled; evaluation excluded). **Step time vs fp32**: that median over "
        "fp32's. Runs were sequential on one machine; shared machines are noisy, so read "
        "ratios, not absolute times. A ratio is marked, in parentheses, when it is not a "
-       "measurement to rely on: *busy machine* (a run saw more runnable threads than cores, "
+       "measurement to rely on: *slow path* (a run's quantizers took a path slower than the "
+       "fused SIMD kernels, summary.json slow_path, docs/performance.md \"Block sizes and the "
+       "quantizer's fast path\"), *busy machine* (a run saw more runnable threads than cores, "
        "summary.json machine_load), *N steps* (fewer than 10 timed steps), *spread P%* (the "
        "interquartile range of the step times above half their median); *fp32: …* when the "
        "reference is.\n";

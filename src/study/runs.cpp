@@ -168,6 +168,7 @@ json read_outcome(const fs::path& dir, RunRecord& r) {
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
     if (s.contains("machine_load") && s["machine_load"].is_object())
       r.busy_machine = s["machine_load"].value("busy", false);
+    if (s.contains("slow_path") && s["slow_path"].is_string()) r.slow_path = s["slow_path"].get<std::string>();
     if (s.contains("compute") && s["compute"].is_object() && s["compute"].contains("cpu") &&
         s["compute"]["cpu"].is_string())
       r.cpu = s["compute"]["cpu"].get<std::string>();
@@ -469,6 +470,8 @@ bool add_loss_and_timing(RecipeRow& row, const std::vector<RunRecord>& runs) {
   if (ms.size() >= 4) row.step_spread = step_spread(ms, row.median_step_ms);
   for (const auto& r : runs)
     if (r.recipe == row.recipe && r.busy_machine) ++row.busy_runs;
+  for (const auto& r : runs)
+    if (r.recipe == row.recipe && !r.slow_path.empty()) ++row.slow_path_runs;
   return true;
 }
 
@@ -534,12 +537,15 @@ void add_baseline_columns(std::vector<RecipeRow>& rows, const std::vector<RunRec
   }
 }
 
-// Why a row's own timing should not be read as a measurement: "busy machine", "N steps",
-// "spread P%", comma-separated; "" when none applies.
+// Why a row's own timing should not be read as a measurement: "slow path" (a run took a
+// quantizer path slower than the SIMD kernels: docs/performance.md "Block sizes and the
+// quantizer's fast path"; it explains the time, so "busy machine" is then left out), "busy
+// machine", "N steps", "spread P%", comma-separated; "" when none applies.
 std::string own_timing_note(const RecipeRow& r) {
   std::string n;
   auto add = [&](const std::string& x) { n += (n.empty() ? "" : ", ") + x; };
-  if (r.busy_runs > 0) add("busy machine");
+  if (r.slow_path_runs > 0) add("slow path");
+  else if (r.busy_runs > 0) add("busy machine");
   if (r.timed_steps < 10) add(std::to_string(r.timed_steps) + " step" + (r.timed_steps == 1 ? "" : "s"));
   if (r.step_spread > 0.5) add(fmt("spread %.0f%%", 100 * r.step_spread));
   return n;

@@ -109,6 +109,36 @@ TEST(Report, UnreliableStepTimesAreMarked) {
   EXPECT_EQ(rows2[1].timing_note, "busy machine; fp32: busy machine");
 }
 
+// A run that took a slow quantizer path (summary.json slow_path) marks its recipe's ratio
+// "slow path", and not "busy machine" even when the machine was busy too: the recipe explains
+// the time (docs/performance.md "Block sizes and the quantizer's fast path").
+TEST(Report, SlowQuantizerPathIsMarkedNotBlamedOnTheMachine) {
+  std::vector<RunRecord> runs = {run("fp32", 5.0, 10, 1), run("fp32", 5.0, 10, 1),
+                                 run("a", 5.0, 20, 1), run("a", 5.0, 20, 1)};
+  for (auto& r : runs)  // steps 11..20 too: 15 timed steps, so no "5 steps" mark
+    for (int st = 11; st <= 20; ++st) r.step.push_back(st), r.step_ms.push_back(r.step_ms.back());
+  runs[2].busy_machine = true;
+  runs[3].slow_path = "scalar reference quantizer (scale format ue4m3 has no SIMD kernel): fprop x";
+  const auto rows = aggregate_runs(runs, {"fp32", "a"});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].slow_path_runs, 1);
+  EXPECT_EQ(rows[1].timing_note, "slow path");
+  EXPECT_EQ(rows[0].timing_note, "");
+  const std::string md = comparison_report_md(rows, runs, ReportContext{});
+  EXPECT_NE(md.find("| 2.00× (slow path) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("*slow path* (a run's quantizers took a path slower"), std::string::npos) << md;
+  // read_run takes it from summary.json
+  const fs::path d = fs::temp_directory_path() / ("fp4_report_slow_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d / "summary.json") << R"({"status":"completed","recipe":"a","seed":3,"steps":2,
+    "final_window_loss":5.5,"tokens_per_s":10,"heldout_nll":5.6,"heldout_nll_quant":5.6,
+    "slow_path":"scalar reference quantizer (forced by a test hook): fprop x"})";
+  std::ofstream(d / "metrics.jsonl") << "{\"step\":1,\"loss\":6,\"grad_norm\":1}\n";
+  EXPECT_EQ(read_run(d).slow_path, "scalar reference quantizer (forced by a test hook): fprop x");
+  fs::remove_all(d);
+}
+
 TEST(Report, AggregateWithoutBaselinesGivesDashes) {
   const auto rows = aggregate_runs({run("a", 5.0, 10, 1)}, {});
   ASSERT_EQ(rows.size(), 1u);

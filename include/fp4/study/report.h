@@ -36,6 +36,9 @@ struct RunRecord {
   /// summary.json machine_load.busy: the machine had more runnable threads than cores at a
   /// progress line or at the end (fp4/base/machine_load.h); false where the summary predates it.
   bool busy_machine = false;
+  /// summary.json slow_path: the quantizer paths slower than the fused SIMD kernels that the
+  /// run took (fp4::slow_quantizer_paths); "" when none, or where the summary predates it.
+  std::string slow_path;
   std::vector<int> step;              ///< logged steps, ascending (metrics.jsonl)
   std::vector<double> loss;           ///< training loss at step[i] (nats/token)
   std::vector<double> grad_norm;      ///< global gradient norm before clipping at step[i]
@@ -214,9 +217,11 @@ struct RecipeRow {
   /// Interquartile range of those step times over their median (0 when fewer than 4).
   double step_spread = 0;
   int busy_runs = 0;                     ///< runs timed on a busy machine (RunRecord::busy_machine)
+  int slow_path_runs = 0;                ///< runs that took a slow quantizer path (RunRecord::slow_path)
   /// Why median_step_ms (or fp32's, for step_ratio_fp32) is not a reliable timing: "" or a
   /// list such as "busy machine, 3 steps" (fewer than 10 timed steps, a spread above 50%,
-  /// any run on a busy machine).
+  /// any run on a busy machine), or "slow path" first when a run took a slow quantizer path
+  /// (then not "busy machine": the recipe, not the machine, explains the time).
   std::string timing_note;
   std::string task;                      ///< the runs' downstream task ("" when none has one)
   std::string task_items_hash;           ///< the items its task rows are measured on
