@@ -62,4 +62,26 @@ s = json.load(open(sys.argv[1]))
 assert s["mfu"] > 0 and s["peak_gflops"] > 0
 assert abs(s["mfu"] - s["model_flops_per_token"] * s["tokens_per_s"] / (s["peak_gflops"] * 1e9)) < 1e-12
 PY
+# --- a slow quantizer path: one warning naming it, in the JSON and in summary.json ---------
+# (docs/performance.md "Block sizes and the quantizer's fast path"). ue4m3 scales have no SIMD
+# kernel; block 8 has one (no warning); the test hook pretends a slow path for train.
+out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --set fp4.scale_format=ue4m3 \
+      --steps 1 --warmup 0 --peak-gflops 50 --json "$work/slow.json") || fail "profile (ue4m3) failed"
+[ "$(echo "$out" | grep -c '^warning: slow quantizer path')" -eq 1 ] || fail "one slow-path warning expected: $out"
+echo "$out" | grep -q "scalar reference quantizer (scale format ue4m3 has no SIMD kernel): fprop x, fprop w, dgrad dy, dgrad w, wgrad dy, wgrad x; quantization measured [0-9.]* ms of the [0-9.]* ms step" \
+  || fail "slow-path warning: $out"
+$py -c 'import json,sys; assert "ue4m3" in json.load(open(sys.argv[1]))["slow_path"]' "$work/slow.json" || fail "profile JSON lacks slow_path"
+out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --set fp4.block=8 --steps 1 \
+      --warmup 0 --peak-gflops 50 --json "$work/b8.json") || fail "profile (block 8) failed"
+echo "$out" | grep -q "slow quantizer path" && fail "block 8 takes the SIMD kernels: $out"
+$py -c 'import json,sys; assert "slow_path" not in json.load(open(sys.argv[1]))' "$work/b8.json" || fail "block 8 JSON has slow_path"
+FP4_TEST_FORCE_SLOW_PATH=1 "$bin" train --config "$work/micro.toml" --recipe ue5m3-b16 --steps 2 \
+  --peak-gflops 50 --out "$work/slowrun" >"$work/t2" 2>"$work/e2" || fail "train (forced slow path) failed"
+[ "$(grep -c '^warning: slow quantizer path' "$work/e2")" -eq 1 ] || fail "train: one warning expected: $(cat "$work/e2")"
+$py -c 'import json,sys; assert "forced by a test hook" in json.load(open(sys.argv[1]))["slow_path"]' \
+  "$work/slowrun/summary.json" || fail "summary.json lacks slow_path"
+"$bin" train --config "$work/micro.toml" --recipe ue5m3-b16 --steps 2 --peak-gflops 50 \
+  --out "$work/fastrun" >/dev/null 2>"$work/e3" || fail "train failed"
+grep -q "slow quantizer path" "$work/e3" && fail "train warned without a slow path: $(cat "$work/e3")"
+$py -c 'import json,sys; assert "slow_path" not in json.load(open(sys.argv[1]))' "$work/fastrun/summary.json" || fail "fast run has slow_path"
 echo "profile_cli: ok"
