@@ -4,6 +4,7 @@
 // tensor ([4096, 4096] FP32) on 2 threads.
 //
 //   ./build/bench_quant --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//   ./build/bench_quant --benchmark_filter=BlockSizeRatios   # blocks 8 and 32 over 16
 //
 // Every benchmark reports bytes_per_second = rows·cols·4 bytes of FP32 input per iteration,
 // runs with omp_get_max_threads() threads (OMP_NUM_THREADS), and is labelled with the SIMD
@@ -219,6 +220,47 @@ void BM_TransposedRhtBf16VsFp32(benchmark::State& state) {
   finish(state, t);
 }
 
+/// Blocks of 8 and 32 against blocks of 16 (docs/performance.md "Block sizes and the
+/// quantizer's fast path"), in one loop: each iteration times one call of the kernel per block
+/// size, alternately, so that a busy machine slows all three alike. Kernel (arg 2): 0 rows
+/// (fprop X, dgrad dY), 1 2-D tiles (weights), 2 quantize-transpose (wgrad), 3 packed rows,
+/// 4 packed quantize-transpose (probe-matched GEMMs); arg 3: SR8. Counters b8_over_b16 and
+/// b32_over_b16 = Σ t_B / Σ t_16; the time and bytes are those of the three calls together.
+void BM_BlockSizeRatios(benchmark::State& state) {
+  Tensor& t = tensor(state.range(0), state.range(1));
+  const int kernel = int(state.range(2));
+  const Rounding r = state.range(3) ? Rounding::SR8 : Rounding::RNE;
+  const float g = amax_fast(t.x.p, t.rows * t.cols);
+  QTensor q;
+  auto call = [&](int block) {
+    BlockQuantSpec s = spec(r, ScaleFormat::UE5M3, kernel == 1);
+    s.block = block;
+    switch (kernel) {
+      case 0:
+      case 1: quantize_dequantize_fast(t.x.p, t.rows, t.cols, s, g, &kKey, t.out.p); break;
+      case 2:
+        quantize_dequantize_transposed_fast(t.x.p, t.rows, t.cols, s, g, &kKey, false, t.out.p);
+        break;
+      case 3: quantize_pack_fast(t.x.p, t.rows, t.cols, s, g, &kKey, q); break;
+      default: quantize_pack_transposed_fast(t.x.p, t.rows, t.cols, s, g, &kKey, false, q); break;
+    }
+    benchmark::ClobberMemory();
+  };
+  using clk = std::chrono::steady_clock;
+  const int blocks[3] = {8, 16, 32};
+  double sec[3] = {0, 0, 0};
+  for (auto _ : state) {
+    for (int i = 0; i < 3; ++i) {
+      const auto a = clk::now();
+      call(blocks[i]);
+      sec[i] += std::chrono::duration<double>(clk::now() - a).count();
+    }
+  }
+  state.counters["b8_over_b16"] = sec[1] > 0 ? sec[0] / sec[1] : 0;
+  state.counters["b32_over_b16"] = sec[1] > 0 ? sec[2] / sec[1] : 0;
+  finish(state, t);
+}
+
 /// The fast kernels writing to an output that is only 16-byte aligned (what std::vector's large
 /// allocations give with glibc): plain stores, no streaming.
 void BM_QdqFastUnaligned(benchmark::State& state) {
@@ -379,6 +421,13 @@ void ShapesSrRht(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+void BlockSizeKernels(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "kernel", "sr"});
+  for (int64_t kernel = 0; kernel < 5; ++kernel)
+    for (int64_t sr : {0, 1}) b->Args({4096, 1024, kernel, sr});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
 BENCHMARK(BM_Copy)->Apply(Shapes);
@@ -389,6 +438,7 @@ BENCHMARK(BM_QdqFast2D)->Apply(Shapes);
 BENCHMARK(BM_TransposedScalar)->Apply(ShapesSrRht);
 BENCHMARK(BM_TransposedFast)->Apply(ShapesSrRht);
 BENCHMARK(BM_TransposedRhtBf16VsFp32)->Apply(Shapes);
+BENCHMARK(BM_BlockSizeRatios)->Apply(BlockSizeKernels);
 BENCHMARK(BM_QdqFastUnaligned)->Apply(Shapes);
 BENCHMARK(BM_TransposedFastUnaligned)->Apply(Shapes);
 BENCHMARK(BM_PackScalar)->Apply(ShapesSr);

@@ -286,7 +286,16 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
         for (int64_t j = c0; j < c1; j += N) hn::StoreU(ev, df, er + j);
       }
     } else {
-      for (int64_t c = 0; c < cols; ++c) er[c] = s.e[static_cast<size_t>(c / B)];
+      // Blocks that are not whole vectors (8 on 16 lanes): a walk of whole vectors along the
+      // row, each lane's e_b looked up from its block (the row kernel's of quant_fast.cpp).
+      const int64_t qN = N / B, rN = N % B, kmax = (B + N - 2) / B;
+      int64_t bc0 = 0, o0 = 0;
+      VI rel = LaneBlockRel(0, B, kmax);
+      for (int64_t j = 0; j < cols; j += N) {  // the last store may run into erow's spare
+        hn::StoreU(LookupBlocks(s.e.data() + bc0, rel), df, er + j);
+        BlockWalkStep(B, qN, rN, bc0, o0);
+        if (rN != 0) rel = LaneBlockRel(o0, B, kmax);
+      }
     }
     // 4. element codes, row by row, then packed
     for (int64_t r = r0; r < r1; ++r) {

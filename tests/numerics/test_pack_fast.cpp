@@ -642,3 +642,25 @@ TEST(PackFast, SafetensorsRoundTripOfFastTensor) {
   std::filesystem::remove(file);
   expect_same(u, t, "round trip");
 }
+
+// Blocks of 8 and 32 (and 4, 12, 24, blocks that are not whole vectors on some target) on
+// every format and distribution, RNE and SR8, rows, 2-D tiles and the quantize-transpose with
+// and without the RHT: docs/numerics.md "Block sizes and the fast path".
+TEST(PackFast, BlockSizesBitExact) {
+  for_each_target([&](const std::string&) {
+    int k = 0;
+    for (int block : {8, 32, 4, 12, 24})
+      for (Rounding r : kRoundings)
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{96, 64}, {64, 130}, {48, 37}}) {
+          const ScaleFormat f = kFormats[k % 4];
+          const auto x = make_data(kDists[k % 4], size_t(rows * cols), 8100 + k);
+          ++k;
+          const float g = tensor_amax(x.data(), int64_t(x.size()));
+          check_pack(x, rows, cols, make_spec(f, r, block), g, "block", false);
+          check_pack(x, rows, cols, make_spec(f, r, block, true), g, "block 2D", false);
+          check_pack_t(x, rows, cols, make_spec(f, r, block), g, false, "block");
+          if (rows % 16 == 0)
+            check_pack_t(x, rows, cols, make_spec(f, r, block), ref_amax_rht(x, rows, cols), true, "block");
+        }
+  });
+}
