@@ -1,7 +1,9 @@
 // The Highway helpers that the fast quantizers (quant_fast.cpp) and packers (pack_fast.cpp)
 // share; not a public header. Per target: 2^k from bit patterns (Pow2), RNE or SR onto a scale
 // grid (RoundMag), the tensor-scaled block scale, the SR offsets, the E2M1 clamp and exponent,
-// block and tile amax, round_bf16 lane-wise, the vertical RHT16 and a tile's gather indices.
+// block and tile amax, the walk of whole vectors over blocks that are not whole vectors (each
+// lane's block: LaneBlockRel, LookupBlocks), round_bf16 lane-wise, the vertical RHT16 and a
+// tile's gather indices.
 // Compiled once: the scale parameters of a call (tensor scales, scale grid, SR key), the
 // argument checks of the quantize-transposes and their plain transpose. Contract:
 // docs/numerics.md "Rounding a magnitude", "Quantizing one operand", "Random Hadamard
@@ -288,10 +290,42 @@ HWY_INLINE int64_t SegmentedBlockAmax(const float* x, int64_t stride, int64_t nr
   return j / B;
 }
 
+/// Block amax of one row where blocks are whole vectors (B % Lanes == 0, Lanes > 1): groups of
+/// Lanes blocks, each block's vectors maxed lane-wise, then the Lanes vectors reduced together
+/// in log2(Lanes) levels of pairwise (ConcatEven, ConcatOdd) maxima, so that lane b of the
+/// result is block b's max (one vector per group instead of one horizontal max per block).
+/// Writes am[0 .. returned) (whole groups only); −1 if a block holds a NaN or Inf. Not on the
+/// one-lane target (no ConcatOdd there; one lane needs no horizontal max).
+#if HWY_TARGET != HWY_SCALAR
+HWY_INLINE int64_t GroupedBlockAmax(const float* x, int64_t cols, int64_t B, float* am) {
+  const DF df;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VI finite_max = hn::Set(di, 0x7F7FFFFF);
+  VI v[kMaxLanes];
+  int64_t bc = 0;
+  for (; (bc + N) * B <= cols; bc += N) {
+    for (int64_t k = 0; k < N; ++k) {
+      const float* xb = x + (bc + k) * B;
+      VI m = AbsBits(hn::LoadU(df, xb));
+      for (int64_t j = N; j < B; j += N) m = hn::Max(m, AbsBits(hn::LoadU(df, xb + j)));
+      v[k] = m;
+    }
+    for (int64_t n = N; n > 1; n /= 2)
+      for (int64_t k = 0; k < n / 2; ++k)
+        v[k] = hn::Max(hn::ConcatOdd(di, v[2 * k + 1], v[2 * k]), hn::ConcatEven(di, v[2 * k + 1], v[2 * k]));
+    if (!hn::AllFalse(di, hn::Gt(v[0], finite_max))) return -1;
+    hn::StoreU(hn::BitCast(df, v[0]), df, am + bc);
+  }
+  return bc;
+}
+#endif
+
 /// The block amax of a block-row: am[bc] = max |x| over block bc (exact, order-free: the max
 /// of the bit patterns), for the nbc = ceil(cols / B) blocks of B columns of the nrows rows at
 /// x (row stride `stride`), then Lanes zeros after them. Blocks that divide a vector go
-/// through SegmentedBlockAmax; the others (and the rest) block by block, in whole vectors and
+/// through SegmentedBlockAmax, a single row's blocks of whole vectors through
+/// GroupedBlockAmax; the others (and the rest) block by block, in whole vectors and
 /// a masked last one (a plain load that stays inside the block-row's rows; the block-row's
 /// very last elements one at a time). False (am partly written) if a block holds a NaN or Inf.
 HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int64_t cols, int64_t B,
@@ -304,6 +338,12 @@ HWY_INLINE bool BlockRowAmax(const float* x, int64_t stride, int64_t nrows, int6
     bc = SegmentedBlockAmax(x, stride, nrows, cols, B, am);
     if (bc < 0) return false;
   }
+#if HWY_TARGET != HWY_SCALAR
+  if (nrows == 1 && N > 1 && B % N == 0) {
+    bc = GroupedBlockAmax(x, cols, B, am);
+    if (bc < 0) return false;
+  }
+#endif
   const float* x_end = x + (nrows - 1) * stride + cols;  // one past the last element read
   for (; bc < nbc; ++bc) {
     const int64_t c0 = bc * B, len = std::min(B, cols - c0);

@@ -22,8 +22,10 @@
 // No multiply-add is ever fused: the project compiles with -ffp-contract=off and this file uses
 // Mul and Add separately (never MulAdd), also on the FMA-capable targets.
 //
-// Speed. The row kernel is one pass per block-row (amax, Lanes block scales at a time, elements).
-// The quantize-transpose works on tiles of one block of rows × Lanes columns: vertical loads
+// Speed. The row kernel is one pass per block-row (amax, Lanes block scales at a time, elements);
+// blocks that are not whole vectors (8 on AVX-512) are walked in whole vectors, each lane's
+// scales looked up from its block (docs/numerics.md "Block sizes and the fast path").
+// The quantize-transpose works on tiles of lcm(B, 16) rows × Lanes columns: vertical loads
 // (and the RHT as vertical butterflies), one block per lane for amax and scales, a gather per
 // output vector. Its output lines are scattered (one per column), so for large outputs it uses
 // streaming stores, which skip reading every output line first (3× faster here at 64 MiB);

@@ -56,8 +56,9 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
 /// g is the caller's tensor reference of the operand as quantized: with rht it must be the
 /// amax of the TRANSFORMED tensor (held or current), e.g. amax_rht16_transposed(x, rows, cols)
 /// for current scaling; without rht it is the amax of x itself (amax_fast(x, rows·cols)).
-/// out must not overlap x. spec.two_d (tiles of xᵀ), and the RHT with a block that is not a
-/// multiple of 16, go through a slower path (transpose, RHT, quantize_dequantize_fast in place).
+/// out must not overlap x. spec.two_d (tiles of xᵀ), and the RHT with a block whose smallest
+/// common multiple with 16 exceeds 256 (odd blocks over 16, ...), go through a slower path
+/// (transpose, RHT, quantize_dequantize_fast in place): quant_fast_slow_path names it.
 /// Throws what the reference composition throws: std::invalid_argument if rht and
 /// rows % 16 != 0 (the RHT works on 16-long chunks) and for the spec/g/sr errors above;
 /// NonFiniteError if x, or its RHT, holds NaN/Inf (the message names an element of x, or the
@@ -124,9 +125,9 @@ void quant_fast_use_target(const std::string& name);
 /// Large outputs are written with streaming (non-temporal) stores, which skip the read of every
 /// output line: by default outputs of ≥ 16 MiB for the quantize-transpose and ≥ 32 MiB for the
 /// row-wise quantizer (smaller ones stay in cache for the GEMM that reads them), when whole
-/// 64-byte lines can be formed (cols resp. rows % 16 == 0, block % 16 == 0; a 64-byte aligned out
-/// on every target, any float-aligned out on 16-lane targets (AVX-512), where misaligned lines
-/// are assembled in registers; the quantize-transpose into a misaligned out is still ~1.4×
+/// 64-byte lines can be formed (cols resp. rows % 16 == 0; transposed, lcm(block, 16) ≤ 256;
+/// a 64-byte aligned out on every target, any float-aligned out on 16-lane targets (AVX-512),
+/// where misaligned lines are assembled in registers; the quantize-transpose into a misaligned out is still ~1.4×
 /// slower than into an aligned one). Values never depend on it. Sets one threshold in bytes for
 /// both (a negative value restores the defaults) and returns the previous override (−1 if none);
 /// for tests and benchmarks, not thread-safe against concurrent kernel calls.
