@@ -235,8 +235,10 @@ HWY_INLINE VI LaneBlockRel(int64_t o0, int64_t B, int64_t kmax) {
   const DI di;
   const VI v = hn::Iota(di, static_cast<int32_t>(o0));
   VI rel = hn::Zero(di);
-  for (int64_t k = 1; k <= kmax; ++k)
-    rel = hn::Sub(rel, hn::VecFromMask(di, hn::Gt(v, hn::Set(di, static_cast<int32_t>(k * B - 1)))));
+  for (int64_t k = 1; k <= kmax; ++k) {
+    const VI last = hn::Set(di, static_cast<int32_t>(k * B - 1));  // last element of block k − 1
+    rel = hn::Sub(rel, hn::VecFromMask(di, hn::Gt(v, last)));
+  }
   return rel;
 }
 
@@ -313,7 +315,8 @@ HWY_INLINE int64_t GroupedBlockAmax(const float* x, int64_t cols, int64_t B, flo
     }
     for (int64_t n = N; n > 1; n /= 2)
       for (int64_t k = 0; k < n / 2; ++k)
-        v[k] = hn::Max(hn::ConcatOdd(di, v[2 * k + 1], v[2 * k]), hn::ConcatEven(di, v[2 * k + 1], v[2 * k]));
+        v[k] = hn::Max(hn::ConcatOdd(di, v[2 * k + 1], v[2 * k]),
+                       hn::ConcatEven(di, v[2 * k + 1], v[2 * k]));
     if (!hn::AllFalse(di, hn::Gt(v[0], finite_max))) return -1;
     hn::StoreU(hn::BitCast(df, v[0]), df, am + bc);
   }

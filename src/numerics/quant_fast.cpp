@@ -541,8 +541,9 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
         if (rN != 0) rel = LaneBlockRel(o0, B, kmax);
       }
       if (j < cols) {
-        QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, cols - j, LookupBlocks(s.e.data() + bc0, rel),
-                        LookupBlocks(s.d.data() + bc0, rel), s, orow + j);
+        QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, cols - j,
+                        LookupBlocks(s.e.data() + bc0, rel), LookupBlocks(s.d.data() + bc0, rel), s,
+                        orow + j);
       }
     }
     if (mis != 0) hn::BlendedStore(prev, keep_first, df, orow + cols - mis);  // last mis values
@@ -969,7 +970,9 @@ std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bo
   return "";
 }
 
-void quant_fast_force_slow_path(bool on) { g_force_slow.store(on ? 1 : 0, std::memory_order_relaxed); }
+void quant_fast_force_slow_path(bool on) {
+  g_force_slow.store(on ? 1 : 0, std::memory_order_relaxed);
+}
 
 float amax_fast(const float* x, int64_t n) {
   if (n < 0) throw std::invalid_argument("amax_fast: negative length");

@@ -168,7 +168,8 @@ json read_outcome(const fs::path& dir, RunRecord& r) {
     r.tokens_per_step = s.value("tokens", int64_t{0}) / std::max(r.steps, 1);
     if (s.contains("machine_load") && s["machine_load"].is_object())
       r.busy_machine = s["machine_load"].value("busy", false);
-    if (s.contains("slow_path") && s["slow_path"].is_string()) r.slow_path = s["slow_path"].get<std::string>();
+    if (s.contains("slow_path") && s["slow_path"].is_string())
+      r.slow_path = s["slow_path"].get<std::string>();
     if (s.contains("compute") && s["compute"].is_object() && s["compute"].contains("cpu") &&
         s["compute"]["cpu"].is_string())
       r.cpu = s["compute"]["cpu"].get<std::string>();

@@ -154,7 +154,8 @@ std::string slow_quantizer_paths(const ResolvedLinears& res) {
                                                                transposed && p.rht_wgrad);
       if (why.empty()) continue;
       const std::string use = std::string(gemm_name(g)) + " " + operand_name(op);
-      auto it = std::find_if(found.begin(), found.end(), [&](const auto& f) { return f.first == why; });
+      auto it = std::find_if(found.begin(), found.end(),
+                             [&](const auto& f) { return f.first == why; });
       if (it == found.end()) it = found.insert(found.end(), {why, {}});
       if (std::find(it->second.begin(), it->second.end(), use) == it->second.end())
         it->second.push_back(use);

@@ -660,7 +660,8 @@ TEST(PackFast, BlockSizesBitExact) {
           check_pack(x, rows, cols, make_spec(f, r, block, true), g, "block 2D", false);
           check_pack_t(x, rows, cols, make_spec(f, r, block), g, false, "block");
           if (rows % 16 == 0)
-            check_pack_t(x, rows, cols, make_spec(f, r, block), ref_amax_rht(x, rows, cols), true, "block");
+            check_pack_t(x, rows, cols, make_spec(f, r, block), ref_amax_rht(x, rows, cols), true,
+                         "block");
         }
   });
 }

@@ -826,10 +826,11 @@ TEST(QuantFast, BlockSizesBitExact) {
           const float g = tensor_amax(x.data(), int64_t(x.size()));
           check_rows(x, sh.rows, sh.cols, make_spec(f, r, block), g, "block rows", offset);
           check_rows(x, sh.rows, sh.cols, make_spec(f, r, block, true), g, "block 2D", offset);
-          check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block), g, false, "block T", offset);
+          check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block), g, false, "block T",
+                           offset);
           if (sh.rows % 16 == 0)
-            check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block), ref_amax_rht(x, sh.rows, sh.cols),
-                             true, "block T RHT", offset);
+            check_transposed(x, sh.rows, sh.cols, make_spec(f, r, block),
+                             ref_amax_rht(x, sh.rows, sh.cols), true, "block T RHT", offset);
         }
   });
 }
@@ -877,7 +878,8 @@ TEST(QuantFast, BlockSizesNonFiniteThrowLikeScalar) {
         for (bool two_d : {false, true}) {
           std::vector<float> io = x;
           try {
-            quantize_dequantize_fast(io.data(), 40, 53, make_spec(ScaleFormat::UE5M3, Rounding::SR8, block, two_d),
+            quantize_dequantize_fast(io.data(), 40, 53,
+                                     make_spec(ScaleFormat::UE5M3, Rounding::SR8, block, two_d),
                                      1.f, &kKey, io.data());
             ADD_FAILURE() << "no throw, block " << block << " pos " << pos;
           } catch (const NonFiniteError& e) {
@@ -885,9 +887,9 @@ TEST(QuantFast, BlockSizesNonFiniteThrowLikeScalar) {
           }
         }
         std::vector<float> out(x.size());
-        EXPECT_THROW(quantize_dequantize_transposed_fast(x.data(), 40, 53,
-                                                         make_spec(ScaleFormat::E4M3, Rounding::RNE, block),
-                                                         1.f, nullptr, false, out.data()),
+        EXPECT_THROW(quantize_dequantize_transposed_fast(
+                         x.data(), 40, 53, make_spec(ScaleFormat::E4M3, Rounding::RNE, block), 1.f,
+                         nullptr, false, out.data()),
                      NonFiniteError);
       }
   });
@@ -902,8 +904,10 @@ TEST(QuantFast, BlockSizesStreamingStores) {
     for (int block : {8, 24})
       for (Rounding r : kRoundings)
         for (size_t offset : {0, 4, 9}) {
-          check_rows(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, "stream rows", offset);
-          check_transposed(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, false, "stream T", offset);
+          check_rows(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, "stream rows",
+                     offset);
+          check_transposed(x, 256, 192, make_spec(ScaleFormat::UE5M3, r, block), g, false,
+                           "stream T", offset);
         }
   });
 }

@@ -127,10 +127,11 @@ void quant_fast_use_target(const std::string& name);
 /// row-wise quantizer (smaller ones stay in cache for the GEMM that reads them), when whole
 /// 64-byte lines can be formed (cols resp. rows % 16 == 0; transposed, lcm(block, 16) ≤ 256;
 /// a 64-byte aligned out on every target, any float-aligned out on 16-lane targets (AVX-512),
-/// where misaligned lines are assembled in registers; the quantize-transpose into a misaligned out is still ~1.4×
-/// slower than into an aligned one). Values never depend on it. Sets one threshold in bytes for
-/// both (a negative value restores the defaults) and returns the previous override (−1 if none);
-/// for tests and benchmarks, not thread-safe against concurrent kernel calls.
+/// where misaligned lines are assembled in registers; the quantize-transpose into a misaligned
+/// out is still ~1.4× slower than into an aligned one). Values never depend on it. Sets one
+/// threshold in bytes for both (a negative value restores the defaults) and returns the
+/// previous override (−1 if none); for tests and benchmarks, not thread-safe against
+/// concurrent kernel calls.
 int64_t quant_fast_stream_min_bytes(int64_t bytes);
 
 }  // namespace fp4

@@ -217,7 +217,7 @@ struct RecipeRow {
   /// Interquartile range of those step times over their median (0 when fewer than 4).
   double step_spread = 0;
   int busy_runs = 0;                     ///< runs timed on a busy machine (RunRecord::busy_machine)
-  int slow_path_runs = 0;                ///< runs that took a slow quantizer path (RunRecord::slow_path)
+  int slow_path_runs = 0;                ///< runs that took a slow quantizer path (slow_path)
   /// Why median_step_ms (or fp32's, for step_ratio_fp32) is not a reliable timing: "" or a
   /// list such as "busy machine, 3 steps" (fewer than 10 timed steps, a spread above 50%,
   /// any run on a busy machine), or "slow path" first when a run took a slow quantizer path
