@@ -665,3 +665,16 @@ TEST(PackFast, BlockSizesBitExact) {
         }
   });
 }
+
+// pack_fast_slow_path: "" for the fused packers (any block, 1-D and 2-D), the scalar
+// composition for MXFP4 (docs/performance.md "Block sizes and the quantizer's fast path").
+TEST(PackFast, SlowPathNamesMxfp4Only) {
+  for (int block : {1, 8, 16, 24, 32, 256})
+    for (ScaleFormat f : kFormats)
+      for (bool two_d : {false, true})
+        EXPECT_EQ(pack_fast_slow_path(make_spec(f, Rounding::SR8, block, two_d)), "") << block;
+  BlockQuantSpec mx = make_spec(ScaleFormat::UE8M0, Rounding::RNE, 32);
+  mx.scale_rule = ScaleRule::MxTe;
+  EXPECT_EQ(pack_fast_slow_path(mx),
+            "scalar quantize_blocks, then pack (MXFP4 has no fused packer)");
+}

@@ -911,3 +911,38 @@ TEST(QuantFast, BlockSizesStreamingStores) {
         }
   });
 }
+
+// quant_fast_slow_path names the paths slower than the SIMD kernels, and only those: none for
+// any block 1..256 of the supported formats (rows, 2-D tiles, the quantize-transpose, with the
+// RHT wherever a recipe allows it: blocks of multiples of 16); the scalar reference for formats
+// without a kernel; the composed quantize-transpose for 2-D tiles of xᵀ. The test hook forces
+// one (docs/performance.md "Block sizes and the quantizer's fast path").
+TEST(QuantFast, SlowPathNamesOnlySlowPaths) {
+  for (int block = 1; block <= kMaxBlock; ++block)
+    for (ScaleFormat f : kFormats) {
+      const BlockQuantSpec s = make_spec(f, Rounding::SR8, block);
+      EXPECT_EQ(quant_fast_slow_path(s, false, false), "") << spec_str(s);
+      EXPECT_EQ(quant_fast_slow_path(make_spec(f, Rounding::RNE, block, true), false, false), "");
+      EXPECT_EQ(quant_fast_slow_path(s, true, false), "") << spec_str(s);
+      if (block % 16 == 0) EXPECT_EQ(quant_fast_slow_path(s, true, true), "") << spec_str(s);
+    }
+  EXPECT_EQ(quant_fast_slow_path(make_spec(ScaleFormat::UE5M3, Rounding::RNE, 8), true, true), "");
+  BlockQuantSpec ue4m3 = make_spec(ScaleFormat::UE5M3, Rounding::RNE);
+  set_scale_format(ue4m3, "ue4m3");
+  EXPECT_EQ(quant_fast_slow_path(ue4m3, false, false),
+            "scalar reference quantizer (scale format ue4m3 has no SIMD kernel)");
+  BlockQuantSpec int4 = make_spec(ScaleFormat::UE5M3, Rounding::RNE);
+  int4.element = parse_element_format("int4");
+  EXPECT_NE(quant_fast_slow_path(int4, true, false).find("element format int4"), std::string::npos);
+  EXPECT_NE(quant_fast_slow_path(make_spec(ScaleFormat::E4M3, Rounding::RNE, 16, true), true, false)
+                .find("composed quantize-transpose"),
+            std::string::npos);
+  EXPECT_NE(quant_fast_slow_path(make_spec(ScaleFormat::E4M3, Rounding::RNE, 17), true, true)
+                .find("straddle tiles of block 17"),
+            std::string::npos);
+  quant_fast_force_slow_path(true);
+  EXPECT_EQ(quant_fast_slow_path(make_spec(ScaleFormat::UE5M3, Rounding::RNE), false, false),
+            "scalar reference quantizer (forced by a test hook)");
+  quant_fast_force_slow_path(false);
+  EXPECT_EQ(quant_fast_slow_path(make_spec(ScaleFormat::UE5M3, Rounding::RNE), false, false), "");
+}
