@@ -181,8 +181,8 @@ std::string Recipe::scale_format_str() const {
 }
 
 namespace {
-BlockQuantSpec make_spec(const Recipe& r, bool two_d, Rounding rounding) {
-  BlockQuantSpec s{r.scale_format, r.block, two_d, r.scale_target, rounding};
+BlockQuantSpec make_spec(const Recipe& r, int block, bool two_d, Rounding rounding) {
+  BlockQuantSpec s{r.scale_format, block, two_d, r.scale_target, rounding};
   s.element = r.element_format;
   s.scale_rule = r.scale_rule;
   s.scale_desc = r.scale_desc;
@@ -190,9 +190,11 @@ BlockQuantSpec make_spec(const Recipe& r, bool two_d, Rounding rounding) {
 }
 }  // namespace
 
-BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, false, round_x); }
-BlockQuantSpec Recipe::spec_w() const { return make_spec(*this, weight_2d, round_w); }
-BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, false, round_dy); }
+BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, block, false, round_x); }
+BlockQuantSpec Recipe::spec_w() const {
+  return make_spec(*this, weight_block_size(), weight_2d, round_w);
+}
+BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, block, false, round_dy); }
 
 LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   LinearPlan p;
@@ -469,6 +471,17 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   }
   r.get("fp4.block", rc.block);
   r.range("fp4.block", rc.block, 1, kMaxBlock);
+  if (r.has("fp4.weight_block")) {
+    // W's own block (docs/recipes.md "Weight tiles apart from the blocks"). Equal to block it
+    // is stored as 0 ("the same"): recipe_to_toml leaves it out, the recipe equals one without.
+    int wb = 0;
+    r.get("fp4.weight_block", wb);
+    if (wb < 1 || wb > kMaxBlock)
+      r.fail("fp4.weight_block", "the block length (1-D) or tile side (2-D) of the weights: an "
+                                 "integer in 1.." + std::to_string(kMaxBlock) +
+                                     " (default: fp4.block), got " + std::to_string(wb));
+    rc.weight_block = wb == rc.block ? 0 : wb;
+  }
   r.get("fp4.weight_2d", rc.weight_2d);
   r.get("fp4.scale_target", rc.scale_target);
   r.range("fp4.scale_target", rc.scale_target, 1e-30f, 3e38f);
@@ -569,8 +582,10 @@ std::string recipe_to_toml(const Recipe& r) {
   if (r.probe_snap != 1024) o << "probe_snap = " << r.probe_snap << "\n";
   o << "[fp4]\nelement_format = \"" << r.element_format.name() << "\"\nscale_format = \""
     << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
-    << "\"\nblock = " << r.block
-    << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << float_str(r.scale_target)
+    << "\"\nblock = " << r.block;
+  // Only when it differs from block: the recipe.toml of every earlier run stays byte-identical.
+  if (r.weight_block_size() != r.block) o << "\nweight_block = " << r.weight_block_size();
+  o << "\nweight_2d = " << (r.weight_2d ? "true" : "false") << "\nscale_target = " << float_str(r.scale_target)
     << "\namax_interval = " << r.amax_interval << "\nrht_wgrad = " << (r.rht_wgrad ? "true" : "false")
     << "\n";
   // The fidelity knobs only when set: the resolved recipe.toml of every earlier run (and the

@@ -810,3 +810,92 @@ TEST(RecipeFiles, AblationsChangeOneKnobOfTheirBase) {
   rne.round_dy = b16.round_dy;
   EXPECT_EQ(text_as(rne, b16), recipe_to_toml(b16));
 }
+
+// -------------------- fp4.weight_block (docs/recipes.md "Weight tiles apart from the blocks")
+
+#include "fp4/config/settings.h"
+
+TEST(RecipeWeightBlock, DefaultIsTheBlockAndShippedRecipesAreUnchanged) {
+  // Absent from every shipped recipe: W's block is fp4.block, and the resolved text has no
+  // weight_block line (the recipe.toml of earlier runs and checkpoints stays byte-identical).
+  for (const auto& e : fs::directory_iterator(kDir)) {
+    const Recipe r = load_recipe_file(e.path());
+    EXPECT_EQ(r.weight_block, 0) << e.path();
+    EXPECT_EQ(r.weight_block_size(), r.block) << e.path();
+    EXPECT_EQ(r.spec_w().block, r.block) << e.path();
+    EXPECT_EQ(recipe_to_toml(r).find("weight_block"), std::string::npos) << e.path();
+  }
+  // --set fp4.block moves the weights' block with it when weight_block is not set.
+  const Recipe b32 = load_recipe("ue5m3-b16", kDir, parse_settings({"fp4.block=32"}).recipe);
+  EXPECT_EQ(b32.weight_block_size(), 32);
+  EXPECT_EQ(b32.spec_w().block, 32);
+  // Set equal to block, it is the recipe without it: same value, same text.
+  const Recipe plain = recipe_from_text(kBase, "t");
+  const Recipe same = recipe_from_text(std::string(kBase) + "block = 16\nweight_block = 16\n", "t");
+  EXPECT_TRUE(same == plain);
+  EXPECT_EQ(recipe_to_toml(same), recipe_to_toml(plain));
+}
+
+TEST(RecipeWeightBlock, SetsEveryWeightSpecAndOnlyThose) {
+  for (bool w2d : {true, false}) {
+    const Recipe r = recipe_from_text(std::string(kBase) + "block = 16\nweight_block = 32\n" +
+                                          (w2d ? "" : "weight_2d = false\n"),
+                                      "wb.toml");
+    EXPECT_EQ(r.block, 16);
+    EXPECT_EQ(r.weight_block, 32);
+    EXPECT_EQ(r.weight_block_size(), 32);
+    const ResolvedLinears res = resolve_layers(r, 1);
+    for (const LinearPlan& p : res.plans)
+      for (int g = 0; g < 3; ++g)
+        for (int o = 0; o < 3; ++o) {
+          if (!gemm_uses(Gemm(g), Operand(o))) continue;
+          const BlockQuantSpec& s = p.spec(Gemm(g), Operand(o));
+          const bool w = Operand(o) == Operand::W;
+          EXPECT_EQ(s.block, w ? 32 : 16) << gemm_name(Gemm(g)) << "." << operand_name(Operand(o));
+          EXPECT_EQ(s.two_d, w && w2d) << gemm_name(Gemm(g)) << "." << operand_name(Operand(o));
+        }
+    // Written after block, re-read to the same recipe, written again to the same text.
+    const std::string t = recipe_to_toml(r);
+    EXPECT_NE(t.find("block = 16\nweight_block = 32\nweight_2d = "), std::string::npos) << t;
+    const Recipe back = recipe_from_text(t, "wb.toml");  // the same source: == compares it
+    EXPECT_TRUE(back == r) << t;
+    EXPECT_EQ(recipe_to_toml(back), t);
+  }
+  // --set fp4.weight_block: the same parse, the name labelled; an explicit weight_block keeps
+  // its value under --set fp4.block; with the RHT it need not be a multiple of 16 (the RHT
+  // transforms the wgrad operands, which are dY and X).
+  const Recipe s = load_recipe("ue5m3-b16", kDir, parse_settings({"fp4.weight_block=32"}).recipe);
+  EXPECT_EQ(s.name, "ue5m3-b16+fp4.weight_block=32");
+  EXPECT_EQ(s.spec_w().block, 32);
+  EXPECT_EQ(s.spec_x().block, 16);
+  EXPECT_EQ(s.spec_dy().block, 16);
+  const Recipe both = load_recipe(
+      "ue5m3-b16", kDir, parse_settings({"fp4.weight_block=16", "fp4.block=32"}).recipe);
+  EXPECT_EQ(both.spec_w().block, 16);
+  EXPECT_EQ(both.spec_x().block, 32);
+  const Recipe te = load_recipe("nvfp4-te", kDir, parse_settings({"fp4.weight_block=24"}).recipe);
+  EXPECT_EQ(te.spec_w().block, 24);
+}
+
+TEST(RecipeWeightBlock, BadValuesNameTheFileAndKey) {
+  for (const char* bad : {"0", "-16", "257", "4096", "16.5", "\"32\"", "true", "[32]"}) {
+    const std::string e = error_of(
+        [&] { recipe_from_text(std::string(kBase) + "weight_block = " + bad + "\n", "bad.toml"); });
+    EXPECT_NE(e.find("bad.toml"), std::string::npos) << bad << " -> " << e;
+    EXPECT_NE(e.find("'fp4.weight_block'"), std::string::npos) << bad << " -> " << e;
+  }
+  // Out of range: the allowed sizes are named.
+  const std::string e =
+      error_of([&] { recipe_from_text(std::string(kBase) + "weight_block = 0\n", "bad.toml"); });
+  EXPECT_NE(e.find("1..256"), std::string::npos) << e;
+  EXPECT_NE(e.find("got 0"), std::string::npos) << e;
+  // Through --set: the same check, naming the argument.
+  const std::string s = error_of(
+      [&] { load_recipe("ue5m3-b16", kDir, parse_settings({"fp4.weight_block=300"}).recipe); });
+  EXPECT_NE(s.find("--set fp4.weight_block=300"), std::string::npos) << s;
+  EXPECT_NE(s.find("'fp4.weight_block'"), std::string::npos) << s;
+  // A misspelt key is unknown, not taken for weight_block.
+  const std::string u =
+      error_of([&] { recipe_from_text(std::string(kBase) + "weight_blocks = 32\n", "bad.toml"); });
+  EXPECT_NE(u.find("'fp4.weight_blocks'"), std::string::npos) << u;
+}

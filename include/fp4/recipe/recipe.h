@@ -128,8 +128,14 @@ struct Recipe {
   /// [fp4] scale_rule = "tensor-scaled" (default) | "mx-te" | "mx-ocp" (ScaleRule); the MX
   /// rules need a power-of-two scale format (ue8m0).
   ScaleRule scale_rule = ScaleRule::TensorScaled;
-  int block = 16;              ///< block length along the contraction dim
-  bool weight_2d = true;       ///< weights in block × block tiles (else 1-D along K)
+  int block = 16;              ///< [fp4] block: block length along the contraction dim
+  /// [fp4] weight_block: the block length (1-D) or tile side (2-D) of every W operand (fprop
+  /// and dgrad), apart from the X and dY blocks (docs/recipes.md "Weight tiles apart from the
+  /// blocks"). 0 = the same as `block`: the parser stores 0 when the key is absent or equals
+  /// `block`, so recipes without it compare and serialise as before. Read it through
+  /// weight_block_size().
+  int weight_block = 0;
+  bool weight_2d = true;       ///< [fp4] weight_2d: weights in W tiles (else 1-D blocks)
   float scale_target = 448.f;  ///< T
   int amax_interval = 1;       ///< D: 1 = current scaling, 50 = periodic sample-and-hold
   /// [fp4] amax_sample, for D = 1 with several micro-batches per step (train.micro_batch_size):
@@ -187,8 +193,13 @@ struct Recipe {
   std::string where() const;
   /// Name of the block-scale format (scale_desc's if set, else scale_format's).
   std::string scale_format_str() const;
-  /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block,
-  /// 2-D (W), target, rounding of the role, element format, scale rule. Throws nothing.
+  /// The block length (1-D, weight_2d = false) or tile side (2-D) of the weight operand W in
+  /// fprop and dgrad: weight_block, or block when weight_block is 0. 1..kMaxBlock for a
+  /// parsed recipe. Throws nothing.
+  int weight_block_size() const { return weight_block > 0 ? weight_block : block; }
+  /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block
+  /// (weight_block_size() for W, block for X and dY), 2-D (W), target, rounding of the role,
+  /// element format, scale rule. Throws nothing.
   BlockQuantSpec spec_x() const;
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;
