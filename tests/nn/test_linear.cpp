@@ -615,3 +615,103 @@ TEST(Linear, Bf16RhtEqualsItsReferenceComposition) {
   }
 }
 }  // namespace
+
+// ------------------------------------------------------------------------------------------
+// fp4.weight_block (docs/recipes.md "Weight tiles apart from the blocks").
+
+namespace {
+// The hand-written spec of one operand: UE5M3 or E4M3 scales, T = 448, E2M1, tensor-scaled.
+BlockQuantSpec hand_spec(ScaleFormat sf, int block, bool two_d, Rounding rounding) {
+  BlockQuantSpec s;
+  s.scale_format = sf;
+  s.block = block;
+  s.two_d = two_d;
+  s.target = 448.f;
+  s.rounding = rounding;
+  return s;
+}
+}  // namespace
+
+// weight_block = 32 with block = 16: W in 32 × 32 tiles (or 1 × 32 blocks along K for fprop and
+// along N for dgrad), X and dY in 1 × 16 blocks in every GEMM. Each GEMM equals its operands
+// quantized here with hand-written specs (not the recipe's spec_*()), multiplied in double
+// (within 1e-6 of Σ|a·b|, as LinearGemms), and bit for bit the same GEMM the layer calls on
+// them: fp4::sgemm in the decoded mode, fp4::probe_gemm in the probe-matched mode. Shapes are
+// ragged for both block lengths (K = 72, N = 40); the weights' tiles of 16 give another Y.
+TEST(Linear, WeightBlockTilesApartFromTheActivationBlocks) {
+  const int64_t M = 48, K = 72, N = 40;
+  struct Case {
+    ScaleFormat sf;
+    bool rht, w2d;
+    GemmMode gemm;
+  } cases[] = {{ScaleFormat::UE5M3, false, true, GemmMode::Decoded},
+               {ScaleFormat::E4M3, true, true, GemmMode::Decoded},
+               {ScaleFormat::UE5M3, false, false, GemmMode::Decoded},
+               {ScaleFormat::UE5M3, false, true, GemmMode::ProbeMatched},
+               {ScaleFormat::E4M3, true, false, GemmMode::ProbeMatched}};
+  auto X = randn(M * K, 91), W = randn(N * K, 92, 0.1f), dY = randn(M * N, 93, 1e-3f);
+  X[5] = 30.f;                                            // an outlier block of X
+  for (int64_t k = 0; k < 16; ++k) W[33 * K + k] *= 50.f;  // a tile of 32 with a loud corner
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(scale_format_name(c.sf)) + (c.rht ? " rht" : "") +
+                 (c.w2d ? " 2-D" : " 1-D") + " " + gemm_mode_name(c.gemm));
+    Recipe r = fp4_recipe(c.sf, c.rht, c.w2d, 1);
+    r.gemm = c.gemm;
+    r.weight_block = 32;
+    std::vector<float> dW(N * K, 0.f), Y(M * N), dX(M * K, 0.f);
+    nn::Linear lin(7, K, N, LinearPlan::uniform(r, LinearMode::FP4));
+    lin.bind(W.data(), dW.data());
+    nn::StepContext ctx;
+    ctx.step = 3;
+    ctx.seed = 99;
+    lin.forward(X.data(), Y.data(), M, ctx);
+    lin.backward(dY.data(), dX.data(), M, ctx);
+
+    const BlockQuantSpec sx = hand_spec(c.sf, 16, false, Rounding::RNE);
+    const BlockQuantSpec sw = hand_spec(c.sf, 32, c.w2d, Rounding::RNE);
+    const BlockQuantSpec sdy = hand_spec(c.sf, 16, false, Rounding::SR8);
+    const SrKey kd{99, 3, 7, 2, 1}, kw{99, 3, 7, 2, 2};
+    auto dYt = transpose(dY, M, N), Xt = transpose(X, M, K);
+    if (c.rht) {
+      rht16_rows(dYt.data(), N, M);
+      rht16_rows(Xt.data(), K, M);
+    }
+    const float gx = amax(X), gw = amax(W), gdy = amax(dY), gdyt = amax(dYt), gxt = amax(Xt);
+    const std::vector<float> Wt = transpose(W, N, K);
+    std::vector<float> Yr(M * N), dXr(M * K, 0.f), dWr(N * K, 0.f);
+    if (c.gemm == GemmMode::Decoded) {
+      const auto Xq = qdq(X, M, K, sx, gx, nullptr), Wq = qdq(W, N, K, sw, gw, nullptr);
+      // dgrad's W [N, K]: the fprop tiles (2-D), or Wᵀ quantized along N and transposed back.
+      const auto Wd = c.w2d ? Wq : transpose(qdq(Wt, K, N, sw, gw, nullptr), K, N);
+      const auto dYq = qdq(dY, M, N, sdy, gdy, &kd);
+      const auto dYtq = qdq(dYt, N, M, sdy, gdyt, &kw), Xtq = qdq(Xt, K, M, sx, gxt, nullptr);
+      std::vector<double> ref, mag;
+      matmul_nt(Xq, Wq, M, N, K, ref, mag);
+      expect_close(Y, ref, mag, "fprop");
+      matmul_nt(dYq, transpose(Wd, N, K), M, K, N, ref, mag);
+      expect_close(dX, ref, mag, "dgrad");
+      matmul_nt(dYtq, Xtq, N, K, M, ref, mag);
+      expect_close(dW, ref, mag, "wgrad");
+      sgemm(false, true, M, N, K, 1.f, Xq.data(), K, Wq.data(), K, 0.f, Yr.data(), N);
+      sgemm(false, false, M, K, N, 1.f, dYq.data(), N, Wd.data(), K, 1.f, dXr.data(), K);
+      sgemm(false, true, N, K, M, 1.f, dYtq.data(), M, Xtq.data(), M, 1.f, dWr.data(), K);
+      // Tiles of 16 (the block) instead of 32 give another product.
+      const auto Wq16 = qdq(W, N, K, hand_spec(c.sf, 16, c.w2d, Rounding::RNE), gw, nullptr);
+      std::vector<float> Y16(M * N);
+      sgemm(false, true, M, N, K, 1.f, Xq.data(), K, Wq16.data(), K, 0.f, Y16.data(), N);
+      EXPECT_FALSE(same_bits(Y, Y16)) << "weight tiles of 16 would give the same Y";
+    } else {
+      auto q = [](const std::vector<float>& x, int64_t rr, int64_t cc, const BlockQuantSpec& s,
+                  float g, const SrKey* k) { return quantize_blocks(x.data(), rr, cc, s, g, k); };
+      std::vector<float> tmp(std::max({M * N, M * K, N * K}));
+      probe_gemm(q(X, M, K, sx, gx, nullptr), q(W, N, K, sw, gw, nullptr), Yr.data());
+      probe_gemm(q(dY, M, N, sdy, gdy, &kd), q(Wt, K, N, sw, gw, nullptr), tmp.data());
+      for (int64_t i = 0; i < M * K; ++i) dXr[i] += tmp[i];  // accumulated into zeros
+      probe_gemm(q(dYt, N, M, sdy, gdyt, &kw), q(Xt, K, M, sx, gxt, nullptr), tmp.data());
+      for (int64_t i = 0; i < N * K; ++i) dWr[i] += tmp[i];
+    }
+    EXPECT_TRUE(same_bits(Y, Yr)) << "fprop";
+    EXPECT_TRUE(same_bits(dX, dXr)) << "dgrad";
+    EXPECT_TRUE(same_bits(dW, dWr)) << "wgrad";
+  }
+}

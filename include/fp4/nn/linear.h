@@ -196,7 +196,10 @@ class Linear {
   /// every GEMM × operand, the GEMM mode, D, the RHT and the BF16 boundary. A Linear never
   /// reads a Recipe. With plan.rht(), the token count M of every call must be a multiple of 16.
   /// dY keeps one reference per layer shared by dgrad and wgrad, whatever the two specs' T or
-  /// rounding (docs/numerics.md "Tensor reference g").
+  /// rounding (docs/numerics.md "Tensor reference g"). The W specs may have another block
+  /// length (tile side) than the X and dY specs (the recipe's fp4.weight_block): each operand
+  /// is quantized with its own spec, and both GEMM modes take operands of different block
+  /// lengths (docs/recipes.md "Weight tiles apart from the blocks").
   Linear(int id, int64_t in, int64_t out, const LinearPlan& plan);
 
   /// Bind the weight and its gradient buffer (both [N, K], row-major FP32).
