@@ -1033,7 +1033,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("scale_format", [](const BoundRecipe& r) { return r.r.scale_format_str(); }, "[fp4] scale_format.")
       .def_property_readonly("scale_rule", [](const BoundRecipe& r) { return std::string(fp4::scale_rule_name(r.r.scale_rule)); }, "[fp4] scale_rule.")
       .def_property_readonly("block", [](const BoundRecipe& r) { return r.r.block; }, "[fp4] block.")
-      .def_property_readonly("weight_2d", [](const BoundRecipe& r) { return r.r.weight_2d; }, "[fp4] weight_2d: weights in block x block tiles.")
+      .def_property_readonly("weight_block", [](const BoundRecipe& r) { return r.r.weight_block_size(); },
+                             "[fp4] weight_block: block length (tile side with weight_2d) of the weight W in "
+                             "fprop and dgrad; equals block unless the recipe sets it (docs/recipes.md).")
+      .def_property_readonly("weight_2d", [](const BoundRecipe& r) { return r.r.weight_2d; }, "[fp4] weight_2d: weights in weight_block x weight_block tiles.")
       .def_property_readonly("scale_target", [](const BoundRecipe& r) { return r.r.scale_target; }, "[fp4] scale_target T.")
       .def_property_readonly("amax_interval", [](const BoundRecipe& r) { return r.r.amax_interval; }, "[fp4] amax_interval D (1: current scaling).")
       .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; }, "[fp4] rht_wgrad: 16-point RHT on the wgrad operands.")
@@ -1047,7 +1050,9 @@ PYBIND11_MODULE(_core, m) {
             std::string s = "<fp4train.Recipe " + r.name + ": " + fp4::linear_mode_name(r.mode);
             if (r.mode == fp4::LinearMode::FP4) {
               s += " " + r.element_format.name() + ", " + r.scale_format_str() + " scales, block " +
-                   std::to_string(r.block) + (r.weight_2d ? " (2-D weights)" : "") + ", D " +
+                   std::to_string(r.block) +
+                   (r.weight_block_size() != r.block ? ", weight block " + std::to_string(r.weight_block_size()) : "") +
+                   (r.weight_2d ? " (2-D weights)" : "") + ", D " +
                    std::to_string(r.amax_interval) + ", RHT " + (r.rht_wgrad ? "on" : "off") +
                    ", " + std::to_string(r.overrides.size()) + " overrides";
               if (r.gemm != fp4::GemmMode::Decoded) s += std::string(", gemm ") + fp4::gemm_mode_name(r.gemm);

@@ -238,9 +238,13 @@ void register_quant(CLI::App& app) {
                   "tensor scale) or mx-ocp (2^(floor(log2 amax) - emax_exp), saturating); the "
                   "mx rules need --scale-format ue8m0")
       ->capture_default_str();
-  sub->add_option("--block", opts->block, "Block length along the last dim (tile side with --2d)")
+  sub->add_option("--block", opts->block,
+                  "Block length along the last dim (a recipe's fp4.block); with --2d the tile "
+                  "side (a recipe's fp4.weight_block, which may differ from fp4.block)")
       ->capture_default_str();
-  sub->add_flag("--2d", opts->two_d, "block x block tiles (weights) instead of 1 x block");
+  sub->add_flag("--2d", opts->two_d,
+                "block x block tiles (weights: --block 32 --2d are a recipe's 32 x 32 weight "
+                "tiles) instead of 1 x block");
   sub->add_option("--target", opts->target, "Scale target T")->capture_default_str();
   CLI::Option* ref =
       sub->add_option("--reference", opts->reference,
