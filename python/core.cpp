@@ -630,6 +630,20 @@ py::dict spec_dict(const fp4::BlockQuantSpec& s) {
   return d;
 }
 
+// The specs of an FP4 plan: {gemm: {operand: spec_dict}} over the pairs each GEMM quantizes.
+py::dict plan_specs(const fp4::LinearPlan& p) {
+  py::dict specs;
+  for (int g = 0; g < 3; ++g) {
+    py::dict ops;
+    for (int o = 0; o < 3; ++o) {
+      if (!fp4::gemm_uses(fp4::Gemm(g), fp4::Operand(o))) continue;
+      ops[fp4::operand_name(fp4::Operand(o))] = spec_dict(p.specs[g][o]);
+    }
+    specs[fp4::gemm_name(fp4::Gemm(g))] = ops;
+  }
+  return specs;
+}
+
 // The per-linear plan of `recipe` on the model of `cfg`, whose plans `res` are resolved already
 // (once: Recipe.plan resolves them, resolve_run's ResolvedRun holds them).
 py::list plan_list(const fp4::Recipe& recipe, const fp4::RunConfig& cfg,
@@ -645,21 +659,8 @@ py::list plan_list(const fp4::Recipe& recipe, const fp4::RunConfig& cfg,
     d["shape"] = py::make_tuple(li.out, li.in);
     d["mode"] = fp4::linear_mode_name(li.mode);
     d["overrides"] = li.overrides;
-    if (i < res.plans.size() && li.mode == fp4::LinearMode::FP4) {
-      const fp4::LinearPlan& p = res.plans[i];
-      py::dict specs;
-      for (int g = 0; g < 3; ++g) {
-        py::dict ops;
-        for (int o = 0; o < 3; ++o) {
-          if (!fp4::gemm_uses(fp4::Gemm(g), fp4::Operand(o))) continue;
-          ops[fp4::operand_name(fp4::Operand(o))] = spec_dict(p.specs[g][o]);
-        }
-        specs[fp4::gemm_name(fp4::Gemm(g))] = ops;
-      }
-      d["specs"] = specs;
-    } else {
-      d["specs"] = py::none();
-    }
+    d["specs"] = i < res.plans.size() && li.mode == fp4::LinearMode::FP4 ? plan_specs(res.plans[i])
+                                                                         : py::object(py::none());
     out.append(d);
   }
   return out;
@@ -745,21 +746,59 @@ fp4::nn::StepContext step_context(int64_t step, uint64_t seed, int micro, bool t
   return c;
 }
 
-BoundLinear make_linear(int64_t in, int64_t out, const BoundRecipe& r, int layer, const std::string& mode) {
+/// One linear's resolved plan (fp4::LinearPlan), as resolve_linear_plans gives it.
+struct BoundPlan {
+  fp4::LinearPlan p;
+};
+
+BoundLinear make_linear_from_plan(int64_t in, int64_t out, const BoundPlan& plan, int layer) {
   if (in < 1 || out < 1) throw std::invalid_argument("in_features and out_features must be >= 1");
   if (layer < 0) throw std::invalid_argument("layer must be >= 0, got " + std::to_string(layer));
+  BoundLinear b;
+  b.K = in, b.N = out;
+  b.lin = std::make_unique<fp4::nn::Linear>(layer, in, out, plan.p);
+  b.w.resize(static_cast<size_t>(in * out));
+  b.dw.resize(static_cast<size_t>(in * out));
+  b.lin->bind(b.w.data(), b.dw.data());
+  return b;
+}
+
+BoundLinear make_linear(int64_t in, int64_t out, const BoundRecipe& r, int layer, const std::string& mode) {
   fp4::LinearMode m = r.r.mode;
   if (mode == "fp32") m = fp4::LinearMode::FP32;
   else if (mode == "bf16") m = fp4::LinearMode::BF16;
   else if (mode == "fp4") m = fp4::LinearMode::FP4;
   else if (!mode.empty()) throw std::invalid_argument("mode: unknown value '" + mode + "' (valid choices: fp32, bf16, fp4, or '' for the recipe's)");
-  BoundLinear b;
-  b.K = in, b.N = out;
-  b.lin = std::make_unique<fp4::nn::Linear>(layer, in, out, fp4::LinearPlan::uniform(r.r, m));
-  b.w.resize(static_cast<size_t>(in * out));
-  b.dw.resize(static_cast<size_t>(in * out));
-  b.lin->bind(b.w.data(), b.dw.data());
-  return b;
+  return make_linear_from_plan(in, out, BoundPlan{fp4::LinearPlan::uniform(r.r, m)}, layer);
+}
+
+/// resolve_linear_plans on linears given as (block, kind) pairs: the rules of [linear],
+/// [high_precision] and [[override]] for a model the caller describes (fp4train.torch.convert).
+/// A kind is one of fp4::linear_kinds() or an alias of one (canonical_linear_kind), or "" for a
+/// linear no override names.
+py::tuple resolve_sites(const BoundRecipe& rec, const std::vector<std::pair<int, std::string>>& given,
+                        int n_blocks) {
+  if (n_blocks < 1) throw std::invalid_argument("n_blocks must be >= 1, got " + std::to_string(n_blocks));
+  std::vector<fp4::LinearSite> sites;
+  for (size_t i = 0; i < given.size(); ++i) {
+    const auto& [block, kind] = given[i];
+    const std::string at = "sites[" + std::to_string(i) + "]: ";
+    if (block < 0 || block >= n_blocks)
+      throw std::invalid_argument(at + "block " + std::to_string(block) + " is outside 0.." +
+                                  std::to_string(n_blocks - 1));
+    const std::string canon = kind.empty() ? "" : fp4::canonical_linear_kind(kind);
+    if (!kind.empty() && canon.empty()) {
+      std::string list;
+      for (const auto& k : fp4::linear_kinds()) list += (list.empty() ? "" : ", ") + k;
+      throw std::invalid_argument(at + "unknown linear kind '" + kind + "' (valid kinds: " + list +
+                                  ", or '' for none)");
+    }
+    sites.push_back({block, canon});
+  }
+  const fp4::ResolvedLinears res = fp4::resolve_linear_plans(rec.r, sites, n_blocks);
+  py::list plans;
+  for (const fp4::LinearPlan& p : res.plans) plans.append(BoundPlan{p});
+  return py::make_tuple(plans, res.override_hits);
 }
 
 py::array linear_forward(BoundLinear& b, const py::handle& xh, const py::handle& wh, int64_t step,
@@ -1131,6 +1170,26 @@ PYBIND11_MODULE(_core, m) {
               l.append(py::dict("linear"_a = r.linear, "role"_a = r.role, "has_value"_a = r.has_value,
                                 "last_refresh"_a = r.last_refresh, "held"_a = r.held));
             return l; }, "Held tensor references (linear, role, has_value, last_refresh, held).");
+  m.def("linear_kinds", []() { return fp4::linear_kinds(); },
+        "linear_kinds() -> list[str]\n\nThe linear kinds recipes name (q_proj .. down_proj, in_proj, "
+        "out_proj; docs/recipes.md \"Overrides\").");
+  m.def("canonical_linear_kind", &fp4::canonical_linear_kind, "name"_a,
+        "canonical_linear_kind(name) -> str\n\nThe kind a name stands for (a kind, or an alias such as "
+        "'mlp.down'); '' if none.");
+  py::class_<BoundPlan>(m, "LinearPlan", "One linear's resolved recipe (fp4::LinearPlan).")
+      .def_property_readonly("mode", [](const BoundPlan& b) { return std::string(fp4::linear_mode_name(b.p.mode)); },
+                             "fp32, bf16 or fp4, after [high_precision] and [[override]].")
+      .def_property_readonly("specs", [](const BoundPlan& b) {
+            return b.p.mode == fp4::LinearMode::FP4 ? py::object(plan_specs(b.p)) : py::object(py::none()); },
+          "{gemm: {operand: spec}} of an FP4 plan (as Recipe.plan's 'specs'), else None.");
+  m.def("resolve_linear_plans", &resolve_sites, "recipe"_a, "sites"_a, "n_blocks"_a,
+        "resolve_linear_plans(recipe, sites, n_blocks) -> (list[LinearPlan], list[list[int]])\n\n"
+        "The recipe's plan of each linear of a model of n_blocks hybrid blocks, sites being "
+        "(block, kind) pairs in model order (kind: a linear kind or alias, or '' for none), and "
+        "for each [[override]] the indices of the linears it changed (docs/recipes.md "
+        "\"High-precision linears\", \"Overrides\"). Raises ValueError for a block outside the "
+        "model or an unknown kind, fp4train.UserError for a rule that does not fit the model "
+        "or an override that changes no linear.");
   py::class_<BoundLinear>(m, "Linear",
       "The C++ quantized Linear (fp4/nn/linear.h): Y = X·Wᵀ with fprop, dgrad and wgrad "
       "quantized per the recipe (SR keys, held references D, RHT, telemetry). Used by "
@@ -1141,6 +1200,9 @@ PYBIND11_MODULE(_core, m) {
            "K = in_features, N = out_features; recipe: a Recipe; layer: the layer index of the SR "
            "keys (keys (seed, step, layer, operand, gemm, micro)); mode: 'fp32', 'bf16', 'fp4' or "
            "'' for the recipe's [linear] mode. Raises ValueError for sizes < 1 or a bad mode.")
+      .def(py::init(&make_linear_from_plan), "in_features"_a, "out_features"_a, "plan"_a, "layer"_a = 0,
+           "Linear(in_features, out_features, plan, layer=0)\n\nThe same with a LinearPlan of "
+           "resolve_linear_plans (its [high_precision] mode and [[override]] changes).")
       .def("forward", &linear_forward, "x"_a, "weight"_a, "step"_a, "seed"_a = 0, "micro"_a = 0,
            "training"_a = true, "telemetry"_a = false,
            "forward(x, weight, step, seed=0, micro=0, training=True, telemetry=False) -> y\n\n"
