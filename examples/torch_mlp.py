@@ -20,8 +20,9 @@ import fp4train.torch as ft
 
 def mlp(recipe, steps, seed, hidden):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(ft.Linear(64, hidden, recipe, layer=0, steps=steps), torch.nn.ReLU(),
-                               ft.Linear(hidden, 64, recipe, layer=1, steps=steps))
+    return torch.nn.Sequential(ft.Linear(64, hidden, recipe, layer=0, steps=steps, bias=False),
+                               torch.nn.ReLU(),
+                               ft.Linear(hidden, 64, recipe, layer=1, steps=steps, bias=False))
 
 
 def main(argv=None):

@@ -34,7 +34,7 @@ def test_bit_identical_to_cpp_linear(tmp_path, recipe):
     rfile = os.path.join(SRC, "configs", "recipes", recipe + ".toml")
     subprocess.run([str(a) for a in (REF, rfile, B * T, K, N, layer, seed, steps, tmp_path)], check=True)
     ctx = ft.StepContext(seed=seed)
-    lin = ft.Linear(K, N, fp.Recipe.load(rfile), layer=layer, steps=ctx)
+    lin = ft.Linear(K, N, fp.Recipe.load(rfile), layer=layer, steps=ctx, bias=False)  # the C++ Linear has none
     assert lin.mode == ("fp32" if recipe == "fp32" else "fp4")
     for s, (x, w, dy) in enumerate(data, 1):
         with torch.no_grad():
@@ -54,7 +54,7 @@ def test_bit_identical_to_cpp_linear(tmp_path, recipe):
 
 def test_fp32_gradients_against_finite_differences():
     torch.manual_seed(0)
-    lin = ft.Linear(5, 3, "fp32", layer=0)
+    lin = ft.Linear(5, 3, "fp32", layer=0, bias=False)
     x = torch.randn(4, 5, dtype=torch.float32, requires_grad=True)
     c = torch.randn(4, 3, dtype=torch.float64)
 
