@@ -1,7 +1,8 @@
 """fp4train.torch: fp4train's C++ quantized Linear as a ``torch.nn.Module`` (CPU, float32).
 
 ``Linear`` is a drop-in for ``torch.nn.Linear`` (with a bias by default, as there) inside an
-ordinary PyTorch CPU model. Its autograd forward and backward call fp4train's C++ Linear
+ordinary PyTorch CPU model; :func:`convert` swaps the ``torch.nn.Linear`` modules of a model's
+blocks for it. Its autograd forward and backward call fp4train's C++ Linear
 (``fp4/nn/linear.h``): fprop, dgrad and wgrad with the recipe's quantization, SR keys, held
 tensor references (D = ``[fp4] amax_interval``) and, for NVFP4 recipes, the random Hadamard
 transform of the wgrad operands. The results are bit-identical to the C++ Linear's on the same
@@ -9,8 +10,8 @@ weights, inputs and step (tests/python/test_torch_linear.py runs both).
 
 A ``StepContext`` holds the optimizer step the layers quantize at (it keys the SR bytes and
 clocks the held references) and the run seed; call ``steps.advance()`` after every
-``optimizer.step()`` (a second training forward of a layer at the same step and micro-batch
-is a RuntimeError by default)::
+``optimizer.step()`` (or let ``convert(..., optimizer=opt)`` do it; a second training forward
+of a layer at the same step and micro-batch is a RuntimeError by default)::
 
     import torch, fp4train.torch as ft
     steps = ft.StepContext(seed=1)
@@ -38,7 +39,7 @@ import torch
 
 from .. import Recipe, _core
 
-__all__ = ["Linear", "StepContext"]
+__all__ = ["ConvertWarning", "Linear", "StepContext", "convert"]
 
 
 class StepContext:
@@ -224,3 +225,5 @@ class Linear(torch.nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe.name}, "
                 f"layer={self.layer}, mode={self.mode}, bias={self.bias is not None}{where}")
 
+
+from ._convert import ConvertWarning, convert  # noqa: E402  (it builds on Linear and StepContext)
