@@ -83,6 +83,7 @@ def test_round_trip_fp32_keeps_outputs_and_parameters():
     torch.manual_seed(0)
     model = Net()
     params = {n: p for n, p in model.named_parameters()}
+    keys = list(model.state_dict())
     values = {n: p.detach().clone() for n, p in params.items()}
     x = torch.randn(2, 8, 16)
     ref = model(x)
@@ -99,6 +100,7 @@ def test_round_trip_fp32_keeps_outputs_and_parameters():
     assert [m.layer for m in conv.values()] == list(range(len(conv)))
     for n, p in model.named_parameters():  # the same Parameter objects, values untouched
         assert p is params[n] and torch.equal(p, values[n]), n
+    assert list(model.state_dict()) == keys  # the original model's checkpoints still load
     assert all(m.bias is not None and m.mode == "fp32" for m in conv.values())
     out = model(x)
     # fp32: oneDNN's and torch's FP32 GEMMs sum in different orders; nothing is quantized
