@@ -924,7 +924,9 @@ TEST(QuantFast, SlowPathNamesOnlySlowPaths) {
       EXPECT_EQ(quant_fast_slow_path(s, false, false), "") << spec_str(s);
       EXPECT_EQ(quant_fast_slow_path(make_spec(f, Rounding::RNE, block, true), false, false), "");
       EXPECT_EQ(quant_fast_slow_path(s, true, false), "") << spec_str(s);
-      if (block % 16 == 0) EXPECT_EQ(quant_fast_slow_path(s, true, true), "") << spec_str(s);
+      if (block % 16 == 0) {
+        EXPECT_EQ(quant_fast_slow_path(s, true, true), "") << spec_str(s);
+      }
     }
   EXPECT_EQ(quant_fast_slow_path(make_spec(ScaleFormat::UE5M3, Rounding::RNE, 8), true, true), "");
   BlockQuantSpec ue4m3 = make_spec(ScaleFormat::UE5M3, Rounding::RNE);
