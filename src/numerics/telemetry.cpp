@@ -22,8 +22,8 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   const FloatFormat& sf = spec_scale_format(spec);
   const float mult = q.ge * (1.0f / spec.element.max());  // the block-scale multiplier
   const size_t nb = q.scales.size();
-  // The scale a block needs, a_b·T/(6·g), is "clipped" when RNE to the scale format without
-  // its max would give more than max_finite: beyond the midpoint max + ulp(max)/2. (Comparing
+  // The scale a block needs, a_b·T/g (= a_b·ge/6 with ge = 6T/g), is "clipped" when RNE to the
+  // scale format without its max would give more than max_finite: beyond the midpoint max + ulp(max)/2. (Comparing
   // with max itself would count the block holding the tensor amax, whose needed scale is T up
   // to one FP32 rounding of the encode scale.)
   int e_max = 0;

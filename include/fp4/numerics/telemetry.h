@@ -11,7 +11,7 @@
 namespace fp4 {
 
 struct QuantStats {
-  double saturated_blocks = 0;  ///< fraction of blocks whose needed scale a_b·T/(6·g) rounds above the scale format's max (clipped)
+  double saturated_blocks = 0;  ///< fraction of blocks whose needed scale a_b·T/g (a_b·ge/6) rounds above the scale format's max (clipped)
   double zero_guard_blocks = 0; ///< fraction of blocks with a_b > 0 whose scale rounded to 0
                                 ///< and was replaced by 1 (underflow; all-zero blocks excluded;
                                 ///< always 0 under the MX scale rules, which have no guard)
