@@ -23,9 +23,9 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   const float mult = q.ge * (1.0f / spec.element.max());  // the block-scale multiplier
   const size_t nb = q.scales.size();
   // The scale a block needs, a_b·T/g (= a_b·ge/6 with ge = 6T/g), is "clipped" when RNE to the
-  // scale format without its max would give more than max_finite: beyond the midpoint max + ulp(max)/2. (Comparing
-  // with max itself would count the block holding the tensor amax, whose needed scale is T up
-  // to one FP32 rounding of the encode scale.)
+  // scale format without its max would give more than max_finite: beyond the midpoint
+  // max + ulp(max)/2. (Comparing with max itself would count the block holding the tensor amax,
+  // whose needed scale is T up to one FP32 rounding of the encode scale.)
   int e_max = 0;
   std::frexp(sf.max_finite, &e_max);  // max_finite = m·2^e_max, m in [0.5, 1)
   const float clip_above = sf.max_finite + std::ldexp(0.5f, e_max - 1 - sf.frac_bits);
