@@ -7,7 +7,8 @@
 # window's NLL agree to 1e-4 relative. Copies with a plausible export bug (SwiGLU halves
 # swapped, q/k rows in HF's order, A_log for A) must miss, so the check
 # can fail. Every key and tensor written is read back; configs llama.cpp cannot run are
-# refused (exit 2).
+# refused (exit 2). llama.cpp's tokenizer (the exported SentencePiece vocabulary) gives the
+# held-out documents fp4train's token ids.
 # Exit 77 (skip) without tools/llama/node_modules (scripts/setup installs it where Node.js >= 20
 # runs on x86-64) unless FP4_REQUIRE_LLAMA=1 (.ci/run sets it).
 # Usage: llama_cpp.sh <fp4train binary> <source dir>
@@ -127,6 +128,44 @@ for i in range(cfg["L"]):
 assert {n: v[0] for n, v in names.items()} == expect, sorted(set(names) ^ set(expect))
 assert all(t == 0 for _, t in names.values())
 print(f"GGUF: {len(kv)} keys and {len(names)} tensors as expected")
+PY
+
+# --- llama.cpp tokenizes the held-out documents as fp4train did --------------------------
+# The held-out split of a text directory: documents 9, 19, ... in name order, each trimmed,
+# encoded and followed by EOS (docs/data.md); `data --export` writes that stream (val.bin).
+"$bin" data --config "$work/micro.toml" --export "$work/shards" > "$work/data.txt" 2>&1 \
+  || { cat "$work/data.txt"; fail "data --export"; }
+python3 - "$work/text" "$work/texts.json" <<'PY' || fail "held-out texts"
+import json, os, sys
+names = sorted(os.listdir(sys.argv[1]))
+docs = [open(os.path.join(sys.argv[1], n), "rb").read().decode().strip(" \t\n\r\f\v")
+        for i, n in enumerate(names) if i % 10 == 9]
+json.dump({"texts": docs}, open(sys.argv[2], "w"))
+PY
+node "$llama/llama_tokenize.mjs" "$work/relu2/gguf/model.gguf" "$work/texts.json" "$work/tok.json" \
+  > "$work/tok.txt" 2>&1 || { cat "$work/tok.txt"; fail "llama.cpp tokenize"; }
+python3 - "$work/shards/val.bin" "$work/tok.json" <<'PY' || fail "llama.cpp tokenizes differently"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+header = struct.unpack_from("<256i", b, 0)
+width = 2 if header[1] == 1 else 4  # llm.c: version 1 uint16, 2 uint32
+ids = list(struct.unpack_from(f"<{header[2]}{'H' if width == 2 else 'I'}", b, 1024))
+docs, cur = [], []
+for t in ids:
+    if t == 2:
+        docs.append(cur); cur = []
+    else:
+        cur.append(t)
+theirs = json.load(open(sys.argv[2]))["ids"]
+assert len(docs) == len(theirs) == 4, (len(docs), len(theirs))
+same = sum(a == b for a, b in zip(docs, theirs))
+print(f"tokenizer: {same} of {len(docs)} held-out documents ({sum(map(len, docs))} tokens) "
+      "tokenized identically by llama.cpp")
+for i, (a, b) in enumerate(zip(docs, theirs)):
+    if a != b:
+        k = next(j for j in range(min(len(a), len(b)) + 1) if j >= min(len(a), len(b)) or a[j] != b[j])
+        print(f"  document {i}: first difference at token {k}: fp4train {a[k:k + 5]}, llama.cpp {b[k:k + 5]}")
+assert same == len(docs)
 PY
 
 # --- a weight read wrongly must fail the check -------------------------------------------
