@@ -8,7 +8,8 @@
 #   - `issue N` (any case), the number of a tracker issue (`oneDNN issue #4845`, a public one,
 #     is written with its `#` and is not matched);
 #   - `docs/PAGE.md "Heading"` where PAGE.md does not exist or has no heading spelled so (the
-#     whole heading, without its #s; a citation may continue on the next comment line).
+#     whole heading, without its #s and with or without its code marks; a citation may continue
+#     on the next comment line).
 # Usage: doc_citations.sh <fp4train binary (unused)> <source dir>
 set -u
 src=${2:?source dir}
@@ -39,7 +40,7 @@ for page in sorted(os.listdir("docs")):
         if line.startswith("```"):
             fence = not fence
         elif not fence and re.match(r"#+ ", line):
-            hs.add(line.split(" ", 1)[1].strip())
+            hs.add(line.split(" ", 1)[1].strip().replace("`", ""))  # cited without code marks
     heads[page] = hs
 cite = re.compile(r'docs/([\w.-]+\.md)[,;:]?\s+\(?\\?"([^"\\]+)\\?"')
 bad = 0
@@ -54,7 +55,7 @@ for top in sys.argv[1:]:
             text = re.sub(r"\n[ \t]*(?:///|//|#)[ \t]?", " ", text)
             text = re.sub(r'"[ \t]*\n[ \t]*"', "", text)
             for m in cite.finditer(text):
-                page, heading = m.group(1), " ".join(m.group(2).split())
+                page, heading = m.group(1), " ".join(m.group(2).replace("`", "").split())
                 if page not in heads:
                     print(f"doc_citations: {path}: docs/{page} does not exist")
                     bad += 1
