@@ -114,12 +114,14 @@ void register_eval(CLI::App& app) {
       "              batch 1, 51, 101, ... and held in between (replay-d<D> for another D)\n"
       "  calibrated  max of each activation's amax over --calib-batches batches from the start\n"
       "              of the training split (current scaling), then frozen\n"
+      "  llama-q8_0  as llama.cpp computes a GGUF export (export --format gguf --weights ...):\n"
+      "              FP4 linears' activations as its Q8_0, other linears FP32 (not a default)\n"
       "Held-out windows: the first --windows non-overlapping seq_len windows of the held-out\n"
       "split, train.micro_batch_size (batch_size unless micro-batched) per batch. Prints a table; --json writes it for machines.");
   add_source_options(c, a->src);
   c->add_option("--policy", a->policies,
-                "none, current, replay-d50 (replay-d<D>), calibrated; repeatable or a comma list "
-                "(default: all four)");
+                "none, current, replay-d50 (replay-d<D>), calibrated, llama-q8_0; repeatable or a "
+                "comma list (default: the first four)");
   c->add_option("--windows", a->windows, "Held-out windows (default: eval.windows of the config)")
       ->check(CLI::Range(1, 1 << 24));
   c->add_option("--calib-batches", a->calib_batches,

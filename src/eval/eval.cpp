@@ -18,7 +18,8 @@
 namespace fp4 {
 namespace {
 
-constexpr const char* kPolicyNames = "none, current, replay-d<D> (e.g. replay-d50), calibrated";
+constexpr const char* kPolicyNames =
+    "none, current, replay-d<D> (e.g. replay-d50), calibrated, llama-q8_0";
 
 nn::StepContext inference_ctx(const EvalPolicy& p) {
   nn::StepContext ctx;
@@ -29,6 +30,7 @@ nn::StepContext inference_ctx(const EvalPolicy& p) {
     case EvalPolicy::Kind::Current: ctx.infer_ref = nn::InferenceRef::Current; break;
     case EvalPolicy::Kind::Replay: ctx.infer_ref = nn::InferenceRef::Replay; break;
     case EvalPolicy::Kind::Calibrated: ctx.infer_ref = nn::InferenceRef::Frozen; break;
+    case EvalPolicy::Kind::LlamaQ8: ctx.infer_ref = nn::InferenceRef::LlamaQ8; break;
   }
   return ctx;
 }
@@ -87,6 +89,7 @@ std::string EvalPolicy::name() const {
     case Kind::Current: return "current";
     case Kind::Replay: return "replay-d" + std::to_string(interval);
     case Kind::Calibrated: return "calibrated";
+    case Kind::LlamaQ8: return "llama-q8_0";
   }
   return "?";
 }
@@ -99,6 +102,8 @@ EvalPolicy parse_eval_policy(std::string_view name) {
     p.kind = EvalPolicy::Kind::Current;
   } else if (name == "calibrated") {
     p.kind = EvalPolicy::Kind::Calibrated;
+  } else if (name == "llama-q8_0") {
+    p.kind = EvalPolicy::Kind::LlamaQ8;
   } else if (name.starts_with("replay-d")) {
     const std::string_view d = name.substr(8);
     int v = 0;

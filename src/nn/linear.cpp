@@ -6,6 +6,7 @@
 #include <bit>
 #include <stdexcept>
 
+#include "fp4/numerics/q8_0.h"
 #include "fp4/numerics/bf16.h"
 #include "fp4/numerics/format.h"
 #include "fp4/gemm/gemm.h"
@@ -247,8 +248,10 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
         throw std::logic_error("Linear " + std::to_string(id_) +
                                ": frozen inference reference used before calibration");
       return inf_.calibrated_x;
+    case InferenceRef::LlamaQ8:  // X is Q8_0 there (forward_llama_q8): no tensor reference
+      break;
   }
-  throw std::logic_error("Linear: unknown inference reference policy");
+  throw std::logic_error("Linear: no activation reference under this inference policy");
 }
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
@@ -265,11 +268,13 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
   // Training moves the weights: a frozen inference weight amax or calibration is stale.
   if (ctx.training && (inf_.has_w || inf_.has_calibrated || inf_.x.has_value()))
     reset_inference(inf_.x.interval());
-  quantized_ = ctx.quantize && mode_ != LinearMode::FP32;
+  const bool llama = !ctx.training && ctx.infer_ref == InferenceRef::LlamaQ8;
+  quantized_ = ctx.quantize && mode_ != LinearMode::FP32 && (!llama || mode_ == LinearMode::FP4);
   if (!quantized_) {
     timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, X, K_, W_, K_, 0.f, Y, N_);
     return;
   }
+  if (llama) return forward_llama_q8(X, Y, M, ctx);
   if (mode_ == LinearMode::BF16) {  // BF16 operands (RNE), FP32 accumulate; kept for backward
     xb_.resize(M * K_);
     wb_.resize(N_ * K_);
@@ -321,6 +326,25 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     Scope s(Cat::kQuantBf16);
     round_bf16_into(Y, M * N_, Y);
   }
+}
+
+// InferenceRef::LlamaQ8, an FP4 linear as llama.cpp computes its GGUF export on a CPU: W as
+// the fprop quantizes it (blocks or tiles of its recipe, the frozen inference amax), X as
+// llama.cpp's Q8_0 (no BF16 boundary, no BF16 output, no probe GEMM: llama.cpp has none of
+// them), then the FP32 GEMM of the two decoded operands.
+void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepContext& ctx) {
+  const float gw = reference_for(Role::W, W_, N_ * K_, ctx);
+  const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
+  wq_.resize(N_ * K_);
+  prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
+  LinearWorkspace& ws = *ws_;
+  ws.xq.valid = false;  // the row buffer holds Q8_0 values now, not a shareable quantized X
+  float* xq = ws.row.get(M * K_);
+  {
+    Scope s(Cat::kQuantRow);
+    q8_0_quantize_dequantize(X, M, K_, xq);
+  }
+  timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
 }
 
 // dX [M, K] += round_bf16(d) for d [M, K]: a linear's own dgrad output kept in BF16 (the recipe's

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "fp4/numerics/q8_0.h"
 #include "fp4/numerics/block_quant.h"
 #include "fp4/data/data.h"
 #include "fp4/base/error.h"
@@ -89,6 +90,33 @@ TEST(InferenceLinear, CurrentEqualsQuantizeWithTensorAmaxThenGemm) {
   EXPECT_EQ(lin.refs().g_x, amax(X));
   EXPECT_TRUE(same_bits(Y, independent_fprop(X, W, M, K, N, r, amax(X), amax(W))));
   EXPECT_TRUE(training_caches_empty(lin));
+}
+
+// llama-q8_0 (docs/export.md "FP4 weights in GGUF"): an FP4 linear's X as llama.cpp's Q8_0
+// (K = 64: two blocks of 32), W as the fprop quantizes it; BF16 (paper's interface, probe GEMM,
+// BF16 boundary) all skipped; a BF16 linear in plain FP32.
+TEST(InferenceLinear, LlamaQ8TakesQ80ActivationsAndTheTrainedWeights) {
+  constexpr int64_t Kq = 64;
+  const auto X = randn(M * Kq, 11, 3.f), W = randn(N * Kq, 12, 0.05f);
+  std::vector<float> dW(N * Kq), Y(M * N), xq(M * Kq), wq(N * Kq), want(M * N);
+  for (const char* name : {"ue5m3-b16", "mxfp4", "ue5m3-b16-paper"}) {
+    const Recipe r = recipe(name);
+    nn::Linear lin(0, Kq, N, LinearPlan::uniform(r, LinearMode::FP4));
+    lin.bind(const_cast<float*>(W.data()), dW.data());
+    lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::LlamaQ8));
+    q8_0_quantize_dequantize(X.data(), M, Kq, xq.data());
+    quantize_dequantize(W.data(), N, Kq, r.spec_w(), amax(W), nullptr, wq.data());
+    sgemm(false, true, M, N, Kq, 1.f, xq.data(), Kq, wq.data(), Kq, 0.f, want.data(), N);
+    EXPECT_TRUE(same_bits(Y, want)) << name;
+    EXPECT_TRUE(training_caches_empty(lin)) << name;
+  }
+  const Recipe r = recipe("nvfp4-te");
+  nn::Linear bf16(0, Kq, N, LinearPlan::uniform(r, LinearMode::BF16));
+  bf16.bind(const_cast<float*>(W.data()), dW.data());
+  bf16.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::LlamaQ8));
+  sgemm(false, true, M, N, Kq, 1.f, X.data(), Kq, W.data(), Kq, 0.f, want.data(), N);
+  EXPECT_TRUE(same_bits(Y, want)) << "a BF16 linear runs FP32 under llama-q8_0";
+  EXPECT_EQ(parse_eval_policy("llama-q8_0").name(), "llama-q8_0");
 }
 
 TEST(InferenceLinear, ReplayHoldsBatchOneAndRefreshesAtBatch51WeightsFrozen) {

@@ -30,15 +30,16 @@ namespace fp4 {
 
 /// An inference reference policy: none, current, replay-d<D>, calibrated.
 struct EvalPolicy {
-  enum class Kind { None, Current, Replay, Calibrated };
+  /// LlamaQ8: "llama-q8_0", llama.cpp's CPU arithmetic on a GGUF export (nn::InferenceRef).
+  enum class Kind { None, Current, Replay, Calibrated, LlamaQ8 };
   Kind kind = Kind::Current;
   int interval = 50;  ///< D of Replay (≥ 1); unused otherwise
-  /// "none" | "current" | "replay-d<D>" | "calibrated".
+  /// "none" | "current" | "replay-d<D>" | "calibrated" | "llama-q8_0".
   std::string name() const;
 };
 
 /// Parse one policy name: "none", "current", "calibrated", "replay-d<D>" with 1 ≤ D ≤ 10^9
-/// ("replay-d50" is the paper's D). Throws fp4::UserError naming the bad value and the
+/// ("replay-d50" is the paper's D), "llama-q8_0" (docs/export.md "FP4 weights in GGUF"). Throws fp4::UserError naming the bad value and the
 /// accepted names.
 EvalPolicy parse_eval_policy(std::string_view name);
 

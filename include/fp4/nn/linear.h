@@ -111,6 +111,11 @@ enum class InferenceRef {
               ///< max|X| is recorded as the calibrated reference
   Frozen,     ///< g = the recorded calibrated reference, whatever this call's X; throws
               ///< std::logic_error if the layer was never calibrated since the last reset
+  /// llama.cpp's CPU arithmetic on a GGUF export: an FP4 linear multiplies its fprop-quantized
+  /// W (frozen weight amax, as every policy) by X quantized as llama.cpp's Q8_0
+  /// (fp4/numerics/q8_0.h) in the decoded GEMM; a BF16 or FP32 linear runs in FP32, as its
+  /// exported FP32 weights do there (docs/export.md "FP4 weights in GGUF").
+  LlamaQ8,
 };
 
 /// How data-parallel ranks agree on the activation and gradient references of a training step
@@ -267,6 +272,7 @@ class Linear {
 
  private:
   void forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx);
+  void forward_llama_q8(const float* X, float* Y, int64_t M, const StepContext& ctx);
   void backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx);
   // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
