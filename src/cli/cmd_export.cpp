@@ -4,7 +4,9 @@
 // llama.cpp (DIR/model.gguf: gguf_layout.h, with the run's SentencePiece vocabulary). The
 // maps of names are in docs/export.md; python/fp4train/torch/models.py loads the HF directory.
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,8 @@
 #include "fp4/base/gguf.h"
 #include "fp4/data/data.h"
 #include "fp4/nn/gguf_layout.h"
+#include "fp4/numerics/block_quant.h"
+#include "fp4/recipe/recipe.h"
 
 namespace fp4::cli {
 namespace fs = std::filesystem;
@@ -30,6 +34,8 @@ struct ExportArgs {
   std::string checkpoint;
   std::string out;
   std::string format = "hf";
+  std::string weights = "f32";  // gguf: f32, mxfp4 or nvfp4 for the FP4 linears
+  bool requantize = false;      // gguf nvfp4: re-quantize weights that are not NVFP4
 };
 
 // A checkpoint with its run config, recipe and the model's parameter table.
@@ -40,6 +46,7 @@ struct Exported {
   RunConfig cfg;
   Recipe recipe;
   std::vector<nn::ParamInfo> infos;
+  std::map<std::string, LinearPlan> plans;  // by linear name ("layers.0.mixer.q_proj")
 };
 
 Exported load_exported(const std::string& checkpoint) {
@@ -59,7 +66,10 @@ Exported load_exported(const std::string& checkpoint) {
                     std::to_string(model.num_params()));
   fs::path run_dir = fs::is_directory(arg) ? arg : file.parent_path();
   if (run_dir.filename() == "checkpoints") run_dir = run_dir.parent_path();
-  return {file, run_dir, ck, cfg, recipe, model.param_infos()};
+  std::map<std::string, LinearPlan> plans;
+  for (size_t i = 0; i < model.linears().size(); ++i)
+    plans.emplace(model.linear_name(i), model.resolved_linears().plans[i]);
+  return {file, run_dir, ck, cfg, recipe, model.param_infos(), std::move(plans)};
 }
 
 // --out as a directory, created.
@@ -139,33 +149,89 @@ bool add_gguf_tokenizer(gguf::Writer& w, const fs::path& tokenizer_model) {
   return true;
 }
 
-void export_gguf(const Exported& e, const fs::path& out) {
-  const std::vector<GgufTensor> tensors = gguf_tensors(e.cfg.model, e.infos, e.ck.params);
+// The weight spec an FP4 linear's GGUF tensor is quantized with: its fprop W spec, or with
+// --requantize the NVFP4 one (E4M3 block scales, blocks or tiles of 16, T = 448, RNE).
+BlockQuantSpec gguf_weight_spec(const LinearPlan& plan, const ExportArgs& a, const Recipe& r) {
+  BlockQuantSpec s = plan.spec(Gemm::Fprop, Operand::W);
+  const bool nvfp4 = s.scale_format == ScaleFormat::E4M3 && s.block == 16 &&
+                     s.scale_rule == ScaleRule::TensorScaled && s.scale_desc == nullptr;
+  if (a.weights == "nvfp4" && !nvfp4 && !a.requantize)
+    throw UserError("--weights nvfp4: recipe " + r.name + " quantizes its weights with " +
+                    scale_format_name(s.scale_format) + " block scales over blocks of " +
+                    std::to_string(s.block) + ", not NVFP4's E4M3 over 16; --requantize writes "
+                    "them re-quantized to NVFP4 (docs/export.md \"FP4 weights in GGUF\")");
+  if (a.weights == "nvfp4" && a.requantize) {
+    s.scale_format = ScaleFormat::E4M3, s.scale_desc = nullptr, s.block = 16, s.target = 448.f;
+    s.scale_rule = ScaleRule::TensorScaled, s.rounding = Rounding::RNE;
+  }
+  return s;
+}
+
+// The GGUF file of `e` in memory: every check made before anything is written.
+struct GgufExport {
   gguf::Writer w;
-  add_gguf_metadata(w, e.cfg.model, e.cfg.train.seq_len,
-                    e.recipe.name + " step " + std::to_string(e.ck.step), /*all_f32=*/true);
-  const bool vocab = add_gguf_tokenizer(w, e.run_dir / "tokenizer.model");
-  w.add("fp4train.checkpoint", gguf::ValueType::String, e.file.string());
-  w.add("fp4train.step", gguf::ValueType::U64, e.ck.step);
-  w.add("fp4train.recipe", gguf::ValueType::String, e.recipe.name);
-  for (const GgufTensor& t : tensors) w.add_f32(t.name, t.ne, t.data.data());
-  const fs::path file = out / "model.gguf";
-  w.write(file);
-  std::printf("exported %s (step %lld, llama.cpp architecture %s, %zu tensors F32%s) to %s\n",
-              e.file.string().c_str(), static_cast<long long>(e.ck.step),
-              gguf_architecture(e.cfg.model).c_str(), tensors.size(),
-              vocab ? ", SentencePiece vocabulary" : ", no vocabulary (no tokenizer.model)",
-              file.string().c_str());
+  int fp4 = 0, f32 = 0;
+  bool vocab = false;
+};
+
+GgufExport build_gguf(const Exported& e, const ExportArgs& a) {
+  const std::string arch = gguf_architecture(e.cfg.model);
+  const auto type = a.weights == "mxfp4" ? gguf::TensorType::MXFP4 : gguf::TensorType::NVFP4;
+  if (a.weights == "nvfp4" && arch == "arcee")
+    throw UserError("--weights nvfp4: llama.cpp's arcee graph (squared-ReLU MLP; v0.4.0) does "
+                    "not apply the FFN's .scale tensors, so NVFP4 needs a SwiGLU (llama) or "
+                    "hybrid (nemotron_h) model; MXFP4 has no tensor scale and works");
+  if (a.requantize && a.weights != "nvfp4") throw UserError("--requantize goes with --weights nvfp4");
+  GgufExport g;
+  add_gguf_metadata(g.w, e.cfg.model, e.cfg.train.seq_len,
+                    e.recipe.name + " step " + std::to_string(e.ck.step), a.weights == "f32");
+  g.vocab = add_gguf_tokenizer(g.w, e.run_dir / "tokenizer.model");
+  g.w.add("fp4train.checkpoint", gguf::ValueType::String, e.file.string());
+  g.w.add("fp4train.step", gguf::ValueType::U64, e.ck.step);
+  g.w.add("fp4train.recipe", gguf::ValueType::String, e.recipe.name);
+  g.w.add("fp4train.weights", gguf::ValueType::String, a.weights + (a.requantize ? " (re-quantized)" : ""));
+  std::map<std::string, QuantizedTensor> quantized;  // by source: one quantization per linear
+  for (const GgufTensor& t : gguf_tensors(e.cfg.model, e.infos, e.ck.params)) {
+    auto plan = e.plans.find(t.source);
+    if (a.weights == "f32" || plan == e.plans.end() || plan->second.mode != LinearMode::FP4) {
+      g.w.add_f32(t.name, t.ne, t.data.data()), ++g.f32;
+      continue;
+    }
+    auto q = quantized.find(t.source);
+    if (q == quantized.end()) {
+      const nn::ParamInfo& p = *std::find_if(e.infos.begin(), e.infos.end(),
+                                             [&](const nn::ParamInfo& i) { return i.name == t.source; });
+      const float* W = e.ck.params.data() + p.offset;
+      const BlockQuantSpec spec = gguf_weight_spec(plan->second, a, e.recipe);
+      q = quantized.emplace(t.source, quantize_blocks(W, p.rows, p.cols, spec,
+                                                      tensor_amax(W, p.size), nullptr)).first;
+    }
+    g.w.add_tensor(t.name, t.ne, type,
+                   pack_gguf_fp4(q->second, t.source_row0, t.ne[1], type,
+                                 "--weights " + a.weights + ", " + t.source));
+    if (type == gguf::TensorType::NVFP4) {  // the tensor decode scale, applied to the output
+      const std::string base = t.name.substr(0, t.name.size() - std::string(".weight").size());
+      g.w.add_f32(base + ".scale", {1}, &q->second.gd);
+    }
+    ++g.fp4;
+  }
+  return g;
 }
 
 void run_export(const ExportArgs& a) {
   const Exported e = load_exported(a.checkpoint);
-  if (a.format == "gguf") gguf_architecture(e.cfg.model);  // refuse before creating --out
-  const fs::path out = out_directory(a.out);
-  if (a.format == "gguf")
-    export_gguf(e, out);
-  else
-    export_hf(e, out);
+  if (a.format != "gguf" && (a.weights != "f32" || a.requantize))
+    throw UserError("--weights and --requantize go with --format gguf");
+  if (a.format == "hf") return export_hf(e, out_directory(a.out));
+  const GgufExport g = build_gguf(e, a);  // refuses before --out is created
+  const fs::path file = out_directory(a.out) / "model.gguf";
+  g.w.write(file);
+  std::printf("exported %s (step %lld, llama.cpp architecture %s; %d tensors %s, %d F32%s) to %s\n",
+              e.file.string().c_str(), static_cast<long long>(e.ck.step),
+              gguf_architecture(e.cfg.model).c_str(), g.fp4,
+              a.weights == "mxfp4" ? "MXFP4" : a.requantize ? "NVFP4 (re-quantized)" : "NVFP4",
+              g.f32, g.vocab ? ", SentencePiece vocabulary" : ", no vocabulary (no tokenizer.model)",
+              file.string().c_str());
 }
 }  // namespace
 
@@ -203,6 +269,18 @@ void register_export(CLI::App& app) {
                 "SentencePiece vocabulary; docs/export.md \"GGUF for llama.cpp\")")
       ->capture_default_str()
       ->check(CLI::IsMember({"hf", "gguf"}));
+  c->add_option("--weights", a->weights,
+                "gguf: how the FP4 linears' weights are written: f32 (the FP32 master weights), "
+                "mxfp4 (an MXFP4 run's weights exactly as its forward quantizes them: E2M1 codes "
+                "and E8M0 scales), nvfp4 (an NVFP4 run's: E2M1, E4M3 scales of 16 values, the "
+                "FP32 tensor scale as <name>.scale); other linears (BF16, FP32, the LM head) "
+                "stay F32. Score the export in fp4train with eval --policy llama-q8_0 "
+                "(docs/export.md \"FP4 weights in GGUF\")")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "mxfp4", "nvfp4"}));
+  c->add_flag("--requantize", a->requantize,
+              "With --weights nvfp4: re-quantize weights trained with other block scales (e.g. "
+              "UE5M3) to NVFP4 (E4M3 scales over 16, T = 448); without it such a run is refused");
   c->callback([a] { run_export(*a); });
 }
 

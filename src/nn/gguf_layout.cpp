@@ -113,6 +113,7 @@ std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
                                      const std::vector<float>& values) {
   gguf_architecture(cfg);  // throws for a config llama.cpp cannot run
   std::vector<GgufTensor> out;
+  std::map<std::string, int64_t> rows_taken;  // rows of each source handed out so far
   for (HfTensor& t : hf_tensors(cfg, infos, values)) {
     const std::string name = gguf_name(t.name);
     if (name.empty()) throw std::invalid_argument("gguf_tensors: no GGUF name for " + t.name);
@@ -130,7 +131,49 @@ std::vector<GgufTensor> gguf_tensors(const ModelConfig& cfg,
       for (float& v : data) v = -std::exp(v);
     if (name.ends_with("ssm_norm.weight"))
       ne = {t.shape[0] / cfg.mamba_n_groups, cfg.mamba_n_groups};
-    out.push_back({name, t.source, std::move(ne), std::move(data)});
+    const int64_t rows = t.shape.size() >= 2 ? t.shape[0] : 1;
+    int64_t& row0 = rows_taken[t.source];
+    out.push_back({name, t.source, std::move(ne), std::move(data), row0});
+    row0 += rows;
+  }
+  return out;
+}
+
+std::vector<uint8_t> pack_gguf_fp4(const QuantizedTensor& q, int64_t row0, int64_t rows,
+                                   gguf::TensorType type, const std::string& what) {
+  const BlockQuantSpec& s = q.spec;
+  const bool mx = type == gguf::TensorType::MXFP4;
+  if (!mx && type != gguf::TensorType::NVFP4)
+    throw std::invalid_argument("pack_gguf_fp4: not an FP4 type: " + gguf::type_name(type));
+  const bool fits = s.element.is_e2m1() && s.scale_desc == nullptr &&
+                    (mx ? s.scale_format == ScaleFormat::UE8M0 &&
+                              s.scale_rule != ScaleRule::TensorScaled && s.block == 32 && !s.two_d
+                        : s.scale_format == ScaleFormat::E4M3 &&
+                              s.scale_rule == ScaleRule::TensorScaled && s.block == 16);
+  if (!fits)
+    throw UserError(what + ": its weights are quantized as " + scale_format_name(s.scale_format) +
+                    " block " + std::to_string(s.block) + (s.two_d ? " tiles" : "") +
+                    (mx ? ", not as MXFP4 (E2M1, UE8M0 scales, an MX rule, 1-D blocks of 32)"
+                        : ", not as NVFP4 (E2M1, E4M3 scales, tensor-scaled, blocks of 16)"));
+  const int64_t K = q.cols;
+  if (!mx && K % 64 != 0)
+    throw UserError(what + ": inner dimension " + std::to_string(K) +
+                    " is not a multiple of 64, the NVFP4 block of GGUF");
+  if (row0 < 0 || rows < 0 || row0 + rows > q.rows)
+    throw std::invalid_argument("pack_gguf_fp4: rows outside the quantized tensor");
+  const int64_t per = mx ? 32 : 64, half = mx ? 16 : 8, sub = mx ? 32 : 16;
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>(rows * (K / per) * (mx ? 17 : 36)));
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const int64_t br = s.two_d ? r / s.block : r;  // the block row of element row r
+    const uint8_t* c = q.codes.data() + r * K;
+    for (int64_t b0 = 0; b0 < K; b0 += per) {
+      for (int64_t j = b0; j < b0 + per; j += sub)  // the scale byte(s)
+        out.push_back(q.scale_codes[static_cast<size_t>(br * q.block_cols + j / s.block)]);
+      for (int64_t j = b0; j < b0 + per; j += sub)  // each sub-block's nibble pairs
+        for (int64_t i = 0; i < half; ++i)
+          out.push_back(static_cast<uint8_t>((c[j + i] & 0xF) | (c[j + i + half] & 0xF) << 4));
+    }
   }
   return out;
 }

@@ -23,6 +23,7 @@
 #include "fp4/base/gguf.h"
 #include "fp4/config/config.h"
 #include "fp4/nn/model.h"
+#include "fp4/numerics/block_quant.h"
 
 namespace fp4 {
 
@@ -37,7 +38,28 @@ struct GgufTensor {
   std::string source;  ///< the fp4train parameter, e.g. "layers.0.mixer.q_proj"
   std::vector<int64_t> ne;
   std::vector<float> data;  ///< row-major, ne[0] fastest
+  /// The tensor's rows are rows [source_row0, source_row0 + ne[1]) of its source parameter,
+  /// in order (every Llama-style and hybrid tensor is such a row range: SwiGLU's ffn_gate and
+  /// ffn_up are the two halves of up_proj), so a quantized source packs row by row.
+  int64_t source_row0 = 0;
 };
+
+/// The GGUF blocks of rows [row0, row0 + rows) of q, an E2M1 weight quantized as W [N, K] for
+/// fprop (fp4/numerics/block_quant.h), in ggml's layout (ggml-common.h):
+///  * MXFP4 (q: UE8M0 scales, an MX scale rule, 1-D blocks of 32 along K): per block of 32,
+///    the E8M0 scale byte (UE8M0's code: 2^(code − 127)), then 16 bytes whose byte j holds
+///    element j in its low and element j + 16 in its high nibble;
+///  * NVFP4 (q: E4M3 scales, the tensor-scaled rule, blocks or 16 × 16 tiles of 16, K a
+///    multiple of 64): per 64 values, the four E4M3 scale codes of its 16-value blocks (a tile's
+///    code repeated over its 16 rows), then 4 × 8 bytes, byte j of sub-block s holding element
+///    16s + j low and 16s + j + 8 high. The tensor decode scale gd goes in the separate
+///    "<name>.scale" tensor.
+/// E2M1 codes are the same in both (sign in bit 3, magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6).
+/// Throws fp4::UserError naming `what` when q's spec is not the type's (a different scale
+/// format, rule, block length or element format, or K not a multiple of 64 for NVFP4), and
+/// std::invalid_argument for rows outside q.
+std::vector<uint8_t> pack_gguf_fp4(const QuantizedTensor& q, int64_t row0, int64_t rows,
+                                   gguf::TensorType type, const std::string& what);
 
 /// The GGUF tensors of a model of `cfg` whose parameters are `values` (in the layout of
 /// `infos`, Model::param_infos), in llama.cpp's names, F32. Throws as gguf_architecture, and
