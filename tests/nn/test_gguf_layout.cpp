@@ -87,7 +87,9 @@ void expect_packs_as_ggml_decodes(const BlockQuantSpec& spec, TensorType type, i
         const double got = type == TensorType::NVFP4 ? double(y[j]) * q.gd : double(y[j]);
         const double ref = want[(row0 + r) * K + j];
         ASSERT_NEAR(got, ref, std::fabs(ref) * 1.2e-7) << "row " << row0 + r << " col " << j;
-        if (type == TensorType::MXFP4) ASSERT_EQ(float(got), float(ref));  // exact: no tensor scale
+        if (type == TensorType::MXFP4) {
+          ASSERT_EQ(float(got), float(ref));  // exact: no tensor scale
+        }
       }
     }
   }
