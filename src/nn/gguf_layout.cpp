@@ -97,6 +97,13 @@ std::string gguf_architecture(const ModelConfig& cfg) {
     if (cfg.mlp != "squared_relu")
       throw UserError("GGUF export: pattern '" + cfg.block_pattern() + "' with mlp = '" + cfg.mlp +
                       "', but llama.cpp's nemotron_h MLP is squared ReLU");
+    // Its hybrid memory holds a recurrent and an attention cache; with either kind of block
+    // missing, llama.cpp v0.4.0 aborts on the file (GGML_ASSERT(buffer) in ggml-backend).
+    const std::string p = cfg.block_pattern();
+    if (p.find('M') == std::string::npos || !attention)
+      throw UserError("GGUF export: pattern '" + p + "' has no " +
+                      (p.find('M') == std::string::npos ? "Mamba-2 (M)" : "attention (*)") +
+                      " block, but llama.cpp's nemotron_h needs at least one of each");
     return "nemotron_h";
   }
   if (!cfg.rope)

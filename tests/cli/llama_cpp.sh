@@ -35,6 +35,14 @@ grep -q 'pattern = "M-\*M-"' "$work/hybrid.toml" || fail "hybrid.toml"
 "$bin" train --config "$work/hybrid.toml" --recipe fp32 --out "$work/hyrope" --quiet --peak-gflops 1 \
   --steps 2 --set model.rope=true > "$work/t1.txt" 2>&1 || { cat "$work/t1.txt"; fail "train (hybrid, RoPE)"; }
 expect_error "nemotron_h applies no RoPE" export --checkpoint "$work/hyrope" --out "$work/g1" --format gguf
+# llama.cpp's nemotron_h needs a Mamba-2 and an attention block (it aborts on the file otherwise).
+for p in '"**"' '"MM"' '"M-"'; do
+  sed -e "s/^pattern = .*/pattern = $p/" "$work/hybrid.toml" > "$work/p.toml"
+  "$bin" train --config "$work/p.toml" --recipe fp32 --out "$work/pat" --quiet --peak-gflops 1 --steps 1 \
+    > "$work/t3.txt" 2>&1 || { cat "$work/t3.txt"; fail "train (pattern $p)"; }
+  expect_error "needs at least one of each" export --checkpoint "$work/pat" --out "$work/g1" --format gguf
+  rm -rf "$work/pat"
+done
 
 if [ ! -d "$llama/node_modules/node-llama-cpp" ]; then
   [ "${FP4_REQUIRE_LLAMA:-0}" = 1 ] && fail "tools/llama/node_modules missing (bash scripts/setup installs it)"
