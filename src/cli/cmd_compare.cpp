@@ -1,6 +1,7 @@
 // `fp4train compare` (train every recipe × seed on one config, evaluate, report), `report DIR`
 // (rebuild the report) and `compact DIR...` (compress finished runs' logs): the options and
 // calls into the study room (fp4/study/compare.h, fp4/study/run_metrics.h).
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -92,6 +93,18 @@ void register_noise(CLI::App& app) {
 
 }  // namespace
 
+namespace {
+// CLI11 check of --effect: a number of nats in [1e-9, 100]; the message (which CLI11 prefixes
+// with the option) says whether it is not a number or out of range.
+std::string check_effect(const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') return "'" + v + "' is not a number (nats, e.g. 0.005)";
+  if (!(x >= 1e-9 && x <= 100)) return v + " is not a difference in nats in [1e-9, 100]";
+  return "";
+}
+}  // namespace
+
 void register_compare(CLI::App& app) {
   auto a = std::make_shared<CompareRequest>();
   auto* c = app.add_subcommand(
@@ -133,12 +146,14 @@ void register_compare(CLI::App& app) {
                 "\"Checkpoints\")")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 30));
-  c->add_option("--effect", a->effect,
-                "The difference (nats) the comparison should resolve: before training, the "
-                "95% half-width the planned seeds give and the seeds this takes, from the "
-                "measured paired noise of the config (--noise); the report's Power table")
-      ->check(CLI::Range(1e-9, 100.0))
-      ->capture_default_str();
+  CLI::Option* effect =
+      c->add_option("--effect", a->effect,
+                    "The difference (nats) the comparison should resolve: before training, the "
+                    "95% half-width the planned seeds give and the seeds this takes, from the "
+                    "measured paired noise of the config (--noise); the report's Power table. "
+                    "A rerun into the same --out keeps the effect it had unless given")
+          ->check(CLI::Validator(check_effect, "NATS"))
+          ->capture_default_str();
   c->add_option("--noise", a->noise,
                 "Table of measured paired noise per config (`fp4train noise`; docs/compare.md "
                 "\"Power before cost\")")
@@ -164,7 +179,10 @@ void register_compare(CLI::App& app) {
                 "DIR/<run>/task-minimal-pairs.json; the report adds their accuracy tables and "
                 "item-paired comparisons; remembered in DIR/compare.json (tasks accumulate)");
   c->add_flag("--no-plots", a->no_plots, "Skip tools/plot_runs.py");
-  c->callback([a] { run_comparison(*a); });
+  c->callback([a, effect] {
+    a->effect_given = effect->count() > 0;
+    run_comparison(*a);
+  });
 
   auto dir = std::make_shared<std::string>();
   auto no_plots = std::make_shared<bool>(false);

@@ -399,12 +399,12 @@ NoiseSource noise_source_report(const fs::path& md) {
 
 std::string noise_table_toml(const std::vector<fs::path>& dirs, const std::string& command) {
   std::ostringstream o;
-  o << "# The paired noise of committed comparisons: per config and recipe, the std over seeds of\n"
+  o << "# The paired noise of finished comparisons: per config and recipe, the std over seeds of\n"
        "# (recipe - baseline) final-window loss, in nats. `fp4train compare` reads it to say,\n"
        "# before it trains, how many seeds a difference of --effect nats takes (docs/compare.md\n"
        "# \"Power before cost\"). Generated from the runs in each `source` (a report.md: its\n"
        "# per-run table, 4 decimals), do not edit:\n#   "
-    << command << "\n# tests/cli/compare_power.sh rebuilds it from them.\n";
+    << command << "\n";
   for (const fs::path& dir : dirs) {
     const NoiseSource src =
         dir.extension() == ".md" ? noise_source_report(dir) : noise_source_dir(dir);
@@ -412,12 +412,18 @@ std::string noise_table_toml(const std::vector<fs::path>& dirs, const std::strin
       throw UserError(dir.string() +
                       ": no baseline among its recipes (bf16 or fp32, or "
                       "--baseline): no paired noise to measure");
+    const std::vector<RecipeRow> rows = aggregate_runs(src.runs, src.names, src.baseline);
+    if (std::none_of(rows.begin(), rows.end(), [&](const RecipeRow& r) {
+          return r.recipe != src.baseline && r.paired_delta_baseline.n >= 2;
+        }))
+      throw UserError(dir.string() + ": no recipe has 2 or more seeds paired with the baseline " +
+                      src.baseline + ", so it measures no paired noise");
     o << "\n[[measured]]\nconfig = " << json(src.config).dump()
       << "\nsource = " << json(dir.string()).dump() << "\nsteps = " << src.steps
       << "\ntokens_per_run = " << src.tokens_per_run << "\nbaseline = " << json(src.baseline).dump()
       << "\n# recipe = { seeds paired with the baseline, std over them (nats) }\n"
          "[measured.paired]\n";
-    for (const RecipeRow& r : aggregate_runs(src.runs, src.names, src.baseline)) {
+    for (const RecipeRow& r : rows) {
       if (r.recipe == src.baseline || r.paired_delta_baseline.n < 2) continue;
       char b[64];
       std::snprintf(b, sizeof b, "%.6f", r.paired_delta_baseline.std);
@@ -499,6 +505,7 @@ struct Comparison {
   // execute's parts.
   void write_plan();
   bool train_one(size_t ri, uint64_t seed, const std::string& head);
+  void note_missing_checkpoints(const fs::path& d, const std::string& head) const;
   void train_interruptibly(const ValidatedRun& checked, const TrainOptions& opt);
   void evaluate_one(const fs::path& d, const std::string& head);
   void score_tasks(const fs::path& d, const std::string& head);
@@ -591,7 +598,7 @@ void Comparison::merge_directory_plan() {
   add_new(plan.policies, old.policies);
   if (plan.baseline.empty()) plan.baseline = old.baseline;
   if (plan.hypotheses.empty()) plan.hypotheses = old.hypotheses;
-  if (a.effect == kPowerHalfWidth) plan.effect = old.effect;  // not given: the directory's
+  if (!a.effect_given) plan.effect = old.effect;  // not given: the directory's
   if (plan.checkpoint_steps.empty()) plan.checkpoint_steps = old.checkpoint_steps;
   std::vector<std::string> tasks = split_task_list(old.task);  // the old ones, then the new
   add_new(tasks, split_task_list(plan.task));
@@ -726,7 +733,10 @@ void Comparison::estimate_power() const {
     if (n > 0 && (best.empty() || n < best_n)) best = name, best_n = n;
   }
   const int planned = static_cast<int>(plan.seeds.size());
-  const auto it = by_config.find(plan.config_name);
+  auto it = by_config.find(plan.config_name);
+  if (it != by_config.end() && std::all_of(it->second.begin(), it->second.end(),
+                                           [](const MeasuredNoise* m) { return m->paired.empty(); }))
+    it = by_config.end();  // entries with nothing measured: unknown noise
   if (it == by_config.end()) {
     std::string known;
     for (const auto& [name, ms] : by_config) known += (known.empty() ? "" : ", ") + name;
@@ -739,7 +749,7 @@ void Comparison::estimate_power() const {
     return;
   }
   log("power: the paired noise of config " + plan.config_name + " (" + a.noise + ") against " +
-      base + ", for ±" + e + " nats with the planned " + std::to_string(planned) + " seeds:");
+      base + ", for ±" + e + " nats with the planned " + count_of(planned, "seed") + ":");
   int need = 0;
   for (const std::string& r : plan.names) {
     if (r == base) continue;
@@ -750,9 +760,9 @@ void Comparison::estimate_power() const {
                           ? t_quantile_975(planned - 1) * in.std / std::sqrt(double(planned))
                           : kInf;
     char b[160];
-    std::snprintf(b, sizeof b, "  %s: paired std %.4f -> 95%% half-width %s; ±%s takes %d seeds (",
+    std::snprintf(b, sizeof b, "  %s: paired std %.4f -> 95%% half-width %s; ±%s takes %s%d seeds (",
                   r.c_str(), in.std, planned >= 2 ? ("±" + fmt_g4(hw)).c_str() : "none (1 seed)",
-                  e.c_str(), n);
+                  e.c_str(), n >= 100000 ? ">= " : "", n);
     log(b +
         std::string(in.measured
                         ? "measured over " + std::to_string(in.seeds) + " seeds in " + in.source
@@ -763,10 +773,16 @@ void Comparison::estimate_power() const {
     if (m->steps != plan.steps)
       log("  (" + m->source + " was measured at " + std::to_string(m->steps) +
           " steps; this plan has " + std::to_string(plan.steps) + ": its spread may differ)");
+  // --seeds takes at most kMaxSeeds; seeds_for_half_width stops searching at 100000.
+  constexpr int kMaxSeeds = 100;
+  const std::string takes =
+      need >= 100000   ? "100000 seeds or more"
+      : need > kMaxSeeds ? count_of(need, "seed") + ", more than --seeds allows (" +
+                             std::to_string(kMaxSeeds) + ")"
+                         : count_of(need, "seed") + " (--seeds " + std::to_string(need) + ")";
   if (need > planned)
-    log("WARNING: " + std::to_string(planned) + " seed(s) cannot resolve ±" + e + " nats on " +
-        plan.config_name + ": it takes " + std::to_string(need) + " (--seeds " +
-        std::to_string(need) + ")" +
+    log("WARNING: " + count_of(planned, "seed") + " cannot resolve ±" + e + " nats on " +
+        plan.config_name + ": it takes " + takes +
         (!best.empty() && best != plan.config_name && best_n < need
              ? "; configs/" + best + ".toml could with " + std::to_string(best_n)
              : "") +
@@ -809,6 +825,20 @@ void Comparison::write_plan() {
 // One run of the plan: reused when finished, kept when diverged (training is deterministic:
 // it would diverge again), moved aside and retried when it failed, resumed bit for bit from
 // its newest checkpoint when interrupted, else trained. False when it diverged.
+// A reused run saved before --checkpoint-steps named some of its steps has no checkpoint there:
+// say so (nothing retrains a finished run), so a fidelity panel on those steps is no surprise.
+void Comparison::note_missing_checkpoints(const fs::path& d, const std::string& head) const {
+  std::string missing;
+  for (int s : plan.checkpoint_steps) {
+    if (s <= plan.steps && !fs::exists(d / "checkpoints" / checkpoint_file_name(s)))
+      missing += (missing.empty() ? "" : ",") + std::to_string(s);
+  }
+  if (!missing.empty())
+    log(head + "note: it has no checkpoint at --checkpoint-steps " + missing +
+        " (it finished before they were asked for); remove " + d.string() +
+        " to train it again with them");
+}
+
 bool Comparison::train_one(size_t ri, uint64_t seed, const std::string& head) {
   const fs::path d = compare_run_dir(out, plan.names[ri], seed);
   const ValidatedRun checked = recipes[ri].with_seed(seed);  // no check depends on the seed
@@ -827,6 +857,7 @@ bool Comparison::train_one(size_t ri, uint64_t seed, const std::string& head) {
   }
   if (fs::exists(d / "summary.json")) {
     log(head + "finished earlier, reused (" + d.string() + ")");
+    note_missing_checkpoints(d, head);
     return true;
   }
   if (fs::exists(d / "error.txt")) {

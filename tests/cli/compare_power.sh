@@ -73,9 +73,9 @@ out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 0.00001 --out cm
   || fail "rerun failed: $out"
 echo "$out" | grep -qF "power: the paired noise of config micro (noise.toml) against fp32, for ±1e-05 nats with the planned 2 seeds:" \
   || fail "no power header: $out"
-echo "$out" | grep -Eq "^  ue5m3-b16: paired std [0-9.]+ -> 95% half-width ±[0-9.]+; ±1e-05 takes [0-9]+ seeds \(measured over 2 seeds in cmp\)$" \
+echo "$out" | grep -Eq "^  ue5m3-b16: paired std [0-9.]+ -> 95% half-width ±[0-9.]+; ±1e-05 takes (>= )?[0-9]+ seeds \(measured over 2 seeds in cmp\)$" \
   || fail "no power line for ue5m3-b16: $out"
-echo "$out" | grep -q "^WARNING: 2 seed(s) cannot resolve ±1e-05 nats on micro: it takes [0-9]* (--seeds [0-9]*)" \
+echo "$out" | grep -q "^WARNING: 2 seeds cannot resolve ±1e-05 nats on micro: it takes [0-9]* seeds" \
   || fail "no warning: $out"
 echo "$out" | grep -q "finished earlier, reused" || fail "the rerun trained again: $out"
 grep -q "^| ue5m3-b16 | 2 | .* | [0-9≥ ]* |$" $md || fail "no Power row after the rerun"
@@ -84,6 +84,16 @@ out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 10 --out cmp 2>&
 echo "$out" | grep -q "WARNING" && fail "warned although 2 seeds resolve ±10 nats: $out"
 echo "$out" | grep -qF "±10 takes 2 seeds" || fail "no power line at ±10: $out"
 echo "$out" | grep -qF "measured at" && fail "a note on steps although they agree: $out"
+# Without --effect a rerun keeps the directory's; an explicit one (even the default) wins.
+out=$("$bin" compare "${common[@]}" --noise noise.toml --out cmp 2>&1) || fail "rerun failed: $out"
+echo "$out" | grep -qF "for ±10 nats" || fail "a rerun without --effect lost the directory's: $out"
+out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 0.005 --out cmp 2>&1) || fail "rerun failed: $out"
+echo "$out" | grep -qF "for ±0.005 nats" || fail "an explicit --effect 0.005 was ignored: $out"
+# Bad --effect values: exit 2 saying what is wrong.
+for bad in "abc:'abc' is not a number" "0:0 is not a difference in nats" "-1:-1 is not a difference in nats"; do
+  out=$("$bin" compare "${common[@]}" --effect "${bad%%:*}" --out cmp 2>&1); rc=$?
+  [ "$rc" = 2 ] && echo "$out" | grep -qF -- "${bad#*:}" || fail "--effect ${bad%%:*}: status $rc: $out"
+done
 sed 's/^steps = 6$/steps = 9/' noise.toml > noise9.toml
 out=$("$bin" compare "${common[@]}" --noise noise9.toml --out cmp 2>&1) || fail "rerun failed: $out"
 echo "$out" | grep -qF "(cmp was measured at 9 steps; this plan has 6: its spread may differ)" \
@@ -96,6 +106,14 @@ got=$(ls keep/fp32-s1/checkpoints | tr '\n' ' ')
 [ "$got" = "step_00000002.safetensors step_00000003.safetensors step_00000006.safetensors " ] \
   || fail "--checkpoint-steps 2,3 kept: $got"
 grep -qF -- "--checkpoint-steps 2,3" keep/report.md || fail "reproduce command lacks --checkpoint-steps"
+# A finished run reused by a rerun asking for other checkpoint steps says it lacks them.
+out=$("$bin" compare --config micro.toml --recipes fp32 --seeds 1 --policies none --no-plots \
+      --save-every 2 --checkpoint-steps 4,5 --out keep 2>&1) || fail "rerun with other steps failed: $out"
+echo "$out" | grep -qF "note: it has no checkpoint at --checkpoint-steps 4,5" || fail "no note on missing checkpoints: $out"
+# A comparison without 2 seeds paired with the baseline measures no noise: refused.
+out=$("$bin" noise keep 2>&1); rc=$?
+[ "$rc" = 2 ] && echo "$out" | grep -qF "no recipe has 2 or more seeds paired with the baseline" \
+  || fail "noise of a one-recipe comparison: status $rc: $out"
 # Off the refresh grid of a D = 2 recipe (refreshes at 1, 3, 5): the fidelity panel evaluates
 # checkpoint 3 at step 4, holding what step 3 sampled from checkpoint 2 (docs/fidelity.md
 # "References"), which --checkpoint-steps kept.

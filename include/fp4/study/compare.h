@@ -102,6 +102,9 @@ struct CompareRequest {
   /// --effect: the difference (nats, > 0) the comparison should resolve; the power estimate
   /// before training and the report's Power table use it.
   double effect = kPowerHalfWidth;
+  /// Whether --effect was given: a rerun into a directory keeps the directory's effect
+  /// unless it was.
+  bool effect_given = false;
   /// --noise: the table of measured paired noise the power estimate reads.
   std::string noise = "configs/studies/noise.toml";
   /// --checkpoint-steps: steps whose checkpoints are also saved and never pruned (e.g. off the
