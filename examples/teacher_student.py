@@ -23,7 +23,7 @@ one machine; the Linears' bits do not depend on the thread count. Nothing is tun
 paper's figures.
 
 Usage:
-    PYTHONPATH=build/python python3 examples/teacher_student.py [--seeds 41,42,43] [--steps 500]
+    PYTHONPATH=build/python /usr/bin/python3 examples/teacher_student.py [--seeds 41,42,43] [--steps 500]
         [--grid 0,256,512,1024,2048,4096] [--out docs/results/paper]
 
 Writes OUT/teacher_student.json (`runs`: seed, student, final_eval_mse and more; `grid_invariance`:

@@ -10,7 +10,7 @@ fp4train.torch.Linear, keeps the LM head in FP32 (outside the blocks, as fp4trai
 applies the recipe's high-precision blocks and overrides, and advances the StepContext after every
 optimizer step. The corpus is this file's own text, as characters, so nothing is downloaded.
 
-    PYTHONPATH=build/python python3 examples/torch_convert.py [--recipe nvfp4-te] [--steps 20]
+    PYTHONPATH=build/python /usr/bin/python3 examples/torch_convert.py [--recipe nvfp4-te] [--steps 20]
 
 Prints the conversion (one line per nn.Linear) and the training loss at every step.
 """

@@ -7,7 +7,7 @@ with UE5M3 block scales, SR on the upstream gradient, held references refreshed 
 so every fprop, dgrad and wgrad GEMM runs fp4train's exact FP4 emulation. The StepContext is
 advanced after every optimizer step (it keys the SR bytes and clocks the held references).
 
-    PYTHONPATH=build/python python3 examples/torch_mlp.py [--recipe nvfp4-te] [--steps 200]
+    PYTHONPATH=build/python /usr/bin/python3 examples/torch_mlp.py [--recipe nvfp4-te] [--steps 200]
 
 Prints the mean-squared error every few steps and, at the end, the FP32 recipe's for comparison.
 """

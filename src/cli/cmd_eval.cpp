@@ -132,7 +132,7 @@ void register_eval(CLI::App& app) {
   c->add_option("--windows-out", a->windows_out,
                 "Also write the evaluated held-out windows (seq_len + 1 token ids each, in "
                 "order) as JSON to this file, for another engine to score the same tokens "
-                "(tools/llama_nll.mjs; docs/export.md \"The llama.cpp check\")");
+                "(tools/llama/llama_nll.mjs; docs/export.md \"The llama.cpp check\")");
   c->add_option("--grad-out", a->grad_out,
                 "Also write the FP32 gradient (quantization off, whatever the recipe) of the mean "
                 "NLL of the first --grad-windows held-out windows, run as one batch, to this "

@@ -540,7 +540,8 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                  linear_mode_name(ov.mode) + " linear has no FP4 scale target or rounding)");
   }
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
-    r.fail("fp4.block", "a multiple of 16 when rht_wgrad = true");
+    r.fail("fp4.block", "16 or less, or a multiple of 16, when rht_wgrad = true (the 16-point "
+                        "RHT must not straddle blocks above 16)");
   return rc;
 }
 }  // namespace

@@ -217,7 +217,7 @@ void write_gradients(const EvalSource& s, const EvalWindows& held, int n, const 
 
 // --windows-out: the evaluated held-out windows as JSON, {"format": "fp4train.windows.v1",
 // "seq_len": T, "windows": [[T + 1 token ids], ...]} in evaluation order, for another engine to
-// score the same tokens (tools/llama_nll.mjs; docs/export.md "The llama.cpp check").
+// score the same tokens (tools/llama/llama_nll.mjs; docs/export.md "The llama.cpp check").
 void write_windows(const EvalWindows& held, int seq_len, const std::string& file) {
   json w = json::array();
   for (const int64_t start : held.starts) {

@@ -27,7 +27,7 @@ for c in gemm.fprop gemm.dgrad gemm.wgrad quant.rows quant.wgrad-transpose atten
   echo "$out" | grep -q "^$c " || fail "component $c missing from: $out"
 done
 echo "$out" | grep -q "MFU .* of 50.0 GFLOP/s FP32 GEMM rate (--peak-gflops)" || fail "MFU line: $out"
-echo "$out" | grep -q "peak resident" || fail "memory line missing"
+echo "$out" | grep -q "peak resident" || fail "memory line missing from: $out"
 [ ! -e "$FP4_CACHE_DIR/gemm_peak.tsv" ] || fail "--peak-gflops must not measure or cache"
 $py - "$work/p.json" <<'PY' || fail "profile JSON inconsistent"
 import json, sys
