@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "options.h"
 #include "fp4/base/error.h"
 #include "fp4/dist/dist.h"
 #include "fp4/study/fidelity.h"
@@ -66,9 +67,11 @@ void run(FidelityArgs& a) {
     throw UserError("--claims " + a.claims + " does not exist");
   for (const std::string& s : split_list({a.steps})) {
     try {
+      // A whole number in any notation (1e3, as every integer option takes: options.h).
+      const std::string w = whole_number(s);
       size_t used = 0;
-      const long long v = std::stoll(s, &used);
-      if (used != s.size() || v < 0) throw std::invalid_argument(s);
+      const long long v = std::stoll(w, &used);
+      if (used != w.size() || v < 0) throw std::invalid_argument(s);
       r.steps.push_back(v);
     } catch (const std::exception&) {
       throw UserError("--steps: '" + s + "' is not a step number (a comma list of checkpoint steps)");

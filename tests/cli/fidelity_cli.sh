@@ -311,6 +311,9 @@ bad "does not exist" --run "$work/nope" --recipe ue5m3-b16
 bad "holds no checkpoints" --run "$work/empty" --recipe ue5m3-b16
 bad "no checkpoint of step 15 (it holds steps 2, 4, 6, 10, 12" --run "$work/ref" --recipe ue5m3-b16 --steps 15 --data "$work/text"
 bad "--steps: 'x' is not a step number" --run "$work/ref" --recipe ue5m3-b16 --steps x
+bad "--steps: '1.5' is not a step number" --run "$work/ref" --recipe ue5m3-b16 --steps 1.5
+# A whole number in scientific notation is that step, as for every integer option.
+bad "no checkpoint of step 15 (" --run "$work/ref" --recipe ue5m3-b16 --steps 1.5e1 --data "$work/text"
 bad "recipe nope" --run "$work/ref" --recipe nope --data "$work/text"
 printf '[high_precision]\nblocks = [7]\n' > "$work/far.toml"
 bad "does not fit the model" --run "$work/ref" --recipe "$work/far.toml" --data "$work/text"
