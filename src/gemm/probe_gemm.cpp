@@ -124,10 +124,15 @@ AlphaPart alpha_part(const QuantizedTensor& q) {
 }
 }  // namespace
 
-float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b) {
+const char* alpha_rule_name(AlphaRule r) {
+  return r == AlphaRule::Reciprocal ? "reciprocal" : "quotient";
+}
+
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b, AlphaRule rule) {
   const AlphaPart pa = alpha_part(a), pb = alpha_part(b);
   const float num = pa.num * pb.num;  // fl(g_a·g_b)
   const float den = pa.den * pb.den;  // fl(fl(T_a·6)·fl(T_b·6))
+  if (rule == AlphaRule::Reciprocal) return num * (1.0f / den);  // fl(num · fl(1/den))
   return num / den;
 }
 
@@ -879,7 +884,7 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   if (M == 0 || N == 0) return;
   const Plan pl = make_plan(K, a.spec.block, b.spec.block, options.accumulator);
-  const float alpha = probe_gemm_alpha(a, b);
+  const float alpha = probe_gemm_alpha(a, b, options.alpha);
   // Packing buffers are kept per calling thread and reused (their capacity only grows), so
   // repeated calls do not pay for fresh pages.
   static thread_local Workspace ws;

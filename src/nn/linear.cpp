@@ -70,9 +70,10 @@ bool packable_for_probe(const BlockQuantSpec& s) { return s.element.is_e2m1() &&
 // tests/nn/test_linear.cpp, expect_probe_linear); other element or spelled scale formats
 // through quantize_blocks, which leaves probe_gemm to refuse what it cannot model.
 void probe_product(const ProbeSrc& A, const ProbeSrc& B, int64_t k, float* c, bool accumulate,
-                   LinearWorkspace& ws, ScratchFloats& scratch, int snap) {
-  ProbeGemmOptions opt;  // the default accumulator (chunk 64, RTZ) with the recipe's snap
-  opt.accumulator.snap = snap;
+                   LinearWorkspace& ws, ScratchFloats& scratch, const LinearPlan& plan) {
+  ProbeGemmOptions opt;  // the default accumulator (chunk 64, RTZ) with the recipe's snap and α
+  opt.accumulator.snap = plan.probe_snap;
+  opt.alpha = plan.probe_alpha;
   float* out = accumulate ? scratch.get(A.rows * B.rows) : c;
   const SrKey* ka = A.spec.rounding == Rounding::SR8 ? A.key : nullptr;
   const SrKey* kb = B.spec.rounding == Rounding::SR8 ? B.key : nullptr;
@@ -316,7 +317,7 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     prof::add_flops(Cat::kGemmFprop, 2.0 * double(M) * double(N_) * double(K_));
     probe_product({X, M, false, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx},
                   {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
-                  ws_->t0, plan_.probe_snap);
+                  ws_->t0, plan_);
   } else {
     const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
     prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
@@ -420,10 +421,10 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       const ProbeSrc b{W_, K_, true, plan_.spec(Gemm::Dgrad, Operand::W), refs_.g_w, &kw};  // Wᵀ
       if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
         float* d = ws.wqd.get(M * K_);  // free in the probe path
-        probe_product(a, b, N_, d, false, ws, ws.t1, plan_.probe_snap);
+        probe_product(a, b, N_, d, false, ws, ws.t1, plan_);
         add_bf16_rounded(d, M * K_, dX);
       } else {
-        probe_product(a, b, N_, dX, true, ws, ws.t1, plan_.probe_snap);
+        probe_product(a, b, N_, dX, true, ws, ws.t1, plan_);
       }
     }
     // Without the RHT the wgrad operands dYᵀ and Xᵀ are quantized straight from dY and X.
@@ -453,7 +454,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     const bool rht = plan_.rht_wgrad;
     probe_product({rht ? dyt.data() : dY, N_, !rht, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kdw},
                   {rht ? xt.data() : X_, K_, !rht, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kxw}, M,
-                  dW_, true, ws, ws.t1, plan_.probe_snap);
+                  dW_, true, ws, ws.t1, plan_);
     return;
   }
   if (dX) {

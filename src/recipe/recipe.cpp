@@ -204,6 +204,7 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
     for (int o = 0; o < 3; ++o) p.specs[g][o] = by_op[o];
   p.gemm = r.gemm;
   p.probe_snap = r.probe_snap;
+  p.probe_alpha = r.probe_alpha;
   p.amax_interval = r.amax_interval;
   p.amax_sample = r.amax_sample;
   p.rht_wgrad = r.rht_wgrad;
@@ -435,6 +436,14 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                       "probe-matched GEMM's accumulator (set linear.gemm = "
                                       "\"probe-matched\")");
   }
+  s = alpha_rule_name(rc.probe_alpha);
+  r.get("linear.probe_alpha", s);
+  r.choice("linear.probe_alpha", s, {"quotient", "reciprocal"});
+  rc.probe_alpha = s == "reciprocal" ? AlphaRule::Reciprocal : AlphaRule::Quotient;
+  if (rc.probe_alpha != AlphaRule::Quotient && rc.gemm != GemmMode::ProbeMatched)
+    r.fail("linear.probe_alpha", std::string("to be left at \"quotient\" with gemm = \"") +
+                                     gemm_mode_name(rc.gemm) + "\": α is the probe-matched "
+                                     "GEMM's (set linear.gemm = \"probe-matched\")");
 
   s = rc.element_format.name();
   r.get("fp4.element_format", s);
@@ -581,6 +590,8 @@ std::string recipe_to_toml(const Recipe& r) {
   // Like the fidelity knobs below, only when not the default: earlier runs' recipe.toml stays
   // byte-identical.
   if (r.probe_snap != 1024) o << "probe_snap = " << r.probe_snap << "\n";
+  if (r.probe_alpha != AlphaRule::Quotient)
+    o << "probe_alpha = \"" << alpha_rule_name(r.probe_alpha) << "\"\n";
   o << "[fp4]\nelement_format = \"" << r.element_format.name() << "\"\nscale_format = \""
     << r.scale_format_str() << "\"\nscale_rule = \"" << scale_rule_name(r.scale_rule)
     << "\"\nblock = " << r.block;

@@ -554,6 +554,36 @@ TEST(ProbeGemmAlpha, EqualsTheContractFormulaForRandomReferencesAndTargets) {
   EXPECT_GT(differs_from_gd_product, n / 10);
 }
 
+// α as the paper's 8B runs computed it (docs/gemm.md "α as the GPU computed it"): PyTorch's CUDA
+// division by a scalar multiplies by its reciprocal. g_a = 1.5811971f (0x3FCA64AB), g_b =
+// 7.614871f (0x40F3AD06), T = 448 for both: den = 2688² = 7225344 exactly; the quotient rule
+// gives α = 1.66644134e-6 (bits 903850621), the reciprocal rule fl(num · fl(1/den)) one ulp more
+// (903850622): worked out in float32 by hand from those bits.
+TEST(ProbeGemmAlpha, ReciprocalRuleDiffersFromTheQuotientByAnUlpHere) {
+  QuantizedTensor qa, qb;  // only g, the target and the scale rule enter α
+  qa.g = std::bit_cast<float>(uint32_t{1070228651});
+  qb.g = std::bit_cast<float>(uint32_t{1089711366});
+  EXPECT_EQ(std::bit_cast<uint32_t>(probe_gemm_alpha(qa, qb)), 903850621u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(probe_gemm_alpha(qa, qb, AlphaRule::Reciprocal)), 903850622u);
+  EXPECT_EQ(std::bit_cast<uint32_t>(probe_gemm_alpha(qa, qb, AlphaRule::Quotient)), 903850621u);
+  // The GEMM multiplies by the α its options name: one row of 16 ones against the same, with
+  // those references, differs between the two rules by exactly that ulp of α.
+  std::vector<float> x(16, 1.0f);
+  const BlockQuantSpec spec;
+  const auto a = quantize_blocks(x.data(), 1, 16, spec, qa.g, nullptr);
+  const auto b = quantize_blocks(x.data(), 1, 16, spec, qb.g, nullptr);
+  float cq = 0, cr = 0;
+  ProbeGemmOptions o;
+  probe_gemm(a, b, &cq, o);
+  o.alpha = AlphaRule::Reciprocal;
+  probe_gemm(a, b, &cr, o);
+  const float aq = probe_gemm_alpha(a, b), ar = probe_gemm_alpha(a, b, AlphaRule::Reciprocal);
+  EXPECT_EQ(aq, std::bit_cast<float>(903850621u));
+  EXPECT_EQ(cq, (cq / aq) * aq);  // the snapped sum times α, for either rule
+  EXPECT_EQ(cr, (cq / aq) * ar);
+  EXPECT_NE(cq, cr);
+}
+
 TEST(ProbeGemmAlpha, MxRulesAndTheZeroReferenceGuardContributeOne) {
   std::vector<float> x(32);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;

@@ -725,6 +725,35 @@ TEST(RecipeProbeSnap, ParseValidateAndRoundTrip) {
   EXPECT_NE(e.find("probe-matched"), std::string::npos) << e;
 }
 
+// ------------------------------- linear.probe_alpha (docs/gemm.md "α as the GPU computed it")
+
+TEST(RecipeProbeAlpha, ParseValidateAndRoundTrip) {
+  // Quotient everywhere but ue5m3-b16-paper (the paper's runs: reciprocal), and absent from the
+  // resolved text of the others, so their recipe.toml stays byte-identical.
+  for (const auto& e : fs::directory_iterator(kDir)) {
+    const Recipe r = load_recipe_file(e.path());
+    const bool paper = e.path().stem() == "ue5m3-b16-paper";
+    EXPECT_EQ(r.probe_alpha, paper ? AlphaRule::Reciprocal : AlphaRule::Quotient) << e.path();
+    EXPECT_EQ(recipe_to_toml(r).find("probe_alpha") != std::string::npos, paper) << e.path();
+    EXPECT_EQ(LinearPlan::uniform(r, LinearMode::FP4).probe_alpha, r.probe_alpha) << e.path();
+  }
+  std::string body = std::string(kBase);
+  body.replace(body.find("[linear]\n") + 9, 0, "gemm = \"probe-matched\"\nprobe_alpha = \"reciprocal\"\n");
+  const Recipe r = recipe_from_text(body, "alpha");
+  EXPECT_EQ(r.probe_alpha, AlphaRule::Reciprocal);
+  EXPECT_EQ(recipe_from_text(recipe_to_toml(r), "back").probe_alpha, AlphaRule::Reciprocal);
+  std::string bad = body;
+  bad.replace(bad.find("\"reciprocal\""), 12, "\"inverse\"");
+  EXPECT_NE(error_of([&] { recipe_from_text(bad, "bad.toml"); }).find("'linear.probe_alpha'"),
+            std::string::npos);
+  // The decoded GEMM has no α: a rule there is refused, not ignored.
+  std::string decoded = std::string(kBase);
+  decoded.replace(decoded.find("[linear]\n") + 9, 0, "probe_alpha = \"reciprocal\"\n");
+  const std::string e = error_of([&] { recipe_from_text(decoded, "dec.toml"); });
+  EXPECT_NE(e.find("'linear.probe_alpha'"), std::string::npos) << e;
+  EXPECT_NE(e.find("probe-matched"), std::string::npos) << e;
+}
+
 // --------------------------------------------- fidelity knobs (docs/recipes.md "Fidelity knobs")
 
 #include "fp4/train/checkpoint.h"

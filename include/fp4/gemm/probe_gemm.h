@@ -49,12 +49,22 @@ enum class ProbeKernel {
                    ///< for tests of that code on CPUs without AVX-512. Never chosen by Auto.
 };
 
+/// How α's quotient is taken (docs/gemm.md "α as the GPU computed it"): Quotient, the FP32
+/// division fl(num / den) (the paper's reference code on a CPU, fp4train's default); Reciprocal,
+/// fl(num · fl(1 / den)), what PyTorch's CUDA true division by a scalar computes and so what the
+/// paper's 8B runs used.
+enum class AlphaRule { Quotient, Reciprocal };
+
+/// "quotient" or "reciprocal".
+const char* alpha_rule_name(AlphaRule r);
+
 struct ProbeGemmOptions {
   ProbeKernel kernel = ProbeKernel::Auto;
   /// How the products are added up (fp4/gemm/accumulator.h): chunk, rounding of the partials'
   /// additions, snap. The default is the paper's probe (64, RTZ, 1/1024), the only one the SIMD
   /// kernels implement: any other runs the portable kernel under ProbeKernel::Auto.
   Accumulator accumulator;
+  AlphaRule alpha = AlphaRule::Quotient;  ///< how α = num / den is taken
 };
 
 /// True if this CPU (and build) can run ProbeKernel::Avx512Vnni and FP4_MAX_CPU_ISA
@@ -79,8 +89,10 @@ const char* probe_kernel_name(ProbeKernel k);
 /// Overflow and underflow follow FP32: fl(g_a·g_b) is +Inf when g_a·g_b > FLT_MAX (e.g. both
 /// g above ~1.85e19), and α is then +Inf (outputs ±Inf, or NaN where y = 0). Where
 /// quantize_blocks capped ge at FLT_MAX (g below T·6/FLT_MAX) α still follows the formula.
+/// With AlphaRule::Reciprocal the last step is fl(fl(g_a·g_b) · fl(1 / fl(fl(T_a·6)·fl(T_b·6)))).
 /// Never throws (probe_gemm checks its operands).
-float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b);
+float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b,
+                       AlphaRule rule = AlphaRule::Quotient);
 
 /// Probe-matched GEMM: c [M, N] (row-major, overwritten, ldc = N) = A·Bᵀ with
 /// A = `a` [M = a.rows, K = a.cols], B = `b` [N = b.rows, K = b.cols], both quantized along K

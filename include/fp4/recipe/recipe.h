@@ -7,6 +7,7 @@
 
 #include "fp4/config/settings.h"
 #include "fp4/gemm/gemm_mode.h"
+#include "fp4/gemm/probe_gemm.h"  // AlphaRule
 #include "fp4/numerics/block_quant.h"
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/hadamard.h"
@@ -114,6 +115,10 @@ struct Recipe {
   /// 1024 (default, the paper's probe), 0 = no snap, or another power of two up to 65536.
   /// Used only with gemm = "probe-matched".
   int probe_snap = 1024;
+  /// [linear] probe_alpha = "quotient" (default) | "reciprocal": how the probe-matched GEMM
+  /// takes α's quotient (AlphaRule; docs/gemm.md "α as the GPU computed it"). Used only with
+  /// gemm = "probe-matched".
+  AlphaRule probe_alpha = AlphaRule::Quotient;
 
   // [fp4] block-scaled format, used when mode == FP4. Names: docs/formats.md.
   /// [fp4] element_format: e2m1 (default), e1m2, e3m0, e2m3, e3m2, e4m3, e5m2, a spelled
@@ -221,6 +226,7 @@ struct LinearPlan {
   BlockQuantSpec specs[3][3];  ///< [Gemm][Operand]; pairs a GEMM does not use are unused
   GemmMode gemm = GemmMode::Decoded;  ///< [linear] gemm (docs/numerics.md "GEMM emulation")
   int probe_snap = 1024;              ///< [linear] probe_snap: snap grid 1/d of the probe-matched GEMM
+  AlphaRule probe_alpha = AlphaRule::Quotient;  ///< [linear] probe_alpha: how α's quotient is taken
   int amax_interval = 1;              ///< [fp4] amax_interval: D of the tensor references
   AmaxSample amax_sample = AmaxSample::PerCall;  ///< [fp4] amax_sample
   bool rht_wgrad = false;             ///< [fp4] rht_wgrad: 16-point RHT on the wgrad operands
