@@ -32,6 +32,43 @@ def run_cli(args, check=True):
     return p
 
 
+def micro_config(work, steps):
+    """A micro run config (d_model 32, 1 layer, vocab 512, 2 x 32 tokens a step, `steps` steps)
+    reading the first 12 Brown documents, copied to work/text, with its cache in work/cache;
+    written to work/micro.toml and returned. Skips the test without the default corpus."""
+    brown = os.path.join(SRC, "data", "brown", "text")
+    if not os.path.isdir(brown):
+        pytest.skip("default corpus missing (scripts/setup installs it)")
+    text = work / "text"
+    text.mkdir()
+    for name in sorted(os.listdir(brown))[:12]:
+        if name.endswith(".txt"):
+            (text / name).write_bytes(open(os.path.join(brown, name), "rb").read())
+    cfg = work / "micro.toml"
+    cfg.write_text(f"""[model]
+vocab_size = 512
+d_model = 32
+n_layers = 1
+n_heads = 2
+mlp_hidden = 64
+[train]
+seq_len = 32
+batch_size = 2
+steps = {steps}
+warmup_steps = 1
+[data]
+path = "{text}"
+cache = "{work / 'cache'}"
+[eval]
+interval = 3
+windows = 2
+[log]
+progress_seconds = 0.0
+telemetry_interval = 1
+""")
+    return cfg
+
+
 def f32(v):
     """A JSON number (a double that holds a float32 exactly) as float32; None (JSON null) as NaN."""
     return np.float32(np.nan if v is None else v)

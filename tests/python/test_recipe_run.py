@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fp4train as fp
-from conftest import SRC, run_cli
+from conftest import SRC, micro_config, run_cli
 
 TINY = os.path.join(SRC, "configs", "tiny.toml")
 
@@ -95,37 +95,8 @@ def read_safetensors(path):
 
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory, fp4train_bin):
-    brown = os.path.join(SRC, "data", "brown", "text")
-    if not os.path.isdir(brown):
-        pytest.skip("default corpus missing (scripts/setup installs it)")
     work = tmp_path_factory.mktemp("run")
-    text = work / "text"
-    text.mkdir()
-    for name in sorted(os.listdir(brown))[:12]:
-        if name.endswith(".txt"):
-            (text / name).write_bytes(open(os.path.join(brown, name), "rb").read())
-    cfg = work / "micro.toml"
-    cfg.write_text(f"""[model]
-vocab_size = 512
-d_model = 32
-n_layers = 1
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 2
-steps = 3
-warmup_steps = 1
-[data]
-path = "{text}"
-cache = "{work / 'cache'}"
-[eval]
-interval = 3
-windows = 2
-[log]
-progress_seconds = 0.0
-telemetry_interval = 1
-""")
+    cfg = micro_config(work, steps=3)
     out = work / "out"
     run_cli(["train", "--config", cfg, "--recipe", "ue5m3-b16", "--out", out, "--quiet"])
     return out

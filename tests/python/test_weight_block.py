@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fp4train as fp
-from conftest import BIN, SRC, bits, run_cli
+from conftest import BIN, SRC, bits, micro_config, run_cli
 
 TINY = os.path.join(SRC, "configs", "tiny.toml")
 RECIPES = os.path.join(SRC, "configs", "recipes")
@@ -81,37 +81,7 @@ def test_quant_cli_weight_tiles(cli_quant):
 
 
 def _micro(work):
-    brown = os.path.join(SRC, "data", "brown", "text")
-    if not os.path.isdir(brown):
-        pytest.skip("default corpus missing (scripts/setup installs it)")
-    text = work / "text"
-    text.mkdir()
-    for name in sorted(os.listdir(brown))[:12]:
-        if name.endswith(".txt"):
-            (text / name).write_bytes(open(os.path.join(brown, name), "rb").read())
-    cfg = work / "micro.toml"
-    cfg.write_text(f"""[model]
-vocab_size = 512
-d_model = 32
-n_layers = 1
-n_heads = 2
-mlp_hidden = 64
-[train]
-seq_len = 32
-batch_size = 2
-steps = 6
-warmup_steps = 1
-[data]
-path = "{text}"
-cache = "{work / 'cache'}"
-[eval]
-interval = 3
-windows = 2
-[log]
-progress_seconds = 0.0
-telemetry_interval = 1
-""")
-    return cfg
+    return micro_config(work, steps=6)
 
 
 def _metrics(run):
