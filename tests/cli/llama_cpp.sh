@@ -15,7 +15,8 @@
 set -uo pipefail
 bin=$1; src=$2
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-source "$(dirname "$0")/lib/micro.bash"
+lib="$(cd "$(dirname "$0")" && pwd)/lib"
+source "$lib/micro.bash"
 llama="$src/tools/llama"
 
 micro_setup "$work" steps=80 warmup_steps=8 interval=100 windows=6 telemetry_interval=0
@@ -111,27 +112,13 @@ expect_error "--requantize goes with --weights nvfp4" export --checkpoint "$work
 [ ! -e "$work/g2" ] || fail "a refused export created its --out directory"
 
 # --- every key and tensor written, read back --------------------------------------------
-python3 - "$work/swiglu" <<'PY' || fail "GGUF contents"
-import json, struct, sys
+python3 - "$work/swiglu" "$lib" <<'PY' || fail "GGUF contents"
+import sys
 run = sys.argv[1]
-b = open(f"{run}/gguf/model.gguf", "rb").read()
-assert b[:4] == b"GGUF" and struct.unpack_from("<I", b, 4)[0] == 3
-nt, nkv = struct.unpack_from("<QQ", b, 8)
-pos = 24
-def rd(fmt):
-    global pos
-    v = struct.unpack_from(fmt, b, pos); pos += struct.calcsize(fmt); return v[0]
-def rs():
-    n = rd("<Q"); global pos; s = b[pos:pos + n].decode(); pos += n; return s
-scal = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-def val(t):
-    if t == 8: return rs()
-    if t == 9:
-        et, n = rd("<I"), rd("<Q"); return [val(et) for _ in range(n)]
-    return rd(scal[t])
-kv = {}
-for _ in range(nkv):
-    k = rs(); kv[k] = val(rd("<I"))
+sys.path.insert(0, sys.argv[2])
+import gguf_read
+kv, tensors, _ = gguf_read.read(open(f"{run}/gguf/model.gguf", "rb").read())
+names = {n: (ne, t) for n, (ne, t, _) in tensors.items()}
 cfg = {"d": 32, "L": 2, "F": 64, "H": 2, "KV": 1, "V": 512, "T": 32}
 want = {"general.architecture": "llama", "general.file_type": 0, "llama.context_length": cfg["T"],
         "llama.embedding_length": cfg["d"], "llama.block_count": cfg["L"],
@@ -148,10 +135,6 @@ assert len(kv["tokenizer.ggml.tokens"]) == len(kv["tokenizer.ggml.scores"]) == l
 assert kv["tokenizer.ggml.tokens"][:3] == ["<unk>", "<s>", "</s>"], kv["tokenizer.ggml.tokens"][:3]
 assert kv["tokenizer.ggml.token_type"][:3] == [2, 3, 3]
 assert kv["tokenizer.ggml.tokens"][3] == "<0x00>" and kv["tokenizer.ggml.token_type"][3] == 6
-names = {}
-for _ in range(nt):
-    n = rs(); nd = rd("<I"); ne = [rd("<Q") for _ in range(nd)]; t = rd("<I"); off = rd("<Q")
-    names[n] = (ne, t)
 d, F, V, hd = cfg["d"], cfg["F"], cfg["V"], 16
 expect = {"token_embd.weight": [d, V], "output_norm.weight": [d], "output.weight": [d, V]}
 for i in range(cfg["L"]):
@@ -211,30 +194,15 @@ PY
 # nibbles-swapped: the two E2M1 codes of every FP4 byte exchanged; scale2-inverted: every
 # NVFP4 tensor scale written as its reciprocal.
 corrupt() {
-  python3 - "$@" <<'PY'
+  python3 - "$@" "$lib" <<'PY'
 import math, struct, sys
-src, dst, mode = sys.argv[1:]
+src, dst, mode, lib = sys.argv[1:]
+sys.path.insert(0, lib)
+import gguf_read
 b = bytearray(open(src, "rb").read())
-nt, nkv = struct.unpack_from("<QQ", b, 8)
-pos = 24
-def rd(fmt):
-    global pos
-    v = struct.unpack_from(fmt, b, pos); pos += struct.calcsize(fmt); return v[0]
-def skip_val(t):
-    global pos
-    if t == 8: n = rd("<Q"); pos += n; return
-    if t == 9:
-        et, n = rd("<I"), rd("<Q")
-        for _ in range(n): skip_val(et)
-        return
-    pos += {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}[t]
-for _ in range(nkv):
-    n = rd("<Q"); pos += n; skip_val(rd("<I"))
-info, types = {}, {}
-for _ in range(nt):
-    n = rd("<Q"); name = b[pos:pos + n].decode(); pos += n
-    nd = rd("<I"); ne = [rd("<Q") for _ in range(nd)]; types[name] = rd("<I"); info[name] = (ne, rd("<Q"))
-data = (pos + 31) // 32 * 32
+_, tensors_, data = gguf_read.read(b)
+info = {n: (ne, off) for n, (ne, t, off) in tensors_.items()}
+types = {n: t for n, (ne, t, off) in tensors_.items()}
 def rows(name):
     ne, off = info[name]
     w = ne[0] * 4
