@@ -124,10 +124,6 @@ AlphaPart alpha_part(const QuantizedTensor& q) {
 }
 }  // namespace
 
-const char* alpha_rule_name(AlphaRule r) {
-  return r == AlphaRule::Reciprocal ? "reciprocal" : "quotient";
-}
-
 float probe_gemm_alpha(const QuantizedTensor& a, const QuantizedTensor& b, AlphaRule rule) {
   const AlphaPart pa = alpha_part(a), pb = alpha_part(b);
   const float num = pa.num * pb.num;  // fl(g_a·g_b)

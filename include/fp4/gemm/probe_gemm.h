@@ -55,8 +55,10 @@ enum class ProbeKernel {
 /// paper's 8B runs used.
 enum class AlphaRule { Quotient, Reciprocal };
 
-/// "quotient" or "reciprocal".
-const char* alpha_rule_name(AlphaRule r);
+/// "quotient" or "reciprocal". Inline: the parsers (tests/fuzz/fuzz.cmake) link no GEMM code.
+inline const char* alpha_rule_name(AlphaRule r) {
+  return r == AlphaRule::Reciprocal ? "reciprocal" : "quotient";
+}
 
 struct ProbeGemmOptions {
   ProbeKernel kernel = ProbeKernel::Auto;
