@@ -187,6 +187,21 @@ EvalWindows calibration_windows(const TokenStream& train_tokens, int seq_len,
   return w;
 }
 
+std::vector<float> calibrated_activation_amax(nn::Model& model, const EvalWindows& calib,
+                                              int seq_len, int batch) {
+  check_shape(model, seq_len, batch);
+  if (calib.starts.empty()) throw UserError("calibration needs at least one window");
+  model.reset_inference();
+  calibrate(model, calib, seq_len, batch);
+  std::vector<float> amax(model.linears().size(), 0.0f);
+  for (size_t i = 0; i < amax.size(); ++i) {
+    const nn::InferenceState& st = model.linears()[i].inference_state();
+    if (st.has_calibrated) amax[i] = st.calibrated_x;
+  }
+  model.reset_inference();
+  return amax;
+}
+
 NllResult evaluate_nll(nn::Model& model, const EvalWindows& data, int seq_len, int batch,
                        const EvalPolicy& policy, const EvalWindows* calib,
                        const std::vector<int>* byte_lengths) {

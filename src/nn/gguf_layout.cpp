@@ -155,8 +155,7 @@ std::vector<uint8_t> pack_gguf_fp4(const QuantizedTensor& q, int64_t row0, int64
   const bool fits = s.element.is_e2m1() && s.scale_desc == nullptr &&
                     (mx ? s.scale_format == ScaleFormat::UE8M0 &&
                               s.scale_rule != ScaleRule::TensorScaled && s.block == 32 && !s.two_d
-                        : s.scale_format == ScaleFormat::E4M3 &&
-                              s.scale_rule == ScaleRule::TensorScaled && s.block == 16);
+                        : is_nvfp4_spec(s));
   if (!fits)
     throw UserError(what + ": its weights are quantized as " + scale_format_name(s.scale_format) +
                     " block " + std::to_string(s.block) + (s.two_d ? " tiles" : "") +

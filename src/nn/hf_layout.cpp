@@ -1,11 +1,47 @@
 // The Hugging Face layout of a fp4train model: see hf_layout.h and docs/export.md.
 #include "fp4/nn/hf_layout.h"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
+#include "fp4/base/error.h"
+
 namespace fp4 {
 using json = nlohmann::json;
+
+namespace {
+// The source row of each row of every piece that is a choice of the parameter's rows: the
+// pieces of a parameter whose element (r, c) holds r, read back row by row (exact: a row index
+// below 2^24 is an FP32 integer). A piece whose row is not one constant index, or whose width
+// is not the parameter's, is not such a choice and gets no rows.
+void trace_source_rows(const nn::MixerKind& kind, const std::string& param, const nn::ParamInfo& p,
+                       const ModelConfig& cfg, std::vector<HfTensor>& out, size_t first) {
+  if (p.rows <= 1 || p.rows >= (int64_t{1} << 24)) return;
+  std::vector<float> index(p.size);
+  for (int64_t r = 0; r < p.rows; ++r)
+    std::fill(index.begin() + r * p.cols, index.begin() + (r + 1) * p.cols, float(r));
+  const std::vector<nn::HfPiece> traced = kind.hf(param, index.data(), p.rows, p.cols, cfg);
+  for (size_t i = 0; i < traced.size() && first + i < out.size(); ++i) {
+    const std::vector<float>& d = traced[i].data;
+    if (traced[i].shape.size() != 2 || traced[i].shape[1] != p.cols) continue;
+    std::vector<int64_t> rows(traced[i].shape[0]);
+    bool choice = true;
+    for (size_t j = 0; j < rows.size() && choice; ++j) {
+      rows[j] = int64_t(d[j * p.cols]);
+      choice = std::all_of(d.begin() + j * p.cols, d.begin() + (j + 1) * p.cols,
+                           [&](float v) { return v == d[j * p.cols]; });
+    }
+    if (choice) out[first + i].source_rows = std::move(rows);
+  }
+}
+
+std::vector<int64_t> identity_rows(int64_t n) {
+  std::vector<int64_t> r(n);
+  for (int64_t i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+}  // namespace
 
 bool hf_llama_layout(const ModelConfig& cfg) {
   const std::string p = cfg.block_pattern();
@@ -26,7 +62,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
                                   " floats, fewer than the parameters need");
     const float* v = values.data() + p.offset;
     auto add = [&](std::string name, std::vector<int64_t> shape, const float* src, int64_t n) {
-      HfTensor t{std::move(name), p.name, std::move(shape), std::vector<float>(src, src + n)};
+      HfTensor t{std::move(name), p.name, std::move(shape), std::vector<float>(src, src + n), {}};
+      if (t.shape.size() == 2) t.source_rows = identity_rows(t.shape[0]);
       out.push_back(std::move(t));
     };
     const std::vector<int64_t> mat = {p.rows, p.cols};
@@ -63,8 +100,10 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
     if (kind.hf) pieces = kind.hf(rest.substr(6), v, p.rows, p.cols, cfg);
     if (pieces.empty())
       throw std::invalid_argument("hf_tensors: unknown " + kind.name + " parameter " + p.name);
+    const size_t first = out.size();
     for (nn::HfPiece& piece : pieces)
-      out.push_back(HfTensor{mix + piece.name, p.name, std::move(piece.shape), std::move(piece.data)});
+      out.push_back(HfTensor{mix + piece.name, p.name, std::move(piece.shape), std::move(piece.data), {}});
+    trace_source_rows(kind, rest.substr(6), p, cfg, out, first);
   }
   return out;
 }
@@ -145,6 +184,45 @@ json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>&
                    {"norm_eps", f(cfg.norm_eps)},
                    {"names", names}};
   return j;
+}
+
+bool is_nvfp4_spec(const BlockQuantSpec& s) {
+  return s.element.is_e2m1() && s.scale_format == ScaleFormat::E4M3 && s.scale_desc == nullptr &&
+         s.scale_rule == ScaleRule::TensorScaled && s.block == 16;
+}
+
+const char* nvfp4_convention_name(Nvfp4Convention c) {
+  return c == Nvfp4Convention::CompressedTensors ? "compressed-tensors" : "modelopt";
+}
+
+HfNvfp4 pack_hf_nvfp4(const QuantizedTensor& q, const std::vector<int64_t>& source_rows,
+                      const std::string& what) {
+  const BlockQuantSpec& s = q.spec;
+  if (!is_nvfp4_spec(s))
+    throw UserError(what + ": its weights are quantized as " + spec_scale_format(s).name +
+                    " block " + std::to_string(s.block) + (s.two_d ? " tiles" : "") +
+                    ", not as NVFP4 (E2M1, E4M3 scales, tensor-scaled, blocks of 16)");
+  if (q.cols % 16 != 0)
+    throw UserError(what + ": inner dimension " + std::to_string(q.cols) +
+                    " is not a multiple of 16, NVFP4's block");
+  HfNvfp4 out;
+  out.rows = static_cast<int64_t>(source_rows.size());
+  out.cols = q.cols;
+  out.weight.resize(static_cast<size_t>(out.rows * q.cols / 2));
+  out.weight_scale.resize(static_cast<size_t>(out.rows * q.cols / 16));
+  for (int64_t j = 0; j < out.rows; ++j) {
+    const int64_t r = source_rows[j];
+    if (r < 0 || r >= q.rows) throw std::invalid_argument("pack_hf_nvfp4: source row outside the weight");
+    const uint8_t* c = q.codes.data() + r * q.cols;
+    uint8_t* w = out.weight.data() + j * q.cols / 2;
+    for (int64_t i = 0; i < q.cols / 2; ++i)  // the even column in the low nibble
+      w[i] = static_cast<uint8_t>((c[2 * i] & 0xF) | (c[2 * i + 1] & 0xF) << 4);
+    const int64_t br = s.two_d ? r / s.block : r;  // the block row of element row r
+    for (int64_t b = 0; b < q.cols / 16; ++b)
+      out.weight_scale[static_cast<size_t>(j * (q.cols / 16) + b)] =
+          q.scale_codes[static_cast<size_t>(br * q.block_cols + b)];
+  }
+  return out;
 }
 
 }  // namespace fp4

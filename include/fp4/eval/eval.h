@@ -100,6 +100,15 @@ struct EvalWindows {
 std::vector<double> nll_batch_sums(nn::Model& model, const EvalWindows& data, int seq_len,
                                    int batch, const EvalPolicy& policy, int part, int parts);
 
+/// The calibrated activation reference of every linear (the `calibrated` policy's, docs/
+/// evaluation.md "Quantized inference evaluation"): `calib` run through `model` (`batch`
+/// windows per forward, current scaling), each linear recording the max over all calls of
+/// max|X|. Returns [model.linears().size()] amax values (FP32, 0 for a linear that saw only
+/// zeros). The inference state is reset before and after. Throws fp4::UserError for empty or
+/// out-of-range windows, std::invalid_argument for bad batch/seq_len.
+std::vector<float> calibrated_activation_amax(nn::Model& model, const EvalWindows& calib,
+                                              int seq_len, int batch);
+
 /// Held-out NLL of `model` under `policy` over `data` (windows processed `batch` at a time,
 /// in order; batch ≤ the model's batch, seq_len its seq_len). The model's inference state
 /// is reset first (Model::reset_inference). Calibrated runs `calib` (required, non-empty,

@@ -34,6 +34,7 @@
 
 #include "fp4/nn/run_config.h"
 #include "fp4/nn/model.h"
+#include "fp4/numerics/block_quant.h"
 
 namespace fp4 {
 
@@ -43,6 +44,11 @@ struct HfTensor {
   std::string source;          ///< the fp4train parameter it comes from, e.g. "layers.0.mixer.q_proj"
   std::vector<int64_t> shape;  ///< HF shape
   std::vector<float> data;
+  /// For a matrix parameter (rows > 1) whose HF tensor is a choice of its rows (every linear:
+  /// kept, permuted by RoPE's pair layout, or split like SwiGLU's up_proj): HF row j is row
+  /// source_rows[j] of the fp4train parameter, so a per-row quantized weight (block scales
+  /// along its columns) maps row by row. Empty otherwise (vectors, conv1d's reshape).
+  std::vector<int64_t> source_rows;
 };
 
 /// Whether `cfg` is exported in the Llama layout (its pattern is "*-" repeated), else the
@@ -65,5 +71,40 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg, const std::vector<nn::P
 /// (whose [0.0, Infinity] is not JSON; FLT_MAX clamps no finite FP32 Δ, and fp4train clamps Δ
 /// nowhere): docs/export.md "config.json: two keys of the Nemotron-H layout".
 nlohmann::json hf_config(const ModelConfig& cfg, int seq_len, const std::vector<HfTensor>& tensors);
+
+// ----------------------------------------------------------------------------- NVFP4
+
+/// Whether `s` quantizes as NVFP4 (E2M1 elements, E4M3 block scales, the tensor-scaled rule,
+/// blocks of 16 or 16 × 16 tiles): the weights the NVFP4 exports write as they were trained.
+bool is_nvfp4_spec(const BlockQuantSpec& s);
+
+/// The two conventions of an NVFP4 safetensors checkpoint (docs/export.md "NVFP4 safetensors
+/// for vLLM and TensorRT-LLM"), which differ in tensor names and in the tensor scale:
+///  * ModelOpt (NVIDIA TensorRT Model Optimizer's Hugging Face checkpoint, hf_quant_config.json):
+///    `weight`, `weight_scale`, `weight_scale_2` = the decode scale gd, `input_scale` = the
+///    activation's decode scale;
+///  * CompressedTensors (compressed-tensors' "nvfp4-pack-quantized"): `weight_packed`,
+///    `weight_scale`, `weight_global_scale` = the encode scale ge = 1 / weight_scale_2 (its
+///    reciprocal convention), `input_global_scale` = the activation's encode scale.
+enum class Nvfp4Convention { ModelOpt, CompressedTensors };
+/// "modelopt" or "compressed-tensors".
+const char* nvfp4_convention_name(Nvfp4Convention c);
+
+/// One FP4 linear's HF weight in NVFP4, row by row: `weight` [rows, cols / 2] (two E2M1 codes
+/// per byte, the even column in the low nibble, sign in bit 3 of each nibble), `weight_scale`
+/// [rows, cols / 16] (the E4M3 block-scale codes, OCP float8_e4m3fn bits; a 16 × 16 tile's code
+/// repeated over its 16 rows).
+struct HfNvfp4 {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> weight;
+  std::vector<uint8_t> weight_scale;
+};
+
+/// The rows `source_rows` (HfTensor::source_rows) of q, an NVFP4 weight W [N, K] as quantized
+/// for fprop (is_nvfp4_spec), packed as HfNvfp4. Throws fp4::UserError naming `what` when q is
+/// not NVFP4 or K is not a multiple of 16 (every block whole), std::invalid_argument for a
+/// source row outside q.
+HfNvfp4 pack_hf_nvfp4(const QuantizedTensor& q, const std::vector<int64_t>& source_rows,
+                      const std::string& what);
 
 }  // namespace fp4
