@@ -10,8 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"
 #include "fp4/data/data.h"
 #include "fp4/eval/eval.h"
 #include "fp4/study/evaluate.h"
@@ -51,6 +54,7 @@ struct SampleArgs {
   uint64_t seed = 1;
   std::string policy = "current";
   int calib_batches = 4;
+  std::string ids_out;  // --ids-out: the prompt's and the continuation's token ids as JSON
 };
 
 void run_sample(const SampleArgs& a) {
@@ -94,6 +98,10 @@ void run_sample(const SampleArgs& a) {
   std::fprintf(stderr, "%s; policy %s, temperature %g, top-k %d, seed %llu, %zu tokens\n",
                describe_eval_source(s).c_str(), opt.policy.name().c_str(), opt.temperature, opt.top_k,
                static_cast<unsigned long long>(opt.seed), out.size());
+  if (!a.ids_out.empty()) {
+    const nlohmann::json ids = {{"prompt", prompt}, {"continuation", out}};
+    write_file_atomic(a.ids_out, ids.dump() + "\n");
+  }
   std::vector<int> all(prompt.begin() + 1, prompt.end());
   all.insert(all.end(), out.begin(), out.end());
   std::printf("%s\n", detokenize(tok, all).c_str());
@@ -182,6 +190,9 @@ void register_sample(CLI::App& app) {
   c->add_option("--calib-batches", a->calib_batches, "Calibration batches (calibrated policy)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--ids-out", a->ids_out,
+                "Also write the token ids as JSON: {\"prompt\": [EOS, prompt ids...], "
+                "\"continuation\": [generated ids...]} (for tools/llama/llama_greedy.mjs)");
   c->callback([a] { run_sample(*a); });
 }
 

@@ -8,7 +8,8 @@
 # swapped, q/k rows in HF's order, A_log for A) must miss, so the check
 # can fail. Every key and tensor written is read back; configs llama.cpp cannot run are
 # refused (exit 2). llama.cpp's tokenizer (the exported SentencePiece vocabulary) gives the
-# held-out documents fp4train's token ids.
+# held-out documents fp4train's token ids. Greedy continuations (fp4train sample, llama.cpp)
+# agree token for token.
 # Exit 77 (skip) without tools/llama/node_modules (scripts/setup installs it where Node.js >= 20
 # runs on x86-64) unless FP4_REQUIRE_LLAMA=1 (.ci/run sets it).
 # Usage: llama_cpp.sh <fp4train binary> <source dir>
@@ -94,6 +95,42 @@ PY
 check_run relu2 arcee
 check_run swiglu llama --set model.mlp=swiglu --set model.n_kv_heads=1
 check_run hybrid nemotron_h --config "$work/hybrid.toml"
+
+# greedy_check NAME: greedy continuations of three prompts (16 tokens) by fp4train sample and by
+# llama.cpp on the F32 export agree token for token; a first difference is accepted only at a
+# near tie (llama.cpp's top two probabilities within 1e-3, where the engines' last-bit
+# differences may choose either), and is printed.
+greedy_check() {
+  local run="$work/$1" i=0
+  for p in "The" "It was a" "In the"; do
+    "$bin" sample --checkpoint "$run" --policy none --temperature 0 --prompt "$p" --tokens 16 \
+      --ids-out "$run/ids$i.json" > "$run.sample.txt" 2>&1 || { cat "$run.sample.txt"; fail "$1: sample"; }
+    i=$((i + 1))
+  done
+  python3 -c "import json, sys; print(json.dumps([json.load(open(f)) for f in sys.argv[1:]]))" \
+    "$run"/ids0.json "$run"/ids1.json "$run"/ids2.json > "$run/prompts.json"
+  node "$llama/llama_greedy.mjs" "$run/gguf/model.gguf" "$run/prompts.json" 16 "$run/greedy.json" \
+    > "$run.greedy.txt" 2>&1 || { cat "$run.greedy.txt"; fail "$1: llama.cpp greedy"; }
+  python3 - "$run" "$1" <<'PY' || fail "$1: greedy continuations differ"
+import json, sys
+run, name = sys.argv[1:]
+ours, theirs = json.load(open(f"{run}/prompts.json")), json.load(open(f"{run}/greedy.json"))
+assert len(ours) == len(theirs) == 3
+same = 0
+for k, (a, b) in enumerate(zip(ours, theirs)):
+    a, b, margin = a["continuation"], b["continuation"], b["margin"]
+    d = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), None)
+    if d is None:
+        assert len(a) == len(b), f"prompt {k}: lengths {len(a)} and {len(b)}"
+        same += 1
+        continue
+    print(f"{name}: prompt {k} differs at token {d} ({a[d]} vs {b[d]}), llama.cpp's top-2 gap {margin[d]:.2e}")
+    assert margin[d] < 1e-3, f"prompt {k}: a difference that is no near tie"
+print(f"{name}: greedy continuations identical for {same} of 3 prompts (16 tokens each)")
+PY
+}
+greedy_check hybrid
+greedy_check swiglu
 # FP4 weights: an MXFP4 run (arcee); an NVFP4 run (nvfp4-te: SwiGLU, d 64 so every inner
 # dimension is a multiple of GGUF's NVFP4 block of 64; its BF16 final blocks go as F32); a
 # UE5M3 run re-quantized to NVFP4.
@@ -107,7 +144,7 @@ expect_error "arcee graph" export --checkpoint "$work/mxfp4" --out "$work/g2" --
   --steps 2 --set model.mlp=swiglu > "$work/t2.txt" 2>&1 || { cat "$work/t2.txt"; fail "train (NVFP4, d 32)"; }
 expect_error "inner dimension 32 is not a multiple of 64" export --checkpoint "$work/nv32" --out "$work/g2" --format gguf --weights nvfp4
 expect_error "not as MXFP4" export --checkpoint "$work/nvfp4" --out "$work/g2" --format gguf --weights mxfp4
-expect_error "--weights and --requantize go with --format gguf" export --checkpoint "$work/nvfp4" --out "$work/g2" --weights nvfp4
+expect_error "--weights goes with --format gguf" export --checkpoint "$work/nvfp4" --out "$work/g2" --weights nvfp4
 expect_error "--requantize goes with --weights nvfp4" export --checkpoint "$work/nvfp4" --out "$work/g2" --format gguf --requantize
 [ ! -e "$work/g2" ] || fail "a refused export created its --out directory"
 
