@@ -22,20 +22,6 @@ struct FidelityArgs {
   std::vector<std::string> recipes;
 };
 
-// "a,b" and repeated options → one list, blanks trimmed, empties dropped.
-std::vector<std::string> split_list(const std::vector<std::string>& in) {
-  std::vector<std::string> out;
-  for (const std::string& s : in) {
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-      if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-    }
-  }
-  return out;
-}
-
 void run(FidelityArgs& a) {
   FidelityRequest& r = a.req;
   if (!a.from.empty()) {  // the report (and claims) again from a panel's fidelity.json
@@ -65,18 +51,7 @@ void run(FidelityArgs& a) {
   r.claims = a.claims;
   if (!a.claims.empty() && !std::filesystem::exists(a.claims))
     throw UserError("--claims " + a.claims + " does not exist");
-  for (const std::string& s : split_list({a.steps})) {
-    try {
-      // A whole number in any notation (1e3, as every integer option takes: options.h).
-      const std::string w = whole_number(s);
-      size_t used = 0;
-      const long long v = std::stoll(w, &used);
-      if (used != w.size() || v < 0) throw std::invalid_argument(s);
-      r.steps.push_back(v);
-    } catch (const std::exception&) {
-      throw UserError("--steps: '" + s + "' is not a step number (a comma list of checkpoint steps)");
-    }
-  }
+  r.steps = parse_step_list(a.steps, "--steps");
   const FidelityPanel p = run_fidelity(r);
   if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes (every rank holds the panel)
   write_fidelity_report(p, r);

@@ -1,8 +1,12 @@
 // CLI11 pieces shared by the subcommands (options.h).
 #include "options.h"
 
+#include "fp4/base/error.h"
+
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
+#include <stdexcept>
 
 namespace fp4::cli {
 
@@ -59,6 +63,36 @@ void accept_whole_numbers(CLI::App& app) {
           "", "whole number"));
   }
   for (CLI::App* sub : app.get_subcommands({})) accept_whole_numbers(*sub);
+}
+
+std::vector<std::string> split_list(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const std::string& s : in) {
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+      if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_step_list(const std::string& list, const std::string& option) {
+  std::vector<int64_t> steps;
+  for (const std::string& s : split_list({list})) {
+    try {
+      // A whole number in any notation (1e3), as every integer option takes.
+      const std::string w = whole_number(s);
+      size_t used = 0;
+      const long long v = std::stoll(w, &used);
+      if (used != w.size() || v < 0) throw std::invalid_argument(s);
+      steps.push_back(v);
+    } catch (const std::exception&) {
+      throw UserError(option + ": '" + s + "' is not a step number (a comma list of checkpoint steps)");
+    }
+  }
+  return steps;
 }
 
 }  // namespace fp4::cli

@@ -22,4 +22,9 @@ std::string whole_number(const std::string& text);
 /// Give every integer option (CLI11 type INT or UINT) of `app` and of its subcommands the
 /// whole_number transform, ahead of its range check, so `--steps 1e9` means 10^9 steps.
 void accept_whole_numbers(CLI::App& app);
+/// "a,b" and repeated options → one list, blanks trimmed, empties dropped.
+std::vector<std::string> split_list(const std::vector<std::string>& in);
+/// A comma list of checkpoint steps (whole numbers in any notation, ≥ 0). Throws
+/// fp4::UserError "<option>: 'x' is not a step number (a comma list of checkpoint steps)".
+std::vector<int64_t> parse_step_list(const std::string& list, const std::string& option);
 }  // namespace fp4::cli

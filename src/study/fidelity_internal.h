@@ -31,6 +31,21 @@ struct Claim {
 /// fp4::UserError naming the file, the claim and what is wrong.
 std::vector<Claim> load_claims(const std::filesystem::path& file);
 
+// ------------------------------------------------------------------------------ checkpoints
+
+/// n of `all` (ascending), evenly spread, the last always included; all of them when n is larger.
+std::vector<int64_t> spread_steps(const std::vector<int64_t>& all, size_t n);
+/// A run's checkpoints by step (list_checkpoints). Throws fp4::UserError "<who>: run R holds no
+/// checkpoints (...)" when it has none.
+std::map<int64_t, std::filesystem::path> checkpoints_by_step(const std::filesystem::path& run,
+                                                             const std::string& who);
+/// The steps to evaluate: `steps` (sorted, duplicates dropped), or n of the run's evenly spread,
+/// the newest always included. Throws fp4::UserError naming a step the run does not hold and
+/// the steps it holds.
+std::vector<int64_t> choose_steps(const std::map<int64_t, std::filesystem::path>& by_step,
+                                  std::vector<int64_t> steps, int n,
+                                  const std::filesystem::path& run, const std::string& who);
+
 // ------------------------------------------------------------------------------ names
 
 inline constexpr const char* kGradMetrics[] = {"rel_error", "cosine", "gain",

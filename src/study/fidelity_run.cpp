@@ -31,6 +31,50 @@ namespace fp4 {
 namespace fs = std::filesystem;
 using namespace fidelity_detail;
 
+namespace fidelity_detail {
+std::vector<int64_t> spread_steps(const std::vector<int64_t>& all, size_t n) {
+  n = std::min(n, all.size());
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(all[n == 1 ? all.size() - 1 : (all.size() - 1) * i / (n - 1)]);
+  return out;
+}
+
+std::map<int64_t, fs::path> checkpoints_by_step(const fs::path& run, const std::string& who) {
+  const std::vector<fs::path> files = list_checkpoints(run);
+  if (files.empty())
+    throw UserError(who + ": run " + run.string() +
+                    " holds no checkpoints (train it with "
+                    "--save-every N and --keep-checkpoints large enough to keep them)");
+  std::map<int64_t, fs::path> by_step;
+  for (const fs::path& f : files) {
+    const std::string n = f.filename().string();  // step_%08d.safetensors
+    by_step[std::stoll(n.substr(5, n.find('.') - 5))] = f;
+  }
+  return by_step;
+}
+
+std::vector<int64_t> choose_steps(const std::map<int64_t, fs::path>& by_step,
+                                  std::vector<int64_t> steps, int n, const fs::path& run,
+                                  const std::string& who) {
+  if (steps.empty()) {
+    std::vector<int64_t> all;
+    for (const auto& [s, f] : by_step) all.push_back(s);
+    steps = spread_steps(all, size_t(std::max(n, 1)));
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (int64_t s : steps)
+    if (!by_step.count(s)) {
+      std::string have;
+      for (const auto& [st, f] : by_step) have += (have.empty() ? "" : ", ") + std::to_string(st);
+      throw UserError(who + ": run " + run.string() + " has no checkpoint of step " +
+                      std::to_string(s) + " (it holds steps " + have + ")");
+    }
+  return steps;
+}
+}  // namespace fidelity_detail
+
 namespace {
 // ------------------------------------------------------------------------------ passes
 
@@ -96,14 +140,6 @@ DrawMetrics put_metrics(FidelityRecipe& fr, const std::string& scope, size_t c, 
   return dm;
 }
 
-// n of `all` (ascending), evenly spread, the last always included; all of them when n is larger.
-std::vector<int64_t> spread_steps(const std::vector<int64_t>& all, size_t n) {
-  n = std::min(n, all.size());
-  std::vector<int64_t> out;
-  for (size_t i = 0; i < n; ++i)
-    out.push_back(all[n == 1 ? all.size() - 1 : (all.size() - 1) * i / (n - 1)]);
-  return out;
-}
 
 // ------------------------------------------------------------------------------ the recipes
 
@@ -568,30 +604,8 @@ void FidelityRun::plan() {
 // The run's checkpoints by step, and the panel's steps: req.steps, or req.checkpoints of them
 // evenly spread, the newest always included.
 void FidelityRun::select_steps() {
-  const std::vector<fs::path> files = list_checkpoints(req.run);
-  if (files.empty())
-    throw UserError("fidelity: run " + req.run.string() +
-                    " holds no checkpoints (train it with "
-                    "--save-every N and --keep-checkpoints large enough to keep them)");
-  for (const fs::path& f : files) {
-    const std::string n = f.filename().string();  // step_%08d.safetensors
-    by_step[std::stoll(n.substr(5, n.find('.') - 5))] = f;
-  }
-  steps = req.steps;
-  if (steps.empty()) {
-    std::vector<int64_t> all;
-    for (const auto& [s, f] : by_step) all.push_back(s);
-    steps = spread_steps(all, size_t(req.checkpoints));
-  }
-  std::sort(steps.begin(), steps.end());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  for (int64_t s : steps)
-    if (!by_step.count(s)) {
-      std::string have;
-      for (const auto& [st, f] : by_step) have += (have.empty() ? "" : ", ") + std::to_string(st);
-      throw UserError("fidelity: run " + req.run.string() + " has no checkpoint of step " +
-                      std::to_string(s) + " (it holds steps " + have + ")");
-    }
+  by_step = checkpoints_by_step(req.run, "fidelity");
+  steps = choose_steps(by_step, req.steps, req.checkpoints, req.run, "fidelity");
 }
 
 // K batches of B sequences from the training split (the same at every checkpoint), and the
