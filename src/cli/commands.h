@@ -16,5 +16,6 @@ void register_export(CLI::App& app);  // Hugging Face style directory of a check
 void register_list(CLI::App& app);    // configs and recipes: the shipped files, one line each
 void register_data(CLI::App& app);    // what a data source holds; builds or exports its token cache
 void register_fidelity(CLI::App& app);  // recipes against exact FP32 on shared checkpoints and batches
+void register_rollout(CLI::App& app);   // paired rollouts of recipes from shared checkpoints
 
 }  // namespace fp4::cli

@@ -54,6 +54,7 @@ const std::pair<const char*, const char*> kCommandSummaries[] = {
     {"data", "What a run's data source holds (splits, vocabulary, token cache), before a run."},
     {"fidelity",
      "Each recipe's gradient and loss error against exact FP32 on a run's checkpoints."},
+    {"rollout", "Each recipe's gap to fp32 over N steps trained from a run's shared checkpoints."},
 };
 
 /// A command's line in the top-level --help: its summary, or for a command without one the
@@ -122,6 +123,7 @@ int main(int argc, char** argv) {
   fp4::cli::register_list(app);
   fp4::cli::register_data(app);
   fp4::cli::register_fidelity(app);
+  fp4::cli::register_rollout(app);
   // Integer options take 1e9 as well as 1000000000 (options.h, whole_number).
   fp4::cli::accept_whole_numbers(app);
   if (argc > 1 && argv[1][0] != '-') {

@@ -1,0 +1,85 @@
+// Paired rollouts (`fp4train rollout`, docs/fidelity.md "Paired rollouts"): from shared
+// checkpoints of a reference run, with its optimizer state, every recipe and `fp32` train the
+// same N steps on exactly the same batches. The trajectories start identical, so over a short N
+// the chaotic drift of training has not grown yet, and each recipe's gap to the fp32 rollout is
+// its systematic effect through the training dynamics (bias that accumulates, held-reference
+// staleness, SR averaging), which the one-step fidelity panel cannot see.
+//
+// Per checkpoint c (step s) of the run and batch order o: order 0 continues the run's own batch
+// sampler from its saved position (the batches the run itself trained on next); order o > 0 draws
+// batches from a sampler seeded by splitmix64(seed, o), the same for every recipe. Each rollout
+// runs train_step for steps s + 1 .. s + N (the run's learning-rate schedule, AdamW state from
+// the checkpoint, the recipe's SR keyed by the run seed and step), records the training loss of
+// every step, and at the end the held-out NLL (the recipe's quantized inference, policy
+// `current`; fp32: unquantized) and the parameters' divergence from the fp32 rollout,
+// ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖. A recipe's held tensor references start empty: they are
+// sampled at the rollout's first step (its refresh step), whatever the reference run held.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fp4/study/fidelity.h"  // Interval, bootstrap_two_level
+
+namespace fp4 {
+
+/// What `fp4train rollout` computes.
+struct RolloutRequest {
+  std::filesystem::path run;         ///< run directory whose checkpoints/ hold the steps
+  /// Names or .toml paths, ≥ 1; the fp32 reference rollout is always run first (a listed "fp32"
+  /// runs again as a recipe, with gaps of exactly 0).
+  std::vector<std::string> recipes;
+  std::vector<int64_t> steps;        ///< checkpoint steps; empty: `checkpoints` spread over the run's
+  int checkpoints = 3;
+  int length = 20;                   ///< N optimizer steps per rollout
+  int orders = 2;                    ///< batch orders per checkpoint (order 0: the run's own)
+  uint64_t seed = 1;                 ///< batch orders o > 0
+  int windows = 0;                   ///< held-out windows for the final NLL; 0: the run's eval.windows
+  int resamples = 2000;              ///< two-level bootstrap (checkpoints, then orders)
+  uint64_t bootstrap_seed = 20261206;
+  std::string data;                  ///< data path override (default: the run's data.path)
+  std::filesystem::path out;         ///< directory for rollout.json and rollout.md
+  bool quiet = false;                ///< no progress lines on stderr
+};
+
+/// The name of the reference rollout (recipe fp32) in RolloutResult::recipes.
+inline constexpr const char* kRolloutReference = "fp32 (reference)";
+
+/// One rollout: a recipe from one checkpoint along one batch order.
+struct RolloutTrace {
+  std::vector<double> loss;  ///< training loss of steps s + 1 .. s + N (NaN after a divergence)
+  double nll = 0;            ///< held-out NLL (nats/token) after the last step (NaN if diverged)
+  double divergence = 0;     ///< ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step
+  std::string diverged;      ///< non-empty: the step and what was non-finite
+};
+
+/// Every rollout of a request: traces[r][c][o], recipe 0 being the fp32 reference.
+struct RolloutResult {
+  std::filesystem::path run;
+  std::vector<int64_t> steps;         ///< the checkpoints' steps, ascending
+  std::vector<std::string> recipes;   ///< kRolloutReference, then the request's, as named there
+  int length = 0, orders = 0, windows = 0;
+  uint64_t seed = 0;
+  std::string machine;                ///< CPU, threads (provenance)
+  std::vector<std::vector<std::vector<RolloutTrace>>> traces;
+};
+
+/// Run the rollouts of `req`: validates it (steps the run holds, length ≥ 1, orders ≥ 1,
+/// recipes that fit the run's model), loads each checkpoint once, and runs fp32 and every
+/// recipe for every order. Progress on stderr unless req.quiet. Bits do not depend on the
+/// thread count (train_step's contract). Throws fp4::UserError naming what is wrong: no
+/// checkpoints, a missing step, a bad count, a recipe that does not load or fit.
+RolloutResult run_rollouts(const RolloutRequest& req);
+
+/// Write rollout.json (every trace; `load_rollouts` reads it back) and rollout.md (the gaps to
+/// fp32 with two-level bootstrap intervals over checkpoints and orders, the gap by step, and
+/// paired contrasts between the recipes) into req.out, created. Throws fp4::UserError if the
+/// directory cannot be written.
+void write_rollout_report(const RolloutResult& r, const RolloutRequest& req);
+
+/// Read a rollout.json back (for `rollout --from`). Throws fp4::UserError naming the file and
+/// the field that is missing or malformed.
+RolloutResult load_rollouts(const std::filesystem::path& file);
+
+}  // namespace fp4

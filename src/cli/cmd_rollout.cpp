@@ -1,0 +1,86 @@
+// `fp4train rollout`: paired rollouts from a run's checkpoints (fp4/study/rollout.h,
+// docs/fidelity.md "Paired rollouts"): the options, then run_rollouts and write_rollout_report.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "options.h"
+#include "fp4/base/error.h"
+#include "fp4/study/rollout.h"
+
+namespace fp4::cli {
+
+namespace {
+struct RolloutArgs {
+  RolloutRequest req;
+  std::string run, out, steps, from;
+  std::vector<std::string> recipes;
+};
+
+void run(RolloutArgs& a) {
+  RolloutRequest& r = a.req;
+  if (!a.from.empty()) {  // the report again from a finished rollout.json
+    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty())
+      throw UserError("--from rebuilds the report of finished rollouts; --run, --recipe and --steps go "
+                      "with new ones");
+    r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
+    if (r.out.empty()) r.out = ".";
+    write_rollout_report(load_rollouts(a.from), r);
+    std::printf("rollout: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
+    return;
+  }
+  if (a.run.empty() || a.recipes.empty()) throw UserError("rollout needs --run DIR and --recipe R,... (or --from FILE)");
+  r.run = a.run;
+  r.recipes = split_list(a.recipes);
+  r.out = a.out.empty() ? std::filesystem::path(a.run) / "rollout" : std::filesystem::path(a.out);
+  r.steps = parse_step_list(a.steps, "--steps");
+  const RolloutResult res = run_rollouts(r);
+  write_rollout_report(res, r);
+  std::printf("rollout: %zu recipes and fp32 x %zu checkpoints x %d orders x %d steps; wrote %s and %s\n",
+              res.recipes.size() - 1, res.steps.size(), res.orders, res.length,
+              (r.out / "rollout.json").string().c_str(), (r.out / "rollout.md").string().c_str());
+}
+}  // namespace
+
+void register_rollout(CLI::App& app) {
+  auto a = std::make_shared<RolloutArgs>();
+  auto* c = app.add_subcommand(
+      "rollout",
+      "Paired rollouts: from checkpoints of a reference run, with its optimizer state, every\n"
+      "recipe and fp32 train --length steps on exactly the same batches. The trajectories start\n"
+      "identical, so each recipe's gap to the fp32 rollout (training loss per step, held-out NLL\n"
+      "at the end, parameter divergence) is its systematic effect through training, before chaos\n"
+      "grows; intervals by a two-level bootstrap over checkpoints and batch orders. Writes\n"
+      "rollout.json and rollout.md (docs/fidelity.md \"Paired rollouts\"). Example:\n"
+      "  fp4train rollout --run runs/bf16 --recipe ue5m3-b16,nvfp4-te --length 20");
+  c->add_option("--run", a->run, "Reference run directory (its checkpoints/ hold the steps)");
+  c->add_option("--recipe", a->recipes,
+                "Recipes to roll out: names or .toml paths; repeatable or a comma list. fp32 runs "
+                "first as the reference; listing fp32 runs it again (its gaps are exactly 0)");
+  c->add_option("--from", a->from, "Instead of new rollouts: rebuild rollout.md from a rollout.json");
+  c->add_option("--steps", a->steps,
+                "Checkpoint steps, a comma list (default: --checkpoints of those the run holds, evenly "
+                "spread, the newest included)");
+  c->add_option("--checkpoints", a->req.checkpoints, "How many checkpoints without --steps")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_option("--length", a->req.length, "Optimizer steps per rollout (N)")
+      ->capture_default_str()->check(CLI::Range(1, 1000000));
+  c->add_option("--orders", a->req.orders,
+                "Batch orders per checkpoint: order 0 continues the run's own batches, order o > 0 "
+                "draws from a sampler seeded by (--seed, o), the same for every recipe")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  c->add_option("--seed", a->req.seed, "Seed of the batch orders o > 0")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_option("--windows", a->req.windows, "Held-out windows of the final NLL (default: the run's eval.windows)")
+      ->check(CLI::Range(1, 1 << 24));
+  c->add_option("--resamples", a->req.resamples, "Bootstrap resamples")
+      ->capture_default_str()->check(CLI::Range(1, 1000000));
+  c->add_option("--data", a->req.data, "Text file or directory instead of the run config's data.path");
+  c->add_option("--out", a->out, "Output directory (default RUN/rollout; with --from, the file's)");
+  c->add_flag("--quiet", a->req.quiet, "No progress lines");
+  c->callback([a] { run(*a); });
+}
+
+}  // namespace fp4::cli

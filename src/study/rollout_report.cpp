@@ -1,0 +1,236 @@
+// The rollouts' files (write_rollout_report, load_rollouts; docs/fidelity.md "Paired
+// rollouts"): rollout.json holds every trace, rollout.md the gaps to the fp32 reference with
+// two-level bootstrap intervals (checkpoints, then batch orders), the gap by step and the
+// paired contrasts.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fp4/base/error.h"
+#include "fp4/base/safetensors.h"  // write_file_atomic
+#include "fp4/study/rollout.h"
+
+namespace fp4 {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using Grid = std::vector<std::vector<double>>;  // [checkpoint][order]
+
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+double number(const json& j) { return j.is_number() ? j.get<double>() : kNaN; }
+
+// What one recipe's rollouts give per (checkpoint, order): the four measures of its gap.
+struct Gaps {
+  Grid final_loss, mean_loss, nll, divergence;
+  int diverged = 0;
+};
+
+Gaps gaps_of(const RolloutResult& r, size_t i) {
+  Gaps g;
+  const size_t C = r.steps.size(), O = size_t(r.orders), N = size_t(r.length);
+  for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.divergence}) x->assign(C, std::vector<double>(O));
+  for (size_t c = 0; c < C; ++c)
+    for (size_t o = 0; o < O; ++o) {
+      const RolloutTrace &t = r.traces[i][c][o], &ref = r.traces[0][c][o];
+      g.diverged += !t.diverged.empty();
+      double sum = 0;
+      for (size_t k = 0; k < N; ++k) sum += t.loss[k] - ref.loss[k];
+      g.final_loss[c][o] = t.loss[N - 1] - ref.loss[N - 1];
+      g.mean_loss[c][o] = sum / double(N);
+      g.nll[c][o] = t.nll - ref.nll;
+      g.divergence[c][o] = t.divergence;
+    }
+  return g;
+}
+
+size_t samples(const Grid& x) {
+  size_t n = 0;
+  for (const auto& row : x) n += row.size();
+  return n;
+}
+
+bool finite(const Grid& x) {
+  for (const auto& row : x)
+    for (double v : row)
+      if (!std::isfinite(v)) return false;
+  return true;
+}
+
+// "mean [lo, hi]" of the two-level bootstrap; the mean alone with one rollout (no interval);
+// "—" when a rollout diverged.
+std::string interval(const Grid& x, const RolloutRequest& req, int digits = 5) {
+  if (!finite(x)) return "—";
+  if (samples(x) < 2) {
+    char b[48];
+    std::snprintf(b, sizeof b, "%+.*f (one rollout)", digits, x[0][0]);
+    return b;
+  }
+  const Interval iv = bootstrap_two_level(x, req.resamples, req.bootstrap_seed);
+  char b[96];
+  std::snprintf(b, sizeof b, "%+.*f [%+.*f, %+.*f]", digits, iv.mean, digits, iv.lo, digits, iv.hi);
+  return b;
+}
+
+std::string verdict(const Grid& x, const RolloutRequest& req) {
+  if (!finite(x) || samples(x) < 2) return "—";
+  const Interval iv = bootstrap_two_level(x, req.resamples, req.bootstrap_seed);
+  return iv.hi < 0 ? "lower" : iv.lo > 0 ? "higher" : "not resolved";
+}
+
+Grid difference(const Grid& a, const Grid& b) {
+  Grid d = a;
+  for (size_t c = 0; c < d.size(); ++c)
+    for (size_t o = 0; o < d[c].size(); ++o) d[c][o] = a[c][o] - b[c][o];
+  return d;
+}
+
+// Mean over (checkpoint, order) of the loss gap at 0-based step k.
+double mean_gap_at(const RolloutResult& r, size_t i, size_t k) {
+  double s = 0;
+  size_t n = 0;
+  for (size_t c = 0; c < r.steps.size(); ++c)
+    for (size_t o = 0; o < size_t(r.orders); ++o, ++n) s += r.traces[i][c][o].loss[k] - r.traces[0][c][o].loss[k];
+  return s / double(n);
+}
+
+void gap_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
+               const RolloutRequest& req) {
+  md << "## Gap to the fp32 rollout\n\n"
+        "Recipe minus fp32, per (checkpoint, order), then the mean with a 95% two-level bootstrap "
+        "interval (checkpoints, then orders; " << req.resamples << " resamples). Divergence: "
+        "‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step.\n\n"
+        "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | divergence | diverged |\n"
+        "|--------|-----------------:|--------------------------:|-----------------:|-----------:|---------:|\n";
+  for (size_t i = 1; i < r.recipes.size(); ++i)
+    md << "| `" << r.recipes[i] << "` | " << interval(g[i].final_loss, req) << " | "
+       << interval(g[i].mean_loss, req) << " | " << interval(g[i].nll, req) << " | "
+       << interval(g[i].divergence, req) << " | " << g[i].diverged << " |\n";
+}
+
+void step_table(std::ostringstream& md, const RolloutResult& r) {
+  const size_t N = size_t(r.length);
+  std::set<size_t> ks = {0, N / 4, N / 2, (3 * N) / 4, N - 1};
+  md << "\n## Loss gap by step\n\nMean over checkpoints and orders of recipe minus fp32 training loss.\n\n| recipe |";
+  for (size_t k : ks) md << " step " << k + 1 << " |";
+  md << "\n|--------|";
+  for (size_t k = 0; k < ks.size(); ++k) md << "------:|";
+  md << "\n";
+  for (size_t i = 1; i < r.recipes.size(); ++i) {
+    md << "| `" << r.recipes[i] << "` |";
+    for (size_t k : ks) {
+      char b[32];
+      std::snprintf(b, sizeof b, " %+.5f |", mean_gap_at(r, i, k));
+      md << b;
+    }
+    md << "\n";
+  }
+}
+
+void contrast_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
+                    const RolloutRequest& req) {
+  if (r.recipes.size() < 3) return;
+  md << "\n## Paired contrasts\n\nB minus A on the same checkpoints, orders and batches; the verdict "
+        "is the interval's side of 0.\n\n"
+        "| A | B | held-out NLL, B − A | verdict | loss at step N, B − A | verdict |\n"
+        "|---|---|-------------------:|---------|---------------------:|---------|\n";
+  for (size_t a = 1; a < r.recipes.size(); ++a)
+    for (size_t b = a + 1; b < r.recipes.size(); ++b) {
+      const Grid dn = difference(g[b].nll, g[a].nll), dl = difference(g[b].final_loss, g[a].final_loss);
+      md << "| `" << r.recipes[a] << "` | `" << r.recipes[b] << "` | " << interval(dn, req) << " | "
+         << verdict(dn, req) << " | " << interval(dl, req) << " | " << verdict(dl, req) << " |\n";
+    }
+}
+
+json to_json(const RolloutResult& r) {
+  json traces = json::array();
+  for (const auto& by_c : r.traces) {
+    json rc = json::array();
+    for (const auto& by_o : by_c) {
+      json ro = json::array();
+      for (const RolloutTrace& t : by_o) {
+        json loss = json::array();
+        for (double v : t.loss) loss.push_back(number(v));
+        ro.push_back({{"loss", loss}, {"nll", number(t.nll)}, {"divergence", number(t.divergence)},
+                      {"diverged", t.diverged}});
+      }
+      rc.push_back(ro);
+    }
+    traces.push_back(rc);
+  }
+  return {{"format", "fp4train.rollout.v1"}, {"run", r.run.string()}, {"steps", r.steps},
+          {"recipes", r.recipes}, {"length", r.length}, {"orders", r.orders}, {"windows", r.windows},
+          {"seed", r.seed}, {"machine", r.machine}, {"traces", traces}};
+}
+}  // namespace
+
+void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
+  std::error_code ec;
+  fs::create_directories(req.out, ec);
+  if (ec) throw UserError("rollout: cannot create " + req.out.string() + ": " + ec.message());
+  std::vector<Gaps> g(r.recipes.size());
+  for (size_t i = 1; i < r.recipes.size(); ++i) g[i] = gaps_of(r, i);
+  std::ostringstream md;
+  md << "# Paired rollouts\n\nRun `" << r.run.string() << "`, checkpoints of steps";
+  for (int64_t s : r.steps) md << " " << s;
+  md << "; " << r.length << " steps from each, " << r.orders << " batch order(s) (order 0: the run's own "
+     << "batches); held-out NLL on " << r.windows << " windows; " << r.machine << ". How to read it: "
+     << "docs/fidelity.md \"Paired rollouts\".\n\n";
+  gap_table(md, r, g, req);
+  step_table(md, r);
+  contrast_table(md, r, g, req);
+  write_file_atomic(req.out / "rollout.md", md.str());
+  write_file_atomic(req.out / "rollout.json", to_json(r).dump(1) + "\n");
+}
+
+RolloutResult load_rollouts(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw UserError("rollout --from: cannot read " + file.string());
+  RolloutResult r;
+  try {
+    const json j = json::parse(in);
+    if (j.at("format") != "fp4train.rollout.v1")
+      throw UserError("rollout --from: " + file.string() + " is not a rollout.json (format " + j.at("format").dump() + ")");
+    r.run = j.at("run").get<std::string>();
+    r.steps = j.at("steps").get<std::vector<int64_t>>();
+    r.recipes = j.at("recipes").get<std::vector<std::string>>();
+    r.length = j.at("length"), r.orders = j.at("orders"), r.windows = j.at("windows");
+    r.seed = j.at("seed"), r.machine = j.at("machine");
+    for (const json& rc : j.at("traces")) {
+      r.traces.emplace_back();
+      for (const json& ro : rc) {
+        r.traces.back().emplace_back();
+        for (const json& t : ro) {
+          RolloutTrace tr;
+          for (const json& v : t.at("loss")) tr.loss.push_back(number(v));
+          tr.nll = number(t.at("nll")), tr.divergence = number(t.at("divergence"));
+          tr.diverged = t.at("diverged");
+          if (int(tr.loss.size()) != r.length) throw UserError("a trace's loss is not `length` long");
+          r.traces.back().back().push_back(tr);
+        }
+      }
+    }
+  } catch (const json::exception& e) {
+    throw UserError("rollout --from: " + file.string() + ": " + e.what());
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()).rfind("rollout", 0) == 0 ? e.what()
+                                                                   : "rollout --from: " + file.string() + ": " + e.what());
+  }
+  if (r.traces.size() != r.recipes.size() || r.steps.empty() || r.length < 1 || r.orders < 1)
+    throw UserError("rollout --from: " + file.string() + ": traces do not match recipes, steps, length and orders");
+  for (const auto& rc : r.traces) {
+    if (rc.size() != r.steps.size()) throw UserError("rollout --from: " + file.string() + ": a recipe lacks checkpoints");
+    for (const auto& ro : rc)
+      if (ro.size() != size_t(r.orders)) throw UserError("rollout --from: " + file.string() + ": a checkpoint lacks orders");
+  }
+  return r;
+}
+
+}  // namespace fp4
