@@ -12,7 +12,7 @@ fp4::probe_gemm runs.
 
 Usage:
     PYTHONPATH=build/python python3 tools/appendix_c.py [--out docs/results/paper]
-        [--rows 4096] [--k 4096] [--seed 20260902] [--boot 1000]
+        [--rows 4096] [--k 4096] [--seed 20260902] [--boot 1000] [--reg-draws 8] [--iq-draws 1]
 
 Writes OUT/accumulator.json and OUT/accumulator.md (markdown tables with 95% intervals), and
 prints the tables. Exits 1 if the grid sweep disagrees with its closed form (a check of this
@@ -29,14 +29,30 @@ resamples, fixed seed):
     E2M1_RNE(x / s) * s, exact in BF16). Products are exact in FP32. Variants: rne, rne_grid,
     rtz, rtz_grid (grid = the 1/1024 snap). Metrics in FP64 against the FP64 sum of the same
     products: magnitude bias (mean|est| - mean|ref|) / mean|ref| (ppm), gain error
-    sum(est*ref) / sum(ref^2) - 1 (ppm), cosine, relative L2, RMSE. Plus, for nvfp4, the
-    relative RMS error of the input quantization alone: the FP64 sum of the quantized products
-    against the FP64 sum of the unquantized operands' products.
-  * regression: 2048 examples x 2048 features (gaussian, laplace, student_t3); y = X beta with
-    beta ~ N(0, 1/2048); the model's beta_m = beta + 0.25*N(0, 1/2048); the MSE gradient
-    X^T (X beta_m - y) with BF16 operands (X and the FP64 residual, each RNE to BF16), each
-    component a chunked dot over the examples. Gain error and cosine of each variant against the
-    FP64 sum of the same products.
+    sum(est*ref) / sum(ref^2) - 1 (ppm), cosine, relative L2, RMSE. Plus, for both modes, the
+    relative L2 error of the input quantization alone, the paper's `quantization_only.relative_l2`:
+    over the --rows dots of one (distribution, rho, mode), ||q - u|| / ||u|| with q the FP64 sums
+    of the quantized operands' products and u those of the unquantized FP32 operands' products
+    (one norm over all the dots, not a per-dot ratio averaged). It is the same number as the
+    relative RMS error sqrt(mean (q - u)^2 / mean u^2) this script reported before.
+  * regression (the paper's code: forward and gradient both through the variant under test):
+    2048 examples x 2048 features (gaussian, student_t3, contaminated_gaussian), X drawn in
+    FP64 and rounded to FP32; beta ~ N(0, 1/2048), beta_m = beta + 0.25*N(0, 1/2048), both FP32;
+    the target y = X beta, FP64 sums of the unquantized FP32 operands. Modes bf16 and nvfp4
+    quantize X (blocks of 16 along the features) and beta_m as the dots do. For each variant:
+      forward   f_i = the variant's chunked dot of X_q[i, :] and beta_q (FP32, grid included);
+      residual  r_i = FP32_RNE(f_i - y_i) (the difference in FP64, rounded once to FP32; no BF16);
+      gradient  g_j = the variant's chunked dot over the examples of the FP32_RNE products
+                X_q[i, j] * r_i (products rounded to FP32, then fp4train's chunk sums of them).
+    Reference: the exact gradient of the same quantized operands, X_q^T (X_q beta_q - y) in FP64
+    (exact forward, FP64 residual, FP64 products and sums). Gain error and cosine of g against it
+    over the 2048 components (intervals: bootstrap over components), and the forward's own gain
+    error against the FP64 forward. The /2048 of the mean is left out: it scales both sides
+    exactly. Where the paper's code sums each chunk of 64 with torch's FP32 reduction, this
+    script uses fp4train's (the exact chunk sum rounded once). The gain is a ratio over one draw of
+    (X, beta, beta_m), which the bootstrap over components holds fixed: --reg-draws draws (the
+    first the table's) give its spread from draw to draw, for BF16 rne and rtz. Likewise
+    --iq-draws draws of the nvfp4 rho = 0.25 dots for the input quantization's relative L2.
   * cancellation: --rows rows of 32 Gaussian values times scale (1 or 32) and their negatives,
     64 FP32 partials shuffled per row; a residual N(0, sigma^2), sigma in {0, 1/4096, 1/1024,
     1/64}, is added (in FP32) to the last partial. Reference: the exact (math.fsum) sum of the 64
@@ -122,6 +138,20 @@ def exact_dots(a, b):
     return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64))
 
 
+def relative_l2(est, ref):
+    """||est - ref|| / ||ref|| over all the entries (one norm over the whole vector, not a ratio per
+    entry): the paper's `relative_l2` (its comparison_metrics), here of the quantized dots' FP64
+    sums against the unquantized ones'."""
+    e, r = np.asarray(est, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return math.sqrt(np.dot(e - r, e - r) / np.dot(r, r))
+
+
+def quantization_only_l2(x, w, xq, wq):
+    """The input quantization's error on row-wise dots: relative_l2 of the quantized operands'
+    exact dots (xq, wq) against the unquantized operands' (x, w), all [rows, K]."""
+    return relative_l2(exact_dots(xq, wq), exact_dots(x, w))
+
+
 def metric_values(est, ref):
     """The five dot metrics of est against ref (float64 arrays), as floats."""
     e, r = est.astype(np.float64), ref.astype(np.float64)
@@ -131,7 +161,7 @@ def metric_values(est, ref):
         "magnitude_bias_ppm": (np.mean(np.abs(e)) - mr) / mr * 1e6,
         "gain_error_ppm": (np.dot(e, r) / rr - 1.0) * 1e6,
         "cosine": np.dot(e, r) / math.sqrt(np.dot(e, e) * rr),
-        "relative_l2": math.sqrt(np.dot(e - r, e - r) / rr),
+        "relative_l2": relative_l2(e, r),
         "rmse": math.sqrt(np.mean((e - r) ** 2)),
     }
 
@@ -170,19 +200,14 @@ def dots_study(args, boot, log):
         for rho in RHOS:
             w64 = rho * x64 + math.sqrt(1.0 - rho * rho) * z64
             x32, w32 = x64.astype(np.float32), w64.astype(np.float32)
+            ref_unq = exact_dots(x32, w32)  # the unquantized operands' dots
             for mode in ("bf16", "nvfp4"):
-                if mode == "bf16":
-                    xa, wa = bf16(x32), bf16(w32)
-                else:
-                    xa, wa = nvfp4_like(x32), nvfp4_like(w32)
-                    ref_unq = exact_dots(x32, w32)
-                    ref_q = exact_dots(xa, wa)
-
-                    def rel_rms(q, u):
-                        return math.sqrt(np.mean((q - u) ** 2) / np.mean(u ** 2))
-                    inq_out.append({"distribution": dist, "rho": rho,
-                                    **with_ci(boot, "relative_rms", rel_rms, ref_q, ref_unq)})
-                ref = exact_dots(xa, wa)
+                xa, wa = (bf16(x32), bf16(w32)) if mode == "bf16" else (nvfp4_like(x32), nvfp4_like(w32))
+                ref = exact_dots(xa, wa)  # exact sums of the quantized products
+                lo, hi, _ = boot.interval(relative_l2, ref, ref_unq)  # rows resampled
+                inq_out.append({"distribution": dist, "rho": rho, "mode": mode,
+                                "relative_l2": quantization_only_l2(x32, w32, xa, wa),
+                                "relative_l2_ci": [lo, hi]})
                 partials = fp.chunk_partials(xa, wa, CHUNK)
                 for vname, rnd, d in VARIANTS:
                     est = fp.accumulate_partials(partials, rnd, d).astype(np.float64)
@@ -194,27 +219,110 @@ def dots_study(args, boot, log):
     return rows_out, inq_out
 
 
+REG_DISTRIBUTIONS = ("gaussian", "student_t3", "contaminated_gaussian")
+
+
+def input_quantization_draws(args, inq, log):
+    """The NVFP4 input quantization's relative L2 at rho = 0.25 over --iq-draws draws of the dots
+    (the first the main table's): the spread from one draw to the next. For Student-t(3), whose
+    fourth moment is infinite, it is far wider than the bootstrap interval of one draw."""
+    out = []
+    for di, dist in enumerate(DISTRIBUTIONS):
+        v = [next(r["relative_l2"] for r in inq
+                  if r["distribution"] == dist and r["rho"] == 0.25 and r["mode"] == "nvfp4")]
+        for j in range(1, args.iq_draws):
+            rng = np.random.default_rng([args.seed, 1, di, j])
+            x = draw(rng, dist, (args.rows, args.k))
+            w = 0.25 * x + math.sqrt(1.0 - 0.0625) * draw(rng, dist, (args.rows, args.k))
+            x32, w32 = x.astype(np.float32), w.astype(np.float32)
+            v.append(float(quantization_only_l2(x32, w32, nvfp4_like(x32), nvfp4_like(w32))))
+        out.append({"distribution": dist, "rho": 0.25, "mode": "nvfp4", "draws": len(v),
+                    "relative_l2": v, "min": min(v), "max": max(v), "median": float(np.median(v))})
+        if args.iq_draws > 1:
+            log(f"input quantization draws: {dist}")
+    return out
+
+
+def regression_reference(Xq, bq, y):
+    """The exact gradient X_q^T (X_q b_q - y) in FP64 of quantized operands Xq [examples,
+    features] (float32) and bq [features], and the exact forward X_q b_q: the references of
+    regression_gradient."""
+    fwd = Xq.astype(np.float64) @ bq.astype(np.float64)
+    return Xq.astype(np.float64).T @ (fwd - y), fwd
+
+
+def regression_gradient(Xq, bq, y, rounding, snap, chunk=CHUNK, fwd_partials=None):
+    """The MSE gradient (without its 1/n) through one accumulator variant, as the paper's code
+    computes it: forward f = the variant's chunked dots of Xq's rows with bq (FP32); residual
+    r = FP32_RNE(f - y), y in FP64; gradient = the variant's chunked dots over the examples of
+    the FP32_RNE products Xq[i, j] * r[i]. Returns (forward, residual, gradient), float32.
+    fwd_partials: the forward's chunk partials, when the caller has them (they do not depend on
+    the variant)."""
+    n, p = Xq.shape
+    if fwd_partials is None:
+        fwd_partials = fp.chunk_partials(Xq, np.ascontiguousarray(np.broadcast_to(bq, (n, p))), chunk)
+    f = fp.accumulate_partials(fwd_partials, rounding, snap)
+    r = (f.astype(np.float64) - y).astype(np.float32)
+    terms = np.ascontiguousarray(Xq.T) * r[None, :]  # float32 x float32: rounded RNE to FP32
+    g = fp.accumulate_partials(fp.chunk_partials(terms, np.ones_like(terms), chunk), rounding, snap)
+    return f, r, g
+
+
+def regression_problem(seed_seq, dist, n=2048, p=2048):
+    """X [n, p], beta_m [p] (float32) and y = X beta (float64) of one draw."""
+    rng = np.random.default_rng(seed_seq)
+    X = draw(rng, dist, (n, p)).astype(np.float32)
+    beta = (rng.standard_normal(p) / math.sqrt(p)).astype(np.float32)
+    beta_m = (beta + 0.25 * rng.standard_normal(p) / math.sqrt(p)).astype(np.float32)
+    return X, beta_m, X.astype(np.float64) @ beta.astype(np.float64)
+
+
+def regression_draws(args, log):
+    """The BF16 gradient's gain error (ppm) of rne and rtz over --reg-draws draws of (X, beta,
+    beta_m), the first the main table's: the spread from one draw of the problem to the next,
+    which the bootstrap over one draw's components does not see (the gain is a ratio of sums
+    over the whole draw)."""
+    out = []
+    for di, dist in enumerate(REG_DISTRIBUTIONS):
+        vals = {"rne": [], "rtz": []}
+        for j in range(args.reg_draws):
+            X, beta_m, y = regression_problem([args.seed, 2, di] + ([j] if j else []), dist)
+            Xq, bq = bf16(X), bf16(beta_m)
+            g_ref, _ = regression_reference(Xq, bq, y)
+            for rnd in vals:
+                g = regression_gradient(Xq, bq, y, rnd, 0)[2].astype(np.float64)
+                vals[rnd].append(float(metric_values(g, g_ref)["gain_error_ppm"]))
+        for rnd, v in vals.items():
+            out.append({"distribution": dist, "mode": "bf16", "variant": rnd, "draws": len(v),
+                        "gain_error_ppm": v, "mean": float(np.mean(v)),
+                        "sd": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+                        "min": min(v), "max": max(v)})
+        log(f"regression draws: {dist}")
+    return out
+
+
 def regression_study(args, log):
     n = p = 2048
     out = []
     boot = Boot(p, args.boot, args.seed + 7)
-    for di, dist in enumerate(("gaussian", "laplace", "student_t3")):
-        rng = np.random.default_rng([args.seed, 2, di])
-        X = draw(rng, dist, (n, p))
-        beta = rng.standard_normal(p) / math.sqrt(p)
-        beta_m = beta + 0.25 * rng.standard_normal(p) / math.sqrt(p)
-        resid = X @ (beta_m - beta)  # X beta_m - y, in FP64
-        Xt = bf16(np.ascontiguousarray(X.T.astype(np.float32)))  # [features, examples]
-        R = np.ascontiguousarray(np.broadcast_to(bf16(resid.astype(np.float32)), (p, n)))
-        ref = exact_dots(Xt, R)
-        partials = fp.chunk_partials(Xt, R, CHUNK)
-        for vname, rnd, d in VARIANTS:
-            est = fp.accumulate_partials(partials, rnd, d).astype(np.float64)
-            row = {"distribution": dist, "variant": vname}
-            row.update(with_ci(boot, "gain_error_ppm", lambda e, r: metric_values(e, r)["gain_error_ppm"], est, ref))
-            row.update(with_ci(boot, "cosine", lambda e, r: metric_values(e, r)["cosine"], est, ref))
-            out.append(row)
-        log(f"regression: {dist}")
+    for di, dist in enumerate(REG_DISTRIBUTIONS):
+        X, beta_m, y = regression_problem([args.seed, 2, di], dist, n, p)
+        for mode in ("bf16", "nvfp4"):
+            if mode == "bf16":
+                Xq, bq = bf16(X), bf16(beta_m)
+            else:
+                Xq, bq = nvfp4_like(X), nvfp4_like(beta_m[None, :])[0]
+            g_ref, f_ref = regression_reference(Xq, bq, y)
+            fwd_partials = fp.chunk_partials(Xq, np.ascontiguousarray(np.broadcast_to(bq, (n, p))), CHUNK)
+            for vname, rnd, d in VARIANTS:
+                f, _, g = regression_gradient(Xq, bq, y, rnd, d, fwd_partials=fwd_partials)
+                g = g.astype(np.float64)
+                row = {"distribution": dist, "mode": mode, "variant": vname,
+                       "forward_gain_error_ppm": metric_values(f, f_ref)["gain_error_ppm"]}
+                row.update(with_ci(boot, "gain_error_ppm", lambda e, r: metric_values(e, r)["gain_error_ppm"], g, g_ref))
+                row.update(with_ci(boot, "cosine", lambda e, r: metric_values(e, r)["cosine"], g, g_ref))
+                out.append(row)
+            log(f"regression: {dist}, {mode}")
     return out
 
 
@@ -381,19 +489,41 @@ def markdown(res):
             cells = [f"{idx[(dist, 0.25, mode, v)]['relative_l2']:.3g}" for v, _, _ in VARIANTS]
             cells += [f"{idx[(dist, 0.25, mode, v)]['rmse']:.3g}" for v, _, _ in VARIANTS]
             o.append(f"| {dist} | {mode} | " + " | ".join(cells) + " |")
-    o.append("\n## NVFP4-like input quantization alone: relative RMS error of the dot products\n")
-    o.append("| distribution | ρ = 0 | ρ = 0.25 |")
-    o.append("|---|---|---|")
-    iq = {(r["distribution"], r["rho"]): r for r in res["input_quantization"]}
+    o.append("\n## Input quantization alone: relative L2 error of the dot products\n")
+    o.append("||q − u|| / ||u|| over the dots of each case (the paper's `quantization_only.relative_l2`): "
+             "q the FP64 sums of the quantized operands' products, u those of the unquantized FP32 "
+             "operands'.\n")
+    o.append("| distribution | nvfp4, ρ = 0 | nvfp4, ρ = 0.25 | bf16, ρ = 0 | bf16, ρ = 0.25 |")
+    o.append("|---|---|---|---|---|")
+    iq = {(r["distribution"], r["rho"], r["mode"]): r for r in res["input_quantization"]}
     for dist in DISTRIBUTIONS:
-        o.append(f"| {dist} | " + " | ".join(fmt(iq[(dist, rho)]["relative_rms"], iq[(dist, rho)]["relative_rms_ci"], 4)
-                                              for rho in RHOS) + " |")
-    o.append("\n## Regression probe: the MSE gradient's gain error (ppm) and cosine, BF16 operands\n")
-    o.append("| distribution | variant | gain error (ppm) | 1 − cosine |")
-    o.append("|---|---|---|---|")
+        o.append(f"| {dist} | " + " | ".join(
+            fmt(iq[(dist, rho, mode)]["relative_l2"], iq[(dist, rho, mode)]["relative_l2_ci"], -1)
+            for mode in ("nvfp4", "bf16") for rho in RHOS) + " |")
+    if res["input_quantization_draws"] and res["input_quantization_draws"][0]["draws"] > 1:
+        o.append(f"\nnvfp4, ρ = 0.25, over {res['input_quantization_draws'][0]['draws']} draws of the dots "
+                 "(the first the table's): the spread from one draw to the next.\n")
+        o.append("| distribution | min | median | max |")
+        o.append("|---|---|---|---|")
+        for r in res["input_quantization_draws"]:
+            o.append(f"| {r['distribution']} | {r['min']:.4f} | {r['median']:.4f} | {r['max']:.4f} |")
+    o.append("\n## Regression probe: the MSE gradient through each variant (forward and gradient sums)\n")
+    o.append("Against the exact FP64 gradient of the same quantized operands. Forward gain error: the "
+             "variant's forward X_q·β_q against its FP64 sum.\n")
+    o.append("| distribution | mode | variant | gradient gain error (ppm) | 1 − cosine | forward gain error (ppm) |")
+    o.append("|---|---|---|---|---|---|")
     for r in res["regression"]:
-        o.append(f"| {r['distribution']} | {r['variant']} | {fmt(r['gain_error_ppm'], r['gain_error_ppm_ci'], 3)} | "
-                 f"{1 - r['cosine']:.3g} |")
+        o.append(f"| {r['distribution']} | {r['mode']} | {r['variant']} | "
+                 f"{fmt(r['gain_error_ppm'], r['gain_error_ppm_ci'], 3)} | {1 - r['cosine']:.3g} | "
+                 f"{r['forward_gain_error_ppm']:+.3f} |")
+    rd = res["regression_draws"]
+    o.append(f"\nBF16, over {rd[0]['draws']} draws of (X, β, β_m), the first the table's: the gradient's "
+             "gain error (ppm) from one draw of the problem to the next.\n")
+    o.append("| distribution | variant | mean | SD | min | max |")
+    o.append("|---|---|---|---|---|---|")
+    for r in rd:
+        sd = "—" if r["sd"] is None else f"{r['sd']:.3f}"
+        o.append(f"| {r['distribution']} | {r['variant']} | {r['mean']:+.3f} | {sd} | {r['min']:+.3f} | {r['max']:+.3f} |")
     o.append("\n## Cancellation probe: 32 values and their negatives, a residual σ on the last partial\n")
     o.append("| scale | σ | rne: RMS residue | rtz: RMS residue | rne_grid: zero fraction | rtz_grid: zero fraction | rne_grid: gain | rtz_grid: gain | rne_grid: RMSE | rtz_grid: RMSE |")
     o.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -425,12 +555,21 @@ def main():
     ap.add_argument("--k", type=int, default=4096, help="dot length (a multiple of 16)")
     ap.add_argument("--seed", type=int, default=20260902)
     ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples")
+    ap.add_argument("--reg-draws", type=int, default=8,
+                    help="draws of the regression problem for the spread of its BF16 gain errors")
+    ap.add_argument("--iq-draws", type=int, default=1,
+                    help="draws of the NVFP4 rho = 0.25 dots for the spread of the input quantization's "
+                         "relative L2 (each about 20 s per distribution)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
     if not 16 <= args.rows <= 65536:
         ap.error(f"--rows must be in [16, 65536], got {args.rows}")
     if not (16 <= args.k <= 65536 and args.k % 16 == 0):
         ap.error(f"--k must be a multiple of 16 in [16, 65536], got {args.k}")
+    if not 1 <= args.reg_draws <= 100:
+        ap.error(f"--reg-draws must be in [1, 100], got {args.reg_draws}")
+    if not 1 <= args.iq_draws <= 100:
+        ap.error(f"--iq-draws must be in [1, 100], got {args.iq_draws}")
     if not 100 <= args.boot <= 100000:
         ap.error(f"--boot must be in [100, 100000], got {args.boot}")
     if not 0 <= args.seed < 2 ** 63:
@@ -450,6 +589,8 @@ def main():
     boot = Boot(args.rows, args.boot, args.seed + 1)
     dots, inq = dots_study(args, boot, log)
     reg = regression_study(args, log)
+    reg_draws = regression_draws(args, log)
+    iq_draws = input_quantization_draws(args, inq, log)
     canc = cancellation_study(args, boot, log)
     sweep, ok = grid_sweep(args, boot, log)
     cpu = platform.processor() or platform.machine()
@@ -466,7 +607,7 @@ def main():
                  "k": args.k, "chunk": CHUNK, "seed": args.seed, "boot": args.boot, "cpu": cpu,
                  "seconds": time.time() - t0, "paper": "arXiv 2609.02846, Appendix C"},
         "dots": dots, "input_quantization": inq, "regression": reg, "cancellation": canc,
-        "grid_sweep": sweep,
+        "grid_sweep": sweep, "regression_draws": reg_draws, "input_quantization_draws": iq_draws,
     }
     md = markdown(res)
     try:
