@@ -186,6 +186,9 @@ struct Plan {
   ScaleRule rule;
   Rounding mode;
   const SrKey* sr;
+  FourOverSix fos;  ///< Four Over Six selection (Off: the contract's single scale)
+  float g;          ///< tensor reference, read by the 4/6 error
+  float denom;      ///< fl(T·emax), the 4/6 error's divisor
 };
 
 Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, const SrKey* sr) {
@@ -203,7 +206,62 @@ Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, 
   p.sp = scale_params(spec_scale_format(spec));
   p.mode = spec.rounding;
   p.sr = sr;
+  p.fos = spec.four_over_six;
+  p.g = g;
+  p.denom = spec.target * p.ep.emax;
   return p;
+}
+
+/// A Four Over Six candidate scale: RNE_scale(min(s, scale_max)), 0 → 1 (as block_scale).
+inline float four_over_six_candidate(float s, const ScaleParams& sp) {
+  s = std::min(s, sp.max);
+  s = detail::round_magnitude_params(s, sp.frac, sp.emin, sp.max, Rounding::RNE, 0);
+  return s == 0.0f ? 1.0f : s;
+}
+
+/// The 4/6 error of quantizing xs [n] with block scale c (docs/numerics.md "Four Over Six"):
+/// Σ over i in order, from 0, of |v_i − x_i| (MAE) or (v_i − x_i)² (MSE) in FP32, where
+/// v_i = fl(fl(fl(q_i·c)·g) / fl(T·emax)) and q_i is the signed element x_i rounds to under c.
+inline float four_over_six_error(const float* xs, int64_t n, float c, const Plan& p,
+                                 const uint8_t* sr_row) {
+  const float e = 1.0f / (c * p.ts.gd);
+  float err = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t r = p.mode == Rounding::SR8 ? sr_row[i] : 0;
+    const float q = elem_value(quant_mag(xs[i], e, p.ep, p.mode, r), xs[i], p.ep);
+    const float diff = ((q * c) * p.g) / p.denom - xs[i];
+    err += p.fos == FourOverSix::MSE ? diff * diff : std::fabs(diff);
+  }
+  return err;
+}
+
+/// Four Over Six block scales of block-row [r0, r1): per block the candidates map-to-6,
+/// c6 = RNE_scale(fl(fl(a_b / emax)·ge)), and map-to-4, c4 = RNE_scale(fl(that·1.5)) (both
+/// clipped at scale_max, 0 → 1); the error of each summed per row, then over the rows in order
+/// (2-D tiles); c4 only if its error is strictly lower. err_buf holds 2·block_cols floats.
+void four_over_six_scales(const float* x, const Plan& p, int64_t r0, int64_t r1,
+                          const float* amax_buf, float* scale_buf, uint8_t* sr_buf,
+                          float* err_buf) {
+  float* err4 = err_buf;
+  float* err6 = err_buf + p.block_cols;
+  std::fill(err_buf, err_buf + 2 * p.block_cols, 0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t base = r * p.cols;
+    if (p.mode == Rounding::SR8) sr_bytes(*p.sr, static_cast<uint64_t>(base), p.cols, sr_buf);
+    for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+      const int64_t c0 = bc * p.B, n = std::min(p.cols, c0 + p.B) - c0;
+      const float s = (amax_buf[bc] / p.ep.emax) * p.ts.ge;
+      const float c6 = four_over_six_candidate(s, p.sp), c4 = four_over_six_candidate(s * 1.5f, p.sp);
+      const uint8_t* sr_row = p.mode == Rounding::SR8 ? sr_buf + c0 : nullptr;
+      err4[bc] += four_over_six_error(x + base + c0, n, c4, p, sr_row);
+      err6[bc] += four_over_six_error(x + base + c0, n, c6, p, sr_row);
+    }
+  }
+  for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+    const float s = (amax_buf[bc] / p.ep.emax) * p.ts.ge;
+    scale_buf[bc] = err4[bc] < err6[bc] ? four_over_six_candidate(s * 1.5f, p.sp)
+                                        : four_over_six_candidate(s, p.sp);
+  }
 }
 
 /// The one kernel behind both entry points. Processes block-row `br` (one row for 1-D blocks,
@@ -213,7 +271,7 @@ Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, 
 /// Returns false (and writes nothing) if the block-row holds a non-finite value.
 template <class BlockSink, class ElemSink>
 bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_buf,
-                       float* scale_buf, uint8_t* sr_buf, BlockSink&& on_block,
+                       float* scale_buf, uint8_t* sr_buf, float* err_buf, BlockSink&& on_block,
                        ElemSink&& on_elem) {
   const int64_t r0 = p.two_d ? br * p.B : br;
   const int64_t r1 = p.two_d ? std::min(p.rows, r0 + p.B) : br + 1;
@@ -225,13 +283,17 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
     if (m > kMaxFiniteBits) return false;
     amax_buf[bc] = std::bit_cast<float>(m);
   }
-  // 2. block scales
-  for (int64_t bc = 0; bc < p.block_cols; ++bc) {
-    scale_buf[bc] = p.rule == ScaleRule::TensorScaled
-                        ? block_scale(amax_buf[bc], p.ts.mult, p.sp)
-                        : mx_block_scale(amax_buf[bc], p.rule, p.ep, p.sp);
-    on_block(br, bc, amax_buf[bc], scale_buf[bc]);
+  // 2. block scales (Four Over Six: the lower-error of two candidates)
+  if (p.fos != FourOverSix::Off) {
+    four_over_six_scales(x, p, r0, r1, amax_buf, scale_buf, sr_buf, err_buf);
+  } else {
+    for (int64_t bc = 0; bc < p.block_cols; ++bc) {
+      scale_buf[bc] = p.rule == ScaleRule::TensorScaled
+                          ? block_scale(amax_buf[bc], p.ts.mult, p.sp)
+                          : mx_block_scale(amax_buf[bc], p.rule, p.ep, p.sp);
+    }
   }
+  for (int64_t bc = 0; bc < p.block_cols; ++bc) on_block(br, bc, amax_buf[bc], scale_buf[bc]);
   // 3. elements
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t base = r * p.cols;
@@ -268,10 +330,11 @@ void run_all(const char* where, const float* x, const Plan& p, BlockSink on_bloc
     std::vector<float> amax_buf(static_cast<size_t>(p.block_cols));
     std::vector<float> scale_buf(static_cast<size_t>(p.block_cols));
     std::vector<uint8_t> sr_buf(p.mode == Rounding::SR8 ? static_cast<size_t>(p.cols) : 0);
+    std::vector<float> err_buf(p.fos != FourOverSix::Off ? 2 * static_cast<size_t>(p.block_cols) : 0);
 #pragma omp for schedule(static)
     for (int64_t br = 0; br < p.block_rows; ++br) {
       if (!process_block_row(x, p, br, amax_buf.data(), scale_buf.data(), sr_buf.data(),
-                             on_block, on_elem)) {
+                             err_buf.data(), on_block, on_elem)) {
         bad.store(true, std::memory_order_relaxed);
       }
     }
@@ -345,6 +408,30 @@ void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols,
       break;
     default: throw std::invalid_argument(std::string(where) + ": invalid ScaleRule value");
   }
+  if (spec.four_over_six != FourOverSix::Off) {
+    if (spec.four_over_six != FourOverSix::MAE && spec.four_over_six != FourOverSix::MSE)
+      throw std::invalid_argument(std::string(where) + ": invalid FourOverSix value");
+    if (spec.scale_rule != ScaleRule::TensorScaled)
+      throw std::invalid_argument(std::string(where) + ": Four Over Six needs the tensor-scaled rule "
+                                  "(a scale format with a tensor scale), not scale rule " +
+                                  scale_rule_name(spec.scale_rule));
+  }
+}
+
+FourOverSix parse_four_over_six(const std::string& s) {
+  if (s == "off") return FourOverSix::Off;
+  if (s == "mae") return FourOverSix::MAE;
+  if (s == "mse") return FourOverSix::MSE;
+  throw std::invalid_argument("unknown Four Over Six mode '" + s + "' (valid choices: off, mae, mse)");
+}
+
+const char* four_over_six_name(FourOverSix f) {
+  switch (f) {
+    case FourOverSix::Off: return "off";
+    case FourOverSix::MAE: return "mae";
+    case FourOverSix::MSE: return "mse";
+  }
+  return "?";
 }
 
 ScaleRule parse_scale_rule(const std::string& s) {

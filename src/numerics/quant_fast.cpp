@@ -926,7 +926,7 @@ bool quant_fast_supports(const BlockQuantSpec& spec) {
                        ((spec.scale_rule == ScaleRule::MxTe || spec.scale_rule == ScaleRule::MxOcp) &&
                         spec.scale_format == ScaleFormat::UE8M0);
   return qf::known_scale_format(spec.scale_format) && spec.block > 0 && spec.element.is_e2m1() &&
-         spec.scale_desc == nullptr && rule_ok;
+         spec.scale_desc == nullptr && rule_ok && spec.four_over_six == FourOverSix::Off;
 }
 
 namespace {
@@ -946,6 +946,9 @@ bool forced_slow() {
 /// Why spec has no SIMD kernel (quant_fast_supports is false): the element or scale format
 /// or scale rule the kernels do not implement.
 std::string unsupported_reason(const BlockQuantSpec& spec) {
+  if (spec.four_over_six != FourOverSix::Off)
+    return std::string("Four Over Six block-scale selection (") +
+           four_over_six_name(spec.four_over_six) + ")";
   if (!spec.element.is_e2m1()) return "element format " + spec.element.name();
   const FloatFormat& f = spec_scale_format(spec);
   if (spec.scale_rule != ScaleRule::TensorScaled && spec.scale_format != ScaleFormat::UE8M0)

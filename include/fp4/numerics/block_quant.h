@@ -34,6 +34,18 @@ enum class ScaleRule { TensorScaled, MxTe, MxOcp };
 ScaleRule parse_scale_rule(const std::string& s);
 const char* scale_rule_name(ScaleRule r);
 
+/// Four Over Six (4/6) block-scale selection (Cook et al., "Four Over Six: More Accurate NVFP4
+/// Quantization with Adaptive Block Scaling", arXiv 2512.02010; Transformer Engine's
+/// NVFP4BlockScaling nvfp4_4over6). Each block is quantized twice, with its amax mapped to
+/// emax (E2M1: 6) and to emax/1.5 (E2M1: 4), and keeps the candidate of lower error, summed in
+/// FP32 over the block: Off (default, "off") = one candidate, the contract's steps; MAE ("mae")
+/// = Σ|x̂ − x|; MSE ("mse") = Σ(x̂ − x)². Exact operation order and tie rule (map-to-6 wins):
+/// docs/numerics.md "Four Over Six". Needs the tensor-scaled rule (refused with the MX rules).
+enum class FourOverSix { Off, MAE, MSE };
+/// "off", "mae", "mse". Throws std::invalid_argument naming the value and the choices.
+FourOverSix parse_four_over_six(const std::string& s);
+const char* four_over_six_name(FourOverSix f);
+
 /// The largest block length (1-D) or tile side (2-D) fp4train accepts anywhere: recipes
 /// ([fp4] block), `fp4train quant` / `gemm --block` and the Python quantize functions. The
 /// formats in use have 16 or 32; 256 leaves room for studies and bounds the scratch of a block.
@@ -57,6 +69,8 @@ struct BlockQuantSpec {
   /// parse_block_scale_format). When non-null it overrides scale_format. Must point to a
   /// descriptor of static lifetime (every FloatFormat from parse_float_format is).
   const FloatFormat* scale_desc = nullptr;
+  /// Four Over Six block-scale selection (FourOverSix; Off = the contract's single scale).
+  FourOverSix four_over_six = FourOverSix::Off;
 
   /// Field-wise equality (floats by ==), for round-trip checks (tests/fuzz/).
   bool operator==(const BlockQuantSpec&) const = default;
@@ -102,6 +116,8 @@ float tensor_amax(const float* x, int64_t n);
 /// Scales are always RNE under the tensor-scaled rule; UE8M0 there goes through the same steps
 /// (RNE power-of-two scale, tensor scale kept). The MXFP4 rules are spec.scale_rule (ScaleRule);
 /// under them g and T are validated but unused.
+/// With spec.four_over_six (docs/numerics.md "Four Over Six") c_b is the lower-error of two
+/// candidates; throws std::invalid_argument for 4/6 under an MX scale rule.
 /// Elements: round x·e_b onto spec.element's grid (RNE or SR8), saturating to ±emax (int4:
 /// +7, −8). Edge case: if e_b = 1/d_b overflows to +Inf (tiny g and tiny blocks), x·e_b
 /// saturates to ±emax and 0·Inf is taken as 0. Parallel over block-rows (OpenMP); bits do not
