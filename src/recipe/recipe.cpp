@@ -181,20 +181,46 @@ std::string Recipe::scale_format_str() const {
 }
 
 namespace {
-BlockQuantSpec make_spec(const Recipe& r, int block, bool two_d, Rounding rounding) {
+BlockQuantSpec make_spec(const Recipe& r, Operand role, int block, bool two_d, Rounding rounding) {
   BlockQuantSpec s{r.scale_format, block, two_d, r.scale_target, rounding};
   s.element = r.element_format;
   s.scale_rule = r.scale_rule;
   s.scale_desc = r.scale_desc;
+  if (four_over_six_applies(r.four_over_six, role)) {  // docs/recipes.md "Four Over Six"
+    s.four_over_six = r.four_over_six_error;
+    if (r.four_over_six_scale_target > 0.f) s.target = r.four_over_six_scale_target;
+  }
   return s;
 }
 }  // namespace
 
-BlockQuantSpec Recipe::spec_x() const { return make_spec(*this, block, false, round_x); }
-BlockQuantSpec Recipe::spec_w() const {
-  return make_spec(*this, weight_block_size(), weight_2d, round_w);
+BlockQuantSpec Recipe::spec_x() const {
+  return make_spec(*this, Operand::X, block, false, round_x);
 }
-BlockQuantSpec Recipe::spec_dy() const { return make_spec(*this, block, false, round_dy); }
+BlockQuantSpec Recipe::spec_w() const {
+  return make_spec(*this, Operand::W, weight_block_size(), weight_2d, round_w);
+}
+BlockQuantSpec Recipe::spec_dy() const {
+  return make_spec(*this, Operand::DY, block, false, round_dy);
+}
+
+// ---- Four Over Six roles
+const char* four_over_six_roles_name(FourOverSixRoles r) {
+  switch (r) {
+    case FourOverSixRoles::None: return "none";
+    case FourOverSixRoles::Weights: return "weights";
+    case FourOverSixRoles::Activations: return "activations";
+    case FourOverSixRoles::Gradients: return "gradients";
+    case FourOverSixRoles::All: return "all";
+  }
+  return "?";
+}
+
+bool four_over_six_applies(FourOverSixRoles r, Operand o) {
+  return r == FourOverSixRoles::All || (r == FourOverSixRoles::Weights && o == Operand::W) ||
+         (r == FourOverSixRoles::Activations && o == Operand::X) ||
+         (r == FourOverSixRoles::Gradients && o == Operand::DY);
+}
 
 LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   LinearPlan p;
@@ -390,6 +416,41 @@ LinearOverride parse_override(detail::TomlReader& r, size_t i) {
 }  // namespace
 
 namespace {
+// [fp4] four_over_six, four_over_six_error, four_over_six_scale_target (docs/recipes.md "Four
+// Over Six"), after scale_rule and scale_target. The error and target knobs are refused without
+// 4/6 roles (they would change nothing), 4/6 under the MX rules (no tensor scale).
+void parse_four_over_six_keys(detail::TomlReader& r, Recipe& rc) {
+  std::string s = four_over_six_roles_name(rc.four_over_six);
+  r.get("fp4.four_over_six", s);
+  r.choice("fp4.four_over_six", s, {"none", "weights", "activations", "gradients", "all"});
+  for (FourOverSixRoles v : {FourOverSixRoles::None, FourOverSixRoles::Weights,
+                             FourOverSixRoles::Activations, FourOverSixRoles::Gradients,
+                             FourOverSixRoles::All})
+    if (s == four_over_six_roles_name(v)) rc.four_over_six = v;
+  const std::string roles = s;
+  s = four_over_six_name(rc.four_over_six_error);
+  r.get("fp4.four_over_six_error", s);
+  r.choice("fp4.four_over_six_error", s, {"mae", "mse"});
+  rc.four_over_six_error = parse_four_over_six(s);
+  if (r.has("fp4.four_over_six_scale_target")) {
+    float t = 0.f;
+    r.get("fp4.four_over_six_scale_target", t);
+    r.range("fp4.four_over_six_scale_target", t, 1e-30f, 3e38f);
+    rc.four_over_six_scale_target = t == rc.scale_target ? 0.f : t;  // equal: stored as "same"
+  }
+  const bool on = rc.four_over_six != FourOverSixRoles::None;
+  if (on && rc.scale_rule != ScaleRule::TensorScaled)
+    r.fail("fp4.four_over_six", std::string("\"none\" with scale_rule = \"") +
+                                    scale_rule_name(rc.scale_rule) + "\": Four Over Six needs a "
+                                    "tensor scale (scale_rule = \"tensor-scaled\"), got \"" + roles + "\"");
+  if (!on && rc.four_over_six_error != FourOverSix::MAE)
+    r.fail("fp4.four_over_six_error", "to be left at \"mae\" with four_over_six = \"none\": it "
+                                      "has no effect without Four Over Six roles");
+  if (!on && r.has("fp4.four_over_six_scale_target"))
+    r.fail("fp4.four_over_six_scale_target", "no value with four_over_six = \"none\": it has "
+                                             "no effect without Four Over Six roles");
+}
+
 // `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
 // --set overrides, applied to the file first; the name is labelled with them (see
 // load_recipe) unless one of them sets the name.
@@ -514,6 +575,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                 "precision has no effect without the RHT, got \"") + s + "\"");
   r.get("fp4.bf16_boundary", rc.bf16_boundary);
   r.get("fp4.bf16_outputs", rc.bf16_outputs);
+  parse_four_over_six_keys(r, rc);
 
   s = rounding_name(rc.round_x);
   r.get("rounding.x", s);
@@ -608,6 +670,13 @@ std::string recipe_to_toml(const Recipe& r) {
   if (r.bf16_outputs) o << "bf16_outputs = true\n";
   if (r.amax_sample != AmaxSample::PerCall) o << "amax_sample = \"per-step\"\n";
   if (r.amax_ranks != AmaxRanks::Invariant) o << "amax_ranks = \"max\"\n";
+  // Four Over Six: only when set (docs/recipes.md "Four Over Six").
+  if (r.four_over_six != FourOverSixRoles::None)
+    o << "four_over_six = \"" << four_over_six_roles_name(r.four_over_six) << "\"\n";
+  if (r.four_over_six_error != FourOverSix::MAE)
+    o << "four_over_six_error = \"" << four_over_six_name(r.four_over_six_error) << "\"\n";
+  if (r.four_over_six_scale_target > 0.f)
+    o << "four_over_six_scale_target = " << float_str(r.four_over_six_scale_target) << "\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)

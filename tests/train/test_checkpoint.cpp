@@ -597,6 +597,21 @@ TEST(Resume, HeldAmaxReferencesCarryOverBitExact) {
   EXPECT_NE(a.summary.losses[3], c.summary.losses[3]);
 }
 
+// ---- Four Over Six recipes (docs/recipes.md "Four Over Six"): a tiny run resumes bit-exactly,
+// and 4/6 changes the run (against its base recipe).
+TEST(Resume, FourOverSixRecipesAreBitExact) {
+  const RunConfig cfg = micro_config(4);
+  for (const std::string name : {"nvfp4-te-4over6", "ue5m3-b16-4over6"}) {
+    const Recipe r = recipe_named(name);
+    const RunResult a = run_uninterrupted(cfg, r, name + "_a");
+    const RunResult b = run_interrupted(cfg, r, name + "_b", 2, 3);
+    expect_identical(a, b);
+    const RunResult base = run_uninterrupted(cfg, recipe_named(name.substr(0, name.size() - 7)),
+                                             name + "_base");
+    EXPECT_NE(a.summary.losses.back(), base.summary.losses.back()) << name;
+  }
+}
+
 // train.sr_seed re-keys the SR draws and nothing else: -1 (the default) and sr_seed = seed give
 // the same bits; another sr_seed leaves step 1's loss (its forward has no SR: SR is on dY only,
 // NUMERICS.md) and a recipe without SR unchanged, and changes the SR recipe's later steps.

@@ -14,7 +14,8 @@
 //
 // Fast path: E2M1 elements with block-scale formats UE5M3, UE5M3-PTX, E4M3 and UE8M0 (the
 // plain RNE power-of-two scale of block_quant.cpp), any block size, 1-D blocks and 2-D tiles,
-// RNE and SR8; and MXFP4: the MX scale rules mx-te / mx-ocp with UE8M0 scales. Anything else (a scale format added later) runs the scalar reference instead;
+// RNE and SR8; and MXFP4: the MX scale rules mx-te / mx-ocp with UE8M0 scales. Anything else
+// (other element formats, a scale format added later, Four Over Six) runs the scalar reference;
 // quant_fast_supports() says which path a spec takes.
 #pragma once
 #include <cstdint>
@@ -87,8 +88,9 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPreci
 
 /// Whether quantize_dequantize_fast / quantize_dequantize_transposed_fast run the SIMD path
 /// for this spec (true for E2M1 elements with UE5M3, UE5M3-PTX, E4M3, UE8M0 scales under the
-/// tensor-scaled rule, and with UE8M0 scales under mx-te / mx-ocp), rather than
-/// falling back to the scalar reference. Results are identical either way.
+/// tensor-scaled rule, and with UE8M0 scales under mx-te / mx-ocp; false for Four Over Six,
+/// docs/numerics.md "Four Over Six"), rather than falling back to the scalar reference.
+/// Results are identical either way.
 bool quant_fast_supports(const BlockQuantSpec& spec);
 
 /// Which path quantize_dequantize_fast (transposed = false) or

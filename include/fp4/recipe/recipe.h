@@ -37,6 +37,15 @@ enum class AmaxSample { PerCall, PerStep };
 enum class AmaxRanks { Invariant, Max };
 const char* gemm_name(Gemm g);
 const char* operand_name(Operand o);
+
+// ---- Four Over Six roles (docs/recipes.md "Four Over Six")
+/// [fp4] four_over_six: the operands whose block scales Four Over Six chooses (FourOverSix in
+/// block_quant.h): none, W ("weights"), X ("activations"), dY ("gradients"), all three.
+enum class FourOverSixRoles { None, Weights, Activations, Gradients, All };
+/// "none", "weights", "activations", "gradients", "all".
+const char* four_over_six_roles_name(FourOverSixRoles r);
+/// Whether roles `r` include operand `o`. Throws nothing.
+bool four_over_six_applies(FourOverSixRoles r, Operand o);
 /// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
 bool gemm_uses(Gemm g, Operand o);
 
@@ -169,6 +178,16 @@ struct Recipe {
   /// before it is added to the input gradient) to BF16 (RNE), as the paper's runs keep them;
   /// dW stays FP32 (docs/numerics.md "GEMM emulation", BF16 interface). Default false.
   bool bf16_outputs = false;
+  // ---- [fp4] Four Over Six (docs/recipes.md "Four Over Six"; docs/numerics.md "Four Over Six")
+  /// [fp4] four_over_six = "none" (default) | "weights" | "activations" | "gradients" | "all".
+  FourOverSixRoles four_over_six = FourOverSixRoles::None;
+  /// [fp4] four_over_six_error = "mae" (default, Transformer Engine's) | "mse".
+  FourOverSix four_over_six_error = FourOverSix::MAE;
+  /// [fp4] four_over_six_scale_target: the scale target T of the 4/6 roles (Transformer
+  /// Engine's nvfp4_4over6_e4m3_use_256: 256). 0 = scale_target: the parser stores 0 when the
+  /// key is absent or equals scale_target, so recipes without it serialise as before.
+  float four_over_six_scale_target = 0.f;
+  // ---- end Four Over Six
   Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
@@ -204,7 +223,8 @@ struct Recipe {
   int weight_block_size() const { return weight_block > 0 ? weight_block : block; }
   /// The block-quantization spec of a role (X, W or dY) for one GEMM: scale format, block
   /// (weight_block_size() for W, block for X and dY), 2-D (W), target, rounding of the role,
-  /// element format, scale rule. Throws nothing.
+  /// element format, scale rule; for a Four Over Six role its error mode and target.
+  /// Throws nothing.
   BlockQuantSpec spec_x() const;
   BlockQuantSpec spec_w() const;
   BlockQuantSpec spec_dy() const;
