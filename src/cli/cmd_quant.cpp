@@ -35,6 +35,7 @@ struct QuantOptions {
   std::string scale_format = "ue5m3";
   std::string element_format = "e2m1";
   std::string scale_rule = "tensor-scaled";
+  std::string four_over_six = "off";  ///< --four-over-six (docs/numerics.md "Four Over Six")
   int block = 16;
   bool two_d = false;
   float target = 448.f;
@@ -68,6 +69,14 @@ BlockQuantSpec quant_spec(const QuantOptions& o, bool reference_given) {
                     " needs a power-of-two scale format: add --scale-format ue8m0 (got " +
                     spec_scale_format(spec).name + ")");
   }
+  try {
+    spec.four_over_six = parse_four_over_six(o.four_over_six);
+  } catch (const std::invalid_argument& e) {
+    throw UserError(std::string("--four-over-six: ") + e.what());
+  }
+  if (spec.four_over_six != FourOverSix::Off && spec.scale_rule != ScaleRule::TensorScaled)
+    throw UserError(std::string("--four-over-six ") + o.four_over_six + " needs a tensor scale: "
+                    "leave --scale-rule at tensor-scaled (got " + scale_rule_name(spec.scale_rule) + ")");
   if (const std::string e = block_length_error(o.block); !e.empty())
     throw UserError("--block " + e);
   spec.block = o.block;
@@ -108,7 +117,9 @@ SrKey quant_key(uint64_t seed) {
 // through the scalar composition), bit-identical to packing the scalar quantization.
 void save_packed(const QuantOptions& o, const BlockQuantSpec& spec, const Matrix& m, float g,
                  const SrKey& key) {
-  if (!quant_fast_supports(spec)) {
+  BlockQuantSpec packable = spec;  // 4/6 changes the scales, not what a QTensor holds
+  packable.four_over_six = FourOverSix::Off;
+  if (!quant_fast_supports(packable)) {
     throw UserError(
         "--save: packed QTensor files hold e2m1 elements with tensor-scaled ue5m3, "
         "ue5m3-ptx, e4m3 or ue8m0 block scales, or MXFP4 (ue8m0 under mx-te or "
@@ -119,6 +130,7 @@ void save_packed(const QuantOptions& o, const BlockQuantSpec& spec, const Matrix
   std::map<std::string, std::string> facts = {{"source", "fp4train quant"},
                                               {"rounding", o.rounding}};
   if (spec.rounding == Rounding::SR8) facts["seed"] = std::to_string(o.seed);
+  if (spec.four_over_six != FourOverSix::Off) facts["four_over_six"] = o.four_over_six;
   save_safetensors(quantize_pack_fast(m.data.data(), m.rows, m.cols, spec, g, &key, facts), o.save);
 }
 
@@ -133,6 +145,7 @@ nlohmann::ordered_json spec_json(const QuantOptions& o, const BlockQuantSpec& sp
   js["two_d"] = spec.two_d;
   js["target"] = spec.target;
   js["rounding"] = o.rounding;
+  if (spec.four_over_six != FourOverSix::Off) js["four_over_six"] = o.four_over_six;
   if (spec.rounding == Rounding::SR8) {
     js["seed"] = o.seed;
     js["sr_key"] = {
@@ -237,6 +250,11 @@ void register_quant(CLI::App& app) {
                   "Block-scale rule: tensor-scaled (T, g), mx-te (2^ceil(log2(amax/emax)), no "
                   "tensor scale) or mx-ocp (2^(floor(log2 amax) - emax_exp), saturating); the "
                   "mx rules need --scale-format ue8m0")
+      ->capture_default_str();
+  sub->add_option("--four-over-six", opts->four_over_six,
+                  "Four Over Six block scales (a recipe's fp4.four_over_six_error): off, mae, "
+                  "mse; each block keeps the lower-error of its amax mapped to 6 and to 4 "
+                  "(docs/numerics.md \"Four Over Six\")")
       ->capture_default_str();
   sub->add_option("--block", opts->block,
                   "Block length along the last dim (a recipe's fp4.block); with --2d the tile "

@@ -136,5 +136,31 @@ bad "negative reference" '1 2\n'         "reference"    --reference -1
 bad "bad scale format"   '1 2\n'         "ue5m3-ptx"    --scale-format fp8
 bad "bad rounding"       '1 2\n'         "sr8"          --rounding sr
 bad "missing file"       ''              "cannot open"  "$tmp/does-not-exist"
+bad "bad four-over-six"  '1 2\n'         "mae, mse"     --four-over-six MAE
+bad "four-over-six, mx"  '1 2\n'         "tensor scale" --four-over-six mae --scale-format ue8m0 --scale-rule mx-te
+
+# Four Over Six (docs/numerics.md "Four Over Six"; test_four_over_six HandComputedBlocks):
+# E4M3, T = 256, g = 1536 → ge = 1; block {6, 5, 1, 1, 1, 1}: MAE keeps map-to-6 (scale 1),
+# MSE picks map-to-4 (scale 1.5, 5 → 4.5, 1 → .75); --save packs those scales.
+for m in mae mse; do
+  printf '6 5 1 1 1 1\n' | "$BIN" quant --block 16 --scale-format e4m3 --target 256 \
+    --reference 1536 --four-over-six $m --save "$tmp/fos-$m.safetensors" >"$tmp/fos-$m" 2>"$tmp/err" || {
+    echo "FAIL [four-over-six $m]: $(cat "$tmp/err")"; fail=1; }
+done
+python3 - "$tmp/fos-mae" "$tmp/fos-mse" "$tmp/fos-mse.safetensors" <<'PY' || fail=1
+import json, struct, sys
+mae, mse = (json.load(open(f)) for f in sys.argv[1:3])
+assert mae["spec"]["four_over_six"] == "mae" and mse["spec"]["four_over_six"] == "mse"
+assert mae["blocks"][0]["scale"] == 1.0, mae["blocks"]
+assert mse["blocks"][0]["scale"] == 1.5, mse["blocks"]
+assert mse["elements"][0]["values"] == [6.0, 4.5, 0.75, 0.75, 0.75, 0.75], mse["elements"]
+raw = open(sys.argv[3], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+assert h["__metadata__"]["fact.four_over_six"] == "mse", h["__metadata__"]
+a, b = h["scales"]["data_offsets"]
+assert list(raw[8 + n + a:8 + n + b]) == [mse["blocks"][0]["scale_code"]]
+print("ok   [four-over-six content and --save]")
+PY
 
 exit $fail
