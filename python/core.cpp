@@ -334,7 +334,8 @@ fp4::SrKey sr_key_from(const py::object& key) {
 }
 
 BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
-                   const std::string& scale_format, const std::string& scale_rule, int block,
+                   const std::string& scale_format, const std::string& scale_rule,
+                   const std::string& four_over_six, int block,
                    bool two_d, float target, const py::object& reference,
                    const std::string& rounding, uint64_t seed, const py::object& sr_key,
                    bool check_finite) {
@@ -348,6 +349,10 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
                                 " needs a power-of-two scale format: pass scale_format='ue8m0' (got " +
                                 fp4::spec_scale_format(spec).name + ")");
   }
+  spec.four_over_six = prefixed("four_over_six: ", [&] { return fp4::parse_four_over_six(four_over_six); });
+  if (spec.four_over_six != fp4::FourOverSix::Off && spec.scale_rule != fp4::ScaleRule::TensorScaled)
+    throw std::invalid_argument("four_over_six='" + four_over_six + "' needs a tensor scale: leave "
+                                "scale_rule='tensor-scaled' (docs/numerics.md \"Four Over Six\")");
   if (const std::string e = fp4::block_length_error(block); !e.empty())
     throw std::invalid_argument("block " + e);
   spec.block = block;
@@ -383,6 +388,7 @@ BoundQTensor quantize(const py::handle& xh, const std::string& element_format,
   }
   out.facts = {{"source", "fp4train python"}, {"rounding", rounding}};
   if (spec.rounding == fp4::Rounding::SR8) out.facts["seed"] = std::to_string(seed);
+  if (spec.four_over_six != fp4::FourOverSix::Off) out.facts["four_over_six"] = four_over_six;
   return out;
 }
 
@@ -627,6 +633,8 @@ py::dict spec_dict(const fp4::BlockQuantSpec& s) {
   d["two_d"] = s.two_d;
   d["target"] = s.target;
   d["rounding"] = s.rounding == fp4::Rounding::RNE ? "rne" : "sr8";
+  if (s.four_over_six != fp4::FourOverSix::Off)  // only when on: earlier dicts are unchanged
+    d["four_over_six"] = fp4::four_over_six_name(s.four_over_six);
   return d;
 }
 
@@ -961,11 +969,12 @@ PYBIND11_MODULE(_core, m) {
       });
 
   m.def("quantize", &quantize, "x"_a, py::kw_only(), "element_format"_a = "e2m1",
-        "scale_format"_a = "ue5m3", "scale_rule"_a = "tensor-scaled", "block"_a = 16,
+        "scale_format"_a = "ue5m3", "scale_rule"_a = "tensor-scaled", "four_over_six"_a = "off",
+        "block"_a = 16,
         "two_d"_a = false, "target"_a = 448.f, "reference"_a = py::none(), "rounding"_a = "rne",
         "seed"_a = 0, "sr_key"_a = py::none(), "check_finite"_a = true,
         "quantize(x, *, element_format='e2m1', scale_format='ue5m3', scale_rule='tensor-scaled', "
-        "block=16, two_d=False, target=448.0, reference=None, rounding='rne', seed=0, sr_key=None, "
+        "four_over_six='off', block=16, two_d=False, target=448.0, reference=None, rounding='rne', seed=0, sr_key=None, "
         "check_finite=True) -> QTensor\n\n"
         "Block-quantize x (float32 ndarray [rows, cols], C-contiguous) exactly as `fp4train quant` "
         "(fp4::quantize_blocks, docs/numerics.md \"Quantizing one operand\", docs/formats.md): blocks "
@@ -973,7 +982,9 @@ PYBIND11_MODULE(_core, m) {
         "`reference` or max|x|, scale target T = target, element rounding 'rne' or 'sr8'. SR bytes "
         "come from the Philox key (seed, step, layer, operand, gemm, micro); sr_key: dict "
         "overriding the CLI's key (step 1, layer 0, operand 2, gemm 0, micro 0). check_finite: "
-        "refuse a result that dequantizes to +-Inf (mx-te near FLT_MAX), as the CLI does.\n"
+        "refuse a result that dequantizes to +-Inf (mx-te near FLT_MAX), as the CLI does. "
+        "four_over_six: 'off', 'mae' or 'mse' (docs/numerics.md \"Four Over Six\": each block keeps "
+        "the lower-error of its amax mapped to 6 and to 4; needs the tensor-scaled rule).\n"
         "Raises TypeError (not a float32 ndarray), ValueError (not 2-D or C-contiguous, NaN/Inf in "
         "x, unknown format/rule names, block <= 0, bad target/reference, sr_key keys).");
   m.def("load_qtensor", &load_qtensor, "path"_a,
@@ -1081,6 +1092,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; }, "[fp4] rht_wgrad: 16-point RHT on the wgrad operands.")
       .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
       .def_property_readonly("bf16_outputs", [](const BoundRecipe& r) { return r.r.bf16_outputs; }, "[fp4] bf16_outputs: Y and each linear's dX rounded to BF16.")
+      .def_property_readonly("four_over_six", [](const BoundRecipe& r) { return std::string(fp4::four_over_six_roles_name(r.r.four_over_six)); },
+                             "[fp4] four_over_six: the operands whose block scales Four Over Six chooses: none, weights, activations, gradients or all (docs/recipes.md \"Four Over Six\").")
+      .def_property_readonly("four_over_six_error", [](const BoundRecipe& r) { return std::string(fp4::four_over_six_name(r.r.four_over_six_error)); },
+                             "[fp4] four_over_six_error: 'mae' or 'mse'.")
+      .def_property_readonly("four_over_six_scale_target", [](const BoundRecipe& r) {
+            return r.r.four_over_six_scale_target > 0.f ? r.r.four_over_six_scale_target : r.r.scale_target; },
+                             "[fp4] four_over_six_scale_target: T of the Four Over Six operands (scale_target unless set).")
       .def_property_readonly("probe_snap", [](const BoundRecipe& r) { return r.r.probe_snap; }, "[linear] probe_snap: the probe-matched GEMM's snap grid 1/d (0 = none).")
       .def_property_readonly("toml", [](const BoundRecipe& r) { return fp4::recipe_to_toml(r.r); },
                              "The recipe as TOML text (recipe_to_toml: what a run writes as recipe.toml).")
