@@ -212,13 +212,6 @@ Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, 
   return p;
 }
 
-/// A Four Over Six candidate scale: RNE_scale(min(s, scale_max)), 0 → 1 (as block_scale).
-inline float four_over_six_candidate(float s, const ScaleParams& sp) {
-  s = std::min(s, sp.max);
-  s = detail::round_magnitude_params(s, sp.frac, sp.emin, sp.max, Rounding::RNE, 0);
-  return s == 0.0f ? 1.0f : s;
-}
-
 /// The 4/6 error of quantizing xs [n] with block scale c (docs/numerics.md "Four Over Six"):
 /// Σ over i in order, from 0, of |v_i − x_i| (MAE) or (v_i − x_i)² (MSE) in FP32, where
 /// v_i = fl(fl(fl(q_i·c)·g) / fl(T·emax)) and q_i is the signed element x_i rounds to under c.
@@ -235,10 +228,9 @@ inline float four_over_six_error(const float* xs, int64_t n, float c, const Plan
   return err;
 }
 
-/// Four Over Six block scales of block-row [r0, r1): per block the candidates map-to-6,
-/// c6 = RNE_scale(fl(fl(a_b / emax)·ge)), and map-to-4, c4 = RNE_scale(fl(that·1.5)) (both
-/// clipped at scale_max, 0 → 1); the error of each summed per row, then over the rows in order
-/// (2-D tiles); c4 only if its error is strictly lower. err_buf holds 2·block_cols floats.
+/// Four Over Six block scales of block-row [r0, r1): per block the candidates
+/// (detail::four_over_six_candidates), the error of each summed per row, then over the rows in
+/// order (2-D tiles); c4 only if its error is strictly lower. err_buf holds 2·block_cols floats.
 void four_over_six_scales(const float* x, const Plan& p, int64_t r0, int64_t r1,
                           const float* amax_buf, float* scale_buf, uint8_t* sr_buf,
                           float* err_buf) {
@@ -250,17 +242,17 @@ void four_over_six_scales(const float* x, const Plan& p, int64_t r0, int64_t r1,
     if (p.mode == Rounding::SR8) sr_bytes(*p.sr, static_cast<uint64_t>(base), p.cols, sr_buf);
     for (int64_t bc = 0; bc < p.block_cols; ++bc) {
       const int64_t c0 = bc * p.B, n = std::min(p.cols, c0 + p.B) - c0;
-      const float s = (amax_buf[bc] / p.ep.emax) * p.ts.ge;
-      const float c6 = four_over_six_candidate(s, p.sp), c4 = four_over_six_candidate(s * 1.5f, p.sp);
+      const auto [c4, c6] = detail::four_over_six_candidates(amax_buf[bc], p.ts.ge, p.ep.emax,
+                                                             p.sp.frac, p.sp.emin, p.sp.max);
       const uint8_t* sr_row = p.mode == Rounding::SR8 ? sr_buf + c0 : nullptr;
       err4[bc] += four_over_six_error(x + base + c0, n, c4, p, sr_row);
       err6[bc] += four_over_six_error(x + base + c0, n, c6, p, sr_row);
     }
   }
   for (int64_t bc = 0; bc < p.block_cols; ++bc) {
-    const float s = (amax_buf[bc] / p.ep.emax) * p.ts.ge;
-    scale_buf[bc] = err4[bc] < err6[bc] ? four_over_six_candidate(s * 1.5f, p.sp)
-                                        : four_over_six_candidate(s, p.sp);
+    const auto [c4, c6] = detail::four_over_six_candidates(amax_buf[bc], p.ts.ge, p.ep.emax,
+                                                           p.sp.frac, p.sp.emin, p.sp.max);
+    scale_buf[bc] = err4[bc] < err6[bc] ? c4 : c6;
   }
 }
 
@@ -416,6 +408,16 @@ void detail::validate_block_quant(const char* where, int64_t rows, int64_t cols,
                                   "(a scale format with a tensor scale), not scale rule " +
                                   scale_rule_name(spec.scale_rule));
   }
+}
+
+detail::FourOverSixCandidates detail::four_over_six_candidates(float a_b, float ge, float emax,
+                                                               int frac, int emin, float smax) {
+  const float base = (a_b / emax) * ge;  // Transformer Engine's order (docs/numerics.md)
+  auto scale = [&](float s) {
+    s = round_magnitude_params(std::min(s, smax), frac, emin, smax, Rounding::RNE, 0);
+    return s == 0.0f ? 1.0f : s;
+  };
+  return {scale(base * 1.5f), scale(base)};
 }
 
 FourOverSix parse_four_over_six(const std::string& s) {

@@ -50,6 +50,7 @@ constexpr int64_t kParallelMin = int64_t{1} << 14;
 /// of both files extend it.
 struct ScaleParams {
   float mult = 1.f, gd = 1.f;  ///< ge·fl(1/6) and 1/ge, as block_quant.cpp
+  float ge = 1.f;              ///< the tensor encode scale itself (Four Over Six's base)
   int sfrac = 0, semin = 0;    ///< scale format's fraction bits and exponent floor
   float smax = 0.f;            ///< scale format's max finite
   bool sub_pow2 = false;       ///< scale rounding needs subnormal powers of two (UE8M0)
@@ -63,6 +64,7 @@ struct ScaleParams {
 inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g, const SrKey* sr) {
   float ge = g == 0.0f ? 1.0f : (spec.target * 6.0f) / g;
   ge = std::min(ge, FLT_MAX);
+  p.ge = ge;
   p.gd = 1.0f / ge;
   p.mult = ge * (1.0f / 6.0f);
   const FloatFormat& fmt = scale_format_desc(spec.scale_format);

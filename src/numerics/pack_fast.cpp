@@ -628,11 +628,13 @@ const Kernels& active() {
 }
 
 /// Whether the fused kernel applies: E2M1 elements, a ScaleFormat enum scale, the
-/// tensor-scaled rule (quant_fast_supports's tensor-scaled set). pack() also accepts MXFP4
-/// (UE8M0 under mx-te / mx-ocp); those QTensors come from the scalar composition.
+/// tensor-scaled rule (quant_fast_supports's tensor-scaled set), no Four Over Six. pack() also
+/// accepts MXFP4 (UE8M0 under mx-te / mx-ocp) and 4/6 scales; those QTensors come from the
+/// scalar composition.
 bool packable(const BlockQuantSpec& spec) {
   return spec.element.is_e2m1() && spec.scale_desc == nullptr &&
-         spec.scale_rule == ScaleRule::TensorScaled && quant_fast_supports(spec);
+         spec.scale_rule == ScaleRule::TensorScaled && quant_fast_supports(spec) &&
+         spec.four_over_six == FourOverSix::Off;
 }
 
 /// Valid-code table of a scale format: value[c] = scale_decode(c, f) for valid codes.
@@ -761,6 +763,8 @@ void share(int64_t units, int nt, int id, int64_t& u0, int64_t& u1) {
 std::string pack_fast_slow_path(const BlockQuantSpec& spec) {
   // The row-wise answer covers the forced hook and the specs without any SIMD kernel.
   if (std::string why = quant_fast_slow_path(spec, false, false); !why.empty()) return why;
+  if (spec.four_over_six != FourOverSix::Off)
+    return "scalar quantize_blocks, then pack (Four Over Six has no fused packer)";
   if (!pf::packable(spec)) return "scalar quantize_blocks, then pack (MXFP4 has no fused packer)";
   return "";
 }

@@ -100,6 +100,10 @@ struct Plan : hwy_common::ScaleParams {
   /// (aligned, complete lines); set by the driver for large outputs. Never changes values.
   bool stream = false;
   int64_t out_mis = 0;  ///< (address of out mod 64) / 4: output misalignment in floats
+  /// Four Over Six (row kernel; docs/numerics.md "Four Over Six"): 0 off, 1 MAE, 2 MSE; its
+  /// error reads the tensor reference g and divides by denom = fl(T·6).
+  int fos = 0;
+  float g = 0.f, denom = 0.f;
 };
 
 /// Per-thread buffers of one call, sized for the largest target.
@@ -113,6 +117,8 @@ struct Scratch {
   std::vector<float> carry;       ///< transposed kernel, misaligned streaming: 16 per column
   std::vector<float> pad;         ///< 2·kMaxLanes: a zero-padded vector and its result
   std::vector<uint8_t> padsr;     ///< kMaxLanes SR bytes of the padded vector
+  std::vector<float> err4, err6;  ///< Four Over Six: per block of a block-row, its two errors
+  std::vector<float> terms;       ///< Four Over Six: one block's error terms (B + kMaxLanes)
 
   void for_rows(const Plan& p) {
     const size_t nb = static_cast<size_t>(p.block_cols + kMaxLanes);
@@ -120,6 +126,11 @@ struct Scratch {
     d.assign(nb, 0.f);
     e.assign(nb, 0.f);
     if (p.sr) sr.assign(static_cast<size_t>(2 * (p.cols / 16 + 2 + kMaxLanes)), 0);
+    if (p.fos != 0) {
+      err4.assign(nb, 0.f);
+      err6.assign(nb, 0.f);
+      terms.assign(static_cast<size_t>(p.B + kMaxLanes), 0.f);
+    }
     common();
   }
   void for_cols(const Plan& p) {
@@ -462,6 +473,83 @@ HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, 
   for (int64_t t = 0; t < k; ++t) out[t] = po[t];
 }
 
+// ---------------------------------------------------------------- Four Over Six (row kernel)
+
+/// Four Over Six error terms of one vector, lane-wise as block_quant.cpp's four_over_six_error:
+/// q = copysign(round_E2M1(x·e_b), x) (QdqVec's element), v = fl(fl(fl(q·c)·g) / denom),
+/// then |v − x| (MAE) or (v − x)² (MSE).
+template <bool kSR>
+HWY_INLINE VF FosTerms(VF x, VF ev, VF cv, const Plan& p, VF off) {
+  const DF df;
+  VF y = hn::Mul(x, ev);
+  y = hn::IfThenZeroElse(hn::IsNaN(y), y);
+  const VF m = kSR ? RoundE2M1Sr(y, off) : RoundE2M1Rne(y);
+  const VF q = hn::CopySignToAbs(m, x);
+  const VF v = hn::Div(hn::Mul(hn::Mul(q, cv), hn::Set(df, p.g)), hn::Set(df, p.denom));
+  const VF diff = hn::Sub(v, x);
+  return p.fos == 2 ? hn::Mul(diff, diff) : hn::Abs(diff);
+}
+
+/// The 4/6 error of quantizing x[0..len) with block scale c: the terms in lanes (a zero-padded
+/// last vector), then summed from 0 in element order in scalar FP32, as the reference does.
+template <bool kSR>
+float FosBlockError(const float* x, const uint8_t* sr, int64_t len, float c, const Plan& p,
+                    Scratch& s) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const float d = c * p.gd;
+  const VF ev = hn::Set(df, 1.0f / d), cv = hn::Set(df, c);
+  float* t = s.terms.data();
+  int64_t j = 0;
+  for (; j + N <= len; j += N) {
+    const VF off = kSR ? SrOffsets(sr + j) : hn::Zero(df);
+    hn::StoreU(FosTerms<kSR>(hn::LoadU(df, x + j), ev, cv, p, off), df, t + j);
+  }
+  if (j < len) {
+    float* px = s.pad.data();
+    uint8_t* psr = s.padsr.data();
+    for (int64_t k = 0; k < N; ++k) {
+      px[k] = j + k < len ? x[j + k] : 0.0f;
+      if constexpr (kSR) psr[k] = j + k < len ? sr[j + k] : 0;
+    }
+    const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
+    hn::StoreU(FosTerms<kSR>(hn::LoadU(df, px), ev, cv, p, off), df, t + j);
+  }
+  float err = 0.0f;
+  for (int64_t k = 0; k < len; ++k) err += t[k];
+  return err;
+}
+
+/// Four Over Six block scales of block-row [r0, r1) into s.d, s.e (block_quant.cpp's
+/// four_over_six_scales): per block the two candidates (detail::four_over_six_candidates),
+/// each row's error, summed over the rows in order; c4 only if its error is strictly lower.
+template <bool kSR>
+void FosScales(const Plan& p, int64_t r0, int64_t r1, Scratch& s) {
+  const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
+  std::fill(s.err4.begin(), s.err4.begin() + nbc, 0.0f);
+  std::fill(s.err6.begin(), s.err6.begin() + nbc, 0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = p.x + r * cols;
+    const uint8_t* srp = nullptr;
+    if constexpr (kSR) srp = SrRun(p.key, static_cast<uint64_t>(r * cols), cols, s.sr.data());
+    for (int64_t bc = 0; bc < nbc; ++bc) {
+      const int64_t c0 = bc * B, len = std::min(B, cols - c0);
+      const auto [c4, c6] =
+          detail::four_over_six_candidates(s.amax[bc], p.ge, 6.0f, p.sfrac, p.semin, p.smax);
+      const uint8_t* sb = kSR ? srp + c0 : nullptr;
+      s.err4[bc] += FosBlockError<kSR>(xr + c0, sb, len, c4, p, s);
+      s.err6[bc] += FosBlockError<kSR>(xr + c0, sb, len, c6, p, s);
+    }
+  }
+  for (int64_t bc = 0; bc < nbc; ++bc) {
+    const auto [c4, c6] =
+        detail::four_over_six_candidates(s.amax[bc], p.ge, 6.0f, p.sfrac, p.semin, p.smax);
+    const float d = (s.err4[bc] < s.err6[bc] ? c4 : c6) * p.gd;  // d_b = c_b·gd, e_b = 1/d_b
+    s.d[bc] = d;
+    s.e[bc] = 1.0f / d;
+  }
+}
+
 template <bool kSR, bool kSub>
 bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   const DF df;
@@ -484,12 +572,16 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   float* am = s.amax.data();
   // 1. block amax over the whole block-row (read everything before writing: out may alias x)
   if (!BlockRowAmax(p.x + r0 * cols, cols, r1 - r0, cols, B, nbc, am)) return false;
-  // 2. block scales, Lanes blocks at a time
-  for (int64_t bc = 0; bc < nbc; bc += N) {
-    VF dv, ev;
-    BlockScales<kSub>(hn::LoadU(df, am + bc), p, dv, ev);
-    hn::StoreU(dv, df, s.d.data() + bc);
-    hn::StoreU(ev, df, s.e.data() + bc);
+  // 2. block scales, Lanes blocks at a time (Four Over Six: the lower-error candidate)
+  if (p.fos != 0) {
+    FosScales<kSR>(p, r0, r1, s);
+  } else {
+    for (int64_t bc = 0; bc < nbc; bc += N) {
+      VF dv, ev;
+      BlockScales<kSub>(hn::LoadU(df, am + bc), p, dv, ev);
+      hn::StoreU(dv, df, s.d.data() + bc);
+      hn::StoreU(ev, df, s.e.data() + bc);
+    }
   }
   // 3. elements. Blocks of whole vectors (B % Lanes == 0) one at a time, their scales
   // broadcast; other blocks (e.g. 8 on 16 lanes) in a walk of whole vectors along the row,
@@ -904,6 +996,9 @@ Plan make_plan(const float* x, float* out, int64_t rows, int64_t cols, const Blo
     p.kmin = detail::rounding_emin(fmt);
     p.kmax = std::ilogb(fmt.max_finite);
   }
+  p.fos = static_cast<int>(spec.four_over_six);  // Off 0, MAE 1, MSE 2
+  p.g = g;
+  p.denom = spec.target * 6.0f;
   return p;
 }
 
@@ -926,7 +1021,7 @@ bool quant_fast_supports(const BlockQuantSpec& spec) {
                        ((spec.scale_rule == ScaleRule::MxTe || spec.scale_rule == ScaleRule::MxOcp) &&
                         spec.scale_format == ScaleFormat::UE8M0);
   return qf::known_scale_format(spec.scale_format) && spec.block > 0 && spec.element.is_e2m1() &&
-         spec.scale_desc == nullptr && rule_ok && spec.four_over_six == FourOverSix::Off;
+         spec.scale_desc == nullptr && rule_ok;
 }
 
 namespace {
@@ -946,9 +1041,6 @@ bool forced_slow() {
 /// Why spec has no SIMD kernel (quant_fast_supports is false): the element or scale format
 /// or scale rule the kernels do not implement.
 std::string unsupported_reason(const BlockQuantSpec& spec) {
-  if (spec.four_over_six != FourOverSix::Off)
-    return std::string("Four Over Six block-scale selection (") +
-           four_over_six_name(spec.four_over_six) + ")";
   if (!spec.element.is_e2m1()) return "element format " + spec.element.name();
   const FloatFormat& f = spec_scale_format(spec);
   if (spec.scale_rule != ScaleRule::TensorScaled && spec.scale_format != ScaleFormat::UE8M0)
@@ -966,6 +1058,9 @@ std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bo
   if (spec.two_d)
     return "composed quantize-transpose (FP32 transpose, then the row kernel: 2-D tiles of the "
            "transposed operand)";
+  if (spec.four_over_six != FourOverSix::Off)
+    return std::string("composed quantize-transpose (FP32 transpose, ") +
+           (rht ? "scalar RHT, " : "") + "then the row kernel: Four Over Six has no transposed kernel)";
   if (rht && qf::tile_rows(spec.block) % 16 != 0)
     return "composed quantize-transpose (FP32 transpose, scalar RHT, row kernel: the RHT's "
            "16-row chunks straddle tiles of block " +
@@ -1034,7 +1129,8 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
   const int64_t H = qf::tile_rows(spec.block);
-  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && H % 16 != 0);
+  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && H % 16 != 0) &&
+                    spec.four_over_six == FourOverSix::Off;
   if (!fast) {
     // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling tiles).
     hwy_common::transpose(x, rows, cols, out);

@@ -189,10 +189,11 @@ TEST(FourOverSix, PicksBothCandidatesOnRandomData) {
   EXPECT_GT(n6, 20);
 }
 
-// The fast entry points route 4/6 to the scalar reference (bit-identical by construction) and
-// say so: rows, the quantize-transpose with and without the RHT (4/6 + RHT is allowed), the
-// packer; on every SIMD target.
-TEST(FourOverSix, FastPathsEqualTheScalarReferenceAndAreNamedSlow) {
+// The fast entry points equal the scalar reference bit for bit on every SIMD target: the row
+// kernel has a 4/6 twin (1-D and 2-D), the quantize-transpose composes the transpose (and RHT:
+// 4/6 + RHT is allowed) with it, the packer packs the scalar quantization; the last two are
+// named as slow paths.
+TEST(FourOverSix, FastPathsEqualTheScalarReference) {
   const int64_t rows = 48, cols = 80;
   const auto x = make_data(Dist::Normal, rows * cols, 9);
   for (const std::string& t : quant_fast_targets()) {
@@ -203,14 +204,15 @@ TEST(FourOverSix, FastPathsEqualTheScalarReferenceAndAreNamedSlow) {
           for (bool two_d : {false, true}) {
             BlockQuantSpec s = make_spec(f, r, 16, two_d);
             s.four_over_six = m;
-            EXPECT_FALSE(quant_fast_supports(s));
-            EXPECT_NE(quant_fast_slow_path(s, false, false).find("Four Over Six"),
-                      std::string::npos);
+            EXPECT_TRUE(quant_fast_supports(s));
+            EXPECT_EQ(quant_fast_slow_path(s, false, false), "");
+            EXPECT_NE(pack_fast_slow_path(s).find("Four Over Six"), std::string::npos);
             const float g = tensor_amax(x.data(), rows * cols);
             std::vector<float> fast(x.size());
             quantize_dequantize_fast(x.data(), rows, cols, s, g, &kKey, fast.data());
             ASSERT_EQ(first_diff(fast, qdq(x, rows, cols, s, g, &kKey)), -1) << t << spec_str(s);
             if (two_d) continue;
+            EXPECT_NE(quant_fast_slow_path(s, true, true).find("Four Over Six"), std::string::npos);
             for (bool rht : {false, true}) {
               std::vector<float> tr(x.size());
               for (int64_t i = 0; i < rows; ++i)
@@ -228,6 +230,47 @@ TEST(FourOverSix, FastPathsEqualTheScalarReferenceAndAreNamedSlow) {
             EXPECT_EQ(packed.packed, ref.packed) << t << spec_str(s);
             EXPECT_EQ(packed.scale_codes, ref.scale_codes) << t << spec_str(s);
           }
+  }
+  quant_fast_use_target("");
+}
+
+namespace {
+std::vector<float> te_inputs(int rows, int cols, uint64_t seed);
+}  // namespace
+
+// The row kernel's 4/6 twin against the scalar reference, bit for bit, on every target: random
+// data of four distributions and adversarial blocks (grid points and midpoints, candidate
+// ties, zeros, outliers, constant blocks), block sizes that are and are not whole vectors,
+// ragged shapes, 1-D and 2-D, RNE and SR8, every scale format of the kernel, held, current
+// and zero references.
+TEST(FourOverSix, RowKernelTwinBitExact) {
+  const int64_t shapes[][2] = {{37, 53}, {32, 128}, {5, 7}};
+  for (const std::string& t : quant_fast_targets()) {
+    quant_fast_use_target(t);
+    for (int block : {2, 8, 12, 16, 24, 32})
+      for (FourOverSix m : {FourOverSix::MAE, FourOverSix::MSE})
+        for (ScaleFormat f : kFormats)
+          for (Rounding r : kRoundings)
+            for (bool two_d : {false, true})
+              for (int data = 0; data < 5; ++data)
+                for (const auto& sh : shapes) {
+                  const int64_t rows = sh[0], cols = sh[1];
+                  if (data == 4 && cols % 16 != 0) continue;
+                  const std::vector<float> x =
+                      data < 4 ? make_data(kDists[data], rows * cols, 100 + data + block)
+                               : te_inputs(int(rows), int(cols), 7 + block);
+                  BlockQuantSpec s = make_spec(f, r, block, two_d);
+                  s.four_over_six = m;
+                  const float amax = tensor_amax(x.data(), rows * cols);
+                  for (float g : {amax, amax * 0.3f, amax * 20.f, 0.f}) {
+                    std::vector<float> fast(x.size());
+                    quantize_dequantize_fast(x.data(), rows, cols, s, g, &kKey, fast.data());
+                    const auto ref = qdq(x, rows, cols, s, g, &kKey);
+                    ASSERT_EQ(first_diff(fast, ref), -1)
+                        << t << " " << spec_str(s) << " " << four_over_six_name(m) << " data "
+                        << data << " shape " << rows << "x" << cols << " g " << g;
+                  }
+                }
   }
   quant_fast_use_target("");
 }

@@ -198,6 +198,17 @@ namespace detail {
 /// T ≤ 0 or non-finite, SR8 without a key, unsupported element or scale format.
 void validate_block_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                           float g, const SrKey* sr);
+
+/// The two Four Over Six candidate block scales of a block with amax a_b ≥ 0 (docs/numerics.md
+/// "Four Over Six"): base = fl(fl(a_b / emax)·ge), c6 = RNE onto the scale grid (fraction bits
+/// `frac`, exponent floor `emin`, max `smax`) of min(base, smax), c4 the same of fl(base·1.5);
+/// each 0 → 1 (zero guard). The one home of these steps for the scalar quantizer and its SIMD
+/// twin. Throws nothing.
+struct FourOverSixCandidates {
+  float c4, c6;
+};
+FourOverSixCandidates four_over_six_candidates(float a_b, float ge, float emax, int frac, int emin,
+                                               float smax);
 }  // namespace detail
 
 }  // namespace fp4
