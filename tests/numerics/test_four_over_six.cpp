@@ -4,6 +4,7 @@
 // reference and name it as a slow path), and an independent transcription of Transformer
 // Engine's published algorithm, compared bit for bit for E4M3 scales.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -273,6 +274,29 @@ TEST(FourOverSix, RowKernelTwinBitExact) {
                 }
   }
   quant_fast_use_target("");
+}
+
+// Work is split per block-row: the bits do not depend on the thread count (both paths).
+TEST(FourOverSix, ThreadCountDoesNotChangeBits) {
+  const int64_t rows = 256, cols = 256;  // above the parallel threshold
+  const auto x = make_data(Dist::Cauchy, rows * cols, 21);
+  for (bool two_d : {false, true}) {
+    BlockQuantSpec s = make_spec(ScaleFormat::E4M3, Rounding::SR8, 16, two_d);
+    s.four_over_six = FourOverSix::MSE;
+    const float g = tensor_amax(x.data(), rows * cols);
+    std::vector<float> a(x.size()), b(x.size()), c(x.size()), d(x.size());
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    quantize_dequantize(x.data(), rows, cols, s, g, &kKey, a.data());
+    quantize_dequantize_fast(x.data(), rows, cols, s, g, &kKey, c.data());
+    omp_set_num_threads(4);
+    quantize_dequantize(x.data(), rows, cols, s, g, &kKey, b.data());
+    quantize_dequantize_fast(x.data(), rows, cols, s, g, &kKey, d.data());
+    omp_set_num_threads(saved);
+    EXPECT_EQ(first_diff(a, b), -1) << two_d;
+    EXPECT_EQ(first_diff(c, d), -1) << two_d;
+    EXPECT_EQ(first_diff(a, c), -1) << two_d;
+  }
 }
 
 // --------------------------------------------------------------------------------------------
