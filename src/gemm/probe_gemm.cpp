@@ -173,6 +173,11 @@ void check_tensor(const char* name, const QuantizedTensor& q) {
                                 " is not supported; the probe-matched GEMM models the native "
                                 "E2M1 FP4 GEMM (use the decoded mode)");
   }
+  if (!q.row_gd.empty()) {
+    throw std::invalid_argument(w + ": a row-scaled operand (one reference per row) is not "
+                                "supported; the probe-matched GEMM applies one alpha per operand "
+                                "pair (docs/numerics.md \"Per-row reference\"; use the decoded mode)");
+  }
   if (!(q.gd > 0.0f) || std::isinf(q.gd)) {
     throw std::invalid_argument(w + ": tensor decode scale gd must be finite and > 0, got " +
                                 std::to_string(q.gd));

@@ -189,6 +189,8 @@ struct Plan {
   FourOverSix fos;  ///< Four Over Six selection (Off: the contract's single scale)
   float g;          ///< tensor reference, read by the 4/6 error
   float denom;      ///< fl(T·emax), the 4/6 error's divisor
+  const float* row_g = nullptr;  ///< per-row reference [rows] (1-D, tensor-scaled), or null
+  float target = 448.f;          ///< T, for the per-row tensor scales
 };
 
 Plan make_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g, const SrKey* sr) {
@@ -267,6 +269,8 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
                        ElemSink&& on_elem) {
   const int64_t r0 = p.two_d ? br * p.B : br;
   const int64_t r1 = p.two_d ? std::min(p.rows, r0 + p.B) : br + 1;
+  // 0. tensor scales: the call's, or this row's (row-scaled operand: 1-D, br is the row)
+  const TensorScales ts = p.row_g ? tensor_scales(p.row_g[br], p.target, p.ep.emax) : p.ts;
   // 1. block amax (zero padding does not change a max of magnitudes)
   for (int64_t bc = 0; bc < p.block_cols; ++bc) {
     const int64_t c0 = bc * p.B, c1 = std::min(p.cols, c0 + p.B);
@@ -275,13 +279,14 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
     if (m > kMaxFiniteBits) return false;
     amax_buf[bc] = std::bit_cast<float>(m);
   }
-  // 2. block scales (Four Over Six: the lower-error of two candidates)
+  // 2. block scales (Four Over Six: the lower-error of two candidates; never row-scaled,
+  // validate_row_quant refuses the pair)
   if (p.fos != FourOverSix::Off) {
     four_over_six_scales(x, p, r0, r1, amax_buf, scale_buf, sr_buf, err_buf);
   } else {
     for (int64_t bc = 0; bc < p.block_cols; ++bc) {
       scale_buf[bc] = p.rule == ScaleRule::TensorScaled
-                          ? block_scale(amax_buf[bc], p.ts.mult, p.sp)
+                          ? block_scale(amax_buf[bc], ts.mult, p.sp)
                           : mx_block_scale(amax_buf[bc], p.rule, p.ep, p.sp);
     }
   }
@@ -292,7 +297,7 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
     if (p.mode == Rounding::SR8) sr_bytes(*p.sr, static_cast<uint64_t>(base), p.cols, sr_buf);
     for (int64_t bc = 0; bc < p.block_cols; ++bc) {
       const int64_t c0 = bc * p.B, c1 = std::min(p.cols, c0 + p.B);
-      const float d = scale_buf[bc] * p.ts.gd;  // d_b = c_b·gd
+      const float d = scale_buf[bc] * ts.gd;  // d_b = c_b·gd
       const float e = 1.0f / d;                 // e_b = 1/d_b, then multiply
       if (p.mode == Rounding::SR8) {
         for (int64_t c = c0; c < c1; ++c) {
@@ -436,6 +441,29 @@ const char* four_over_six_name(FourOverSix f) {
   return "?";
 }
 
+void detail::validate_row_quant(const char* where, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, const float* row_g, const SrKey* sr) {
+  validate_block_quant(where, rows, cols, spec, 0.0f, sr);
+  if (spec.two_d)
+    throw std::invalid_argument(std::string(where) +
+                                ": a per-row reference needs 1-D blocks (a 2-D tile spans rows)");
+  if (spec.scale_rule != ScaleRule::TensorScaled)
+    throw std::invalid_argument(std::string(where) + ": a per-row reference needs the " +
+                                "tensor-scaled rule (scale rule " +
+                                scale_rule_name(spec.scale_rule) + " has no tensor scale)");
+  if (spec.four_over_six != FourOverSix::Off)
+    throw std::invalid_argument(std::string(where) + ": a per-row reference with Four Over Six "
+                                "is not implemented (the 4/6 error reads one tensor reference)");
+  if (rows > 0 && row_g == nullptr)
+    throw std::invalid_argument(std::string(where) + ": row_g is null");
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!(row_g[r] >= 0.0f) || std::isinf(row_g[r]))
+      throw std::invalid_argument(std::string(where) + ": row reference g of row " +
+                                  std::to_string(r) + " must be finite and >= 0, got " +
+                                  std::to_string(row_g[r]));
+  }
+}
+
 ScaleRule parse_scale_rule(const std::string& s) {
   if (s == "tensor-scaled") return ScaleRule::TensorScaled;
   if (s == "mx-te") return ScaleRule::MxTe;
@@ -483,24 +511,22 @@ float tensor_amax(const float* x, int64_t n) {
   return std::bit_cast<float>(m);
 }
 
-QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
-                                const BlockQuantSpec& spec, float g, const SrKey* sr) {
-  detail::validate_block_quant("quantize_blocks", rows, cols, spec, g, sr);
-  const Plan p = make_plan(rows, cols, spec, g, sr);
+namespace {
+/// quantize_blocks' work once validated and planned (per-tensor or per-row scales in p); the
+/// tensor-scale fields of the result are the caller's to fill.
+QuantizedTensor quantize_planned(const char* where, const float* x, const Plan& p,
+                                 const BlockQuantSpec& spec) {
   QuantizedTensor q;
-  q.rows = rows;
-  q.cols = cols;
+  q.rows = p.rows;
+  q.cols = p.cols;
   q.spec = spec;
-  q.g = g;
-  q.ge = p.ts.ge;
-  q.gd = p.ts.gd;
   q.block_rows = p.block_rows;
   q.block_cols = p.block_cols;
   const size_t nb = static_cast<size_t>(p.block_rows * p.block_cols);
   q.block_amax.assign(nb, 0.0f);
   q.scales.assign(nb, 1.0f);
   q.scale_codes.assign(nb, 0);
-  q.codes.assign(static_cast<size_t>(rows * cols), 0);
+  q.codes.assign(static_cast<size_t>(p.rows * p.cols), 0);
   float* amax = q.block_amax.data();
   float* scales = q.scales.data();
   uint8_t* codes = q.codes.data();
@@ -511,10 +537,10 @@ QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
     scales[br * bcols + bc] = c_b;
   };
   if (ep.kind == ElemParams::kE2M1Kind) {
-    run_all("quantize_blocks", x, p, on_block,
+    run_all(where, x, p, on_block,
             [=](int64_t idx, float v, float xv, float) { codes[idx] = e2m1_code(v, xv); });
   } else {
-    run_all("quantize_blocks", x, p, on_block,
+    run_all(where, x, p, on_block,
             [=](int64_t idx, float v, float xv, float) { codes[idx] = elem_code(v, xv, ep); });
   }
   if (spec.scale_desc) {
@@ -523,6 +549,82 @@ QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
     for (size_t b = 0; b < nb; ++b) q.scale_codes[b] = scale_encode(q.scales[b], spec.scale_format);
   }
   return q;
+}
+
+/// quantize_dequantize's work once validated and planned.
+void quantize_dequantize_planned(const char* where, const float* x, const Plan& p, float* out) {
+  if (p.ep.kind == ElemParams::kE2M1Kind) {
+    run_all(
+        where, x, p, [](int64_t, int64_t, float, float) {},
+        [=](int64_t idx, float v, float xv, float d) {
+          // ±v is exactly e2m1_decode(e2m1_code(v, xv)); then x̂ = q·d_b as in dequantize.
+          out[idx] = std::copysign(v, xv) * d;
+        });
+  } else {
+    const ElemParams ep = p.ep;
+    run_all(
+        where, x, p, [](int64_t, int64_t, float, float) {},
+        [=](int64_t idx, float v, float xv, float d) {
+          // elem_value is exactly element_decode(elem_code(v, xv)).
+          out[idx] = elem_value(v, xv, ep) * d;
+        });
+  }
+}
+
+/// The plan of a per-row call (validated by detail::validate_row_quant).
+Plan make_row_plan(int64_t rows, int64_t cols, const BlockQuantSpec& spec, const float* row_g,
+                   const SrKey* sr) {
+  Plan p = make_plan(rows, cols, spec, 0.0f, sr);
+  p.row_g = row_g;
+  p.target = spec.target;
+  return p;
+}
+}  // namespace
+
+QuantizedTensor quantize_blocks(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr) {
+  detail::validate_block_quant("quantize_blocks", rows, cols, spec, g, sr);
+  const Plan p = make_plan(rows, cols, spec, g, sr);
+  QuantizedTensor q = quantize_planned("quantize_blocks", x, p, spec);
+  q.g = g;
+  q.ge = p.ts.ge;
+  q.gd = p.ts.gd;
+  return q;
+}
+
+void row_amax(const float* x, int64_t rows, int64_t cols, float* out) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("row_amax: negative shape");
+  bool bad = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t m = amax_bits(x + r * cols, cols);
+    bad = bad || m > kMaxFiniteBits;
+    out[r] = std::bit_cast<float>(m);
+  }
+  if (bad) detail::throw_non_finite("row_amax", x, rows * cols);
+}
+
+QuantizedTensor quantize_blocks_rows(const float* x, int64_t rows, int64_t cols,
+                                     const BlockQuantSpec& spec, const float* row_g,
+                                     const SrKey* sr) {
+  detail::validate_row_quant("quantize_blocks_rows", rows, cols, spec, row_g, sr);
+  const Plan p = make_row_plan(rows, cols, spec, row_g, sr);
+  QuantizedTensor q = quantize_planned("quantize_blocks_rows", x, p, spec);
+  q.g = 0.0f, q.ge = q.gd = 1.0f;  // unused: the per-row scales below
+  q.row_g.assign(row_g, row_g + rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const TensorScales t = tensor_scales(row_g[r], spec.target, p.ep.emax);
+    q.row_ge.push_back(t.ge);
+    q.row_gd.push_back(t.gd);
+  }
+  return q;
+}
+
+void quantize_dequantize_rows(const float* x, int64_t rows, int64_t cols,
+                              const BlockQuantSpec& spec, const float* row_g, const SrKey* sr,
+                              float* out) {
+  detail::validate_row_quant("quantize_dequantize_rows", rows, cols, spec, row_g, sr);
+  quantize_dequantize_planned("quantize_dequantize_rows", x,
+                              make_row_plan(rows, cols, spec, row_g, sr), out);
 }
 
 void check_dequantized_finite(const char* where, const QuantizedTensor& q, const float* x,
@@ -557,6 +659,8 @@ void check_dequantized_finite(const char* where, const QuantizedTensor& q, const
 
 void dequantize(const QuantizedTensor& q, float* out) {
   const int64_t B = q.spec.block;
+  if (!q.row_gd.empty() && (q.spec.two_d || q.row_gd.size() != static_cast<size_t>(q.rows)))
+    throw std::invalid_argument("dequantize: per-row decode scales need 1-D blocks, one per row");
   if (B <= 0 || q.rows < 0 || q.cols < 0 ||
       q.codes.size() != static_cast<size_t>(q.rows * q.cols) ||
       q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols) ||
@@ -601,7 +705,8 @@ void dequantize(const QuantizedTensor& q, float* out) {
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t br = q.spec.two_d ? r / B : r;
     for (int64_t bc = 0; bc < q.block_cols; ++bc) {
-      const float d = q.scales[static_cast<size_t>(br * q.block_cols + bc)] * q.gd;
+      const float gd = q.row_gd.empty() ? q.gd : q.row_gd[static_cast<size_t>(r)];
+      const float d = q.scales[static_cast<size_t>(br * q.block_cols + bc)] * gd;
       const int64_t c1 = std::min(q.cols, (bc + 1) * B);
       if (e2m1) {
         for (int64_t c = bc * B; c < c1; ++c) {
@@ -619,23 +724,7 @@ void dequantize(const QuantizedTensor& q, float* out) {
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                          float g, const SrKey* sr, float* out) {
   detail::validate_block_quant("quantize_dequantize", rows, cols, spec, g, sr);
-  const Plan p = make_plan(rows, cols, spec, g, sr);
-  if (p.ep.kind == ElemParams::kE2M1Kind) {
-    run_all(
-        "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
-        [=](int64_t idx, float v, float xv, float d) {
-          // ±v is exactly e2m1_decode(e2m1_code(v, xv)); then x̂ = q·d_b as in dequantize.
-          out[idx] = std::copysign(v, xv) * d;
-        });
-  } else {
-    const ElemParams ep = p.ep;
-    run_all(
-        "quantize_dequantize", x, p, [](int64_t, int64_t, float, float) {},
-        [=](int64_t idx, float v, float xv, float d) {
-          // elem_value is exactly element_decode(elem_code(v, xv)).
-          out[idx] = elem_value(v, xv, ep) * d;
-        });
-  }
+  quantize_dequantize_planned("quantize_dequantize", x, make_plan(rows, cols, spec, g, sr), out);
 }
 
 TensorReference::TensorReference(int interval) : interval_(interval) {

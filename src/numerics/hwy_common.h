@@ -58,15 +58,19 @@ struct ScaleParams {
   SrKey key{};
 };
 
-/// The scale parameters of E2M1 elements under spec with tensor reference g (sr: the SR key,
+/// The tensor scales of reference g and target T (also one row's, for a per-row reference), and
+/// the scale parameters of E2M1 elements under spec with tensor reference g (sr: the SR key,
 /// read when spec rounds SR8). The tensor scales are exactly block_quant.cpp's tensor_scales
 /// (emax 6): ge = T·6/g (1 when g = 0), at most FLT_MAX, gd = 1/ge, mult = ge·fl(1/6).
-inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g, const SrKey* sr) {
-  float ge = g == 0.0f ? 1.0f : (spec.target * 6.0f) / g;
+inline void set_tensor_scales(ScaleParams& p, float target, float g) {
+  float ge = g == 0.0f ? 1.0f : (target * 6.0f) / g;
   ge = std::min(ge, FLT_MAX);
   p.ge = ge;
   p.gd = 1.0f / ge;
   p.mult = ge * (1.0f / 6.0f);
+}
+inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g, const SrKey* sr) {
+  set_tensor_scales(p, spec.target, g);
   const FloatFormat& fmt = scale_format_desc(spec.scale_format);
   p.sfrac = fmt.frac_bits;
   p.semin = detail::rounding_emin(fmt);

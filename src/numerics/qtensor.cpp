@@ -37,6 +37,9 @@ QTensor pack(const QuantizedTensor& q, std::map<std::string, std::string> facts)
         "scales, or MXFP4 (ue8m0 scales under mx-te/mx-ocp, no tensor scale); got element " +
         q.spec.element.name() + ", scale " + spec_scale_format(q.spec).name + ", scale rule " +
         scale_rule_name(q.spec.scale_rule) + (mx && q.gd != 1.0f ? ", a tensor scale" : ""));
+  if (!q.row_gd.empty())
+    throw std::invalid_argument("pack: a QTensor holds one tensor scale; a row-scaled "
+                                "QuantizedTensor (one reference per row) cannot be packed");
   if (q.codes.size() != static_cast<size_t>(n) ||
       q.scales.size() != static_cast<size_t>(q.block_rows * q.block_cols))
     throw std::invalid_argument("pack: inconsistent QuantizedTensor shapes");

@@ -104,6 +104,10 @@ struct Plan : hwy_common::ScaleParams {
   /// error reads the tensor reference g and divides by denom = fl(T·6).
   int fos = 0;
   float g = 0.f, denom = 0.f;
+  /// Row kernel, row-scaled operand (1-D blocks, tensor-scaled): row r's reference row_g[r]
+  /// replaces g in mult and gd (quantize_dequantize_rows); null: the call's g.
+  const float* row_g = nullptr;
+  float target = 448.f;  ///< T, for the per-row tensor scales
 };
 
 /// Per-thread buffers of one call, sized for the largest target.
@@ -645,6 +649,12 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
 }
 
 bool Rows(const Plan& p, int64_t br, Scratch& s) {
+  if (p.row_g) {  // row-scaled: this row's tensor scales, by the same expressions
+    Plan rp = p;
+    hwy_common::set_tensor_scales(rp, p.target, p.row_g[br]);
+    rp.row_g = nullptr;
+    return Rows(rp, br, s);
+  }
   if (p.sr) return p.sub_pow2 ? RowsT<true, true>(p, br, s) : RowsT<true, false>(p, br, s);
   return p.sub_pow2 ? RowsT<false, true>(p, br, s) : RowsT<false, false>(p, br, s);
 }
@@ -1068,6 +1078,14 @@ std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bo
   return "";
 }
 
+std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht,
+                                 bool row_scaled) {
+  const std::string base = quant_fast_slow_path(spec, false, false);
+  if (!row_scaled || !base.empty() || !transposed) return row_scaled ? base : quant_fast_slow_path(spec, transposed, rht);
+  return std::string("composed quantize-transpose (FP32 transpose, ") + (rht ? "RHT, " : "") +
+         "per-row amax, row kernel: a per-row reference of the transposed operand)";
+}
+
 void quant_fast_force_slow_path(bool on) {
   g_force_slow.store(on ? 1 : 0, std::memory_order_relaxed);
 }
@@ -1113,6 +1131,62 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
   // A block-row with a non-finite value is never written, so every non-finite input is still
   // in x (even when out aliases x) and the scan finds the first one.
   if (bad.load()) detail::throw_non_finite("quantize_dequantize_fast", x, rows * cols);
+}
+
+void row_amax_fast(const float* x, int64_t rows, int64_t cols, float* out) {
+  if (rows < 0 || cols < 0) throw std::invalid_argument("row_amax_fast: negative shape");
+  const qf::Kernels& k = qf::active();
+  std::atomic<bool> bad{false};
+#pragma omp parallel for schedule(static) if (rows * cols >= qf::kParallelMin && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t m = k.amax(x + r * cols, cols);
+    if (m > 0x7F7FFFFFu) bad.store(true, std::memory_order_relaxed);
+    out[r] = std::bit_cast<float>(m);
+  }
+  if (bad.load()) detail::throw_non_finite("row_amax_fast", x, rows * cols);
+}
+
+void quantize_dequantize_rows_fast(const float* x, int64_t rows, int64_t cols,
+                                   const BlockQuantSpec& spec, const float* row_g,
+                                   const SrKey* sr, float* out) {
+  const char* where = "quantize_dequantize_rows_fast";
+  detail::validate_row_quant(where, rows, cols, spec, row_g, sr);
+  if (!quant_fast_supports(spec)) {
+    quantize_dequantize_rows(x, rows, cols, spec, row_g, sr, out);
+    return;
+  }
+  if (rows == 0 || cols == 0) return;
+  qf::Plan p = qf::make_plan(x, out, rows, cols, spec, 0.0f, sr);
+  p.row_g = row_g;
+  p.target = spec.target;
+  p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesRows);
+  p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
+  const qf::Kernels& k = qf::active();
+  std::atomic<bool> bad{false};
+#pragma omp parallel if (rows * cols >= qf::kParallelMin && rows > 1)
+  {
+    qf::Scratch& s = qf::thread_scratch();
+    s.for_rows(p);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!k.rows(p, r, s)) bad.store(true, std::memory_order_relaxed);
+    }
+  }
+  if (bad.load()) detail::throw_non_finite(where, x, rows * cols);
+}
+
+void quantize_dequantize_rows_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                              const BlockQuantSpec& spec, const SrKey* sr,
+                                              bool rht, RhtPrecision precision, float* row_g,
+                                              float* out) {
+  const char* where = "quantize_dequantize_rows_transposed_fast";
+  hwy_common::check_transposed_shape(where, rows, cols, rht);
+  detail::validate_row_quant(where, 0, rows, spec, nullptr, sr);  // the spec, before any work
+  // The composition itself: transpose, RHT, per-row amax, row kernel (quant_fast_slow_path).
+  hwy_common::transpose(x, rows, cols, out);
+  if (rht) rht16_rows(out, cols, rows, precision);
+  row_amax_fast(out, cols, rows, row_g);
+  quantize_dequantize_rows_fast(out, cols, rows, spec, row_g, sr, out);
 }
 
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,

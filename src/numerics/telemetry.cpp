@@ -15,12 +15,17 @@ int log2_ratio_bin(double v) {
   return b + QuantStats::kRatioBias;
 }
 
-QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
-                       float g, const SrKey* sr) {
-  const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
+namespace {
+// quant_stats of q, the quantization of x with reference g (per tensor) or q.row_g (per row).
+QuantStats stats_of(const QuantizedTensor& q, const float* x, int64_t rows, int64_t cols,
+                    const BlockQuantSpec& spec, float g) {
   QuantStats s;
   const FloatFormat& sf = spec_scale_format(spec);
-  const float mult = q.ge * (1.0f / spec.element.max());  // the block-scale multiplier
+  const bool per_row = !q.row_ge.empty();
+  const auto bc = static_cast<size_t>(std::max<int64_t>(q.block_cols, 1));
+  // The block-scale multiplier and the reference of block b (its row's when per row).
+  auto mult_of = [&](size_t b) { return (per_row ? q.row_ge[b / bc] : q.ge) * (1.0f / spec.element.max()); };
+  auto ref_of = [&](size_t b) { return per_row ? double(q.row_g[b / bc]) : double(g); };
   const size_t nb = q.scales.size();
   // The scale a block needs, a_b·T/g (= a_b·ge/6 with ge = 6T/g), is "clipped" when RNE to the
   // scale format without its max would give more than max_finite: beyond the midpoint
@@ -34,6 +39,7 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   for (size_t b = 0; b < nb; ++b) {
     const float a = q.block_amax[b];
     // MX rules have no tensor scale: there a scale code at the format max counts.
+    const float mult = mult_of(b);
     if (spec.scale_rule == ScaleRule::TensorScaled ? a * mult > clip_above
                                                    : q.scales[b] >= sf.max_finite)
       ++sat;
@@ -58,9 +64,9 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   // Histograms. Under the MX rules the ratio is to this operand's max|x| (no g).
   s.scale_format = &sf;
   s.ratio_to_g = spec.scale_rule == ScaleRule::TensorScaled;
-  const double r = s.ratio_to_g ? double(g) : double(amax);
   for (size_t b = 0; b < nb; ++b) {
     const double a = q.block_amax[b];
+    const double r = s.ratio_to_g ? ref_of(b) : double(amax);
     if (a == 0)
       ++s.zero_blocks;
     else if (guarded[b])
@@ -73,9 +79,20 @@ QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQu
   s.zero_guard_blocks = nb ? double(guard) / nb : 0;
   s.zeroed_nonzeros = nonzero ? double(zeroed) / nonzero : 0;
   s.rel_error = norm > 0 ? std::sqrt(err / norm) : 0;
-  s.has_staleness = spec.scale_rule == ScaleRule::TensorScaled;  // MX: g unused
+  s.has_staleness = spec.scale_rule == ScaleRule::TensorScaled && !per_row;  // MX: g unused
   if (s.has_staleness) s.staleness = g > 0 ? double(amax) / g : (amax > 0 ? INFINITY : 1.0);
   return s;
+}
+}  // namespace
+
+QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                       float g, const SrKey* sr) {
+  return stats_of(quantize_blocks(x, rows, cols, spec, g, sr), x, rows, cols, spec, g);
+}
+
+QuantStats quant_stats_rows(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                            const float* row_g, const SrKey* sr) {
+  return stats_of(quantize_blocks_rows(x, rows, cols, spec, row_g, sr), x, rows, cols, spec, 0.f);
 }
 
 }  // namespace fp4

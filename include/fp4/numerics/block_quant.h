@@ -99,6 +99,10 @@ struct QuantizedTensor {
   std::vector<uint8_t> scale_codes;  ///< c_b encoded in spec_scale_format(spec)
   std::vector<float> scales;         ///< c_b decoded (after the zero → 1 guard)
   std::vector<uint8_t> codes;        ///< element codes (spec.element), [rows, cols]
+  /// Row-scaled operand (quantize_blocks_rows; docs/numerics.md "Tensor reference g", "Per-row
+  /// reference"): one reference per row, [rows] each, and then g = 0, ge = gd = 1 above are
+  /// unused. Empty for the per-tensor case (every other quantizer).
+  std::vector<float> row_g, row_ge, row_gd;
 };
 
 /// max |x_i| over n FP32 values (0 for n == 0). Throws std::invalid_argument if any value is
@@ -147,6 +151,33 @@ void check_dequantized_finite(const char* where, const QuantizedTensor& q, const
 /// alias x exactly (not partially). If it throws, out is left partly written.
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                          float g, const SrKey* sr, float* out);
+
+// ---- Per-row reference (row-scaled operand; docs/numerics.md "Tensor reference g", "Per-row
+// reference"; Transformer Engine's NVFP4 `row_scaled_activation`).
+
+/// out[r] = max_c |x[r, c]| for x [rows, cols] (row-major FP32), out [rows]; exact (a max).
+/// Throws NonFiniteError naming the first non-finite element, std::invalid_argument on a
+/// negative shape. The scalar twin of row_amax_fast (quant_fast.h).
+void row_amax(const float* x, int64_t rows, int64_t cols, float* out);
+
+/// quantize_blocks with one tensor reference per row: row r uses g_r = row_g[r] (≥ 0, finite)
+/// in every step of docs/numerics.md "Quantizing one operand" (ge_r = fl(fl(T·emax)/g_r), 1 if
+/// g_r == 0, min FLT_MAX; gd_r = fl(1/ge_r); mult_r = fl(ge_r·fl(1/emax)); c_b, d_b = c_b·gd_r,
+/// e_b, q as there). x [rows, cols], row_g [rows]. Fills q.row_g / row_ge / row_gd ([rows]);
+/// q.g = 0, q.ge = q.gd = 1 are unused. Needs 1-D blocks (spec.two_d false: a tile spans rows)
+/// and the tensor-scaled rule (the MX rules have no tensor scale); throws std::invalid_argument
+/// naming the problem otherwise, for a bad row_g[r] (naming r), and for what quantize_blocks
+/// throws. SR8 as quantize_blocks.
+QuantizedTensor quantize_blocks_rows(const float* x, int64_t rows, int64_t cols,
+                                     const BlockQuantSpec& spec, const float* row_g,
+                                     const SrKey* sr);
+
+/// Fused quantize → dequantize with one reference per row: bit-identical to
+/// dequantize(quantize_blocks_rows(...)) into out [rows, cols] (may alias x exactly). Same
+/// errors. With every row_g[r] = g it equals quantize_dequantize(..., g, ...) bit for bit.
+void quantize_dequantize_rows(const float* x, int64_t rows, int64_t cols,
+                              const BlockQuantSpec& spec, const float* row_g, const SrKey* sr,
+                              float* out);
 
 /// Tensor reference of one (layer, role): current amax (D = 1) or periodic sample-and-hold
 /// (docs/numerics.md "Tensor reference g"). At 1-based step t the held value is refreshed iff
@@ -209,6 +240,10 @@ struct FourOverSixCandidates {
 };
 FourOverSixCandidates four_over_six_candidates(float a_b, float ge, float emax, int frac, int emin,
                                                float smax);
+/// validate_block_quant for a per-row reference: also 1-D blocks, the tensor-scaled rule, and
+/// every row_g[r] finite and ≥ 0 (the message names r). row_g may be null only if rows == 0.
+void validate_row_quant(const char* where, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                        const float* row_g, const SrKey* sr);
 }  // namespace detail
 
 }  // namespace fp4

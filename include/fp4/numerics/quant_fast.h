@@ -86,6 +86,40 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols);
 /// tensor_amax(rht16_rows_bf16(xᵀ)). Same errors.
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision);
 
+// ---- Per-row reference (row-scaled operand; docs/numerics.md "Tensor reference g").
+
+/// out[r] = max_c |x[r, c]| for x [rows, cols], out [rows]: the same values as row_amax (the
+/// scalar twin, block_quant.h). Same errors (NonFiniteError naming the first non-finite element,
+/// std::invalid_argument on a negative shape). Parallel over rows; exact, so any thread count
+/// gives the same bits.
+void row_amax_fast(const float* x, int64_t rows, int64_t cols, float* out);
+
+/// Fused quantize → dequantize with one reference per row, row_g [rows]: bit-identical to
+/// quantize_dequantize_rows(x, rows, cols, spec, row_g, sr, out) (block_quant.h; 1-D blocks,
+/// tensor-scaled rule, the contract's steps with g_r in place of g). The row kernel of
+/// quantize_dequantize_fast with each row's ge_r, gd_r, mult_r computed by the same
+/// expressions. out may alias x exactly. Same errors as the scalar function (messages name
+/// this function); specs without a SIMD kernel run the scalar function.
+void quantize_dequantize_rows_fast(const float* x, int64_t rows, int64_t cols,
+                                   const BlockQuantSpec& spec, const float* row_g,
+                                   const SrKey* sr, float* out);
+
+/// The wgrad quantize-transpose of a row-scaled operand (x [rows, cols], rows = tokens M):
+/// out [cols, rows] and row_g [cols] equal, bit for bit,
+///     t = xᵀ;  if (rht) rht16_rows(t, cols, rows, precision);
+///     row_amax(t, cols, rows, row_g);  quantize_dequantize_rows(t, cols, rows, spec, row_g, sr, out);
+/// i.e. one current reference per row of xᵀ (per column of x, after the RHT), as Transformer
+/// Engine's reference quantizer takes the columnwise amax of a row-scaled tensor
+/// (docs/numerics.md "Per-row reference"). Runs that composition (FP32 transpose, RHT, then the
+/// SIMD row kernels): quant_fast_slow_path(spec, true, rht, true) names it. out must not
+/// overlap x. Throws what the composition throws: std::invalid_argument for the shape (with
+/// rht, rows % 16 != 0), the spec (2-D, MX rules) or a null sr with SR8; NonFiniteError naming
+/// an element of the transposed (transformed) operand.
+void quantize_dequantize_rows_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                              const BlockQuantSpec& spec, const SrKey* sr,
+                                              bool rht, RhtPrecision precision, float* row_g,
+                                              float* out);
+
 /// Whether quantize_dequantize_fast / quantize_dequantize_transposed_fast run the SIMD path
 /// for this spec (true for E2M1 elements with UE5M3, UE5M3-PTX, E4M3, UE8M0 scales under the
 /// tensor-scaled rule, and with UE8M0 scales under mx-te / mx-ocp; false for Four Over Six,
@@ -104,6 +138,12 @@ bool quant_fast_supports(const BlockQuantSpec& spec);
 /// common multiple with 16 exceeds 256 rows (odd blocks over 16, ...) and 2-D tiles of the
 /// transposed operand. Results are bit-identical on every path. Throws nothing.
 std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht);
+/// The same for a row-scaled operand when `row_scaled` (quantize_dequantize_rows_fast, or
+/// with `transposed` quantize_dequantize_rows_transposed_fast, which is always a composition
+/// and is named "composed quantize-transpose (FP32 transpose, RHT, per-row amax, row kernel:
+/// a per-row reference of the transposed operand)"); row_scaled = false is the function above.
+std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht,
+                                 bool row_scaled);
 
 /// Test hook: while on, quant_fast_slow_path names a (pretended) slow path for every spec,
 /// "scalar reference quantizer (forced by a test hook)", so that tests can see a run's warning

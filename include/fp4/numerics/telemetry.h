@@ -76,5 +76,10 @@ int log2_ratio_bin(double v);
 /// Throws what quantize_blocks throws.
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr);
+/// The same for a row-scaled operand (quantize_blocks_rows, row_g [rows]; docs/numerics.md
+/// "Per-row reference"): each block's saturation, zero-guard and ratio are taken against its
+/// row's reference g_r; no staleness (every g_r is the current amax of its row).
+QuantStats quant_stats_rows(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                            const float* row_g, const SrKey* sr);
 
 }  // namespace fp4
