@@ -1099,6 +1099,9 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("four_over_six_scale_target", [](const BoundRecipe& r) {
             return r.r.four_over_six_scale_target > 0.f ? r.r.four_over_six_scale_target : r.r.scale_target; },
                              "[fp4] four_over_six_scale_target: T of the Four Over Six operands (scale_target unless set).")
+      .def_property_readonly("row_scaled_activation", [](const BoundRecipe& r) { return r.r.row_scaled_activation; },
+                             "[fp4] row_scaled_activation: X (fprop) and Xt (wgrad) with one current "
+                             "tensor reference per row (docs/numerics.md \"Per-row reference\").")
       .def_property_readonly("probe_snap", [](const BoundRecipe& r) { return r.r.probe_snap; }, "[linear] probe_snap: the probe-matched GEMM's snap grid 1/d (0 = none).")
       .def_property_readonly("toml", [](const BoundRecipe& r) { return fp4::recipe_to_toml(r.r); },
                              "The recipe as TOML text (recipe_to_toml: what a run writes as recipe.toml).")
@@ -1113,6 +1116,7 @@ PYBIND11_MODULE(_core, m) {
                    std::to_string(r.amax_interval) + ", RHT " + (r.rht_wgrad ? "on" : "off") +
                    ", " + std::to_string(r.overrides.size()) + " overrides";
               if (r.gemm != fp4::GemmMode::Decoded) s += std::string(", gemm ") + fp4::gemm_mode_name(r.gemm);
+              if (r.row_scaled_activation) s += ", row-scaled X";
             }
             return s + " (.toml: the whole recipe)>"; })
       .def("spec", [](const BoundRecipe& r, const std::string& role) {

@@ -43,6 +43,7 @@ struct QuantOptions {
   std::string rounding = "rne";
   uint64_t seed = 0;
   std::string save;  ///< --save: packed QTensor safetensors file ("" = none)
+  bool row_scaled = false;  ///< --row-scaled: one current reference per row (row_amax)
 };
 
 // The quantization spec of the options. Throws fp4::UserError naming the option that is
@@ -86,6 +87,14 @@ BlockQuantSpec quant_spec(const QuantOptions& o, bool reference_given) {
   }
   spec.target = o.target;
   spec.rounding = parse_rounding(o.rounding);
+  if (o.row_scaled && (reference_given || o.two_d || !o.save.empty() ||
+                       spec.scale_rule != ScaleRule::TensorScaled)) {
+    throw UserError(std::string("--row-scaled takes each row's current amax as its reference "
+                                "(docs/numerics.md \"Per-row reference\"): it excludes ") +
+                    (reference_given ? "--reference" : o.two_d ? "--2d (a tile spans rows)"
+                     : !o.save.empty() ? "--save (a packed QTensor has one tensor scale)"
+                                       : "the mx scale rules (no tensor scale)"));
+  }
   if (reference_given &&
       (!(o.reference >= 0.0) || std::isinf(o.reference) || o.reference > FLT_MAX)) {
     throw UserError("--reference must be finite and >= 0, got " + num(o.reference));
@@ -169,7 +178,7 @@ nlohmann::ordered_json blocks_json(const QuantizedTensor& q, const BlockQuantSpe
       jb["amax"] = q.block_amax[b];
       jb["scale_code"] = q.scale_codes[b];
       jb["scale"] = q.scales[b];
-      jb["decode_scale"] = q.scales[b] * q.gd;
+      jb["decode_scale"] = q.scales[b] * (q.row_gd.empty() ? q.gd : q.row_gd[static_cast<size_t>(br)]);
       blocks.push_back(jb);
     }
   }
@@ -201,7 +210,13 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   QuantizedTensor q;
   std::vector<float> deq(m.data.size());
   try {
-    q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
+    if (o.row_scaled) {
+      std::vector<float> row_g(static_cast<size_t>(m.rows));
+      row_amax(m.data.data(), m.rows, m.cols, row_g.data());
+      q = quantize_blocks_rows(m.data.data(), m.rows, m.cols, spec, row_g.data(), &key);
+    } else {
+      q = quantize_blocks(m.data.data(), m.rows, m.cols, spec, g, &key);
+    }
     dequantize(q, deq.data());
     // mx-te near FLT_MAX: an error, not a JSON null (docs/formats.md "`mx-te` and `mx-ocp`
     // (MXFP4)", "Edge: overflow near FLT_MAX").
@@ -219,6 +234,12 @@ void run_quant(const QuantOptions& o, bool reference_given) {
   out["reference_given"] = reference_given;
   out["ge"] = q.ge;
   out["gd"] = q.gd;
+  if (o.row_scaled) {  // the per-row references and scales (g, ge, gd above are unused)
+    out["row_scaled"] = true;
+    out["row_g"] = q.row_g;
+    out["row_ge"] = q.row_ge;
+    out["row_gd"] = q.row_gd;
+  }
   out["block_rows"] = q.block_rows;
   out["block_cols"] = q.block_cols;
   out["blocks"] = blocks_json(q, spec);
@@ -264,6 +285,9 @@ void register_quant(CLI::App& app) {
                 "block x block tiles (weights: --block 32 --2d are a recipe's 32 x 32 weight "
                 "tiles) instead of 1 x block");
   sub->add_option("--target", opts->target, "Scale target T")->capture_default_str();
+  sub->add_flag("--row-scaled", opts->row_scaled,
+                "One tensor reference per row, its current max|x| (a recipe's "
+                "fp4.row_scaled_activation); prints row_g, row_ge, row_gd");
   CLI::Option* ref =
       sub->add_option("--reference", opts->reference,
                       "Tensor reference amax g (default: current max|x| of the input)");

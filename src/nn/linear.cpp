@@ -12,6 +12,7 @@
 #include "fp4/gemm/gemm.h"
 #include "fp4/numerics/hadamard.h"
 #include "fp4/gemm/probe_gemm.h"
+#include "fp4/base/error.h"
 #include "fp4/base/profile.h"
 #include "fp4/numerics/pack_fast.h"
 #include "fp4/numerics/quant_fast.h"
@@ -131,6 +132,8 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
     : id_(id), K_(in), N_(out), mode_(plan.mode), plan_(plan),
       ws_(std::make_shared<LinearWorkspace>()) {
   for (auto& r : ref_) r = TensorReference(plan.reference_interval());
+  if (row_scaled_x() && plan.probe())  // the recipe parser refuses this pair with a UserError
+    throw std::invalid_argument("Linear: row_scaled_activation needs the decoded GEMM");
 }
 
 int64_t Linear::scratch_bytes() const {
@@ -169,6 +172,8 @@ void Linear::reserve_workspace(int64_t M) {
 }
 
 bool Linear::uses_reference(Role r) const {
+  // Row-scaled X and Xᵀ measure per-row references at every call and hold none.
+  if (row_scaled_x() && (r == Role::X || r == Role::XT_RHT)) return false;
   const bool rht = plan_.rht_wgrad;
   auto sp = [&](Gemm g, Operand o) { return uses_g(plan_.spec(g, o)); };
   switch (r) {
@@ -298,7 +303,7 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
   wq_.resize(N_ * K_);
   float gx = 0, gw = 0;
   if (mode_ == LinearMode::FP4) {
-    refs_.g_x = gx = reference_for(Role::X, X, M * K_, ctx);
+    refs_.g_x = gx = row_scaled_x() ? measure_x_rows(X, M, ctx) : reference_for(Role::X, X, M * K_, ctx);
     refs_.g_w = gw = reference_for(Role::W, W_, N_ * K_, ctx);
   }
   const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop, uint32_t(ctx.micro)};
@@ -309,7 +314,9 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
   if (!merge_tel_) tel_.valid = false;
   if (tel) {
     Scope s(Cat::kTelemetry);
-    note_stats(0, quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx));
+    note_stats(0, row_scaled_x()
+                      ? quant_stats_rows(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), x_row_g_.data(), &kx)
+                      : quant_stats(X, M, K_, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx));
     note_stats(1, quant_stats(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw));
   }
   if (probe()) {  // fidelity mode: quantized operands into the probe-matched GEMM
@@ -319,7 +326,8 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
                   {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
                   ws_->t0, plan_);
   } else {
-    const float* xq = quantize_fprop_x(X, M, gx, kx);  // X blocks along K
+    const float* xq = row_scaled_x() ? quantize_fprop_x_rows(X, M, kx)  // per-row references
+                                     : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
     prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
     timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   }
@@ -369,6 +377,31 @@ const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const
   ws.xq.valid = false;
   prep(X, M, K_, sx, gx, &kx, xq);
   if (shareable) ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx;
+  return xq;
+}
+
+float Linear::measure_x_rows(const float* X, int64_t M, const StepContext& ctx) {
+  if (!ctx.training && ctx.infer_ref != InferenceRef::Current)
+    throw UserError(std::string("recipe key fp4.row_scaled_activation: the inference policy ") +
+                    (ctx.infer_ref == InferenceRef::Replay ? "replay-d<D>" : "calibrated") +
+                    " holds one activation reference per tensor, but this recipe takes each "
+                    "row's current amax (docs/evaluation.md); use the policy 'current'");
+  Scope s(Cat::kQuantAmax);
+  x_row_g_.resize(static_cast<size_t>(M));
+  row_amax_fast(X, M, K_, x_row_g_.data());
+  float g = 0.f;
+  for (float v : x_row_g_) g = std::max(g, v);
+  return g;
+}
+
+const float* Linear::quantize_fprop_x_rows(const float* X, int64_t M, const SrKey& kx) {
+  LinearWorkspace& ws = *ws_;
+  const BlockQuantSpec& sx = plan_.spec(Gemm::Fprop, Operand::X);
+  ws.xq.valid = false;  // never shared: the reuse check compares one reference g
+  float* xq = ws.row.get(M * K_);
+  Scope s(Cat::kQuantRow);
+  quantize_dequantize_rows_fast(X, M, K_, sx, x_row_g_.data(),
+                                sx.rounding == Rounding::SR8 ? &kx : nullptr, xq);
   return xq;
 }
 
@@ -532,16 +565,28 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       rht16_rows(xt, K_, M, plan_.rht_precision);
     }
     note_stats(3, quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd));
-    note_stats(4, quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx));
+    if (row_scaled_x()) {  // per row of the (transformed) Xᵀ, as the quantizer below
+      xt_row_g_.resize(static_cast<size_t>(K_));
+      row_amax_fast(xt, K_, M, xt_row_g_.data());
+      note_stats(4, quant_stats_rows(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), xt_row_g_.data(), &kx));
+    } else {
+      note_stats(4, quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx));
+    }
     tel_.valid = true;
   }
   {
     Scope s(Cat::kQuantWgrad);
     quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht,
                                         plan_.rht_precision, dyt);
-  quantize_dequantize_transposed_fast(X_, M, K_, plan_.spec(Gemm::Wgrad, Operand::X), g_xt,
-                                      plan_.spec(Gemm::Wgrad, Operand::X).rounding == Rounding::SR8 ? &kx : nullptr, rht,
-                                      plan_.rht_precision, xt);
+    const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
+    const SrKey* kxs = sxw.rounding == Rounding::SR8 ? &kx : nullptr;
+    if (row_scaled_x()) {  // one current reference per row of Xᵀ (TE's columnwise amax)
+      xt_row_g_.resize(static_cast<size_t>(K_));
+      quantize_dequantize_rows_transposed_fast(X_, M, K_, sxw, kxs, rht, plan_.rht_precision,
+                                               xt_row_g_.data(), xt);
+    } else {
+      quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, rht, plan_.rht_precision, xt);
+    }
   }
   timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
 }

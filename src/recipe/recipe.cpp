@@ -237,6 +237,7 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   p.rht_precision = r.rht_precision;
   p.bf16_boundary = r.bf16_boundary;
   p.bf16_outputs = r.bf16_outputs;
+  p.row_scaled_activation = r.row_scaled_activation;
   return p;
 }
 
@@ -451,6 +452,33 @@ void parse_four_over_six_keys(detail::TomlReader& r, Recipe& rc) {
                                              "no effect without Four Over Six roles");
 }
 
+// [fp4] row_scaled_activation (docs/numerics.md "Per-row reference"): a per-row reference is
+// the current amax of one token's row, so it composes only with current scaling measured at
+// every call, a tensor scale to hold it, and the decoded GEMM (the probe-matched GEMM takes
+// one α per operand pair).
+void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
+  if (!rc.row_scaled_activation) return;
+  const std::string key = "fp4.row_scaled_activation";
+  if (rc.amax_interval != 1)
+    r.fail(key, "false with amax_interval = " + std::to_string(rc.amax_interval) +
+                    ": a per-row reference is the current amax of each row, never held "
+                    "(set fp4.amax_interval = 1)");
+  if (rc.amax_sample != AmaxSample::PerCall)
+    r.fail(key, "false with fp4.amax_sample = \"per-step\": a row's reference is measured at "
+                "every call (set amax_sample = \"per-call\")");
+  if (rc.scale_rule != ScaleRule::TensorScaled)
+    r.fail(key, std::string("false with fp4.scale_rule = \"") + scale_rule_name(rc.scale_rule) +
+                    "\": the MX rules have no tensor scale to take per row");
+  if (rc.gemm == GemmMode::ProbeMatched)
+    r.fail(key, "false with linear.gemm = \"probe-matched\": the probe-matched GEMM applies one "
+                "alpha per operand pair, not one per output row (use linear.gemm = \"decoded\")");
+  if (four_over_six_applies(rc.four_over_six, Operand::X))
+    r.fail(key, std::string("false with fp4.four_over_six = \"") +
+                    four_over_six_roles_name(rc.four_over_six) +
+                    "\": Four Over Six on a row-scaled X is not implemented (its error reads one "
+                    "tensor reference; Transformer Engine refuses the pair too)");
+}
+
 // `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
 // --set overrides, applied to the file first; the name is labelled with them (see
 // load_recipe) unless one of them sets the name.
@@ -576,6 +604,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.get("fp4.bf16_boundary", rc.bf16_boundary);
   r.get("fp4.bf16_outputs", rc.bf16_outputs);
   parse_four_over_six_keys(r, rc);
+  r.get("fp4.row_scaled_activation", rc.row_scaled_activation);
 
   s = rounding_name(rc.round_x);
   r.get("rounding.x", s);
@@ -610,6 +639,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
              std::string("\"fp4\" when scale_target or rounding is set in the same override (a ") +
                  linear_mode_name(ov.mode) + " linear has no FP4 scale target or rounding)");
   }
+  check_row_scaled_activation(r, rc);
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "16 or less, or a multiple of 16, when rht_wgrad = true (the 16-point "
                         "RHT must not straddle blocks above 16)");
@@ -668,6 +698,7 @@ std::string recipe_to_toml(const Recipe& r) {
     o << "rht_precision = \"" << rht_precision_name(r.rht_precision) << "\"\n";
   if (r.bf16_boundary) o << "bf16_boundary = true\n";
   if (r.bf16_outputs) o << "bf16_outputs = true\n";
+  if (r.row_scaled_activation) o << "row_scaled_activation = true\n";
   if (r.amax_sample != AmaxSample::PerCall) o << "amax_sample = \"per-step\"\n";
   if (r.amax_ranks != AmaxRanks::Invariant) o << "amax_ranks = \"max\"\n";
   // Four Over Six: only when set (docs/recipes.md "Four Over Six").

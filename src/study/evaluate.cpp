@@ -458,6 +458,26 @@ std::string task_file_name(const std::string& task) {
   return task == "next-sentence" ? "task.json" : "task-" + task + ".json";
 }
 
+// fp4.row_scaled_activation (docs/numerics.md "Per-row reference"): X takes one current
+// reference per row, so the policies that hold one per tensor (replay-d<D>, calibrated) do not
+// apply: refused when asked for, left out of the default list with a note.
+static void fit_row_scaled_policies(const Recipe& r, std::vector<EvalPolicy>& policies, bool defaults) {
+  if (!r.row_scaled_activation) return;
+  auto held = [](const EvalPolicy& p) {
+    return p.kind == EvalPolicy::Kind::Replay || p.kind == EvalPolicy::Kind::Calibrated;
+  };
+  for (const EvalPolicy& p : policies)
+    if (held(p) && !defaults)
+      throw UserError("policy '" + p.name() + "': the recipe's key fp4.row_scaled_activation "
+                      "gives X one current reference per row, and this policy holds one per "
+                      "tensor (use none, current or llama-q8_0)");
+  const auto n = policies.size();
+  std::erase_if(policies, held);
+  if (policies.size() != n)
+    std::fprintf(stderr, "note: the recipe's fp4.row_scaled_activation takes each row's current "
+                         "amax; the held policies replay-d50 and calibrated are left out\n");
+}
+
 void evaluate_checkpoint(const EvalRequest& a) {
   std::vector<EvalPolicy> policies;
   if (a.policies.empty()) policies = default_eval_policies();
@@ -481,6 +501,7 @@ void evaluate_checkpoint(const EvalRequest& a) {
   if (!a.task.empty()) check_task_name(a.task, "--task");
   if (!a.task.empty() && !a.grad_out.empty()) throw UserError("--task and --grad-out are separate runs of eval; give one");
   const EvalSource s = load_eval_source(a.src);
+  fit_row_scaled_policies(s.recipe, policies, a.policies.empty());
   const int seq_len = s.cfg.train.seq_len, batch = s.cfg.train.micro();  // as train evaluates
   auto model = build_eval_model(s, batch);
   const TokenData data = load_eval_data(s, a.src);

@@ -287,6 +287,17 @@ class Linear {
   bool uses_reference(Role r) const;
   // FP4 with gemm = probe-matched (fidelity mode, slow).
   bool probe() const { return plan_.probe(); }
+  // ---- Row-scaled activation (recipe fp4.row_scaled_activation; docs/numerics.md "Per-row
+  // reference"): X and Xᵀ take one current reference per row, never held.
+  bool row_scaled_x() const { return mode_ == LinearMode::FP4 && plan_.row_scaled_activation; }
+  // The per-row references of the fprop X [M, K] into x_row_g_ (training and the inference
+  // policies that measure the current X; others throw UserError); returns their max (= max|X|,
+  // reported as refs().g_x).
+  float measure_x_rows(const float* X, int64_t M, const StepContext& ctx);
+  // FP4 fprop X quantized per row (x_row_g_) into the workspace.
+  const float* quantize_fprop_x_rows(const float* X, int64_t M, const SrKey& kx);
+  std::vector<float> x_row_g_;  // [M] per-row references of the last fprop X
+  std::vector<float> xt_row_g_;  // [K] per-row references of the last wgrad Xᵀ
 
   int id_;
   int64_t K_, N_;

@@ -188,6 +188,12 @@ struct Recipe {
   /// key is absent or equals scale_target, so recipes without it serialise as before.
   float four_over_six_scale_target = 0.f;
   // ---- end Four Over Six
+  /// [fp4] row_scaled_activation: the forward activation X takes one tensor reference per row
+  /// (per token; fprop) and its wgrad copy Xᵀ one per row of Xᵀ (per input feature), each the
+  /// current amax of that row, as Transformer Engine's NVFP4BlockScaling(row_scaled_activation)
+  /// (docs/numerics.md "Per-row reference"). Needs amax_interval = 1, amax_sample = "per-call",
+  /// the tensor-scaled rule and gemm = "decoded". Default false (one reference per tensor).
+  bool row_scaled_activation = false;
   Rounding round_x = Rounding::RNE;   ///< [rounding] x  (activations)
   Rounding round_w = Rounding::RNE;   ///< [rounding] w  (weights)
   Rounding round_dy = Rounding::SR8;  ///< [rounding] dy (upstream gradient; dgrad and wgrad)
@@ -253,6 +259,7 @@ struct LinearPlan {
   RhtPrecision rht_precision = RhtPrecision::FP32;  ///< [fp4] rht_precision
   bool bf16_boundary = false;         ///< [fp4] bf16_boundary: X and dY rounded to BF16 first
   bool bf16_outputs = false;          ///< [fp4] bf16_outputs: Y and this linear's dX rounded to BF16
+  bool row_scaled_activation = false;  ///< [fp4] row_scaled_activation: per-row references of X and Xᵀ
 
   const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
   /// FP4 with gemm = probe-matched: quantized operands multiplied by fp4::probe_gemm.
