@@ -93,6 +93,32 @@ std::vector<float> adversarial_rows(int64_t rows, int64_t cols, uint32_t seed) {
   return x;
 }
 
+/// Rows whose block amaxes sweep 128 FP32 ulps across a midpoint of the 3-bit-mantissa scale
+/// grid (UE5M3, E4M3) under the row's multiplier: where fl(a_b·fl(ge_r·fl(1/6))) and a
+/// reassociated fl(fl(a_b·ge_r)/6) round to different scales (docs/numerics.md "Quantizing one
+/// operand": the order is part of the contract). x [rows, 128·16], one block amax per block;
+/// g [rows] the rows' references (random in [0.5, 50], above every block amax).
+std::vector<float> midpoint_rows(int64_t rows, uint32_t seed, std::vector<float>& g) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> ug(0.5f, 50.f);
+  const int64_t cols = 128 * 16;
+  std::vector<float> x(static_cast<size_t>(rows * cols), 0.f);
+  g.assign(static_cast<size_t>(rows), 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    g[r] = ug(rng);
+    const float ge = 448.f * 6.f / g[r];
+    const int k = -int(rng() % 6);  // scales 2^-5 .. 1.9: every block amax stays below g
+    const double mid = std::ldexp(1.0 + (2 * (rng() % 8) + 1) / 16.0, k);
+    float a = static_cast<float>(mid / (static_cast<double>(ge) / 6.0));
+    for (int i = 0; i < 64; ++i) a = std::nextafter(a, 0.f);
+    for (int64_t b = 0; b < 128; ++b, a = std::nextafter(a, INFINITY)) {
+      x[r * cols + 16 * b] = b % 2 ? -a : a;
+      x[r * cols + 16 * b + 1 + b % 15] = a * 0.37f;
+    }
+  }
+  return x;
+}
+
 TEST(RowScaled, HandComputedSmallRowKeepsItsResolution) {
   // Two rows of 16, NVFP4 (E4M3 scales, T = 448). Row 0 holds 2688 = T·6 (and zeros); row 1
   // holds u·{0, .5, 1, 1.5, 2, 3, 4, 6} with u = 448·2^-20, so g_1 = 6u = 2688·2^-20.
@@ -280,6 +306,24 @@ TEST(RowScaledFast, AdversarialRowsBitExact) {
   });
 }
 
+TEST(RowScaledFast, OperationOrderAtScaleMidpointsBitExact) {
+  // Block amaxes at scale-grid midpoints under each row's multiplier: a kernel that computed
+  // mult_r or c_b in another order would round some of these blocks to the neighbouring scale.
+  std::vector<float> g;
+  const auto x = midpoint_rows(64, 17, g);
+  const int64_t rows = 64, cols = 128 * 16;
+  each_target([&] {
+    for (ScaleFormat f : {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3})
+      for (Rounding r : kRoundings) {
+        const BlockQuantSpec s = make_spec(f, r, 16);
+        std::vector<float> want(x.size()), got(x.size());
+        quantize_dequantize_rows(x.data(), rows, cols, s, g.data(), &kKey, want.data());
+        quantize_dequantize_rows_fast(x.data(), rows, cols, s, g.data(), &kKey, got.data());
+        EXPECT_SAME_BITS(got, want, spec_str(s));
+      }
+  });
+}
+
 TEST(RowScaledFast, TransposedIsTheComposition) {
   // Xᵀ per row (one reference per column of x, after the RHT if any) = transpose, RHT,
   // row_amax, quantize_dequantize_rows of the scalar functions.
@@ -395,6 +439,15 @@ TEST(RowScaledTe, CodesAndScalesMatchAnIndependentTranscription) {
   for (int64_t r = 0; r < rows; ++r)  // rows spanning 60 binades
     for (int64_t c = 0; c < cols; ++c) rowmix[r * cols + c] *= std::ldexp(1.f, int(r) - 30);
   inputs.push_back(rowmix);
+  {  // scale-grid midpoints under each row's multiplier (the row's amax set to its g)
+    std::vector<float> g, mid = midpoint_rows(rows, 23, g);
+    std::vector<float> cut(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) cut[r * cols + c] = mid[r * 128 * 16 + 16 * 62 + c];  // blocks 62..66: the midpoint
+      cut[r * cols + cols - 1] = g[r];
+    }
+    inputs.push_back(cut);
+  }
   int64_t compared = 0, clamped = 0;
   for (const auto& x : inputs) {
     const TeRowScaled te = te_row_scaled(x, rows, cols);
