@@ -405,6 +405,26 @@ const float* Linear::quantize_fprop_x_rows(const float* X, int64_t M, const SrKe
   return xq;
 }
 
+QuantStats Linear::wgrad_x_stats(const float* xt, int64_t M, float g_xt, const SrKey& kx) {
+  const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
+  if (!row_scaled_x()) return quant_stats(xt, K_, M, sxw, g_xt, &kx);
+  xt_row_g_.resize(static_cast<size_t>(K_));  // per row of the (transformed) Xᵀ, as quantized
+  row_amax_fast(xt, K_, M, xt_row_g_.data());
+  return quant_stats_rows(xt, K_, M, sxw, xt_row_g_.data(), &kx);
+}
+
+void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, float* xt) {
+  const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
+  const SrKey* kxs = sxw.rounding == Rounding::SR8 ? &kx : nullptr;
+  if (!row_scaled_x()) {
+    quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, plan_.rht_wgrad, plan_.rht_precision, xt);
+    return;
+  }
+  xt_row_g_.resize(static_cast<size_t>(K_));  // one current reference per row of Xᵀ (TE's)
+  quantize_dequantize_rows_transposed_fast(X_, M, K_, sxw, kxs, plan_.rht_wgrad,
+                                           plan_.rht_precision, xt_row_g_.data(), xt);
+}
+
 void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
   if (M != M_ || !X_) throw std::logic_error("Linear::backward without matching forward");
   if (!quantized_) {
@@ -565,28 +585,14 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       rht16_rows(xt, K_, M, plan_.rht_precision);
     }
     note_stats(3, quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd));
-    if (row_scaled_x()) {  // per row of the (transformed) Xᵀ, as the quantizer below
-      xt_row_g_.resize(static_cast<size_t>(K_));
-      row_amax_fast(xt, K_, M, xt_row_g_.data());
-      note_stats(4, quant_stats_rows(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), xt_row_g_.data(), &kx));
-    } else {
-      note_stats(4, quant_stats(xt, K_, M, plan_.spec(Gemm::Wgrad, Operand::X), g_xt, &kx));
-    }
+    note_stats(4, wgrad_x_stats(xt, M, g_xt, kx));
     tel_.valid = true;
   }
   {
     Scope s(Cat::kQuantWgrad);
     quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht,
                                         plan_.rht_precision, dyt);
-    const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
-    const SrKey* kxs = sxw.rounding == Rounding::SR8 ? &kx : nullptr;
-    if (row_scaled_x()) {  // one current reference per row of Xᵀ (TE's columnwise amax)
-      xt_row_g_.resize(static_cast<size_t>(K_));
-      quantize_dequantize_rows_transposed_fast(X_, M, K_, sxw, kxs, rht, plan_.rht_precision,
-                                               xt_row_g_.data(), xt);
-    } else {
-      quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, rht, plan_.rht_precision, xt);
-    }
+    quantize_wgrad_x(M, g_xt, kx, xt);
   }
   timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
 }

@@ -296,6 +296,10 @@ class Linear {
   float measure_x_rows(const float* X, int64_t M, const StepContext& ctx);
   // FP4 fprop X quantized per row (x_row_g_) into the workspace.
   const float* quantize_fprop_x_rows(const float* X, int64_t M, const SrKey& kx);
+  // The decoded wgrad Xᵀ [K, M] into xt (blocks along tokens, the RHT if any), with the
+  // reference g_xt or, row-scaled, one per row; and its telemetry from the materialised xt.
+  void quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, float* xt);
+  QuantStats wgrad_x_stats(const float* xt, int64_t M, float g_xt, const SrKey& kx);
   std::vector<float> x_row_g_;  // [M] per-row references of the last fprop X
   std::vector<float> xt_row_g_;  // [K] per-row references of the last wgrad Xᵀ
 
