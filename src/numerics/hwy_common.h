@@ -83,18 +83,18 @@ inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g
   if (p.sr) p.key = *sr;
 }
 
-/// The shape checks of a quantize-transpose of x [rows, cols]: rows, cols ≥ 0, and, with the
-/// RHT (`rht`), rows a multiple of 16. Throws std::invalid_argument whose message starts with
+/// The shape checks of a quantize-transpose of x [rows, cols]: rows, cols ≥ 0, and, with an
+/// rht_n-point Hadamard transform (rht_n > 0; 0 = none), rows a multiple of rht_n. Throws std::invalid_argument whose message starts with
 /// `where`.
-inline void check_transposed_shape(const char* where, int64_t rows, int64_t cols, bool rht) {
+inline void check_transposed_shape(const char* where, int64_t rows, int64_t cols, int rht_n) {
   if (rows < 0 || cols < 0) {
     throw std::invalid_argument(std::string(where) + ": negative shape [" + std::to_string(rows) +
                                 ", " + std::to_string(cols) + "]");
   }
-  if (rht && rows % 16 != 0) {
+  if (rht_n > 0 && rows % rht_n != 0) {
     throw std::invalid_argument(std::string(where) + ": rows = " + std::to_string(rows) +
-                                " is not a multiple of 16 (the RHT works on 16-long chunks "
-                                "along the rows of x)");
+                                " is not a multiple of " + std::to_string(rht_n) + " (the RHT works on " +
+                                std::to_string(rht_n) + "-long chunks along the rows of x)");
   }
 }
 
@@ -420,13 +420,15 @@ HWY_INLINE VF RoundBf16(VF v) {
 /// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each
 /// column: (x ⊙ s)·H16/4 with hadamard.cpp's rht16_chunk operations (sign multiply, butterflies
 /// h = 1, 2, 4, 8 as (a + b, a − b), ·0.25), lane-wise; with bf16 the BF16 variant (inputs and
-/// outputs rounded by RoundBf16, as rht16_rows_bf16).
-HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v, bool bf16) {
+/// outputs rounded by RoundBf16, as rht16_rows_bf16). s: the 16 signs (kRhtSigns, or any
+/// 16-point HadamardTransform's, as hadamard_rows with n = 16).
+HWY_INLINE void Rht16Load(const float* src, int64_t stride, VF* v, bool bf16,
+                          const float* s = kRhtSigns) {
   const DF df;
   for (int i = 0; i < 16; ++i) {
     VF xi = hn::LoadU(df, src + i * stride);
     if (bf16) xi = RoundBf16(xi);
-    v[i] = hn::Mul(xi, hn::Set(df, kRhtSigns[i]));
+    v[i] = hn::Mul(xi, hn::Set(df, s[i]));
   }
   for (int h = 1; h < 16; h <<= 1) {
     for (int i = 0; i < 16; i += 2 * h) {

@@ -827,7 +827,7 @@ void quantize_pack_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                    const BlockQuantSpec& spec, float g, const SrKey* sr, bool rht,
                                    QTensor& q) {
   const char* where = "quantize_pack_transposed_fast";
-  hwy_common::check_transposed_shape(where, rows, cols, rht);
+  hwy_common::check_transposed_shape(where, rows, cols, rht ? 16 : 0);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   const int64_t n = rows * cols;
   bool fused = pf::packable(spec) && !spec.two_d && n > 0;

@@ -92,6 +92,7 @@ struct Plan : hwy_common::ScaleParams {
   int kmin = 0, kmax = 0;  ///< MX: the scale format's exponent range (UE8M0: −127, 127)
   bool rht = false;  ///< transposed kernel: RHT16 along rows first
   bool rht_bf16 = false;  ///< with rht: the BF16 variant (rht16_rows_bf16)
+  const float* rht_signs = kRhtSigns;  ///< with rht: the 16 signs (a 16-point HadamardTransform's)
   int64_t panel_rows = 16, panel_cols = 64;  ///< transposed kernel: work unit (panel) of x
   /// Transposed kernel: rows of x per tile, a whole number of blocks (tile_rows(): B, or for
   /// blocks that are not a multiple of 16 the smallest multiple of both, e.g. 16 for B = 8).
@@ -179,9 +180,9 @@ struct Kernels {
   /// max |x| bit pattern over x[0..n).
   uint32_t (*amax)(const float* x, int64_t n);
   /// max |RHT| bit pattern over x rows [16·strip, 16·strip + 16), all columns.
-  /// bf16: of the BF16 variant (rht16_rows_bf16).
+  /// bf16: of the BF16 variant (rht16_rows_bf16); signs: the 16 signs of the transform.
   uint32_t (*amax_rht)(const float* x, int64_t rows, int64_t cols, int64_t strip, bool bf16,
-                       Scratch& s);
+                       const float* signs, Scratch& s);
   /// 16·n_inst SR bytes of the Philox blocks b0 .. b0 + n_inst − 1 into out, which must have room
   /// for kMaxLanes extra blocks.
   void (*philox)(const SrKey& key, uint64_t b0, int64_t n_inst, uint64_t* out);
@@ -725,14 +726,14 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
       if (w == N) {
         for (int64_t g = 0; g < h; g += 16) {
           VF v[16];
-          Rht16Load(p.x + (r0 + g) * cols + c0, cols, v, p.rht_bf16);
+          Rht16Load(p.x + (r0 + g) * cols + c0, cols, v, p.rht_bf16, p.rht_signs);
           for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
         }
       } else {
         LoadTile(p.x, cols, r0, h, c0, w, T);
         for (int64_t g = 0; g < h; g += 16) {
           VF v[16];
-          Rht16Load(T + g * N, N, v, p.rht_bf16);
+          Rht16Load(T + g * N, N, v, p.rht_bf16, p.rht_signs);
           for (int i = 0; i < 16; ++i) hn::StoreU(v[i], df, T + (g + i) * N);
         }
       }
@@ -858,7 +859,7 @@ bool Cols(const Plan& p, int64_t unit, Scratch& s) {
 }
 
 uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, bool bf16,
-                 Scratch& s) {
+                 const float* signs, Scratch& s) {
   (void)rows;
   const DF df;
   const DI di;
@@ -869,10 +870,10 @@ uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, bool
     const int64_t w = std::min(N, cols - c0);
     VF v[16];
     if (w == N) {
-      Rht16Load(x + r0 * cols + c0, cols, v, bf16);
+      Rht16Load(x + r0 * cols + c0, cols, v, bf16, signs);
     } else {
       LoadTile(x, cols, r0, 16, c0, w, s.tile.data());
-      Rht16Load(s.tile.data(), N, v, bf16);
+      Rht16Load(s.tile.data(), N, v, bf16, signs);
     }
     for (int i = 0; i < 16; ++i) m = hn::Max(m, AbsBits(v[i]));
   }
@@ -1061,7 +1062,18 @@ std::string unsupported_reason(const BlockQuantSpec& spec) {
 }  // namespace
 
 std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht) {
+  return quant_fast_slow_path(spec, transposed, rht, 16);
+}
+
+std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht,
+                                 int hadamard_n) {
   if (forced_slow()) return "scalar reference quantizer (forced by a test hook)";
+  if (rht && !transposed)
+    return "separate Hadamard pass (scalar " + std::to_string(hadamard_n) +
+           "-point hadamard_rows along the dgrad contraction dim N, then the row kernel)";
+  if (rht && hadamard_n != 16)
+    return "composed quantize-transpose (FP32 transpose, scalar " + std::to_string(hadamard_n) +
+           "-point hadamard_rows, row kernel: only the 16-point transform is fused)";
   if (!quant_fast_supports(spec))
     return "scalar reference quantizer (" + unsupported_reason(spec) + " has no SIMD kernel)";
   if (!transposed) return "";
@@ -1078,10 +1090,9 @@ std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bo
   return "";
 }
 
-std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht,
-                                 bool row_scaled) {
+std::string quant_fast_slow_path_row_scaled(const BlockQuantSpec& spec, bool transposed, bool rht) {
   const std::string base = quant_fast_slow_path(spec, false, false);
-  if (!row_scaled || !base.empty() || !transposed) return row_scaled ? base : quant_fast_slow_path(spec, transposed, rht);
+  if (!base.empty() || !transposed) return base;
   return std::string("composed quantize-transpose (FP32 transpose, ") + (rht ? "RHT, " : "") +
          "per-row amax, row kernel: a per-row reference of the transposed operand)";
 }
@@ -1198,23 +1209,35 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
 void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, RhtPrecision precision, float* out) {
+  if (!rht) return quantize_dequantize_transposed_fast(x, rows, cols, spec, g, sr, nullptr, out);
+  const HadamardTransform h = HadamardTransform::te16(precision);
+  quantize_dequantize_transposed_fast(x, rows, cols, spec, g, sr, &h, out);
+}
+
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         const HadamardTransform* had, float* out) {
   const char* where = "quantize_dequantize_transposed_fast";
-  hwy_common::check_transposed_shape(where, rows, cols, rht);
+  const bool rht = had != nullptr;
+  hwy_common::check_transposed_shape(where, rows, cols, rht ? had->n : 0);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
   const int64_t H = qf::tile_rows(spec.block);
-  const bool fast = quant_fast_supports(spec) && !spec.two_d && !(rht && H % 16 != 0) &&
+  const bool fast = quant_fast_supports(spec) && !spec.two_d &&
+                    !(rht && (H % 16 != 0 || had->n != 16)) &&
                     spec.four_over_six == FourOverSix::Off;
   if (!fast) {
-    // The reference composition itself (2-D tiles of xᵀ, or RHT chunks straddling tiles).
+    // The reference composition itself (2-D tiles of xᵀ, RHT chunks straddling tiles, or a
+    // transform of more than 16 points).
     hwy_common::transpose(x, rows, cols, out);
-    if (rht) rht16_rows(out, cols, rows, precision);
+    if (rht) hadamard_rows(out, cols, rows, *had);
     quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
     return;
   }
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
   p.rht = rht;
-  p.rht_bf16 = rht && precision == RhtPrecision::BF16;
+  p.rht_bf16 = rht && had->precision == RhtPrecision::BF16;
+  if (rht) p.rht_signs = had->signs.data();
   p.H = H;
   p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
@@ -1250,9 +1273,23 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {
 }
 
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPrecision precision) {
-  const char* where = "amax_rht16_transposed";
-  hwy_common::check_transposed_shape(where, rows, cols, /*rht=*/true);
+  return amax_hadamard_transposed(x, rows, cols, HadamardTransform::te16(precision));
+}
+
+float amax_hadamard_transposed(const float* x, int64_t rows, int64_t cols,
+                               const HadamardTransform& h) {
+  const char* where = "amax_hadamard_transposed";
+  hwy_common::check_transposed_shape(where, rows, cols, h.n);
   if (rows == 0 || cols == 0) return 0.0f;
+  if (h.n != 16) {  // the reference composition: transpose, transform, amax
+    std::vector<float> t(static_cast<size_t>(rows * cols));
+    hwy_common::transpose(x, rows, cols, t.data());
+    hadamard_rows(t.data(), cols, rows, h);
+    const float m = amax_fast(t.data(), rows * cols);
+    return m;
+  }
+  const bool bf16 = h.precision == RhtPrecision::BF16;
+  const float* signs = h.signs.data();
   const int64_t strips = rows / 16;
   const qf::Kernels& k = qf::active();
   uint32_t m = 0;
@@ -1261,7 +1298,7 @@ float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols, RhtPreci
     qf::Scratch& s = qf::thread_scratch();
     s.for_rht_amax();
 #pragma omp for reduction(max : m) schedule(static)
-    for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, precision == RhtPrecision::BF16, s));
+    for (int64_t st = 0; st < strips; ++st) m = std::max(m, k.amax_rht(x, rows, cols, st, bf16, signs, s));
   }
   if (m > 0x7F7FFFFFu) qf::throw_non_finite_2d(where, x, rows, cols);
   return std::bit_cast<float>(m);

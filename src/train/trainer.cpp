@@ -150,9 +150,11 @@ std::string slow_quantizer_paths(const ResolvedLinears& res) {
     for (const auto& [g, op] : uses) {
       const bool transposed = g == Gemm::Wgrad;  // the wgrad operands are quantize-transposes
       const bool row_scaled = p.row_scaled_activation && op == Operand::X;  // per-row X, Xᵀ
-      const std::string why = p.probe() ? pack_fast_slow_path(p.spec(g, op))
-                                        : quant_fast_slow_path(p.spec(g, op), transposed,
-                                                               transposed && p.rht_wgrad, row_scaled);
+      const std::string why = p.probe()    ? pack_fast_slow_path(p.spec(g, op))
+                              : row_scaled ? quant_fast_slow_path_row_scaled(p.spec(g, op), transposed,
+                                                                             transposed && p.rht_wgrad)
+                                           : quant_fast_slow_path(p.spec(g, op), transposed,
+                                                                  transposed && p.rht_wgrad);
       if (why.empty()) continue;
       const std::string use = std::string(gemm_name(g)) + " " + operand_name(op);
       auto it = std::find_if(found.begin(), found.end(),

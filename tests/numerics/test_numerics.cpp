@@ -903,6 +903,187 @@ TEST(Rht, RejectsColsNotMultipleOf16) {
   EXPECT_NO_THROW(rht16_rows(x.data(), 0, 16));
 }
 
+// ------------------------------------------------------------------------ Hadamard of any size
+// docs/numerics.md "Random Hadamard transform", "Sizes, roles and sign policies".
+
+namespace {
+/// Naive (x ⊙ s)·H_n·c in double for one n-chunk, H[i][j] = (−1)^popcount(i & j).
+std::vector<double> naive_hadamard(const float* x, const HadamardTransform& h) {
+  std::vector<double> y(size_t(h.n), 0.0);
+  for (int j = 0; j < h.n; ++j)
+    for (int i = 0; i < h.n; ++i)
+      y[size_t(j)] += double(x[i]) * h.signs[size_t(i)] * (std::popcount(unsigned(i & j)) % 2 ? -1 : 1);
+  for (auto& v : y) v *= double(h.scale());
+  return y;
+}
+}  // namespace
+
+TEST(Hadamard, Te16IsTodaysRht16Bitwise) {
+  // n = 16 with the fixed signs is rht16_rows / rht16_rows_bf16, bit for bit, on random and
+  // adversarial inputs (random_tensor kinds: wide spreads, subnormals, zeros, ties).
+  for (RhtPrecision p : {RhtPrecision::FP32, RhtPrecision::BF16}) {
+    const HadamardTransform h = HadamardTransform::make(16, HadamardSigns::Fixed, p, 77, 3, 9);
+    EXPECT_TRUE(std::equal(kRhtSigns, kRhtSigns + 16, h.signs.begin())) << "fixed 16 = TE's";
+    EXPECT_EQ(h.scale(), 0.25f);
+    for (int kind = 0; kind < 6; ++kind) {
+      std::mt19937 rng(500 + kind);
+      std::vector<float> a = random_tensor(rng, kind, 5 * 64), b = a;
+      hadamard_rows(a.data(), 5, 64, h);
+      rht16_rows(b.data(), 5, 64, p);
+      EXPECT_TRUE(same_bits(a, b)) << "kind " << kind << " " << rht_precision_name(p);
+    }
+  }
+}
+
+TEST(Hadamard, EverySizeMatchesTheNaiveProduct) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  for (int n : {16, 32, 64, 128}) {
+    const HadamardTransform h = HadamardTransform::make(n, HadamardSigns::PerStep,
+                                                        RhtPrecision::FP32, 5, 2, 7);
+    EXPECT_EQ(double(h.scale()), double(float(1.0 / std::sqrt(double(n))))) << n;
+    std::vector<float> x(size_t(3 * 2 * n));
+    for (auto& v : x) v = nd(rng);
+    std::vector<float> y = x;
+    hadamard_rows(y.data(), 3, 2 * n, h);
+    for (int64_t c = 0; c < 6; ++c) {  // 6 chunks of n
+      const std::vector<double> want = naive_hadamard(x.data() + c * n, h);
+      for (int j = 0; j < n; ++j)
+        EXPECT_NEAR(y[size_t(c * n + j)], want[size_t(j)], 1e-5 * (1 + std::fabs(want[size_t(j)])))
+            << "n " << n << " chunk " << c << " j " << j;
+    }
+  }
+  // The BF16 variant: scale RNE-to-BF16 of 1/√n, inputs and outputs rounded (n = 32, 128 have
+  // a scale that BF16 rounds differently from FP32).
+  const HadamardTransform b = HadamardTransform::make(128, HadamardSigns::Fixed, RhtPrecision::BF16, 0, 0, 0);
+  EXPECT_EQ(b.scale(), round_bf16(float(1.0 / std::sqrt(128.0))));
+  EXPECT_NE(b.scale(), float(1.0 / std::sqrt(128.0)));
+  // Independent: integer inputs of magnitude < 128 (BF16 values; every FP32 sum exact, and the
+  // product of a sum (< 2^14) with the 8-bit c exact in FP32), so each output is the exact
+  // value Σ·c rounded once to BF16 by an independent rule.
+  std::vector<float> z(2 * 256);
+  for (auto& v : z) v = float(int(rng() % 255) - 127);
+  const std::vector<float> z0 = z;
+  hadamard_rows(z.data(), 2, 256, b);
+  for (int64_t c = 0; c < 4; ++c) {
+    HadamardTransform unit = b;
+    unit.precision = RhtPrecision::FP32;
+    const std::vector<double> d = naive_hadamard(z0.data() + c * 128, unit);  // Σ·fl32(c)
+    for (int j2 = 0; j2 < 128; ++j2) {
+      const double sum = d[size_t(j2)] / double(unit.scale());
+      EXPECT_EQ(double(z[size_t(c * 128 + j2)]), bf16_rne_independent(std::nearbyint(sum) * double(b.scale())))
+          << "chunk " << c << " j " << j2;
+    }
+  }
+}
+
+TEST(Hadamard, Size128InverseGivesBackTheInput) {
+  // The inverse of x ↦ (x ⊙ s)·H·c is y ↦ (y·H·c) ⊙ s (H symmetric, H·H = n·I): the transform
+  // with all-plus signs, then the signs. With c = fl(1/√128) (not exact) the round trip is
+  // x·(128·c²) up to FP32 rounding: within 2^-20 of max|x| per chunk. For n = 16 and 64 (c exact)
+  // and integer inputs of magnitude < 2^10 every sum is exact: the round trip is exact.
+  auto round_trip = [](std::vector<float> x, int n, int64_t rows, int64_t cols) {
+    const HadamardTransform h = HadamardTransform::make(n, HadamardSigns::PerStep,
+                                                        RhtPrecision::FP32, 123, 4, 56);
+    HadamardTransform plain = h;
+    std::fill(plain.signs.begin(), plain.signs.end(), 1.f);
+    hadamard_rows(x.data(), rows, cols, h);
+    hadamard_rows(x.data(), rows, cols, plain);
+    for (int64_t i = 0; i < rows * cols; ++i) x[size_t(i)] *= h.signs[size_t(i % n)];
+    return x;
+  };
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(4 * 256);
+  for (auto& v : x) v = nd(rng);
+  const std::vector<float> back = round_trip(x, 128, 4, 256);
+  double worst = 0;
+  for (int64_t c = 0; c < 8; ++c) {
+    double m = 0;
+    for (int j = 0; j < 128; ++j) m = std::max(m, double(std::fabs(x[size_t(c * 128 + j)])));
+    for (int j = 0; j < 128; ++j)
+      worst = std::max(worst, std::fabs(double(back[size_t(c * 128 + j)]) - x[size_t(c * 128 + j)]) / m);
+  }
+  EXPECT_LT(worst, 0x1p-20);
+  EXPECT_GT(worst, 0.0) << "c = fl(1/sqrt(128)) is inexact: the round trip is not the identity";
+  std::vector<float> ints(2 * 128);
+  for (auto& v : ints) v = float(int(rng() % 2047) - 1023);
+  for (int n : {16, 64}) EXPECT_TRUE(same_bits(round_trip(ints, n, 2, 128), ints)) << n;
+}
+
+TEST(Hadamard, SignsArePureFunctionsOfSeedLayerStep) {
+  float a[128], b[128];
+  auto same = [&](int n) { return std::equal(a, a + n, b); };
+  // Reproducible, and per-step signs change with the step, the layer and the seed.
+  hadamard_signs(128, HadamardSigns::PerStep, 7, 3, 10, a);
+  hadamard_signs(128, HadamardSigns::PerStep, 7, 3, 10, b);
+  EXPECT_TRUE(same(128));
+  hadamard_signs(128, HadamardSigns::PerStep, 7, 3, 11, b);
+  EXPECT_FALSE(same(128)) << "step";
+  hadamard_signs(128, HadamardSigns::PerStep, 7, 4, 10, b);
+  EXPECT_FALSE(same(128)) << "layer";
+  hadamard_signs(128, HadamardSigns::PerStep, 8, 3, 10, b);
+  EXPECT_FALSE(same(128)) << "seed";
+  // Per-layer: the step does not matter, the layer does.
+  hadamard_signs(64, HadamardSigns::PerLayer, 7, 3, 1, a);
+  hadamard_signs(64, HadamardSigns::PerLayer, 7, 3, 999, b);
+  EXPECT_TRUE(same(64));
+  hadamard_signs(64, HadamardSigns::PerLayer, 7, 5, 1, b);
+  EXPECT_FALSE(same(64));
+  // Fixed: nothing of the run matters; n = 16 is TE's vector.
+  hadamard_signs(32, HadamardSigns::Fixed, 7, 3, 1, a);
+  hadamard_signs(32, HadamardSigns::Fixed, 99, 8, 50, b);
+  EXPECT_TRUE(same(32));
+  hadamard_signs(16, HadamardSigns::Fixed, 99, 8, 50, b);
+  EXPECT_TRUE(std::equal(b, b + 16, kRhtSigns));
+  // The stated key, by an independent Philox call: bit i of the 128-bit output, "HD" tag.
+  r123::Philox4x32 gen;
+  const r123::Philox4x32::ctr_type ctr = {{0u, 10u, 3u, (128u << 16) + 0x4844u}};
+  const r123::Philox4x32::key_type key = {{7u, 0u}};
+  const auto out = gen(ctr, key);
+  hadamard_signs(128, HadamardSigns::PerStep, 7, 3, 10, a);
+  for (int i = 0; i < 128; ++i)
+    EXPECT_EQ(a[i], (out.v[i / 32] >> (i % 32)) & 1u ? -1.f : 1.f) << i;
+  // Never the SR bytes of the same (seed, step, layer): the purpose tags differ.
+  uint8_t sr[16];
+  sr_bytes(SrKey{7, 10, 3, 0, 0, 0}, 0, 16, sr);
+  uint8_t bits[16] = {};
+  for (int i = 0; i < 128; ++i) bits[i / 8] |= uint8_t((a[i] < 0) << (i % 8));
+  EXPECT_NE(std::memcmp(bits, sr, 16), 0);
+  // Balanced: over 200 layers, about half the signs are −1.
+  int neg = 0;
+  for (uint32_t l = 0; l < 200; ++l) {
+    hadamard_signs(128, HadamardSigns::PerLayer, 1, l, 1, a);
+    for (float s : a) neg += s < 0;
+  }
+  EXPECT_NEAR(neg / (200.0 * 128), 0.5, 0.02);
+  EXPECT_THROW(hadamard_signs(48, HadamardSigns::Fixed, 0, 0, 0, a), std::invalid_argument);
+  EXPECT_EQ(parse_hadamard_signs("per-step"), HadamardSigns::PerStep);
+  EXPECT_EQ(std::string(hadamard_signs_name(parse_hadamard_signs("per-layer"))), "per-layer");
+  EXPECT_THROW(parse_hadamard_signs("random"), std::invalid_argument);
+}
+
+TEST(Hadamard, ThreadCountDoesNotChangeBitsAndShapesAreChecked) {
+  std::mt19937 rng(3);
+  std::vector<float> x = random_tensor(rng, 0, 512 * 256);
+  const HadamardTransform h = HadamardTransform::make(128, HadamardSigns::PerLayer, RhtPrecision::FP32, 1, 2, 3);
+  std::vector<float> a = x, b = x;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  hadamard_rows(a.data(), 512, 256, h);
+  omp_set_num_threads(4);
+  hadamard_rows(b.data(), 512, 256, h);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(same_bits(a, b));
+  HadamardTransform bad = h;
+  EXPECT_THROW(hadamard_rows(x.data(), 2, 192, h), std::invalid_argument);  // 192 % 128
+  bad.n = 48;
+  EXPECT_THROW(hadamard_rows(x.data(), 2, 96, bad), std::invalid_argument);
+  EXPECT_NO_THROW(hadamard_rows(x.data(), 0, 128, h));
+  EXPECT_FALSE(hadamard_size_valid(256));
+  EXPECT_TRUE(hadamard_size_valid(32));
+}
+
 // ------------------------------------------------------------------------ tensor reference
 
 TEST(TensorReference, SampleAndHoldD50) {

@@ -948,3 +948,81 @@ TEST(QuantFast, SlowPathNamesOnlySlowPaths) {
   quant_fast_force_slow_path(false);
   EXPECT_EQ(quant_fast_slow_path(make_spec(ScaleFormat::UE5M3, Rounding::RNE), false, false), "");
 }
+
+// ------------------------------------------------------------------------------------------
+// Hadamard transforms of 16..128 points and any signs (docs/numerics.md "Random Hadamard
+// transform", "Sizes, roles and sign policies"): the quantize-transpose and its amax against
+// the reference composition (transpose, hadamard_rows, quantize_dequantize), bit for bit, on
+// every target, random and adversarial inputs, RNE and SR8, both precisions; 16 points with
+// per-step signs run the fused kernel, larger sizes the composed path.
+TEST(QuantFast, HadamardTransposedBitExact) {
+  struct Case {
+    std::vector<float> x;
+    int64_t rows, cols;
+    BlockQuantSpec spec;
+    HadamardTransform h;
+    float g;
+    std::vector<float> want;
+    float want_amax;
+  };
+  std::vector<Case> cases;
+  int k = 0;
+  for (int n : {16, 32, 64, 128})
+    for (RhtPrecision p : {RhtPrecision::FP32, RhtPrecision::BF16})
+      for (int dist = 0; dist < 5; ++dist) {
+        Case c;
+        c.rows = 256;
+        c.cols = 37 + 16 * (k % 3);
+        c.x = dist < 4 ? make_data(kDists[dist], size_t(c.rows * c.cols), 8100 + k)
+                       : bf16_adversarial(c.rows, c.cols, 8100 + k);
+        c.spec = make_spec(kFormats[k % 4], kRoundings[k % 2], k % 3 == 2 ? 32 : 16);
+        c.h = HadamardTransform::make(n, k % 2 ? HadamardSigns::PerStep : HadamardSigns::PerLayer,
+                                      p, 11, uint32_t(k), 5);
+        std::vector<float> t(c.x.size());
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t j = 0; j < c.cols; ++j) t[size_t(j * c.rows + r)] = c.x[size_t(r * c.cols + j)];
+        hadamard_rows(t.data(), c.cols, c.rows, c.h);
+        c.want_amax = tensor_amax(t.data(), int64_t(t.size()));
+        const float gmul[] = {1.f, 1.f, 1e-3f, 1e3f};
+        c.g = std::min(c.want_amax * gmul[(k / 5) % 4], FLT_MAX);
+        const SrKey* key = c.spec.rounding == Rounding::SR8 ? &kKey : nullptr;
+        c.want.resize(t.size());
+        quantize_dequantize(t.data(), c.cols, c.rows, c.spec, c.g, key, c.want.data());
+        cases.push_back(std::move(c));
+        ++k;
+      }
+  for_each_target([&](const std::string&) {
+    size_t i = 0;
+    for (const Case& c : cases) {
+      const size_t offsets[] = {0, 4, 1};
+      AlignedOut out(c.x.size(), offsets[i++ % 3]);
+      quantize_dequantize_transposed_fast(c.x.data(), c.rows, c.cols, c.spec, c.g,
+                                          c.spec.rounding == Rounding::SR8 ? &kKey : nullptr, &c.h,
+                                          out.data());
+      EXPECT_BITS_EQ(out.vec(), c.want, spec_str(c.spec) << " n=" << c.h.n << " "
+                                                         << rht_precision_name(c.h.precision));
+      EXPECT_EQ(std::bit_cast<uint32_t>(amax_hadamard_transposed(c.x.data(), c.rows, c.cols, c.h)),
+                std::bit_cast<uint32_t>(c.want_amax))
+          << "amax n=" << c.h.n;
+    }
+  });
+  // The te16 transform is the rht = true path; rows not a multiple of n are refused.
+  const Case& c = cases[0];
+  const HadamardTransform te = HadamardTransform::te16();
+  AlignedOut a(c.x.size()), b(c.x.size());
+  quantize_dequantize_transposed_fast(c.x.data(), c.rows, c.cols, c.spec, c.g, &kKey, &te, a.data());
+  quantize_dequantize_transposed_fast(c.x.data(), c.rows, c.cols, c.spec, c.g, &kKey, true, b.data());
+  EXPECT_BITS_EQ(a.vec(), b.vec(), "te16");
+  const HadamardTransform h64 = HadamardTransform::make(64, HadamardSigns::Fixed, RhtPrecision::FP32, 0, 0, 0);
+  AlignedOut o(96 * 4);
+  const std::vector<float> x96(96 * 4, 1.f);
+  EXPECT_THROW(quantize_dequantize_transposed_fast(x96.data(), 96, 4, c.spec, 1.f, nullptr, &h64, o.data()),
+               std::invalid_argument);
+  EXPECT_THROW(amax_hadamard_transposed(x96.data(), 96, 4, h64), std::invalid_argument);
+  // Slow paths are named: larger transforms of the transposed operand, every dgrad transform.
+  const BlockQuantSpec s = make_spec(ScaleFormat::E4M3, Rounding::SR8);
+  EXPECT_EQ(quant_fast_slow_path(s, true, true, 16), "");
+  EXPECT_NE(quant_fast_slow_path(s, true, true, 64).find("64-point hadamard_rows"), std::string::npos);
+  EXPECT_NE(quant_fast_slow_path(s, false, true, 16).find("separate Hadamard pass"), std::string::npos);
+  EXPECT_EQ(quant_fast_slow_path(s, false, false, 128), "");
+}

@@ -349,8 +349,8 @@ TEST(RowScaledFast, TransposedIsTheComposition) {
           EXPECT_SAME_BITS(gg, g, "row references");
         }
   });
-  EXPECT_NE(quant_fast_slow_path(nvfp4_spec(), true, false, true), "");
-  EXPECT_EQ(quant_fast_slow_path(nvfp4_spec(), false, false, true), "");
+  EXPECT_NE(quant_fast_slow_path_row_scaled(nvfp4_spec(), true, false), "");
+  EXPECT_EQ(quant_fast_slow_path_row_scaled(nvfp4_spec(), false, false), "");
 }
 
 // ---------------------------------------------------------------- Transformer Engine

@@ -1,6 +1,8 @@
-// 16-point random Hadamard transform (RHT) of the NVFP4 recipe's wgrad operands.
-// Contract: docs/numerics.md "Random Hadamard transform".
+// Random Hadamard transforms (RHT) of the backward GEMMs' operands: TE's 16-point RHT of the
+// NVFP4 recipe's wgrad operands, and its generalisation to 16/32/64/128 points, dgrad and/or
+// wgrad operands and three sign policies. Contract: docs/numerics.md "Random Hadamard transform".
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -33,5 +35,63 @@ void rht16_rows_bf16(float* x, int64_t rows, int64_t cols);
 
 /// rht16_rows or rht16_rows_bf16, by `precision`.
 void rht16_rows(float* x, int64_t rows, int64_t cols, RhtPrecision precision);
+
+// ---- Hadamard transforms of any supported size (docs/numerics.md "Random Hadamard transform",
+// "Sizes, roles and sign policies").
+
+/// The largest transform size n (hadamard_size_valid: 16, 32, 64, 128).
+inline constexpr int kMaxHadamard = 128;
+/// Whether n is a supported transform size: 16, 32, 64 or 128.
+bool hadamard_size_valid(int n);
+
+/// How the sign vector s of a transform is chosen (recipe key fp4.hadamard_signs):
+/// Fixed: one vector for every layer and the whole run (TE's kRhtSigns for n = 16; for larger n
+/// a constant Philox draw, hadamard_signs); PerLayer: one vector per layer, drawn once from
+/// (run seed, layer); PerStep: re-drawn at every optimizer step from (run seed, layer, step).
+enum class HadamardSigns { Fixed, PerLayer, PerStep };
+/// "fixed", "per-layer", "per-step".
+const char* hadamard_signs_name(HadamardSigns p);
+/// Parse "fixed" | "per-layer" | "per-step"; throws std::invalid_argument naming the value and
+/// the choices.
+HadamardSigns parse_hadamard_signs(const std::string& s);
+
+/// The sign vector s [n] (entries ±1.0f) of policy p for layer `layer` at 1-based optimizer step
+/// `step` of a run with seed `seed`; a pure function of its arguments (no state, so threads,
+/// processes and resumed runs all see the same signs). Fixed with n = 16 is kRhtSigns; any other
+/// case draws s_i = +1 if bit i of a Philox4x32-10 stream is 0, else −1, with the stream keyed as
+/// docs/numerics.md "Stochastic-rounding bits (Philox keys)" but with purpose tag 0x4844 ("HD")
+/// instead of 0x5352 ("SR"), so sign bits never coincide with SR bytes: key (seed low, seed high),
+/// counter (0, step', layer', n·2^16 + 0x4844), with (seed, layer', step') = (0, 0, 0) for Fixed (the vector is
+/// the same in every run), (seed, layer, 0) for PerLayer and (seed, layer, step) for PerStep; the
+/// 128 output bits are the four words little-endian. Throws std::invalid_argument if n is not a
+/// supported size.
+void hadamard_signs(int n, HadamardSigns p, uint64_t seed, uint32_t layer, uint32_t step,
+                    float* out);
+
+/// One resolved transform: size n, its signs s[0..n) and its arithmetic. The value a Linear
+/// builds per call (hadamard_signs); kernels read nothing else.
+struct HadamardTransform {
+  int n = 16;
+  RhtPrecision precision = RhtPrecision::FP32;
+  std::array<float, kMaxHadamard> signs{};  ///< s[0..n), ±1.0f; the rest unused
+  /// The transform of size n with signs of policy p (hadamard_signs). Throws as hadamard_signs.
+  static HadamardTransform make(int n, HadamardSigns p, RhtPrecision precision, uint64_t seed,
+                                uint32_t layer, uint32_t step);
+  /// TE's 16-point RHT (kRhtSigns) with `precision`: what rht16_rows computes.
+  static HadamardTransform te16(RhtPrecision precision = RhtPrecision::FP32);
+  /// The scale c_n of the transform: RNE-to-FP32 of 1/√n for FP32 (0.25 and 0.125 exactly for
+  /// n = 16, 64), RNE-to-BF16 of 1/√n for the BF16 variant (the BF16 matrix entry ±c_n of a BF16
+  /// matmul; the same value for n = 16, 64).
+  float scale() const;
+};
+
+/// In place, every n-long chunk of every row of x [rows, cols] (FP32, row-major) becomes
+/// (x ⊙ s)·H_n · c_n (h.scale()), H_n the Sylvester Hadamard matrix, by the log2(n)-stage
+/// butterfly (a, b) → (a + b, a − b) with strides 1, 2, .., n/2 (rht16_rows' order, generalised).
+/// With RhtPrecision::BF16 the inputs and outputs are rounded to BF16 (RNE) as in
+/// rht16_rows_bf16. For h = HadamardTransform::te16(p) the bits equal rht16_rows(x, rows, cols,
+/// p). Parallel over rows; bits never depend on the thread count. Throws std::invalid_argument
+/// if h.n is not a supported size, cols % h.n != 0 or a shape is negative.
+void hadamard_rows(float* x, int64_t rows, int64_t cols, const HadamardTransform& h);
 
 }  // namespace fp4

@@ -76,6 +76,27 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          bool rht, RhtPrecision precision, float* out);
 
+/// The quantize-transpose with any Hadamard transform (docs/numerics.md "Random Hadamard
+/// transform", "Sizes, roles and sign policies"): out [cols, rows] equals, bit for bit,
+///     t = xᵀ [cols, rows];  if (had) hadamard_rows(t, cols, rows, *had);
+///     quantize_dequantize(t, cols, rows, spec, g, sr, out);
+/// had == nullptr: no transform. A 16-point transform (any signs, either precision) is fused
+/// into the SIMD kernel as above; larger ones run that composition (FP32 transpose, the scalar
+/// hadamard_rows, quantize_dequantize_fast in place), which quant_fast_slow_path(spec, true,
+/// true, n) names. g must be the amax of the transformed tensor (amax_hadamard_transposed).
+/// Throws std::invalid_argument if had and rows % had->n != 0, or had->n is not a supported
+/// size; otherwise as the overloads above.
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         const HadamardTransform* had, float* out);
+
+/// max |H(xᵀ)| for x [rows, cols] and the transform h of any supported size: the same value as
+/// tensor_amax of hadamard_rows(xᵀ [cols, rows], h). n = 16 is fused (no transpose is
+/// materialised); larger n transform a temporary transpose. Throws std::invalid_argument if
+/// rows % h.n != 0 or a shape is negative; NonFiniteError if x or its transform holds NaN/Inf.
+float amax_hadamard_transposed(const float* x, int64_t rows, int64_t cols,
+                               const HadamardTransform& h);
+
 /// max |RHT16(xᵀ)| for x [rows, cols]: the same value as
 /// tensor_amax(rht16_rows(xᵀ [cols, rows])), without materialising the transpose (the RHT of
 /// xᵀ along its rows is the RHT of x along its columns). This is the current-scaling reference g
@@ -138,12 +159,18 @@ bool quant_fast_supports(const BlockQuantSpec& spec);
 /// common multiple with 16 exceeds 256 rows (odd blocks over 16, ...) and 2-D tiles of the
 /// transposed operand. Results are bit-identical on every path. Throws nothing.
 std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht);
-/// The same for a row-scaled operand when `row_scaled` (quantize_dequantize_rows_fast, or
-/// with `transposed` quantize_dequantize_rows_transposed_fast, which is always a composition
-/// and is named "composed quantize-transpose (FP32 transpose, RHT, per-row amax, row kernel:
-/// a per-row reference of the transposed operand)"); row_scaled = false is the function above.
+/// The same for a row-scaled operand (quantize_dequantize_rows_fast, or with `transposed`
+/// quantize_dequantize_rows_transposed_fast, which is always a composition and is named
+/// "composed quantize-transpose (FP32 transpose, RHT, per-row amax, row kernel: a per-row
+/// reference of the transposed operand)").
+std::string quant_fast_slow_path_row_scaled(const BlockQuantSpec& spec, bool transposed, bool rht);
+/// The same for an operand under a Hadamard transform of hadamard_n points (rht true): a
+/// transposed (wgrad) operand with hadamard_n > 16 takes the composed quantize-transpose; a
+/// row-wise (dgrad) operand always takes a separate scalar hadamard_rows pass before the row
+/// kernel; both are named. With rht false or hadamard_n = 16 the 3-argument answer. Throws
+/// nothing.
 std::string quant_fast_slow_path(const BlockQuantSpec& spec, bool transposed, bool rht,
-                                 bool row_scaled);
+                                 int hadamard_n);
 
 /// Test hook: while on, quant_fast_slow_path names a (pretended) slow path for every spec,
 /// "scalar reference quantizer (forced by a test hook)", so that tests can see a run's warning
