@@ -235,6 +235,9 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   p.amax_sample = r.amax_sample;
   p.rht_wgrad = r.rht_wgrad;
   p.rht_precision = r.rht_precision;
+  p.hadamard_size = r.hadamard_size;
+  p.hadamard_dgrad = r.hadamard_dgrad;
+  p.hadamard_signs = r.hadamard_signs;
   p.bf16_boundary = r.bf16_boundary;
   p.bf16_outputs = r.bf16_outputs;
   p.row_scaled_activation = r.row_scaled_activation;
@@ -245,6 +248,18 @@ void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who)
   if (plan.rht() && M % 16 != 0)
     throw std::invalid_argument(who + ": RHT needs the token count M = " + std::to_string(M) +
                                 " to be a multiple of 16");
+}
+
+void check_hadamard_shape(const LinearPlan& plan, int64_t M, int64_t N, const std::string& who) {
+  const int n = plan.hadamard_size;
+  auto fail = [&](const char* gemm, const char* dim, int64_t v) {
+    throw std::invalid_argument(who + ": the " + std::to_string(n) + "-point Hadamard transform "
+                                "of the " + gemm + " operands needs " + dim + " = " +
+                                std::to_string(v) + " to be a multiple of " + std::to_string(n));
+  };
+  if (plan.rht() && n == 16) check_rht_tokens(plan, M, who);  // today's message for today's RHT
+  if (plan.rht() && M % n != 0) fail("wgrad", "the token count M", M);
+  if (plan.dgrad_hadamard() && N % n != 0) fail("dgrad", "the output features N", N);
 }
 
 ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSite>& sites,
@@ -482,6 +497,49 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
 // `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
 // --set overrides, applied to the file first; the name is labelled with them (see
 // load_recipe) unless one of them sets the name.
+/// [fp4] hadamard_size, hadamard_gemms, hadamard_signs into rc (rht_wgrad already read): the
+/// Hadamard transforms of docs/numerics.md "Random Hadamard transform". "wgrad" in
+/// hadamard_gemms is rht_wgrad (the two must agree when both are given); the size and the sign
+/// policy must be left at their defaults (16, "fixed") when no GEMM has a transform.
+void parse_hadamard(detail::TomlReader& r, Recipe& rc) {
+  if (r.has("fp4.hadamard_gemms")) {
+    std::vector<std::string> gemms;
+    r.get("fp4.hadamard_gemms", gemms);
+    bool dgrad = false, wgrad = false;
+    for (const std::string& g : gemms) {
+      bool& on = g == "dgrad" ? dgrad : wgrad;
+      if ((g != "dgrad" && g != "wgrad") || on)
+        r.fail("fp4.hadamard_gemms", "an array of distinct GEMM names among \"dgrad\", \"wgrad\" "
+                                     "(the backward GEMMs whose operands are transformed), got \"" + g + "\"");
+      on = true;
+    }
+    if (r.has("fp4.rht_wgrad") && rc.rht_wgrad != wgrad)
+      r.fail("fp4.hadamard_gemms", std::string("to agree with rht_wgrad = ") +
+                                       (rc.rht_wgrad ? "true" : "false") + " on \"wgrad\" (set "
+                                       "both, or only hadamard_gemms)");
+    rc.rht_wgrad = wgrad;
+    rc.hadamard_dgrad = dgrad;
+  }
+  r.get("fp4.hadamard_size", rc.hadamard_size);
+  if (!hadamard_size_valid(rc.hadamard_size))
+    r.fail("fp4.hadamard_size", "16, 32, 64 or 128 (the points of the Hadamard transform), got " +
+                                    std::to_string(rc.hadamard_size));
+  std::string s = hadamard_signs_name(rc.hadamard_signs);
+  r.get("fp4.hadamard_signs", s);
+  r.choice("fp4.hadamard_signs", s, {"fixed", "per-layer", "per-step"});
+  rc.hadamard_signs = parse_hadamard_signs(s);
+  const bool any = rc.rht_wgrad || rc.hadamard_dgrad;
+  if (!any && rc.hadamard_size != 16)
+    r.fail("fp4.hadamard_size", "16 (the default) when no GEMM has a Hadamard transform (set "
+                                "hadamard_gemms or rht_wgrad = true), got " + std::to_string(rc.hadamard_size));
+  if (!any && rc.hadamard_signs != HadamardSigns::Fixed)
+    r.fail("fp4.hadamard_signs", "\"fixed\" (the default) when no GEMM has a Hadamard transform "
+                                 "(set hadamard_gemms or rht_wgrad = true), got \"" + s + "\"");
+  if (rc.hadamard_dgrad && rc.gemm == GemmMode::ProbeMatched)
+    r.fail("fp4.hadamard_gemms", "no \"dgrad\" with linear.gemm = \"probe-matched\" (the "
+                                 "probe-matched GEMM has no dgrad Hadamard transform yet)");
+}
+
 Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                     const std::vector<Setting>& sets) {
   r.apply(sets);
@@ -598,7 +656,8 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.get("fp4.rht_precision", s);
   r.choice("fp4.rht_precision", s, {"fp32", "bf16"});
   rc.rht_precision = parse_rht_precision(s);
-  if (rc.rht_precision != RhtPrecision::FP32 && !rc.rht_wgrad)
+  parse_hadamard(r, rc);
+  if (rc.rht_precision != RhtPrecision::FP32 && !rc.rht_wgrad && !rc.hadamard_dgrad)
     r.fail("fp4.rht_precision", std::string("\"fp32\" (the default) unless rht_wgrad = true: the RHT "
                                 "precision has no effect without the RHT, got \"") + s + "\"");
   r.get("fp4.bf16_boundary", rc.bf16_boundary);
@@ -696,6 +755,12 @@ std::string recipe_to_toml(const Recipe& r) {
   // copy in its checkpoints) stays byte-identical, so resume and compare keep recognising it.
   if (r.rht_precision != RhtPrecision::FP32)
     o << "rht_precision = \"" << rht_precision_name(r.rht_precision) << "\"\n";
+  // The Hadamard keys only where they differ from what rht_wgrad alone means (16, fixed).
+  if (r.hadamard_size != 16) o << "hadamard_size = " << r.hadamard_size << "\n";
+  if (r.hadamard_dgrad)
+    o << "hadamard_gemms = [\"dgrad\"" << (r.rht_wgrad ? ", \"wgrad\"" : "") << "]\n";
+  if (r.hadamard_signs != HadamardSigns::Fixed)
+    o << "hadamard_signs = \"" << hadamard_signs_name(r.hadamard_signs) << "\"\n";
   if (r.bf16_boundary) o << "bf16_boundary = true\n";
   if (r.bf16_outputs) o << "bf16_outputs = true\n";
   if (r.row_scaled_activation) o << "row_scaled_activation = true\n";

@@ -36,6 +36,10 @@ nlohmann::json plans_json(const ResolvedLinears& res) {
       j["gemm"] = gemm_mode_name(p.gemm);
       j["amax_interval"] = p.amax_interval;
       j["rht_wgrad"] = p.rht_wgrad;
+      if (p.hadamard_size != 16) j["hadamard_size"] = p.hadamard_size;  // only when set
+      if (p.hadamard_dgrad) j["hadamard_dgrad"] = true;
+      if (p.hadamard_signs != HadamardSigns::Fixed)
+        j["hadamard_signs"] = hadamard_signs_name(p.hadamard_signs);
       for (int g = 0; g < 3; ++g)
         for (int o = 0; o < 3; ++o) {
           if (!gemm_uses(Gemm(g), Operand(o))) continue;

@@ -928,3 +928,104 @@ TEST(RecipeWeightBlock, BadValuesNameTheFileAndKey) {
       error_of([&] { recipe_from_text(std::string(kBase) + "weight_blocks = 32\n", "bad.toml"); });
   EXPECT_NE(u.find("'fp4.weight_blocks'"), std::string::npos) << u;
 }
+
+// -------------------- fp4.hadamard_size / hadamard_gemms / hadamard_signs (docs/recipes.md
+// "Every knob", docs/numerics.md "Random Hadamard transform")
+
+TEST(RecipeHadamard, DefaultsAreWhatRhtWgradMeantAndShippedRecipesAreUnchanged) {
+  // Absent from every shipped recipe's resolved text; rht_wgrad alone is 16 points, fixed signs,
+  // wgrad only.
+  for (const auto& e : fs::directory_iterator(kDir)) {
+    const Recipe r = load_recipe_file(e.path());
+    EXPECT_EQ(r.hadamard_size, 16) << e.path();
+    EXPECT_FALSE(r.hadamard_dgrad) << e.path();
+    EXPECT_EQ(r.hadamard_signs, HadamardSigns::Fixed) << e.path();
+    EXPECT_EQ(recipe_to_toml(r).find("hadamard"), std::string::npos) << e.path();
+  }
+  // Spelled out at their defaults, the keys give the recipe without them: same value, same text.
+  const Recipe te = load_recipe("nvfp4-te", kDir);
+  const Recipe same = load_recipe("nvfp4-te", kDir,
+                                  parse_settings({"fp4.hadamard_size=16", "fp4.hadamard_gemms=[\"wgrad\"]",
+                                                  "fp4.hadamard_signs=fixed"}).recipe);
+  Recipe renamed = same;
+  renamed.name = te.name;  // --set labels the name (and the source)
+  renamed.source = te.source;
+  EXPECT_TRUE(renamed == te);
+  EXPECT_EQ(recipe_to_toml(renamed), recipe_to_toml(te));
+}
+
+TEST(RecipeHadamard, ParseSerialiseAndPlans) {
+  const Recipe r = recipe_from_text(std::string(kBase) +
+                                        "hadamard_size = 128\nhadamard_gemms = [\"dgrad\", \"wgrad\"]\n"
+                                        "hadamard_signs = \"per-step\"\n",
+                                    "h.toml");
+  EXPECT_TRUE(r.rht_wgrad) << "\"wgrad\" in hadamard_gemms is rht_wgrad";
+  EXPECT_TRUE(r.hadamard_dgrad);
+  EXPECT_EQ(r.hadamard_size, 128);
+  EXPECT_EQ(r.hadamard_signs, HadamardSigns::PerStep);
+  const LinearPlan p = LinearPlan::uniform(r, LinearMode::FP4);
+  EXPECT_TRUE(p.rht() && p.dgrad_hadamard());
+  EXPECT_EQ(p.hadamard_size, 128);
+  EXPECT_EQ(p.hadamard_signs, HadamardSigns::PerStep);
+  EXPECT_FALSE(LinearPlan::uniform(r, LinearMode::BF16).dgrad_hadamard());
+  const HadamardTransform h = p.hadamard(5, 2, 9);
+  float want[128];
+  hadamard_signs(128, HadamardSigns::PerStep, 5, 2, 9, want);
+  EXPECT_EQ(h.n, 128);
+  EXPECT_TRUE(std::equal(want, want + 128, h.signs.begin()));
+  const std::string t = recipe_to_toml(r);
+  EXPECT_NE(t.find("rht_wgrad = true\nhadamard_size = 128\nhadamard_gemms = [\"dgrad\", \"wgrad\"]\n"
+                   "hadamard_signs = \"per-step\"\n"),
+            std::string::npos) << t;
+  const Recipe back = recipe_from_text(t, "h.toml");
+  EXPECT_TRUE(back == r) << t;
+  EXPECT_EQ(recipe_to_toml(back), t);
+  // dgrad only: rht_wgrad false, written as such.
+  const Recipe d = recipe_from_text(std::string(kBase) + "hadamard_gemms = [\"dgrad\"]\n", "d.toml");
+  EXPECT_FALSE(d.rht_wgrad);
+  EXPECT_TRUE(d.hadamard_dgrad);
+  EXPECT_NE(recipe_to_toml(d).find("rht_wgrad = false\nhadamard_gemms = [\"dgrad\"]\n"), std::string::npos);
+  EXPECT_TRUE(recipe_from_text(recipe_to_toml(d), "d.toml") == d);
+  // An empty list switches both off; --set takes every key and labels the name.
+  EXPECT_FALSE(recipe_from_text(std::string(kBase) + "hadamard_gemms = []\n", "e").rht_wgrad);
+  const Recipe s = load_recipe("nvfp4-te", kDir,
+                               parse_settings({"fp4.hadamard_size=64", "fp4.hadamard_signs=per-layer"}).recipe);
+  EXPECT_EQ(s.hadamard_size, 64);
+  EXPECT_EQ(s.hadamard_signs, HadamardSigns::PerLayer);
+  EXPECT_NE(s.name.find("fp4.hadamard_size=64"), std::string::npos) << s.name;
+}
+
+TEST(RecipeHadamard, BadValuesNameTheFileAndKey) {
+  struct Case {
+    const char* body;
+    const char* key;
+    const char* detail;
+  } cases[] = {
+      {"rht_wgrad = true\nhadamard_size = 48\n", "'fp4.hadamard_size'", "got 48"},
+      {"rht_wgrad = true\nhadamard_size = 256\n", "'fp4.hadamard_size'", "16, 32, 64 or 128"},
+      {"rht_wgrad = true\nhadamard_size = \"64\"\n", "'fp4.hadamard_size'", ""},
+      {"hadamard_size = 64\n", "'fp4.hadamard_size'", "no GEMM has a Hadamard"},
+      {"hadamard_signs = \"per-step\"\n", "'fp4.hadamard_signs'", "no GEMM has a Hadamard"},
+      {"rht_wgrad = true\nhadamard_signs = \"random\"\n", "'fp4.hadamard_signs'", "random"},
+      {"hadamard_gemms = [\"fprop\"]\n", "'fp4.hadamard_gemms'", "fprop"},
+      {"hadamard_gemms = [\"dgrad\", \"dgrad\"]\n", "'fp4.hadamard_gemms'", "distinct"},
+      {"hadamard_gemms = \"dgrad\"\n", "'fp4.hadamard_gemms'", ""},
+      {"rht_wgrad = false\nhadamard_gemms = [\"wgrad\"]\n", "'fp4.hadamard_gemms'", "rht_wgrad = false"},
+      {"hadamard_sizes = 64\n", "'fp4.hadamard_sizes'", ""},
+  };
+  for (const Case& c : cases) {
+    const std::string e =
+        error_of([&] { recipe_from_text(std::string(kBase) + c.body, "bad.toml"); });
+    EXPECT_NE(e.find("bad.toml"), std::string::npos) << c.body << " -> " << e;
+    EXPECT_NE(e.find(c.key), std::string::npos) << c.body << " -> " << e;
+    EXPECT_NE(e.find(c.detail), std::string::npos) << c.body << " -> " << e;
+  }
+  const std::string p = error_of([&] {
+    recipe_from_text("name = \"t\"\n[linear]\nmode = \"fp4\"\ngemm = \"probe-matched\"\n[fp4]\n"
+                     "hadamard_gemms = [\"dgrad\"]\n", "bad.toml");
+  });
+  EXPECT_NE(p.find("probe-matched"), std::string::npos) << p;
+  const std::string s = error_of(
+      [&] { load_recipe("nvfp4-te", kDir, parse_settings({"fp4.hadamard_size=100"}).recipe); });
+  EXPECT_NE(s.find("--set fp4.hadamard_size=100"), std::string::npos) << s;
+}

@@ -170,6 +170,18 @@ struct Recipe {
   /// [fp4] rht_precision = "fp32" (default: rht16_rows) | "bf16" (rht16_rows_bf16, the
   /// reference implementation's BF16 matmul with BF16 output); "bf16" needs rht_wgrad.
   RhtPrecision rht_precision = RhtPrecision::FP32;
+  // ---- [fp4] Hadamard transforms (docs/numerics.md "Random Hadamard transform", "Sizes,
+  // roles and sign policies"). rht_wgrad is the wgrad role; the defaults are what rht_wgrad
+  // alone has always meant (16 points, TE's fixed signs), and recipe_to_toml writes these keys
+  // only when they differ from them.
+  /// [fp4] hadamard_size: n of every transform, 16 (default), 32, 64 or 128.
+  int hadamard_size = 16;
+  /// [fp4] hadamard_gemms contains "dgrad": transform dY along N and W's columns along N (the
+  /// same transform on both, so dX = dY·W is unchanged in exact arithmetic). "wgrad" in
+  /// hadamard_gemms is rht_wgrad.
+  bool hadamard_dgrad = false;
+  /// [fp4] hadamard_signs: "fixed" (default) | "per-layer" | "per-step" (HadamardSigns).
+  HadamardSigns hadamard_signs = HadamardSigns::Fixed;
   /// [fp4] bf16_boundary: every FP4 linear rounds X (forward) and dY (backward) to BF16 (RNE)
   /// and uses the rounded copy for the amax and every quantization of that operand, as the
   /// paper's BF16-activation runs do (docs/numerics.md "BF16 boundary"). Default false.
@@ -257,6 +269,9 @@ struct LinearPlan {
   AmaxSample amax_sample = AmaxSample::PerCall;  ///< [fp4] amax_sample
   bool rht_wgrad = false;             ///< [fp4] rht_wgrad: 16-point RHT on the wgrad operands
   RhtPrecision rht_precision = RhtPrecision::FP32;  ///< [fp4] rht_precision
+  int hadamard_size = 16;             ///< [fp4] hadamard_size: n of the wgrad/dgrad transforms
+  bool hadamard_dgrad = false;        ///< [fp4] hadamard_gemms has "dgrad"
+  HadamardSigns hadamard_signs = HadamardSigns::Fixed;  ///< [fp4] hadamard_signs
   bool bf16_boundary = false;         ///< [fp4] bf16_boundary: X and dY rounded to BF16 first
   bool bf16_outputs = false;          ///< [fp4] bf16_outputs: Y and this linear's dX rounded to BF16
   bool row_scaled_activation = false;  ///< [fp4] row_scaled_activation: per-row references of X and Xᵀ
@@ -266,6 +281,15 @@ struct LinearPlan {
   bool probe() const { return mode == LinearMode::FP4 && gemm == GemmMode::ProbeMatched; }
   /// FP4 with rht_wgrad: every call's token count M must be a multiple of 16 (check_rht_tokens).
   bool rht() const { return mode == LinearMode::FP4 && rht_wgrad; }
+  /// FP4 with "dgrad" in hadamard_gemms: dY and W transformed along N before dgrad's
+  /// quantization (the layer's N must be a multiple of hadamard_size: check_hadamard_shape).
+  bool dgrad_hadamard() const { return mode == LinearMode::FP4 && hadamard_dgrad; }
+  /// The transform of this plan for layer `layer` at 1-based optimizer step `step` of a run
+  /// with seed `seed` (HadamardTransform::make with hadamard_size, hadamard_signs and
+  /// rht_precision). Throws nothing for a parsed recipe's plan.
+  HadamardTransform hadamard(uint64_t seed, uint32_t layer, uint32_t step) const {
+    return HadamardTransform::make(hadamard_size, hadamard_signs, rht_precision, seed, layer, step);
+  }
   /// D of this linear's training references: amax_interval in FP4 mode, else 1.
   int reference_interval() const { return mode == LinearMode::FP4 ? amax_interval : 1; }
   /// The plan every linear of mode `mode` gets from a recipe without overrides: spec_x() for
@@ -300,6 +324,14 @@ ResolvedLinears resolve_linear_plans(const Recipe& r, const std::vector<LinearSi
 /// RHT needs the token count M = <M> to be a multiple of 16" otherwise; no-op for plans without
 /// the RHT.
 void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who);
+
+/// The shape rules of a plan's Hadamard transforms (docs/numerics.md "Random Hadamard
+/// transform"), generalising check_rht_tokens: with rht() the token count M of the call must be
+/// a multiple of hadamard_size (the wgrad transform runs along M), with dgrad_hadamard() the
+/// layer's output features N (the dgrad contraction dim). Throws std::invalid_argument
+/// "<who>: the <n>-point Hadamard transform of the <wgrad|dgrad> operands needs <M|N> = <v> to
+/// be a multiple of <n>" otherwise; no-op for plans without them.
+void check_hadamard_shape(const LinearPlan& plan, int64_t M, int64_t N, const std::string& who);
 
 /// The linears of the Llama-style pattern "*-" repeated n_layers times (2·n_layers blocks;
 /// q, k, v, o_proj in each even block, up, down_proj in each odd one): for tests and tools
