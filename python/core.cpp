@@ -750,6 +750,7 @@ fp4::nn::StepContext step_context(int64_t step, uint64_t seed, int micro, bool t
   if (micro < 0 || micro >= 65536) throw std::invalid_argument("micro must be in 0..65535, got " + std::to_string(micro));
   fp4::nn::StepContext c;
   c.step = step, c.seed = seed, c.micro = micro, c.first_micro = micro == 0;
+  c.hadamard_seed = seed;  // the Hadamard signs' run seed (fp4::hadamard_signs)
   c.training = training, c.telemetry = telemetry;
   return c;
 }
@@ -1090,6 +1091,17 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("scale_target", [](const BoundRecipe& r) { return r.r.scale_target; }, "[fp4] scale_target T.")
       .def_property_readonly("amax_interval", [](const BoundRecipe& r) { return r.r.amax_interval; }, "[fp4] amax_interval D (1: current scaling).")
       .def_property_readonly("rht_wgrad", [](const BoundRecipe& r) { return r.r.rht_wgrad; }, "[fp4] rht_wgrad: 16-point RHT on the wgrad operands.")
+      .def_property_readonly("hadamard_size", [](const BoundRecipe& r) { return r.r.hadamard_size; },
+                             "[fp4] hadamard_size: points n of the Hadamard transforms (16, 32, 64, 128).")
+      .def_property_readonly("hadamard_gemms", [](const BoundRecipe& r) {
+            std::vector<std::string> g;
+            if (r.r.hadamard_dgrad) g.push_back("dgrad");
+            if (r.r.rht_wgrad) g.push_back("wgrad");
+            return g; },
+          "[fp4] hadamard_gemms: the backward GEMMs whose operands are transformed, a list among "
+          "'dgrad', 'wgrad' ('wgrad' is rht_wgrad).")
+      .def_property_readonly("hadamard_signs", [](const BoundRecipe& r) { return std::string(fp4::hadamard_signs_name(r.r.hadamard_signs)); },
+                             "[fp4] hadamard_signs: 'fixed', 'per-layer' or 'per-step' (docs/numerics.md).")
       .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
       .def_property_readonly("bf16_outputs", [](const BoundRecipe& r) { return r.r.bf16_outputs; }, "[fp4] bf16_outputs: Y and each linear's dX rounded to BF16.")
       .def_property_readonly("four_over_six", [](const BoundRecipe& r) { return std::string(fp4::four_over_six_roles_name(r.r.four_over_six)); },

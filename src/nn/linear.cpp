@@ -154,8 +154,8 @@ Linear::WorkspaceFloats Linear::workspace_floats(const LinearPlan& plan, int64_t
   f.row = M * std::max(K, N);  // fprop X; dgrad dY
   const BlockQuantSpec& sw = plan.spec(Gemm::Dgrad, Operand::W);
   const bool own_dgrad_w = !sw.two_d || sw != plan.spec(Gemm::Fprop, Operand::W);
-  if (own_dgrad_w) f.wqd = N * K;
-  f.t0 = std::max(sw.two_d ? 0 : N * K, N * M);  // dgrad Wᵀ (1-D weights); wgrad dYᵀ
+  if (own_dgrad_w || plan.dgrad_hadamard()) f.wqd = N * K;
+  f.t0 = std::max(sw.two_d && !plan.dgrad_hadamard() ? 0 : N * K, N * M);  // dgrad Wᵀ; wgrad dYᵀ
   f.t1 = K * M;                                   // wgrad Xᵀ
   return f;
 }
@@ -174,14 +174,17 @@ void Linear::reserve_workspace(int64_t M) {
 bool Linear::uses_reference(Role r) const {
   // Row-scaled X and Xᵀ measure per-row references at every call and hold none.
   if (row_scaled_x() && (r == Role::X || r == Role::XT_RHT)) return false;
-  const bool rht = plan_.rht_wgrad;
+  const bool rht = plan_.rht_wgrad, dh = plan_.hadamard_dgrad;
   auto sp = [&](Gemm g, Operand o) { return uses_g(plan_.spec(g, o)); };
   switch (r) {
     case Role::X: return sp(Gemm::Fprop, Operand::X) || (!rht && sp(Gemm::Wgrad, Operand::X));
-    case Role::W: return sp(Gemm::Fprop, Operand::W) || sp(Gemm::Dgrad, Operand::W);
-    case Role::DY: return sp(Gemm::Dgrad, Operand::DY) || (!rht && sp(Gemm::Wgrad, Operand::DY));
+    case Role::W: return sp(Gemm::Fprop, Operand::W) || (!dh && sp(Gemm::Dgrad, Operand::W));
+    case Role::DY:
+      return (!dh && sp(Gemm::Dgrad, Operand::DY)) || (!rht && sp(Gemm::Wgrad, Operand::DY));
     case Role::XT_RHT: return rht && sp(Gemm::Wgrad, Operand::X);
     case Role::DYT_RHT: return rht && sp(Gemm::Wgrad, Operand::DY);
+    case Role::DY_HAD: return dh && sp(Gemm::Dgrad, Operand::DY);
+    case Role::W_HAD: return dh && sp(Gemm::Dgrad, Operand::W);
   }
   return true;
 }
@@ -201,7 +204,8 @@ float Linear::training_reference(Role r, const StepContext& ctx, F&& measure) {
   const bool per_call = ref.interval() == 1 && plan_.amax_sample == AmaxSample::PerCall;
   auto agreed = [&]() -> float {
     const float v = measure();
-    return ctx.ranks && r != Role::W ? ctx.ranks->agree(v, !per_call) : v;
+    const bool replicated = r == Role::W || r == Role::W_HAD;  // weights agree already
+    return ctx.ranks && !replicated ? ctx.ranks->agree(v, !per_call) : v;
   };
   if (per_call) return ref.set(ctx.step, agreed());
   return ref.get(ctx.step, agreed);
@@ -413,13 +417,15 @@ QuantStats Linear::wgrad_x_stats(const float* xt, int64_t M, float g_xt, const S
   return quant_stats_rows(xt, K_, M, sxw, xt_row_g_.data(), &kx);
 }
 
-void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, float* xt) {
+void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const HadamardTransform* wh,
+                              float* xt) {
   const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
   const SrKey* kxs = sxw.rounding == Rounding::SR8 ? &kx : nullptr;
   if (!row_scaled_x()) {
-    quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, plan_.rht_wgrad, plan_.rht_precision, xt);
+    quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, wh, xt);
     return;
   }
+  // Row-scaled: only the 16-point transform with fixed signs (the recipe refuses others).
   xt_row_g_.resize(static_cast<size_t>(K_));  // one current reference per row of Xᵀ (TE's)
   quantize_dequantize_rows_transposed_fast(X_, M, K_, sxw, kxs, plan_.rht_wgrad,
                                            plan_.rht_precision, xt_row_g_.data(), xt);
@@ -450,15 +456,21 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     round_bf16_into(dY, M * N_, dyr_.data());
     dY = dyr_.data();
   }
-  check_rht_tokens(plan_, M, "Linear " + std::to_string(id_));  // before any gradient is accumulated
+  check_hadamard_shape(plan_, M, N_, "Linear " + std::to_string(id_));  // before any gradient is accumulated
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_), micro = uint32_t(ctx.micro);
+  // The layer's Hadamard transform of this step (docs/numerics.md "Random Hadamard transform":
+  // its signs are a function of the run seed, the layer and the step, never of state).
+  const bool dgrad_h = plan_.dgrad_hadamard();
+  const HadamardTransform had = plan_.rht_wgrad || dgrad_h
+                                    ? plan_.hadamard(ctx.hadamard_seed, id, step)
+                                    : HadamardTransform{};
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
 
   // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
   const bool tel = ctx.telemetry && ctx.training;
-  if (tel) {
+  if (tel && !dgrad_h) {  // with the dgrad transform: of the transformed dY, below
     Scope s(Cat::kTelemetry);
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
     note_stats(2, quant_stats(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k));
@@ -488,8 +500,8 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       xt.resize(K_ * M);
       transpose(dY, M, N_, dyt.data());
       transpose(X_, M, K_, xt.data());
-      rht16_rows(dyt.data(), N_, M, plan_.rht_precision);
-      rht16_rows(xt.data(), K_, M, plan_.rht_precision);
+      hadamard_rows(dyt.data(), N_, M, had);
+      hadamard_rows(xt.data(), K_, M, had);
       g_dyt = reference_for(Role::DYT_RHT, dyt.data(), N_ * M, ctx);
       g_xt = reference_for(Role::XT_RHT, xt.data(), K_ * M, ctx);
     } else if (tel) {  // telemetry reads the transposes
@@ -510,7 +522,18 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
                   dW_, true, ws, ws.t1, plan_);
     return;
   }
-  if (dX) {
+  if (dX && dgrad_h) {
+    float* dyq = ws.row.get(M * N_);
+    dgrad_hadamard_dy(dY, M, ctx, had, tel, dyq);
+    const float* wd = dgrad_hadamard_w(ctx, had);
+    if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
+      float* d = ws.t1.get(M * K_);
+      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 0.f, d, K_);
+      add_bf16_rounded(d, M * K_, dX);
+    } else {
+      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
+    }
+  } else if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
     float* dyq = ws.row.get(M * N_);
     {
@@ -557,17 +580,18 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
   // transposes (and the RHT) fused into the quantizer. With the RHT the references are those
   // of the transformed tensors; without it, the fprop X and dgrad dY references are reused.
-  const bool rht = plan_.rht_wgrad;  // M % 16 == 0: checked above (check_rht_tokens)
+  const bool rht = plan_.rht_wgrad;  // M % n == 0: checked above (check_hadamard_shape)
+  const HadamardTransform* wh = rht ? &had : nullptr;
   float g_dyt = gdy, g_xt = refs_.g_x;
   if (rht) {
     const float* x = X_;
     Scope s(Cat::kQuantAmax);
     if (uses_reference(Role::DYT_RHT))
-      g_dyt = training_reference(Role::DYT_RHT, ctx, [&] { return amax_rht16_transposed(dY, M, N_, plan_.rht_precision); });
+      g_dyt = training_reference(Role::DYT_RHT, ctx, [&] { return amax_hadamard_transposed(dY, M, N_, had); });
     else
       g_dyt = 0.f;
     if (uses_reference(Role::XT_RHT))
-      g_xt = training_reference(Role::XT_RHT, ctx, [&] { return amax_rht16_transposed(x, M, K_, plan_.rht_precision); });
+      g_xt = training_reference(Role::XT_RHT, ctx, [&] { return amax_hadamard_transposed(x, M, K_, had); });
     else
       g_xt = 0.f;
   }
@@ -581,8 +605,8 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     transpose(dY, M, N_, dyt);
     transpose(X_, M, K_, xt);
     if (rht) {
-      rht16_rows(dyt, N_, M, plan_.rht_precision);
-      rht16_rows(xt, K_, M, plan_.rht_precision);
+      hadamard_rows(dyt, N_, M, had);
+      hadamard_rows(xt, K_, M, had);
     }
     note_stats(3, quant_stats(dyt, N_, M, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd));
     note_stats(4, wgrad_x_stats(xt, M, g_xt, kx));
@@ -590,11 +614,59 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
   }
   {
     Scope s(Cat::kQuantWgrad);
-    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, rht,
-                                        plan_.rht_precision, dyt);
-    quantize_wgrad_x(M, g_xt, kx, xt);
+    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, wh,
+                                        dyt);
+    quantize_wgrad_x(M, g_xt, kx, wh, xt);
   }
   timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
+}
+
+void Linear::dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ctx,
+                               const HadamardTransform& h, bool tel, float* dyq) {
+  const BlockQuantSpec& sp = plan_.spec(Gemm::Dgrad, Operand::DY);
+  const SrKey k{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpDY, kDgrad, uint32_t(ctx.micro)};
+  {  // 1. dY's rows transformed along N, in the quantizer's buffer
+    Scope s(Cat::kQuantRow);
+    std::copy(dY, dY + M * N_, dyq);
+    hadamard_rows(dyq, M, N_, h);
+  }
+  // 2. the reference of the transformed dY; 3. telemetry of the operand as quantized
+  const float g = reference_for(Role::DY_HAD, dyq, M * N_, ctx);
+  if (tel) {
+    Scope s(Cat::kTelemetry);
+    note_stats(2, quant_stats(dyq, M, N_, sp, g, &k));
+  }
+  // 4. quantized in place, blocks along N
+  prep(dyq, M, N_, sp, g, &k, dyq);
+}
+
+const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h) {
+  LinearWorkspace& ws = *ws_;
+  const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
+  const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kDgrad, uint32_t(ctx.micro)};
+  float* wt = ws.t0.get(N_ * K_);
+  float* wqd = ws.wqd.get(N_ * K_);
+  {  // 1. Wᵀ [K, N] from the high-precision weight, its rows (W's columns) transformed along N
+    Scope s(Cat::kTranspose);
+    transpose(W_, N_, K_, wt);
+    hadamard_rows(wt, K_, N_, h);
+  }
+  // 2. the reference of the transformed weight (held like W's under D > 1)
+  const float g = reference_for(Role::W_HAD, wt, N_ * K_, ctx);
+  // 3. quantized: 1-D blocks along N (rows of Wᵀ), then back to [N, K]; or tiles of the
+  // transformed W [N, K] as fprop tiles W
+  if (!sw.two_d) {
+    prep(wt, K_, N_, sw, g, &kw, wt);
+    Scope s(Cat::kTranspose);
+    transpose(wt, K_, N_, wqd);
+  } else {
+    {
+      Scope s(Cat::kTranspose);
+      transpose(wt, K_, N_, wqd);
+    }
+    prep(wqd, N_, K_, sw, g, &kw, wqd);
+  }
+  return wqd;
 }
 
 }  // namespace fp4::nn

@@ -90,7 +90,14 @@ Model::Model(const ModelConfig& cfg, const Recipe* recipe, ResolvedLinears* plan
     const std::vector<MixerLinear> ls = blocks_[l].mixer->linears();
     for (size_t j = 0; j < ls.size(); ++j) {
       const size_t i = blocks_[l].first_linear + j;
-      linears_.emplace_back(int(i), ls[j].in, ls[j].out, resolved.plans[i]);
+      const LinearPlan& plan = resolved.plans[i];
+      if (plan.dgrad_hadamard() && ls[j].out % plan.hadamard_size != 0)  // check_hadamard_shape
+        throw UserError("model: linear " + std::to_string(i) + " (block " + std::to_string(l) +
+                        ", " + sites_[i].kind + ") has N = " + std::to_string(ls[j].out) +
+                        " output features, not a multiple of fp4.hadamard_size = " +
+                        std::to_string(plan.hadamard_size) + " (the dgrad Hadamard transform, "
+                        "fp4.hadamard_gemms, runs along N)");
+      linears_.emplace_back(int(i), ls[j].in, ls[j].out, plan);
     }
   }
   bind_linears();

@@ -487,6 +487,9 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
   if (rc.gemm == GemmMode::ProbeMatched)
     r.fail(key, "false with linear.gemm = \"probe-matched\": the probe-matched GEMM applies one "
                 "alpha per operand pair, not one per output row (use linear.gemm = \"decoded\")");
+  if (rc.rht_wgrad && (rc.hadamard_size != 16 || rc.hadamard_signs != HadamardSigns::Fixed))
+    r.fail(key, "false with a wgrad Hadamard transform other than 16 points with fixed signs: the "
+                "row-scaled quantize-transpose of X takes only that one");
   if (four_over_six_applies(rc.four_over_six, Operand::X))
     r.fail(key, std::string("false with fp4.four_over_six = \"") +
                     four_over_six_roles_name(rc.four_over_six) +

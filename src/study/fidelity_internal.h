@@ -99,13 +99,13 @@ struct RoleTensors {
 };
 
 /// The five tensor references of every linear of a model (the state a pass starts with).
-using ReferenceState = std::vector<std::array<TensorReference, 5>>;
+using ReferenceState = std::vector<std::array<TensorReference, nn::kRoleCount>>;
 
 /// Replay `lin` alone on X [M, K] and dY [M, N]: a fresh Linear of the same id (so the same SR
 /// keys), plan and weight, holding the tensor references `refs` (the state `lin` started the
 /// pass with), one forward and one backward under ctx. Given the operands `lin` saw in a pass,
 /// it reproduces that pass's Y, and the dX and dW it contributed, bit for bit.
-RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& refs,
+RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, nn::kRoleCount>& refs,
                    const float* X, const float* dY, int64_t M, const nn::StepContext& ctx);
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b);

@@ -48,7 +48,7 @@ const Capture::Ops& Capture::at(size_t i, const std::string& name) const {
   return o;
 }
 
-RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& refs,
+RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, nn::kRoleCount>& refs,
                    const float* X, const float* dY, int64_t M, const nn::StepContext& ctx) {
   const int64_t K = lin.in(), N = lin.out();
   nn::Linear rep(lin.id(), K, N, lin.plan());
@@ -58,7 +58,7 @@ RoleTensors replay(const nn::Linear& lin, const std::array<TensorReference, 5>& 
   t.dX.assign(size_t(M * K), 0.f);
   t.dW.assign(size_t(N * K), 0.f);
   rep.bind(W.data(), t.dW.data());
-  for (int r = 0; r < 5; ++r) rep.reference(static_cast<nn::Role>(r)) = refs[size_t(r)];
+  for (int r = 0; r < nn::kRoleCount; ++r) rep.reference(static_cast<nn::Role>(r)) = refs[size_t(r)];
   rep.forward(X, t.Y.data(), M, ctx);
   rep.backward(dY, t.dX.data(), M, ctx);
   return t;
@@ -71,7 +71,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 ReferenceState reference_state(const nn::Model& m) {
   ReferenceState s(m.linears().size());
   for (size_t i = 0; i < s.size(); ++i)
-    for (int r = 0; r < 5; ++r)
+    for (int r = 0; r < nn::kRoleCount; ++r)
       s[i][size_t(r)] = m.linears()[i].reference(static_cast<nn::Role>(r));
   return s;
 }

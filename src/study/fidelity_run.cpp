@@ -103,7 +103,7 @@ void set_params(nn::Model& m, const std::vector<float>& p) {
 
 void reset_training_references(nn::Model& m) {
   for (auto& lin : m.linears())
-    for (int r = 0; r < 5; ++r) lin.reference(static_cast<nn::Role>(r)).reset();
+    for (int r = 0; r < nn::kRoleCount; ++r) lin.reference(static_cast<nn::Role>(r)).reset();
 }
 
 bool recipe_has_sr(const Recipe& r) {

@@ -252,7 +252,7 @@ Checkpoint parse_checkpoint(const safetensors::File& f) {
     } catch (const json::exception& e) {
       throw f.error(where + ": missing or mistyped field (" + e.what() + ")");
     }
-    h.role = static_cast<int>(integer_field(r, "role", 0, 4, where));
+    h.role = static_cast<int>(integer_field(r, "role", 0, 6, where));
     h.last_refresh = integer_field(r, "last_refresh", 0, c.step, where);
     // Checked as a double: converting one outside the float range is undefined behaviour.
     if (!std::isfinite(held) || held < 0 || held > std::numeric_limits<float>::max())

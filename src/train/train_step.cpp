@@ -96,6 +96,7 @@ StepResult train_step(nn::Model& model, AdamW& optimizer, BatchSampler& sampler,
   nn::StepContext ctx;
   ctx.step = step;
   ctx.seed = tc.sr_key_seed();
+  ctx.hadamard_seed = tc.seed;  // the Hadamard signs follow the run seed, never sr_seed
   ctx.ranks = ranks;
   ctx.telemetry = r.telemetry = cfg.telemetry_interval > 0 && recipe.mode == LinearMode::FP4 &&
                                 (step == 1 || step % cfg.telemetry_interval == 0);

@@ -85,15 +85,19 @@ ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
   // Block indices, final_blocks (recipe and overrides), and overrides that change no linear.
   ResolvedLinears res =
       resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
-  bool fp4_rht = false;
-  for (const LinearPlan& p : res.plans) fp4_rht |= p.rht();
+  int rht_n = 0;  // the wgrad transform's size n, 0 if no FP4 linear has one
+  for (const LinearPlan& p : res.plans)
+    if (p.rht()) rht_n = std::max(rht_n, p.hadamard_size);
   // The RHT runs along the tokens of one forward: a micro-batch.
   const int64_t tokens = int64_t(cfg.train.micro()) * cfg.train.seq_len;
-  if (fp4_rht && tokens % 16 != 0)
-    throw UserError(recipe.where() + " applies the 16-point RHT along tokens (fp4.rht_wgrad): " +
+  if (rht_n > 0 && tokens % rht_n != 0)
+    throw UserError(recipe.where() + " applies the " + std::to_string(rht_n) +
+                    "-point RHT along tokens (fp4.rht_wgrad" +
+                    (rht_n != 16 ? ", fp4.hadamard_size" : "") + "): " +
                     (cfg.train.micro() == cfg.train.batch_size ? "train.batch_size"
                                                                : "train.micro_batch_size") +
-                    " × train.seq_len = " + std::to_string(tokens) + " must be a multiple of 16");
+                    " × train.seq_len = " + std::to_string(tokens) + " must be a multiple of " +
+                    std::to_string(rht_n));
   return res;
 }
 
@@ -150,11 +154,11 @@ std::string slow_quantizer_paths(const ResolvedLinears& res) {
     for (const auto& [g, op] : uses) {
       const bool transposed = g == Gemm::Wgrad;  // the wgrad operands are quantize-transposes
       const bool row_scaled = p.row_scaled_activation && op == Operand::X;  // per-row X, Xᵀ
-      const std::string why = p.probe()    ? pack_fast_slow_path(p.spec(g, op))
-                              : row_scaled ? quant_fast_slow_path_row_scaled(p.spec(g, op), transposed,
-                                                                             transposed && p.rht_wgrad)
-                                           : quant_fast_slow_path(p.spec(g, op), transposed,
-                                                                  transposed && p.rht_wgrad);
+      const bool had = transposed ? p.rht_wgrad : g == Gemm::Dgrad && p.hadamard_dgrad;
+      const std::string why =
+          p.probe()    ? pack_fast_slow_path(p.spec(g, op))
+          : row_scaled ? quant_fast_slow_path_row_scaled(p.spec(g, op), transposed, transposed && p.rht_wgrad)
+                       : quant_fast_slow_path(p.spec(g, op), transposed, had, p.hadamard_size);
       if (why.empty()) continue;
       const std::string use = std::string(gemm_name(g)) + " " + operand_name(op);
       auto it = std::find_if(found.begin(), found.end(),
@@ -673,7 +677,7 @@ void TrainRun::save_rank0(int step) {
   c.sampler_draws = sampler->draws();
   if (opt.save_amax)
     for (size_t i = 0; i < model->linears().size(); ++i)
-      for (int r = 0; r < 5; ++r) {
+      for (int r = 0; r < nn::kRoleCount; ++r) {
         const TensorReference& t = model->linears()[i].reference(static_cast<nn::Role>(r));
         // A per-call D = 1 reference is measured afresh at every call, never reused: not
         // state (and under MPI each rank's last one is its own micro-batch's).

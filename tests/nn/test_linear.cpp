@@ -3,6 +3,7 @@
 // with the reference quantizer and multiplies in double; plus FD gradients in FP32 mode
 // and the held tensor reference inside a layer.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -714,4 +715,133 @@ TEST(Linear, WeightBlockTilesApartFromTheActivationBlocks) {
     EXPECT_TRUE(same_bits(dX, dXr)) << "dgrad";
     EXPECT_TRUE(same_bits(dW, dWr)) << "wgrad";
   }
+}
+
+// ------------------------------------------------------------------------------------------
+// Hadamard transforms on the dgrad and wgrad operands (fp4.hadamard_size, hadamard_gemms,
+// hadamard_signs; docs/numerics.md "Random Hadamard transform", "Sizes, roles and sign
+// policies").
+
+namespace {
+// The transform a Linear of id `layer` applies at `step` (the layer derives it the same way
+// from its plan; here from the stated rule directly).
+HadamardTransform test_transform(int n, HadamardSigns p, uint64_t seed, uint32_t layer, uint32_t step) {
+  return HadamardTransform::make(n, p, RhtPrecision::FP32, seed, layer, step);
+}
+std::vector<float> rows_transformed(std::vector<float> x, int64_t rows, int64_t cols,
+                                    const HadamardTransform& h) {
+  hadamard_rows(x.data(), rows, cols, h);
+  return x;
+}
+}  // namespace
+
+TEST(Linear, DgradHadamardKeepsTheExactProduct) {
+  // The same orthogonal transform on dY's rows and on W's columns (rows of Wᵀ), both along the
+  // contraction dim N: the FP32 product dY·W is unchanged up to rounding (1e-5 of Σ|a·b|), for
+  // every size and sign policy.
+  const int64_t M = 24, K = 40, N = 128;
+  const auto dY = randn(M * N, 61), W = randn(N * K, 62, 0.1f);
+  const auto Wt = transpose(W, N, K);  // [K, N]: matmul_nt contracts over N
+  std::vector<double> exact, mag;
+  matmul_nt(dY, Wt, M, K, N, exact, mag);
+  for (int n : {16, 32, 64, 128})
+    for (HadamardSigns p : {HadamardSigns::Fixed, HadamardSigns::PerLayer, HadamardSigns::PerStep}) {
+      const HadamardTransform h = test_transform(n, p, 3, 5, 8);
+      std::vector<double> got, m2;
+      matmul_nt(rows_transformed(dY, M, N, h), rows_transformed(Wt, K, N, h), M, K, N, got, m2);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], exact[i], 1e-5 * mag[i]) << "n " << n << " element " << i;
+      // and the transform changes the operands (the test would catch a bypass)
+      EXPECT_NE(rows_transformed(dY, M, N, h), dY);
+    }
+}
+
+TEST(Linear, HadamardGemmsMatchTheirReferenceComposition) {
+  // hadamard_size = 64, hadamard_gemms = ["dgrad", "wgrad"], per-step signs, SR on dY: dgrad =
+  // GEMM(q(H(dY) along N), q(W with H on its columns)), wgrad = GEMM(q(H(dYᵀ)), q(H(Xᵀ))) along
+  // M, each reference the amax of the transformed tensor, signs keyed by (hadamard_seed, layer,
+  // step); fprop untouched. Bit for bit against fp4::sgemm on operands built here, 1-D and 2-D
+  // weights; any thread count gives the same bits; another step gives other signs.
+  const int64_t M = 64, K = 40, N = 64;
+  for (bool w2d : {true, false}) {
+    SCOPED_TRACE(w2d ? "2-D weights" : "1-D weights");
+    Recipe r = fp4_recipe(ScaleFormat::E4M3, true, w2d, 1);
+    r.hadamard_size = 64;
+    r.hadamard_dgrad = true;
+    r.hadamard_signs = HadamardSigns::PerStep;
+    const auto X = randn(M * K, 71), W = randn(N * K, 72, 0.1f), dY = randn(M * N, 73, 1e-3f);
+    auto run = [&](int64_t step, int threads, std::vector<float>& dX, std::vector<float>& dW) {
+      dX.assign(M * K, 0.f);
+      dW.assign(N * K, 0.f);
+      std::vector<float> Y(M * N), Wc = W;
+      nn::Linear lin(7, K, N, LinearPlan::uniform(r, LinearMode::FP4));
+      lin.bind(Wc.data(), dW.data());
+      nn::StepContext ctx;
+      ctx.step = step;
+      ctx.seed = 99;
+      ctx.hadamard_seed = 5;
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      lin.forward(X.data(), Y.data(), M, ctx);
+      lin.backward(dY.data(), dX.data(), M, ctx);
+      omp_set_num_threads(saved);
+    };
+    std::vector<float> dX, dW, dX2, dW2;
+    run(3, 1, dX, dW);
+    run(3, 2, dX2, dW2);
+    EXPECT_TRUE(same_bits(dX, dX2) && same_bits(dW, dW2)) << "thread count";
+    run(4, 2, dX2, dW2);
+    EXPECT_FALSE(same_bits(dX, dX2)) << "per-step signs: another step, another dX";
+
+    const HadamardTransform h = test_transform(64, HadamardSigns::PerStep, 5, 7, 3);
+    // dgrad
+    const auto dYh = rows_transformed(dY, M, N, h);
+    const auto Wth = rows_transformed(transpose(W, N, K), K, N, h);  // [K, N]
+    const SrKey kd{99, 3, 7, 2, 1};
+    const auto dYq = qdq(dYh, M, N, r.spec_dy(), amax(dYh), &kd);
+    const auto Wq = w2d ? qdq(transpose(Wth, K, N), N, K, r.spec_w(), amax(Wth), nullptr)
+                        : transpose(qdq(Wth, K, N, r.spec_w(), amax(Wth), nullptr), K, N);
+    std::vector<float> ref(M * K, 0.f);
+    sgemm(false, false, M, K, N, 1.f, dYq.data(), N, Wq.data(), K, 1.f, ref.data(), K);
+    EXPECT_TRUE(same_bits(dX, ref)) << "dgrad";
+    // wgrad
+    const auto dYt = rows_transformed(transpose(dY, M, N), N, M, h);
+    const auto Xt = rows_transformed(transpose(X, M, K), K, M, h);
+    const SrKey kw{99, 3, 7, 2, 2};
+    const auto dYtq = qdq(dYt, N, M, r.spec_dy(), amax(dYt), &kw);
+    const auto Xtq = qdq(Xt, K, M, r.spec_x(), amax(Xt), nullptr);
+    std::vector<float> refw(N * K, 0.f);
+    sgemm(false, true, N, K, M, 1.f, dYtq.data(), M, Xtq.data(), M, 1.f, refw.data(), K);
+    EXPECT_TRUE(same_bits(dW, refw)) << "wgrad";
+  }
+}
+
+TEST(Linear, HadamardShapeRulesNameTheDimension) {
+  // wgrad: M % n; dgrad: N % n (check_hadamard_shape), before any gradient is accumulated.
+  Recipe r = fp4_recipe(ScaleFormat::E4M3, true, true, 1);
+  r.hadamard_size = 32;
+  const int64_t K = 16, N = 32;
+  std::vector<float> X(48 * K, 1.f), W(N * K, 0.5f), dW(N * K, 0.f), Y(48 * N), dY(48 * N, 1e-3f),
+      dX(48 * K, 0.f);
+  nn::StepContext ctx;
+  {
+    nn::Linear lin(1, K, N, LinearPlan::uniform(r, LinearMode::FP4));
+    lin.bind(W.data(), dW.data());
+    lin.forward(X.data(), Y.data(), 48, ctx);
+    try {
+      lin.backward(dY.data(), dX.data(), 48, ctx);
+      ADD_FAILURE() << "M = 48 with a 32-point wgrad transform";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("needs the token count M = 48 to be a multiple of 32"),
+                std::string::npos) << e.what();
+    }
+  }
+  r.rht_wgrad = false;
+  r.hadamard_dgrad = true;
+  r.hadamard_size = 64;
+  nn::Linear lin(2, K, N, LinearPlan::uniform(r, LinearMode::FP4));
+  lin.bind(W.data(), dW.data());
+  lin.forward(X.data(), Y.data(), 48, ctx);
+  EXPECT_THROW(lin.backward(dY.data(), dX.data(), 48, ctx), std::invalid_argument);
+  EXPECT_EQ(dW, std::vector<float>(N * K, 0.f)) << "nothing accumulated";
 }

@@ -134,6 +134,9 @@ struct RankReferences {
 struct StepContext {
   int64_t step = 1;        ///< 1-based optimizer step (keys SR bits and held references)
   uint64_t seed = 0;       ///< run seed (keys SR bits)
+  /// Run seed (train.seed, never train.sr_seed) keying the per-layer and per-step signs of the
+  /// Hadamard transforms (fp4::hadamard_signs).
+  uint64_t hadamard_seed = 0;
   /// Micro-batch of the step, 0-based, global over MPI ranks (keys SR bits, so draws never
   /// repeat within a step); < 65536.
   int micro = 0;
@@ -171,8 +174,12 @@ struct LinearTelemetry {
 };
 
 /// Operand roles of the tensor references (one cache per (layer, role)). XT_RHT and DYT_RHT
-/// are the RHT-transformed wgrad operands, whose amax differs from the untransformed tensor's.
-enum class Role { X = 0, W = 1, DY = 2, XT_RHT = 3, DYT_RHT = 4 };
+/// are the RHT-transformed wgrad operands, whose amax differs from the untransformed tensor's;
+/// DY_HAD and W_HAD the Hadamard-transformed dgrad operands (fp4.hadamard_gemms "dgrad": dY
+/// along N, W's columns along N; docs/numerics.md "Random Hadamard transform").
+enum class Role { X = 0, W = 1, DY = 2, XT_RHT = 3, DYT_RHT = 4, DY_HAD = 5, W_HAD = 6 };
+/// The number of roles (Role values 0 .. kRoleCount − 1).
+inline constexpr int kRoleCount = 7;
 
 /// Telemetry of the last GEMM calls (references used this step).
 struct LinearRefs {
@@ -280,6 +287,13 @@ class Linear {
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
   template <class F>
   float training_reference(Role r, const StepContext& ctx, F&& measure);
+  // FP4 dgrad under the plan's Hadamard transform h (docs/numerics.md "Random Hadamard
+  // transform"): dyq [M, N] = q(dY with its rows transformed in N-chunks), its reference that of
+  // the transformed dY (Role::DY_HAD); and the dequantized dgrad weight [N, K] = q(W with its
+  // columns transformed), in ws.wqd (Role::W_HAD), which the function returns.
+  void dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ctx,
+                         const HadamardTransform& h, bool tel, float* dyq);
+  const float* dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h);
   // FP4 fprop X [M, K] quantized into the workspace (or reused there, see LinearWorkspace).
   const float* quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
   // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX
@@ -298,7 +312,7 @@ class Linear {
   const float* quantize_fprop_x_rows(const float* X, int64_t M, const SrKey& kx);
   // The decoded wgrad Xᵀ [K, M] into xt (blocks along tokens, the RHT if any), with the
   // reference g_xt or, row-scaled, one per row; and its telemetry from the materialised xt.
-  void quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, float* xt);
+  void quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const HadamardTransform* wh, float* xt);
   QuantStats wgrad_x_stats(const float* xt, int64_t M, float g_xt, const SrKey& kx);
   std::vector<float> x_row_g_;  // [M] per-row references of the last fprop X
   std::vector<float> xt_row_g_;  // [K] per-row references of the last wgrad Xᵀ
@@ -312,7 +326,7 @@ class Linear {
   const float* X_ = nullptr;  // input of the last forward
   int64_t M_ = 0;
   bool quantized_ = false;    // whether the last forward quantized (ctx.quantize)
-  TensorReference ref_[5];
+  TensorReference ref_[kRoleCount];
   InferenceState inf_;        // inference references; never read or written by training
   LinearRefs refs_;
   LinearTelemetry tel_;

@@ -20,7 +20,7 @@ namespace fp4 {
 /// One held tensor reference (docs/numerics.md "Tensor reference g") of one Linear and role.
 struct HeldReference {
   std::string linear;  ///< Model::linear_name, e.g. "layers.5.mixer.down_proj"
-  int role = 0;        ///< fp4::nn::Role as int (X=0, W=1, DY=2, XT_RHT=3, DYT_RHT=4)
+  int role = 0;        ///< fp4::nn::Role as int (X=0, W=1, DY=2, XT_RHT=3, DYT_RHT=4, DY_HAD=5, W_HAD=6)
   bool has_value = false;
   int64_t last_refresh = 0;  ///< 1-based step of the last refresh
   float held = 0.f;          ///< the held amax g
