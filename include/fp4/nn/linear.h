@@ -206,7 +206,10 @@ class Linear {
   /// `plan` is everything it needs from the recipe, resolved once (resolve_linear_plans, or
   /// LinearPlan::uniform(recipe, mode) for a linear without overrides): the mode, the spec of
   /// every GEMM × operand, the GEMM mode, D, the RHT and the BF16 boundary. A Linear never
-  /// reads a Recipe. With plan.rht(), the token count M of every call must be a multiple of 16.
+  /// reads a Recipe. With plan.rht(), the token count M of every call must be a multiple of
+  /// plan.hadamard_size (16 for TE's RHT); with plan.dgrad_hadamard(), `out` must be
+  /// (check_hadamard_shape; backward throws std::invalid_argument otherwise). `id` also keys
+  /// the per-layer and per-step Hadamard signs (fp4::hadamard_signs).
   /// dY keeps one reference per layer shared by dgrad and wgrad, whatever the two specs' T or
   /// rounding (docs/numerics.md "Tensor reference g"). The W specs may have another block
   /// length (tile side) than the X and dY specs (the recipe's fp4.weight_block): each operand
