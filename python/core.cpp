@@ -98,10 +98,12 @@ py::array checked_array(const py::handle& h, const char* name, bool want_u8, int
 }
 
 fp4::Rounding parse_rounding(const std::string& s, const char* what) {
-  if (s == "rne") return fp4::Rounding::RNE;
-  if (s == "sr8") return fp4::Rounding::SR8;
-  throw std::invalid_argument(std::string(what) + ": unknown value '" + s +
-                              "' (valid choices: rne, sr8)");
+  try {
+    return fp4::parse_rounding_name(s);
+  } catch (const std::invalid_argument&) {
+    throw std::invalid_argument(std::string(what) + ": unknown value '" + s +
+                                "' (valid choices: rne, sr8, rna)");
+  }
 }
 
 template <class F>
@@ -426,7 +428,7 @@ BoundQTensor load_qtensor(const std::filesystem::path& file) {
     // The element rounding is not part of the layout; `quant --save` and save() record it
     // as the fact "rounding".
     const auto rf = t.facts.find("rounding");
-    if (rf != t.facts.end() && rf->second == "sr8") q.spec.rounding = fp4::Rounding::SR8;
+    if (rf != t.facts.end()) q.spec.rounding = fp4::parse_rounding_name(rf->second);
     out.facts = t.facts;
     out.packed = std::move(t);
   }
@@ -632,7 +634,7 @@ py::dict spec_dict(const fp4::BlockQuantSpec& s) {
   d["block"] = s.block;
   d["two_d"] = s.two_d;
   d["target"] = s.target;
-  d["rounding"] = s.rounding == fp4::Rounding::RNE ? "rne" : "sr8";
+  d["rounding"] = fp4::rounding_name(s.rounding);
   if (s.four_over_six != fp4::FourOverSix::Off)  // only when on: earlier dicts are unchanged
     d["four_over_six"] = fp4::four_over_six_name(s.four_over_six);
   return d;
@@ -891,8 +893,8 @@ PYBIND11_MODULE(_core, m) {
         "Round every element of x (float32 ndarray, any shape, C-contiguous) onto format `fmt` and "
         "return its codes (uint8, same shape): fp4::format_encode for float formats (signed: "
         "sign in the top bit of the code, -0 for negative values rounding to 0), "
-        "fp4::element_encode for integer grids (two's complement, no -0). rounding: 'rne' or "
-        "'sr8' (8-bit stochastic rounding; r: uint8 array of x's shape, the random byte of each "
+        "fp4::element_encode for integer grids (two's complement, no -0). rounding: 'rne', 'rna' (ties away "
+        "from zero) or 'sr8' (8-bit stochastic rounding; r: uint8 array of x's shape, the random byte of each "
         "element). Values beyond the format saturate to +-max_finite.\n"
         "Raises TypeError (x not a float32 ndarray, r not uint8), ValueError (not C-contiguous, "
         "unknown format, NaN, a negative value in an unsigned format, 0 in ue8m0, sr8 without r; "
@@ -950,7 +952,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("element_format", [](const BoundQTensor& t) { return t.q.spec.element.name(); }, "Element format name (docs/formats.md).")
       .def_property_readonly("scale_format", [](const BoundQTensor& t) { return std::string(fp4::spec_scale_format(t.q.spec).name); }, "Block-scale format name.")
       .def_property_readonly("scale_rule", [](const BoundQTensor& t) { return std::string(fp4::scale_rule_name(t.q.spec.scale_rule)); }, "Scale rule: tensor-scaled, mx-te or mx-ocp.")
-      .def_property_readonly("rounding", [](const BoundQTensor& t) { return std::string(t.q.spec.rounding == fp4::Rounding::RNE ? "rne" : "sr8"); }, "Element rounding: rne or sr8.")
+      .def_property_readonly("rounding", [](const BoundQTensor& t) { return std::string(fp4::rounding_name(t.q.spec.rounding)); }, "Element rounding: rne, sr8 or rna.")
       .def_property_readonly("facts", [](const BoundQTensor& t) { return t.facts; },
                              "The metadata facts stored with save() (source, rounding, seed, ...).")
       .def("dequantize", &qt_dequantize,
@@ -980,7 +982,7 @@ PYBIND11_MODULE(_core, m) {
         "Block-quantize x (float32 ndarray [rows, cols], C-contiguous) exactly as `fp4train quant` "
         "(fp4::quantize_blocks, docs/numerics.md \"Quantizing one operand\", docs/formats.md): blocks "
         "of `block` along the last dim (two_d: block x block tiles), tensor reference g = "
-        "`reference` or max|x|, scale target T = target, element rounding 'rne' or 'sr8'. SR bytes "
+        "`reference` or max|x|, scale target T = target, element rounding 'rne', 'sr8' or 'rna'. SR bytes "
         "come from the Philox key (seed, step, layer, operand, gemm, micro); sr_key: dict "
         "overriding the CLI's key (step 1, layer 0, operand 2, gemm 0, micro 0). check_finite: "
         "refuse a result that dequantizes to +-Inf (mx-te near FLT_MAX), as the CLI does. "

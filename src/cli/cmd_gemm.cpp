@@ -289,7 +289,7 @@ void register_gemm(CLI::App& app) {
   sub->add_option("--block", o->block, "Block length along K (tile side with --a-2d/--b-2d)")
       ->capture_default_str();
   sub->add_option("--target", o->target, "Scale target T")->capture_default_str();
-  sub->add_option("--rounding", o->rounding, "Element rounding: rne or sr8")->capture_default_str();
+  sub->add_option("--rounding", o->rounding, "Element rounding: rne, sr8 or rna")->capture_default_str();
   sub->add_option("--seed", o->seed, "SR key seed (key: step 1, layer 0, operand 0 = A / 1 = B)")
       ->capture_default_str()
       ->check(CLI::Validator(
@@ -305,7 +305,7 @@ void register_gemm(CLI::App& app) {
     sub->add_flag(pre + "2d", p.two_d,
                   "Quantize " + op + " in block x block tiles (weights) instead of 1 x block");
     given.push_back(sub->add_option(pre + "target", p.target, "Scale target T of " + op));
-    sub->add_option(pre + "rounding", p.rounding, "Element rounding of " + op + ": rne or sr8");
+    sub->add_option(pre + "rounding", p.rounding, "Element rounding of " + op + ": rne, sr8 or rna");
     given.push_back(sub->add_option(std::string("--reference-") + w, p.reference,
                                     "Tensor reference amax g of " + op + " (default: max|" + op +
                                         "|)"));

@@ -291,7 +291,7 @@ void register_quant(CLI::App& app) {
   CLI::Option* ref =
       sub->add_option("--reference", opts->reference,
                       "Tensor reference amax g (default: current max|x| of the input)");
-  sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8")
+  sub->add_option("--rounding", opts->rounding, "Element rounding: rne, sr8, rna (ties away)")
       ->capture_default_str();
   sub->add_option("--seed", opts->seed,
                   "SR key seed (key: step 1, layer 0, operand 2 = dY, gemm 0)")

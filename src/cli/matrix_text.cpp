@@ -89,9 +89,11 @@ std::string num(double v) {
 }
 
 Rounding parse_rounding(const std::string& s, const std::string& opt) {
-  if (s == "rne") return Rounding::RNE;
-  if (s == "sr8") return Rounding::SR8;
-  throw UserError(opt + ": unknown value '" + s + "' (valid choices: rne, sr8)");
+  try {
+    return parse_rounding_name(s);
+  } catch (const std::invalid_argument&) {
+    throw UserError(opt + ": unknown value '" + s + "' (valid choices: rne, sr8, rna)");
+  }
 }
 
 }  // namespace fp4::cli

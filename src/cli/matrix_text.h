@@ -32,7 +32,7 @@ std::string format_matrix(const Matrix& m);
 /// Shortest round-trip-ish decimal of v (ostream default formatting).
 std::string num(double v);
 
-/// "rne" | "sr8" → Rounding; throws fp4::UserError naming option `opt` otherwise.
+/// "rne" | "sr8" | "rna" → Rounding; throws fp4::UserError naming option `opt` otherwise.
 Rounding parse_rounding(const std::string& s, const std::string& opt = "--rounding");
 
 }  // namespace fp4::cli

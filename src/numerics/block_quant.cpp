@@ -307,7 +307,7 @@ bool process_block_row(const float* x, const Plan& p, int64_t br, float* amax_bu
       } else {
         for (int64_t c = c0; c < c1; ++c) {
           const float xv = x[base + c];
-          on_elem(base + c, quant_mag(xv, e, p.ep, Rounding::RNE, 0), xv, d);
+          on_elem(base + c, quant_mag(xv, e, p.ep, p.mode, 0), xv, d);  // RNE or RNA
         }
       }
     }

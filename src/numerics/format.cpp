@@ -74,6 +74,20 @@ ScaleFormat parse_scale_format(const std::string& s) {
 
 const char* scale_format_name(ScaleFormat f) { return scale_format_desc(f).name; }
 
+const char* rounding_name(Rounding m) {
+  switch (m) {
+    case Rounding::SR8: return "sr8";
+    case Rounding::RNA: return "rna";
+    default: return "rne";
+  }
+}
+
+Rounding parse_rounding_name(const std::string& s) {
+  for (Rounding m : {Rounding::RNE, Rounding::SR8, Rounding::RNA})
+    if (s == rounding_name(m)) return m;
+  throw std::invalid_argument("unknown rounding '" + s + "' (valid choices: rne, sr8, rna)");
+}
+
 float round_magnitude(float a, const FloatFormat& fmt, Rounding mode, uint8_t r) {
   if (!(a >= 0.0f)) {
     throw std::invalid_argument("round_magnitude: magnitude must be >= 0 and not NaN, got " +

@@ -55,6 +55,7 @@ struct ScaleParams {
   float smax = 0.f;            ///< scale format's max finite
   bool sub_pow2 = false;       ///< scale rounding needs subnormal powers of two (UE8M0)
   bool sr = false;             ///< SR8 elements
+  bool rna = false;            ///< RNA elements (ties away from zero)
   SrKey key{};
 };
 
@@ -80,6 +81,7 @@ inline void set_scale_params(ScaleParams& p, const BlockQuantSpec& spec, float g
   const int emax = std::ilogb(fmt.max_finite);
   p.sub_pow2 = p.semin - p.sfrac < -126 || -(emax - p.sfrac) < -126;
   p.sr = spec.rounding == Rounding::SR8;
+  p.rna = spec.rounding == Rounding::RNA;
   if (p.sr) p.key = *sr;
 }
 
@@ -225,6 +227,23 @@ HWY_INLINE VF E2M1Clamp(VF y, VI& e) {
   a = hn::IfThenElse(hn::Lt(a, six), a, six);
   e = hn::Max(hn::Sub(hn::ShiftRight<23>(hn::BitCast(di, a)), hn::Set(di, 127)), hn::Zero(di));
   return a;
+}
+
+/// RNA (round to nearest, ties away from zero) of a = min(|y|, 6) with exponent e from
+/// E2M1Clamp, as the count n of grid spacings u = 2^(e−1) (result n·u): the steps of
+/// detail::round_magnitude_params with q = e − 1. s = a·2^(1−e) is exact (a power-of-two
+/// scaling, s < 4), lo = trunc(s) and δ = s − lo are exact, n = lo + (δ ≥ 0.5). An add-and-round
+/// trick (as RNE's) would not do: fl(s + 0.5) rounds up for s = 0.5 − 2^−25. n·u ≤ 6 (a ≤ 6 is
+/// on the grid), so no clamp is needed.
+HWY_INLINE VI E2M1RnaSteps(VF a, VI e) {
+  const DF df;
+  const DI di;
+  const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
+  const VF s = hn::Mul(a, inv_u);
+  const VI lo = hn::ConvertTo(di, s);
+  const VF delta = hn::Sub(s, hn::ConvertTo(df, lo));
+  return hn::Add(lo, hn::IfThenElseZero(hn::RebindMask(di, hn::Ge(delta, hn::Set(df, 0.5f))),
+                                        hn::Set(di, 1)));
 }
 
 /// |v|'s bit pattern (ordered as |v| is, for finite and infinite values).

@@ -194,8 +194,9 @@ HWY_INLINE void BlockScales(VF amax, const QPlan& p, VF& ev, VI& code) {
   code = hn::IfThenElse(hn::RebindMask(di, hn::Lt(c, hn::Set(df, p.ssub))), sub, normal);
 }
 
-/// E2M1 codes (0..15) of x·e (see the file comment for the proof of n + 2e).
-template <bool kSR>
+/// E2M1 codes (0..15) of x·e (see the file comment for the proof of n + 2e); kR is the element
+/// rounding (RNE, SR8 with offsets off, or RNA: n from E2M1RnaSteps, hwy_common.h).
+template <Rounding kR>
 HWY_INLINE VI CodesVec(VF x, VF ev, VF off) {
   const DF df;
   const DI di;
@@ -204,9 +205,12 @@ HWY_INLINE VI CodesVec(VF x, VF ev, VF off) {
   VI e;
   const VF a = E2M1Clamp(y, e);
   VI n;
-  if constexpr (kSR) {
+  if constexpr (kR == Rounding::SR8) {
     const VF inv_u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 128), e)));  // 2^(1−e)
     n = hn::ConvertTo(di, hn::Add(hn::Mul(a, inv_u), off));
+  } else if constexpr (kR == Rounding::RNA) {
+    (void)off;
+    n = E2M1RnaSteps(a, e);
   } else {
     (void)off;
     const VF m = hn::BitCast(df, hn::Add(hn::Set(di, 0x4AC00000), hn::ShiftLeft<23>(e)));
@@ -253,8 +257,9 @@ HWY_INLINE void PackRun(const uint8_t* c, int64_t n, int64_t start, int64_t tota
   }
 }
 
-template <bool kSR, bool kSub>
+template <Rounding kR, bool kSub>
 bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
@@ -315,7 +320,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
       int64_t j = 0;
       for (; j + N <= cols; j += N) {
         const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
-        const VI code = CodesVec<kSR>(hn::LoadU(df, xr + j), hn::LoadU(df, er + j), off);
+        const VI code = CodesVec<kR>(hn::LoadU(df, xr + j), hn::LoadU(df, er + j), off);
         hn::StoreU(hn::DemoteTo(D8(), code), D8(), cr + j);
       }
       if (j < cols) {
@@ -326,7 +331,7 @@ bool PackRowsT(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
           if constexpr (kSR) psr[t] = j + t < cols ? srp[j + t] : 0;
         }
         const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
-        const VI code = CodesVec<kSR>(hn::LoadU(df, px), hn::LoadU(df, er + j), off);
+        const VI code = CodesVec<kR>(hn::LoadU(df, px), hn::LoadU(df, er + j), off);
         hn::StoreU(hn::DemoteTo(D8(), code), D8(), cr + j);  // codes has kMaxLanes spare
       }
       PackRun(cr, cols, start, total, p.packed, carry);
@@ -406,9 +411,10 @@ HWY_INLINE void Pack16(const uint8_t* c, uint8_t* dst) {
 /// the panel's output rows, srb[j·rows + r] for element (c0 + j, r). The operations per value
 /// are the row kernel's, so the bits are those of PackRowsT on the transposed operand. False
 /// on a non-finite value (after the RHT); earlier blocks may be written.
-template <bool kSR, bool kSub>
+template <Rounding kR, bool kSub>
 bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
                 const uint8_t* srb, float* tile) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t rows = p.cols, cols = p.rows, B = p.B, nbc = p.block_cols;
@@ -461,7 +467,7 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
         for (int64_t q = 0; q < 16; q += N) {
           const VF xv = hn::GatherIndex(df, tile + (i + q) * kPanel + j, gidx);
           const VF off = kSR ? SrOffsets(sj + i + q) : hn::Zero(df);
-          hn::StoreU(hn::DemoteTo(D8(), CodesVec<kSR>(xv, ev, off)), D8(), cb + q);
+          hn::StoreU(hn::DemoteTo(D8(), CodesVec<kR>(xv, ev, off)), D8(), cb + q);
         }
         Pack16(cb, p.packed + (flat + i) / 2);
       }
@@ -470,17 +476,28 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
   return true;
 }
 
+template <Rounding kR>
+bool PackPanelR(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
+                const uint8_t* srb, float* tile) {
+  return p.sub_pow2 ? PackPanelT<kR, true>(p, x, c0, w, rht, srb, tile)
+                    : PackPanelT<kR, false>(p, x, c0, w, rht, srb, tile);
+}
+
 bool PackPanel(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
                const uint8_t* srb, float* tile) {
-  if (p.sr) return p.sub_pow2 ? PackPanelT<true, true>(p, x, c0, w, rht, srb, tile)
-                              : PackPanelT<true, false>(p, x, c0, w, rht, srb, tile);
-  return p.sub_pow2 ? PackPanelT<false, true>(p, x, c0, w, rht, srb, tile)
-                    : PackPanelT<false, false>(p, x, c0, w, rht, srb, tile);
+  if (p.sr) return PackPanelR<Rounding::SR8>(p, x, c0, w, rht, srb, tile);
+  return p.rna ? PackPanelR<Rounding::RNA>(p, x, c0, w, rht, srb, tile)
+               : PackPanelR<Rounding::RNE>(p, x, c0, w, rht, srb, tile);
+}
+
+template <Rounding kR>
+bool PackRowsR(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
+  return p.sub_pow2 ? PackRowsT<kR, true>(p, br0, br1, s) : PackRowsT<kR, false>(p, br0, br1, s);
 }
 
 bool PackRows(const QPlan& p, int64_t br0, int64_t br1, QScratch& s) {
-  if (p.sr) return p.sub_pow2 ? PackRowsT<true, true>(p, br0, br1, s) : PackRowsT<true, false>(p, br0, br1, s);
-  return p.sub_pow2 ? PackRowsT<false, true>(p, br0, br1, s) : PackRowsT<false, false>(p, br0, br1, s);
+  if (p.sr) return PackRowsR<Rounding::SR8>(p, br0, br1, s);
+  return p.rna ? PackRowsR<Rounding::RNA>(p, br0, br1, s) : PackRowsR<Rounding::RNE>(p, br0, br1, s);
 }
 
 // ---------------------------------------------------------------- dequantize

@@ -271,15 +271,29 @@ HWY_INLINE VF RoundE2M1Sr(VF y, VF off) {
   return hn::Mul(hn::ConvertTo(df, hn::ConvertTo(di, t)), u);
 }
 
-/// x̂ = copysign(round_E2M1(x·e_b), x)·d_b, as block_quant.cpp's quant_mag + copysign·d.
-template <bool kSR>
+/// RNA of |y| (not NaN) onto the E2M1 grid: E2M1RnaSteps (hwy_common.h) times the spacing u.
+HWY_INLINE VF RoundE2M1Rna(VF y) {
+  const DF df;
+  const DI di;
+  VI e;
+  const VF a = E2M1Clamp(y, e);
+  const VF u = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(e, hn::Set(di, 126))));  // 2^(e−1)
+  return hn::Mul(hn::ConvertTo(df, E2M1RnaSteps(a, e)), u);
+}
+
+/// x̂ = copysign(round_E2M1(x·e_b), x)·d_b, as block_quant.cpp's quant_mag + copysign·d;
+/// kR is the element rounding (RNE, SR8 with offsets sroff, or RNA).
+template <Rounding kR>
 HWY_INLINE VF QdqVec(VF x, VF ev, VF dv, VF sroff) {
   VF y = hn::Mul(x, ev);
   y = hn::IfThenZeroElse(hn::IsNaN(y), y);  // 0·Inf (e_b overflowed) is taken as 0
   // E2M1 (kE2M1): 1 fraction bit, exponent floor 1 − bias = 0, max 6; powers of two 2^±1 only.
   VF v;
-  if constexpr (kSR) {
+  if constexpr (kR == Rounding::SR8) {
     v = RoundE2M1Sr(y, sroff);
+  } else if constexpr (kR == Rounding::RNA) {
+    (void)sroff;
+    v = RoundE2M1Rna(y);
   } else {
     (void)sroff;
     v = RoundE2M1Rne(y);
@@ -461,9 +475,10 @@ uint32_t AmaxBits(const float* x, int64_t n) {
 
 /// One vector of a block: out[0..k) = QdqVec(x[0..k)) for k < Lanes, through a zero-padded copy
 /// (so partial vectors run the same lane code as full ones).
-template <bool kSR>
+template <Rounding kR>
 HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, VF dv,
                            Scratch& s, float* out) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   float* px = s.pad.data();
@@ -474,7 +489,7 @@ HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, 
     if constexpr (kSR) psr[t] = t < k ? sr[t] : 0;
   }
   const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
-  hn::StoreU(QdqVec<kSR>(hn::LoadU(df, px), ev, dv, off), df, po);
+  hn::StoreU(QdqVec<kR>(hn::LoadU(df, px), ev, dv, off), df, po);
   for (int64_t t = 0; t < k; ++t) out[t] = po[t];
 }
 
@@ -483,12 +498,21 @@ HWY_INLINE void QdqPartial(const float* x, const uint8_t* sr, int64_t k, VF ev, 
 /// Four Over Six error terms of one vector, lane-wise as block_quant.cpp's four_over_six_error:
 /// q = copysign(round_E2M1(x·e_b), x) (QdqVec's element), v = fl(fl(fl(q·c)·g) / denom),
 /// then |v − x| (MAE) or (v − x)² (MSE).
-template <bool kSR>
+template <Rounding kR>
 HWY_INLINE VF FosTerms(VF x, VF ev, VF cv, const Plan& p, VF off) {
   const DF df;
   VF y = hn::Mul(x, ev);
   y = hn::IfThenZeroElse(hn::IsNaN(y), y);
-  const VF m = kSR ? RoundE2M1Sr(y, off) : RoundE2M1Rne(y);
+  VF m;
+  if constexpr (kR == Rounding::SR8) {
+    m = RoundE2M1Sr(y, off);
+  } else if constexpr (kR == Rounding::RNA) {
+    (void)off;
+    m = RoundE2M1Rna(y);
+  } else {
+    (void)off;
+    m = RoundE2M1Rne(y);
+  }
   const VF q = hn::CopySignToAbs(m, x);
   const VF v = hn::Div(hn::Mul(hn::Mul(q, cv), hn::Set(df, p.g)), hn::Set(df, p.denom));
   const VF diff = hn::Sub(v, x);
@@ -497,9 +521,10 @@ HWY_INLINE VF FosTerms(VF x, VF ev, VF cv, const Plan& p, VF off) {
 
 /// The 4/6 error of quantizing x[0..len) with block scale c: the terms in lanes (a zero-padded
 /// last vector), then summed from 0 in element order in scalar FP32, as the reference does.
-template <bool kSR>
+template <Rounding kR>
 float FosBlockError(const float* x, const uint8_t* sr, int64_t len, float c, const Plan& p,
                     Scratch& s) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const float d = c * p.gd;
@@ -508,7 +533,7 @@ float FosBlockError(const float* x, const uint8_t* sr, int64_t len, float c, con
   int64_t j = 0;
   for (; j + N <= len; j += N) {
     const VF off = kSR ? SrOffsets(sr + j) : hn::Zero(df);
-    hn::StoreU(FosTerms<kSR>(hn::LoadU(df, x + j), ev, cv, p, off), df, t + j);
+    hn::StoreU(FosTerms<kR>(hn::LoadU(df, x + j), ev, cv, p, off), df, t + j);
   }
   if (j < len) {
     float* px = s.pad.data();
@@ -518,7 +543,7 @@ float FosBlockError(const float* x, const uint8_t* sr, int64_t len, float c, con
       if constexpr (kSR) psr[k] = j + k < len ? sr[j + k] : 0;
     }
     const VF off = kSR ? SrOffsets(psr) : hn::Zero(df);
-    hn::StoreU(FosTerms<kSR>(hn::LoadU(df, px), ev, cv, p, off), df, t + j);
+    hn::StoreU(FosTerms<kR>(hn::LoadU(df, px), ev, cv, p, off), df, t + j);
   }
   float err = 0.0f;
   for (int64_t k = 0; k < len; ++k) err += t[k];
@@ -528,8 +553,9 @@ float FosBlockError(const float* x, const uint8_t* sr, int64_t len, float c, con
 /// Four Over Six block scales of block-row [r0, r1) into s.d, s.e (block_quant.cpp's
 /// four_over_six_scales): per block the two candidates (detail::four_over_six_candidates),
 /// each row's error, summed over the rows in order; c4 only if its error is strictly lower.
-template <bool kSR>
+template <Rounding kR>
 void FosScales(const Plan& p, int64_t r0, int64_t r1, Scratch& s) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
   std::fill(s.err4.begin(), s.err4.begin() + nbc, 0.0f);
   std::fill(s.err6.begin(), s.err6.begin() + nbc, 0.0f);
@@ -542,8 +568,8 @@ void FosScales(const Plan& p, int64_t r0, int64_t r1, Scratch& s) {
       const auto [c4, c6] =
           detail::four_over_six_candidates(s.amax[bc], p.ge, 6.0f, p.sfrac, p.semin, p.smax);
       const uint8_t* sb = kSR ? srp + c0 : nullptr;
-      s.err4[bc] += FosBlockError<kSR>(xr + c0, sb, len, c4, p, s);
-      s.err6[bc] += FosBlockError<kSR>(xr + c0, sb, len, c6, p, s);
+      s.err4[bc] += FosBlockError<kR>(xr + c0, sb, len, c4, p, s);
+      s.err6[bc] += FosBlockError<kR>(xr + c0, sb, len, c6, p, s);
     }
   }
   for (int64_t bc = 0; bc < nbc; ++bc) {
@@ -555,8 +581,9 @@ void FosScales(const Plan& p, int64_t r0, int64_t r1, Scratch& s) {
   }
 }
 
-template <bool kSR, bool kSub>
+template <Rounding kR, bool kSub>
 bool RowsT(const Plan& p, int64_t br, Scratch& s) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t cols = p.cols, B = p.B, nbc = p.block_cols;
@@ -579,7 +606,7 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   if (!BlockRowAmax(p.x + r0 * cols, cols, r1 - r0, cols, B, nbc, am)) return false;
   // 2. block scales, Lanes blocks at a time (Four Over Six: the lower-error candidate)
   if (p.fos != 0) {
-    FosScales<kSR>(p, r0, r1, s);
+    FosScales<kR>(p, r0, r1, s);
   } else {
     for (int64_t bc = 0; bc < nbc; bc += N) {
       VF dv, ev;
@@ -622,9 +649,9 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
         const int64_t c1 = c0 + len;
         for (; j + N <= c1; j += N) {
           const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
-          put(QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off), j);
+          put(QdqVec<kR>(hn::LoadU(df, xr + j), ev, dv, off), j);
         }
-        if (j < c1) QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, c1 - j, ev, dv, s, orow + j);
+        if (j < c1) QdqPartial<kR>(xr + j, kSR ? srp + j : nullptr, c1 - j, ev, dv, s, orow + j);
       }
     } else {
       int64_t bc0 = 0, o0 = 0, j = 0;
@@ -633,12 +660,12 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
         const VF dv = LookupBlocks(s.d.data() + bc0, rel);
         const VF ev = LookupBlocks(s.e.data() + bc0, rel);
         const VF off = kSR ? SrOffsets(srp + j) : hn::Zero(df);
-        put(QdqVec<kSR>(hn::LoadU(df, xr + j), ev, dv, off), j);
+        put(QdqVec<kR>(hn::LoadU(df, xr + j), ev, dv, off), j);
         BlockWalkStep(B, qN, rN, bc0, o0);
         if (rN != 0) rel = LaneBlockRel(o0, B, kmax);
       }
       if (j < cols) {
-        QdqPartial<kSR>(xr + j, kSR ? srp + j : nullptr, cols - j,
+        QdqPartial<kR>(xr + j, kSR ? srp + j : nullptr, cols - j,
                         LookupBlocks(s.e.data() + bc0, rel), LookupBlocks(s.d.data() + bc0, rel), s,
                         orow + j);
       }
@@ -649,6 +676,11 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   return true;
 }
 
+template <Rounding kR>
+bool RowsR(const Plan& p, int64_t br, Scratch& s) {
+  return p.sub_pow2 ? RowsT<kR, true>(p, br, s) : RowsT<kR, false>(p, br, s);
+}
+
 bool Rows(const Plan& p, int64_t br, Scratch& s) {
   if (p.row_g) {  // row-scaled: this row's tensor scales, by the same expressions
     Plan rp = p;
@@ -656,8 +688,8 @@ bool Rows(const Plan& p, int64_t br, Scratch& s) {
     rp.row_g = nullptr;
     return Rows(rp, br, s);
   }
-  if (p.sr) return p.sub_pow2 ? RowsT<true, true>(p, br, s) : RowsT<true, false>(p, br, s);
-  return p.sub_pow2 ? RowsT<false, true>(p, br, s) : RowsT<false, false>(p, br, s);
+  if (p.sr) return RowsR<Rounding::SR8>(p, br, s);
+  return p.rna ? RowsR<Rounding::RNA>(p, br, s) : RowsR<Rounding::RNE>(p, br, s);
 }
 
 // ---------------------------------------------------------------- RHT16 (vertical)
@@ -680,8 +712,9 @@ HWY_INLINE void LoadTile(const float* x, int64_t cols, int64_t r0, int64_t h, in
 
 // ---------------------------------------------------------------- transposed kernel
 
-template <bool kSR, bool kSub, bool kRht>
+template <Rounding kR, bool kSub, bool kRht>
 bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
+  constexpr bool kSR = kR == Rounding::SR8;
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t rows = p.rows, cols = p.cols, B = p.B, H = p.H;
@@ -796,13 +829,13 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
           scales();
           const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
           const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
-          Put(QdqVec<kSR>(xv, ev, dv, off), o + i, stream);
+          Put(QdqVec<kR>(xv, ev, dv, off), o + i, stream);
         }
         if (i < h) {
           scales();
           float col[kMaxLanes];
           for (int64_t t = 0; t < h - i; ++t) col[t] = T[(i + t) * N + j];
-          QdqPartial<kSR>(col, kSR ? sj + i : nullptr, h - i, ev, dv, s, o + i);
+          QdqPartial<kR>(col, kSR ? sj + i : nullptr, h - i, ev, dv, s, o + i);
         }
       } else {
         // Misaligned streaming (N == 16, h % 16 == 0): vector k covers o[16k, 16k + 16); the
@@ -813,7 +846,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
           scales();
           const VF xv = hn::GatherIndex(df, T + i * N + j, gidx);
           const VF off = kSR ? SrOffsets(sj + i) : hn::Zero(df);
-          const VF r = hn::TableLookupLanes(QdqVec<kSR>(xv, ev, dv, off), rot);
+          const VF r = hn::TableLookupLanes(QdqVec<kR>(xv, ev, dv, off), rot);
           if (i == 0 && r0 == pr0) {
             // the unit's first line is shared with the previous unit: plain masked store of
             // this tile's part, o[0, 16 − mis) (lanes mis.. of the line)
@@ -849,13 +882,19 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
   return true;
 }
 
+template <Rounding kR, bool kRht>
+bool ColsR(const Plan& p, int64_t unit, Scratch& s) {
+  return p.sub_pow2 ? ColsT<kR, true, kRht>(p, unit, s) : ColsT<kR, false, kRht>(p, unit, s);
+}
+
+template <Rounding kR>
+bool ColsRht(const Plan& p, int64_t unit, Scratch& s) {
+  return p.rht ? ColsR<kR, true>(p, unit, s) : ColsR<kR, false>(p, unit, s);
+}
+
 bool Cols(const Plan& p, int64_t unit, Scratch& s) {
-  if (p.rht) {
-    if (p.sr) return p.sub_pow2 ? ColsT<true, true, true>(p, unit, s) : ColsT<true, false, true>(p, unit, s);
-    return p.sub_pow2 ? ColsT<false, true, true>(p, unit, s) : ColsT<false, false, true>(p, unit, s);
-  }
-  if (p.sr) return p.sub_pow2 ? ColsT<true, true, false>(p, unit, s) : ColsT<true, false, false>(p, unit, s);
-  return p.sub_pow2 ? ColsT<false, true, false>(p, unit, s) : ColsT<false, false, false>(p, unit, s);
+  if (p.sr) return ColsRht<Rounding::SR8>(p, unit, s);
+  return p.rna ? ColsRht<Rounding::RNA>(p, unit, s) : ColsRht<Rounding::RNE>(p, unit, s);
 }
 
 uint32_t AmaxRht(const float* x, int64_t rows, int64_t cols, int64_t strip, bool bf16,

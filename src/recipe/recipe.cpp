@@ -17,10 +17,9 @@ LinearMode parse_mode(detail::TomlReader& r, const std::string& key, const std::
   return v == "fp32" ? LinearMode::FP32 : v == "bf16" ? LinearMode::BF16 : LinearMode::FP4;
 }
 Rounding parse_rounding(detail::TomlReader& r, const std::string& key, const std::string& v) {
-  r.choice(key, v, {"rne", "sr8"});
-  return v == "rne" ? Rounding::RNE : Rounding::SR8;
+  r.choice(key, v, {"rne", "sr8", "rna"});  // rna: docs/numerics.md "Rounding a magnitude"
+  return parse_rounding_name(v);
 }
-const char* rounding_name(Rounding m) { return m == Rounding::RNE ? "rne" : "sr8"; }
 std::string int_list(const std::vector<int>& v) {
   std::string o = "[";
   for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);

@@ -47,7 +47,7 @@ nlohmann::json plans_json(const ResolvedLinears& res) {
           j[std::string(gemm_name(Gemm(g))) + "." + operand_name(Operand(o))] = {
               s.element.name(), spec_scale_format(s).name,
               s.block,          s.two_d,
-              s.target,         s.rounding == Rounding::RNE ? "rne" : "sr8"};
+              s.target,         rounding_name(s.rounding)};
         }
     }
     out.push_back(j);

@@ -31,6 +31,7 @@ bad() {  # bad <name> <stdin> <expected message fragment> <args...>: must exit n
 
 ok  "good input"            '1 2 3 40\n-0.5 0.25 7 8\n'  --block 4
 ok  "good input, 2d, sr8"   '1 2 3\n4 5 6\n7 8 9\n'      --block 2 --2d --rounding sr8 --seed 7
+ok  "rna (ties away)"      '1 2 3\n4 5 6\n7 8 9\n'      --block 2 --rounding rna
 ok  "e4m3, reference"       '1 2 3 40\n'                 --scale-format e4m3 --reference 4
 ok  "ue8m0, target 2048"    '1e-3 2e5\n'                 --scale-format ue8m0 --target 2048
 ok  "ue5m3-ptx"             '1e-3 2e5\n'                 --scale-format ue5m3-ptx --reference 1

@@ -72,6 +72,13 @@ double ref_rne(const std::vector<double>& grid, double a) {
   return (i % 2 == 0) ? grid[i] : grid[i + 1];
 }
 
+/// Independent RNA: nearest grid value, ties to the larger magnitude; saturating.
+double ref_rna(const std::vector<double>& grid, double a) {
+  if (a >= grid.back()) return grid.back();
+  const size_t i = lower_index(grid, a);
+  return a - grid[i] < grid[i + 1] - a ? grid[i] : grid[i + 1];  // exact in double here
+}
+
 /// Independent SR8: number of r in 0..255 that round a up, from the exact fractional
 /// position δ = (a − lo)/(hi − lo): up iff (2r+1)/512 ≥ 1 − δ.
 int ref_sr_up_count(double delta) {
@@ -127,6 +134,26 @@ TEST(Format, E2M1RneTable) {
   EXPECT_EQ(e2m1_encode(-0.25f, Rounding::RNE), 8);  // −0
   EXPECT_EQ(e2m1_encode(-0.0f, Rounding::RNE), 8);
   EXPECT_EQ(e2m1_encode(0.25f, Rounding::RNE), 0);
+}
+
+TEST(Format, E2M1RnaTable) {
+  // Round to nearest, ties away from zero (Quartet II's thresholds ≥ 0.25, 0.75, …, 5).
+  const float in[] = {-100, -5, -3.5, -0.75, -0.25, -0.0f, 0, 0.25, 0.5, 0.75, 1.25, 1.75, 2.5,
+                      3.5, 5, 6, 100, std::nextafter(0.25f, 0.f), 0.25f - 0x1p-26f,
+                      std::nextafter(5.f, 0.f), std::nextafter(2.5f, 0.f)};
+  const float want[] = {-6, -6, -4, -1, -0.5, -0.0f, 0, 0.5, 0.5, 1, 1.5, 2, 3,
+                        4, 6, 6, 6, 0, 0, 4, 2};
+  for (size_t i = 0; i < std::size(in); ++i) {
+    const float got = e2m1_decode(e2m1_encode(in[i], Rounding::RNA));
+    EXPECT_EQ(got, want[i]) << "x = " << in[i];
+    EXPECT_EQ(std::signbit(got), std::signbit(want[i])) << "sign of x = " << in[i];
+  }
+  EXPECT_EQ(e2m1_encode(-0.25f, Rounding::RNA), 9);  // −0.5
+  EXPECT_EQ(e2m1_encode(INFINITY, Rounding::RNA), 7);
+  EXPECT_EQ(e2m1_encode(-0.1f, Rounding::RNA), 8);  // −0
+  EXPECT_EQ(std::string(rounding_name(Rounding::RNA)), "rna");
+  EXPECT_EQ(parse_rounding_name("rna"), Rounding::RNA);
+  EXPECT_THROW(parse_rounding_name("rnz"), std::invalid_argument);
 }
 
 TEST(Format, E2M1DecodeAll16) {
@@ -328,6 +355,8 @@ TEST(Rounding, MatchesIndependentReference) {
       const double want = ref_rne(grid, a);
       ASSERT_EQ(static_cast<double>(round_magnitude(a, *c.fmt, Rounding::RNE)), want)
           << c.fmt->name << " a = " << a;
+      ASSERT_EQ(static_cast<double>(round_magnitude(a, *c.fmt, Rounding::RNA)), ref_rna(grid, a))
+          << c.fmt->name << " RNA a = " << a;
       // SR8
       int up = 0;
       const double lo = a >= grid.back() ? grid.back() : grid[lower_index(grid, a)];

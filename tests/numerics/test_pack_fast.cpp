@@ -376,6 +376,22 @@ TEST(PackFast, SrThresholdsExact) {
   }
 }
 
+TEST(PackFast, RnaTiesExact) {
+  // RNA codes at every E2M1 half-way point and its neighbours (rna_tie_inputs), even and odd
+  // column counts.
+  for (int64_t cols : {64, 63}) {
+    const int64_t rows = 256;
+    const std::vector<float> x = rna_tie_inputs(rows, cols);
+    for_each_target([&](const std::string&) {
+      for (ScaleFormat f : kFormats) {
+        check_pack(x, rows, cols, make_spec(f, Rounding::RNA), 448.f * 6.f, "RNA ties");
+        check_pack_t(x, rows, cols, make_spec(f, Rounding::RNA), 448.f * 6.f, false, "RNA ties");
+        check_pack_t(x, rows, cols, make_spec(f, Rounding::RNA), 448.f * 6.f, true, "RNA ties");
+      }
+    });
+  }
+}
+
 TEST(PackFast, AdversarialBlocksAndShapes) {
   std::mt19937_64 rng(9);
   auto inputs = adversarial_inputs(rng);

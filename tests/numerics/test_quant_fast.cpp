@@ -411,6 +411,21 @@ TEST(QuantFast, SrThresholdsExact) {
   });
 }
 
+TEST(QuantFast, RnaTiesExact) {
+  // RNA (ties away) at every E2M1 half-way point, its FP32 neighbours and the lo = 0 interval's
+  // fine bits (rna_tie_inputs), rows and transposed (with and without the RHT), both signs.
+  const int64_t rows = 256, cols = 64;
+  const std::vector<float> x = rna_tie_inputs(rows, cols);
+  const float g = 448.f * 6.f;
+  for_each_target([&](const std::string&) {
+    for (ScaleFormat f : kFormats) {
+      check_rows(x, rows, cols, make_spec(f, Rounding::RNA), g, "RNA ties");
+      check_transposed(x, rows, cols, make_spec(f, Rounding::RNA), g, false, "RNA ties T");
+      check_transposed(x, rows, cols, make_spec(f, Rounding::RNA), g, true, "RNA ties T RHT");
+    }
+  });
+}
+
 TEST(QuantFast, AdversarialBlocksAndShapes) {
   std::mt19937_64 rng(9);
   const auto inputs = adversarial_inputs(rng);

@@ -79,6 +79,14 @@ def test_e2m1_rne_hand_cases():
     assert bits(fp.round_to(x, "e2m1"))[10] == 0x80000000  # -0.0 stays -0
 
 
+def test_e2m1_rna_hand_cases():
+    # Round to nearest, ties away from zero (Quartet II's forward; docs/numerics.md).
+    x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, -0.0, -0.1, -5.0, -0.25,
+                  np.nextafter(np.float32(0.25), np.float32(0)), 0.25 - 2.0 ** -26], np.float32)
+    want = [0x1, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7, 0x7, 0x8, 0x8, 0xF, 0x9, 0x0, 0x0]
+    assert fp.encode(x, "e2m1", "rna").tolist() == want
+
+
 def test_e2m1_sr8_threshold():
     # 0.75 = 1.5 units of 0.5: delta = 0.5, up iff 0.5 + (2r+1)/512 >= 1 iff r >= 128.
     x = np.full(4, 0.75, np.float32)

@@ -108,6 +108,7 @@ def adversarial():
     ties = np.array([[0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0] * 2], np.float32)
     out.append(("ties", ties, {"reference": 448.0 * 6 / 6}))
     out.append(("ties-sr", ties, {"reference": 448.0, "rounding": "sr8", "seed": 3}))
+    out.append(("ties-rna", ties, {"reference": 448.0, "rounding": "rna"}))
     tiny_g = randn(2, 16, 1e-30)
     out.append(("tiny-reference", tiny_g, {"reference": 1e-38}))
     return out

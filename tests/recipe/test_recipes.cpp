@@ -1029,3 +1029,27 @@ TEST(RecipeHadamard, BadValuesNameTheFileAndKey) {
       [&] { load_recipe("nvfp4-te", kDir, parse_settings({"fp4.hadamard_size=100"}).recipe); });
   EXPECT_NE(s.find("--set fp4.hadamard_size=100"), std::string::npos) << s;
 }
+
+// ------------------------------------------ [rounding] "rna" (docs/numerics.md "Rounding a magnitude")
+
+TEST(RecipeRounding, RnaParsesRoundTripsAndReachesTheSpecs) {
+  // "rna" (ties away from zero, Quartet II's forward) in [rounding] and in an override; written
+  // back as "rna"; the plan's specs carry it. A misspelling names the key and the choices.
+  const std::string text = std::string(kBase) + "[rounding]\nx = \"rna\"\nw = \"rna\"\n";
+  const Recipe r = recipe_from_text(text, "rna.toml");
+  EXPECT_EQ(r.round_x, Rounding::RNA);
+  EXPECT_EQ(r.round_w, Rounding::RNA);
+  EXPECT_EQ(r.round_dy, Rounding::SR8);
+  const std::string t = recipe_to_toml(r);
+  EXPECT_NE(t.find("x = \"rna\"\nw = \"rna\"\ndy = \"sr8\""), std::string::npos) << t;
+  EXPECT_EQ(recipe_from_text(t, "back"), r);
+  const LinearPlan p = LinearPlan::uniform(r, LinearMode::FP4);
+  EXPECT_EQ(p.spec(Gemm::Fprop, Operand::X).rounding, Rounding::RNA);
+  EXPECT_EQ(p.spec(Gemm::Fprop, Operand::W).rounding, Rounding::RNA);
+  const std::string e = error_of([&] {
+    recipe_from_text(std::string(kBase) + "[rounding]\nx = \"rtn\"\n", "bad.toml");
+  });
+  EXPECT_NE(e.find("bad.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("rounding.x"), std::string::npos) << e;
+  EXPECT_NE(e.find("rna"), std::string::npos) << e;
+}

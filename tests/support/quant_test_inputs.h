@@ -21,7 +21,7 @@ namespace fp4::testing {
 
 inline constexpr ScaleFormat kFormats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX,
                                            ScaleFormat::E4M3, ScaleFormat::UE8M0};
-inline constexpr Rounding kRoundings[] = {Rounding::RNE, Rounding::SR8};
+inline constexpr Rounding kRoundings[] = {Rounding::RNE, Rounding::SR8, Rounding::RNA};
 
 /// An SR key with every field nonzero.
 inline const SrKey kKey{0x123456789ABCDEF0ull, 7, 3, 2, 2};
@@ -63,7 +63,7 @@ inline BlockQuantSpec make_spec(ScaleFormat f, Rounding r, int block = 16, bool 
 
 inline std::string spec_str(const BlockQuantSpec& s) {
   return std::string(scale_format_name(s.scale_format)) +
-         (s.rounding == Rounding::SR8 ? " SR8" : " RNE") + " block " + std::to_string(s.block) +
+         " " + rounding_name(s.rounding) + " block " + std::to_string(s.block) +
          (s.two_d ? " 2D" : " 1D");
 }
 
@@ -181,6 +181,36 @@ inline TieInputs tie_inputs(ScaleFormat f, Rounding r) {
     in.x2.insert(in.x2.end(), blk.begin(), blk.end());
   }
   return in;
+}
+
+/// An operand [rows, cols] (cols ≥ 2) whose block scales are all e_b = 1 under g = 448·6 (each
+/// 16-block starts with 6): the exact half-way point m of every E2M1 interval (0.25, 0.75,
+/// 1.25, 1.75, 2.5, 3.5, 5), one and two floats below and above it, values above 6, and in the
+/// first interval m − 2^−k for k = 24..30 (where fl(s + 0.5) of a round-by-adding kernel would
+/// round up: 0.25 − 2^−26 must go to 0 under RNA), zeros; both signs. For the RNA twin tests.
+inline std::vector<float> rna_tie_inputs(int64_t rows, int64_t cols) {
+  const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if ((i % cols) % 16 == 0) {
+      x[size_t(i)] = 6.f;  // block amax 6 → e_b = 1
+      continue;
+    }
+    const float m = mids[i % 7];
+    float y = m;
+    switch ((i / 7) % 8) {
+      case 0: break;                                                   // the tie: away
+      case 1: y = std::nextafter(m, 0.f); break;                       // just below: down
+      case 2: y = std::nextafter(m, 10.f); break;                      // just above: up
+      case 3: y = std::nextafter(std::nextafter(m, 0.f), 0.f); break;
+      case 4: y = 0.25f - std::ldexp(1.f, -24 - int(i % 7)); break;    // fine bits below 0.25
+      case 5: y = 5.f + float(i % 3); break;                           // 5, 6, 7: saturation edge
+      case 6: y = 0.f; break;
+      case 7: y = std::ldexp(m, -int(i % 30) - 1); break;              // smaller binades
+    }
+    x[size_t(i)] = (i % 5 == 0) ? -y : y;
+  }
+  return x;
 }
 
 }  // namespace fp4::testing

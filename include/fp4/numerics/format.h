@@ -15,8 +15,15 @@ namespace fp4 {
 
 /// Rounding mode of a cast to a small format. RNE: round to nearest, ties to even.
 /// SR8: the published 8-bit midpoint stochastic rounding, up = δ + (2r+1)/512 ≥ 1 with
-/// r ∈ {0..255} (docs/numerics.md "Rounding a magnitude").
-enum class Rounding { RNE, SR8 };
+/// r ∈ {0..255}. RNA: round to nearest, ties away from zero (IEEE 754-2019 §4.3.1
+/// roundTiesToAway; PTX's `.rna`), up = δ ≥ 0.5 — the threshold rounding of Quartet II's
+/// forward pass (docs/numerics.md "Rounding a magnitude").
+enum class Rounding { RNE, SR8, RNA };
+/// Canonical lower-case name of a rounding mode: "rne", "sr8", "rna" (recipes, CLI, Python).
+const char* rounding_name(Rounding m);
+/// Inverse of rounding_name. Throws std::invalid_argument "unknown rounding '<s>' (valid
+/// choices: rne, sr8, rna)" for anything else; callers prefix the key or option.
+Rounding parse_rounding_name(const std::string& s);
 
 /// Block-scale formats. UE5M3 is the paper's convention (max 61440 = code 0xF7, exponent
 /// field 31 reserved); UE5M3_PTX is the PTX convention (only 0xFF is NaN, max 0xFE = 114688).
@@ -167,7 +174,7 @@ ScaleFormat parse_scale_format(const std::string& s);
 const char* scale_format_name(ScaleFormat f);
 
 /// Round a magnitude a ≥ 0 (finite) onto the grid of `fmt` in FP32 arithmetic exactly as
-/// docs/numerics.md "Rounding a magnitude": subnormal floor, RNE or SR8 with random byte `r`,
+/// docs/numerics.md "Rounding a magnitude": subnormal floor, RNE, RNA or SR8 with random byte `r`,
 /// saturation to fmt.max_finite. Returns the rounded value (≥ 0). For UE8M0 (no fraction
 /// bits, no subnormals) the result is a power of two in [2^-127, 2^127] or 0: its exponent
 /// floor is −bias = −127 (field 0 is the normal 2^-127), not 1 − bias, and its RNE tie
@@ -255,6 +262,8 @@ inline float round_magnitude_params(float a, int frac_bits, int emin, float max_
   int up;
   if (mode == Rounding::RNE) {
     up = static_cast<int>(delta > 0.5f) | (static_cast<int>(delta == 0.5f) & (loi & 1));
+  } else if (mode == Rounding::RNA) {
+    up = static_cast<int>(delta >= 0.5f);  // ties away from zero (δ is exact)
   } else {
     up = static_cast<int>(delta + sr8_offset(r) >= 1.0f);
   }
