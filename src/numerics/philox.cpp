@@ -20,9 +20,10 @@ Gen::key_type make_key(const SrKey& k) {
 /// Counter (index / 16, step, layer·2^8 + operand·2^4 + gemm, 0x5352 "SR"). The first word is
 /// the low 32 bits of index / 16, so streams are distinct for the first 2^36 elements of an
 /// operand (far above any operand size here).
-Gen::ctr_type make_ctr(const SrKey& k, uint64_t block16) {
+/// `tag` is the stream's purpose: 0x5352 (element SR) or kEdenTag (MS-EDEN scale SR).
+Gen::ctr_type make_ctr(const SrKey& k, uint64_t block16, uint32_t tag = 0x5352u) {
   Gen::ctr_type ctr = {{static_cast<uint32_t>(block16), k.step,
-                        (k.layer << 8) + (k.operand << 4) + k.gemm, (k.micro << 16) + 0x5352u}};
+                        (k.layer << 8) + (k.operand << 4) + k.gemm, (k.micro << 16) + tag}};
   return ctr;
 }
 
@@ -51,6 +52,13 @@ void sr_bytes(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out) {
     const uint64_t blk_end = (blk + 1) * 16 < end ? (blk + 1) * 16 : end;
     for (; i < blk_end; ++i) *out++ = byte_of(r, static_cast<unsigned>(i % 16));
   }
+}
+
+float eden_uniform(const SrKey& key, uint64_t index) {
+  Gen gen;
+  const Gen::ctr_type out = gen(make_ctr(key, index / 4, kEdenTag), make_key(key));
+  const uint32_t w = out.v[index % 4];
+  return static_cast<float>(w >> 8) * (1.0f / 16777216.0f);  // exact: < 2^24, times 2^−24
 }
 
 }  // namespace fp4

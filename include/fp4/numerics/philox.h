@@ -27,4 +27,15 @@ uint8_t sr_byte(const SrKey& key, uint64_t index);
 /// 16 bytes); identical bytes.
 void sr_bytes(const SrKey& key, uint64_t first, uint64_t n, uint8_t* out);
 
+/// Counter tag (last counter word, low 16 bits) of the MS-EDEN scale-SR stream: "ED".
+inline constexpr uint32_t kEdenTag = 0x4544u;
+
+/// Uniform u ∈ [0, 1) number `index` of the MS-EDEN scale-SR stream of `key` (one per block
+/// scale, index = row-major block index; docs/numerics.md "MS-EDEN (Quartet II)"):
+/// Philox4x32-10 with sr_byte's key and counter (index / 4, step, layer·2^8 + operand·2^4 +
+/// gemm, micro·2^16 + kEdenTag), w = 32-bit word index % 4 of the output, u = (w >> 8)·2^−24
+/// (24 random bits, exact in FP32). The tag differs from the element SR's 0x5352, so the two
+/// streams never share a Philox block. Streams are distinct for the first 2^34 scales.
+float eden_uniform(const SrKey& key, uint64_t index);
+
 }  // namespace fp4
