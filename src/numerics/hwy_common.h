@@ -1,9 +1,9 @@
 // The Highway helpers that the fast quantizers (quant_fast.cpp) and packers (pack_fast.cpp)
 // share; not a public header. Per target: 2^k from bit patterns (Pow2), RNE or SR onto a scale
-// grid (RoundMag), the tensor-scaled block scale, the SR offsets, the E2M1 clamp and exponent,
-// block and tile amax, the walk of whole vectors over blocks that are not whole vectors (each
-// lane's block: LaneBlockRel, LookupBlocks), round_bf16 lane-wise, the vertical RHT16 and a
-// tile's gather indices.
+// grid (RoundMag), the tensor-scaled block scale, the SR offsets, the E2M1 clamp, exponent and
+// RNA steps, block and tile amax, the walk of whole vectors over blocks that are not whole
+// vectors (each lane's block: LaneBlockRel, LookupBlocks), round_bf16 lane-wise, the vertical
+// RHT16 and a tile's gather indices.
 // Compiled once: the scale parameters of a call (tensor scales, scale grid, SR key), the
 // argument checks of the quantize-transposes and their plain transpose. Contract:
 // docs/numerics.md "Rounding a magnitude", "Quantizing one operand", "Random Hadamard

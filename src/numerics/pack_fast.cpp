@@ -20,7 +20,8 @@
 //    e = 1: n ∈ {2, 3, 4} ↦ {2, 3, 4} = codes 4..6; e = 2: n ∈ {2, 3} ↦ {4, 6} = codes 6, 7).
 //    n is computed exactly as quant_fast.cpp computes v (proofs there, RoundE2M1Rne/Sr):
 //    RNE: the FP32 sum a + M, M = 1.5·2^(22+e), has spacing u and significand field 2^22 + n,
-//    so n = bits(a + M) & (2^22 − 1); SR8: n = trunc(a·2^(1−e) + (2r+1)/512). The sign bit is
+//    so n = bits(a + M) & (2^22 − 1); SR8: n = trunc(a·2^(1−e) + (2r+1)/512); RNA: n = lo + (δ ≥ .5)
+//    with s = a·2^(1−e), lo = trunc(s), δ = s − lo, all exact (E2M1RnaSteps). The sign bit is
 //    that of x (−0 and values rounding to 0 keep it, as e2m1_code).
 //  * Packing: codes are written as bytes per row, then paired (low nibble = even flat index).
 //    Rows whose flat start is odd (odd cols) share their first byte with the previous row; the

@@ -12,7 +12,8 @@
 //    tie/SR test), zero guard, d_b = c_b·gd, e_b = 1/d_b (a true IEEE division, never a
 //    reciprocal estimate);
 //  * element: y = x·e_b, NaN (0·Inf) → 0, E2M1 rounding (SR8: RoundMag; RNE: an IEEE add of a
-//    magic constant whose spacing is the grid's, proven equal in RoundE2M1Rne), copysign, ·d_b;
+//    magic constant whose spacing is the grid's, proven equal in RoundE2M1Rne; RNA: the
+//    reference's truncation and exact δ ≥ 0.5 test, E2M1RnaSteps), copysign, ·d_b;
 //  * RHT: the same sign multiply, the same four butterfly stages (a + b, a − b) in the same
 //    order, and ·0.25, lane-wise over 16 rows instead of along one 16-long row (Rht16Load in
 //    hwy_common.h); the BF16 variant adds fp4::round_bf16 of the inputs and of the outputs,
