@@ -214,7 +214,7 @@ TEST(Settings, RecipeErrorsNameTheArgument) {
   EXPECT_EQ(err("ue5m3-b16", {"fp4.rht_wgrad=1"}),
             "--set fp4.rht_wgrad=1: key 'fp4.rht_wgrad': expected a boolean (true/false)");
   EXPECT_NE(err("ue5m3-b16", {"rounding.dy=sr"}).find("--set rounding.dy=sr: key 'rounding.dy': "
-                                                       "expected one of \"rne\", \"sr8\", got \"sr\""),
+                                                       "expected one of \"rne\", \"sr8\", \"rna\", got \"sr\""),
             std::string::npos);
   const std::string u = err("ue5m3-b16", {"fp4.blk=3"});
   EXPECT_EQ(u.rfind("--set fp4.blk=3: unknown key 'fp4.blk' (keys of [fp4]: amax_interval, ", 0), 0u) << u;
