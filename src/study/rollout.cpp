@@ -137,9 +137,12 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
     else t.loss[size_t(i)] = sr.loss;
   }
   // The end: held-out NLL (quantized inference, policy current; fp32 unquantized), divergence.
-  t.nll = kNaN, t.divergence = kNaN;
+  t.nll = kNaN, t.nll_fp32 = kNaN, t.divergence = kNaN;
   if (t.diverged.empty()) {
-    t.nll = heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), s.recipe.mode != LinearMode::FP32);
+    t.nll_fp32 = heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), false);
+    t.nll = s.recipe.mode == LinearMode::FP32
+                ? t.nll_fp32
+                : heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), true);
     if (fp32_final) t.divergence = distance(model->params(), *fp32_final) / distance(*fp32_final, ck.params);
   }
   if (final_params) *final_params = model->params();

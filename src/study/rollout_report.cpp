@@ -29,14 +29,15 @@ double number(const json& j) { return j.is_number() ? j.get<double>() : kNaN; }
 
 // What one recipe's rollouts give per (checkpoint, order): the four measures of its gap.
 struct Gaps {
-  Grid final_loss, mean_loss, nll, divergence;
+  Grid final_loss, mean_loss, nll, nll_fp32, divergence;
   int diverged = 0;
 };
 
 Gaps gaps_of(const RolloutResult& r, size_t i) {
   Gaps g;
   const size_t C = r.steps.size(), O = size_t(r.orders), N = size_t(r.length);
-  for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.divergence}) x->assign(C, std::vector<double>(O));
+  for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.nll_fp32, &g.divergence})
+    x->assign(C, std::vector<double>(O));
   for (size_t c = 0; c < C; ++c)
     for (size_t o = 0; o < O; ++o) {
       const RolloutTrace &t = r.traces[i][c][o], &ref = r.traces[0][c][o];
@@ -46,6 +47,7 @@ Gaps gaps_of(const RolloutResult& r, size_t i) {
       g.final_loss[c][o] = t.loss[N - 1] - ref.loss[N - 1];
       g.mean_loss[c][o] = sum / double(N);
       g.nll[c][o] = t.nll - ref.nll;
+      g.nll_fp32[c][o] = t.nll_fp32 - ref.nll_fp32;
       g.divergence[c][o] = t.divergence;
     }
   return g;
@@ -105,14 +107,16 @@ void gap_table(std::ostringstream& md, const RolloutResult& r, const std::vector
                const RolloutRequest& req) {
   md << "## Gap to the fp32 rollout\n\n"
         "Recipe minus fp32, per (checkpoint, order), then the mean with a 95% two-level bootstrap "
-        "interval (checkpoints, then orders; " << req.resamples << " resamples). Divergence: "
-        "‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step.\n\n"
-        "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | divergence | diverged |\n"
-        "|--------|-----------------:|--------------------------:|-----------------:|-----------:|---------:|\n";
+        "interval (checkpoints, then orders; " << req.resamples << " resamples). Held-out NLL: "
+        "under the recipe's quantized inference (policy current), and of the same weights "
+        "unquantized (what training did to them, without the forward's quantization). "
+        "Divergence: ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step.\n\n"
+        "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | NLL gap, unquantized | divergence | diverged |\n"
+        "|--------|-----------------:|--------------------------:|-----------------:|---------------------:|-----------:|---------:|\n";
   for (size_t i = 1; i < r.recipes.size(); ++i)
     md << "| `" << r.recipes[i] << "` | " << interval(g[i].final_loss, req) << " | "
        << interval(g[i].mean_loss, req) << " | " << interval(g[i].nll, req) << " | "
-       << interval(g[i].divergence, req) << " | " << g[i].diverged << " |\n";
+       << interval(g[i].nll_fp32, req) << " | " << interval(g[i].divergence, req) << " | " << g[i].diverged << " |\n";
 }
 
 void step_table(std::ostringstream& md, const RolloutResult& r) {
@@ -139,13 +143,15 @@ void contrast_table(std::ostringstream& md, const RolloutResult& r, const std::v
   if (r.recipes.size() < 3) return;
   md << "\n## Paired contrasts\n\nB minus A on the same checkpoints, orders and batches; the verdict "
         "is the interval's side of 0.\n\n"
-        "| A | B | held-out NLL, B − A | verdict | loss at step N, B − A | verdict |\n"
-        "|---|---|-------------------:|---------|---------------------:|---------|\n";
+        "| A | B | held-out NLL, B − A | verdict | unquantized NLL, B − A | verdict | loss at step N, B − A | verdict |\n"
+        "|---|---|-------------------:|---------|----------------------:|---------|---------------------:|---------|\n";
   for (size_t a = 1; a < r.recipes.size(); ++a)
     for (size_t b = a + 1; b < r.recipes.size(); ++b) {
-      const Grid dn = difference(g[b].nll, g[a].nll), dl = difference(g[b].final_loss, g[a].final_loss);
+      const Grid dn = difference(g[b].nll, g[a].nll), du = difference(g[b].nll_fp32, g[a].nll_fp32),
+                 dl = difference(g[b].final_loss, g[a].final_loss);
       md << "| `" << r.recipes[a] << "` | `" << r.recipes[b] << "` | " << interval(dn, req) << " | "
-         << verdict(dn, req) << " | " << interval(dl, req) << " | " << verdict(dl, req) << " |\n";
+         << verdict(dn, req) << " | " << interval(du, req) << " | " << verdict(du, req) << " | "
+         << interval(dl, req) << " | " << verdict(dl, req) << " |\n";
     }
 }
 
@@ -158,7 +164,8 @@ json to_json(const RolloutResult& r) {
       for (const RolloutTrace& t : by_o) {
         json loss = json::array();
         for (double v : t.loss) loss.push_back(number(v));
-        ro.push_back({{"loss", loss}, {"nll", number(t.nll)}, {"divergence", number(t.divergence)},
+        ro.push_back({{"loss", loss}, {"nll", number(t.nll)}, {"nll_fp32", number(t.nll_fp32)},
+                      {"divergence", number(t.divergence)},
                       {"diverged", t.diverged}});
       }
       rc.push_back(ro);
@@ -210,7 +217,8 @@ RolloutResult load_rollouts(const fs::path& file) {
         for (const json& t : ro) {
           RolloutTrace tr;
           for (const json& v : t.at("loss")) tr.loss.push_back(number(v));
-          tr.nll = number(t.at("nll")), tr.divergence = number(t.at("divergence"));
+          tr.nll = number(t.at("nll")), tr.nll_fp32 = number(t.at("nll_fp32"));
+          tr.divergence = number(t.at("divergence"));
           tr.diverged = t.at("diverged");
           if (int(tr.loss.size()) != r.length) throw UserError("a trace's loss is not `length` long");
           r.traces.back().back().push_back(tr);

@@ -11,7 +11,8 @@
 // runs train_step for steps s + 1 .. s + N (the run's learning-rate schedule, AdamW state from
 // the checkpoint, the recipe's SR keyed by the run seed and step), records the training loss of
 // every step, and at the end the held-out NLL (the recipe's quantized inference, policy
-// `current`; fp32: unquantized) and the parameters' divergence from the fp32 rollout,
+// `current`, and unquantized, which isolates what training did to the weights) and the
+// parameters' divergence from the fp32 rollout,
 // ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖. A recipe's held tensor references start empty: they are
 // sampled at the rollout's first step (its refresh step), whatever the reference run held.
 #pragma once
@@ -49,7 +50,9 @@ inline constexpr const char* kRolloutReference = "fp32 (reference)";
 /// One rollout: a recipe from one checkpoint along one batch order.
 struct RolloutTrace {
   std::vector<double> loss;  ///< training loss of steps s + 1 .. s + N (NaN after a divergence)
-  double nll = 0;            ///< held-out NLL (nats/token) after the last step (NaN if diverged)
+  double nll = 0;            ///< held-out NLL (nats/token) after the last step, the recipe's
+                             ///< quantized inference (policy current; fp32: unquantized); NaN if diverged
+  double nll_fp32 = 0;       ///< the same weights' held-out NLL with unquantized (FP32) inference
   double divergence = 0;     ///< ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step
   std::string diverged;      ///< non-empty: the step and what was non-finite
 };
