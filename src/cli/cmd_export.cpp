@@ -43,6 +43,7 @@ struct ExportArgs {
   std::string convention = "modelopt";  // nvfp4-safetensors: modelopt or compressed-tensors
   std::string input_scale = "auto";     // nvfp4-safetensors: auto, held or calibrated
   int calib_batches = 4;                // nvfp4-safetensors: batches of the calibration
+  bool calib_given = false;             // --calib-batches was given
 };
 
 // A checkpoint with its run config, recipe and the model's parameter table.
@@ -121,6 +122,8 @@ void export_hf(const Exported& e, const fs::path& out) {
                      {"fp4train_checkpoint", e.file.string()},
                      {"fp4train_step", std::to_string(ck.step)}};
   safetensors::write_file(out / "model.safetensors", safetensors::make_header(outs, meta), outs);
+  std::error_code ec;
+  fs::remove(out / "hf_quant_config.json", ec);  // an earlier NVFP4 export's, now stale
   const bool copied = write_hf_sidecars(e, out, tensors, json());
   std::printf("exported %s (step %lld, %s layout, %zu tensors, %lld parameters) to %s: "
               "model.safetensors, config.json%s\n",
@@ -179,7 +182,10 @@ BlockQuantSpec export_weight_spec(const LinearPlan& plan, const ExportArgs& a, c
     throw UserError(option + ": recipe " + r.name + " quantizes its weights with " +
                     spec_scale_format(s).name + " block scales over blocks of " +
                     std::to_string(s.block) + ", not NVFP4's E4M3 over 16; --requantize writes "
-                    "them re-quantized to NVFP4 (docs/export.md \"FP4 weights in GGUF\")");
+                    "them re-quantized to NVFP4 (docs/export.md \"" +
+                    (option == "--weights nvfp4" ? "FP4 weights in GGUF"
+                                                 : "NVFP4 safetensors for vLLM and TensorRT-LLM") +
+                    "\")");
   return s;
 }
 
@@ -248,7 +254,7 @@ GgufExport build_gguf(const Exported& e, const ExportArgs& a) {
 // linear has one, else calibrated).
 struct InputReferences {
   std::map<std::string, float> g;  // by linear name
-  std::string source;              // "held reference of step N" or "calibrated on T tokens"
+  std::string source;              // "held reference of step N" or "calibration on T tokens (B batches)"
 };
 
 InputReferences input_references(const Exported& e, const ExportArgs& a) {
@@ -276,8 +282,9 @@ InputReferences input_references(const Exported& e, const ExportArgs& a) {
   const std::vector<float> amax = calibrated_activation_amax(*model, calib, seq_len, batch);
   r.g.clear();
   for (size_t i = 0; i < amax.size(); ++i) r.g[model->linear_name(i)] = amax[i];
-  r.source = "calibrated on " + std::to_string(calib.starts.size() * size_t(seq_len)) +
-             " training tokens (" + std::to_string(a.calib_batches) + " batches)";
+  const size_t batches = (calib.starts.size() + size_t(batch) - 1) / size_t(batch);
+  r.source = "calibration on " + std::to_string(calib.starts.size() * size_t(seq_len)) +
+             " training tokens (" + std::to_string(batches) + " batches)";
   return r;
 }
 
@@ -376,6 +383,8 @@ void export_nvfp4(const Exported& e, const ExportArgs& a) {
                      {"fp4train_weights", a.requantize ? "re-quantized to NVFP4" : "as trained"}};
   safetensors::write_file(out / "model.safetensors", safetensors::make_header(n.outs, meta), n.outs);
   write_hf_sidecars(e, out, tensors, conv == Nvfp4Convention::CompressedTensors ? quant : json());
+  std::error_code ec;
+  if (conv != Nvfp4Convention::ModelOpt) fs::remove(out / "hf_quant_config.json", ec);  // a stale one
   if (conv == Nvfp4Convention::ModelOpt) {
     const json hq = {{"producer", {{"name", "fp4train"}, {"version", "1"}}}, {"quantization", quant}};
     write_file_atomic(out / "hf_quant_config.json", hq.dump(2) + "\n");
@@ -393,8 +402,10 @@ void run_export(const ExportArgs& a) {
   if (a.format != "gguf" && a.weights != "f32") throw UserError("--weights goes with --format gguf");
   if (a.format == "hf" && a.requantize)
     throw UserError("--requantize goes with --format gguf --weights nvfp4 or --format nvfp4-safetensors");
-  if (a.format != "nvfp4-safetensors" && (a.convention != "modelopt" || a.input_scale != "auto"))
-    throw UserError("--convention and --input-scale go with --format nvfp4-safetensors");
+  if (a.format != "nvfp4-safetensors" && (a.convention != "modelopt" || a.input_scale != "auto" || a.calib_given))
+    throw UserError("--convention, --input-scale and --calib-batches go with --format nvfp4-safetensors");
+  if (a.calib_given && a.input_scale == "held")
+    throw UserError("--calib-batches goes with --input-scale calibrated or auto, not held");
   if (a.format == "hf") return export_hf(e, out_directory(a.out));
   if (a.format == "nvfp4-safetensors") return export_nvfp4(e, a);
   const GgufExport g = build_gguf(e, a);  // refuses before --out is created
@@ -472,10 +483,13 @@ void register_export(CLI::App& app) {
                 "auto (held when every FP4 linear has one, else calibrated)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "held", "calibrated"}));
-  c->add_option("--calib-batches", a->calib_batches, "nvfp4-safetensors: calibration batches")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
-  c->callback([a] { run_export(*a); });
+  auto* cb = c->add_option("--calib-batches", a->calib_batches, "nvfp4-safetensors: calibration batches")
+                 ->capture_default_str()
+                 ->check(CLI::Range(1, 1000000));
+  c->callback([a, cb] {
+    a->calib_given = cb->count() > 0;
+    run_export(*a);
+  });
 }
 
 }  // namespace fp4::cli

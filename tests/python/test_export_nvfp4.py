@@ -160,6 +160,10 @@ def test_compressed_tensors_convention_is_the_reciprocal(runs):
     assert q["format"] == "nvfp4-pack-quantized" and q["ignore"] == ["lm_head"]
     assert q["config_groups"]["group_0"]["weights"]["group_size"] == 16
     assert not (ct / "hf_quant_config.json").exists()
+    # Over an earlier ModelOpt export: its hf_quant_config.json is not left behind.
+    run_cli(["export", "--checkpoint", runs / "nvfp4-d50", "--out", mo, "--format", "nvfp4-safetensors",
+             "--convention", "compressed-tensors"])
+    assert not (mo / "hf_quant_config.json").exists()
 
 
 @pytest.mark.parametrize("mistake", ["swap_nibbles", "scale_off"])
@@ -195,13 +199,16 @@ def test_current_scaling_run_takes_calibrated_input_scales(runs):
     run_cli(["export", "--checkpoint", runs / "nvfp4-all", "--out", out, "--format", "nvfp4-safetensors",
              "--calib-batches", "2"])
     t, meta = read_safetensors(out / "model.safetensors")
-    assert meta["fp4train_input_scale"].startswith("calibrated on 128 training tokens"), meta
+    assert meta["fp4train_input_scale"] == "calibration on 128 training tokens (2 batches)", meta
     s = t["model.layers.0.self_attn.q_proj.input_scale"][1]
     assert s.shape == () and np.isfinite(s) and s > 0
 
 
 def test_options_out_of_place_are_refused(runs):
     for args, msg in ((["--convention", "compressed-tensors"], "go with --format nvfp4-safetensors"),
+                      (["--calib-batches", "3"], "go with --format nvfp4-safetensors"),
+                      (["--format", "nvfp4-safetensors", "--input-scale", "held", "--calib-batches", "3"],
+                       "--calib-batches goes with"),
                       (["--requantize"], "--requantize goes with"),
                       (["--format", "nvfp4-safetensors", "--weights", "mxfp4"], "--weights goes with")):
         p = run_cli(["export", "--checkpoint", runs / "nvfp4-d50", "--out", runs / "x"] + args, check=False)
