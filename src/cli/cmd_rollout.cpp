@@ -36,6 +36,11 @@ void run(RolloutArgs& a) {
   r.recipes = split_list(a.recipes);
   r.out = a.out.empty() ? std::filesystem::path(a.run) / "rollout" : std::filesystem::path(a.out);
   r.steps = parse_step_list(a.steps, "--steps");
+  if (!std::filesystem::is_directory(r.run)) throw UserError("rollout: run " + a.run + " does not exist");
+  std::error_code ec;  // the output directory first, so a bad --out costs no training
+  std::filesystem::create_directories(r.out, ec);
+  if (ec || !std::filesystem::is_directory(r.out))
+    throw UserError("--out " + r.out.string() + ": cannot create the directory" + (ec ? ": " + ec.message() : ""));
   const RolloutResult res = run_rollouts(r);
   write_rollout_report(res, r);
   std::printf("rollout: %zu recipes and fp32 x %zu checkpoints x %d orders x %d steps; wrote %s and %s\n",

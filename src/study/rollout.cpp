@@ -66,6 +66,7 @@ void RolloutRun::check() const {
     throw UserError("rollout: --checkpoints must be at least 1, got " + std::to_string(req.checkpoints));
   if (req.windows < 0) throw UserError("rollout: --windows must be 0 (the run's) or more");
   if (req.resamples < 1) throw UserError("rollout: --resamples must be at least 1");
+  if (!fs::is_directory(req.run)) throw UserError("rollout: run " + req.run.string() + " does not exist");
 }
 
 // The recipe `recipe` on checkpoint `checkpoint` (its config; the data override).
@@ -82,7 +83,21 @@ EvalSource RolloutRun::source(const std::string& recipe, const fs::path& checkpo
 void RolloutRun::plan() {
   using namespace fidelity_detail;
   by_step = checkpoints_by_step(req.run, "rollout");
-  res.steps = choose_steps(by_step, req.steps, req.checkpoints, req.run, "rollout");
+  // A rollout continues the run's schedule: steps s + 1 .. s + N must lie within train.steps.
+  const int64_t last = source("fp32", by_step.rbegin()->second).cfg.train.steps;
+  std::map<int64_t, fs::path> fits;
+  for (const auto& [st, f] : by_step)
+    if (st + req.length <= last) fits.emplace(st, f);
+  if (req.steps.empty() && fits.empty())
+    throw UserError("rollout: no checkpoint of run " + req.run.string() + " leaves " +
+                    std::to_string(req.length) + " steps before its train.steps = " + std::to_string(last) +
+                    " (a rollout continues the run's learning-rate schedule); use a shorter --length");
+  res.steps = choose_steps(req.steps.empty() ? fits : by_step, req.steps, req.checkpoints, req.run, "rollout");
+  for (int64_t st : res.steps)
+    if (st + req.length > last)
+      throw UserError("rollout: checkpoint " + std::to_string(st) + " + --length " + std::to_string(req.length) +
+                      " runs past the run's train.steps = " + std::to_string(last) +
+                      " (a rollout continues the run's learning-rate schedule)");
   res.run = req.run;
   // The reference rollout first; a requested "fp32" runs again as a recipe of its own (its gaps
   // are then exactly 0: the check that the rollouts are deterministic).

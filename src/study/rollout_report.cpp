@@ -105,18 +105,26 @@ double mean_gap_at(const RolloutResult& r, size_t i, size_t k) {
 
 void gap_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
                const RolloutRequest& req) {
+  const size_t n = r.steps.size() * size_t(r.orders);
   md << "## Gap to the fp32 rollout\n\n"
+        "N = " << r.length << " steps; " << n << " rollouts per recipe (" << r.steps.size()
+     << " checkpoints × " << r.orders << " orders)"
+     << (r.steps.size() < 3 ? "; with fewer than 3 checkpoints the intervals are rough and the "
+                              "verdicts indicative" : "")
+     << ". The training-loss gap includes the forward's quantization from step 1 on (compare "
+        "\"Loss gap by step\"); the unquantized NLL gap is what training did to the weights. "
         "Recipe minus fp32, per (checkpoint, order), then the mean with a 95% two-level bootstrap "
         "interval (checkpoints, then orders; " << req.resamples << " resamples). Held-out NLL: "
         "under the recipe's quantized inference (policy current), and of the same weights "
         "unquantized (what training did to them, without the forward's quantization). "
         "Divergence: ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step.\n\n"
-        "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | NLL gap, unquantized | divergence | diverged |\n"
+        "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | NLL gap, unquantized | divergence | rollouts diverged |\n"
         "|--------|-----------------:|--------------------------:|-----------------:|---------------------:|-----------:|---------:|\n";
   for (size_t i = 1; i < r.recipes.size(); ++i)
     md << "| `" << r.recipes[i] << "` | " << interval(g[i].final_loss, req) << " | "
        << interval(g[i].mean_loss, req) << " | " << interval(g[i].nll, req) << " | "
-       << interval(g[i].nll_fp32, req) << " | " << interval(g[i].divergence, req) << " | " << g[i].diverged << " |\n";
+       << interval(g[i].nll_fp32, req) << " | " << interval(g[i].divergence, req) << " | " << g[i].diverged
+       << " of " << n << " |\n";
 }
 
 void step_table(std::ostringstream& md, const RolloutResult& r) {
@@ -130,9 +138,10 @@ void step_table(std::ostringstream& md, const RolloutResult& r) {
   for (size_t i = 1; i < r.recipes.size(); ++i) {
     md << "| `" << r.recipes[i] << "` |";
     for (size_t k : ks) {
+      const double v = mean_gap_at(r, i, k);
       char b[32];
-      std::snprintf(b, sizeof b, " %+.5f |", mean_gap_at(r, i, k));
-      md << b;
+      std::snprintf(b, sizeof b, " %+.5f |", v);
+      md << (std::isfinite(v) ? b : " — |");
     }
     md << "\n";
   }
@@ -198,13 +207,15 @@ void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
 }
 
 RolloutResult load_rollouts(const fs::path& file) {
+  if (fs::is_directory(file)) throw UserError("rollout --from: " + file.string() + " is a directory, not a rollout.json");
   std::ifstream in(file);
   if (!in) throw UserError("rollout --from: cannot read " + file.string());
   RolloutResult r;
   try {
     const json j = json::parse(in);
-    if (j.at("format") != "fp4train.rollout.v1")
-      throw UserError("rollout --from: " + file.string() + " is not a rollout.json (format " + j.at("format").dump() + ")");
+    if (!j.is_object() || j.value("format", json()) != "fp4train.rollout.v1")
+      throw UserError("rollout --from: " + file.string() + " is not a rollout.json (no \"format\": "
+                      "\"fp4train.rollout.v1\")");
     r.run = j.at("run").get<std::string>();
     r.steps = j.at("steps").get<std::vector<int64_t>>();
     r.recipes = j.at("recipes").get<std::vector<std::string>>();

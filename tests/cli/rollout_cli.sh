@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `fp4train rollout` (docs/fidelity.md "Paired rollouts"): from two checkpoints of a micro fp32
 # run, fp32 (the reference), fp32 again, and ue5m3-b16 train 3 steps along 2 batch orders.
-#  * the fp32 rollout along order 0 from step 4 is the run itself: its losses of steps 5..7 are
+#  * the fp32 rollout along order 0 from step 2 is the run itself: its losses of steps 3..5 are
 #    the run's, bit for bit (weights, AdamW moments, sampler position and schedule restored);
 #  * fp32 against the fp32 reference: every loss bit-identical, NLL gap and divergence exactly 0
 #    (the rollouts are deterministic and start from the same state);
@@ -16,17 +16,23 @@ source "$(dirname "$0")/lib/micro.bash"
 
 micro_setup "$work" steps=8 warmup_steps=2 interval=100 windows=4 telemetry_interval=0
 "$bin" train --config "$work/micro.toml" --recipe fp32 --out "$work/ref" --quiet --peak-gflops 1 \
-  --save-every 4 --keep-checkpoints 10 > "$work/train.txt" 2>&1 || { cat "$work/train.txt"; fail "train"; }
+  --save-every 2 --keep-checkpoints 10 > "$work/train.txt" 2>&1 || { cat "$work/train.txt"; fail "train"; }
 
 expect_error "rollout needs --run DIR and --recipe" rollout --run "$work/ref"
-expect_error "has no checkpoint of step 5 (it holds steps 4, 8)" rollout --run "$work/ref" --recipe fp32 --steps 5
+expect_error "has no checkpoint of step 5 (it holds steps 2, 4, 6, 8)" rollout --run "$work/ref" --recipe fp32 --steps 5
 expect_error "--steps: 'x' is not a step number" rollout --run "$work/ref" --recipe fp32 --steps x
 expect_error "--length: Value 0 not in range" rollout --run "$work/ref" --recipe fp32 --length 0
 expect_error "--from rebuilds the report" rollout --from "$work/nothing.json" --run "$work/ref"
 expect_error "cannot read $work/nothing.json" rollout --from "$work/nothing.json"
+expect_error "is a directory, not a rollout.json" rollout --from "$work"
+expect_error "is not a rollout.json" rollout --from "$work/ref/summary.json"
+expect_error "run $work/none does not exist" rollout --run "$work/none" --recipe fp32
+expect_error "checkpoint 8 + --length 3 runs past the run's train.steps = 8" rollout --run "$work/ref" --recipe fp32 --steps 8 --length 3
+touch "$work/afile"
+expect_error "--out $work/afile: cannot create the directory" rollout --run "$work/ref" --recipe fp32 --out "$work/afile"
 
 for t in 1 3; do
-  OMP_NUM_THREADS=$t "$bin" rollout --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 4,8 --length 3 \
+  OMP_NUM_THREADS=$t "$bin" rollout --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 2,4 --length 3 \
     --orders 2 --resamples 200 --out "$work/r$t" --quiet > "$work/r$t.txt" 2>&1 \
     || { cat "$work/r$t.txt"; fail "rollout ($t threads)"; }
 done
@@ -37,7 +43,7 @@ a, b = (json.load(open(f"{work}/r{t}/rollout.json")) for t in (1, 3))
 assert a["machine"].endswith("1 threads") and b["machine"].endswith("3 threads"), (a["machine"], b["machine"])
 a.pop("machine"); b.pop("machine")
 assert a == b, "1 and 3 threads differ"
-assert a["recipes"] == ["fp32 (reference)", "fp32", "ue5m3-b16"] and a["steps"] == [4, 8]
+assert a["recipes"] == ["fp32 (reference)", "fp32", "ue5m3-b16"] and a["steps"] == [2, 4]
 ref, again, ue = a["traces"]
 bits = lambda v: struct.pack("<d", v)
 gap = 0.0
@@ -53,14 +59,14 @@ for c in range(2):
     # Orders differ: order 1 draws other batches than the run's own (order 0).
     assert ref[c][0]["loss"] != ref[c][1]["loss"]
 assert gap > 0
-# The run's own losses of steps 5..7 (the F64 tensor "losses" of its step-8 checkpoint).
+# The run's own losses of steps 3..5 (the F64 tensor "losses" of its step-8 checkpoint).
 raw = open(f"{work}/ref/checkpoints/step_00000008.safetensors", "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 info = json.loads(raw[8:8 + n])["losses"]
 s0, e0 = info["data_offsets"]
 run_losses = struct.unpack("<%dd" % ((e0 - s0) // 8), raw[8 + n + s0:8 + n + e0])
-assert [bits(v) for v in ref[0][0]["loss"]] == [bits(v) for v in run_losses[4:7]], \
-    (ref[0][0]["loss"], run_losses[4:7])
+assert [bits(v) for v in ref[0][0]["loss"]] == [bits(v) for v in run_losses[2:5]], \
+    (ref[0][0]["loss"], run_losses[2:5])
 md = open(f"{work}/r1/rollout.md").read()
 for s in ("## Gap to the fp32 rollout", "| `fp32` | +0.00000 [+0.00000, +0.00000]", "## Loss gap by step",
           "## Paired contrasts", "| `fp32` | `ue5m3-b16` |"):
