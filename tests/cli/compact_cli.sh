@@ -45,15 +45,15 @@ fi
 # An unfinished run of the comparison is listed and left; named alone, it is refused.
 mv cmp/ue5m3-b16-s1/summary.json summary.aside
 out=$("$bin" compact cmp 2>&1) || fail "compact failed: $out"
-echo "$out" | grep -q "^cmp/ue5m3-b16-s1: not finished, left as it is$" || fail "unfinished run not listed: $out"
-echo "$out" | grep -Eq "^cmp/fp32-s1: metrics.jsonl [0-9]+ -> metrics.jsonl.zst [0-9]+ bytes$" || fail "no line for fp32-s1: $out"
+grep -q "^cmp/ue5m3-b16-s1: not finished, left as it is$" <<<"$out" || fail "unfinished run not listed: $out"
+grep -Eq "^cmp/fp32-s1: metrics.jsonl [0-9]+ -> metrics.jsonl.zst [0-9]+ bytes$" <<<"$out" || fail "no line for fp32-s1: $out"
 [ -f cmp/ue5m3-b16-s1/metrics.jsonl ] || fail "the unfinished run was compacted"
 [ ! -e cmp/fp32-s1/metrics.jsonl ] && [ -f cmp/fp32-s1/metrics.jsonl.zst ] || fail "fp32-s1 not compacted: $(ls cmp/fp32-s1)"
 expect_error "the run has not finished" compact cmp/ue5m3-b16-s1
 mv summary.aside cmp/ue5m3-b16-s1/summary.json
 out=$("$bin" compact cmp 2>&1) || fail "second compact failed: $out"
-echo "$out" | grep -q "^cmp/fp32-s1: compacted before" || fail "fp32-s1 not seen as compacted: $out"
-echo "$out" | grep -q "^compact: 2 run(s), 1 compacted before, metrics logs " || fail "no total line: $out"
+grep -q "^cmp/fp32-s1: compacted before" <<<"$out" || fail "fp32-s1 not seen as compacted: $out"
+grep -q "^compact: 2 run(s), 1 compacted before, metrics logs " <<<"$out" || fail "no total line: $out"
 [ "$(unzst cmp/ue5m3-b16-s1/metrics.jsonl.zst | md5sum)" = "$plain_ue" ] \
   || fail "metrics.jsonl.zst does not decompress to the log"
 
@@ -86,7 +86,7 @@ expect_error "already holds a run" train --config micro.toml --recipe fp32 --out
 unzst cmp/fp32-s1/metrics.jsonl.zst > cmp/fp32-s1/metrics.jsonl
 expect_error "cmp/fp32-s1 holds both metrics.jsonl and metrics.jsonl.zst" report cmp --no-plots
 err=$("$py" "$src/tools/plot_runs.py" --out p2 cmp/fp32-s1 2>&1) && fail "plot_runs accepted both files"
-echo "$err" | grep -q "holds both" || fail "plot_runs did not explain: $err"
+grep -q "holds both" <<<"$err" || fail "plot_runs did not explain: $err"
 out=$("$bin" compact cmp/fp32-s1 2>&1) || fail "compact of both files failed: $out"
 [ ! -e cmp/fp32-s1/metrics.jsonl ] || fail "compact left the plain log"
 "$bin" report cmp > /dev/null 2>&1 || fail "report after settling failed"
@@ -97,6 +97,6 @@ head -c 100 cmp/fp32-s1/metrics.jsonl.zst > t.zst && mv t.zst cmp/fp32-s1/metric
 expect_error "cmp/fp32-s1/metrics.jsonl.zst: truncated zstd data" report cmp --no-plots
 expect_error "cmp/fp32-s1/metrics.jsonl.zst: truncated zstd data" compact cmp/fp32-s1
 err=$("$py" "$src/tools/plot_runs.py" --out p2 cmp/fp32-s1 2>&1) && fail "plot_runs accepted a truncated archive"
-echo "$err" | grep -q "cmp/fp32-s1/metrics.jsonl.zst: .*truncated" || fail "plot_runs did not name the file: $err"
+grep -q "cmp/fp32-s1/metrics.jsonl.zst: .*truncated" <<<"$err" || fail "plot_runs did not name the file: $err"
 expect_error "is not a directory" compact nowhere
 echo "compact_cli: OK"

@@ -17,9 +17,9 @@ common=(--config micro.toml --recipes fp32,ue5m3-b16,mxfp4 --seeds 2 --policies 
 # The baseline must be among the compared recipes: refused before anything is made.
 out=$("$bin" compare "${common[@]}" --baseline bf16 --out cmp 2>&1); rc=$?
 [ "$rc" = 2 ] || fail "--baseline bf16 (not compared): status $rc: $out"
-echo "$out" | grep -qF -- "--baseline bf16 is not among the compared recipes (fp32+fp4.block=32" \
+grep -qF -- "--baseline bf16 is not among the compared recipes (fp32+fp4.block=32" <<<"$out" \
   && fail "no --set yet, but labelled names: $out"
-echo "$out" | grep -qF -- "--baseline bf16 is not among the compared recipes (fp32, ue5m3-b16, mxfp4)" \
+grep -qF -- "--baseline bf16 is not among the compared recipes (fp32, ue5m3-b16, mxfp4)" <<<"$out" \
   || fail "unhelpful message: $out"
 [ -e cmp ] && fail "a refused compare created its directory"
 
@@ -60,7 +60,7 @@ PY
 if [ -f cmp/plots/loss.png ]; then
   grep -q "plots/loss_vs_baseline.png" $md || fail "report lacks the baseline plot"
   head -c 8 cmp/plots/loss_vs_baseline.png | od -An -tx1 | grep -q "89 50 4e 47" || fail "loss_vs_baseline.png is not a PNG"
-  echo "$out" | grep -qF "(baseline fp32+fp4.block=32)" || fail "plot_runs.py was not given the baseline: $out"
+  grep -qF "(baseline fp32+fp4.block=32)" <<<"$out" || fail "plot_runs.py was not given the baseline: $out"
 fi
 python3 -c 'import json; p=json.load(open("cmp/compare.json")); assert p["sets"] == ["fp4.block=32", "train.lr=5e-3"] and p["baseline"] == "fp32", p' \
   || fail "compare.json lacks sets/baseline"
@@ -73,13 +73,13 @@ grep "^| ue5m3-b16+fp4.block=32 | 2 | " $md | grep -qF "| +0.00% | +0.0000 ± 0.
 "$bin" report cmp --no-plots > /dev/null 2>&1 || fail "report"
 grep -qF "| vs fp32+fp4.block=32 |" $md || fail "report without --baseline did not keep the plan's"
 out=$("$bin" report cmp --no-plots --baseline nvfp4-te 2>&1); rc=$?
-[ "$rc" = 2 ] && echo "$out" | grep -qF "nvfp4-te is not among the compared recipes" || fail "report --baseline nvfp4-te: $rc $out"
+[ "$rc" = 2 ] && grep -qF "nvfp4-te is not among the compared recipes" <<<"$out" || fail "report --baseline nvfp4-te: $rc $out"
 
 # Other --set arguments into the same directory: refused, nothing changed.
 before=$(md5sum < cmp/compare.json)
 out=$("$bin" compare "${common[@]}" --set fp4.block=16 --out cmp 2>&1); rc=$?
 [ "$rc" = 2 ] || fail "other --set into cmp: status $rc"
-echo "$out" | grep -qF "made with --set fp4.block=32 --set train.lr=5e-3, not --set fp4.block=16" || fail "unhelpful: $out"
+grep -qF "made with --set fp4.block=32 --set train.lr=5e-3, not --set fp4.block=16" <<<"$out" || fail "unhelpful: $out"
 [ "$(md5sum < cmp/compare.json)" = "$before" ] || fail "refused compare changed compare.json"
 # The same ones: everything reused.
 out=$("$bin" compare "${common[@]}" --set fp4.block=32 --set train.lr=5e-3 --out cmp --no-plots 2>&1) || fail "rerun: $out"
@@ -87,5 +87,5 @@ out=$("$bin" compare "${common[@]}" --set fp4.block=32 --set train.lr=5e-3 --out
 grep -qF "| vs fp32+fp4.block=32 |" $md || fail "rerun without --baseline lost the plan's baseline"
 # train.seed belongs to --seeds.
 out=$("$bin" compare "${common[@]}" --set train.seed=3 --out cmp4 2>&1); rc=$?
-[ "$rc" = 2 ] && echo "$out" | grep -qF -- "--set train.seed=3 and --seeds" || fail "train.seed: $rc $out"
+[ "$rc" = 2 ] && grep -qF -- "--set train.seed=3 and --seeds" <<<"$out" || fail "train.seed: $rc $out"
 echo "compare_baseline: all checks passed"

@@ -13,11 +13,11 @@ cd "$work"
 
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 2>&1) || fail "compare failed: $out"
-echo "$out" | grep -q "\[6/6\] recipe ue5m3-b16, seed 2" || fail "no progress header for run 6/6: $out"
+grep -q "\[6/6\] recipe ue5m3-b16, seed 2" <<<"$out" || fail "no progress header for run 6/6: $out"
 # At its end, compare prints the first columns of the report's main table, then its path.
-echo "$out" | grep -q "^Final-window loss (the full table" || fail "compare printed no table: $out"
+grep -q "^Final-window loss (the full table" <<<"$out" || fail "compare printed no table: $out"
 for r in fp32 bf16 ue5m3-b16; do
-  echo "$out" | grep -Eq "^  $r +2 +[0-9.]+ ± [0-9.]+ " || fail "compare's table lacks the $r row: $out"
+  grep -Eq "^  $r +2 +[0-9.]+ ± [0-9.]+ " <<<"$out" || fail "compare's table lacks the $r row: $out"
 done
 [ "$(echo "$out" | tail -1 | cut -c1-8)" = "report: " ] || fail "compare's last line is not the report path"
 for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
@@ -65,7 +65,7 @@ fi
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 2>&1) || fail "rerun failed: $out"
 [ "$(echo "$out" | grep -c 'finished earlier, reused')" = 6 ] || fail "rerun did not reuse all 6 runs: $out"
-echo "$out" | grep -q "^step " && fail "rerun trained again: $out"
+grep -q "^step " <<<"$out" && fail "rerun trained again: $out"
 
 # An interrupted run (no summary, newest checkpoint gone) continues from its step-6 checkpoint
 # and ends with the same bits as before.
@@ -74,7 +74,7 @@ rm cmp/bf16-s1/summary.json cmp/bf16-s1/eval.json cmp/bf16-s1/checkpoints/step_0
 [ -f cmp/bf16-s1/checkpoints/step_00000006.safetensors ] || fail "no step-6 checkpoint kept"
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 2>&1) || fail "resuming compare failed: $out"
-echo "$out" | grep -q "resuming cmp/bf16-s1 from step 6" || fail "did not resume bf16-s1: $out"
+grep -q "resuming cmp/bf16-s1 from step 6" <<<"$out" || fail "did not resume bf16-s1: $out"
 after=$(python3 -c 'import json; print(json.load(open("cmp/bf16-s1/summary.json"))["final_window_loss"].hex())')
 [ "$before" = "$after" ] || fail "resumed run differs: $before vs $after"
 [ -f cmp/bf16-s1/eval.json ] || fail "resumed run has no eval.json"
@@ -83,15 +83,15 @@ after=$(python3 -c 'import json; print(json.load(open("cmp/bf16-s1/summary.json"
 sum_before=$(md5sum cmp/compare.json)
 out=$("$bin" compare --config micro.toml --recipes fp32 --steps 13 --out cmp 2>&1) \
   && fail "changed --steps was accepted"
-echo "$out" | grep -q "different config" || fail "unhelpful message for a changed config: $out"
+grep -q "different config" <<<"$out" || fail "unhelpful message for a changed config: $out"
 [ "$(md5sum cmp/compare.json)" = "$sum_before" ] || fail "refused compare changed compare.json"
 
 # Unknown policy and recipe are refused before training.
 out=$("$bin" compare --config micro.toml --recipes fp32,nope --out cmp2 2>&1) && fail "unknown recipe accepted"
-echo "$out" | grep -q "nope" || fail "unknown recipe not named: $out"
+grep -q "nope" <<<"$out" || fail "unknown recipe not named: $out"
 out=$("$bin" compare --config micro.toml --recipes fp32 --policies current,latest --out cmp2 2>&1) \
   && fail "unknown policy accepted"
-echo "$out" | grep -q "latest" || fail "unknown policy not named: $out"
+grep -q "latest" <<<"$out" || fail "unknown policy not named: $out"
 [ -e cmp2 ] && fail "a refused compare created its directory"
 
 # Recipes are labelled by name: a copied file that keeps its name is refused before anything
@@ -100,7 +100,7 @@ mkdir -p "$work/my recipes"
 sed 's/^amax_interval = 50/amax_interval = 10/' "$src/configs/recipes/ue5m3-b16.toml" > "$work/my recipes/d10.toml"
 out=$("$bin" compare --config micro.toml --recipes "ue5m3-b16,$work/my recipes/d10.toml" --out cmp3 2>&1) \
   && fail "two recipes named ue5m3-b16 accepted"
-echo "$out" | grep -q "both named 'ue5m3-b16'" || fail "duplicate names not explained: $out"
+grep -q "both named 'ue5m3-b16'" <<<"$out" || fail "duplicate names not explained: $out"
 sed -i 's/^name = .*/name = "ue5m3 d10"/' "$work/my recipes/d10.toml"
 out=$("$bin" compare --config micro.toml --recipes "$work/my recipes/d10.toml" --out cmp3 --no-plots 2>&1) \
   || fail "compare with a recipe path failed: $out"
@@ -110,15 +110,15 @@ grep -q "^| ue5m3 d10 | 1 | " cmp3/report.md || fail "row not labelled by the re
 sed -i 's/^amax_interval = 10/amax_interval = 20/' "$work/my recipes/d10.toml"
 out=$("$bin" compare --config micro.toml --recipes "$work/my recipes/d10.toml" --out cmp3 --no-plots 2>&1) \
   && fail "a changed recipe reused the old run"
-echo "$out" | grep -q "different recipe" || fail "changed recipe not explained: $out"
+grep -q "different recipe" <<<"$out" || fail "changed recipe not explained: $out"
 
 # A run that diverges is a result: it is reported, and the other runs go on.
 sed -e 's/^lr = .*/lr = 1e4/' micro.toml > div.toml
 out=$("$bin" compare --config div.toml --recipes ue5m3-b16,fp32 --out dv --no-plots 2>&1)
-echo "$out" | grep -q "DIVERGED" || fail "no divergence at lr 1e4? $out"
+grep -q "DIVERGED" <<<"$out" || fail "no divergence at lr 1e4? $out"
 grep -q "^| ue5m3-b16 | 0 | .* | at step [0-9]* |" dv/report.md || fail "diverged run not reported: $(cat dv/report.md)"
 out=$("$bin" compare --config div.toml --recipes ue5m3-b16,fp32 --out dv --no-plots 2>&1)
-echo "$out" | grep -q "diverged earlier, kept" || fail "diverged run retrained: $out"
+grep -q "diverged earlier, kept" <<<"$out" || fail "diverged run retrained: $out"
 
 # A policy added later is computed for the finished runs.
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
@@ -130,7 +130,7 @@ grep -q "held-out NLL, replay-d2 |" cmp/report.md || fail "report lacks the adde
 # eval refuses text whose tokenizer is not the run's.
 mkdir -p other && ls "$src/data/brown/text"/*.txt | tail -20 | xargs -I{} cp {} other/
 out=$("$bin" eval --checkpoint cmp/fp32-s1 --data other --policy none 2>&1) && fail "eval on another corpus accepted"
-echo "$out" | grep -q "token-cache key" || fail "corpus mismatch not explained: $out"
+grep -q "token-cache key" <<<"$out" || fail "corpus mismatch not explained: $out"
 
 # Per-window held-out NLL (eval.json window_nll): one value per window, averaging to the NLL;
 # the report shows the paired bootstrap against bf16, without a verdict of its own (the row's
@@ -204,7 +204,7 @@ sum_before=$(md5sum cmp/report.md)
 printf '[[hypothesis]]\nid = "X"\nclaim = "c"\nlower = "a"\n' > bad.toml
 out=$("$bin" report cmp --no-plots --hypotheses bad.toml 2>&1); rc=$?
 [ $rc = 2 ] || fail "bad study file: exit $rc, want 2: $out"
-echo "$out" | grep -q "bad.toml: hypothesis X: missing string 'than'" || fail "bad study not explained: $out"
+grep -q "bad.toml: hypothesis X: missing string 'than'" <<<"$out" || fail "bad study not explained: $out"
 [ "$(md5sum cmp/report.md)" = "$sum_before" ] || fail "a refused study changed report.md"
 out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp4 --hypotheses nope.toml 2>&1) \
   && fail "compare with a missing study file accepted"
@@ -223,18 +223,18 @@ grep -q "^| ue5m3-b16 | 2 | [0-9.]*% \[" cmp/report.md || fail "no ue5m3-b16 tas
 python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="next-sentence"' || fail "compare.json lacks the task"
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) || fail "rerun after --task failed: $out"
-echo "$out" | grep -q "next-sentence under" && fail "the task was recomputed on a rerun: $out"
+grep -q "next-sentence under" <<<"$out" && fail "the task was recomputed on a rerun: $out"
 python3 -c 'import json; assert json.load(open("cmp/compare.json"))["task"]=="next-sentence"' || fail "a rerun without --task forgot the task"
 # A missing task.json is computed again; one the report would refuse is recomputed, not reused.
 rm cmp/fp32-s1/task.json
 echo '{"task":"next-sentence","items":3,"chance":0.25,"results":{}}' > cmp/bf16-s2/task.json
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) || fail "rerun with a lost task.json failed: $out"
-echo "$out" | grep -q "recipe fp32, seed 1: next-sentence under" || fail "lost task.json not recomputed: $out"
-echo "$out" | grep -q "recipe bf16, seed 2: task.json is unusable" || fail "bad task.json not noticed: $out"
+grep -q "recipe fp32, seed 1: next-sentence under" <<<"$out" || fail "lost task.json not recomputed: $out"
+grep -q "recipe bf16, seed 2: task.json is unusable" <<<"$out" || fail "bad task.json not noticed: $out"
 python3 -c 'import json; t=json.load(open("cmp/bf16-s2/task.json")); assert "none" in t["results"]' || fail "bad task.json not recomputed"
 out=$("$bin" compare --config micro.toml --recipes fp32 --out cmp5 --task cloze 2>&1) && fail "unknown task accepted"
-echo "$out" | grep -q "unknown task" || fail "unknown task not explained: $out"
+grep -q "unknown task" <<<"$out" || fail "unknown task not explained: $out"
 # A second task accumulates: minimal-pairs into task-minimal-pairs.json beside task.json; the
 # report adds its section with item-paired comparisons against the baseline.
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
@@ -249,13 +249,13 @@ grep -q "^## Minimal pairs" cmp/report.md || fail "report lacks the minimal-pair
 grep -q "^| \`ue5m3-b16\` − \`bf16\` | current | 2 | " cmp/report.md || fail "no item-paired ue5m3-b16 − bf16 row: $(grep -A12 'Paired comparisons' cmp/report.md)"
 grep -q "^## Downstream task: next-sentence" cmp/report.md || fail "the next-sentence table went missing"
 out=$("$bin" eval --checkpoint cmp/bf16-s1 --task minimal-pairs --policy none 2>&1) || fail "eval --task minimal-pairs failed: $out"
-echo "$out" | grep -Eq "^none +cloze +[0-9.]+% \[" || fail "eval --task minimal-pairs printed no cloze row: $out"
+grep -Eq "^none +cloze +[0-9.]+% \[" <<<"$out" || fail "eval --task minimal-pairs printed no cloze row: $out"
 
 # A summary.json without the files a run writes first is refused, not reused.
 mv cmp/bf16-s1/config.toml cmp/bf16-s1/config.toml.away
 out=$("$bin" compare --config micro.toml --recipes fp32,bf16,ue5m3-b16 --seeds 2 --out cmp \
   --save-every 6 --keep-checkpoints 2 --no-plots 2>&1) && fail "an incomplete run was reused: $out"
-echo "$out" | grep -q "bf16-s1 holds summary.json but no config.toml" || fail "incomplete run not named: $out"
+grep -q "bf16-s1 holds summary.json but no config.toml" <<<"$out" || fail "incomplete run not named: $out"
 mv cmp/bf16-s1/config.toml.away cmp/bf16-s1/config.toml
 
 # report rebuilds from finished runs and lists an unfinished one.
@@ -265,5 +265,5 @@ out=$("$bin" report cmp --no-plots 2>&1) || fail "report failed: $out"
 grep -q "^| bf16 | 1 | " cmp/report.md || fail "report did not drop the unfinished bf16 seed"
 grep -q "bf16-s2" cmp/report.md || fail "unfinished run not listed"
 out=$("$bin" report "$work/text" 2>&1) && fail "report on a non-compare directory succeeded"
-echo "$out" | grep -q "compare.json" || fail "unhelpful report error: $out"
+grep -q "compare.json" <<<"$out" || fail "unhelpful report error: $out"
 echo "PASS"

@@ -30,14 +30,14 @@ common=(--config micro.toml --recipes fp32,ue5m3-b16 --seeds 2 --policies none -
 # Bad --checkpoint-steps: exit 2 before anything is made.
 out=$("$bin" compare "${common[@]}" --checkpoint-steps 2,99 --out cmp 2>&1); rc=$?
 [ "$rc" = 2 ] || fail "--checkpoint-steps 99 of 6 steps: status $rc: $out"
-echo "$out" | grep -qF -- "--checkpoint-steps: step 99 is not a step of the runs (1..6)" || fail "message: $out"
+grep -qF -- "--checkpoint-steps: step 99 is not a step of the runs (1..6)" <<<"$out" || fail "message: $out"
 [ -e cmp ] && fail "a refused compare created its directory"
 
 # A config the table does not hold: its noise is unknown, a pilot is suggested.
 out=$("$bin" compare "${common[@]}" --noise "$table" --out cmp 2>&1) || fail "compare failed: $out"
-echo "$out" | grep -qF "power: the paired noise of config micro is unknown" || fail "no unknown-noise line: $out"
-echo "$out" | grep -qF "a pilot measures it" || fail "no pilot suggestion: $out"
-echo "$out" | grep -q "resolves ±0.005 nats with [0-9]* seeds" || fail "no measured config suggested: $out"
+grep -qF "power: the paired noise of config micro is unknown" <<<"$out" || fail "no unknown-noise line: $out"
+grep -qF "a pilot measures it" <<<"$out" || fail "no pilot suggestion: $out"
+grep -q "resolves ±0.005 nats with [0-9]* seeds" <<<"$out" || fail "no measured config suggested: $out"
 # The power lines come before the first run.
 [ "$(echo "$out" | grep -n "power:" | head -1 | cut -d: -f1)" -lt \
   "$(echo "$out" | grep -n "\[1/4\]" | head -1 | cut -d: -f1)" ] || fail "power printed after training: $out"
@@ -62,7 +62,7 @@ words=$(echo "$row" | grep -oE "lower|higher|not resolved" | wc -l)
 # `noise` of something that is not a comparison: exit 2 naming it.
 out=$("$bin" noise "$work/text" 2>&1); rc=$?
 [ "$rc" = 2 ] || fail "noise of a non-comparison: status $rc: $out"
-echo "$out" | grep -qF "$work/text holds no compare.json" || fail "noise message: $out"
+grep -qF "$work/text holds no compare.json" <<<"$out" || fail "noise message: $out"
 
 # The noise of this comparison, measured, then read back by a rerun (every run reused).
 "$bin" noise cmp --out noise.toml || fail "fp4train noise failed"
@@ -71,32 +71,32 @@ grep -qx 'baseline = "fp32"' noise.toml || fail "noise.toml baseline: $(cat nois
 grep -Eq '^"ue5m3-b16" = \{ seeds = 2, std = [0-9.]+ \}$' noise.toml || fail "noise.toml row: $(cat noise.toml)"
 out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 0.00001 --out cmp 2>&1) \
   || fail "rerun failed: $out"
-echo "$out" | grep -qF "power: the paired noise of config micro (noise.toml) against fp32, for ±1e-05 nats with the planned 2 seeds:" \
+grep -qF "power: the paired noise of config micro (noise.toml) against fp32, for ±1e-05 nats with the planned 2 seeds:" <<<"$out" \
   || fail "no power header: $out"
-echo "$out" | grep -Eq "^  ue5m3-b16: paired std [0-9.]+ -> 95% half-width ±[0-9.]+; ±1e-05 takes (>= )?[0-9]+ seeds \(measured over 2 seeds in cmp\)$" \
+grep -Eq "^  ue5m3-b16: paired std [0-9.]+ -> 95% half-width ±[0-9.]+; ±1e-05 takes (>= )?[0-9]+ seeds \(measured over 2 seeds in cmp\)$" <<<"$out" \
   || fail "no power line for ue5m3-b16: $out"
-echo "$out" | grep -q "^WARNING: 2 seeds cannot resolve ±1e-05 nats on micro: it takes [0-9]* seeds" \
+grep -q "^WARNING: 2 seeds cannot resolve ±1e-05 nats on micro: it takes [0-9]* seeds" <<<"$out" \
   || fail "no warning: $out"
-echo "$out" | grep -q "finished earlier, reused" || fail "the rerun trained again: $out"
+grep -q "finished earlier, reused" <<<"$out" || fail "the rerun trained again: $out"
 grep -q "^| ue5m3-b16 | 2 | .* | [0-9≥ ]* |$" $md || fail "no Power row after the rerun"
 grep -qF -- "--effect 1e-05" $md || fail "reproduce command lacks --effect: $(grep 'fp4train compare' $md)"
 out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 10 --out cmp 2>&1) || fail "rerun failed: $out"
-echo "$out" | grep -q "WARNING" && fail "warned although 2 seeds resolve ±10 nats: $out"
-echo "$out" | grep -qF "±10 takes 2 seeds" || fail "no power line at ±10: $out"
-echo "$out" | grep -qF "measured at" && fail "a note on steps although they agree: $out"
+grep -q "WARNING" <<<"$out" && fail "warned although 2 seeds resolve ±10 nats: $out"
+grep -qF "±10 takes 2 seeds" <<<"$out" || fail "no power line at ±10: $out"
+grep -qF "measured at" <<<"$out" && fail "a note on steps although they agree: $out"
 # Without --effect a rerun keeps the directory's; an explicit one (even the default) wins.
 out=$("$bin" compare "${common[@]}" --noise noise.toml --out cmp 2>&1) || fail "rerun failed: $out"
-echo "$out" | grep -qF "for ±10 nats" || fail "a rerun without --effect lost the directory's: $out"
+grep -qF "for ±10 nats" <<<"$out" || fail "a rerun without --effect lost the directory's: $out"
 out=$("$bin" compare "${common[@]}" --noise noise.toml --effect 0.005 --out cmp 2>&1) || fail "rerun failed: $out"
-echo "$out" | grep -qF "for ±0.005 nats" || fail "an explicit --effect 0.005 was ignored: $out"
+grep -qF "for ±0.005 nats" <<<"$out" || fail "an explicit --effect 0.005 was ignored: $out"
 # Bad --effect values: exit 2 saying what is wrong.
 for bad in "abc:'abc' is not a number" "0:0 is not a difference in nats" "-1:-1 is not a difference in nats"; do
   out=$("$bin" compare "${common[@]}" --effect "${bad%%:*}" --out cmp 2>&1); rc=$?
-  [ "$rc" = 2 ] && echo "$out" | grep -qF -- "${bad#*:}" || fail "--effect ${bad%%:*}: status $rc: $out"
+  [ "$rc" = 2 ] && grep -qF -- "${bad#*:}" <<<"$out" || fail "--effect ${bad%%:*}: status $rc: $out"
 done
 sed 's/^steps = 6$/steps = 9/' noise.toml > noise9.toml
 out=$("$bin" compare "${common[@]}" --noise noise9.toml --out cmp 2>&1) || fail "rerun failed: $out"
-echo "$out" | grep -qF "(cmp was measured at 9 steps; this plan has 6: its spread may differ)" \
+grep -qF "(cmp was measured at 9 steps; this plan has 6: its spread may differ)" <<<"$out" \
   || fail "no note on other steps: $out"
 
 # --checkpoint-steps: those checkpoints are kept beside the final one.
@@ -109,10 +109,10 @@ grep -qF -- "--checkpoint-steps 2,3" keep/report.md || fail "reproduce command l
 # A finished run reused by a rerun asking for other checkpoint steps says it lacks them.
 out=$("$bin" compare --config micro.toml --recipes fp32 --seeds 1 --policies none --no-plots \
       --save-every 2 --checkpoint-steps 4,5 --out keep 2>&1) || fail "rerun with other steps failed: $out"
-echo "$out" | grep -qF "note: it has no checkpoint at --checkpoint-steps 4,5" || fail "no note on missing checkpoints: $out"
+grep -qF "note: it has no checkpoint at --checkpoint-steps 4,5" <<<"$out" || fail "no note on missing checkpoints: $out"
 # A comparison without 2 seeds paired with the baseline measures no noise: refused.
 out=$("$bin" noise keep 2>&1); rc=$?
-[ "$rc" = 2 ] && echo "$out" | grep -qF "no recipe has 2 or more seeds paired with the baseline" \
+[ "$rc" = 2 ] && grep -qF "no recipe has 2 or more seeds paired with the baseline" <<<"$out" \
   || fail "noise of a one-recipe comparison: status $rc: $out"
 # Off the refresh grid of a D = 2 recipe (refreshes at 1, 3, 5): the fidelity panel evaluates
 # checkpoint 3 at step 4, holding what step 3 sampled from checkpoint 2 (docs/fidelity.md

@@ -71,7 +71,7 @@ s2=$("$bin" sample --config "$work/micro.toml" --init-seed 3 --prompt "The jury 
 case "$s1" in "The jury said"*) ;; *) fail "sample output does not start with the prompt: $s1" ;; esac
 g=$("$bin" sample --config "$work/micro.toml" --init-seed 3 --temperature 0 --tokens 5 --policy calibrated 2>&1 >/dev/null) \
   || fail "greedy calibrated sample"
-echo "$g" | grep -q "policy calibrated, temperature 0" || fail "sample summary line: $g"
+grep -q "policy calibrated, temperature 0" <<<"$g" || fail "sample summary line: $g"
 
 # --- checkpoints ---------------------------------------------------------------------------
 run="$work/runs/ue"

@@ -90,8 +90,8 @@ unset FP4_MAX_CPU_ISA
 # --version (docs/cli.md "The `fp4train` program"): exit 0, the version and the compute paths,
 # nothing on stderr.
 out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?
-if [ "$rc" -ne 0 ] || ! echo "$out" | grep -q '^fp4train [0-9]*\.[0-9]*\.[0-9]*$' ||
-   ! echo "$out" | grep -q '^compute: .*FP32 GEMM' || [ -s "$tmp/err" ]; then
+if [ "$rc" -ne 0 ] || ! grep -q '^fp4train [0-9]*\.[0-9]*\.[0-9]*$' <<<"$out" ||
+   ! grep -q '^compute: .*FP32 GEMM' <<<"$out" || [ -s "$tmp/err" ]; then
   echo "FAIL [--version]: exit $rc, stdout: $out, stderr: $(cat "$tmp/err")"; fail=1
 else
   echo "ok   [--version]"

@@ -75,12 +75,12 @@ PY
 
 # --- text: the parameter line and the override listing ---------------------------------------
 out=$("$bin" info --config "$cfg8b") || fail "info failed"
-echo "$out" | grep -qx 'parameters: 8,084,075,520 (8.08 B)' || fail "parameter line: $(echo "$out" | grep parameters)"
-echo "$out" | grep -q '^modes: 112 FP4-eligible linears: 112 fp4, 0 bf16, 0 fp32; + lm_head fp32$' \
+grep -qx 'parameters: 8,084,075,520 (8.08 B)' <<<"$out" || fail "parameter line: $(echo "$out" | grep parameters)"
+grep -q '^modes: 112 FP4-eligible linears: 112 fp4, 0 bf16, 0 fp32; + lm_head fp32$' <<<"$out" \
   || fail "modes line: $(echo "$out" | grep modes)"
-echo "$out" | grep -q 'estimate' || fail "the per-linear copies are not marked as an estimate"
+grep -q 'estimate' <<<"$out" || fail "the per-linear copies are not marked as an estimate"
 out=$("$bin" info --config "$cfg8b" --recipe ue5m3-b16-t2048) || fail "info t2048 failed"
-echo "$out" | grep -q '^override\[0\] .*-> 4 linears: layers.45.mixer.down_proj, layers.47.mixer.down_proj, layers.49.mixer.down_proj, layers.51.mixer.down_proj$' \
+grep -q '^override\[0\] .*-> 4 linears: layers.45.mixer.down_proj, layers.47.mixer.down_proj, layers.49.mixer.down_proj, layers.51.mixer.down_proj$' <<<"$out" \
   || fail "override line: $(echo "$out" | grep '^override')"
 [ "$(echo "$out" | grep -c 'changed by override\[0\]')" -eq 4 ] || fail "override marks"
 

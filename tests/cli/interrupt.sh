@@ -48,7 +48,7 @@ check_stopped() {
     || { cat "$d.err"; fail "$name: no 'stopped by $sig after step N of $steps; checkpoint ...' message"; }
   step=$(echo "$line" | sed 's/^stopped by [A-Z]* after step \([0-9]*\) .*/\1/')
   ck=$(printf '%s/checkpoints/step_%08d.safetensors' "$d" "$step")
-  echo "$line" | grep -qF "checkpoint $ck" || fail "$name: message names another checkpoint: $line"
+  grep -qF "checkpoint $ck" <<<"$line" || fail "$name: message names another checkpoint: $line"
   [ -f "$ck" ] || fail "$name: checkpoint $ck missing: $(ls "$d/checkpoints")"
   cmd=$(grep -A1 "^metrics.jsonl holds the steps so far" "$d.err" | tail -1 | sed 's/^  //')
   [ "$cmd" = "$bin train --resume $d --data $work/text" ] \

@@ -12,7 +12,7 @@ cd "$src" || fail "no source dir"
 help=$("$bin" --help) || fail "--help exited non-zero"
 cmds=$(echo "$help" | sed -n '/^Subcommands:/,$p' | sed -n 's/^  \([a-z]*\) .*/\1/p')
 for c in train compare report compact eval sample export profile info quant gemm configs recipes; do
-  echo "$cmds" | grep -qx "$c" || fail "--help does not list '$c'"
+  grep -qx "$c" <<<"$cmds" || fail "--help does not list '$c'"
   n=$(echo "$help" | sed -n '/^Subcommands:/,$p' | grep -c "^  $c ")
   [ "$n" = 1 ] || fail "--help lists '$c' on $n lines"
 done
@@ -22,12 +22,12 @@ extra=$(echo "$help" | sed -n '/^Subcommands:/,$p' | tail -n +2 | grep -vc '^  [
 [ "$(echo "$help" | wc -l)" -le 30 ] || fail "--help is longer than one screen"
 # The details stay under CMD --help.
 th=$("$bin" train --help) || fail "train --help exited non-zero"
-echo "$th" | grep -q -- "--resume" || fail "train --help lost its details"
+grep -q -- "--resume" <<<"$th" || fail "train --help lost its details"
 
 out=$("$bin" configs) || fail "configs exited non-zero"
 for f in configs/*.toml; do
   n=$(basename "$f" .toml)
-  echo "$out" | grep -q "^  $n " || fail "configs does not list $n"
+  grep -q "^  $n " <<<"$out" || fail "configs does not list $n"
 done
 echo "$out" | grep "^  nemotron-h-tiny " | grep -q "hybrid" || fail "configs: nemotron-h-tiny not shown as a hybrid"
 echo "$out" | grep "^  tiny " | grep -q "Llama-style" || fail "configs: tiny not shown as Llama-style"
@@ -44,7 +44,7 @@ done
 err=$("$bin" train --config configs/tiny.toml --recipe nope 2>&1 >/dev/null)
 names=$(echo "$err" | sed -n 's/.*available: \([^(]*\) (.*/\1/p')
 [ "$names" = "$(echo $want)" ] || fail "unknown recipe: available list '$names' is not the sorted names"
-echo "$err" | grep -q "fp4train recipes" || fail "unknown recipe: no pointer to 'fp4train recipes'"
+grep -q "fp4train recipes" <<<"$err" || fail "unknown recipe: no pointer to 'fp4train recipes'"
 err=$("$bin" train --config nope.toml 2>&1 >/dev/null)
-echo "$err" | grep -q "nope.toml: file not found.*'fp4train configs'" || fail "a missing config does not point to 'fp4train configs': $err"
+grep -q "nope.toml: file not found.*'fp4train configs'" <<<"$err" || fail "a missing config does not point to 'fp4train configs': $err"
 echo "list_cli: --help one line per command; configs, recipes listed; recipe errors sorted"

@@ -24,10 +24,10 @@ out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --steps 3 --
       --peak-gflops 50 --json "$work/p.json") || fail "profile failed"
 echo "$out" | head -1 | grep -Eq '^step: [0-9]+\.[0-9] ms$' || fail "first line: $(echo "$out" | head -1)"
 for c in gemm.fprop gemm.dgrad gemm.wgrad quant.rows quant.wgrad-transpose attention rmsnorm loss optimizer; do
-  echo "$out" | grep -q "^$c " || fail "component $c missing from: $out"
+  grep -q "^$c " <<<"$out" || fail "component $c missing from: $out"
 done
-echo "$out" | grep -q "MFU .* of 50.0 GFLOP/s FP32 GEMM rate (--peak-gflops)" || fail "MFU line: $out"
-echo "$out" | grep -q "peak resident" || fail "memory line missing from: $out"
+grep -q "MFU .* of 50.0 GFLOP/s FP32 GEMM rate (--peak-gflops)" <<<"$out" || fail "MFU line: $out"
+grep -q "peak resident" <<<"$out" || fail "memory line missing from: $out"
 [ ! -e "$FP4_CACHE_DIR/gemm_peak.tsv" ] || fail "--peak-gflops must not measure or cache"
 $py - "$work/p.json" <<'PY' || fail "profile JSON inconsistent"
 import json, sys
@@ -68,12 +68,12 @@ PY
 out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --set fp4.scale_format=ue4m3 \
       --steps 1 --warmup 0 --peak-gflops 50 --json "$work/slow.json") || fail "profile (ue4m3) failed"
 [ "$(echo "$out" | grep -c '^warning: slow quantizer path')" -eq 1 ] || fail "one slow-path warning expected: $out"
-echo "$out" | grep -q "scalar reference quantizer (scale format ue4m3 has no SIMD kernel): fprop x, fprop w, dgrad dy, dgrad w, wgrad dy, wgrad x; quantization measured [0-9.]* ms of the [0-9.]* ms step" \
+grep -q "scalar reference quantizer (scale format ue4m3 has no SIMD kernel): fprop x, fprop w, dgrad dy, dgrad w, wgrad dy, wgrad x; quantization measured [0-9.]* ms of the [0-9.]* ms step" <<<"$out" \
   || fail "slow-path warning: $out"
 $py -c 'import json,sys; assert "ue4m3" in json.load(open(sys.argv[1]))["slow_path"]' "$work/slow.json" || fail "profile JSON lacks slow_path"
 out=$("$bin" profile --config "$work/micro.toml" --recipe ue5m3-b16 --set fp4.block=8 --steps 1 \
       --warmup 0 --peak-gflops 50 --json "$work/b8.json") || fail "profile (block 8) failed"
-echo "$out" | grep -q "slow quantizer path" && fail "block 8 takes the SIMD kernels: $out"
+grep -q "slow quantizer path" <<<"$out" && fail "block 8 takes the SIMD kernels: $out"
 $py -c 'import json,sys; assert "slow_path" not in json.load(open(sys.argv[1]))' "$work/b8.json" || fail "block 8 JSON has slow_path"
 FP4_TEST_FORCE_SLOW_PATH=1 "$bin" train --config "$work/micro.toml" --recipe ue5m3-b16 --steps 2 \
   --peak-gflops 50 --out "$work/slowrun" >"$work/t2" 2>"$work/e2" || fail "train (forced slow path) failed"

@@ -88,6 +88,6 @@ PY
 # A completed run is reported, not retrained.
 before=$(md5sum < "$work/run/metrics.jsonl")
 out=$("$bin" train --resume "$work/run" 2>&1) || fail "resume of a completed run must succeed: $out"
-echo "$out" | grep -q "already completed" || fail "completed run not reported: $out"
+grep -q "already completed" <<<"$out" || fail "completed run not reported: $out"
 [ "$(md5sum < "$work/run/metrics.jsonl")" = "$before" ] || fail "a completed run was modified"
 echo "resume: all checks passed"

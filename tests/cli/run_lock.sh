@@ -34,8 +34,8 @@ done
 kill -0 "$pid" 2>/dev/null || fail "the first resume ended too early: $(cat "$work/res1.log")"
 out=$("$bin" train --resume "$work/run" --save-every 5 2>&1); rc=$?
 [ $rc = 2 ] || fail "a second resume of a run in use: exit $rc, want 2: $out"
-echo "$out" | grep -q "is in use by another fp4train process" || fail "refusal not explained: $out"
-echo "$out" | grep -q "$work/run" || fail "refusal does not name the directory: $out"
+grep -q "is in use by another fp4train process" <<<"$out" || fail "refusal not explained: $out"
+grep -q "$work/run" <<<"$out" || fail "refusal does not name the directory: $out"
 wait "$pid"; rc=$?; pid=
 [ $rc = 0 ] || fail "the first resume failed (exit $rc): $(tail -5 "$work/res1.log")"
 [ -f "$work/run/summary.json" ] || fail "the first resume did not complete"
@@ -47,5 +47,5 @@ assert steps == list(range(1, 401)), (len(steps), steps[:3], steps[-3:])
 PY
 # The lock was released with the process: resuming the completed run is the usual no-op.
 out=$("$bin" train --resume "$work/run" 2>&1) || fail "resume after the lock was released: $out"
-echo "$out" | grep -q "already completed" || fail "unexpected: $out"
+grep -q "already completed" <<<"$out" || fail "unexpected: $out"
 echo "PASS"

@@ -8,7 +8,7 @@ expect_error() {
   local want=$1; shift
   local err
   if err=$("$bin" "$@" 2>&1 >/dev/null); then fail "expected failure for: $*"; fi
-  echo "$err" | grep -qF -- "$want" || fail "message for '$*' lacks '$want': $err"
+  grep -qF -- "$want" <<<"$err" || fail "message for '$*' lacks '$want': $err"
 }
 
 # micro_setup WORK [key=value ...]: copies the first `docs` Brown documents to WORK/text and
