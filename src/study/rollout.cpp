@@ -53,7 +53,7 @@ class RolloutRun {
   const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   std::map<int64_t, fs::path> by_step;
   RolloutResult res;
-  std::vector<EvalSource> sources;  // per recipe, on the first checkpoint (config, recipe, plans)
+  std::vector<EvalSource> sources;  // per recipe, on the newest checkpoint (config, recipe, plans)
   TokenData data;
   std::vector<int64_t> heldout;     // starts of the held-out windows
 };
@@ -78,13 +78,17 @@ EvalSource RolloutRun::source(const std::string& recipe, const fs::path& checkpo
   return load_eval_source(spec);
 }
 
-// The checkpoints, the recipes (fp32 first; each loaded onto the first checkpoint, which checks
-// it fits the model), the data and the held-out windows.
+// The recipes (fp32 first; each loaded once, onto the run's newest checkpoint, which checks it
+// fits the model: a run's checkpoints share its config, and rollout() takes each checkpoint's
+// weights), the checkpoints, the data and the held-out windows.
 void RolloutRun::plan() {
   using namespace fidelity_detail;
   by_step = checkpoints_by_step(req.run, "rollout");
+  const fs::path& newest = by_step.rbegin()->second;
+  sources.push_back(source("fp32", newest));
+  for (const std::string& r : req.recipes) sources.push_back(source(r, newest));
   // A rollout continues the run's schedule: steps s + 1 .. s + N must lie within train.steps.
-  const int64_t last = source("fp32", by_step.rbegin()->second).cfg.train.steps;
+  const int64_t last = sources[0].cfg.train.steps;
   std::map<int64_t, fs::path> fits;
   for (const auto& [st, f] : by_step)
     if (st + req.length <= last) fits.emplace(st, f);
@@ -103,11 +107,9 @@ void RolloutRun::plan() {
   // are then exactly 0: the check that the rollouts are deterministic).
   res.recipes = {kRolloutReference};
   res.recipes.insert(res.recipes.end(), req.recipes.begin(), req.recipes.end());
-  sources.push_back(source("fp32", by_step.at(res.steps[0])));
-  for (const std::string& r : req.recipes) sources.push_back(source(r, by_step.at(res.steps[0])));
   const RunConfig& cfg = sources[0].cfg;
   EvalSourceSpec spec;
-  spec.checkpoint = by_step.at(res.steps[0]).string();
+  spec.checkpoint = newest.string();
   spec.data = req.data;
   data = load_eval_data(sources[0], spec, req.quiet);
   res.windows = req.windows > 0 ? req.windows : cfg.eval.windows;

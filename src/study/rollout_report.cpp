@@ -66,26 +66,26 @@ bool finite(const Grid& x) {
   return true;
 }
 
-// "mean [lo, hi]" of the two-level bootstrap; the mean alone with one rollout (no interval);
-// "—" when a rollout diverged.
-std::string interval(const Grid& x, const RolloutRequest& req, int digits = 5) {
-  if (!finite(x)) return "—";
+// One cell of the report: "mean [lo, hi]" of the two-level bootstrap and its verdict (the
+// interval's side of 0); with one rollout the mean alone and no verdict; "—" for both when a
+// rollout diverged. The bootstrap runs once per cell.
+struct Cell {
+  std::string text, verdict = "—";
+};
+
+Cell cell(const Grid& x, const RolloutRequest& req, int digits = 5) {
+  if (!finite(x)) return {"—"};
+  char b[96];
   if (samples(x) < 2) {
-    char b[48];
     std::snprintf(b, sizeof b, "%+.*f (one rollout)", digits, x[0][0]);
-    return b;
+    return {b};
   }
   const Interval iv = bootstrap_two_level(x, req.resamples, req.bootstrap_seed);
-  char b[96];
   std::snprintf(b, sizeof b, "%+.*f [%+.*f, %+.*f]", digits, iv.mean, digits, iv.lo, digits, iv.hi);
-  return b;
+  return {b, iv.hi < 0 ? "lower" : iv.lo > 0 ? "higher" : "not resolved"};
 }
 
-std::string verdict(const Grid& x, const RolloutRequest& req) {
-  if (!finite(x) || samples(x) < 2) return "—";
-  const Interval iv = bootstrap_two_level(x, req.resamples, req.bootstrap_seed);
-  return iv.hi < 0 ? "lower" : iv.lo > 0 ? "higher" : "not resolved";
-}
+std::string interval(const Grid& x, const RolloutRequest& req) { return cell(x, req).text; }
 
 Grid difference(const Grid& a, const Grid& b) {
   Grid d = a;
@@ -158,9 +158,12 @@ void contrast_table(std::ostringstream& md, const RolloutResult& r, const std::v
     for (size_t b = a + 1; b < r.recipes.size(); ++b) {
       const Grid dn = difference(g[b].nll, g[a].nll), du = difference(g[b].nll_fp32, g[a].nll_fp32),
                  dl = difference(g[b].final_loss, g[a].final_loss);
-      md << "| `" << r.recipes[a] << "` | `" << r.recipes[b] << "` | " << interval(dn, req) << " | "
-         << verdict(dn, req) << " | " << interval(du, req) << " | " << verdict(du, req) << " | "
-         << interval(dl, req) << " | " << verdict(dl, req) << " |\n";
+      md << "| `" << r.recipes[a] << "` | `" << r.recipes[b] << "` |";
+      for (const Grid* d : {&dn, &du, &dl}) {
+        const Cell c = cell(*d, req);
+        md << " " << c.text << " | " << c.verdict << " |";
+      }
+      md << "\n";
     }
 }
 
