@@ -1103,7 +1103,11 @@ PYBIND11_MODULE(_core, m) {
           "[fp4] hadamard_gemms: the backward GEMMs whose operands are transformed, a list among "
           "'dgrad', 'wgrad' ('wgrad' is rht_wgrad).")
       .def_property_readonly("hadamard_signs", [](const BoundRecipe& r) { return std::string(fp4::hadamard_signs_name(r.r.hadamard_signs)); },
-                             "[fp4] hadamard_signs: 'fixed', 'per-layer' or 'per-step' (docs/numerics.md).")
+                             "[fp4] hadamard_signs: 'fixed', 'per-layer', 'per-step' or 'per-call' (docs/numerics.md).")
+      .def_property_readonly("forward_quantizer", [](const BoundRecipe& r) { return std::string(fp4::forward_quantizer_name(r.r.forward_quantizer)); },
+                             "[fp4] forward_quantizer: 'blocks' or 'quartet2-rtn' (Quartet II's forward quantizer; docs/recipes.md \"Quartet II's quantizers\").")
+      .def_property_readonly("backward_quantizer", [](const BoundRecipe& r) { return std::string(fp4::backward_quantizer_name(r.r.backward_quantizer)); },
+                             "[fp4] backward_quantizer: 'blocks' or 'ms-eden' (Quartet II's MS-EDEN backward; docs/recipes.md \"Quartet II's quantizers\").")
       .def_property_readonly("bf16_boundary", [](const BoundRecipe& r) { return r.r.bf16_boundary; }, "[fp4] bf16_boundary.")
       .def_property_readonly("bf16_outputs", [](const BoundRecipe& r) { return r.r.bf16_outputs; }, "[fp4] bf16_outputs: Y and each linear's dX rounded to BF16.")
       .def_property_readonly("four_over_six", [](const BoundRecipe& r) { return std::string(fp4::four_over_six_roles_name(r.r.four_over_six)); },

@@ -16,6 +16,7 @@
 #include "fp4/base/profile.h"
 #include "fp4/numerics/pack_fast.h"
 #include "fp4/numerics/quant_fast.h"
+#include "fp4/numerics/ms_eden.h"
 
 namespace fp4::nn {
 namespace {
@@ -313,7 +314,9 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
   const SrKey kx{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpX, kFprop, uint32_t(ctx.micro)};
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
   // Telemetry: the first micro-batch of a step starts it, later ones merge into it.
-  const bool tel = ctx.telemetry && ctx.training && mode_ == LinearMode::FP4;
+  // No telemetry for Quartet II's quantizers (their operands are not the block quantizer's).
+  const bool tel = ctx.telemetry && ctx.training && mode_ == LinearMode::FP4 &&
+                   !plan_.quartet_forward() && !plan_.ms_eden();
   merge_tel_ = tel && !ctx.first_micro && tel_.valid;
   if (!merge_tel_) tel_.valid = false;
   if (tel) {
@@ -329,10 +332,19 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     probe_product({X, M, false, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx},
                   {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
                   ws_->t0, plan_);
+  } else if (plan_.quartet_forward()) {  // Quartet II's forward quantizer on X and W
+    const float* xq = quantize_fprop_x_quartet(X, M, gx);
+    {
+      Scope s(Cat::kQuantRow);
+      quartet_rtn_quantize_dequantize(W_, N_, K_, gw, wq_.data());
+    }
+    if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
+    timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   } else {
     const float* xq = row_scaled_x() ? quantize_fprop_x_rows(X, M, kx)  // per-row references
                                      : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
     prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
+    if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
     timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   }
   if (plan_.bf16_outputs && mode_ == LinearMode::FP4) {  // the paper's BF16 output Y
@@ -363,6 +375,15 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
 // dX [M, K] += round_bf16(d) for d [M, K]: a linear's own dgrad output kept in BF16 (the recipe's
 // bf16_outputs) before it joins the input gradient, which other linears may share.
 static void add_bf16_rounded(const float* d, int64_t n, float* dX) { add_round_bf16_array(d, n, dX); }
+
+const float* Linear::quantize_fprop_x_quartet(const float* X, int64_t M, float gx) {
+  LinearWorkspace& ws = *ws_;
+  ws.xq.valid = false;  // never shared: the reuse check compares block-quantizer specs
+  float* xq = ws.row.get(M * K_);
+  Scope s(Cat::kQuantRow);
+  quartet_rtn_quantize_dequantize(X, M, K_, gx, xq);
+  return xq;
+}
 
 const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
   LinearWorkspace& ws = *ws_;
@@ -431,6 +452,17 @@ void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const Hada
                                            plan_.rht_precision, xt_row_g_.data(), xt);
 }
 
+void Linear::add_dgrad(int64_t M, int64_t inner, const float* a, bool tb, const float* b,
+                       int64_t ldb, float* dX) {
+  if (!plan_.bf16_outputs) {
+    timed_sgemm(Cat::kGemmDgrad, false, tb, M, K_, inner, a, inner, b, ldb, 1.f, dX, K_);
+    return;
+  }
+  float* d = ws_->t1.get(M * K_);  // this linear's dX, rounded to BF16, then added
+  timed_sgemm(Cat::kGemmDgrad, false, tb, M, K_, inner, a, inner, b, ldb, 0.f, d, K_);
+  add_bf16_rounded(d, M * K_, dX);
+}
+
 void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
   if (M != M_ || !X_) throw std::logic_error("Linear::backward without matching forward");
   if (!quantized_) {
@@ -456,6 +488,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     round_bf16_into(dY, M * N_, dyr_.data());
     dY = dyr_.data();
   }
+  if (plan_.ms_eden()) return backward_ms_eden(dY, dX, M, ctx);
   check_hadamard_shape(plan_, M, N_, "Linear " + std::to_string(id_));  // before any gradient is accumulated
   const float gdy = refs_.g_dy = reference_for(Role::DY, dY, M * N_, ctx);
   const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_), micro = uint32_t(ctx.micro);
@@ -463,7 +496,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
   // its signs are a function of the run seed, the layer and the step, never of state).
   const bool dgrad_h = plan_.dgrad_hadamard();
   const HadamardTransform had = plan_.rht_wgrad || dgrad_h
-                                    ? plan_.hadamard(ctx.hadamard_seed, id, step)
+                                    ? plan_.hadamard(ctx.hadamard_seed, id, step, micro)
                                     : HadamardTransform{};
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
@@ -526,13 +559,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     float* dyq = ws.row.get(M * N_);
     dgrad_hadamard_dy(dY, M, ctx, had, tel, dyq);
     const float* wd = dgrad_hadamard_w(ctx, had);
-    if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
-      float* d = ws.t1.get(M * K_);
-      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 0.f, d, K_);
-      add_bf16_rounded(d, M * K_, dX);
-    } else {
-      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
-    }
+    add_dgrad(M, N_, dyq, false, wd, K_, dX);
   } else if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
     float* dyq = ws.row.get(M * N_);
@@ -568,13 +595,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       transpose(wt, K_, N_, wqd);
       wd = wqd;
     }
-    if (plan_.bf16_outputs) {  // this linear's dX, rounded to BF16, then added
-      float* d = ws.t1.get(M * K_);
-      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 0.f, d, K_);
-      add_bf16_rounded(d, M * K_, dX);
-    } else {
-      timed_sgemm(Cat::kGemmDgrad, false, false, M, K_, N_, dyq, N_, wd, K_, 1.f, dX, K_);
-    }
+    add_dgrad(M, N_, dyq, false, wd, K_, dX);
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
@@ -667,6 +688,63 @@ const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTran
     prep(wqd, N_, K_, sw, g, &kw, wqd);
   }
   return wqd;
+}
+
+// Quartet II's backward (Quartet_II_fn.backward; docs/numerics.md "MS-EDEN in a Linear"): one
+// transform h per call (the plan's signs, re-drawn per call under "per-call"), the same on both
+// operands of a GEMM, applied along that GEMM's inner dim, zero-padded to a multiple of h.n
+// (exact: (a·H)·(b·H)ᵀ = a·bᵀ for the orthogonal H, and the padded entries of a and b are 0).
+//   dgrad: dX [M,K] += E(dY·H) [M,Np] · E(Ŵᵀ·H) [K,Np]ᵀ       contraction over N (Np ≥ N)
+//   wgrad: dW [N,K] += E(dYᵀ·H) [N,Mp] · E(X̂ᵀ·H) [K,Mp]ᵀ      contraction over M (Mp ≥ M)
+// E = MS-EDEN with its own current reference per operand (roles DY_HAD, W_HAD, DYT_RHT,
+// XT_RHT); X̂ and Ŵ are the forward's quantized operands, as Quartet II saves them.
+void Linear::backward_ms_eden(const float* dY, float* dX, int64_t M, const StepContext& ctx) {
+  const uint32_t step = uint32_t(ctx.step), id = uint32_t(id_), micro = uint32_t(ctx.micro);
+  const HadamardTransform h = plan_.hadamard(ctx.hadamard_seed, id, step, micro);
+  auto padded = [&](int64_t v) { return (v + h.n - 1) / h.n * h.n; };
+  const int64_t Np = padded(N_), Mp = padded(M);
+  if (xhat_.size() != static_cast<size_t>(M * K_))
+    throw std::logic_error("Linear::backward (MS-EDEN): no quantized X̂ kept by a training forward");
+  LinearWorkspace& ws = *ws_;
+  ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
+  auto key = [&](uint32_t op, uint32_t gemm) { return SrKey{ctx.seed, step, id, op, gemm, micro}; };
+
+  // 1. dgrad, contraction over N: dY [M,N] and Ŵᵀ [K,N], both transformed along N.
+  if (dX) {
+    float* a = ws.row.get(M * Np);
+    float* b = ws.wqd.get(K_ * Np);
+    ms_eden_operand(dY, M, N_, false, Np, h, Role::DY_HAD, key(kOpDY, kDgrad), ctx, a);
+    ms_eden_operand(wq_.data(), K_, N_, true, Np, h, Role::W_HAD, key(kOpW, kDgrad), ctx, b);
+    add_dgrad(M, Np, a, true, b, Np, dX);
+  }
+  // 2. wgrad, contraction over the M tokens: dYᵀ [N,M] and X̂ᵀ [K,M], transformed along M.
+  float* c = ws.t0.get(N_ * Mp);
+  float* d = ws.t1.get(K_ * Mp);
+  ms_eden_operand(dY, N_, M, true, Mp, h, Role::DYT_RHT, key(kOpDY, kWgrad), ctx, c);
+  ms_eden_operand(xhat_.data(), K_, M, true, Mp, h, Role::XT_RHT, key(kOpX, kWgrad), ctx, d);
+  timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, Mp, c, Mp, d, Mp, 1.f, dW_, K_);
+}
+
+void Linear::ms_eden_operand(const float* src, int64_t rows, int64_t cols, bool transposed,
+                             int64_t cols_p, const HadamardTransform& h, Role r, const SrKey& key,
+                             const StepContext& ctx, float* out) {
+  {  // 1. out [rows, cols_p] = src (or srcᵀ), zero-padded; 2. transformed along cols_p
+    Scope s(Cat::kTranspose);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      float* o = out + i * cols_p;
+      for (int64_t j = 0; j < cols; ++j) o[j] = transposed ? src[j * rows + i] : src[i * cols + j];
+      std::fill(o + cols, o + cols_p, 0.f);
+    }
+    hadamard_rows(out, rows, cols_p, h);
+  }
+  // 3. the reference of the transformed operand (current: Quartet II's delayed_amax = False)
+  const float g = reference_for(r, out, rows * cols_p, ctx);
+  // 4. MS-EDEN, decoded in place
+  Scope s(Cat::kQuantRow);
+  MsEdenSpec spec;
+  spec.group = h.n;
+  ms_eden_dequantize(ms_eden_quantize(out, rows, cols_p, spec, g, key), out);
 }
 
 }  // namespace fp4::nn

@@ -91,7 +91,7 @@ Model::Model(const ModelConfig& cfg, const Recipe* recipe, ResolvedLinears* plan
     for (size_t j = 0; j < ls.size(); ++j) {
       const size_t i = blocks_[l].first_linear + j;
       const LinearPlan& plan = resolved.plans[i];
-      if (plan.dgrad_hadamard() && ls[j].out % plan.hadamard_size != 0)  // check_hadamard_shape
+      if (plan.dgrad_hadamard() && !plan.ms_eden() && ls[j].out % plan.hadamard_size != 0)  // check_hadamard_shape; MS-EDEN pads
         throw UserError("model: linear " + std::to_string(i) + " (block " + std::to_string(l) +
                         ", " + sites_[i].kind + ") has N = " + std::to_string(ls[j].out) +
                         " output features, not a multiple of fp4.hadamard_size = " +

@@ -84,6 +84,7 @@ const char* hadamard_signs_name(HadamardSigns p) {
   switch (p) {
     case HadamardSigns::PerLayer: return "per-layer";
     case HadamardSigns::PerStep: return "per-step";
+    case HadamardSigns::PerCall: return "per-call";
     case HadamardSigns::Fixed: break;
   }
   return "fixed";
@@ -93,33 +94,37 @@ HadamardSigns parse_hadamard_signs(const std::string& s) {
   if (s == "fixed") return HadamardSigns::Fixed;
   if (s == "per-layer") return HadamardSigns::PerLayer;
   if (s == "per-step") return HadamardSigns::PerStep;
+  if (s == "per-call") return HadamardSigns::PerCall;
   throw std::invalid_argument("unknown Hadamard sign policy '" + s +
-                              "' (valid choices: fixed, per-layer, per-step)");
+                              "' (valid choices: fixed, per-layer, per-step, per-call)");
 }
 
 void hadamard_signs(int n, HadamardSigns p, uint64_t seed, uint32_t layer, uint32_t step,
-                    float* out) {
+                    float* out, uint32_t micro) {
   check_size("hadamard_signs", n);
   if (p == HadamardSigns::Fixed && n == 16) {
     for (int i = 0; i < 16; ++i) out[i] = kRhtSigns[i];
     return;
   }
-  // The key of the policy: Fixed ignores the run (seed, layer, step all 0), PerLayer the step.
+  // The key of the policy: Fixed ignores the run (seed, layer, step all 0), PerLayer the step,
+  // every policy but PerCall the micro-batch.
   if (p == HadamardSigns::Fixed) seed = 0, layer = 0, step = 0;
   if (p == HadamardSigns::PerLayer) step = 0;
+  if (p != HadamardSigns::PerCall) micro = 0;
   using Gen = r123::Philox4x32;
   const Gen::key_type key = {{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
-  const Gen::ctr_type ctr = {{0u, step, layer, (static_cast<uint32_t>(n) << 16) + 0x4844u}};
+  const Gen::ctr_type ctr = {{micro, step, layer, (static_cast<uint32_t>(n) << 16) + 0x4844u}};
   const Gen::ctr_type bits = Gen()(ctr, key);
   for (int i = 0; i < n; ++i) out[i] = (bits.v[i >> 5] >> (i & 31)) & 1u ? -1.f : +1.f;
 }
 
 HadamardTransform HadamardTransform::make(int n, HadamardSigns p, RhtPrecision precision,
-                                          uint64_t seed, uint32_t layer, uint32_t step) {
+                                          uint64_t seed, uint32_t layer, uint32_t step,
+                                          uint32_t micro) {
   HadamardTransform h;
   h.n = n;
   h.precision = precision;
-  hadamard_signs(n, p, seed, layer, step, h.signs.data());
+  hadamard_signs(n, p, seed, layer, step, h.signs.data(), micro);
   return h;
 }
 

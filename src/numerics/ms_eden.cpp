@@ -123,6 +123,37 @@ float ms_eden_round_scale(float c, float u) {
   return u < p ? up : down;
 }
 
+void quartet_rtn_quantize_dequantize(const float* x, int64_t rows, int64_t cols, float g,
+                                     float* out) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("quartet_rtn_quantize_dequantize: negative shape");
+  if (!(g >= 0.0f) || std::isinf(g))
+    throw std::invalid_argument("quartet_rtn_quantize_dequantize: tensor reference g must be "
+                                "finite and >= 0");
+  for (int64_t i = 0; i < rows * cols; ++i)
+    if (!std::isfinite(x[i])) detail::throw_non_finite("quartet_rtn_quantize_dequantize", x, rows * cols);
+  constexpr int kBlock = 16;    // Quartet_II_fn.group_size
+  constexpr float kValMax = 6;  // 6 / forward_scale_override (1.0)
+  MsEdenSpec s;
+  s.scale_max = kQuartetRtnScaleMax;
+  s.val_max = kValMax;
+  const float s_dec = tensor_decode_scale(g, s);  // "# amax"
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 14))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int n = static_cast<int>(std::min<int64_t>(kBlock, cols - c0));
+      const float* xb = x + r * cols + c0;
+      const float c = block_scale(xb, n, s_dec, kValMax);  // "# scale"
+      const float d = c * s_dec;                           // s_enc_b_inv
+      float* ob = out + r * cols + c0;
+      for (int i = 0; i < n; ++i) {  // "# quantize", "# dequantize"
+        float xs = xb[i] / d;
+        if (xs != xs) xs = 0.0f;
+        ob[i] = e2m1_decode(e2m1_encode(xs, Rounding::RNA)) * d;
+      }
+    }
+}
+
 MsEdenQuantized ms_eden_quantize(const float* x, int64_t rows, int64_t cols, const MsEdenSpec& spec,
                                  float g, const SrKey& key) {
   validate(rows, cols, spec, g);

@@ -240,7 +240,17 @@ LinearPlan LinearPlan::uniform(const Recipe& r, LinearMode mode) {
   p.bf16_boundary = r.bf16_boundary;
   p.bf16_outputs = r.bf16_outputs;
   p.row_scaled_activation = r.row_scaled_activation;
+  p.forward_quantizer = r.forward_quantizer;
+  p.backward_quantizer = r.backward_quantizer;
   return p;
+}
+
+const char* forward_quantizer_name(ForwardQuantizer q) {
+  return q == ForwardQuantizer::QuartetRtn ? "quartet2-rtn" : "blocks";
+}
+
+const char* backward_quantizer_name(BackwardQuantizer q) {
+  return q == BackwardQuantizer::MsEden ? "ms-eden" : "blocks";
 }
 
 void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who) {
@@ -250,6 +260,7 @@ void check_rht_tokens(const LinearPlan& plan, int64_t M, const std::string& who)
 }
 
 void check_hadamard_shape(const LinearPlan& plan, int64_t M, int64_t N, const std::string& who) {
+  if (plan.ms_eden()) return;  // MS-EDEN zero-pads the inner dims to a multiple of n
   const int n = plan.hadamard_size;
   auto fail = [&](const char* gemm, const char* dim, int64_t v) {
     throw std::invalid_argument(who + ": the " + std::to_string(n) + "-point Hadamard transform "
@@ -499,6 +510,53 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
 // `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
 // --set overrides, applied to the file first; the name is labelled with them (see
 // load_recipe) unless one of them sets the name.
+// [fp4] forward_quantizer = "quartet2-rtn" and backward_quantizer = "ms-eden" (docs/recipes.md
+// "Quartet II's quantizers"): each implements Quartet II's kernel with its constants, so the
+// recipe's spec keys for those operands must say what the kernel does (NVFP4: E2M1 elements,
+// E4M3 scales, 1-D blocks of 16, ties away, current scaling, the decoded GEMM); nothing that
+// would silently be ignored is accepted.
+void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
+  const bool fwd = rc.forward_quantizer == ForwardQuantizer::QuartetRtn;
+  const bool bwd = rc.backward_quantizer == BackwardQuantizer::MsEden;
+  if (!fwd && !bwd) return;
+  const std::string key = fwd ? "fp4.forward_quantizer" : "fp4.backward_quantizer";
+  const std::string val = fwd ? "\"quartet2-rtn\"" : "\"ms-eden\"";
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) r.fail(key, std::string("\"blocks\" unless ") + what + " (" + val +
+                             " is Quartet II's kernel with its fixed constants)");
+  };
+  need(rc.element_format.is_e2m1(), "fp4.element_format = \"e2m1\"");
+  need(rc.scale_format_str() == "e4m3", "fp4.scale_format = \"e4m3\"");
+  need(rc.scale_rule == ScaleRule::TensorScaled, "fp4.scale_rule = \"tensor-scaled\"");
+  need(rc.block == 16, "fp4.block = 16");
+  need(rc.scale_target == 448.f, "fp4.scale_target is left at 448 (Quartet II's own maxima apply)");
+  need(rc.amax_interval == 1, "fp4.amax_interval = 1 (Quartet II scales by the current amax)");
+  need(rc.gemm == GemmMode::Decoded, "linear.gemm = \"decoded\"");
+  need(!rc.row_scaled_activation, "fp4.row_scaled_activation = false");
+  need(rc.overrides.empty(), "the recipe has no [[override]] tables");
+  if (fwd) {
+    need(rc.weight_block_size() == 16 && !rc.weight_2d, "fp4.weight_2d = false (1-D weight blocks of 16)");
+    need(rc.round_x == Rounding::RNA && rc.round_w == Rounding::RNA,
+         "rounding.x = rounding.w = \"rna\" (its threshold comparisons: ties away)");
+    need(!four_over_six_applies(rc.four_over_six, Operand::X) &&
+             !four_over_six_applies(rc.four_over_six, Operand::W),
+         "fp4.four_over_six covers neither X nor W");
+  }
+  if (bwd) {
+    const std::string k2 = "fp4.backward_quantizer";
+    auto need2 = [&](bool ok, const std::string& what) {
+      if (!ok) r.fail(k2, std::string("\"blocks\" unless ") + what +
+                              " (\"ms-eden\" is Quartet II's backward with its fixed constants)");
+    };
+    need2(rc.round_dy == Rounding::RNA, "rounding.dy = \"rna\" (MS-EDEN rounds elements to nearest, "
+                                        "ties away; its randomness is in the scales)");
+    need2(rc.rht_wgrad && rc.hadamard_dgrad,
+          "fp4.hadamard_gemms = [\"dgrad\", \"wgrad\"] (MS-EDEN transforms all four operands)");
+    need2(rc.rht_precision == RhtPrecision::FP32, "fp4.rht_precision = \"fp32\"");
+    need2(!four_over_six_applies(rc.four_over_six, Operand::DY), "fp4.four_over_six does not cover dY");
+  }
+}
+
 /// [fp4] hadamard_size, hadamard_gemms, hadamard_signs into rc (rht_wgrad already read): the
 /// Hadamard transforms of docs/numerics.md "Random Hadamard transform". "wgrad" in
 /// hadamard_gemms is rht_wgrad (the two must agree when both are given); the size and the sign
@@ -528,7 +586,7 @@ void parse_hadamard(detail::TomlReader& r, Recipe& rc) {
                                     std::to_string(rc.hadamard_size));
   std::string s = hadamard_signs_name(rc.hadamard_signs);
   r.get("fp4.hadamard_signs", s);
-  r.choice("fp4.hadamard_signs", s, {"fixed", "per-layer", "per-step"});
+  r.choice("fp4.hadamard_signs", s, {"fixed", "per-layer", "per-step", "per-call"});
   rc.hadamard_signs = parse_hadamard_signs(s);
   const bool any = rc.rht_wgrad || rc.hadamard_dgrad;
   if (!any && rc.hadamard_size != 16)
@@ -666,6 +724,14 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.get("fp4.bf16_outputs", rc.bf16_outputs);
   parse_four_over_six_keys(r, rc);
   r.get("fp4.row_scaled_activation", rc.row_scaled_activation);
+  s = forward_quantizer_name(rc.forward_quantizer);
+  r.get("fp4.forward_quantizer", s);
+  r.choice("fp4.forward_quantizer", s, {"blocks", "quartet2-rtn"});
+  rc.forward_quantizer = s == "quartet2-rtn" ? ForwardQuantizer::QuartetRtn : ForwardQuantizer::Blocks;
+  s = backward_quantizer_name(rc.backward_quantizer);
+  r.get("fp4.backward_quantizer", s);
+  r.choice("fp4.backward_quantizer", s, {"blocks", "ms-eden"});
+  rc.backward_quantizer = s == "ms-eden" ? BackwardQuantizer::MsEden : BackwardQuantizer::Blocks;
 
   s = rounding_name(rc.round_x);
   r.get("rounding.x", s);
@@ -701,6 +767,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                  linear_mode_name(ov.mode) + " linear has no FP4 scale target or rounding)");
   }
   check_row_scaled_activation(r, rc);
+  check_quartet_quantizers(r, rc);
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "16 or less, or a multiple of 16, when rht_wgrad = true (the 16-point "
                         "RHT must not straddle blocks above 16)");
@@ -775,6 +842,11 @@ std::string recipe_to_toml(const Recipe& r) {
     o << "four_over_six_error = \"" << four_over_six_name(r.four_over_six_error) << "\"\n";
   if (r.four_over_six_scale_target > 0.f)
     o << "four_over_six_scale_target = " << float_str(r.four_over_six_scale_target) << "\n";
+  // Quartet II's quantizers: only when set.
+  if (r.forward_quantizer != ForwardQuantizer::Blocks)
+    o << "forward_quantizer = \"" << forward_quantizer_name(r.forward_quantizer) << "\"\n";
+  if (r.backward_quantizer != BackwardQuantizer::Blocks)
+    o << "backward_quantizer = \"" << backward_quantizer_name(r.backward_quantizer) << "\"\n";
   o << "[rounding]\nx = \"" << rounding_name(r.round_x) << "\"\nw = \"" << rounding_name(r.round_w)
     << "\"\ndy = \"" << rounding_name(r.round_dy) << "\"\n";
   o << "[high_precision]\nmode = \"" << linear_mode_name(r.high_precision_mode)

@@ -110,6 +110,9 @@ bool recipe_has_sr(const Recipe& r) {
   if (r.mode != LinearMode::FP4) return false;
   if (r.round_x == Rounding::SR8 || r.round_w == Rounding::SR8 || r.round_dy == Rounding::SR8)
     return true;
+  // MS-EDEN rounds its scales stochastically; random Hadamard signs are re-drawn per draw too.
+  if (r.backward_quantizer == BackwardQuantizer::MsEden) return true;
+  if ((r.rht_wgrad || r.hadamard_dgrad) && r.hadamard_signs != HadamardSigns::Fixed) return true;
   for (const auto& ov : r.overrides)
     if (ov.has_rounding && ov.rounding == Rounding::SR8) return true;
   return false;
@@ -1015,6 +1018,9 @@ double FidelityRun::draw(size_t r, size_t c, size_t k, int d, int64_t tr, std::v
   nn::StepContext q;
   q.step = steps[c] + 1;
   q.seed = req.seed + uint64_t(d);  // draw d's SR stream
+  // ... and its Hadamard signs (the policies that draw them: per-layer, per-step, per-call), so
+  // that the draws average over the recipe's random rotations as over its SR bits
+  q.hadamard_seed = req.seed + uint64_t(d);
   q.telemetry = d == 0;             // scale events (the quantized bits are the same)
   const bool hold = tr < steps[c] + 1;
   if (!hold) reset_training_references(m);  // current: references of this batch

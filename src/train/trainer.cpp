@@ -87,7 +87,7 @@ ResolvedLinears check_recipe_fits(const Recipe& recipe, const RunConfig& cfg) {
       resolve_linear_plans(recipe, nn::Model::linear_sites(cfg.model), cfg.model.n_blocks());
   int rht_n = 0;  // the wgrad transform's size n, 0 if no FP4 linear has one
   for (const LinearPlan& p : res.plans)
-    if (p.rht()) rht_n = std::max(rht_n, p.hadamard_size);
+    if (p.rht() && !p.ms_eden()) rht_n = std::max(rht_n, p.hadamard_size);  // MS-EDEN zero-pads
   // The RHT runs along the tokens of one forward: a micro-batch.
   const int64_t tokens = int64_t(cfg.train.micro()) * cfg.train.seq_len;
   if (rht_n > 0 && tokens % rht_n != 0)
@@ -155,8 +155,11 @@ std::string slow_quantizer_paths(const ResolvedLinears& res) {
       const bool transposed = g == Gemm::Wgrad;  // the wgrad operands are quantize-transposes
       const bool row_scaled = p.row_scaled_activation && op == Operand::X;  // per-row X, Xᵀ
       const bool had = transposed ? p.rht_wgrad : g == Gemm::Dgrad && p.hadamard_dgrad;
+      const bool quartet = g == Gemm::Fprop ? p.quartet_forward() : p.ms_eden();
       const std::string why =
-          p.probe()    ? pack_fast_slow_path(p.spec(g, op))
+          quartet && g == Gemm::Fprop ? "Quartet II's forward quantizer (scalar, threaded over rows)"
+          : quartet    ? "MS-EDEN (transform, then the scalar quantizer, threaded over rows)"
+          : p.probe()  ? pack_fast_slow_path(p.spec(g, op))
           : row_scaled ? quant_fast_slow_path_row_scaled(p.spec(g, op), transposed, transposed && p.rht_wgrad)
                        : quant_fast_slow_path(p.spec(g, op), transposed, had, p.hadamard_size);
       if (why.empty()) continue;

@@ -161,6 +161,32 @@ float amax_of(const std::vector<float>& x) {
   return m;
 }
 
+/// Named inputs of n values that probe the rounding and scale corner cases: normal values; zero
+/// blocks and 40 binades; E2M1 ties (every midpoint, both signs); one spike per 128 in small
+/// noise; subnormals; all zeros.
+std::vector<std::pair<std::string, std::vector<float>>> adversarial_inputs(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::pair<std::string, std::vector<float>>> inputs;
+  std::vector<float> v(n);
+  for (auto& e : v) e = nd(rng);
+  inputs.push_back({"normal", v});
+  for (size_t i = 0; i < n; ++i)
+    v[i] = (i / 16) % 3 == 0 ? 0.f : nd(rng) * std::ldexp(1.f, int(i % 40) - 20);
+  inputs.push_back({"zero blocks, 40 binades", v});
+  for (size_t i = 0; i < n; ++i) {
+    const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 6.f};
+    v[i] = (i % 16 == 0 ? 6.f : mids[i % 8]) * ((i % 3) ? 1.f : -1.f);
+  }
+  inputs.push_back({"E2M1 ties", v});
+  for (size_t i = 0; i < n; ++i) v[i] = i % 128 == 5 ? 1e3f : nd(rng) * 1e-3f;
+  inputs.push_back({"one spike per 128", v});
+  for (size_t i = 0; i < n; ++i) v[i] = nd(rng) * 1e-40f;
+  inputs.push_back({"subnormals", v});
+  inputs.push_back({"all zero", std::vector<float>(n, 0.f)});
+  return inputs;
+}
+
 /// In-place orthonormal Walsh–Hadamard transform of n = 2^k values (Sylvester order), /√n.
 void fwht(std::vector<double>& v) {
   const size_t n = v.size();
@@ -303,25 +329,7 @@ TEST(MsEden, UnbiasedOverRandomSignFlips) {
 }
 
 TEST(MsEden, MatchesIndependentTranscription) {
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, std::vector<float>>> inputs;
-  std::vector<float> v(8 * 256);
-  for (auto& e : v) e = nd(rng);
-  inputs.push_back({"normal", v});
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = (i / 16) % 3 == 0 ? 0.f : nd(rng) * std::ldexp(1.f, int(i % 40) - 20);
-  inputs.push_back({"zero blocks, 40 binades", v});
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float mids[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 6.f};
-    v[i] = (i % 16 == 0 ? 6.f : mids[i % 8]) * ((i % 3) ? 1.f : -1.f);
-  }
-  inputs.push_back({"E2M1 ties", v});
-  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 128 == 5 ? 1e3f : nd(rng) * 1e-3f;
-  inputs.push_back({"one spike per group", v});
-  for (size_t i = 0; i < v.size(); ++i) v[i] = nd(rng) * 1e-40f;
-  inputs.push_back({"subnormals", v});
-  inputs.push_back({"all zero", std::vector<float>(v.size(), 0.f)});
+  const auto inputs = adversarial_inputs(8 * 256, 11);
   for (int group : {16, 32, 64, 128}) {
     MsEdenSpec s;
     s.group = group;
@@ -390,4 +398,107 @@ TEST(MsEden, Errors) {
   EXPECT_THROW(ms_eden_quantize(x.data(), 2, 128, MsEdenSpec{}, 1.f, kKey), NonFiniteError);
   const MsEdenQuantized empty = ms_eden_quantize(x.data(), 0, 128, MsEdenSpec{}, 1.f, kKey);
   EXPECT_TRUE(empty.codes.empty());
+}
+
+// ------------------------------------------------ Quartet II's forward quantizer (quartet_rtn)
+
+namespace {
+
+/// rtn_1x16s_fp4_kernel (nvfp4_triton.py) with scale_override 1, transcribed on the tensor
+/// flattened row by row, blocks of 16 within a row (a ragged last block takes the rest):
+/// s_dec = amax / 447.99 / 6 (1 if amax == 0), s_dec_b = max|x| / 6, scale = e4m3(s_dec_b /
+/// s_dec) (0 → 1), s_enc_b_inv = scale · s_dec, x_fp4 = rtn_fp4(x / s_enc_b_inv),
+/// x_dequantized = x_fp4 · s_enc_b_inv.
+std::vector<float> ref_quartet_rtn(const std::vector<float>& x, int64_t rows, int64_t cols, float amax) {
+  const auto& t = e4m3_values();
+  const float scales_max = 447.99f, val_max = 6.0f;
+  const float s_dec = amax == 0.0f ? 1.0f : amax / scales_max / val_max;
+  std::vector<float> out(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const int64_t c1 = std::min(cols, c0 + 16);
+      float m = 0;
+      for (int64_t c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[size_t(r * cols + c)]));
+      float scale = float(t[size_t(ref_e4m3_code(m / val_max / s_dec))]);
+      if (scale == 0) scale = 1.0f;
+      const float inv = scale * s_dec;
+      for (int64_t c = c0; c < c1; ++c) {
+        float v = x[size_t(r * cols + c)] / inv;
+        if (std::isnan(v)) v = 0;
+        out[size_t(r * cols + c)] = ref_rtn_fp4(v) * inv;
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(QuartetRtn, HandComputedTiesGoAway) {
+  // One block, g = its amax = 3: s_dec = fl(fl(3 / 447.99) / 6); the block scale is
+  // RNE_E4M3(fl(fl(3 / 6) / s_dec)) = RNE_E4M3(≈ 447.99) = 448, so d = fl(448 · s_dec) just
+  // above 0.5 and x = 3 decodes to 6 · d. An element of exactly d / 4 is a tie between 0 and
+  // 0.5: ties away (Quartet II's ≥ 0.25) give 0.5 · d, where RNE would give 0.
+  const float s_dec = (3.0f / 447.99f) / 6.0f;
+  const float d = 448.0f * s_dec;
+  std::vector<float> x(16, 0.f), out(16);
+  x[0] = 3.0f;
+  x[1] = d / 4;          // a quarter: the 0 | 0.5 tie
+  x[2] = -d * 1.25f;     // the 1 | 1.5 tie, negative
+  x[3] = d * 2.5f;       // the 2 | 3 tie (RNE would go to 2)
+  quartet_rtn_quantize_dequantize(x.data(), 1, 16, 3.0f, out.data());
+  EXPECT_EQ(out[0], 6.0f * d);
+  EXPECT_EQ(out[1], 0.5f * d);
+  EXPECT_EQ(out[2], -1.5f * d);
+  EXPECT_EQ(out[3], 3.0f * d);
+  EXPECT_EQ(out[4], 0.0f);
+}
+
+TEST(QuartetRtn, MatchesIndependentTranscription) {
+  for (int64_t cols : {256, 40, 7}) {  // full blocks, a ragged last block, one short block
+    const int64_t rows = 6;
+    const auto inputs = adversarial_inputs(size_t(rows * cols), uint64_t(5 + cols));
+    for (const auto& [name, x] : inputs) {
+      const float a = amax_of(x);
+      for (float g : {a, a * 0.5f, a * 4.f, 0.f, 1e-30f}) {
+        SCOPED_TRACE(name + " cols " + std::to_string(cols) + " g " + std::to_string(g));
+        std::vector<float> got(x.size());
+        quartet_rtn_quantize_dequantize(x.data(), rows, cols, g, got.data());
+        const std::vector<float> want = ref_quartet_rtn(x, rows, cols, g);
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_TRUE(same_value_bits(got[i], want[i]))
+              << "element " << i << " x = " << x[i] << ": " << got[i] << " vs " << want[i];
+      }
+    }
+  }
+}
+
+TEST(QuartetRtn, InPlaceAndThreadCountGiveTheSameBits) {
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t rows = 300, cols = 200;  // above the OpenMP threshold
+  std::vector<float> x(size_t(rows * cols));
+  for (auto& e : x) e = nd(rng);
+  const float g = amax_of(x);
+  std::vector<float> one(x.size()), many(x.size()), in_place = x;
+  const int n = omp_get_max_threads();
+  omp_set_num_threads(1);
+  quartet_rtn_quantize_dequantize(x.data(), rows, cols, g, one.data());
+  omp_set_num_threads(std::max(2, n));
+  quartet_rtn_quantize_dequantize(x.data(), rows, cols, g, many.data());
+  quartet_rtn_quantize_dequantize(in_place.data(), rows, cols, g, in_place.data());
+  omp_set_num_threads(n);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(one[i]), std::bit_cast<uint32_t>(many[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(one[i]), std::bit_cast<uint32_t>(in_place[i])) << i;
+  }
+}
+
+TEST(QuartetRtn, Errors) {
+  std::vector<float> x(16, 1.f), out(16);
+  EXPECT_THROW(quartet_rtn_quantize_dequantize(x.data(), -1, 16, 1.f, out.data()), std::invalid_argument);
+  EXPECT_THROW(quartet_rtn_quantize_dequantize(x.data(), 1, 16, -1.f, out.data()), std::invalid_argument);
+  EXPECT_THROW(quartet_rtn_quantize_dequantize(x.data(), 1, 16, std::nanf(""), out.data()),
+               std::invalid_argument);
+  x[3] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(quartet_rtn_quantize_dequantize(x.data(), 1, 16, 1.f, out.data()), NonFiniteError);
 }

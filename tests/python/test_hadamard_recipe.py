@@ -19,8 +19,11 @@ def test_binding_exposes_the_hadamard_keys():
     assert 'hadamard_gemms = ["dgrad", "wgrad"]\n' in r.toml
     back = fp.Recipe.from_toml(r.toml)
     assert (back.hadamard_size, back.hadamard_gemms, back.hadamard_signs) == (128, ["dgrad", "wgrad"], "per-step")
-    # Every shipped recipe: the defaults rht_wgrad implies, and no hadamard key in its text.
+    # Every shipped recipe but quartet2 (Quartet II's own transform: test_quartet2.py): the
+    # defaults rht_wgrad implies, and no hadamard key in its text.
     for name in sorted(os.listdir(RECIPES)):
+        if name == "quartet2.toml":
+            continue
         d = fp.Recipe.load(os.path.join(RECIPES, name))
         assert d.hadamard_size == 16 and d.hadamard_signs == "fixed", name
         assert d.hadamard_gemms == (["wgrad"] if d.rht_wgrad else []), name

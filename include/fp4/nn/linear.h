@@ -284,6 +284,24 @@ class Linear {
   void forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx);
   void forward_llama_q8(const float* X, float* Y, int64_t M, const StepContext& ctx);
   void backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx);
+  // The decoded dgrad GEMM: dX [M, K] += a [M, inner] · b (b [inner, K], or with tb b [K, inner]
+  // transposed; ldb its leading dim); under bf16_outputs the product is rounded to BF16 first
+  // (in the workspace's t1), then added.
+  void add_dgrad(int64_t M, int64_t inner, const float* a, bool tb, const float* b, int64_t ldb,
+                 float* dX);
+  // ---- Quartet II's quantizers (plan.quartet_forward(), plan.ms_eden(); docs/numerics.md
+  // "MS-EDEN in a Linear"). The fprop X quantized by Quartet II's forward quantizer into the
+  // workspace (never shared across linears).
+  const float* quantize_fprop_x_quartet(const float* X, int64_t M, float gx);
+  // dgrad and wgrad by MS-EDEN from the forward's X̂ (xhat_) and Ŵ (wq_) and dY.
+  void backward_ms_eden(const float* dY, float* dX, int64_t M, const StepContext& ctx);
+  // One MS-EDEN operand: src [rows, cols] (or, `transposed`, src [cols, rows] read as its
+  // transpose) zero-padded to [rows, cols_p], transformed along the padded dim by h, its
+  // reference (role r) measured, MS-EDEN-quantized with `key` and decoded into out [rows, cols_p].
+  void ms_eden_operand(const float* src, int64_t rows, int64_t cols, bool transposed,
+                       int64_t cols_p, const HadamardTransform& h, Role r, const SrKey& key,
+                       const StepContext& ctx, float* out);
+  AlignedFloats xhat_;  // plan.ms_eden(): the forward's quantized X̂ [M, K], kept for wgrad
   // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out) const;

@@ -47,11 +47,13 @@ bool hadamard_size_valid(int n);
 /// How the sign vector s of a transform is chosen (recipe key fp4.hadamard_signs):
 /// Fixed: one vector for every layer and the whole run (TE's kRhtSigns for n = 16; for larger n
 /// a constant Philox draw, hadamard_signs); PerLayer: one vector per layer, drawn once from
-/// (run seed, layer); PerStep: re-drawn at every optimizer step from (run seed, layer, step).
-enum class HadamardSigns { Fixed, PerLayer, PerStep };
-/// "fixed", "per-layer", "per-step".
+/// (run seed, layer); PerStep: re-drawn at every optimizer step from (run seed, layer, step);
+/// PerCall: re-drawn at every backward call, from (run seed, layer, step, micro-batch), Quartet
+/// II's re-randomisation (the same as PerStep with one micro-batch per step).
+enum class HadamardSigns { Fixed, PerLayer, PerStep, PerCall };
+/// "fixed", "per-layer", "per-step", "per-call".
 const char* hadamard_signs_name(HadamardSigns p);
-/// Parse "fixed" | "per-layer" | "per-step"; throws std::invalid_argument naming the value and
+/// Parse "fixed" | "per-layer" | "per-step" | "per-call"; throws std::invalid_argument naming the value and
 /// the choices.
 HadamardSigns parse_hadamard_signs(const std::string& s);
 
@@ -61,12 +63,13 @@ HadamardSigns parse_hadamard_signs(const std::string& s);
 /// case draws s_i = +1 if bit i of a Philox4x32-10 stream is 0, else −1, with the stream keyed as
 /// docs/numerics.md "Stochastic-rounding bits (Philox keys)" but with purpose tag 0x4844 ("HD")
 /// instead of 0x5352 ("SR"), so sign bits never coincide with SR bytes: key (seed low, seed high),
-/// counter (0, step', layer', n·2^16 + 0x4844), with (seed, layer', step') = (0, 0, 0) for Fixed (the vector is
-/// the same in every run), (seed, layer, 0) for PerLayer and (seed, layer, step) for PerStep; the
-/// 128 output bits are the four words little-endian. Throws std::invalid_argument if n is not a
-/// supported size.
+/// counter (micro', step', layer', n·2^16 + 0x4844), with (seed, layer', step', micro') =
+/// (0, 0, 0, 0) for Fixed (the vector is the same in every run), (seed, layer, 0, 0) for
+/// PerLayer, (seed, layer, step, 0) for PerStep and (seed, layer, step, micro) for PerCall
+/// (`micro`: the 0-based micro-batch of the step, StepContext::micro); the 128 output bits are
+/// the four words little-endian. Throws std::invalid_argument if n is not a supported size.
 void hadamard_signs(int n, HadamardSigns p, uint64_t seed, uint32_t layer, uint32_t step,
-                    float* out);
+                    float* out, uint32_t micro = 0);
 
 /// One resolved transform: size n, its signs s[0..n) and its arithmetic. The value a Linear
 /// builds per call (hadamard_signs); kernels read nothing else.
@@ -76,7 +79,7 @@ struct HadamardTransform {
   std::array<float, kMaxHadamard> signs{};  ///< s[0..n), ±1.0f; the rest unused
   /// The transform of size n with signs of policy p (hadamard_signs). Throws as hadamard_signs.
   static HadamardTransform make(int n, HadamardSigns p, RhtPrecision precision, uint64_t seed,
-                                uint32_t layer, uint32_t step);
+                                uint32_t layer, uint32_t step, uint32_t micro = 0);
   /// TE's 16-point RHT (kRhtSigns) with `precision`: what rht16_rows computes.
   static HadamardTransform te16(RhtPrecision precision = RhtPrecision::FP32);
   /// The scale c_n of the transform: RNE-to-FP32 of 1/√n for FP32 (0.25 and 0.125 exactly for

@@ -63,6 +63,24 @@ MsEdenQuantized ms_eden_quantize(const float* x, int64_t rows, int64_t cols, con
 /// (x_fp4 * scales * s_dec). Throws std::invalid_argument if q's vectors do not match its shape.
 void ms_eden_dequantize(const MsEdenQuantized& q, float* out);
 
+/// The scale maximum of Quartet II's forward quantizer (scales_max = 447.99 in
+/// rtn_1x16s_fp4_kernel, src/models/quantization/quantizers/nvfp4_triton.py), as FP32.
+inline constexpr float kQuartetRtnScaleMax = 447.99f;
+
+/// Quartet II's forward quantizer, quantize-dequantize: x̂ [rows, cols] of x [rows, cols]
+/// (row-major FP32, finite) with tensor reference g ≥ 0 (Quartet II: the current amax of the
+/// whole tensor, x.abs().max()). Blocks of 16 along cols (a ragged last block takes the
+/// remaining columns), E4M3 block scales, E2M1 elements rounded to nearest with ties away
+/// (its threshold comparisons), in rtn_1x16s_fp4_kernel's FP32 order with scale_override 1
+/// (Quartet_II_fn.forward_scale_override):
+///   s_dec = fl(fl(g / 447.99) / 6), 1 if g == 0;  c_b = RNE_E4M3(fl(fl(a_b / 6) / s_dec)), 0 → 1;
+///   d_b = fl(c_b · s_dec);  q = RNA_E2M1(fl(x / d_b));  x̂ = fl(q · d_b).
+/// docs/numerics.md "Quartet II's forward quantizer". `in` and `out` may alias. OpenMP over rows;
+/// bits do not depend on the thread count. Throws std::invalid_argument for a negative shape or
+/// g negative/NaN/Inf; fp4::NonFiniteError (naming the first bad index) for NaN/Inf in x.
+void quartet_rtn_quantize_dequantize(const float* x, int64_t rows, int64_t cols, float g,
+                                     float* out);
+
 /// Quartet II's stochastic rounding of a corrected scale c ≥ 0 (or +Inf) onto E4M3 with a
 /// uniform u ∈ [0, 1): n = RNE_E4M3(c) (saturating at 448); if n > c the neighbours are
 /// (code(n) − 1, n), else (n, code(n) + 1); p = fl(fl(c − down) / fl(up − down));

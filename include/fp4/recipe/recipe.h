@@ -44,6 +44,23 @@ const char* operand_name(Operand o);
 enum class FourOverSixRoles { None, Weights, Activations, Gradients, All };
 /// "none", "weights", "activations", "gradients", "all".
 const char* four_over_six_roles_name(FourOverSixRoles r);
+
+/// [fp4] forward_quantizer: how an FP4 linear quantizes its fprop operands X and W.
+/// Blocks ("blocks", default): the block quantizer of docs/numerics.md "Quantizing one operand"
+/// with the recipe's specs. QuartetRtn ("quartet2-rtn"): Quartet II's forward quantizer
+/// (fp4::quartet_rtn_quantize_dequantize; docs/numerics.md "Quartet II's forward quantizer").
+enum class ForwardQuantizer { Blocks, QuartetRtn };
+/// [fp4] backward_quantizer: how an FP4 linear quantizes its dgrad and wgrad operands.
+/// Blocks ("blocks", default): the block quantizer with the recipe's specs, from the
+/// high-precision X, W and dY. MsEden ("ms-eden"): Quartet II's backward, MS-EDEN
+/// (fp4::ms_eden_quantize) of the four operands after the Hadamard transform along each GEMM's
+/// inner dim, re-quantizing the forward's quantized X̂ and Ŵ (docs/numerics.md "MS-EDEN in a
+/// Linear").
+enum class BackwardQuantizer { Blocks, MsEden };
+/// "blocks" | "quartet2-rtn".
+const char* forward_quantizer_name(ForwardQuantizer q);
+/// "blocks" | "ms-eden".
+const char* backward_quantizer_name(BackwardQuantizer q);
 /// Whether roles `r` include operand `o`. Throws nothing.
 bool four_over_six_applies(FourOverSixRoles r, Operand o);
 /// Whether GEMM `g` has operand `o` (fprop: x, w; dgrad: dy, w; wgrad: dy, x).
@@ -180,7 +197,7 @@ struct Recipe {
   /// same transform on both, so dX = dY·W is unchanged in exact arithmetic). "wgrad" in
   /// hadamard_gemms is rht_wgrad.
   bool hadamard_dgrad = false;
-  /// [fp4] hadamard_signs: "fixed" (default) | "per-layer" | "per-step" (HadamardSigns).
+  /// [fp4] hadamard_signs: "fixed" (default) | "per-layer" | "per-step" | "per-call" (HadamardSigns).
   HadamardSigns hadamard_signs = HadamardSigns::Fixed;
   /// [fp4] bf16_boundary: every FP4 linear rounds X (forward) and dY (backward) to BF16 (RNE)
   /// and uses the rounded copy for the amax and every quantization of that operand, as the
@@ -200,6 +217,10 @@ struct Recipe {
   /// key is absent or equals scale_target, so recipes without it serialise as before.
   float four_over_six_scale_target = 0.f;
   // ---- end Four Over Six
+  /// [fp4] forward_quantizer = "blocks" (default) | "quartet2-rtn" (ForwardQuantizer).
+  ForwardQuantizer forward_quantizer = ForwardQuantizer::Blocks;
+  /// [fp4] backward_quantizer = "blocks" (default) | "ms-eden" (BackwardQuantizer).
+  BackwardQuantizer backward_quantizer = BackwardQuantizer::Blocks;
   /// [fp4] row_scaled_activation: the forward activation X takes one tensor reference per row
   /// (per token; fprop) and its wgrad copy Xᵀ one per row of Xᵀ (per input feature), each the
   /// current amax of that row, as Transformer Engine's NVFP4BlockScaling(row_scaled_activation)
@@ -275,6 +296,8 @@ struct LinearPlan {
   bool bf16_boundary = false;         ///< [fp4] bf16_boundary: X and dY rounded to BF16 first
   bool bf16_outputs = false;          ///< [fp4] bf16_outputs: Y and this linear's dX rounded to BF16
   bool row_scaled_activation = false;  ///< [fp4] row_scaled_activation: per-row references of X and Xᵀ
+  ForwardQuantizer forward_quantizer = ForwardQuantizer::Blocks;     ///< [fp4] forward_quantizer
+  BackwardQuantizer backward_quantizer = BackwardQuantizer::Blocks;  ///< [fp4] backward_quantizer
 
   const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
   /// FP4 with gemm = probe-matched: quantized operands multiplied by fp4::probe_gemm.
@@ -284,11 +307,19 @@ struct LinearPlan {
   /// FP4 with "dgrad" in hadamard_gemms: dY and W transformed along N before dgrad's
   /// quantization (the layer's N must be a multiple of hadamard_size: check_hadamard_shape).
   bool dgrad_hadamard() const { return mode == LinearMode::FP4 && hadamard_dgrad; }
+  /// FP4 with forward_quantizer = "quartet2-rtn": X and W by Quartet II's forward quantizer.
+  bool quartet_forward() const {
+    return mode == LinearMode::FP4 && forward_quantizer == ForwardQuantizer::QuartetRtn;
+  }
+  /// FP4 with backward_quantizer = "ms-eden": the four backward operands by MS-EDEN, after the
+  /// Hadamard transform (the inner dim zero-padded to a multiple of hadamard_size).
+  bool ms_eden() const { return mode == LinearMode::FP4 && backward_quantizer == BackwardQuantizer::MsEden; }
   /// The transform of this plan for layer `layer` at 1-based optimizer step `step` of a run
   /// with seed `seed` (HadamardTransform::make with hadamard_size, hadamard_signs and
   /// rht_precision). Throws nothing for a parsed recipe's plan.
-  HadamardTransform hadamard(uint64_t seed, uint32_t layer, uint32_t step) const {
-    return HadamardTransform::make(hadamard_size, hadamard_signs, rht_precision, seed, layer, step);
+  HadamardTransform hadamard(uint64_t seed, uint32_t layer, uint32_t step, uint32_t micro = 0) const {
+    return HadamardTransform::make(hadamard_size, hadamard_signs, rht_precision, seed, layer, step,
+                                   micro);
   }
   /// D of this linear's training references: amax_interval in FP4 mode, else 1.
   int reference_interval() const { return mode == LinearMode::FP4 ? amax_interval : 1; }
