@@ -40,6 +40,11 @@ nlohmann::json plans_json(const ResolvedLinears& res) {
       if (p.hadamard_dgrad) j["hadamard_dgrad"] = true;
       if (p.hadamard_signs != HadamardSigns::Fixed)
         j["hadamard_signs"] = hadamard_signs_name(p.hadamard_signs);
+      if (p.row_scaled_activation) j["row_scaled_activation"] = true;  // each only when set
+      if (p.forward_quantizer != ForwardQuantizer::Blocks)
+        j["forward_quantizer"] = forward_quantizer_name(p.forward_quantizer);
+      if (p.backward_quantizer != BackwardQuantizer::Blocks)
+        j["backward_quantizer"] = backward_quantizer_name(p.backward_quantizer);
       for (int g = 0; g < 3; ++g)
         for (int o = 0; o < 3; ++o) {
           if (!gemm_uses(Gemm(g), Operand(o))) continue;
@@ -48,6 +53,9 @@ nlohmann::json plans_json(const ResolvedLinears& res) {
               s.element.name(), spec_scale_format(s).name,
               s.block,          s.two_d,
               s.target,         rounding_name(s.rounding)};
+          if (s.four_over_six != FourOverSix::Off)  // only when set: earlier lines unchanged
+            j[std::string(gemm_name(Gemm(g))) + "." + operand_name(Operand(o))].push_back(
+                std::string("4/6 ") + four_over_six_name(s.four_over_six));
         }
     }
     out.push_back(j);
