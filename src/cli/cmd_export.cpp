@@ -178,6 +178,12 @@ BlockQuantSpec export_weight_spec(const LinearPlan& plan, const ExportArgs& a, c
   const BlockQuantSpec s = plan.spec(Gemm::Fprop, Operand::W);
   if (!nvfp4_wanted) return s;
   if (a.requantize) return nvfp4_requantized(s);
+  if (plan.quartet_forward())  // trained with Quartet II's quantizer, not the block quantizer
+    throw UserError(option + ": recipe " + r.name + " quantizes its weights with Quartet II's "
+                    "forward quantizer (scale maximum 447.99, its own operation order), which "
+                    "NVFP4's block quantizer reproduces only to the last bit of its scales; "
+                    "--requantize writes them re-quantized to NVFP4 (docs/recipes.md \"Quartet "
+                    "II's quantizers\")");
   if (!is_nvfp4_spec(s))
     throw UserError(option + ": recipe " + r.name + " quantizes its weights with " +
                     spec_scale_format(s).name + " block scales over blocks of " +

@@ -152,6 +152,14 @@ Linear::WorkspaceFloats Linear::workspace_floats(const LinearPlan& plan, int64_t
                                                  int64_t M) {
   WorkspaceFloats f;
   if (plan.mode != LinearMode::FP4 || plan.probe()) return f;  // probe-matched: grows on use
+  if (plan.ms_eden()) {  // backward_ms_eden: inner dims padded to a multiple of the transform
+    const int64_t n = plan.hadamard_size, Np = (N + n - 1) / n * n, Mp = (M + n - 1) / n * n;
+    f.row = std::max(M * K, M * Np);  // fprop X; dgrad E(dY·H)
+    f.wqd = K * Np;                   // dgrad E(Ŵᵀ·H)
+    f.t0 = N * Mp;                    // wgrad E(dYᵀ·H)
+    f.t1 = std::max(K * Mp, M * K);   // wgrad E(X̂ᵀ·H); dgrad's BF16-output product
+    return f;
+  }
   f.row = M * std::max(K, N);  // fprop X; dgrad dY
   const BlockQuantSpec& sw = plan.spec(Gemm::Dgrad, Operand::W);
   const bool own_dgrad_w = !sw.two_d || sw != plan.spec(Gemm::Fprop, Operand::W);
@@ -361,7 +369,12 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
   const float gw = reference_for(Role::W, W_, N_ * K_, ctx);
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
   wq_.resize(N_ * K_);
-  prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
+  if (plan_.quartet_forward()) {  // W as trained: Quartet II's forward quantizer
+    Scope s(Cat::kQuantRow);
+    quartet_rtn_quantize_dequantize(W_, N_, K_, gw, wq_.data());
+  } else {
+    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
+  }
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the row buffer holds Q8_0 values now, not a shareable quantized X
   float* xq = ws.row.get(M * K_);
@@ -501,8 +514,9 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the workspace buffers now hold this backward's operands
 
-  // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N.
-  const bool tel = ctx.telemetry && ctx.training;
+  // dgrad: dX [M,K] += q(dY, blocks along N) · q(W). Contraction over N. No telemetry for a
+  // linear with Quartet II's forward (its forward operands recorded none either).
+  const bool tel = ctx.telemetry && ctx.training && !plan_.quartet_forward();
   if (tel && !dgrad_h) {  // with the dgrad transform: of the transformed dY, below
     Scope s(Cat::kTelemetry);
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};

@@ -530,7 +530,12 @@ void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
   need(rc.scale_rule == ScaleRule::TensorScaled, "fp4.scale_rule = \"tensor-scaled\"");
   need(rc.block == 16, "fp4.block = 16");
   need(rc.scale_target == 448.f, "fp4.scale_target is left at 448 (Quartet II's own maxima apply)");
-  need(rc.amax_interval == 1, "fp4.amax_interval = 1 (Quartet II scales by the current amax)");
+  need(rc.mode == LinearMode::FP4, "linear.mode = \"fp4\" (the keys act on FP4 linears only)");
+  need(rc.amax_interval == 1 && rc.amax_sample == AmaxSample::PerCall,
+       "fp4.amax_interval = 1 and fp4.amax_sample = \"per-call\" (Quartet II scales every call "
+       "by its current amax)");
+  need(rc.amax_ranks == AmaxRanks::Invariant,
+       "fp4.amax_ranks = \"invariant\" (Quartet II uses each process's own current amax)");
   need(rc.gemm == GemmMode::Decoded, "linear.gemm = \"decoded\"");
   need(!rc.row_scaled_activation, "fp4.row_scaled_activation = false");
   need(rc.overrides.empty(), "the recipe has no [[override]] tables");

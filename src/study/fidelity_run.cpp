@@ -732,7 +732,7 @@ int64_t FidelityRun::refresh_step(size_t r, int64_t t) const {
 void FidelityRun::check_recipes() const {
   for (size_t r = 0; r < models.size(); ++r)
     for (const auto& lin : models[r]->linears())
-      if (lin.plan().rht() && (int64_t(B) * T) % 16 != 0)
+      if (lin.plan().rht() && !lin.plan().ms_eden() && (int64_t(B) * T) % 16 != 0)  // MS-EDEN pads
         throw UserError("fidelity: recipe " + req.recipes[r] +
                         " uses the RHT, which needs the tokens per "
                         "batch (--batch-size " +

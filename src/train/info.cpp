@@ -122,6 +122,7 @@ ModelInfo describe_run(const RunConfig& cfg, const Recipe& recipe, const Resolve
     if (li.mode == LinearMode::FP4) {
       mem.linear_scratch += F * N * K;  // wq_
       if (plan.bf16_boundary) mem.linear_scratch += F * (BT * K + BT * N);  // xr_, dyr_
+      if (plan.ms_eden()) mem.linear_scratch += F * BT * K;  // xhat_: the forward's X̂
       const nn::Linear::WorkspaceFloats w = nn::Linear::workspace_floats(plan, K, N, BT);
       row = std::max(row, w.row);
       wqd = std::max(wqd, w.wqd);
