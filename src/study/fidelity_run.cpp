@@ -63,7 +63,10 @@ std::vector<int64_t> choose_steps(const std::map<int64_t, fs::path>& by_step,
     steps = spread_steps(all, size_t(std::max(n, 1)));
   }
   std::sort(steps.begin(), steps.end());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  const auto dup = std::adjacent_find(steps.begin(), steps.end());
+  if (dup != steps.end())  // a repeated checkpoint would weigh twice in the bootstrap
+    throw UserError(who + ": --steps names step " + std::to_string(*dup) +
+                    " twice; give each checkpoint step once");
   for (int64_t s : steps)
     if (!by_step.count(s)) {
       std::string have;

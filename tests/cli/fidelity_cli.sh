@@ -336,6 +336,7 @@ claim_err "must be a finite number" $'metric = "rel_error"\nterms = { fp32 = nan
 claim_err "scope 'nonsense' is not whole, linears or a parameter" $'metric = "rel_error"\nscope = "nonsense"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"'
 bad "--linear-roles go with a new panel" --from "$work/t1/fidelity.json" --linear-roles
 bad "names ue5m3-b16 twice" --run "$work/ref" --recipe ue5m3-b16,fp32,ue5m3-b16 --data "$work/text"
+bad "names step 20 twice" --run "$work/ref" --recipe ue5m3-b16 --steps 20,20 --data "$work/text"
 bad "names channel 3 twice" --run "$work/ref" --recipe ue5m3-b16 --stress-factor 4 --stress-channels 3,3 --data "$work/text"
 bad "--stress-channels needs --stress-factor" --run "$work/ref" --recipe ue5m3-b16 --stress-channels 3 --data "$work/text"
 printf '[[claim]]\nid = "r"\nmetric = "rel_error"\nscope = "dX.local"\na = "fp32"\nb = "ue5m3-b16"\nexpect = "lower"\n' > "$work/rc.toml"

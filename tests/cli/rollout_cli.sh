@@ -21,6 +21,7 @@ micro_setup "$work" steps=8 warmup_steps=2 interval=100 windows=4 telemetry_inte
 expect_error "rollout needs --run DIR and --recipe" rollout --run "$work/ref"
 expect_error "has no checkpoint of step 5 (it holds steps 2, 4, 6, 8)" rollout --run "$work/ref" --recipe fp32 --steps 5
 expect_error "--steps: 'x' is not a step number" rollout --run "$work/ref" --recipe fp32 --steps x
+expect_error "names step 4 twice" rollout --run "$work/ref" --recipe fp32 --steps 4,2,4
 expect_error "--length: Value 0 not in range" rollout --run "$work/ref" --recipe fp32 --length 0
 expect_error "--from rebuilds the report" rollout --from "$work/nothing.json" --run "$work/ref"
 expect_error "cannot read $work/nothing.json" rollout --from "$work/nothing.json"
