@@ -742,13 +742,19 @@ void Linear::backward_ms_eden(const float* dY, float* dX, int64_t M, const StepC
 void Linear::ms_eden_operand(const float* src, int64_t rows, int64_t cols, bool transposed,
                              int64_t cols_p, const HadamardTransform& h, Role r, const SrKey& key,
                              const StepContext& ctx, float* out) {
-  {  // 1. out [rows, cols_p] = src (or srcᵀ), zero-padded; 2. transformed along cols_p
+  {  // 1. out [rows, cols_p] = src (or srcᵀ, in 32 × 32 tiles), zero-padded; 2. transformed
     Scope s(Cat::kTranspose);
+    constexpr int64_t B = 32;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < rows; ++i) {
-      float* o = out + i * cols_p;
-      for (int64_t j = 0; j < cols; ++j) o[j] = transposed ? src[j * rows + i] : src[i * cols + j];
-      std::fill(o + cols, o + cols_p, 0.f);
+    for (int64_t i0 = 0; i0 < rows; i0 += B) {
+      const int64_t i1 = std::min(rows, i0 + B);
+      for (int64_t j0 = 0; j0 < cols; j0 += B) {
+        const int64_t j1 = std::min(cols, j0 + B);
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t j = j0; j < j1; ++j)
+            out[i * cols_p + j] = transposed ? src[j * rows + i] : src[i * cols + j];
+      }
+      for (int64_t i = i0; i < i1; ++i) std::fill(out + i * cols_p + cols, out + (i + 1) * cols_p, 0.f);
     }
     hadamard_rows(out, rows, cols_p, h);
   }

@@ -48,8 +48,6 @@ uint8_t max_scale_code(ScaleFormat f) {
   return 0;
 }
 
-constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 }  // namespace
 
@@ -97,7 +95,7 @@ float round_magnitude(float a, const FloatFormat& fmt, Rounding mode, uint8_t r)
                                         mode, r);
 }
 
-float e2m1_decode(uint8_t code) { return kE2M1Values[code & 0xF]; }
+float e2m1_decode(uint8_t code) { return e2m1_value(code); }
 
 uint8_t e2m1_encode(float x, Rounding mode, uint8_t r) {
   if (std::isnan(x)) throw std::invalid_argument("e2m1_encode: NaN input");

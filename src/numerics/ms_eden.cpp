@@ -66,9 +66,9 @@ void quantize_block(const float* xb, int n, float c, float s_dec, uint8_t* codes
   for (int i = 0; i < n; ++i) {
     float xs = xb[i] / d;
     if (xs != xs) xs = 0.0f;
-    codes[i] = e2m1_encode(xs, Rounding::RNA);
+    codes[i] = e2m1_encode_rna(xs);
     sums.num = sums.num + xs * xs;
-    sums.den = sums.den + xs * e2m1_decode(codes[i]);
+    sums.den = sums.den + xs * e2m1_value(codes[i]);
   }
 }
 
@@ -149,7 +149,7 @@ void quartet_rtn_quantize_dequantize(const float* x, int64_t rows, int64_t cols,
       for (int i = 0; i < n; ++i) {  // "# quantize", "# dequantize"
         float xs = xb[i] / d;
         if (xs != xs) xs = 0.0f;
-        ob[i] = e2m1_decode(e2m1_encode(xs, Rounding::RNA)) * d;
+        ob[i] = e2m1_value(e2m1_encode_rna(xs)) * d;
       }
     }
 }
@@ -185,7 +185,7 @@ void ms_eden_dequantize(const MsEdenQuantized& q, float* out) {
   for (int64_t r = 0; r < q.rows; ++r)
     for (int64_t c = 0; c < q.cols; ++c) {
       const float s = q.scales[r * q.block_cols + c / q.spec.block];
-      out[r * q.cols + c] = (e2m1_decode(q.codes[r * q.cols + c]) * s) * q.s_dec;
+      out[r * q.cols + c] = (e2m1_value(q.codes[r * q.cols + c]) * s) * q.s_dec;
     }
 }
 

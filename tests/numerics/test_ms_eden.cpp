@@ -502,3 +502,25 @@ TEST(QuartetRtn, Errors) {
   x[3] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(quartet_rtn_quantize_dequantize(x.data(), 1, 16, 1.f, out.data()), NonFiniteError);
 }
+
+TEST(MsEden, RnaLadderIsE2m1EncodeRna) {
+  // e2m1_encode_rna (the threshold ladder both Quartet II kernels use) against the general
+  // e2m1_encode(x, RNA): every FP32 bit pattern within 64 ulps of each threshold and of each
+  // E2M1 value, both signs, then every 4099th pattern of [0, 8) and the specials.
+  std::vector<float> xs = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 1e30f, -1e-30f,
+                           std::numeric_limits<float>::denorm_min()};
+  for (float t : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f})
+    for (int d = -64; d <= 64; ++d)
+      xs.push_back(std::bit_cast<float>(uint32_t(int64_t(std::bit_cast<uint32_t>(t)) + d)));
+  for (uint32_t b = 0; b < std::bit_cast<uint32_t>(8.0f); b += 4099) xs.push_back(std::bit_cast<float>(b));
+  size_t n = 0;
+  for (float x : xs)
+    for (float v : {x, -x}) {
+      ASSERT_EQ(e2m1_encode_rna(v), e2m1_encode(v, Rounding::RNA)) << "x = " << v;
+      ASSERT_EQ(std::bit_cast<uint32_t>(e2m1_value(e2m1_encode_rna(v))),
+                std::bit_cast<uint32_t>(e2m1_decode(e2m1_encode(v, Rounding::RNA))));
+      ++n;
+    }
+  EXPECT_GT(n, 500000u);
+}

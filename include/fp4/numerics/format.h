@@ -6,6 +6,7 @@
 // beyond the contract's four: docs/formats.md.
 #pragma once
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -189,6 +190,24 @@ float e2m1_decode(uint8_t code);
 /// reapply sign. Returns the 4-bit code (sign in bit 3; −0 for negative values rounding to 0,
 /// including x = −0). ±Inf saturates to ±6; throws std::invalid_argument for NaN.
 uint8_t e2m1_encode(float x, Rounding mode, uint8_t r = 0);
+
+/// E2M1 encode with ties away (RNA), as threshold comparisons on |x| (≥ 0.25, 0.75, 1.25, 1.75,
+/// 2.5, 3.5, 5: the number passed is the magnitude code), sign from x: the arithmetic of Quartet
+/// II's rtn_fp4, inline for its per-element loops. Bit-identical to e2m1_encode(x,
+/// Rounding::RNA) for every non-NaN x, ±Inf and −0 included (tests/numerics/test_ms_eden.cpp
+/// `MsEden.RnaLadderIsE2m1EncodeRna`); x must not be NaN (not checked).
+inline uint8_t e2m1_encode_rna(float x) {
+  const float a = std::fabs(x);
+  const int m = int(a >= 0.25f) + int(a >= 0.75f) + int(a >= 1.25f) + int(a >= 1.75f) +
+                int(a >= 2.5f) + int(a >= 3.5f) + int(a >= 5.0f);
+  return static_cast<uint8_t>(m | (std::signbit(x) ? 0x8 : 0x0));
+}
+/// The value of an E2M1 code, inline (e2m1_decode's table; low 4 bits used).
+inline float e2m1_value(uint8_t code) {
+  static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return kValues[code & 0xF];
+}
 
 /// Scale-format encode of a magnitude a ≥ 0 already rounded onto the format's grid
 /// (i.e. a == round_magnitude(a, fmt, ...)). Returns the 8-bit code.
