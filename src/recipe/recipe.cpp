@@ -540,7 +540,8 @@ void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
   need(!rc.row_scaled_activation, "fp4.row_scaled_activation = false");
   need(rc.overrides.empty(), "the recipe has no [[override]] tables");
   if (fwd) {
-    need(rc.weight_block_size() == 16 && !rc.weight_2d, "fp4.weight_2d = false (1-D weight blocks of 16)");
+    need(rc.weight_block_size() == 16, "fp4.weight_block is 16 (Quartet II's weight blocks)");
+    need(!rc.weight_2d, "fp4.weight_2d = false (1-D weight blocks of 16)");
     need(rc.round_x == Rounding::RNA && rc.round_w == Rounding::RNA,
          "rounding.x = rounding.w = \"rna\" (its threshold comparisons: ties away)");
     need(!four_over_six_applies(rc.four_over_six, Operand::X) &&
@@ -551,7 +552,7 @@ void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
     const std::string k2 = "fp4.backward_quantizer";
     auto need2 = [&](bool ok, const std::string& what) {
       if (!ok) r.fail(k2, std::string("\"blocks\" unless ") + what +
-                              " (\"ms-eden\" is Quartet II's backward with its fixed constants)");
+                              " (\"ms-eden\" is Quartet II's kernel with its fixed constants)");
     };
     need2(rc.round_dy == Rounding::RNA, "rounding.dy = \"rna\" (MS-EDEN rounds elements to nearest, "
                                         "ties away; its randomness is in the scales)");
