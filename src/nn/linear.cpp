@@ -340,18 +340,11 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     probe_product({X, M, false, plan_.spec(Gemm::Fprop, Operand::X), gx, &kx},
                   {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
                   ws_->t0, plan_);
-  } else if (plan_.quartet_forward()) {  // Quartet II's forward quantizer on X and W
-    const float* xq = quantize_fprop_x_quartet(X, M, gx);
-    {
-      Scope s(Cat::kQuantRow);
-      quartet_rtn_quantize_dequantize(W_, N_, K_, gw, wq_.data());
-    }
-    if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
-    timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   } else {
-    const float* xq = row_scaled_x() ? quantize_fprop_x_rows(X, M, kx)  // per-row references
-                                     : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
-    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data()); // W tiles (or blocks along K)
+    const float* xq = plan_.quartet_forward() ? quantize_fprop_x_quartet(X, M, gx)  // Quartet II's
+                      : row_scaled_x()        ? quantize_fprop_x_rows(X, M, kx)  // per-row references
+                                              : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
+    quantize_fprop_w(gw, kw);
     if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
     timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
   }
@@ -369,12 +362,7 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
   const float gw = reference_for(Role::W, W_, N_ * K_, ctx);
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
   wq_.resize(N_ * K_);
-  if (plan_.quartet_forward()) {  // W as trained: Quartet II's forward quantizer
-    Scope s(Cat::kQuantRow);
-    quartet_rtn_quantize_dequantize(W_, N_, K_, gw, wq_.data());
-  } else {
-    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
-  }
+  quantize_fprop_w(gw, kw);  // W as trained
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the row buffer holds Q8_0 values now, not a shareable quantized X
   float* xq = ws.row.get(M * K_);
@@ -388,6 +376,15 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
 // dX [M, K] += round_bf16(d) for d [M, K]: a linear's own dgrad output kept in BF16 (the recipe's
 // bf16_outputs) before it joins the input gradient, which other linears may share.
 static void add_bf16_rounded(const float* d, int64_t n, float* dX) { add_round_bf16_array(d, n, dX); }
+
+void Linear::quantize_fprop_w(float gw, const SrKey& kw) {
+  if (!plan_.quartet_forward()) {  // W tiles (or blocks along K)
+    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
+    return;
+  }
+  Scope s(Cat::kQuantRow);  // Quartet II's forward quantizer
+  quartet_rtn_quantize_dequantize(W_, N_, K_, gw, wq_.data());
+}
 
 const float* Linear::quantize_fprop_x_quartet(const float* X, int64_t M, float gx) {
   LinearWorkspace& ws = *ws_;

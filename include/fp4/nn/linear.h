@@ -293,6 +293,10 @@ class Linear {
   // "MS-EDEN in a Linear"). The fprop X quantized by Quartet II's forward quantizer into the
   // workspace (never shared across linears).
   const float* quantize_fprop_x_quartet(const float* X, int64_t M, float gx);
+  // The fprop W [N, K] quantized into wq_ (M-independent): the block quantizer with the fprop W
+  // spec, or Quartet II's forward quantizer under plan.quartet_forward(). Training forwards and
+  // the llama-q8_0 inference forward share it, so an evaluation quantizes W as training did.
+  void quantize_fprop_w(float gw, const SrKey& kw);
   // dgrad and wgrad by MS-EDEN from the forward's X̂ (xhat_) and Ŵ (wq_) and dY.
   void backward_ms_eden(const float* dY, float* dX, int64_t M, const StepContext& ctx);
   // One MS-EDEN operand: src [rows, cols] (or, `transposed`, src [cols, rows] read as its
