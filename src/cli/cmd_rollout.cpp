@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "options.h"
 #include "fp4/base/error.h"
+#include "fp4/dist/dist.h"
 #include "fp4/study/rollout.h"
 
 namespace fp4::cli {
@@ -17,17 +18,21 @@ struct RolloutArgs {
   RolloutRequest req;
   std::string run, out, steps, from;
   std::vector<std::string> recipes;
+  CLI::Option *spike = nullptr, *gnorm = nullptr;  // given: they override a --from file's
 };
 
 void run(RolloutArgs& a) {
   RolloutRequest& r = a.req;
   if (!a.from.empty()) {  // the report again from a finished rollout.json
-    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty())
-      throw UserError("--from rebuilds the report of finished rollouts; --run, --recipe and --steps go "
-                      "with new ones");
+    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty() || r.stress.active())
+      throw UserError("--from rebuilds the report of finished rollouts; --run, --recipe, --steps and the "
+                      "stress (--lr-scale, --no-warmup, --batch-size) go with new ones");
     r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
     if (r.out.empty()) r.out = ".";
-    write_rollout_report(load_rollouts(a.from), r);
+    RolloutResult res = load_rollouts(a.from);
+    if (a.spike->count()) res.stability.spike_threshold = r.stability.spike_threshold;
+    if (a.gnorm->count()) res.stability.grad_norm_limit = r.stability.grad_norm_limit;
+    write_rollout_report(res, r);
     std::printf("rollout: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
     return;
   }
@@ -42,6 +47,7 @@ void run(RolloutArgs& a) {
   if (ec || !std::filesystem::is_directory(r.out))
     throw UserError("--out " + r.out.string() + ": cannot create the directory" + (ec ? ": " + ec.message() : ""));
   const RolloutResult res = run_rollouts(r);
+  if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes (every rank holds every trace)
   write_rollout_report(res, r);
   std::printf("rollout: %zu recipes and fp32 x %zu checkpoints x %d orders x %d steps; wrote %s and %s\n",
               res.recipes.size() - 1, res.steps.size(), res.orders, res.length,
@@ -84,6 +90,24 @@ void register_rollout(CLI::App& app) {
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   c->add_option("--data", a->req.data, "Text file or directory instead of the run config's data.path");
   c->add_option("--out", a->out, "Output directory (default RUN/rollout; with --from, the file's)");
+  c->add_option("--lr-scale", a->req.stress.lr_scale,
+                "Stability stress: the run's peak learning rate times this, for fp32 and every recipe "
+                "(docs/fidelity.md \"Stability stress\")")
+      ->capture_default_str();
+  c->add_flag("--no-warmup", a->req.stress.no_warmup,
+              "Stability stress: no warmup (the peak learning rate from step 1, the paper's 8B schedule "
+              "shape); matters for checkpoints inside the run's warmup");
+  c->add_option("--batch-size", a->req.stress.batch_size,
+                "Stability stress: sequences per step instead of the run's train.batch_size (fewer tokens "
+                "per step); a multiple of train.micro_batch_size when that is set")
+      ->check(CLI::Range(1, 1 << 20));
+  a->spike = c->add_option("--spike-threshold", a->req.stability.spike_threshold,
+                "A loss spike: a step whose loss exceeds the fp32 rollout's on the same batch by more than "
+                "this many nats (with --from: instead of the file's)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  a->gnorm = c->add_option("--grad-norm-limit", a->req.stability.grad_norm_limit,
+                "A gradient-norm excursion: a step whose global gradient norm before clipping exceeds this (with --from: instead of the file's)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   c->add_flag("--quiet", a->req.quiet, "No progress lines");
   c->callback([a] { run(*a); });
 }

@@ -139,11 +139,12 @@ int main(int argc, char** argv) {
                    cmd.c_str(), names.c_str());
       return 2;
     }
-    // Only train, profile and fidelity spread their work over MPI processes; the other commands
-    // would each run whole on every rank and write the same files at once.
-    if (fp4::dist::size() > 1 && cmd != "train" && cmd != "profile" && cmd != "fidelity" && !help)
-      return command_error(("'" + cmd + "' runs in one process; under mpirun use 'train', 'profile' "
-                            "or 'fidelity', then run '" + cmd + "' without mpirun")
+    // Only train, profile, fidelity and rollout spread their work over MPI processes; the other
+    // commands would each run whole on every rank and write the same files at once.
+    if (fp4::dist::size() > 1 && cmd != "train" && cmd != "profile" && cmd != "fidelity" && cmd != "rollout" &&
+        !help)
+      return command_error(("'" + cmd + "' runs in one process; under mpirun use 'train', 'profile', "
+                            "'fidelity' or 'rollout', then run '" + cmd + "' without mpirun")
                                .c_str(),
                            2);
   }

@@ -156,9 +156,16 @@ void finalize() {
 int rank() { return g_rank; }
 int size() { return g_size; }
 
+Solo::Solo() : rank_(g_rank), size_(g_size) { g_rank = 0, g_size = 1; }
+Solo::~Solo() { g_rank = rank_, g_size = size_; }
+
 void abort_all(const std::string& msg, int code) {
   std::fflush(stdout);
-  std::fprintf(stderr, "rank %d: %s\n", g_rank, msg.c_str());
+  int shown = g_rank;  // the run's rank, also inside a Solo
+#if FP4_HAVE_MPI
+  if (g_initialised) MPI_Comm_rank(MPI_COMM_WORLD, &shown);
+#endif
+  std::fprintf(stderr, "rank %d: %s\n", shown, msg.c_str());
   std::fflush(stderr);
 #if FP4_HAVE_MPI
   if (g_initialised) {

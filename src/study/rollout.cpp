@@ -15,6 +15,7 @@
 #include "fidelity_internal.h"
 #include "fp4/base/error.h"
 #include "fp4/data/data.h"
+#include "fp4/dist/dist.h"
 #include "fp4/gemm/machine.h"
 #include "fp4/nn/model.h"
 #include "fp4/study/evaluate.h"
@@ -37,15 +38,45 @@ double distance(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(s);
 }
 
+// A trace as doubles for the gather over ranks (exact: losses, norms and NLLs are doubles, the
+// divergence message's bytes and every count are small integers): N losses, N gradient norms,
+// nll, nll_fp32, divergence, the message's length and its bytes.
+void pack(const RolloutTrace& t, std::vector<double>& out) {
+  out.insert(out.end(), t.loss.begin(), t.loss.end());
+  out.insert(out.end(), t.grad_norm.begin(), t.grad_norm.end());
+  out.insert(out.end(), {t.nll, t.nll_fp32, t.divergence, double(t.diverged.size())});
+  for (unsigned char ch : t.diverged) out.push_back(double(ch));
+}
+
+RolloutTrace unpack(const double*& p, size_t n) {
+  RolloutTrace t;
+  t.loss.assign(p, p + n), p += n;
+  t.grad_norm.assign(p, p + n), p += n;
+  t.nll = p[0], t.nll_fp32 = p[1], t.divergence = p[2];
+  const size_t len = size_t(p[3]);
+  p += 4;
+  for (size_t i = 0; i < len; ++i) t.diverged.push_back(char(int(p[i])));
+  p += len;
+  return t;
+}
+
+// run_rollouts' stages, as FidelityRun's:
+//   check    the request's counts and the run directory;
+//   plan     the recipes (each loaded once, the stress applied), the checkpoints, the data;
+//   execute  this rank's (checkpoint, order) pairs, each rollout alone (dist::Solo);
+//   gather   every rank's traces to every rank (under mpirun).
 class RolloutRun {
  public:
   explicit RolloutRun(const RolloutRequest& r) : req(r) {}
   void check() const;
   void plan();
-  RolloutResult execute();
+  void execute();
+  RolloutResult gather();
 
  private:
   EvalSource source(const std::string& recipe, const fs::path& checkpoint) const;
+  void apply_stress(EvalSource& s) const;
+  bool mine(size_t c, int o) const { return (c * size_t(req.orders) + size_t(o)) % size_t(nproc) == size_t(me); }
   RolloutTrace rollout(size_t r, int order, const Checkpoint& ck,
                        const std::vector<float>* fp32_final, std::vector<float>* final_params);
 
@@ -56,6 +87,7 @@ class RolloutRun {
   std::vector<EvalSource> sources;  // per recipe, on the newest checkpoint (config, recipe, plans)
   TokenData data;
   std::vector<int64_t> heldout;     // starts of the held-out windows
+  const int me = dist::rank(), nproc = dist::size();
 };
 
 void RolloutRun::check() const {
@@ -66,6 +98,13 @@ void RolloutRun::check() const {
     throw UserError("rollout: --checkpoints must be at least 1, got " + std::to_string(req.checkpoints));
   if (req.windows < 0) throw UserError("rollout: --windows must be 0 (the run's) or more");
   if (req.resamples < 1) throw UserError("rollout: --resamples must be at least 1");
+  if (!(req.stress.lr_scale > 0) || !std::isfinite(req.stress.lr_scale))
+    throw UserError("rollout: --lr-scale must be a finite number above 0, got " + std::to_string(req.stress.lr_scale));
+  if (req.stress.batch_size < 0)
+    throw UserError("rollout: --batch-size must be at least 1 (or 0: the run's), got " +
+                    std::to_string(req.stress.batch_size));
+  if (!(req.stability.spike_threshold > 0) || !(req.stability.grad_norm_limit > 0))
+    throw UserError("rollout: --spike-threshold and --grad-norm-limit must be above 0");
   if (!fs::is_directory(req.run)) throw UserError("rollout: run " + req.run.string() + " does not exist");
 }
 
@@ -78,6 +117,24 @@ EvalSource RolloutRun::source(const std::string& recipe, const fs::path& checkpo
   return load_eval_source(spec);
 }
 
+// The stress on one recipe's config (the same for fp32 and every recipe): the peak learning rate
+// scaled, the warmup dropped, fewer sequences per step; the recipe checked against the changed
+// batch (RHT and Hadamard token counts).
+void RolloutRun::apply_stress(EvalSource& s) const {
+  const RolloutStress& st = req.stress;
+  TrainConfig& tc = s.cfg.train;
+  tc.lr *= st.lr_scale;
+  if (st.no_warmup) tc.warmup_steps = 0;
+  if (st.batch_size > 0) {
+    if (tc.micro_batch_size > 0 && st.batch_size % tc.micro_batch_size != 0)
+      throw UserError("rollout: --batch-size " + std::to_string(st.batch_size) +
+                      " is not a multiple of the run's train.micro_batch_size = " +
+                      std::to_string(tc.micro_batch_size));
+    tc.batch_size = st.batch_size;
+    s.plans = check_recipe_fits(s.recipe, s.cfg);
+  }
+}
+
 // The recipes (fp32 first; each loaded once, onto the run's newest checkpoint, which checks it
 // fits the model: a run's checkpoints share its config, and rollout() takes each checkpoint's
 // weights), the checkpoints, the data and the held-out windows.
@@ -87,6 +144,7 @@ void RolloutRun::plan() {
   const fs::path& newest = by_step.rbegin()->second;
   sources.push_back(source("fp32", newest));
   for (const std::string& r : req.recipes) sources.push_back(source(r, newest));
+  for (EvalSource& s : sources) apply_stress(s);
   // A rollout continues the run's schedule: steps s + 1 .. s + N must lie within train.steps.
   const int64_t last = sources[0].cfg.train.steps;
   std::map<int64_t, fs::path> fits;
@@ -119,7 +177,10 @@ void RolloutRun::plan() {
   res.length = req.length;
   res.orders = req.orders;
   res.seed = req.seed;
-  res.machine = prof::cpu_model_name() + ", " + std::to_string(omp_get_max_threads()) + " threads";
+  res.machine = prof::cpu_model_name() + ", " + std::to_string(omp_get_max_threads()) + " threads" +
+                (nproc > 1 ? ", " + std::to_string(nproc) + " processes" : "");
+  res.stress = req.stress;
+  res.stability = req.stability;
   res.traces.assign(res.recipes.size(), std::vector<std::vector<RolloutTrace>>(
                                             res.steps.size(), std::vector<RolloutTrace>(size_t(req.orders))));
 }
@@ -147,11 +208,12 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
   std::vector<int32_t> in(size_t(tc.batch_size) * size_t(tc.seq_len)), tg(in.size());
   RolloutTrace t;
   t.loss.assign(size_t(req.length), kNaN);
+  t.grad_norm.assign(size_t(req.length), kNaN);
   for (int i = 0; i < req.length && t.diverged.empty(); ++i) {
     const int step = int(ck.step) + 1 + i;
     const StepResult sr = train_step(*model, opt, sampler, cfg, s.recipe, step, in, tg);
     if (!sr.diverged.empty()) t.diverged = "step " + std::to_string(step) + ": " + sr.diverged;
-    else t.loss[size_t(i)] = sr.loss;
+    else t.loss[size_t(i)] = sr.loss, t.grad_norm[size_t(i)] = sr.grad_norm;
   }
   // The end: held-out NLL (quantized inference, policy current; fp32 unquantized), divergence.
   t.nll = kNaN, t.nll_fp32 = kNaN, t.divergence = kNaN;
@@ -164,17 +226,27 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
   }
   if (final_params) *final_params = model->params();
   if (!req.quiet)
-    std::fprintf(stderr, "rollout: checkpoint %lld, order %d, %-22s final loss %.4f, NLL %.4f%s (%.0f s)\n",
-                 static_cast<long long>(ck.step), order, res.recipes[r].c_str(), t.loss.back(), t.nll,
+    std::fprintf(stderr, "rollout%s: checkpoint %lld, order %d, %-22s final loss %.4f, NLL %.4f%s (%.0f s)\n",
+                 nproc > 1 ? (" rank " + std::to_string(me)).c_str() : "", static_cast<long long>(ck.step), order, res.recipes[r].c_str(), t.loss.back(), t.nll,
                  t.diverged.empty() ? "" : (", diverged at " + t.diverged).c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return t;
 }
 
-RolloutResult RolloutRun::execute() {
+// This rank's (checkpoint, order) pairs: fp32, then every recipe. Each rank trains alone
+// (dist::Solo): a rollout is one process's work, whatever the process count. An error on one
+// rank (a checkpoint it cannot read) would leave the others waiting in the gather: under
+// mpirun it ends every process (exit status 2, the message naming it).
+void RolloutRun::execute() {
+  dist::Solo solo;
+  try {
   for (size_t c = 0; c < res.steps.size(); ++c) {
+    bool any = false;
+    for (int o = 0; o < req.orders; ++o) any = any || mine(c, o);
+    if (!any) continue;
     const Checkpoint ck = load_checkpoint(by_step.at(res.steps[c]));
     for (int o = 0; o < req.orders; ++o) {
+      if (!mine(c, o)) continue;  // another rank's
       std::vector<float> fp32_final;
       res.traces[0][c][size_t(o)] = rollout(0, o, ck, nullptr, &fp32_final);
       // fp32 against itself: its own final weights, so the divergence is exactly 0 when finite.
@@ -183,6 +255,36 @@ RolloutResult RolloutRun::execute() {
         res.traces[r][c][size_t(o)] = rollout(r, o, ck, &fp32_final, nullptr);
     }
   }
+  } catch (const std::exception& e) {
+    if (nproc == 1) throw;
+    dist::abort_all(std::string("rollout: ") + e.what(), 2);
+  }
+}
+
+// Every rank's traces to every rank: each rank packs its pairs' traces (pair order, then
+// recipe order), the packed lengths are gathered first, then the traces padded to the longest.
+RolloutResult RolloutRun::gather() {
+  if (nproc == 1) return res;
+  const size_t C = res.steps.size(), O = size_t(req.orders), R = res.recipes.size(), N = size_t(req.length);
+  std::vector<double> packed;
+  for (size_t c = 0; c < C; ++c)
+    for (size_t o = 0; o < O; ++o)
+      if (mine(c, int(o)))
+        for (size_t r = 0; r < R; ++r) pack(res.traces[r][c][o], packed);
+  std::vector<double> lengths(static_cast<size_t>(nproc));
+  const double my_length = double(packed.size());
+  dist::allgather(&my_length, 1, lengths.data());
+  const size_t longest = size_t(*std::max_element(lengths.begin(), lengths.end()));
+  packed.resize(longest, 0.0);
+  std::vector<double> all(longest * size_t(nproc));
+  dist::allgather(packed.data(), int64_t(longest), all.data());
+  std::vector<const double*> at(static_cast<size_t>(nproc));
+  for (size_t p = 0; p < size_t(nproc); ++p) at[p] = all.data() + p * longest;
+  for (size_t c = 0; c < C; ++c)
+    for (size_t o = 0; o < O; ++o) {
+      const double*& p = at[(c * O + o) % size_t(nproc)];
+      for (size_t r = 0; r < R; ++r) res.traces[r][c][o] = unpack(p, N);
+    }
   return res;
 }
 }  // namespace
@@ -191,7 +293,8 @@ RolloutResult run_rollouts(const RolloutRequest& req) {
   RolloutRun run(req);
   run.check();
   run.plan();
-  return run.execute();
+  run.execute();
+  return run.gather();
 }
 
 }  // namespace fp4

@@ -27,17 +27,29 @@ using Grid = std::vector<std::vector<double>>;  // [checkpoint][order]
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 double number(const json& j) { return j.is_number() ? j.get<double>() : kNaN; }
 
-// What one recipe's rollouts give per (checkpoint, order): the four measures of its gap.
+// What one recipe's rollouts give per (checkpoint, order): the four measures of its gap, and
+// the stability counts (docs/fidelity.md "Stability stress"): loss spikes against the fp32
+// rollout, gradient-norm excursions, a non-finite step (0 or 1: a rollout stops at it).
 struct Gaps {
   Grid final_loss, mean_loss, nll, nll_fp32, divergence;
+  Grid spikes, excursions, nonfinite;
   int diverged = 0;
 };
+
+// Whether the traces hold gradient norms (rollout.json files written before they were recorded
+// do not: their reports have no stability tables, and rebuild as they were).
+bool has_grad_norms(const RolloutResult& r) {
+  return !r.traces.empty() && !r.traces[0].empty() && !r.traces[0][0].empty() &&
+         !r.traces[0][0][0].grad_norm.empty();
+}
 
 Gaps gaps_of(const RolloutResult& r, size_t i) {
   Gaps g;
   const size_t C = r.steps.size(), O = size_t(r.orders), N = size_t(r.length);
-  for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.nll_fp32, &g.divergence})
+  for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.nll_fp32, &g.divergence, &g.spikes,
+                  &g.excursions, &g.nonfinite})
     x->assign(C, std::vector<double>(O));
+  const bool counts = has_grad_norms(r);
   for (size_t c = 0; c < C; ++c)
     for (size_t o = 0; o < O; ++o) {
       const RolloutTrace &t = r.traces[i][c][o], &ref = r.traces[0][c][o];
@@ -49,6 +61,16 @@ Gaps gaps_of(const RolloutResult& r, size_t i) {
       g.nll[c][o] = t.nll - ref.nll;
       g.nll_fp32[c][o] = t.nll_fp32 - ref.nll_fp32;
       g.divergence[c][o] = t.divergence;
+      if (!counts) continue;
+      // Counted over the steps the rollout ran (a diverged one stops; a step the fp32 rollout
+      // did not finish has no spike).
+      double spikes = 0, excursions = 0;
+      for (size_t k = 0; k < N; ++k) {
+        spikes += t.loss[k] - ref.loss[k] > r.stability.spike_threshold;  // false on NaN
+        excursions += t.grad_norm[k] > r.stability.grad_norm_limit;
+      }
+      g.spikes[c][o] = spikes, g.excursions[c][o] = excursions;
+      g.nonfinite[c][o] = t.diverged.empty() ? 0.0 : 1.0;
     }
   return g;
 }
@@ -167,6 +189,50 @@ void contrast_table(std::ostringstream& md, const RolloutResult& r, const std::v
     }
 }
 
+// The stability tables (only for traces with gradient norms): per recipe, fp32 included, the
+// counts per rollout with intervals; then every pair's paired difference of counts.
+void stability_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
+                     const RolloutRequest& req) {
+  if (!has_grad_norms(r)) return;
+  const RolloutStress& st = r.stress;
+  char b[256];
+  std::snprintf(b, sizeof b,
+                "peak learning rate x %g%s%s", st.lr_scale, st.no_warmup ? ", no warmup" : "",
+                st.batch_size > 0 ? (", " + std::to_string(st.batch_size) + " sequences per step").c_str() : "");
+  md << "\n## Stability\n\nStress: " << (st.active() ? std::string(b) : std::string("none (the run's schedule and batch)"))
+     << ", the same for fp32 and every recipe. Per rollout of " << r.length << " steps: loss spikes (steps whose "
+        "training loss exceeds the fp32 rollout's on the same batch by more than "
+     << r.stability.spike_threshold << " nats), gradient-norm excursions (global norm before clipping above "
+     << r.stability.grad_norm_limit << ") and non-finite steps (a rollout stops at its first); the mean "
+        "count per rollout with a 95% two-level bootstrap interval.\n\n"
+        "| recipe | loss spikes | grad-norm excursions | non-finite | rollouts with a spike |\n"
+        "|--------|------------:|---------------------:|-----------:|----------------------:|\n";
+  const size_t n = r.steps.size() * size_t(r.orders);
+  for (size_t i = 0; i < r.recipes.size(); ++i) {
+    const Gaps& x = g[i];
+    size_t with = 0;
+    for (const auto& row : x.spikes)
+      for (double v : row) with += v > 0;
+    md << "| `" << r.recipes[i] << "` | " << (i == 0 ? std::string("—") : cell(x.spikes, req, 2).text) << " | "
+       << cell(x.excursions, req, 2).text << " | " << cell(x.nonfinite, req, 2).text << " | "
+       << (i == 0 ? std::string("—") : std::to_string(with) + " of " + std::to_string(n)) << " |\n";
+  }
+  if (r.recipes.size() < 3) return;
+  md << "\n### Stability contrasts\n\nB minus A, counts per rollout on the same checkpoints, orders and "
+        "batches.\n\n"
+        "| A | B | loss spikes, B − A | verdict | grad-norm excursions, B − A | verdict | non-finite, B − A | verdict |\n"
+        "|---|---|-------------------:|---------|----------------------------:|---------|------------------:|---------|\n";
+  for (size_t a = 1; a < r.recipes.size(); ++a)
+    for (size_t bb = a + 1; bb < r.recipes.size(); ++bb) {
+      md << "| `" << r.recipes[a] << "` | `" << r.recipes[bb] << "` |";
+      for (Grid Gaps::*m : {&Gaps::spikes, &Gaps::excursions, &Gaps::nonfinite}) {
+        const Cell c = cell(difference(g[bb].*m, g[a].*m), req, 2);
+        md << " " << c.text << " | " << c.verdict << " |";
+      }
+      md << "\n";
+    }
+}
+
 json to_json(const RolloutResult& r) {
   json traces = json::array();
   for (const auto& by_c : r.traces) {
@@ -176,17 +242,30 @@ json to_json(const RolloutResult& r) {
       for (const RolloutTrace& t : by_o) {
         json loss = json::array();
         for (double v : t.loss) loss.push_back(number(v));
-        ro.push_back({{"loss", loss}, {"nll", number(t.nll)}, {"nll_fp32", number(t.nll_fp32)},
-                      {"divergence", number(t.divergence)},
-                      {"diverged", t.diverged}});
+        json tr = {{"loss", loss}, {"nll", number(t.nll)}, {"nll_fp32", number(t.nll_fp32)},
+                   {"divergence", number(t.divergence)}, {"diverged", t.diverged}};
+        if (!t.grad_norm.empty()) {
+          json gn = json::array();
+          for (double v : t.grad_norm) gn.push_back(number(v));
+          tr["grad_norm"] = gn;
+        }
+        ro.push_back(tr);
       }
       rc.push_back(ro);
     }
     traces.push_back(rc);
   }
-  return {{"format", "fp4train.rollout.v1"}, {"run", r.run.string()}, {"steps", r.steps},
-          {"recipes", r.recipes}, {"length", r.length}, {"orders", r.orders}, {"windows", r.windows},
-          {"seed", r.seed}, {"machine", r.machine}, {"traces", traces}};
+  json j = {{"format", "fp4train.rollout.v1"}, {"run", r.run.string()}, {"steps", r.steps},
+            {"recipes", r.recipes}, {"length", r.length}, {"orders", r.orders}, {"windows", r.windows},
+            {"seed", r.seed}, {"machine", r.machine}, {"traces", traces}};
+  // Written only where they mean something, so that files of earlier versions rebuild as they were.
+  if (r.stress.active())
+    j["stress"] = {{"lr_scale", r.stress.lr_scale}, {"no_warmup", r.stress.no_warmup},
+                   {"batch_size", r.stress.batch_size}};
+  if (has_grad_norms(r))
+    j["stability"] = {{"spike_threshold", r.stability.spike_threshold},
+                      {"grad_norm_limit", r.stability.grad_norm_limit}};
+  return j;
 }
 }  // namespace
 
@@ -195,7 +274,7 @@ void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
   fs::create_directories(req.out, ec);
   if (ec) throw UserError("rollout: cannot create " + req.out.string() + ": " + ec.message());
   std::vector<Gaps> g(r.recipes.size());
-  for (size_t i = 1; i < r.recipes.size(); ++i) g[i] = gaps_of(r, i);
+  for (size_t i = 0; i < r.recipes.size(); ++i) g[i] = gaps_of(r, i);
   std::ostringstream md;
   md << "# Paired rollouts\n\nRun `" << r.run.string() << "`, checkpoints of steps";
   for (int64_t s : r.steps) md << " " << s;
@@ -205,6 +284,7 @@ void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
   gap_table(md, r, g, req);
   step_table(md, r);
   contrast_table(md, r, g, req);
+  stability_table(md, r, g, req);
   write_file_atomic(req.out / "rollout.md", md.str());
   write_file_atomic(req.out / "rollout.json", to_json(r).dump(1) + "\n");
 }
@@ -224,6 +304,15 @@ RolloutResult load_rollouts(const fs::path& file) {
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
     r.length = j.at("length"), r.orders = j.at("orders"), r.windows = j.at("windows");
     r.seed = j.at("seed"), r.machine = j.at("machine");
+    if (j.contains("stress")) {
+      const json& st = j.at("stress");
+      r.stress.lr_scale = st.at("lr_scale"), r.stress.no_warmup = st.at("no_warmup");
+      r.stress.batch_size = st.at("batch_size");
+    }
+    if (j.contains("stability")) {
+      const json& st = j.at("stability");
+      r.stability.spike_threshold = st.at("spike_threshold"), r.stability.grad_norm_limit = st.at("grad_norm_limit");
+    }
     for (const json& rc : j.at("traces")) {
       r.traces.emplace_back();
       for (const json& ro : rc) {
@@ -234,7 +323,11 @@ RolloutResult load_rollouts(const fs::path& file) {
           tr.nll = number(t.at("nll")), tr.nll_fp32 = number(t.at("nll_fp32"));
           tr.divergence = number(t.at("divergence"));
           tr.diverged = t.at("diverged");
+          if (t.contains("grad_norm"))
+            for (const json& v : t.at("grad_norm")) tr.grad_norm.push_back(number(v));
           if (int(tr.loss.size()) != r.length) throw UserError("a trace's loss is not `length` long");
+          if (!tr.grad_norm.empty() && int(tr.grad_norm.size()) != r.length)
+            throw UserError("a trace's grad_norm is not `length` long");
           r.traces.back().back().push_back(tr);
         }
       }
@@ -249,8 +342,12 @@ RolloutResult load_rollouts(const fs::path& file) {
     throw UserError("rollout --from: " + file.string() + ": traces do not match recipes, steps, length and orders");
   for (const auto& rc : r.traces) {
     if (rc.size() != r.steps.size()) throw UserError("rollout --from: " + file.string() + ": a recipe lacks checkpoints");
-    for (const auto& ro : rc)
+    for (const auto& ro : rc) {
       if (ro.size() != size_t(r.orders)) throw UserError("rollout --from: " + file.string() + ": a checkpoint lacks orders");
+      for (const RolloutTrace& t : ro)
+        if (t.grad_norm.empty() == has_grad_norms(r))
+          throw UserError("rollout --from: " + file.string() + ": some traces have grad_norm and some do not");
+    }
   }
   return r;
 }

@@ -7,13 +7,11 @@
 # Usage: mpi_fidelity.sh <fp4train binary> <source dir>. Skips (exit 77) without mpirun or MPI.
 set -uo pipefail
 bin=$1; src=$2
-command -v mpirun > /dev/null || { echo "SKIP: mpirun not found (scripts/setup installs openmpi-bin)"; exit 77; }
-ldd "$bin" | grep libmpi > /dev/null || { echo "SKIP: $bin was built without MPI (configure with Open MPI installed)"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/micro.bash"
+require_mpi
 export OMP_NUM_THREADS=1  # up to 3 ranks on a 2-core machine
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 micro_setup "$work" docs=30 steps=20 interval=10 windows=4
 "$bin" train --config "$work/micro.toml" --recipe bf16 --data "$work/text" --out "$work/ref" \

@@ -18,14 +18,11 @@
 # Usage: mpi_train.sh <fp4train binary> <source dir>
 set -uo pipefail
 bin=$1; src=$2
-command -v mpirun > /dev/null || { echo "SKIP: mpirun not found (scripts/setup installs openmpi-bin)"; exit 77; }
-# (not grep -q: under pipefail, ldd dying of SIGPIPE would read as "no MPI")
-ldd "$bin" | grep libmpi > /dev/null || { echo "SKIP: $bin was built without MPI (configure with Open MPI installed)"; exit 77; }
 work=$(mktemp -d); pid=
 trap '[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/lib/micro.bash"
+require_mpi
 export OMP_NUM_THREADS=1  # 4 ranks on a 2-core machine
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 steps=6
 micro_setup "$work" docs=30 batch_size=8 steps=$steps interval=3 windows=8 telemetry_interval=3

@@ -6,7 +6,8 @@
 #  * fp32 against the fp32 reference: every loss bit-identical, NLL gap and divergence exactly 0
 #    (the rollouts are deterministic and start from the same state);
 #  * ue5m3-b16 leaves the reference at the first step (non-zero gap and divergence);
-#  * the same rollouts with 1 and 3 threads give the same rollout.json (but the machine line);
+#  * the same rollouts with 1, 2 and 3 threads give the same rollout.json (but the machine line),
+#    gradient norms included; fp32 again has 0 loss spikes and fp32's gradient norms;
 #  * --from rebuilds rollout.md byte for byte; bad input is refused, naming it.
 # Usage: rollout_cli.sh <fp4train binary> <source dir>
 set -uo pipefail
@@ -32,7 +33,7 @@ expect_error "checkpoint 8 + --length 3 runs past the run's train.steps = 8" rol
 touch "$work/afile"
 expect_error "--out $work/afile: cannot create the directory" rollout --run "$work/ref" --recipe fp32 --out "$work/afile"
 
-for t in 1 3; do
+for t in 1 2 3; do
   OMP_NUM_THREADS=$t "$bin" rollout --run "$work/ref" --recipe fp32,ue5m3-b16 --steps 2,4 --length 3 \
     --orders 2 --resamples 200 --out "$work/r$t" --quiet > "$work/r$t.txt" 2>&1 \
     || { cat "$work/r$t.txt"; fail "rollout ($t threads)"; }
@@ -40,10 +41,12 @@ done
 python3 - "$work" <<'PY' || fail "rollout results"
 import json, math, struct, sys
 work = sys.argv[1]
-a, b = (json.load(open(f"{work}/r{t}/rollout.json")) for t in (1, 3))
+a, a2, b = (json.load(open(f"{work}/r{t}/rollout.json")) for t in (1, 2, 3))
 assert a["machine"].endswith("1 threads") and b["machine"].endswith("3 threads"), (a["machine"], b["machine"])
-a.pop("machine"); b.pop("machine")
+a.pop("machine"); a2.pop("machine"); b.pop("machine")
+assert a == a2, "1 and 2 threads differ"
 assert a == b, "1 and 3 threads differ"
+assert "stress" not in a and a["stability"] == {"spike_threshold": 0.1, "grad_norm_limit": 1.0}, a.get("stability")
 assert a["recipes"] == ["fp32 (reference)", "fp32", "ue5m3-b16"] and a["steps"] == [2, 4]
 ref, again, ue = a["traces"]
 bits = lambda v: struct.pack("<d", v)
@@ -55,6 +58,8 @@ for c in range(2):
         assert [bits(v) for v in f["loss"]] == [bits(v) for v in r["loss"]], "fp32 against fp32 differs"
         assert f["nll"] == r["nll"] == r["nll_fp32"] == f["nll_fp32"]
         assert f["divergence"] == 0.0 == r["divergence"]
+        assert len(r["grad_norm"]) == 3 and all(v > 0 for v in r["grad_norm"])
+        assert [bits(v) for v in f["grad_norm"]] == [bits(v) for v in r["grad_norm"]], "fp32 grad norms differ"
         assert u["divergence"] > 0 and u["loss"][0] != r["loss"][0], "ue5m3-b16 identical to fp32"
         gap = max(gap, abs(u["nll"] - r["nll"]))
     # Orders differ: order 1 draws other batches than the run's own (order 0).
@@ -70,7 +75,8 @@ assert [bits(v) for v in ref[0][0]["loss"]] == [bits(v) for v in run_losses[2:5]
     (ref[0][0]["loss"], run_losses[2:5])
 md = open(f"{work}/r1/rollout.md").read()
 for s in ("## Gap to the fp32 rollout", "| `fp32` | +0.00000 [+0.00000, +0.00000]", "## Loss gap by step",
-          "## Paired contrasts", "| `fp32` | `ue5m3-b16` |"):
+          "## Paired contrasts", "| `fp32` | `ue5m3-b16` |", "## Stability", "Stress: none",
+          "| `fp32` | +0.00 [+0.00, +0.00] |", "### Stability contrasts"):
     assert s in md, s
 print(f"rollout: fp32 again identical at all 3 steps x 2 checkpoints x 2 orders; ue5m3-b16 NLL gap up to {gap:.2e}")
 PY

@@ -38,6 +38,24 @@ int size();
 /// which would leave the others waiting in a collective.
 [[noreturn]] void abort_all(const std::string& msg, int code = 1);
 
+/// While a Solo lives, this process is a run of its own: rank() is 0, size() is 1 and every
+/// collective below is the one-process no-op or copy, whatever mpirun started. For work that
+/// each rank does alone and that calls code written for a data-parallel run (fp4train
+/// rollout: each rank trains its own rollouts with train_step; docs/fidelity.md "Paired
+/// rollouts"). Restores the rank and size it found when destroyed. Not thread-safe: create it
+/// on the thread that called init(), outside OpenMP parallel regions. abort_all still ends
+/// every process.
+class Solo {
+ public:
+  Solo();
+  ~Solo();
+  Solo(const Solo&) = delete;
+  Solo& operator=(const Solo&) = delete;
+
+ private:
+  int rank_, size_;
+};
+
 /// Rank 0's value of v, on every rank (MPI_Bcast).
 float bcast_from_rank0(float v);
 /// The maximum of v over ranks, on every rank (exact: max is order-independent). A NaN on any

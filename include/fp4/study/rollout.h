@@ -25,6 +25,27 @@
 
 namespace fp4 {
 
+/// A stated stress for the stability probe (docs/fidelity.md "Stability stress"), applied alike
+/// to the fp32 reference and every recipe: the run's schedule with its peak learning rate
+/// scaled, optionally without warmup (the paper's 8B schedule shape: peak LR from step 1), and
+/// fewer sequences per step. The default is no stress.
+struct RolloutStress {
+  double lr_scale = 1.0;  ///< train.lr × this (> 0): the WSD schedule's shape, a higher peak
+  bool no_warmup = false; ///< train.warmup_steps = 0: the peak (× lr_scale) from step 1 on
+  int batch_size = 0;     ///< sequences per step instead of train.batch_size (0: the run's)
+  bool active() const { return lr_scale != 1.0 || no_warmup || batch_size != 0; }
+};
+
+/// What the stability tables count (docs/fidelity.md "Stability stress"), per rollout.
+struct RolloutStability {
+  /// A loss spike: a step whose training loss exceeds the fp32 rollout's on the same batch by
+  /// more than this (nats).
+  double spike_threshold = 0.1;
+  /// A gradient-norm excursion: a step whose global gradient norm before clipping exceeds this
+  /// (the paper's 8B count uses 1).
+  double grad_norm_limit = 1.0;
+};
+
 /// What `fp4train rollout` computes.
 struct RolloutRequest {
   std::filesystem::path run;         ///< run directory whose checkpoints/ hold the steps
@@ -42,6 +63,8 @@ struct RolloutRequest {
   std::string data;                  ///< data path override (default: the run's data.path)
   std::filesystem::path out;         ///< directory for rollout.json and rollout.md
   bool quiet = false;                ///< no progress lines on stderr
+  RolloutStress stress;              ///< the stability probe's stress (default none)
+  RolloutStability stability;        ///< the stability tables' thresholds
 };
 
 /// The name of the reference rollout (recipe fp32) in RolloutResult::recipes.
@@ -53,6 +76,9 @@ struct RolloutTrace {
   double nll = 0;            ///< held-out NLL (nats/token) after the last step, the recipe's
                              ///< quantized inference (policy current; fp32: unquantized); NaN if diverged
   double nll_fp32 = 0;       ///< the same weights' held-out NLL with unquantized (FP32) inference
+  /// Global gradient norm before clipping of steps s + 1 .. s + N (NaN from a divergence on);
+  /// empty in rollout.json files written before it was recorded.
+  std::vector<double> grad_norm;
   double divergence = 0;     ///< ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step
   std::string diverged;      ///< non-empty: the step and what was non-finite
 };
@@ -64,15 +90,21 @@ struct RolloutResult {
   std::vector<std::string> recipes;   ///< kRolloutReference, then the request's, as named there
   int length = 0, orders = 0, windows = 0;
   uint64_t seed = 0;
-  std::string machine;                ///< CPU, threads (provenance)
+  std::string machine;                ///< CPU, threads, processes (provenance)
+  RolloutStress stress;               ///< the stress the rollouts ran under
+  RolloutStability stability;         ///< thresholds of the stability tables
   std::vector<std::vector<std::vector<RolloutTrace>>> traces;
 };
 
 /// Run the rollouts of `req`: validates it (steps the run holds, length ≥ 1, orders ≥ 1,
-/// recipes that fit the run's model), loads each checkpoint once, and runs fp32 and every
-/// recipe for every order. Progress on stderr unless req.quiet. Bits do not depend on the
-/// thread count (train_step's contract). Throws fp4::UserError naming what is wrong: no
-/// checkpoints, a missing step, a bad count, a recipe that does not load or fit.
+/// recipes that fit the run's model, a stress the run's config accepts), loads each checkpoint
+/// once, and runs fp32 and every recipe for every order. Under mpirun the (checkpoint, order)
+/// pairs are spread over the ranks: pair k = c·orders + o is rank k mod P's, which trains its
+/// rollouts alone (dist::Solo), and every rank ends with every trace (gathered). Progress on
+/// stderr unless req.quiet. Bits do not depend on the thread or process count (train_step's
+/// contract; the same code on the same inputs on whichever rank). Throws fp4::UserError naming
+/// what is wrong: no checkpoints, a missing step, a bad count, a recipe that does not load or
+/// fit, a stress batch size the micro-batches do not divide.
 RolloutResult run_rollouts(const RolloutRequest& req);
 
 /// Write rollout.json (every trace; `load_rollouts` reads it back) and rollout.md (the gaps to

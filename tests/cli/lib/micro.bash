@@ -54,3 +54,12 @@ progress_seconds = $progress_seconds
 telemetry_interval = $telemetry_interval
 TOML
 }
+
+# require_mpi: exit 77 (skip) unless mpirun is on PATH and $bin links Open MPI; then sets `mpi`,
+# the mpirun prefix of the MPI tests (any user, more ranks than cores, no pinning).
+require_mpi() {
+  command -v mpirun > /dev/null || { echo "SKIP: mpirun not found (scripts/setup installs openmpi-bin)"; exit 77; }
+  # (not grep -q: under pipefail, ldd dying of SIGPIPE would read as "no MPI")
+  ldd "$bin" | grep libmpi > /dev/null || { echo "SKIP: $bin was built without MPI (configure with Open MPI installed)"; exit 77; }
+  mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+}

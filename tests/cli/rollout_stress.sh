@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# `fp4train rollout`'s stability stress and a deliberately biased recipe (docs/fidelity.md
+# "Stability stress"), on a micro fp32 run (lr 3e-3, checkpoints every 5 steps):
+#  * a biased recipe shows a growing gap: nvfp4-all with every dY block scale aimed at T = 0.01
+#    (a block whose amax is below about a tenth of the tensor's underflows to zero: the gradient
+#    is biased toward 0). Its loss gap to fp32 at step 1 is the forward's alone (~5e-4); by steps
+#    9..16 it has grown past 0.01 and 10x that, while nvfp4-all (unbiased SR on dY) stays
+#    within a quarter of it;
+#  * --lr-scale 1 is no stress (the same traces, no "stress" object); --lr-scale 3 leaves step 1's
+#    loss (computed before the first update) bit-identical and changes step 2's; --batch-size 2
+#    changes step 1's batch;
+#  * a stress that breaks training (--lr-scale 1e6): every rollout stops at a non-finite step,
+#    counted 1 per rollout in the stability table, the message kept;
+#  * --from with --spike-threshold recounts the spikes; bad stress values are refused.
+# Usage: rollout_stress.sh <fp4train binary> <source dir>
+set -uo pipefail
+bin=$1; src=$2
+work=${KEEP_WORK:-$(mktemp -d)}; [ -n "${KEEP_WORK:-}" ] || trap 'rm -rf "$work"' EXIT; mkdir -p "$work"
+source "$(dirname "$0")/lib/micro.bash"
+
+micro_setup "$work" steps=30 lr=3e-3 warmup_steps=2 interval=100 windows=4 telemetry_interval=0
+"$bin" train --config "$work/micro.toml" --recipe fp32 --out "$work/ref" --quiet --save-every 5 \
+  --keep-checkpoints 10 > "$work/train.txt" 2>&1 || { cat "$work/train.txt"; fail "train"; }
+
+expect_error "--lr-scale must be a finite number above 0" rollout --run "$work/ref" --recipe fp32 --lr-scale 0
+expect_error "--batch-size: Value 0 not in range" rollout --run "$work/ref" --recipe fp32 --batch-size 0
+expect_error "--spike-threshold: Value -1 not in range" rollout --run "$work/ref" --recipe fp32 --spike-threshold -1
+expect_error "the stress (--lr-scale, --no-warmup, --batch-size) go with new ones" rollout --from "$work/x.json" --lr-scale 2
+
+# The biased recipe: nvfp4-all, dY of every linear at T = 0.01.
+sed -e 's/^name = .*/name = "nvfp4-dy-underflow"/' "$src/configs/recipes/nvfp4-all.toml" > "$work/biased.toml"
+cat >> "$work/biased.toml" <<'TOML'
+
+[[override]]
+linears = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+role = "dy"
+scale_target = 0.01
+TOML
+run() {  # run NAME ARGS...: a rollout into $work/NAME
+  local name=$1; shift
+  "$bin" rollout --run "$work/ref" --resamples 100 --quiet --out "$work/$name" "$@" > "$work/$name.txt" 2>&1 \
+    || { cat "$work/$name.txt"; fail "rollout $name"; }
+}
+run bias --recipe "$work/biased.toml,nvfp4-all" --steps 5,10 --length 16 --orders 2
+run plain --recipe nvfp4-all --steps 5 --length 3 --orders 1
+run lr1 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 1
+run lr3 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 3
+run bs2 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --batch-size 2
+run boom --recipe nvfp4-all --steps 5,10 --length 6 --orders 1 --lr-scale 1e6 --no-warmup
+
+python3 - "$work" <<'PY' || fail "rollout stress results"
+import json, sys
+work = sys.argv[1]
+load = lambda n: json.load(open(f"{work}/{n}/rollout.json"))
+b = load("bias")
+T = b["traces"]
+def gaps(i):  # mean over (checkpoint, order) of recipe i minus fp32, per step
+    n = len(b["steps"]) * b["orders"]
+    return [sum(T[i][c][o]["loss"][k] - T[0][c][o]["loss"][k] for c in range(2) for o in range(2)) / n
+            for k in range(b["length"])]
+biased, control = gaps(1), gaps(2)
+late = lambda g: sum(g[8:16]) / 8
+early = lambda g: sum(g[1:4]) / 3
+print("biased gap by step:", " ".join(f"{v:+.4f}" for v in biased))
+assert late(biased) > 0.01 and late(biased) > 10 * abs(biased[0]), (biased[0], late(biased))
+assert late(biased) > early(biased), "the biased recipe's gap does not grow"
+assert abs(late(control)) < late(biased) / 4, (late(control), late(biased))
+
+plain, lr1, lr3, bs2 = load("plain"), load("lr1"), load("lr3"), load("bs2")
+assert lr1["traces"] == plain["traces"] and "stress" not in lr1, "--lr-scale 1 changed the rollouts"
+assert lr3["stress"] == {"lr_scale": 3.0, "no_warmup": False, "batch_size": 0}, lr3["stress"]
+for r in range(2):
+    p, s = plain["traces"][r][0][0]["loss"], lr3["traces"][r][0][0]["loss"]
+    assert p[0] == s[0] and p[1] != s[1], (p, s)
+    assert bs2["traces"][r][0][0]["loss"][0] != p[0], "--batch-size 2 ran the same batch"
+assert bs2["stress"]["batch_size"] == 2
+
+boom = load("boom")
+for r in range(2):
+    for c in range(2):
+        t = boom["traces"][r][c][0]
+        assert t["diverged"].startswith("step ") and "non-finite" in t["diverged"], t["diverged"]
+md = open(f"{work}/boom/rollout.md").read()
+assert "Stress: peak learning rate x 1e+06, no warmup" in md
+assert "| `nvfp4-all` | +0.00 [+0.00, +0.00] | " in md and "| +1.00 [+1.00, +1.00] | 0 of 2 |" in md, md
+print("rollout stress: biased gap grows, stress knobs and non-finite counts as expected")
+PY
+
+# --from recounts with another threshold: at 1e-9 nats every step where the biased recipe's loss
+# is above fp32's is a spike.
+"$bin" rollout --from "$work/bias/rollout.json" --resamples 100 --spike-threshold 1e-9 --out "$work/recount" \
+  > "$work/recount.txt" 2>&1 || { cat "$work/recount.txt"; fail "--from --spike-threshold"; }
+grep -q "by more than 1e-09 nats" "$work/recount/rollout.md" || fail "--from did not take --spike-threshold"
+grep -q "by more than 0.1 nats" "$work/bias/rollout.md" || fail "the default threshold is not 0.1"
+grep -qE '^\| `[^`]*biased.toml` \| \+(1[0-9]|[2-9])\.[0-9]{2} ' "$work/recount/rollout.md" \
+  || { cat "$work/recount/rollout.md"; fail "the recount's spikes"; }
+echo "rollout_stress: ok"
