@@ -33,8 +33,8 @@ the roles' dW.local scope when the panel ran with --linear-roles); a rollout set
 left out (and counted): rollout.nll (held-out NLL, quantized inference: the pre-registered
 metric, against Table 11, printed first), rollout.nll_fp32 (unquantized), rollout.loss_last (at
 step N), rollout.loss_mean (steps 1..N), rollout.divergence (the recipe's own), and the means of
-per-trace counts (spikes, gnorm_excursions, nonfinite, a trace's stress object) where present,
-over all of a recipe's traces, diverged ones included. Lower is better, except cosine and
+stability counts (spikes, gnorm_excursions, nonfinite; as rollout.md counts them) where the traces
+hold gradient norms, over all of a recipe's traces, diverged ones included. Lower is better, except cosine and
 grad_to_qnoise (ranked on their negation) and gain (ranked on |gain - 1|). Per metric and table:
 Spearman's rho (average ranks), Kendall's tau-b, exact one-sided permutation p-values for
 agreement (the fraction of all n! orderings of the metric's ranks with a statistic >= the
@@ -139,7 +139,6 @@ PAPER_ROWS = [
 BF16_ROW = "bf16"
 PRE_REGISTERED = ("rollout.nll", 11)
 ROLLOUT_METRICS = ["rollout.nll", "rollout.nll_fp32", "rollout.loss_last", "rollout.loss_mean", "rollout.divergence"]
-ROLLOUT_COUNTS = ["spikes", "gnorm_excursions", "nonfinite"]  # per-trace counts, when rollout.json has them
 HIGHER_IS_BETTER = {"cosine", "grad_to_qnoise"}  # ranked on the negated value
 BEST_AT_ONE = {"gain"}  # ranked on |gain - 1|
 
@@ -314,6 +313,17 @@ def panel_metrics(path, panel):
     return out, notes
 
 
+def stability_counts(t, ref, spike, limit):
+    """A trace's stability counts as `fp4train rollout` defines them (docs/fidelity.md "Stability
+    stress"): steps whose loss exceeds the fp32 rollout's on the same batch by more than `spike`
+    nats, steps whose gradient norm before clipping exceeds `limit` (a step after a divergence,
+    null in the file, is neither), and 1 if the rollout stopped at a non-finite step."""
+    lt, lr, gn = t.get("loss") or [], ref.get("loss") or [], t.get("grad_norm") or []
+    spikes = sum(1 for a, b in zip(lt, lr) if _number(a) is not None and _number(b) is not None and a - b > spike)
+    excursions = sum(1 for g in gn if _number(g) is not None and g > limit)
+    return {"spikes": spikes, "gnorm_excursions": excursions, "nonfinite": 1 if t.get("diverged") else 0}
+
+
 def rollout_metrics(path, ro):
     """{recipe: {metric: value}} from the traces: the mean over (checkpoint, order) of the paired gap
     to the fp32 rollout (traces[0]), pairs where either rollout diverged left out, and the recipe's
@@ -329,6 +339,9 @@ def rollout_metrics(path, ro):
         if not isinstance(t, list) or len(t) != C or any(
                 not isinstance(row, list) or len(row) != O or not all(isinstance(x, dict) for x in row) for row in t):
             raise InputError(f"{path}: the traces of {names[i]!r} are not {C} checkpoints x {O} orders")
+    stab = ro.get("stability") if isinstance(ro.get("stability"), dict) else {}
+    spike = _number(stab.get("spike_threshold")) or 0.1
+    limit = _number(stab.get("grad_norm_limit")) or 1.0
     out, notes = {}, {}
     for i in range(1, len(names)):
         gaps = {m: [] for m in ROLLOUT_METRICS}
@@ -337,14 +350,9 @@ def rollout_metrics(path, ro):
         for c in range(C):
             for o in range(O):
                 t, ref = traces[i][c][o], traces[0][c][o]
-                for k in ROLLOUT_COUNTS:
-                    if _number(t.get(k)) is not None:
-                        counts.setdefault(f"rollout.{k}", []).append(float(t[k]))
-                st = t.get("stress")
-                if isinstance(st, dict):
-                    for k, v in st.items():
-                        if _number(v) is not None:
-                            counts.setdefault(f"rollout.stress.{k}", []).append(float(v))
+                if isinstance(t.get("grad_norm"), list):  # the stability counts (rollout.md "Stability")
+                    for k, v in stability_counts(t, ref, spike, limit).items():
+                        counts.setdefault(f"rollout.{k}", []).append(v)
                 if t.get("diverged"):
                     diverged += 1
                     continue

@@ -146,14 +146,19 @@ def write_rollout(tmp, spikes=False):
             e = 0.002 * c
             tr = trace([5.0 + 0.001 * j + e, 4.0 + 0.002 * j + e], 4.5 + 0.01 * j + e, 4.4 + 0.02 * (7 - j), 0.1 * j)
             if name in ("nvfp4-all", "extra") and c == 1:
-                tr = trace([5.1], None, None, None, diverged="step 2: loss not finite")
-            if spikes:
-                tr["spikes"] = k + 2 * c  # 0-based row index, +2 at checkpoint 1 (diverged included)
+                tr = trace([5.1, None], None, None, None, diverged="step 2: loss not finite")
+            if spikes:  # gradient norms: the stability counts of rollout.md
+                tr["grad_norm"] = [2.0, None] if tr["diverged"] else [0.5, 1.5]
             t.append([tr])
         traces.append(t)
     p = tmp / "rollout.json"
-    p.write_text(json.dumps({"format": "fp4train.rollout.v1", "recipes": ["fp32 (reference)"] + ROWS + ["extra"],
-                             "steps": [100, 200], "orders": 1, "length": 2, "traces": traces}))
+    if spikes:
+        ref["grad_norm"] = [0.5, 0.5]
+    doc = {"format": "fp4train.rollout.v1", "recipes": ["fp32 (reference)"] + ROWS + ["extra"],
+           "steps": [100, 200], "orders": 1, "length": 2, "traces": traces}
+    if spikes:
+        doc["stability"] = {"spike_threshold": 0.0045, "grad_norm_limit": 1.0}
+    p.write_text(json.dumps(doc))
     return p
 
 
@@ -171,13 +176,18 @@ def test_paper_rollout_gaps_and_ranks(tmp_path):
     b32 = recipes["ue5m3-b32-paper-last1"]
     assert b32["row"] == "b32" and b32["ranked"] and b32["pairs"] == 2 and b32["diverged"] == 0
     for m, v in {"rollout.nll": 0.051, "rollout.nll_fp32": 0.04, "rollout.loss_last": 0.011,
-                 "rollout.loss_mean": 0.0085, "rollout.divergence": 0.5, "rollout.spikes": 4.0}.items():
-        assert abs(b32["values"][m] - v) < 1e-9, m  # spikes: row 3 at checkpoint 0, 3 + 2 at 1
-    # nvfp4-all (j = 6) diverged at checkpoint 1: checkpoint 0 alone, nll gap 0.06; its spikes 5 and
-    # 7 both count: 6.
+                 "rollout.loss_mean": 0.0085, "rollout.divergence": 0.5, "rollout.spikes": 2.0,
+                 "rollout.gnorm_excursions": 1.0, "rollout.nonfinite": 0.0}.items():
+        assert abs(b32["values"][m] - v) < 1e-9, m
+    # spikes above 0.0045 nats: b32's loss gaps 0.005, 0.010 (checkpoint 0) and 0.007, 0.012 (1): 2
+    # per rollout; grad norms 0.5, 1.5: one excursion above 1 per rollout.
+    # nvfp4-all (j = 6) diverged at checkpoint 1: checkpoint 0 alone, nll gap 0.06. Its counts take
+    # both rollouts: spikes 2 (gaps 0.006, 0.012) and 1 (5.1 - 5.0 before it stopped) -> 1.5;
+    # excursions 1 and 1 (2.0) -> 1; non-finite 0 and 1 -> 0.5.
     allr = recipes["nvfp4-all"]
     assert allr["pairs"] == 1 and allr["diverged"] == 1
-    assert abs(allr["values"]["rollout.nll"] - 0.06) < 1e-9 and allr["values"]["rollout.spikes"] == 6.0
+    assert abs(allr["values"]["rollout.nll"] - 0.06) < 1e-9 and allr["values"]["rollout.spikes"] == 1.5
+    assert allr["values"]["rollout.gnorm_excursions"] == 1.0 and allr["values"]["rollout.nonfinite"] == 0.5
     extra = recipes["extra"]
     assert not extra["ranked"] and extra["row"] is None and abs(extra["values"]["rollout.nll"] - 0.035) < 1e-9
     assert "fp32 (reference)" not in recipes
