@@ -123,6 +123,9 @@ void read_recipe(const json& r, const json& smp, FidelityPanel& P, const std::st
   P.refresh_steps.push_back(r.value("refresh_steps", std::vector<int64_t>(C, 0)));
   if (r.contains("scale_events"))
     fr.scale_events = r["scale_events"].get<std::map<std::string, std::map<std::string, double>>>();
+  if (r.contains("block_amax_by_linear"))
+    fr.block_amax_by_linear =
+        r["block_amax_by_linear"].get<std::map<std::string, std::map<std::string, std::map<std::string, double>>>>();
   const json& rs = smp.at("recipes").at(fr.name);
   auto read_samples = [&](const json& ms, const std::string& scope, const std::string& what) {
     for (const auto& [m, g] : ms.items()) {
@@ -301,6 +304,7 @@ json recipe_json(const FidelityPanel& P, size_t r, const Boot& boot) {
   j["draws"] = fr.has_sr ? P.draws : 1;
   j["refresh_steps"] = P.refresh_steps[r];
   j["scale_events"] = fr.scale_events;
+  if (!fr.block_amax_by_linear.empty()) j["block_amax_by_linear"] = fr.block_amax_by_linear;
   for (const char* scope : {"whole", "linears"}) j[scope] = scope_json(fr, scope, boot);
   j["params"] = params_json(P, fr);
   if (!P.linear_names.empty()) add_roles_json(P, fr, boot, j);
@@ -628,6 +632,35 @@ void md_block_amax(std::ostream& md, const FidelityPanel& P) {
     }
 }
 
+// The block amax per linear and role of the first recipe with them (every recipe's are in
+// fidelity.json; the distribution changes between recipes only through their forward passes and
+// references). No table for panels of earlier binaries.
+void md_block_amax_by_linear(std::ostream& md, const FidelityPanel& P) {
+  const FidelityRecipe* fr = nullptr;
+  for (const FidelityRecipe& x : P.recipes)
+    if (!x.block_amax_by_linear.empty()) {
+      fr = &x;
+      break;
+    }
+  if (!fr) return;
+  md << "\n## Block amax per linear (" << fr->name << ")\n\nThe quantiles above for each FP4 linear "
+        "and role of `" << fr->name << "` (every recipe's are in fidelity.json, "
+        "`block_amax_by_linear`): log2(a_b/g), floor of the bin, over the linear's nonzero blocks; "
+        "a_b/g < 2^-15 is where E4M3 scales at T = 448 turn subnormal.\n\n"
+        "| linear | role | 0.1% | 1% | median | 99% | 99.9% | a_b/g < 2^-15 | all-zero blocks "
+        "|\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& [name, roles] : fr->block_amax_by_linear)
+    for (const char* role : kEventRoles) {
+      const auto it = roles.find(role);
+      if (it == roles.end()) continue;
+      auto v = [&](const char* k) { return event_or_dash(it->second, k, 0); };
+      md << "| " << name << " | " << role << " | " << v("log2_ratio_q0.001") << " | " << v("log2_ratio_q0.01")
+         << " | " << v("log2_ratio_q0.5") << " | " << v("log2_ratio_q0.99") << " | " << v("log2_ratio_q0.999")
+         << " | " << event_or_dash(it->second, "e4m3_subnormal_blocks", 4) << " | "
+         << event_or_dash(it->second, "zero_blocks", 4) << " |\n";
+    }
+}
+
 // The whole-gradient relative error per checkpoint (mean over batches).
 void md_over_training(std::ostream& md, const FidelityPanel& P) {
   md << "\n## Over training (whole-gradient relative error, mean over batches)\n\n| recipe |";
@@ -723,6 +756,7 @@ void write_fidelity_report(const FidelityPanel& P, const FidelityRequest& req) {
   md_roles(md, P, boot);
   md_scale_events(md, P);
   md_block_amax(md, P);
+  md_block_amax_by_linear(md, P);
   md_over_training(md, P);
   md_contrasts(md, contrasts.md_rows);
   md_definitions(md);

@@ -354,13 +354,29 @@ struct Events {
 // One recipe's events: [operand role][c·K + k].
 using RoleEvents = std::array<std::vector<Events>, nn::LinearTelemetry::kOperands>;
 
-// The telemetry of every FP4 linear of `m` (its last pass) into ev[role][ck].
-void add_scale_events(const nn::Model& m, RoleEvents& ev, size_t ck) {
-  for (const auto& lin : m.linears()) {
-    const nn::LinearTelemetry& t = lin.telemetry();
+// One linear's and role's block amax over this rank's samples: nonzero blocks per
+// floor(log2(a_b/g)) bin and all-zero blocks. Integer counts, so the sum over ranks does not
+// depend on their order.
+struct BlockAmax {
+  std::array<uint64_t, QuantStats::kRatioBins> hist{};
+  uint64_t zero = 0;
+};
+// One recipe's: [linear][operand role].
+using LinearBlockAmax = std::vector<std::array<BlockAmax, nn::LinearTelemetry::kOperands>>;
+
+// The telemetry of every FP4 linear of `m` (its last pass) into ev[role][ck], and its block
+// amax into by_linear[linear][role].
+void add_scale_events(const nn::Model& m, RoleEvents& ev, size_t ck, LinearBlockAmax& by_linear) {
+  for (size_t i = 0; i < m.linears().size(); ++i) {
+    const nn::LinearTelemetry& t = m.linears()[i].telemetry();
     if (!t.valid) continue;
     for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
       const QuantStats& qs = t.op[o];
+      if (qs.ratio_to_g) {
+        BlockAmax& a = by_linear[i][size_t(o)];
+        a.zero += qs.zero_blocks;
+        for (int b = 0; b < QuantStats::kRatioBins; ++b) a.hist[size_t(b)] += qs.log2_amax_ratio_blocks[size_t(b)];
+      }
       Events& e = ev[size_t(o)][ck];
       e.sat += qs.saturated_blocks;
       e.guard += qs.zero_guard_blocks;
@@ -410,17 +426,22 @@ Events sum_events(const std::vector<Events>& v) {
   return e;
 }
 
-// FidelityRecipe::scale_events of one role from its sums (e.n > 0).
-std::map<std::string, double> scale_event_figures(const Events& e) {
-  std::map<std::string, double> m;
-  m["saturated_blocks"] = e.sat / double(e.n);
-  m["zero_guard_blocks"] = e.guard / double(e.n);
-  m["zeroed_nonzeros"] = e.zeroed / double(e.n);
-  if (e.n_stale) m["staleness"] = e.stale / double(e.n_stale);
-  if (!e.blocks) return m;
-  m["e4m3_subnormal_blocks"] = double(e.subnormal) / double(e.blocks);
-  m["at_or_above_reference_blocks"] = double(e.above) / double(e.blocks);
-  m["zero_blocks"] = double(e.zero) / double(e.blocks + e.zero);
+// The block-amax figures of a histogram of floor(log2(a_b/g)) over nonzero blocks and a count of
+// all-zero blocks (into m; nothing without nonzero blocks): the fractions of nonzero blocks with
+// a_b/g below 2^-15 and at or above 1, of all-zero blocks among all, and the quantiles.
+void block_amax_figures(const std::array<uint64_t, QuantStats::kRatioBins>& hist, uint64_t zero,
+                        std::map<std::string, double>& m) {
+  uint64_t blocks = 0, subnormal = 0, above = 0;
+  for (int b = 0; b < QuantStats::kRatioBins; ++b) {
+    const int lg = b - QuantStats::kRatioBias;  // a_b/g in [2^lg, 2^(lg+1))
+    blocks += hist[size_t(b)];
+    if (lg + 1 <= -15) subnormal += hist[size_t(b)];
+    if (lg >= 0) above += hist[size_t(b)];
+  }
+  if (!blocks) return;
+  m["e4m3_subnormal_blocks"] = double(subnormal) / double(blocks);
+  m["at_or_above_reference_blocks"] = double(above) / double(blocks);
+  m["zero_blocks"] = double(zero) / double(blocks + zero);
   // Quantiles of log2(a_b/g) over the nonzero blocks (the floor of the bin holding it).
   const std::pair<const char*, double> qs[] = {{"log2_ratio_q0.001", 0.001},
                                                {"log2_ratio_q0.01", 0.01},
@@ -428,16 +449,26 @@ std::map<std::string, double> scale_event_figures(const Events& e) {
                                                {"log2_ratio_q0.99", 0.99},
                                                {"log2_ratio_q0.999", 0.999}};
   for (const auto& [key, q] : qs) {
-    const double want = q * double(e.blocks);
+    const double want = q * double(blocks);
     uint64_t cum = 0;
     for (int b = 0; b < QuantStats::kRatioBins; ++b) {
-      cum += e.hist[size_t(b)];
+      cum += hist[size_t(b)];
       if (double(cum) >= want && cum > 0) {
         m[key] = double(b - QuantStats::kRatioBias);
         break;
       }
     }
   }
+}
+
+// FidelityRecipe::scale_events of one role from its sums (e.n > 0).
+std::map<std::string, double> scale_event_figures(const Events& e) {
+  std::map<std::string, double> m;
+  m["saturated_blocks"] = e.sat / double(e.n);
+  m["zero_guard_blocks"] = e.guard / double(e.n);
+  m["zeroed_nonzeros"] = e.zeroed / double(e.n);
+  if (e.n_stale) m["staleness"] = e.stale / double(e.n_stale);
+  block_amax_figures(e.hist, e.zero, m);
   return m;
 }
 
@@ -533,6 +564,7 @@ class FidelityRun {
   // execute.
   int nproc = 1, me = 0;
   std::vector<RoleEvents> events;         // [recipe][role][c·K + k]
+  std::vector<LinearBlockAmax> amax_by_linear;  // [recipe][linear][role], this rank's samples
   std::vector<std::vector<float>> gstar;  // [K][NP]: g* per batch (original parametrization)
 };
 
@@ -836,6 +868,8 @@ void FidelityRun::execute() {
   events.assign(models.size(), RoleEvents{});
   for (auto& per_role : events)
     for (auto& v : per_role) v.assign(C * K, Events{});
+  amax_by_linear.clear();
+  for (const auto& m : models) amax_by_linear.emplace_back(m->linears().size());
   gstar.assign(K, std::vector<float>(size_t(NP)));
   // An error on one rank's batch (a non-finite gradient) would leave the others waiting in the
   // gather: under mpirun it ends every process (exit status 2, the message naming it).
@@ -1033,7 +1067,7 @@ double FidelityRun::draw(size_t r, size_t c, size_t k, int d, int64_t tr, std::v
   stress.apply(g);
   check_finite(r, c, k, d, tr, l, g);
   if (roles) roles->after_draw(q, P.recipes[r].name);
-  if (d == 0) add_scale_events(m, events[r], c * K + k);
+  if (d == 0) add_scale_events(m, events[r], c * K + k, amax_by_linear[r]);
   return l;
 }
 
@@ -1118,6 +1152,29 @@ void FidelityRun::gather_ranks() {
     for (auto& v : per_role)
       for (size_t ck = 0; ck < CK; ++ck, at += kEv)
         events_from_doubles(&all[owner(ck % K) + at], v[ck]);
+  // The per-linear block amax: every rank's counts summed (exact: integers below 2^53).
+  std::vector<double> mine_a;
+  for (const auto& rec : amax_by_linear)
+    for (const auto& roles : rec)
+      for (const BlockAmax& a : roles) {
+        mine_a.insert(mine_a.end(), a.hist.begin(), a.hist.end());
+        mine_a.push_back(double(a.zero));
+      }
+  const int64_t na = int64_t(mine_a.size());
+  std::vector<double> all_a(size_t(na) * size_t(nproc));
+  dist::allgather(mine_a.data(), na, all_a.data());
+  size_t ia = 0;
+  for (auto& rec : amax_by_linear)
+    for (auto& roles : rec)
+      for (BlockAmax& a : roles) {
+        auto sum = [&](size_t i) {
+          uint64_t s = 0;
+          for (size_t p = 0; p < size_t(nproc); ++p) s += uint64_t(all_a[p * size_t(na) + i]);
+          return s;
+        };
+        for (auto& h : a.hist) h = sum(ia++);
+        a.zero = sum(ia++);
+      }
 }
 
 // FidelityRecipe::scale_events: per recipe and operand role, over checkpoints and batches.
@@ -1128,6 +1185,15 @@ void FidelityRun::sum_scale_events() {
       if (e.n == 0) continue;
       P.recipes[r].scale_events[nn::LinearTelemetry::kNames[o]] = scale_event_figures(e);
     }
+  // Per linear and role: the same block-amax figures, from that linear's counts alone.
+  for (size_t r = 0; r < models.size(); ++r)
+    for (size_t i = 0; i < amax_by_linear[r].size(); ++i)
+      for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
+        std::map<std::string, double> m;
+        const BlockAmax& a = amax_by_linear[r][i][size_t(o)];
+        block_amax_figures(a.hist, a.zero, m);
+        if (!m.empty()) P.recipes[r].block_amax_by_linear[models[r]->linear_name(i)][nn::LinearTelemetry::kNames[o]] = m;
+      }
 }
 }  // namespace
 

@@ -88,6 +88,18 @@ for role, e in ev.items():  # log2(a_b/g) quantiles: ordered integers; all-zero 
     assert 0 <= e["zero_blocks"] <= 1, (role, e["zero_blocks"])
 # Held D = 50 references from step 1: today's activations exceed them, so blocks above g exist.
 assert ev["x"]["log2_ratio_q0.999"] >= 0 and ev["x"]["at_or_above_reference_blocks"] > 0, ev["x"]
+# Per linear and role: every FP4 linear of the micro model (2 layers x 6), each role; the pooled
+# figures lie within the linears' (a median, fraction or extreme quantile of a mixture lies
+# between its components'); none for fp32.
+bl = r["ue5m3-b16"]["block_amax_by_linear"]
+assert len(bl) == 12 and all(n.startswith("layers.") for n in bl), sorted(bl)
+assert "block_amax_by_linear" not in r["fp32"]
+for role in ev:
+    per = [bl[n][role] for n in bl]
+    for k in ("log2_ratio_q0.5", "log2_ratio_q0.001", "log2_ratio_q0.999", "e4m3_subnormal_blocks"):
+        lo, hi = min(p[k] for p in per), max(p[k] for p in per)
+        assert lo <= ev[role][k] <= hi, (role, k, lo, ev[role][k], hi)
+assert len({bl[n]["x"]["log2_ratio_q0.5"] for n in bl} | {bl[n]["dy"]["log2_ratio_q0.5"] for n in bl}) > 1
 c = {x["id"]: x for x in a["contrasts"]}
 assert c["fp32-exact"]["verdict"] == "supported", c["fp32-exact"]
 assert c["same"]["verdict"] == "supported" and c["same"]["mean"] == 0.0, c["same"]

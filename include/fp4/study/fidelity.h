@@ -131,6 +131,12 @@ struct FidelityRecipe {
   /// for those above g; under current references only the blocks holding the amax). Empty for
   /// recipes without FP4 linears; the last two are absent under the MX rules (no g).
   std::map<std::string, std::map<std::string, double>> scale_events;
+  /// The block-amax part of scale_events per FP4 linear (its name, e.g.
+  /// "layers.1.mixer.down_proj") and operand role, over the same samples: the quantiles
+  /// log2_ratio_q0.001 ... q0.999 of floor(log2(a_b/g)) over nonzero blocks,
+  /// e4m3_subnormal_blocks, at_or_above_reference_blocks and zero_blocks. Roles without nonzero
+  /// blocks are absent; empty in panels of earlier binaries.
+  std::map<std::string, std::map<std::string, std::map<std::string, double>>> block_amax_by_linear;
 };
 
 struct FidelityPanel {
