@@ -24,12 +24,12 @@ instead).
 
 The recommendation takes, at each n, the median over contrasts of the rollouts needed
 (unrounded, so ties do not hide the trend; tabled rounded up), and names the n where it is
-smallest and the first n within 10% of that (longer rollouts improve it by at most 10%), for
-the mean over 1..n and for the gap at step n. It is only as good as this run's contrasts: SDs
-from R rollouts are uncertain by about 1/sqrt(2(R - 1)) (about 30% for 6), and other recipes
-differ by other amounts. The noise does not say what the gap means: at small n the loss gap is
-mostly the forward's quantization of the same weights, not what training did to them. With one
-recipe besides fp32 its gap to fp32 stands in for the contrasts.
+smallest and the first n within 10% of that (no longer rollout improves on it by more than
+10%), for the mean over 1..n and for the gap at step n. It is only as good as this run's
+contrasts: SDs from R rollouts are uncertain by about 1/sqrt(2(R - 1)) (about 30% for 6), and
+other recipes differ by other amounts. The noise does not say what the gap means: at small n
+the loss gap is mostly the forward's quantization of the same weights, not what training did to
+them. With one recipe besides fp32 its gap to fp32 stands in for the contrasts.
 
 Prints markdown tables sampled at n = 1, 2, 5, 10, 20, 40, 60, 80, 100 and N (those <= N)
 and at --at; --json writes every n; --plot writes a PNG (matplotlib): each recipe's gap at
@@ -217,9 +217,9 @@ def markdown(res, path, ns):
         what_over = plural(len(basis), "contrast" if res["contrasts"] else "gap to fp32",
                            "contrasts" if res["contrasts"] else "gaps to fp32")
         md.append(f"* {what}: the median over {what_over} of the rollouts needed is smallest at "
-                  f"n = {rec['best_n']} ({rollouts_text(rec['best'])}) and within "
-                  f"{IMPROVEMENT:.0%} of that from n = {rec['knee_n']} "
-                  f"({rollouts_text(rec['knee'])}) on; rollouts × n (the training steps of one "
+                  f"n = {rec['best_n']} ({rollouts_text(rec['best'])}) and first within "
+                  f"{IMPROVEMENT:.0%} of that at n = {rec['knee_n']} "
+                  f"({rollouts_text(rec['knee'])}); rollouts × n (the training steps of one "
                   f"recipe) is smallest at n = {rec['cheapest_n']}.")
     md += ["", f"This comes from this run's {'contrasts' if res['contrasts'] else 'gaps'} "
            f"({R} rollouts; an SD from {R} values is uncertain by about "
