@@ -54,6 +54,9 @@ import os
 import random
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rollout_stats import stability_counts, thresholds  # noqa: E402  (one home: rollout.md's counts)
+
 
 def ranks(xs):
     """Average ranks (1-based) of xs, ties sharing the mean of their positions."""
@@ -313,17 +316,6 @@ def panel_metrics(path, panel):
     return out, notes
 
 
-def stability_counts(t, ref, spike, limit):
-    """A trace's stability counts as `fp4train rollout` defines them (docs/fidelity.md "Stability
-    stress"): steps whose loss exceeds the fp32 rollout's on the same batch by more than `spike`
-    nats, steps whose gradient norm before clipping exceeds `limit` (a step after a divergence,
-    null in the file, is neither), and 1 if the rollout stopped at a non-finite step."""
-    lt, lr, gn = t.get("loss") or [], ref.get("loss") or [], t.get("grad_norm") or []
-    spikes = sum(1 for a, b in zip(lt, lr) if _number(a) is not None and _number(b) is not None and a - b > spike)
-    excursions = sum(1 for g in gn if _number(g) is not None and g > limit)
-    return {"spikes": spikes, "gnorm_excursions": excursions, "nonfinite": 1 if t.get("diverged") else 0}
-
-
 def rollout_metrics(path, ro):
     """{recipe: {metric: value}} from the traces: the mean over (checkpoint, order) of the paired gap
     to the fp32 rollout (traces[0]), pairs where either rollout diverged left out, and the recipe's
@@ -339,9 +331,7 @@ def rollout_metrics(path, ro):
         if not isinstance(t, list) or len(t) != C or any(
                 not isinstance(row, list) or len(row) != O or not all(isinstance(x, dict) for x in row) for row in t):
             raise InputError(f"{path}: the traces of {names[i]!r} are not {C} checkpoints x {O} orders")
-    stab = ro.get("stability") if isinstance(ro.get("stability"), dict) else {}
-    spike = _number(stab.get("spike_threshold")) or 0.1
-    limit = _number(stab.get("grad_norm_limit")) or 1.0
+    spike, limit = thresholds(ro)
     out, notes = {}, {}
     for i in range(1, len(names)):
         gaps = {m: [] for m in ROLLOUT_METRICS}

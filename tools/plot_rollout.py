@@ -12,9 +12,10 @@ PNG files into --out (default: the JSON's directory):
                            and 95% interval, recipes ordered by the quantized gap
   rollout_divergence.png   parameter divergence ||theta_r - theta_fp32|| / ||theta_fp32 -
                            theta_s|| per recipe, mean and 95% interval, ordered by value
-  rollout_stability.png    only when every trace carries "spikes", "gnorm_excursions" or
-                           "nonfinite" (integer counts per rollout): each one's mean per rollout
-                           per recipe, fp32 included, with 95% intervals
+  rollout_stability.png    only when every trace carries its gradient norms: the stability
+                           counts of rollout.md (loss spikes, gradient-norm excursions,
+                           non-finite steps), each one's mean per rollout per recipe, fp32
+                           included, with 95% intervals
 
 The intervals are rollout.md's, bit for bit: the two-level bootstrap of tools/rollout_stats.py
 (checkpoints, then orders within a checkpoint; 2000 resamples from seed 20261206 unless
@@ -147,9 +148,8 @@ def plot_divergence(plt, d, boot, out, title):
 
 
 def counts_present(d):
-    """The OPTIONAL_COUNTS that every trace of every recipe carries."""
-    traces = [t for by_c in d["traces"] for by_o in by_c for t in by_o]
-    return [k for k in rs.OPTIONAL_COUNTS if all(k in t for t in traces)]
+    """The stability counts, when every trace carries its gradient norms (else none)."""
+    return list(rs.COUNTS) if rs.has_grad_norms(d) else []
 
 
 def plot_stability(plt, d, boot, out, title, keys):
@@ -157,7 +157,7 @@ def plot_stability(plt, d, boot, out, title, keys):
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 0.45 * len(recipes) + 2.2),
                              squeeze=False)
     for ax, k in zip(axes[0], keys):
-        st = intervals(d, boot, lambda r: rs.value_grid(d, r, k), recipes)
+        st = intervals(d, boot, lambda r: rs.count_grid(d, r, k), recipes)
         order = list(recipes)
         rows(ax, d, order, st, "C3", 0.0, None)
         label_rows(ax, d, order, st)

@@ -4,13 +4,15 @@ tools/rollout_noise.py and tools/plot_rollout.py.
 Reads a rollout.json written by `fp4train rollout` (format fp4train.rollout.v1: `length` N,
 `orders` O, `steps` (the K checkpoints), `recipes` (index 0 the fp32 reference) and
 traces[r][c][o] = {"loss": [N training losses], "nll", "nll_fp32", "divergence", "diverged"},
-optionally the integers "spikes", "gnorm_excursions", "nonfinite"), and computes what
-rollout.md computes, the same way:
+and, from binaries that record them, "grad_norm" [N] with the thresholds in a top-level
+"stability" object), and computes what rollout.md computes, the same way:
 
   * a recipe's paired gap per (checkpoint c, order o): its value minus the fp32 rollout's on the
     same (c, o), e.g. loss_r[n] - loss_fp32[n]; the mean gap over steps 1..n sums the per-step
     gaps in step order and divides by n (rollout_report.cpp's mean_loss at n = N);
   * a contrast B - A per (c, o): gap_B - gap_A (rollout_report.cpp's `difference`);
+  * the stability counts per (c, o) where traces hold gradient norms (stability_counts:
+    rollout.md's "Stability" table);
   * the 95% two-level bootstrap interval of a [checkpoint][order] grid, bit for bit the one of
     bootstrap_two_level (src/study/fidelity.cpp): each of `resamples` resamples draws K
     checkpoints with replacement (no draw when K = 1) and, within each drawn checkpoint, O
@@ -28,7 +30,7 @@ FORMAT = "fp4train.rollout.v1"
 RESAMPLES = 2000        # RolloutRequest::resamples (include/fp4/study/rollout.h)
 SEED = 20261206         # RolloutRequest::bootstrap_seed
 Z95 = 1.96
-OPTIONAL_COUNTS = ("spikes", "gnorm_excursions", "nonfinite")
+COUNTS = ("spikes", "gnorm_excursions", "nonfinite")  # stability_counts' keys
 _M64 = (1 << 64) - 1
 
 
@@ -113,17 +115,20 @@ def _check(d):
                          "diverged": bool(t.get("diverged"))}
                 except BadInput as e:
                     raise BadInput(f"{where}: {e}")
-                for k in OPTIONAL_COUNTS:
-                    if k in t:
-                        v = t[k]
-                        if isinstance(v, bool) or not isinstance(v, (int, float)):
-                            raise BadInput(f"{where}: '{k}' is not a number")
-                        x[k] = float(v)
+                if "grad_norm" in t:
+                    g = t["grad_norm"]
+                    if not isinstance(g, list) or len(g) != N:
+                        raise BadInput(f"{where}: 'grad_norm' is not a list of length = {N} values")
+                    try:
+                        x["grad_norm"] = [_number(v) for v in g]
+                    except BadInput as e:
+                        raise BadInput(f"{where}: grad_norm: {e}")
                 row.append(x)
             rows.append(row)
         traces.append(rows)
     return {"length": N, "orders": O, "steps": list(steps), "recipes": list(recipes),
             "traces": traces, "run": d.get("run", ""), "machine": d.get("machine", ""),
+            "stability": d.get("stability"),
             "windows": d.get("windows")}
 
 
@@ -138,8 +143,42 @@ def grid(d, fn):
 
 
 def value_grid(d, r, key):
-    """[c][o] of the trace field key of recipe r (not a gap): e.g. divergence, spikes."""
+    """[c][o] of the trace field key of recipe r (not a gap): e.g. divergence."""
     return grid(d, lambda c, o: d["traces"][r][c][o].get(key, math.nan))
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def stability_counts(t, ref, spike, limit):
+    """A trace's stability counts as `fp4train rollout` defines them (docs/fidelity.md "Stability
+    stress"): steps whose loss exceeds the fp32 rollout's (ref) on the same batch by more than
+    `spike` nats, steps whose gradient norm before clipping exceeds `limit` (a step after a
+    divergence, null in the file, is neither), and 1 if the rollout stopped at a non-finite step."""
+    lt, lr, gn = t.get("loss") or [], ref.get("loss") or [], t.get("grad_norm") or []
+    spikes = sum(1 for a, b in zip(lt, lr) if _finite(a) and _finite(b) and a - b > spike)
+    excursions = sum(1 for g in gn if _finite(g) and g > limit)
+    return {"spikes": spikes, "gnorm_excursions": excursions, "nonfinite": 1 if t.get("diverged") else 0}
+
+
+def has_grad_norms(d):
+    """Whether every trace records its gradient norms (binaries before that did not)."""
+    return all(isinstance(t.get("grad_norm"), list) for by_c in d["traces"] for by_o in by_c for t in by_o)
+
+
+def thresholds(d):
+    """(spike threshold, grad-norm limit) of the file's "stability" object (defaults 0.1, 1)."""
+    st = d.get("stability") if isinstance(d.get("stability"), dict) else {}
+    spike, limit = st.get("spike_threshold"), st.get("grad_norm_limit")
+    return (spike if _finite(spike) else 0.1), (limit if _finite(limit) else 1.0)
+
+
+def count_grid(d, r, key):
+    """[c][o] of recipe r's stability count `key` (one of COUNTS)."""
+    spike, limit = thresholds(d)
+    T, R = d["traces"][r], d["traces"][0]
+    return grid(d, lambda c, o: float(stability_counts(T[c][o], R[c][o], spike, limit)[key]))
 
 
 def gap_grid(d, r, key):

@@ -12,7 +12,8 @@ import pytest
 SRC = os.environ.get("FP4_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOL = os.path.join(SRC, "tools", "plot_rollout.py")
 sys.path.insert(0, os.path.join(SRC, "tools"))
-import plot_rollout as pr  # noqa: E402
+import plot_rollout as pr
+import rollout_stats as rs  # noqa: E402
 
 PLOTS = ["rollout_gap_by_step.png", "rollout_nll.png", "rollout_divergence.png"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -56,11 +57,24 @@ def test_ordered_puts_recipes_by_mean_and_the_non_finite_last():
     assert pr.ordered(stats) == [3, 4, 1, 2]
 
 
-def test_counts_present_only_when_every_trace_has_them():
-    d = rollout(counts={"spikes": 1, "nonfinite": 0})
-    assert pr.counts_present(d) == ["spikes", "nonfinite"]
-    del d["traces"][2][1][0]["spikes"]
-    assert pr.counts_present(d) == ["nonfinite"]
+def test_counts_present_only_when_every_trace_has_grad_norms():
+    d = rollout(counts={"grad_norm": [0.5] * 4})
+    assert pr.counts_present(d) == ["spikes", "gnorm_excursions", "nonfinite"]
+    del d["traces"][2][1][0]["grad_norm"]
+    assert pr.counts_present(d) == []
+
+
+def test_stability_counts_as_rollout_md_counts_them():
+    # fp32 losses L, the recipe's L + gap: gaps 0.05, 0.2, -0.3, 0.15 nats; grad norms 0.5, 1.5,
+    # 1.0, 2.0. Spikes above 0.1: steps 2 and 4 -> 2; norms above 1: steps 2 and 4 -> 2 (1.0 is
+    # not above); not diverged -> 0. With the threshold 0.16: only step 2 -> 1.
+    ref = {"loss": [5.0, 5.0, 5.0, 5.0]}
+    t = {"loss": [5.05, 5.2, 4.7, 5.15], "grad_norm": [0.5, 1.5, 1.0, 2.0], "diverged": ""}
+    assert rs.stability_counts(t, ref, 0.1, 1.0) == {"spikes": 2, "gnorm_excursions": 2, "nonfinite": 0}
+    assert rs.stability_counts(t, ref, 0.16, 1.0)["spikes"] == 1
+    # A diverged rollout: nulls after its stop count nothing; non-finite 1.
+    t = {"loss": [5.3, None, None, None], "grad_norm": [3.0, None, None, None], "diverged": "step 2: x"}
+    assert rs.stability_counts(t, ref, 0.1, 1.0) == {"spikes": 1, "gnorm_excursions": 1, "nonfinite": 1}
 
 
 def test_writes_the_three_plots(tmp_path):
@@ -77,8 +91,7 @@ def test_writes_the_three_plots(tmp_path):
 def test_stability_counts_when_present(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "figs"
-    r = run(write(tmp_path, rollout(counts={"spikes": 2, "gnorm_excursions": 1,
-                                            "nonfinite": 0})), "--out", out)
+    r = run(write(tmp_path, rollout(counts={"grad_norm": [0.5, 1.5, 0.7, 2.0]})), "--out", out)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == str(out / "rollout_stability.png")
     assert (out / "rollout_stability.png").read_bytes()[:8] == PNG
