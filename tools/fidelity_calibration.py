@@ -472,12 +472,13 @@ def paper_main(argv):
                                  description="Rank panel and rollout metrics against the paper's 8B figures.")
     ap.add_argument("--paper", nargs="+", required=True, metavar="FILE",
                     help="fidelity.json (fp4train.fidelity.v1) or rollout.json (fp4train.rollout.v1) files")
-    ap.add_argument("--map", default="", help="ROW=RECIPE,... overriding the default mapping; ROW= drops a row. "
+    ap.add_argument("--map", action="append", default=[],
+                    help="ROW=RECIPE,... overriding the default mapping (repeatable); ROW= drops a row. "
                     "Rows: " + ", ".join(k for k, *_ in PAPER_ROWS))
     ap.add_argument("--json")
     ap.add_argument("--md")
     a = ap.parse_args(argv)
-    mapping = parse_map(a.map)
+    mapping = parse_map(",".join(a.map))
     if sum(1 for v in mapping.values() if v) < 3:
         die(f"only {sum(1 for v in mapping.values() if v)} paper rows are mapped to recipes (need 3 ranked recipes)")
     out = {"format": "fp4train.paper_calibration.v1",

@@ -58,7 +58,7 @@ def _number(v):
 def load(path):
     """The rollout set at path as a dict: name, length, orders, steps, recipes and
     traces[r][c][o] = {"loss": [floats], "nll", "nll_fp32", "divergence" (floats, NaN for
-    null), "diverged" (bool), and each of OPTIONAL_COUNTS present in every trace}. Raises
+    null), "diverged" (bool), and "grad_norm" [floats] where the file has it}, and its "stability". Raises
     BadInput for a file that cannot be read, is not JSON or not a consistent rollout.json."""
     try:
         with open(path, encoding="utf-8") as f:

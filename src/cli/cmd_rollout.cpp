@@ -32,6 +32,12 @@ void run(RolloutArgs& a) {
     RolloutResult res = load_rollouts(a.from);
     if (a.spike->count()) res.stability.spike_threshold = r.stability.spike_threshold;
     if (a.gnorm->count()) res.stability.grad_norm_limit = r.stability.grad_norm_limit;
+    check_stability(res.stability);
+    if ((a.spike->count() || a.gnorm->count()) && !res.traces.empty() && !res.traces[0].empty() &&
+        !res.traces[0][0].empty() && res.traces[0][0][0].grad_norm.empty())
+      std::fprintf(stderr, "rollout: note: %s records no gradient norms (an earlier binary's), so its report has "
+                           "no stability tables and the thresholds change nothing\n", a.from.c_str());
+    if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes
     write_rollout_report(res, r);
     std::printf("rollout: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
     return;
@@ -41,6 +47,7 @@ void run(RolloutArgs& a) {
   r.recipes = split_list(a.recipes);
   r.out = a.out.empty() ? std::filesystem::path(a.run) / "rollout" : std::filesystem::path(a.out);
   r.steps = parse_step_list(a.steps, "--steps");
+  check_rollout_request(r);  // before --out is made
   if (!std::filesystem::is_directory(r.run)) throw UserError("rollout: run " + a.run + " does not exist");
   std::error_code ec;  // the output directory first, so a bad --out costs no training
   std::filesystem::create_directories(r.out, ec);
@@ -63,8 +70,11 @@ void register_rollout(CLI::App& app) {
       "recipe and fp32 train --length steps on exactly the same batches. The trajectories start\n"
       "identical, so each recipe's gap to the fp32 rollout (training loss per step, held-out NLL\n"
       "at the end, parameter divergence) is its systematic effect through training, before chaos\n"
-      "grows; intervals by a two-level bootstrap over checkpoints and batch orders. Writes\n"
-      "rollout.json and rollout.md (docs/fidelity.md \"Paired rollouts\"). Example:\n"
+      "grows; intervals by a two-level bootstrap over checkpoints and batch orders. With a\n"
+      "stress (--lr-scale, --no-warmup, --batch-size) it is a stability probe: loss spikes,\n"
+      "gradient-norm excursions and non-finite steps per recipe. Under mpirun the rollouts are\n"
+      "spread over the ranks (same bits). Writes rollout.json and rollout.md (docs/fidelity.md\n"
+      "\"Paired rollouts\", \"Stability stress\"). Example:\n"
       "  fp4train rollout --run runs/bf16 --recipe ue5m3-b16,nvfp4-te --length 20");
   c->add_option("--run", a->run, "Reference run directory (its checkpoints/ hold the steps)");
   c->add_option("--recipe", a->recipes,
@@ -104,10 +114,10 @@ void register_rollout(CLI::App& app) {
   a->spike = c->add_option("--spike-threshold", a->req.stability.spike_threshold,
                 "A loss spike: a step whose loss exceeds the fp32 rollout's on the same batch by more than "
                 "this many nats (with --from: instead of the file's)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str();
   a->gnorm = c->add_option("--grad-norm-limit", a->req.stability.grad_norm_limit,
                 "A gradient-norm excursion: a step whose global gradient norm before clipping exceeds this (with --from: instead of the file's)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str();
   c->add_flag("--quiet", a->req.quiet, "No progress lines");
   c->callback([a] { run(*a); });
 }

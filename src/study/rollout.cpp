@@ -91,6 +91,7 @@ class RolloutRun {
 };
 
 void RolloutRun::check() const {
+  check_rollout_request(req);
   if (req.recipes.empty()) throw UserError("rollout: give at least one --recipe");
   if (req.length < 1) throw UserError("rollout: --length must be at least 1, got " + std::to_string(req.length));
   if (req.orders < 1) throw UserError("rollout: --orders must be at least 1, got " + std::to_string(req.orders));
@@ -98,13 +99,7 @@ void RolloutRun::check() const {
     throw UserError("rollout: --checkpoints must be at least 1, got " + std::to_string(req.checkpoints));
   if (req.windows < 0) throw UserError("rollout: --windows must be 0 (the run's) or more");
   if (req.resamples < 1) throw UserError("rollout: --resamples must be at least 1");
-  if (!(req.stress.lr_scale > 0) || !std::isfinite(req.stress.lr_scale))
-    throw UserError("rollout: --lr-scale must be a finite number above 0, got " + std::to_string(req.stress.lr_scale));
-  if (req.stress.batch_size < 0)
-    throw UserError("rollout: --batch-size must be at least 1 (or 0: the run's), got " +
-                    std::to_string(req.stress.batch_size));
-  if (!(req.stability.spike_threshold > 0) || !(req.stability.grad_norm_limit > 0))
-    throw UserError("rollout: --spike-threshold and --grad-norm-limit must be above 0");
+
   if (!fs::is_directory(req.run)) throw UserError("rollout: run " + req.run.string() + " does not exist");
 }
 
@@ -126,6 +121,10 @@ void RolloutRun::apply_stress(EvalSource& s) const {
   tc.lr *= st.lr_scale;
   if (st.no_warmup) tc.warmup_steps = 0;
   if (st.batch_size > 0) {
+    if (st.batch_size > tc.batch_size)
+      throw UserError("rollout: --batch-size " + std::to_string(st.batch_size) + " is more than the run's " +
+                      "train.batch_size = " + std::to_string(tc.batch_size) +
+                      " (the stress is fewer tokens per step)");
     if (tc.micro_batch_size > 0 && st.batch_size % tc.micro_batch_size != 0)
       throw UserError("rollout: --batch-size " + std::to_string(st.batch_size) +
                       " is not a multiple of the run's train.micro_batch_size = " +
@@ -169,7 +168,7 @@ void RolloutRun::plan() {
   EvalSourceSpec spec;
   spec.checkpoint = newest.string();
   spec.data = req.data;
-  data = load_eval_data(sources[0], spec, req.quiet);
+  data = load_eval_data(sources[0], spec, req.quiet || me > 0);  // one rank tells about the data
   res.windows = req.windows > 0 ? req.windows : cfg.eval.windows;
   heldout = heldout_windows(int64_t(data.heldout.size()), cfg.train.seq_len, res.windows);
   if (heldout.empty()) throw UserError("rollout: the run's held-out split holds no window of seq_len + 1 tokens");
@@ -216,13 +215,22 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
     else t.loss[size_t(i)] = sr.loss, t.grad_norm[size_t(i)] = sr.grad_norm;
   }
   // The end: held-out NLL (quantized inference, policy current; fp32 unquantized), divergence.
+  // Weights that trained to the end with finite steps can still give a non-finite held-out
+  // evaluation (a stress's blown-up weights): that rollout counts as diverged there.
   t.nll = kNaN, t.nll_fp32 = kNaN, t.divergence = kNaN;
   if (t.diverged.empty()) {
-    t.nll_fp32 = heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), false);
-    t.nll = s.recipe.mode == LinearMode::FP32
-                ? t.nll_fp32
-                : heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), true);
-    if (fp32_final) t.divergence = distance(model->params(), *fp32_final) / distance(*fp32_final, ck.params);
+    const std::string after = "held-out evaluation after step " + std::to_string(ck.step + req.length) + ": ";
+    try {
+      t.nll_fp32 = heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), false);
+      t.nll = s.recipe.mode == LinearMode::FP32
+                  ? t.nll_fp32
+                  : heldout_nll(*model, data.heldout, heldout, tc.seq_len, tc.micro(), true);
+      if (!std::isfinite(t.nll) || !std::isfinite(t.nll_fp32)) t.diverged = after + "non-finite NLL";
+    } catch (const NonFiniteError& e) {
+      t.diverged = after + "non-finite tensor (" + e.what() + ")";
+    }
+    if (!t.diverged.empty()) t.nll = kNaN, t.nll_fp32 = kNaN;
+    else if (fp32_final) t.divergence = distance(model->params(), *fp32_final) / distance(*fp32_final, ck.params);
   }
   if (final_params) *final_params = model->params();
   if (!req.quiet)
@@ -288,6 +296,28 @@ RolloutResult RolloutRun::gather() {
   return res;
 }
 }  // namespace
+
+static std::string g_text(double v) {  // %g: "0.1", "nan", "1e+06"
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+void check_stability(const RolloutStability& st) {
+  if (!(st.spike_threshold > 0) || !std::isfinite(st.spike_threshold))
+    throw UserError("rollout: --spike-threshold must be a finite number of nats above 0, got " +
+                    g_text(st.spike_threshold));
+  if (!(st.grad_norm_limit > 0) || !std::isfinite(st.grad_norm_limit))
+    throw UserError("rollout: --grad-norm-limit must be a finite number above 0, got " + g_text(st.grad_norm_limit));
+}
+
+void check_rollout_request(const RolloutRequest& req) {
+  if (!(req.stress.lr_scale > 0) || !std::isfinite(req.stress.lr_scale))
+    throw UserError("rollout: --lr-scale must be a finite number above 0, got " + g_text(req.stress.lr_scale));
+  if (req.stress.batch_size < 0)
+    throw UserError("rollout: --batch-size must be at least 1, got " + std::to_string(req.stress.batch_size));
+  check_stability(req.stability);
+}
 
 RolloutResult run_rollouts(const RolloutRequest& req) {
   RolloutRun run(req);

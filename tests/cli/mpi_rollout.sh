@@ -4,7 +4,7 @@
 # its rollouts alone, and the traces are gathered, so rollout.json is bit-identical for 1, 2 and
 # 3 processes (3 does not divide the 4 pairs) but for the machine line. The run has 2
 # micro-batches per step (the gradient tree inside one rank's rollout), a diverging stress
-# pair is gathered with its message, and rank 0 alone writes.
+# pair is gathered with its message, and rank 0 alone writes (also for --from).
 # Usage: mpi_rollout.sh <fp4train binary> <source dir>. Skips (exit 77) without mpirun or MPI.
 set -uo pipefail
 bin=$1; src=$2
@@ -51,4 +51,8 @@ print("rollout: 1, 2 and 3 processes give the same rollout.json; diverged:", sor
 PY
 strip() { sed -E 's/; [^;]*, [0-9]+ threads[^.]*\. How/; . How/' "$1"; }  # the machine line
 cmp -s <(strip "$work/np1/rollout.md") <(strip "$work/np2/rollout.md") || fail "rollout.md differs between 1 and 2 processes"
+# --from under mpirun: rank 0 alone rebuilds (every rank writing the same files raced).
+"${mpi[@]}" -np 2 "$bin" rollout --from "$work/np2/rollout.json" --resamples 100 --out "$work/from" > "$work/from.log" 2>&1 \
+  || { cat "$work/from.log"; fail "rollout --from under mpirun"; }
+cmp -s "$work/np2/rollout.md" "$work/from/rollout.md" || fail "--from under mpirun: rollout.md differs"
 echo "mpi_rollout: all checks passed"

@@ -2,7 +2,7 @@
 # `fp4train rollout` (docs/fidelity.md "Paired rollouts"): from two checkpoints of a micro fp32
 # run, fp32 (the reference), fp32 again, and ue5m3-b16 train 3 steps along 2 batch orders.
 #  * the fp32 rollout along order 0 from step 2 is the run itself: its losses of steps 3..5 are
-#    the run's, bit for bit (weights, AdamW moments, sampler position and schedule restored);
+#    the run's, bit for bit, and its gradient norms those the run logged (weights, AdamW moments, sampler position and schedule restored);
 #  * fp32 against the fp32 reference: every loss bit-identical, NLL gap and divergence exactly 0
 #    (the rollouts are deterministic and start from the same state);
 #  * ue5m3-b16 leaves the reference at the first step (non-zero gap and divergence);
@@ -73,6 +73,9 @@ s0, e0 = info["data_offsets"]
 run_losses = struct.unpack("<%dd" % ((e0 - s0) // 8), raw[8 + n + s0:8 + n + e0])
 assert [bits(v) for v in ref[0][0]["loss"]] == [bits(v) for v in run_losses[2:5]], \
     (ref[0][0]["loss"], run_losses[2:5])
+# ... and its gradient norms those the run logged for steps 3..5 (metrics.jsonl).
+logged = {m["step"]: m["grad_norm"] for m in map(json.loads, open(f"{work}/ref/metrics.jsonl")) if "grad_norm" in m}
+assert ref[0][0]["grad_norm"] == [logged[s] for s in (3, 4, 5)], (ref[0][0]["grad_norm"], logged)
 md = open(f"{work}/r1/rollout.md").read()
 for s in ("## Gap to the fp32 rollout", "| `fp32` | +0.00000 [+0.00000, +0.00000]", "## Loss gap by step",
           "## Paired contrasts", "| `fp32` | `ue5m3-b16` |", "## Stability", "Stress: none",

@@ -10,7 +10,10 @@
 #    loss (computed before the first update) bit-identical and changes step 2's; --batch-size 2
 #    changes step 1's batch;
 #  * a stress that breaks training (--lr-scale 1e6): every rollout stops at a non-finite step,
-#    counted 1 per rollout in the stability table, the message kept;
+#    counted 1 per rollout in the stability table, the message kept; weights that train to the
+#    end but blow up the held-out evaluation count as non-finite there (no crash);
+#  * --no-warmup from a checkpoint inside the warmup changes the next step's loss;
+#  * the stability table's counts are the ones tools/rollout_stats.py recounts from the traces;
 #  * --from with --spike-threshold recounts the spikes; bad stress values are refused.
 # Usage: rollout_stress.sh <fp4train binary> <source dir>
 set -uo pipefail
@@ -22,9 +25,12 @@ micro_setup "$work" steps=30 lr=3e-3 warmup_steps=2 interval=100 windows=4 telem
 "$bin" train --config "$work/micro.toml" --recipe fp32 --out "$work/ref" --quiet --save-every 5 \
   --keep-checkpoints 10 > "$work/train.txt" 2>&1 || { cat "$work/train.txt"; fail "train"; }
 
-expect_error "--lr-scale must be a finite number above 0" rollout --run "$work/ref" --recipe fp32 --lr-scale 0
+expect_error "--lr-scale must be a finite number above 0, got 0" rollout --run "$work/ref" --recipe fp32 --lr-scale 0
 expect_error "--batch-size: Value 0 not in range" rollout --run "$work/ref" --recipe fp32 --batch-size 0
-expect_error "--spike-threshold: Value -1 not in range" rollout --run "$work/ref" --recipe fp32 --spike-threshold -1
+expect_error "--spike-threshold must be a finite number of nats above 0, got -1" rollout --run "$work/ref" --recipe fp32 --spike-threshold -1
+expect_error "--grad-norm-limit must be a finite number above 0, got nan" rollout --run "$work/ref" --recipe fp32 --grad-norm-limit nan
+[ ! -e "$work/ref/rollout" ] || fail "a bad option created the output directory"
+expect_error "--batch-size 8 is more than the run's train.batch_size = 4" rollout --run "$work/ref" --recipe fp32 --batch-size 8
 expect_error "the stress (--lr-scale, --no-warmup, --batch-size) go with new ones" rollout --from "$work/x.json" --lr-scale 2
 
 # The biased recipe: nvfp4-all, dY of every linear at T = 0.01.
@@ -47,8 +53,19 @@ run lr1 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 1
 run lr3 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 3
 run bs2 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --batch-size 2
 run boom --recipe nvfp4-all --steps 5,10 --length 6 --orders 1 --lr-scale 1e6 --no-warmup
+run evalnan --recipe ue5m3-b16 --steps 5 --length 10 --orders 2 --lr-scale 1e5 --no-warmup
+run hot --recipe nvfp4-all,ue5m3-b16 --steps 5,10 --length 6 --orders 2 --lr-scale 30
+# A run still warming up (8 steps) at its checkpoint 2: --no-warmup changes step 3.
+mkdir -p "$work/w"
+sed -e 's/^warmup_steps = 2$/warmup_steps = 8/' -e 's/^steps = 30$/steps = 12/' "$work/micro.toml" > "$work/w/micro.toml"
+"$bin" train --config "$work/w/micro.toml" --recipe fp32 --out "$work/w/ref" --quiet --save-every 2 --keep-checkpoints 10 \
+  > "$work/w/train.txt" 2>&1 || { cat "$work/w/train.txt"; fail "train (warmup 8)"; }
+for nw in "" --no-warmup; do
+  "$bin" rollout --run "$work/w/ref" --recipe fp32 --steps 2 --length 2 --orders 1 --resamples 10 --quiet \
+    --out "$work/w/r$nw" $nw > "$work/w/r$nw.txt" 2>&1 || { cat "$work/w/r$nw.txt"; fail "rollout $nw"; }
+done
 
-python3 - "$work" <<'PY' || fail "rollout stress results"
+python3 - "$work" "$src" <<'PY' || fail "rollout stress results"
 import json, sys
 work = sys.argv[1]
 load = lambda n: json.load(open(f"{work}/{n}/rollout.json"))
@@ -80,6 +97,28 @@ for r in range(2):
     for c in range(2):
         t = boom["traces"][r][c][0]
         assert t["diverged"].startswith("step ") and "non-finite" in t["diverged"], t["diverged"]
+ev = load("evalnan")["traces"][1][0]
+assert all(t["diverged"].startswith("held-out evaluation after step 15: non-finite") for t in ev), ev
+w0, w1 = (load(n)["traces"][0][0][0]["loss"] for n in ("w/r", "w/r--no-warmup"))
+assert w0[0] == w1[0] and w0[1] != w1[1], (w0, w1)
+# The stability table against an independent recount of the traces (tools/rollout_stats.py).
+sys.path.insert(0, sys.argv[2] + "/tools")
+import rollout_stats as rs
+hot = rs.load(f"{work}/hot/rollout.json")
+md = open(f"{work}/hot/rollout.md").read()
+total = 0
+for r, name in enumerate(hot["recipes"]):
+    cells = []
+    for k in rs.COUNTS:
+        g = rs.count_grid(hot, r, k)
+        m = sum(sum(row) for row in g) / 4
+        total += m if k != "spikes" or r > 0 else 0
+        cells.append("—" if (k == "spikes" and r == 0) else f"{m:+.2f} [")
+    row = next(l for l in md.splitlines() if l.startswith(f"| `{name}` | ") and ("—" in l or "[" in l) and l.count("|") == 6)
+    parts = [p.strip() for p in row.split("|")[2:5]]
+    for want, got in zip(cells, parts):
+        assert got.startswith(want), (name, want, got)
+assert total > 0, "no counts to compare: make the stress stronger"
 md = open(f"{work}/boom/rollout.md").read()
 assert "Stress: peak learning rate x 1e+06, no warmup" in md
 assert "| `nvfp4-all` | +0.00 [+0.00, +0.00] | " in md and "| +1.00 [+1.00, +1.00] | 0 of 2 |" in md, md

@@ -289,6 +289,10 @@ def test_paper_map_drops_and_renames_rows(tmp_path):
     row = j["rows"][0]
     assert row["n"] == 5 and row["rho"] == 1.0 and row["p_rho"] == 1 / 120 and row["fp4"]["p_rho"] == 1 / 24
     assert "(dropped)" in r.stdout
+    # --map repeated: the entries of every occurrence, the same mapping.
+    r = run_paper(p, "--map", "b16=ue5m3-b16", "--map", "b32=", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(out))["mapping"] == j["mapping"]
     # Fewer than 3 mapped rows.
     r = run_paper(p, "--map", "b16=,b32=,nvfp4-te=,nvfp4-all=")
     assert r.returncode == 2 and "only 2 paper rows" in r.stderr and "need 3" in r.stderr

@@ -96,6 +96,14 @@ struct RolloutResult {
   std::vector<std::vector<std::vector<RolloutTrace>>> traces;
 };
 
+/// The checks of `req` that need no run (the stress values and the stability thresholds), so
+/// that a bad option costs nothing: run_rollouts makes them first. Throws fp4::UserError naming
+/// the option and its value.
+void check_rollout_request(const RolloutRequest& req);
+/// The stability thresholds alone (also those of a `--from` rebuild): finite and above 0.
+/// Throws fp4::UserError naming the option and its value.
+void check_stability(const RolloutStability& st);
+
 /// Run the rollouts of `req`: validates it (steps the run holds, length ≥ 1, orders ≥ 1,
 /// recipes that fit the run's model, a stress the run's config accepts), loads each checkpoint
 /// once, and runs fp32 and every recipe for every order. Under mpirun the (checkpoint, order)
