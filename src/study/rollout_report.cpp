@@ -189,17 +189,20 @@ void contrast_table(std::ostringstream& md, const RolloutResult& r, const std::v
     }
 }
 
+// The stress in words: "peak learning rate x 4, no warmup, 8 sequences per step".
+std::string stress_text(const RolloutStress& st) {
+  char b[256];
+  std::snprintf(b, sizeof b, "peak learning rate x %g%s%s", st.lr_scale, st.no_warmup ? ", no warmup" : "",
+                st.batch_size > 0 ? (", " + std::to_string(st.batch_size) + " sequences per step").c_str() : "");
+  return b;
+}
+
 // The stability tables (only for traces with gradient norms): per recipe, fp32 included, the
 // counts per rollout with intervals; then every pair's paired difference of counts.
 void stability_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
                      const RolloutRequest& req) {
   if (!has_grad_norms(r)) return;
-  const RolloutStress& st = r.stress;
-  char b[256];
-  std::snprintf(b, sizeof b,
-                "peak learning rate x %g%s%s", st.lr_scale, st.no_warmup ? ", no warmup" : "",
-                st.batch_size > 0 ? (", " + std::to_string(st.batch_size) + " sequences per step").c_str() : "");
-  md << "\n## Stability\n\nStress: " << (st.active() ? std::string(b) : std::string("none (the run's schedule and batch)"))
+  md << "\n## Stability\n\nStress: " << (r.stress.active() ? stress_text(r.stress) : std::string("none (the run's schedule and batch)"))
      << ", the same for fp32 and every recipe. Per rollout of " << r.length << " steps: loss spikes (steps whose "
         "training loss exceeds the fp32 rollout's on the same batch by more than "
      << r.stability.spike_threshold << " nats), gradient-norm excursions (global norm before clipping above "
@@ -281,6 +284,9 @@ void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
   md << "; " << r.length << " steps from each, " << r.orders << " batch order(s) (order 0: the run's own "
      << "batches); held-out NLL on " << r.windows << " windows; " << r.machine << ". How to read it: "
      << "docs/fidelity.md \"Paired rollouts\".\n\n";
+  if (r.stress.active())
+    md << "**Stressed** (docs/fidelity.md \"Stability stress\"): " << stress_text(r.stress)
+       << ", for fp32 and every recipe alike; every figure below is under it.\n\n";
   gap_table(md, r, g, req);
   step_table(md, r);
   contrast_table(md, r, g, req);

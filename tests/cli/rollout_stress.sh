@@ -120,7 +120,7 @@ for r, name in enumerate(hot["recipes"]):
         assert got.startswith(want), (name, want, got)
 assert total > 0, "no counts to compare: make the stress stronger"
 md = open(f"{work}/boom/rollout.md").read()
-assert "Stress: peak learning rate x 1e+06, no warmup" in md
+assert "Stress: peak learning rate x 1e+06, no warmup" in md and "**Stressed** (docs/fidelity.md" in md
 assert "| `nvfp4-all` | +0.00 [+0.00, +0.00] | " in md and "| +1.00 [+1.00, +1.00] | 0 of 2 |" in md, md
 print("rollout stress: biased gap grows, stress knobs and non-finite counts as expected")
 PY
