@@ -526,7 +526,11 @@ def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     if any(x == "--paper" or x.startswith("--paper=") for x in args):
         return paper_main(args)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description="Calibrate the fidelity panel against the loss study, or with --paper FILE ... "
+                    "rank panel and rollout metrics against the paper's Tables 10 and 11 "
+                    "(--paper --help for its options; docs/fidelity.md \"Calibration against the paper\").",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("panel")
     ap.add_argument("study")
     ap.add_argument("--metric", default="rel_error,loss_penalty")

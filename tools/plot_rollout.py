@@ -174,10 +174,10 @@ def main(argv=None):
     ap.add_argument("rollout", help="rollout.json written by fp4train rollout")
     ap.add_argument("--out", help="directory for the PNG files (default: the JSON's directory)")
     ap.add_argument("--title", default="", help="prefix for the plot titles")
-    ap.add_argument("--resamples", type=int, default=rs.RESAMPLES, help="bootstrap resamples")
-    ap.add_argument("--seed", type=int, default=rs.SEED, help="bootstrap seed")
+    ap.add_argument("--resamples", type=int, help="bootstrap resamples (default: the file's, else 2000)")
+    ap.add_argument("--seed", type=int, help="bootstrap seed (default: the file's, else 20261206)")
     a = ap.parse_args(argv)
-    if a.resamples < 1:
+    if a.resamples is not None and a.resamples < 1:
         fail("--resamples must be >= 1")
     try:
         d = rs.load(a.rollout)
@@ -196,6 +196,7 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         fail("matplotlib is not installed (Debian: apt-get install python3-matplotlib)")
+    a.resamples, a.seed = rs.bootstrap_of(d, a.resamples, a.seed)
     boot = rs.Bootstrap(len(d["steps"]), d["orders"], a.resamples, a.seed)
     title = f"{a.title}: " if a.title else ""
     for fn in (plot_gap_by_step, plot_nll, plot_divergence):

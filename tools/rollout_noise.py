@@ -311,10 +311,10 @@ def main(argv=None):
     ap.add_argument("--at", action="append", help="more steps n to table (comma-separated)")
     ap.add_argument("--json", help="write every step's figures to this file")
     ap.add_argument("--plot", help="write the plot to this PNG file")
-    ap.add_argument("--resamples", type=int, default=rs.RESAMPLES, help="bootstrap resamples")
-    ap.add_argument("--seed", type=int, default=rs.SEED, help="bootstrap seed")
+    ap.add_argument("--resamples", type=int, help="bootstrap resamples (default: the file's, else 2000)")
+    ap.add_argument("--seed", type=int, help="bootstrap seed (default: the file's, else 20261206)")
     a = ap.parse_args(argv)
-    if a.resamples < 1:
+    if a.resamples is not None and a.resamples < 1:
         fail("--resamples must be >= 1")
     try:
         d = rs.load(a.rollout)
@@ -329,6 +329,7 @@ def main(argv=None):
     if len(d["recipes"]) < 2:
         fail(f"{a.rollout}: no recipe besides the fp32 reference")
     ns = sorted({n for n in SAMPLED if n <= N} | {N} | parse_at(a.at, N))
+    a.resamples, a.seed = rs.bootstrap_of(d, a.resamples, a.seed)
     res = analyse(d, a.resamples, a.seed)
     print(markdown(res, a.rollout, ns))
     if a.json:

@@ -128,8 +128,19 @@ def _check(d):
         traces.append(rows)
     return {"length": N, "orders": O, "steps": list(steps), "recipes": list(recipes),
             "traces": traces, "run": d.get("run", ""), "machine": d.get("machine", ""),
-            "stability": d.get("stability"),
+            "stability": d.get("stability"), "bootstrap": d.get("bootstrap"),
             "windows": d.get("windows")}
+
+
+def bootstrap_of(d, resamples=None, seed=None):
+    """(resamples, seed) of the report: the given ones, else the file's "bootstrap" record, else
+    rollout.md's defaults (files of earlier versions record none)."""
+    b = d.get("bootstrap") if isinstance(d.get("bootstrap"), dict) else {}
+    if resamples is None:
+        resamples = b.get("resamples", RESAMPLES)
+    if seed is None:
+        seed = b.get("seed", SEED)
+    return int(resamples), int(seed)
 
 
 def rollouts(d):

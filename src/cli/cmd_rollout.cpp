@@ -18,7 +18,7 @@ struct RolloutArgs {
   RolloutRequest req;
   std::string run, out, steps, from;
   std::vector<std::string> recipes;
-  CLI::Option *spike = nullptr, *gnorm = nullptr;  // given: they override a --from file's
+  CLI::Option *spike = nullptr, *gnorm = nullptr, *resamples = nullptr;  // given: they override a --from file's
 };
 
 void run(RolloutArgs& a) {
@@ -30,15 +30,27 @@ void run(RolloutArgs& a) {
     r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
     if (r.out.empty()) r.out = ".";
     RolloutResult res = load_rollouts(a.from);
+    const bool recount = a.spike->count() || a.gnorm->count() || a.resamples->count();
     if (a.spike->count()) res.stability.spike_threshold = r.stability.spike_threshold;
     if (a.gnorm->count()) res.stability.grad_norm_limit = r.stability.grad_norm_limit;
     check_stability(res.stability);
+    // The file's own bootstrap unless --resamples is given (files of earlier versions record
+    // none: the default, as their reports used).
+    if (a.resamples->count() || res.resamples == 0) res.resamples = r.resamples, res.bootstrap_seed = r.bootstrap_seed;
+    r.resamples = res.resamples, r.bootstrap_seed = res.bootstrap_seed;
+    // The input is never rewritten: beside it only rollout.md is, and only as it was (a
+    // recount with other thresholds or resamples needs an --out of its own).
+    std::error_code ec;
+    const bool beside = std::filesystem::equivalent(r.out / "rollout.json", a.from, ec);
+    if (beside && recount)
+      throw UserError("rollout --from: a recount with other --spike-threshold, --grad-norm-limit or --resamples "
+                      "would replace the report beside " + a.from + "; give --out DIR");
     if ((a.spike->count() || a.gnorm->count()) && !res.traces.empty() && !res.traces[0].empty() &&
         !res.traces[0][0].empty() && res.traces[0][0][0].grad_norm.empty())
       std::fprintf(stderr, "rollout: note: %s records no gradient norms (an earlier binary's), so its report has "
                            "no stability tables and the thresholds change nothing\n", a.from.c_str());
     if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes
-    write_rollout_report(res, r);
+    write_rollout_report(res, r, !beside);
     std::printf("rollout: report of %s rebuilt in %s\n", a.from.c_str(), r.out.string().c_str());
     return;
   }
@@ -96,7 +108,8 @@ void register_rollout(CLI::App& app) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   c->add_option("--windows", a->req.windows, "Held-out windows of the final NLL (default: the run's eval.windows)")
       ->check(CLI::Range(1, 1 << 24));
-  c->add_option("--resamples", a->req.resamples, "Bootstrap resamples")
+  a->resamples = c->add_option("--resamples", a->req.resamples,
+                               "Bootstrap resamples (with --from: instead of the file's)")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   c->add_option("--data", a->req.data, "Text file or directory instead of the run config's data.path");
   c->add_option("--out", a->out, "Output directory (default RUN/rollout; with --from, the file's)");

@@ -79,14 +79,10 @@ DrawMetrics draw_metrics(const DrawMoments& m) {
 Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resamples,
                              uint64_t seed) {
   if (x.empty()) throw std::invalid_argument("bootstrap_two_level: no checkpoints");
-  const size_t K = x[0].size();
-  if (K == 0) throw std::invalid_argument("bootstrap_two_level: no batches");
+  size_t n = 0;  // values in all
   for (const auto& row : x) {
-    if (row.size() != K)
-      throw std::invalid_argument(
-          "bootstrap_two_level: checkpoints hold different numbers of "
-          "batches (" +
-          std::to_string(row.size()) + " and " + std::to_string(K) + ")");
+    if (row.empty()) throw std::invalid_argument("bootstrap_two_level: no batches");
+    n += row.size();
     for (double v : row)
       if (!std::isfinite(v))
         throw std::invalid_argument("bootstrap_two_level: a value is not finite");
@@ -97,23 +93,27 @@ Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resa
   double total = 0;
   for (const auto& row : x)
     for (double v : row) total += v;
-  out.mean = total / double(C * K);
+  out.mean = total / double(n);
   uint64_t k = 0;
-  auto draw = [&](size_t n) {  // uniform in [0, n): reject the top partial range of 2^64
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  auto draw = [&](size_t m) {  // uniform in [0, m): reject the top partial range of 2^64
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % m;
     uint64_t u;
     do u = splitmix64(seed, k++);
     while (u >= limit);
-    return size_t(u % n);
+    return size_t(u % m);
   };
+  // Each resample: C rows drawn, then as many values from each drawn row as it holds; the mean
+  // of all drawn values (with rows of one length K: C·K of them).
   std::vector<double> stats(static_cast<size_t>(resamples));
   for (auto& st : stats) {
     double sum = 0;
+    size_t drawn = 0;
     for (size_t c = 0; c < C; ++c) {
       const auto& row = x[C == 1 ? 0 : draw(C)];
-      for (size_t b = 0; b < K; ++b) sum += row[draw(K)];
+      for (size_t b = 0; b < row.size(); ++b) sum += row[draw(row.size())];
+      drawn += row.size();
     }
-    st = sum / double(C * K);
+    st = sum / double(drawn);
   }
   std::sort(stats.begin(), stats.end());
   auto quantile = [&](double q) {

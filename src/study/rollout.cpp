@@ -143,6 +143,7 @@ void RolloutRun::plan() {
   const fs::path& newest = by_step.rbegin()->second;
   sources.push_back(source("fp32", newest));
   for (const std::string& r : req.recipes) sources.push_back(source(r, newest));
+  const int run_batch = sources[0].cfg.train.batch_size;
   for (EvalSource& s : sources) apply_stress(s);
   // A rollout continues the run's schedule: steps s + 1 .. s + N must lie within train.steps.
   const int64_t last = sources[0].cfg.train.steps;
@@ -152,7 +153,8 @@ void RolloutRun::plan() {
   if (req.steps.empty() && fits.empty())
     throw UserError("rollout: no checkpoint of run " + req.run.string() + " leaves " +
                     std::to_string(req.length) + " steps before its train.steps = " + std::to_string(last) +
-                    " (a rollout continues the run's learning-rate schedule); use a shorter --length");
+                    " (a rollout continues the run's learning-rate schedule); use a shorter --length, or "
+                    "keep earlier checkpoints: train --save-every N --keep-checkpoints M");
   res.steps = choose_steps(req.steps.empty() ? fits : by_step, req.steps, req.checkpoints, req.run, "rollout");
   for (int64_t st : res.steps)
     if (st + req.length > last)
@@ -179,7 +181,10 @@ void RolloutRun::plan() {
   res.machine = prof::cpu_model_name() + ", " + std::to_string(omp_get_max_threads()) + " threads" +
                 (nproc > 1 ? ", " + std::to_string(nproc) + " processes" : "");
   res.stress = req.stress;
+  if (res.stress.batch_size == run_batch) res.stress.batch_size = 0;  // the run's own: no stress
   res.stability = req.stability;
+  res.resamples = req.resamples;
+  res.bootstrap_seed = req.bootstrap_seed;
   res.traces.assign(res.recipes.size(), std::vector<std::vector<RolloutTrace>>(
                                             res.steps.size(), std::vector<RolloutTrace>(size_t(req.orders))));
 }
@@ -196,6 +201,7 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
   EvalSource at = s;
   at.params = ck.params;
   at.step = ck.step;
+  at.checkpoint = by_step.at(ck.step).string();  // the file its errors name
   auto model = build_eval_model(at, tc.micro());
   AdamW opt(int64_t(ck.params.size()), tc);
   opt.m() = ck.adam_m;

@@ -81,29 +81,49 @@ size_t samples(const Grid& x) {
   return n;
 }
 
-bool finite(const Grid& x) {
-  for (const auto& row : x)
+// The finite values of x, row by row, rows left empty dropped: a rollout pair where the recipe
+// or the fp32 reference stopped non-finite has no gap and is left out of that cell.
+Grid finite_part(const Grid& x) {
+  Grid f;
+  for (const auto& row : x) {
+    std::vector<double> r;
     for (double v : row)
-      if (!std::isfinite(v)) return false;
-  return true;
+      if (std::isfinite(v)) r.push_back(v);
+    if (!r.empty()) f.push_back(std::move(r));
+  }
+  return f;
 }
 
-// One cell of the report: "mean [lo, hi]" of the two-level bootstrap and its verdict (the
-// interval's side of 0); with one rollout the mean alone and no verdict; "—" for both when a
-// rollout diverged. The bootstrap runs once per cell.
+// Whether any rollout (fp32's included) stopped non-finite.
+bool any_diverged(const RolloutResult& r) {
+  for (const auto& by_c : r.traces)
+    for (const auto& by_o : by_c)
+      for (const RolloutTrace& t : by_o)
+        if (!t.diverged.empty()) return true;
+  return false;
+}
+
+// One cell of the report: "mean [lo, hi]" of the two-level bootstrap over the finite values
+// (with "(n of N)" when some were left out) and its verdict (the interval's side of 0); with one
+// rollout the mean alone and no verdict; "—" for both when none is finite. The bootstrap runs
+// once per cell.
 struct Cell {
   std::string text, verdict = "—";
 };
 
 Cell cell(const Grid& x, const RolloutRequest& req, int digits = 5) {
-  if (!finite(x)) return {"—"};
-  char b[96];
-  if (samples(x) < 2) {
-    std::snprintf(b, sizeof b, "%+.*f (one rollout)", digits, x[0][0]);
+  const Grid f = finite_part(x);
+  const size_t n = samples(f), all = samples(x);
+  if (n == 0) return {"—"};
+  char b[128];
+  const std::string of = n < all ? " (" + std::to_string(n) + " of " + std::to_string(all) + ")" : "";
+  if (n < 2) {
+    std::snprintf(b, sizeof b, "%+.*f (one rollout%s)", digits, f[0][0],
+                  n < all ? (" of " + std::to_string(all)).c_str() : "");
     return {b};
   }
-  const Interval iv = bootstrap_two_level(x, req.resamples, req.bootstrap_seed);
-  std::snprintf(b, sizeof b, "%+.*f [%+.*f, %+.*f]", digits, iv.mean, digits, iv.lo, digits, iv.hi);
+  const Interval iv = bootstrap_two_level(f, req.resamples, req.bootstrap_seed);
+  std::snprintf(b, sizeof b, "%+.*f [%+.*f, %+.*f]%s", digits, iv.mean, digits, iv.lo, digits, iv.hi, of.c_str());
   return {b, iv.hi < 0 ? "lower" : iv.lo > 0 ? "higher" : "not resolved"};
 }
 
@@ -139,7 +159,11 @@ void gap_table(std::ostringstream& md, const RolloutResult& r, const std::vector
         "interval (checkpoints, then orders; " << req.resamples << " resamples). Held-out NLL: "
         "under the recipe's quantized inference (policy current), and of the same weights "
         "unquantized (what training did to them, without the forward's quantization). "
-        "Divergence: ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step.\n\n"
+        "Divergence: ‖θ_r − θ_fp32‖ / ‖θ_fp32 − θ_s‖ after the last step."
+     << (any_diverged(r) ? " A rollout pair where the recipe or fp32 stopped non-finite has no gap: it "
+                           "is left out of the cell, which then says how many of the rollouts it holds."
+                         : "")
+     << "\n\n"
         "| recipe | loss gap, step N | mean loss gap, steps 1..N | held-out NLL gap | NLL gap, unquantized | divergence | rollouts diverged |\n"
         "|--------|-----------------:|--------------------------:|-----------------:|---------------------:|-----------:|---------:|\n";
   for (size_t i = 1; i < r.recipes.size(); ++i)
@@ -265,6 +289,7 @@ json to_json(const RolloutResult& r) {
   if (r.stress.active())
     j["stress"] = {{"lr_scale", r.stress.lr_scale}, {"no_warmup", r.stress.no_warmup},
                    {"batch_size", r.stress.batch_size}};
+  if (r.resamples > 0) j["bootstrap"] = {{"resamples", r.resamples}, {"seed", r.bootstrap_seed}};
   if (has_grad_norms(r))
     j["stability"] = {{"spike_threshold", r.stability.spike_threshold},
                       {"grad_norm_limit", r.stability.grad_norm_limit}};
@@ -272,7 +297,7 @@ json to_json(const RolloutResult& r) {
 }
 }  // namespace
 
-void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
+void write_rollout_report(const RolloutResult& r, const RolloutRequest& req, bool json) {
   std::error_code ec;
   fs::create_directories(req.out, ec);
   if (ec) throw UserError("rollout: cannot create " + req.out.string() + ": " + ec.message());
@@ -292,7 +317,7 @@ void write_rollout_report(const RolloutResult& r, const RolloutRequest& req) {
   contrast_table(md, r, g, req);
   stability_table(md, r, g, req);
   write_file_atomic(req.out / "rollout.md", md.str());
-  write_file_atomic(req.out / "rollout.json", to_json(r).dump(1) + "\n");
+  if (json) write_file_atomic(req.out / "rollout.json", to_json(r).dump(1) + "\n");
 }
 
 RolloutResult load_rollouts(const fs::path& file) {
@@ -314,6 +339,10 @@ RolloutResult load_rollouts(const fs::path& file) {
       const json& st = j.at("stress");
       r.stress.lr_scale = st.at("lr_scale"), r.stress.no_warmup = st.at("no_warmup");
       r.stress.batch_size = st.at("batch_size");
+    }
+    if (j.contains("bootstrap")) {
+      r.resamples = j.at("bootstrap").at("resamples"), r.bootstrap_seed = j.at("bootstrap").at("seed");
+      if (r.resamples < 1) throw UserError("bootstrap.resamples must be at least 1");
     }
     if (j.contains("stability")) {
       const json& st = j.at("stability");

@@ -83,7 +83,13 @@ for s in ("## Gap to the fp32 rollout", "| `fp32` | +0.00000 [+0.00000, +0.00000
     assert s in md, s
 print(f"rollout: fp32 again identical at all 3 steps x 2 checkpoints x 2 orders; ue5m3-b16 NLL gap up to {gap:.2e}")
 PY
-cp "$work/r1/rollout.md" "$work/before.md"
-"$bin" rollout --from "$work/r1/rollout.json" --resamples 200 > "$work/from.txt" 2>&1 || { cat "$work/from.txt"; fail "--from"; }
+cp "$work/r1/rollout.md" "$work/before.md"; cp "$work/r1/rollout.json" "$work/before.json"
+# The file records its bootstrap (200 resamples): --from beside it rebuilds rollout.md as it was
+# and leaves the file alone; a recount with other resamples needs an --out of its own.
+"$bin" rollout --from "$work/r1/rollout.json" > "$work/from.txt" 2>&1 || { cat "$work/from.txt"; fail "--from"; }
 cmp -s "$work/before.md" "$work/r1/rollout.md" || fail "--from did not rebuild rollout.md byte for byte"
+cmp -s "$work/before.json" "$work/r1/rollout.json" || fail "--from rewrote its input"
+expect_error "would replace the report beside $work/r1/rollout.json; give --out DIR" rollout --from "$work/r1/rollout.json" --resamples 300
+"$bin" rollout --from "$work/r1/rollout.json" --resamples 300 --out "$work/r300" > /dev/null 2>&1 || fail "--from --out"
+grep -q "300 resamples" "$work/r300/rollout.md" || fail "--from --resamples 300"
 echo "rollout_cli: ok"

@@ -53,6 +53,7 @@ run lr1 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 1
 run lr3 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --lr-scale 3
 run bs2 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --batch-size 2
 run boom --recipe nvfp4-all --steps 5,10 --length 6 --orders 1 --lr-scale 1e6 --no-warmup
+run bs4 --recipe nvfp4-all --steps 5 --length 3 --orders 1 --batch-size 4
 run evalnan --recipe ue5m3-b16 --steps 5 --length 10 --orders 2 --lr-scale 1e5 --no-warmup
 run hot --recipe nvfp4-all,ue5m3-b16 --steps 5,10 --length 6 --orders 2 --lr-scale 30
 # A run still warming up (8 steps) at its checkpoint 2: --no-warmup changes step 3.
@@ -97,8 +98,24 @@ for r in range(2):
     for c in range(2):
         t = boom["traces"][r][c][0]
         assert t["diverged"].startswith("step ") and "non-finite" in t["diverged"], t["diverged"]
+bs4 = load("bs4")  # the run's own batch size: no stress, the plain rollouts
+assert "stress" not in bs4 and bs4["traces"] == plain["traces"], "--batch-size 4 (the run's) is a stress"
 ev = load("evalnan")["traces"][1][0]
 assert all(t["diverged"].startswith("held-out evaluation after step 15: non-finite") for t in ev), ev
+# fp32 and ue5m3-b16 stopped in every rollout: no gap left, every cell "—".
+md_ev = open(f"{work}/evalnan/rollout.md").read()
+row = next(l for l in md_ev.splitlines() if l.startswith("| `ue5m3-b16` | ") and l.count("|") == 8)
+assert [c.strip() for c in row.split("|")[2:7]] == ["—"] * 5, row
+# One rollout of four stopped (edited into the "hot" set): left out of that recipe's cells,
+# which say so, and of nothing else.
+h = json.load(open(f"{work}/hot/rollout.json"))
+t = h["traces"][2][1][0]
+t["loss"][3:] = [None] * 3; t["grad_norm"][3:] = [None] * 3
+t["nll"] = t["nll_fp32"] = t["divergence"] = None
+t["diverged"] = "step 14: non-finite gradient norm"
+import os
+os.makedirs(f"{work}/cut", exist_ok=True)
+json.dump(h, open(f"{work}/cut/rollout.json", "w"))
 w0, w1 = (load(n)["traces"][0][0][0]["loss"] for n in ("w/r", "w/r--no-warmup"))
 assert w0[0] == w1[0] and w0[1] != w1[1], (w0, w1)
 # The stability table against an independent recount of the traces (tools/rollout_stats.py).
@@ -124,6 +141,12 @@ assert "Stress: peak learning rate x 1e+06, no warmup" in md and "**Stressed** (
 assert "| `nvfp4-all` | +0.00 [+0.00, +0.00] | " in md and "| +1.00 [+1.00, +1.00] | 0 of 2 |" in md, md
 print("rollout stress: biased gap grows, stress knobs and non-finite counts as expected")
 PY
+
+"$bin" rollout --from "$work/cut/rollout.json" > "$work/cut.txt" 2>&1 || { cat "$work/cut.txt"; fail "--from cut"; }
+row=$(grep '^| `ue5m3-b16` | ' "$work/cut/rollout.md" | head -1)
+[ "$(grep -o '(3 of 4)' <<<"$row" | wc -l)" = 5 ] || fail "the stopped rollout is not left out of ue5m3-b16's 5 cells: $row"
+grep '^| `nvfp4-all` | ' "$work/cut/rollout.md" | head -1 | grep -q 'of 4)' && fail "nvfp4-all lost a rollout"
+grep -q "left out of the cell" "$work/cut/rollout.md" || fail "no note on rollouts left out"
 
 # --from recounts with another threshold: at 1e-9 nats every step where the biased recipe's loss
 # is above fp32's is a spike.

@@ -277,3 +277,11 @@ def test_plot(tmp_path):
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r.stdout.rstrip().splitlines()[-1] == str(out)
+
+
+def test_bootstrap_of_the_file_unless_given():
+    # A file recording its report's bootstrap: the tools use it (so their intervals are the
+    # report's); given values win; files of earlier versions record none: 2000 and 20261206.
+    assert rs.bootstrap_of({"bootstrap": {"resamples": 7, "seed": 3}}) == (7, 3)
+    assert rs.bootstrap_of({"bootstrap": {"resamples": 7, "seed": 3}}, 50, None) == (50, 3)
+    assert rs.bootstrap_of({}) == (2000, 20261206)

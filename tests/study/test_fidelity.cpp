@@ -153,12 +153,20 @@ TEST(FidelityStats, TwoLevelBootstrapGivesTheBinomialIntervals) {
                  f = bootstrap_two_level({{0.3, 0.1, 0.7}, {0.2, 0.9, 0.4}}, 500, 11);
   EXPECT_EQ(e.lo, f.lo);
   EXPECT_EQ(e.hi, f.hi);
+  // Rows of different lengths (a rollout set with a rollout left out): {0} and {1, 1}. The mean
+  // is over the values, 2/3; a resample draws 2 rows and as many values from each as it holds:
+  // rows (0, 0) give 0, (1, 1) give 1, one of each gives 2/3 (two ones and a zero), with
+  // probabilities 1/4, 1/4, 1/2: the interval [0, 1].
+  const Interval g = bootstrap_two_level({{0.0}, {1.0, 1.0}}, 20000, 3);
+  EXPECT_DOUBLE_EQ(g.mean, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(g.lo, 0.0);
+  EXPECT_DOUBLE_EQ(g.hi, 1.0);
 }
 
 TEST(FidelityStats, BadInputIsRefused) {
   EXPECT_THROW(bootstrap_two_level({}, 10, 1), std::invalid_argument);
   EXPECT_THROW(bootstrap_two_level({{}}, 10, 1), std::invalid_argument);
-  EXPECT_THROW(bootstrap_two_level({{1.0, 2.0}, {1.0}}, 10, 1), std::invalid_argument);
+  EXPECT_THROW(bootstrap_two_level({{1.0, 2.0}, {}}, 10, 1), std::invalid_argument);
   EXPECT_THROW(bootstrap_two_level({{1.0, NAN}}, 10, 1), std::invalid_argument);
   EXPECT_THROW(bootstrap_two_level({{1.0}}, 0, 1), std::invalid_argument);
   const std::vector<float> ref = {1, 2};

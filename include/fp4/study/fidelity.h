@@ -61,13 +61,14 @@ struct Interval {
   double mean = 0, lo = 0, hi = 0;
 };
 
-/// Two-level bootstrap of the mean of x[c][k] (checkpoint c, batch k; every row the same K ≥ 1
-/// values): each of `resamples` draws C checkpoint indices with replacement and, for each drawn
-/// checkpoint, K batch indices with replacement, and takes the mean of the drawn values; the
-/// interval is the 2.5% and 97.5% quantiles (Hyndman–Fan type 7). Indices come from
+/// Two-level bootstrap of the mean of x[c][k] (checkpoint c, batch k; the panel's rows all hold
+/// K ≥ 1 values, a rollout set's may hold fewer where rollouts were left out): each of
+/// `resamples` draws C checkpoint indices with replacement and, for each drawn checkpoint, as
+/// many batch indices with replacement as its row holds, and takes the mean of the drawn
+/// values; the interval is the 2.5% and 97.5% quantiles (Hyndman–Fan type 7). Indices come from
 /// splitmix64(seed, i) with rejection sampling, so the interval is the same on every machine.
 /// With one checkpoint only the batches are resampled. Throws std::invalid_argument for no
-/// rows, rows of different or zero length, a non-finite value, or resamples < 1.
+/// rows, a row of zero length, a non-finite value, or resamples < 1.
 Interval bootstrap_two_level(const std::vector<std::vector<double>>& x, int resamples,
                              uint64_t seed);
 

@@ -92,6 +92,10 @@ struct RolloutResult {
   uint64_t seed = 0;
   std::string machine;                ///< CPU, threads, processes (provenance)
   RolloutStress stress;               ///< the stress the rollouts ran under
+  /// The report's bootstrap (RolloutRequest::resamples, bootstrap_seed) as the rollouts were
+  /// reported; 0 in files of earlier versions, whose reports used the request's.
+  int resamples = 0;
+  uint64_t bootstrap_seed = 0;
   RolloutStability stability;         ///< thresholds of the stability tables
   std::vector<std::vector<std::vector<RolloutTrace>>> traces;
 };
@@ -115,11 +119,12 @@ void check_stability(const RolloutStability& st);
 /// fit, a stress batch size the micro-batches do not divide.
 RolloutResult run_rollouts(const RolloutRequest& req);
 
-/// Write rollout.json (every trace; `load_rollouts` reads it back) and rollout.md (the gaps to
-/// fp32 with two-level bootstrap intervals over checkpoints and orders, the gap by step, and
-/// paired contrasts between the recipes) into req.out, created. Throws fp4::UserError if the
+/// Write rollout.json (every trace; `load_rollouts` reads it back; skipped when `json` is false)
+/// and rollout.md (the gaps to fp32 with two-level bootstrap intervals over checkpoints and
+/// orders with req.resamples and req.bootstrap_seed, the gap by step, paired contrasts between
+/// the recipes, the stability tables) into req.out, created. Throws fp4::UserError if the
 /// directory cannot be written.
-void write_rollout_report(const RolloutResult& r, const RolloutRequest& req);
+void write_rollout_report(const RolloutResult& r, const RolloutRequest& req, bool json = true);
 
 /// Read a rollout.json back (for `rollout --from`). Throws fp4::UserError naming the file and
 /// the field that is missing or malformed.
