@@ -19,14 +19,19 @@ struct RolloutArgs {
   std::string run, out, steps, from;
   std::vector<std::string> recipes;
   CLI::Option *spike = nullptr, *gnorm = nullptr, *resamples = nullptr;  // given: they override a --from file's
+  std::vector<CLI::Option*> fresh;  // options of new rollouts only (refused with --from)
 };
 
 void run(RolloutArgs& a) {
   RolloutRequest& r = a.req;
   if (!a.from.empty()) {  // the report again from a finished rollout.json
-    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty() || r.stress.active())
-      throw UserError("--from rebuilds the report of finished rollouts; --run, --recipe, --steps and the "
-                      "stress (--lr-scale, --no-warmup, --batch-size) go with new ones");
+    std::string given;
+    for (const CLI::Option* o : a.fresh)
+      if (o->count()) given += (given.empty() ? "" : ", ") + o->get_name();
+    if (!a.run.empty() || !a.recipes.empty() || !a.steps.empty() || r.stress.active() || !given.empty())
+      throw UserError("--from rebuilds the report of finished rollouts; --run, --recipe, --steps, --checkpoints, "
+                      "--length, --orders, --seed, --windows, --data and the stress (--lr-scale, --no-warmup, "
+                      "--batch-size) go with new ones" + (given.empty() ? std::string() : " (given: " + given + ")"));
     r.out = a.out.empty() ? std::filesystem::path(a.from).parent_path() : std::filesystem::path(a.out);
     if (r.out.empty()) r.out = ".";
     RolloutResult res = load_rollouts(a.from);
@@ -96,22 +101,22 @@ void register_rollout(CLI::App& app) {
   c->add_option("--steps", a->steps,
                 "Checkpoint steps, a comma list (default: --checkpoints of those the run holds, evenly "
                 "spread, the newest included)");
-  c->add_option("--checkpoints", a->req.checkpoints, "How many checkpoints without --steps")
-      ->capture_default_str()->check(CLI::Range(1, 1000));
-  c->add_option("--length", a->req.length, "Optimizer steps per rollout (N)")
-      ->capture_default_str()->check(CLI::Range(1, 1000000));
-  c->add_option("--orders", a->req.orders,
+  a->fresh.push_back(c->add_option("--checkpoints", a->req.checkpoints, "How many checkpoints without --steps")
+      ->capture_default_str()->check(CLI::Range(1, 1000)));
+  a->fresh.push_back(c->add_option("--length", a->req.length, "Optimizer steps per rollout (N)")
+      ->capture_default_str()->check(CLI::Range(1, 1000000)));
+  a->fresh.push_back(c->add_option("--orders", a->req.orders,
                 "Batch orders per checkpoint: order 0 continues the run's own batches, order o > 0 "
                 "draws from a sampler seeded by (--seed, o), the same for every recipe")
-      ->capture_default_str()->check(CLI::Range(1, 1000));
-  c->add_option("--seed", a->req.seed, "Seed of the batch orders o > 0")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  c->add_option("--windows", a->req.windows, "Held-out windows of the final NLL (default: the run's eval.windows)")
-      ->check(CLI::Range(1, 1 << 24));
+      ->capture_default_str()->check(CLI::Range(1, 1000)));
+  a->fresh.push_back(c->add_option("--seed", a->req.seed, "Seed of the batch orders o > 0")
+      ->capture_default_str()->check(CLI::NonNegativeNumber));
+  a->fresh.push_back(c->add_option("--windows", a->req.windows, "Held-out windows of the final NLL (default: the run's eval.windows)")
+      ->check(CLI::Range(1, 1 << 24)));
   a->resamples = c->add_option("--resamples", a->req.resamples,
                                "Bootstrap resamples (with --from: instead of the file's)")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
-  c->add_option("--data", a->req.data, "Text file or directory instead of the run config's data.path");
+  a->fresh.push_back(c->add_option("--data", a->req.data, "Text file or directory instead of the run config's data.path"));
   c->add_option("--out", a->out, "Output directory (default RUN/rollout; with --from, the file's)");
   c->add_option("--lr-scale", a->req.stress.lr_scale,
                 "Stability stress: the run's peak learning rate times this, for fp32 and every recipe "

@@ -25,7 +25,21 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 using Grid = std::vector<std::vector<double>>;  // [checkpoint][order]
 
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
-double number(const json& j) { return j.is_number() ? j.get<double>() : kNaN; }
+// A figure of a trace: a number, or null for a non-finite one (as `number` above writes them);
+// anything else is a damaged file. Throws fp4::UserError naming `what`.
+double number(const json& j, const char* what = "a trace's figure") {
+  if (j.is_null()) return kNaN;
+  if (!j.is_number()) throw UserError(std::string(what) + " is neither a number nor null: " + j.dump());
+  return j.get<double>();
+}
+
+// A count of the file (length, orders, windows, seed, batch size): a whole number >= `least`.
+int64_t whole(const json& j, const char* what, int64_t least) {
+  if (!j.is_number_integer() || j.get<int64_t>() < least)
+    throw UserError(std::string(what) + " must be a whole number of at least " + std::to_string(least) + ", got " +
+                    j.dump());
+  return j.get<int64_t>();
+}
 
 // What one recipe's rollouts give per (checkpoint, order): the four measures of its gap, and
 // the stability counts (docs/fidelity.md "Stability stress"): loss spikes against the fp32
@@ -333,12 +347,17 @@ RolloutResult load_rollouts(const fs::path& file) {
     r.run = j.at("run").get<std::string>();
     r.steps = j.at("steps").get<std::vector<int64_t>>();
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
-    r.length = j.at("length"), r.orders = j.at("orders"), r.windows = j.at("windows");
-    r.seed = j.at("seed"), r.machine = j.at("machine");
+    r.length = int(whole(j.at("length"), "length", 1)), r.orders = int(whole(j.at("orders"), "orders", 1));
+    r.windows = int(whole(j.at("windows"), "windows", 1));
+    r.seed = uint64_t(whole(j.at("seed"), "seed", 0)), r.machine = j.at("machine");
+    if (r.recipes.size() < 2 || r.recipes[0] != kRolloutReference)
+      throw UserError("recipes must list \"" + std::string(kRolloutReference) + "\" first and at least one recipe");
     if (j.contains("stress")) {
       const json& st = j.at("stress");
-      r.stress.lr_scale = st.at("lr_scale"), r.stress.no_warmup = st.at("no_warmup");
-      r.stress.batch_size = st.at("batch_size");
+      r.stress.lr_scale = number(st.at("lr_scale"), "stress.lr_scale"), r.stress.no_warmup = st.at("no_warmup");
+      r.stress.batch_size = int(whole(st.at("batch_size"), "stress.batch_size", 0));
+      if (!(r.stress.lr_scale > 0) || !std::isfinite(r.stress.lr_scale))
+        throw UserError("stress.lr_scale must be a finite number above 0");
     }
     if (j.contains("bootstrap")) {
       r.resamples = j.at("bootstrap").at("resamples"), r.bootstrap_seed = j.at("bootstrap").at("seed");
@@ -346,7 +365,11 @@ RolloutResult load_rollouts(const fs::path& file) {
     }
     if (j.contains("stability")) {
       const json& st = j.at("stability");
-      r.stability.spike_threshold = st.at("spike_threshold"), r.stability.grad_norm_limit = st.at("grad_norm_limit");
+      r.stability.spike_threshold = number(st.at("spike_threshold"), "stability.spike_threshold");
+      r.stability.grad_norm_limit = number(st.at("grad_norm_limit"), "stability.grad_norm_limit");
+      if (!(r.stability.spike_threshold > 0) || !std::isfinite(r.stability.spike_threshold) ||
+          !(r.stability.grad_norm_limit > 0) || !std::isfinite(r.stability.grad_norm_limit))
+        throw UserError("stability thresholds must be finite numbers above 0");
     }
     for (const json& rc : j.at("traces")) {
       r.traces.emplace_back();

@@ -92,4 +92,24 @@ cmp -s "$work/before.json" "$work/r1/rollout.json" || fail "--from rewrote its i
 expect_error "would replace the report beside $work/r1/rollout.json; give --out DIR" rollout --from "$work/r1/rollout.json" --resamples 300
 "$bin" rollout --from "$work/r1/rollout.json" --resamples 300 --out "$work/r300" > /dev/null 2>&1 || fail "--from --out"
 grep -q "300 resamples" "$work/r300/rollout.md" || fail "--from --resamples 300"
+# --from: options of new rollouts refused, a damaged file named with what is wrong.
+expect_error "go with new ones (given: --length)" rollout --from "$work/r1/rollout.json" --length 5 --out "$work/x"
+python3 - "$work" <<'PY' || fail "damaged rollout.json files"
+import json, sys
+work = sys.argv[1]
+good = json.load(open(f"{work}/r1/rollout.json"))
+def bad(name, edit):
+    d = json.loads(json.dumps(good)); edit(d)
+    json.dump(d, open(f"{work}/bad-{name}.json", "w"))
+bad("string", lambda d: d["traces"][1][0][0]["loss"].__setitem__(0, "5.0"))
+bad("length", lambda d: d.__setitem__("length", 2.5))
+bad("seed", lambda d: d.__setitem__("seed", -5))
+bad("noref", lambda d: (d["recipes"].pop(0), d["traces"].pop(0)))
+bad("stress", lambda d: d.__setitem__("stress", {"lr_scale": -3, "no_warmup": False, "batch_size": 2}))
+PY
+expect_error "a trace's figure is neither a number nor null: \"5.0\"" rollout --from "$work/bad-string.json" --out "$work/x"
+expect_error "length must be a whole number of at least 1, got 2.5" rollout --from "$work/bad-length.json" --out "$work/x"
+expect_error "seed must be a whole number of at least 0, got -5" rollout --from "$work/bad-seed.json" --out "$work/x"
+expect_error "recipes must list \"fp32 (reference)\" first" rollout --from "$work/bad-noref.json" --out "$work/x"
+expect_error "stress.lr_scale must be a finite number above 0" rollout --from "$work/bad-stress.json" --out "$work/x"
 echo "rollout_cli: ok"
