@@ -345,11 +345,10 @@ class BatchRoles {
 // ------------------------------------------------------------------------------ scale events
 
 // Scale events (telemetry of draw 0) of one recipe, role and (checkpoint, batch): sums and counts.
+// The block amax is counted per linear (BlockAmax below) and pooled from those counts.
 struct Events {
   double sat = 0, guard = 0, zeroed = 0, stale = 0;
   int64_t n = 0, n_stale = 0;
-  uint64_t blocks = 0, subnormal = 0, above = 0, zero = 0;
-  std::array<uint64_t, QuantStats::kRatioBins> hist{};  // blocks per floor(log2(a_b/g)) bin
 };
 // One recipe's events: [operand role][c·K + k].
 using RoleEvents = std::array<std::vector<Events>, nn::LinearTelemetry::kOperands>;
@@ -383,35 +382,19 @@ void add_scale_events(const nn::Model& m, RoleEvents& ev, size_t ck, LinearBlock
       e.zeroed += qs.zeroed_nonzeros;
       ++e.n;
       if (qs.has_staleness) e.stale += qs.staleness, ++e.n_stale;
-      if (qs.ratio_to_g) e.zero += qs.zero_blocks;
-      if (qs.ratio_to_g)
-        for (int b = 0; b < QuantStats::kRatioBins; ++b) {
-          const uint64_t cnt = qs.log2_amax_ratio_blocks[size_t(b)];
-          const int lg = b - QuantStats::kRatioBias;  // a_b/g in [2^lg, 2^(lg+1))
-          e.blocks += cnt;
-          if (lg + 1 <= -15) e.subnormal += cnt;
-          if (lg >= 0) e.above += cnt;
-          e.hist[size_t(b)] += cnt;
-        }
     }
   }
 }
 
 // An Events as doubles (counts < 2^53: exact), for the gather over the ranks.
-constexpr size_t kEv = 10 + QuantStats::kRatioBins;
+constexpr size_t kEv = 6;
 void events_to_doubles(const Events& e, double* x) {
-  const double v[10] = {e.sat,           e.guard,           e.zeroed,         e.stale,
-                        double(e.n),     double(e.n_stale), double(e.blocks), double(e.subnormal),
-                        double(e.above), double(e.zero)};
-  std::copy(v, v + 10, x);
-  for (int b = 0; b < QuantStats::kRatioBins; ++b) x[10 + b] = double(e.hist[size_t(b)]);
+  const double v[kEv] = {e.sat, e.guard, e.zeroed, e.stale, double(e.n), double(e.n_stale)};
+  std::copy(v, v + kEv, x);
 }
 void events_from_doubles(const double* x, Events& e) {
   e.sat = x[0], e.guard = x[1], e.zeroed = x[2], e.stale = x[3];
   e.n = int64_t(x[4]), e.n_stale = int64_t(x[5]);
-  e.blocks = uint64_t(x[6]), e.subnormal = uint64_t(x[7]), e.above = uint64_t(x[8]),
-  e.zero = uint64_t(x[9]);
-  for (int b = 0; b < QuantStats::kRatioBins; ++b) e.hist[size_t(b)] = uint64_t(x[10 + b]);
 }
 
 // The sums over checkpoints and batches, in their order.
@@ -420,8 +403,6 @@ Events sum_events(const std::vector<Events>& v) {
   for (const Events& x : v) {
     e.sat += x.sat, e.guard += x.guard, e.zeroed += x.zeroed, e.stale += x.stale;
     e.n += x.n, e.n_stale += x.n_stale;
-    e.blocks += x.blocks, e.subnormal += x.subnormal, e.above += x.above, e.zero += x.zero;
-    for (int b = 0; b < QuantStats::kRatioBins; ++b) e.hist[size_t(b)] += x.hist[size_t(b)];
   }
   return e;
 }
@@ -461,14 +442,15 @@ void block_amax_figures(const std::array<uint64_t, QuantStats::kRatioBins>& hist
   }
 }
 
-// FidelityRecipe::scale_events of one role from its sums (e.n > 0).
-std::map<std::string, double> scale_event_figures(const Events& e) {
+// FidelityRecipe::scale_events of one role from its sums (e.n > 0) and its block amax pooled
+// over the linears.
+std::map<std::string, double> scale_event_figures(const Events& e, const BlockAmax& pooled) {
   std::map<std::string, double> m;
   m["saturated_blocks"] = e.sat / double(e.n);
   m["zero_guard_blocks"] = e.guard / double(e.n);
   m["zeroed_nonzeros"] = e.zeroed / double(e.n);
   if (e.n_stale) m["staleness"] = e.stale / double(e.n_stale);
-  block_amax_figures(e.hist, e.zero, m);
+  block_amax_figures(pooled.hist, pooled.zero, m);
   return m;
 }
 
@@ -1183,7 +1165,13 @@ void FidelityRun::sum_scale_events() {
     for (int o = 0; o < nn::LinearTelemetry::kOperands; ++o) {
       const Events e = sum_events(events[r][size_t(o)]);
       if (e.n == 0) continue;
-      P.recipes[r].scale_events[nn::LinearTelemetry::kNames[o]] = scale_event_figures(e);
+      BlockAmax pooled;  // integer counts: the sum over linears in any order
+      for (const auto& roles : amax_by_linear[r]) {
+        const BlockAmax& a = roles[size_t(o)];
+        pooled.zero += a.zero;
+        for (int b = 0; b < QuantStats::kRatioBins; ++b) pooled.hist[size_t(b)] += a.hist[size_t(b)];
+      }
+      P.recipes[r].scale_events[nn::LinearTelemetry::kNames[o]] = scale_event_figures(e, pooled);
     }
   // Per linear and role: the same block-amax figures, from that linear's counts alone.
   for (size_t r = 0; r < models.size(); ++r)
