@@ -50,8 +50,7 @@ void run(RolloutArgs& a) {
     if (beside && recount)
       throw UserError("rollout --from: a recount with other --spike-threshold, --grad-norm-limit or --resamples "
                       "would replace the report beside " + a.from + "; give --out DIR");
-    if ((a.spike->count() || a.gnorm->count()) && !res.traces.empty() && !res.traces[0].empty() &&
-        !res.traces[0][0].empty() && res.traces[0][0][0].grad_norm.empty())
+    if ((a.spike->count() || a.gnorm->count()) && !res.has_grad_norms())
       std::fprintf(stderr, "rollout: note: %s records no gradient norms (an earlier binary's), so its report has "
                            "no stability tables and the thresholds change nothing\n", a.from.c_str());
     if (dist::rank() != 0) return;  // under mpirun rank 0 alone writes

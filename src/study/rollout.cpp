@@ -99,7 +99,6 @@ void RolloutRun::check() const {
     throw UserError("rollout: --checkpoints must be at least 1, got " + std::to_string(req.checkpoints));
   if (req.windows < 0) throw UserError("rollout: --windows must be 0 (the run's) or more");
   if (req.resamples < 1) throw UserError("rollout: --resamples must be at least 1");
-
   if (!fs::is_directory(req.run)) throw UserError("rollout: run " + req.run.string() + " does not exist");
 }
 
@@ -241,7 +240,8 @@ RolloutTrace RolloutRun::rollout(size_t r, int order, const Checkpoint& ck,
   if (final_params) *final_params = model->params();
   if (!req.quiet)
     std::fprintf(stderr, "rollout%s: checkpoint %lld, order %d, %-22s final loss %.4f, NLL %.4f%s (%.0f s)\n",
-                 nproc > 1 ? (" rank " + std::to_string(me)).c_str() : "", static_cast<long long>(ck.step), order, res.recipes[r].c_str(), t.loss.back(), t.nll,
+                 nproc > 1 ? (" rank " + std::to_string(me)).c_str() : "", static_cast<long long>(ck.step),
+                 order, res.recipes[r].c_str(), t.loss.back(), t.nll,
                  t.diverged.empty() ? "" : (", diverged at " + t.diverged).c_str(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return t;

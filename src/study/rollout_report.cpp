@@ -50,12 +50,6 @@ struct Gaps {
   int diverged = 0;
 };
 
-// Whether the traces hold gradient norms (rollout.json files written before they were recorded
-// do not: their reports have no stability tables, and rebuild as they were).
-bool has_grad_norms(const RolloutResult& r) {
-  return !r.traces.empty() && !r.traces[0].empty() && !r.traces[0][0].empty() &&
-         !r.traces[0][0][0].grad_norm.empty();
-}
 
 Gaps gaps_of(const RolloutResult& r, size_t i) {
   Gaps g;
@@ -63,7 +57,7 @@ Gaps gaps_of(const RolloutResult& r, size_t i) {
   for (Grid* x : {&g.final_loss, &g.mean_loss, &g.nll, &g.nll_fp32, &g.divergence, &g.spikes,
                   &g.excursions, &g.nonfinite})
     x->assign(C, std::vector<double>(O));
-  const bool counts = has_grad_norms(r);
+  const bool counts = r.has_grad_norms();
   for (size_t c = 0; c < C; ++c)
     for (size_t o = 0; o < O; ++o) {
       const RolloutTrace &t = r.traces[i][c][o], &ref = r.traces[0][c][o];
@@ -239,7 +233,7 @@ std::string stress_text(const RolloutStress& st) {
 // counts per rollout with intervals; then every pair's paired difference of counts.
 void stability_table(std::ostringstream& md, const RolloutResult& r, const std::vector<Gaps>& g,
                      const RolloutRequest& req) {
-  if (!has_grad_norms(r)) return;
+  if (!r.has_grad_norms()) return;
   md << "\n## Stability\n\nStress: " << (r.stress.active() ? stress_text(r.stress) : std::string("none (the run's schedule and batch)"))
      << ", the same for fp32 and every recipe. Per rollout of " << r.length << " steps: loss spikes (steps whose "
         "training loss exceeds the fp32 rollout's on the same batch by more than "
@@ -304,7 +298,7 @@ json to_json(const RolloutResult& r) {
     j["stress"] = {{"lr_scale", r.stress.lr_scale}, {"no_warmup", r.stress.no_warmup},
                    {"batch_size", r.stress.batch_size}};
   if (r.resamples > 0) j["bootstrap"] = {{"resamples", r.resamples}, {"seed", r.bootstrap_seed}};
-  if (has_grad_norms(r))
+  if (r.has_grad_norms())
     j["stability"] = {{"spike_threshold", r.stability.spike_threshold},
                       {"grad_norm_limit", r.stability.grad_norm_limit}};
   return j;
@@ -403,7 +397,7 @@ RolloutResult load_rollouts(const fs::path& file) {
     for (const auto& ro : rc) {
       if (ro.size() != size_t(r.orders)) throw UserError("rollout --from: " + file.string() + ": a checkpoint lacks orders");
       for (const RolloutTrace& t : ro)
-        if (t.grad_norm.empty() == has_grad_norms(r))
+        if (t.grad_norm.empty() == r.has_grad_norms())
           throw UserError("rollout --from: " + file.string() + ": some traces have grad_norm and some do not");
     }
   }

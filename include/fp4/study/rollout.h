@@ -98,6 +98,12 @@ struct RolloutResult {
   uint64_t bootstrap_seed = 0;
   RolloutStability stability;         ///< thresholds of the stability tables
   std::vector<std::vector<std::vector<RolloutTrace>>> traces;
+  /// Whether the traces hold gradient norms (rollout.json files written before they were
+  /// recorded do not: their reports have no stability tables). load_rollouts makes sure all or
+  /// none do.
+  bool has_grad_norms() const {
+    return !traces.empty() && !traces[0].empty() && !traces[0][0].empty() && !traces[0][0][0].grad_norm.empty();
+  }
 };
 
 /// The checks of `req` that need no run (the stress values and the stability thresholds), so
