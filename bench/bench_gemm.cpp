@@ -21,6 +21,11 @@
 //                       speedup = sgemm time / gemm_bf16 time. Shapes (M, N, K, ta):
 //                       4096×1024×1024 (fprop-like), 4096×128×1024 (skinny N) and
 //                       1024×1024×4096 with ta = 1 (wgrad-like: long contraction).
+//   BM_BlockScaledVsDecoded  the two decoded FP4 GEMM modes on the same block-scaled operands,
+//                       alternately in one loop: fp4::gemm_block_scaled (decoded-bf16: BF16
+//                       copies, the BF16 GEMM, the decode scales on the output; its path in the
+//                       label) and fp4::sgemm of the decoded FP32 operands (decoded): counters
+//                       bf16_GFLOPs, sgemm_GFLOPs, speedup = sgemm time / block-scaled time.
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -223,6 +228,32 @@ void BM_Bf16VsSgemm(benchmark::State& st) {
   st.counters["speedup"] = ts / tb;
 }
 
+void BM_BlockScaledVsDecoded(benchmark::State& st) {
+  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+  fp4::BlockScaledGemmScratch scratch;
+  using clock = std::chrono::steady_clock;
+  double tb = 0.0, ts = 0.0;
+  int64_t n = 0;
+  for (auto _ : st) {  // the BF16-valued operands stand in for q·c_b (the GEMM is value-blind)
+    const auto t0 = clock::now();
+    fp4::gemm_block_scaled(p.ta, !p.ta, p.M, p.N, p.K, p.fa.data(), 0.5f, p.fb.data(), 0.25f,
+                           false, p.c.data(), scratch);
+    benchmark::ClobberMemory();
+    const auto t1 = clock::now();
+    run_sgemm_bf16_values(p);
+    benchmark::ClobberMemory();
+    const auto t2 = clock::now();
+    tb += std::chrono::duration<double>(t1 - t0).count();
+    ts += std::chrono::duration<double>(t2 - t1).count();
+    ++n;
+  }
+  const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
+  st.SetLabel(fp4::gemm_bf16_path() == fp4::Bf16GemmPath::Native ? "native BF16" : "widened: sgemm");
+  st.counters["bf16_GFLOPs"] = flop / tb * 1e-9;
+  st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
+  st.counters["speedup"] = ts / tb;
+}
+
 void bf16_shapes(benchmark::internal::Benchmark* b) {
   b->Args({4096, 1024, 1024, 0})->Args({4096, 128, 1024, 0})->Args({1024, 1024, 4096, 1});
   b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -245,6 +276,7 @@ BENCHMARK(BM_ProbeGemmPortable)->Apply(small_shapes);
 BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
 BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
+BENCHMARK(BM_BlockScaledVsDecoded)->Apply(bf16_shapes);
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // `fp4train gemm A.txt B.txt`: quantize two matrices read as text along their shared K
-// dimension and print the emulated FP4 product C = A·Bᵀ (probe-matched or decoded mode,
+// dimension and print the emulated FP4 product C = A·Bᵀ (probe-matched, decoded or decoded-bf16 mode,
 // docs/numerics.md "GEMM emulation"), so users can compare it with their own hardware's output.
 #include <cctype>
 #include <cfloat>
@@ -180,7 +180,7 @@ void run_gemm(const GemmOptions& o) {
   }
   if (mode != GemmMode::ProbeMatched && !acc.is_default())
     throw UserError("--chunk, --accumulate and --snap describe the probe-matched GEMM's "
-                    "accumulator; the decoded mode runs an FP32 GEMM (use --mode probe-matched)");
+                    "accumulator; the decoded modes run no such accumulator (use --mode probe-matched)");
   const OperandSetup sa = resolve(o, o.a, 'a');
   const OperandSetup sb = resolve(o, o.b, 'b');
   const Matrix A = read_matrix_file(o.file_a, "A");
@@ -262,11 +262,13 @@ void register_gemm(CLI::App& app) {
       "α = fl(fl(g_a·g_b) / fl(fl(T_a·6)·fl(T_b·6))) in FP32, from each operand's tensor\n"
       "reference g and scale target T (not fl(gd_a·gd_b), which can differ in the last bit; an\n"
       "operand without a tensor scale, as under the MX rules, enters with g = T·6 = 1);\n"
-      "decoded dequantizes both operands to FP32 and runs an FP32 GEMM. Each --X option\n"
+      "decoded dequantizes both operands to FP32 and runs an FP32 GEMM; decoded-bf16 multiplies\n"
+      "the operands q·c_b on the BF16 GEMM and applies the two tensor decode scales to the\n"
+      "output (docs/gemm.md \"Decoded FP4 on the BF16 GEMM\"). Each --X option\n"
       "applies to both operands unless its --a-X / --b-X form overrides it for one.");
   sub->add_option("A", o->file_a, "Matrix A [M, K] (text file)")->required();
   sub->add_option("B", o->file_b, "Matrix B [N, K] (text file); C = A·Bᵀ")->required();
-  sub->add_option("--mode", o->mode, "GEMM emulation: probe-matched or decoded")->capture_default_str();
+  sub->add_option("--mode", o->mode, "GEMM emulation: probe-matched, decoded or decoded-bf16")->capture_default_str();
   sub->add_option("--chunk", o->chunk,
                   "Probe-matched accumulator: products per chunk, each chunk's exact sum rounded "
                   "once to FP32 (16, 32, 64 or 128)")

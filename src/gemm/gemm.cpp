@@ -3,6 +3,7 @@
 #include "fp4/gemm/gemm.h"
 
 #include "fp4/base/cpu_isa.h"
+#include "fp4/numerics/bf16.h"
 
 #include <dnnl.h>
 #include <dnnl_version.h>
@@ -96,6 +97,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 namespace {
 constexpr int64_t kBf16TileM = 256;
 constexpr int64_t kBf16TileN = 512;
+// gemm_block_scaled's tiles: smaller, so that the wgrad GEMMs of narrow linears (outputs of
+// 256 × 256) still give every thread of a small machine a tile (docs/gemm.md "Decoded FP4 on
+// the BF16 GEMM").
+constexpr int64_t kScaledTileM = 128;
+constexpr int64_t kScaledTileN = 256;
 // oneDNN implementation used for every tile: its BF16 GEMM ("gemm:jit", AVX512_BF16 dot
 // products). oneDNN 2.6 offers its AMX brgemm matmul only when all three tile matrices are
 // dense, i.e. for some tile shapes and strides and not others; pinning one implementation keeps
@@ -441,9 +447,13 @@ std::string gemm_bf16_description() {
          std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) + ")";
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
-               int64_t ldc) {
+namespace {
+// gemm_bf16 on output tiles of tile_m × tile_n (gemm_bf16: kBf16TileM × kBf16TileN;
+// gemm_block_scaled: kScaledTileM × kScaledTileN). The tile shape is a constant of the caller,
+// so the bits never depend on the thread count.
+void gemm_bf16_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                     bool accumulate, float* C, int64_t ldc, int64_t tile_m, int64_t tile_n) {
   if (M <= 0 || N <= 0) return;
   check_bf16_args(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc);
   if (K == 0) {
@@ -451,36 +461,36 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
       for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
     return;
   }
-  const int64_t tm = (M + kBf16TileM - 1) / kBf16TileM, tn = (N + kBf16TileN - 1) / kBf16TileN;
+  const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
   const int64_t tiles = tm * tn;
   int failures = 0;
   dnnl_status_t first_error = dnnl_success;
   const bool widened = chosen_bf16_path() == Bf16GemmPath::Widened;
   // Native path: at most four tile shapes (full, ragged M, ragged N, both), created here,
   // serially.
-  const int64_t rm = M - (tm - 1) * kBf16TileM, rn = N - (tn - 1) * kBf16TileN;
+  const int64_t rm = M - (tm - 1) * tile_m, rn = N - (tn - 1) * tile_n;
   const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
   if (!widened)
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j)
-        prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(kBf16TileM, M),
-                                          j ? rn : std::min(kBf16TileN, N), K, lda, ldb, ldc,
+        prims[i][j] = &bf16_prim(bf16_key(trans_a, trans_b, i ? rm : std::min(tile_m, M),
+                                          j ? rn : std::min(tile_n, N), K, lda, ldb, ldc,
                                           accumulate));
-  const size_t widen_a = size_t(std::min(kBf16TileM, M) * K),
-               widen_b = size_t(std::min(kBf16TileN, N) * K);
+  const size_t widen_a = size_t(std::min(tile_m, M) * K),
+               widen_b = size_t(std::min(tile_n, N) * K);
 #pragma omp parallel reduction(+ : failures)
   {
     if (widened) (void)widen_scratch(widen_a, widen_b);
 #pragma omp for schedule(dynamic, 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t ti = t / tn, tj = t % tn;
-    const int64_t i0 = ti * kBf16TileM, j0 = tj * kBf16TileN;
+    const int64_t i0 = ti * tile_m, j0 = tj * tile_n;
     const uint16_t* a = trans_a ? A + i0 : A + i0 * lda;
     const uint16_t* b = trans_b ? B + j0 * ldb : B + j0;
     float* c = C + i0 * ldc + j0;
     const dnnl_status_t st =
-        widened ? run_widened_tile(trans_a, trans_b, std::min(kBf16TileM, M - i0),
-                                   std::min(kBf16TileN, N - j0), K, a, lda, b, ldb, accumulate,
+        widened ? run_widened_tile(trans_a, trans_b, std::min(tile_m, M - i0),
+                                   std::min(tile_n, N - j0), K, a, lda, b, ldb, accumulate,
                                    c, ldc)
                 : run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a, b, c);
     if (st != dnnl_success) {
@@ -497,6 +507,14 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
                              std::to_string(M) + ", N=" + std::to_string(N) + ", K=" +
                              std::to_string(K) + ")");
 }
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
+               int64_t ldc) {
+  gemm_bf16_tiled(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, kBf16TileM,
+                  kBf16TileN);
+}
 
 const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                            int64_t lda, int64_t ldb, int64_t ldc, bool accumulate) {
@@ -506,6 +524,86 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   return bf16_prim(bf16_key(trans_a, trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N),
                             K, lda, ldb, ldc, accumulate))
       .impl.c_str();
+}
+
+namespace {
+// apply_decode_scales' body, compiled for AVX-512, AVX2 and baseline x86-64 (as bf16.cpp's
+// kernels): FP32 → FP64 → one FP64 multiply → FP32, and one FP32 addition, all exact IEEE
+// operations, so every build gives the same bits (-ffp-contract=off: the add is never fused).
+struct ScaleBody {
+  [[gnu::always_inline]] static inline void run(const float* P, int64_t n, double s, bool acc,
+                                                float* C) {
+    if (acc) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) C[i] += static_cast<float>(static_cast<double>(P[i]) * s);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) C[i] = static_cast<float>(static_cast<double>(P[i]) * s);
+    }
+  }
+};
+__attribute__((target("avx512f"))) void scale_avx512(const float* P, int64_t n, double s, bool acc,
+                                                       float* C) {
+  ScaleBody::run(P, n, s, acc, C);
+}
+__attribute__((target("avx2"))) void scale_avx2(const float* P, int64_t n, double s, bool acc,
+                                                  float* C) {
+  ScaleBody::run(P, n, s, acc, C);
+}
+void scale_base(const float* P, int64_t n, double s, bool acc, float* C) {
+  ScaleBody::run(P, n, s, acc, C);
+}
+using ScaleFn = void (*)(const float*, int64_t, double, bool, float*);
+ScaleFn pick_scale_fn() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && cpu_isa_allowed(CpuIsa::Avx512)) return scale_avx512;
+  if (__builtin_cpu_supports("avx2") && cpu_isa_allowed(CpuIsa::Avx2)) return scale_avx2;
+  return scale_base;
+}
+}  // namespace
+
+void apply_decode_scales(const float* P, int64_t n, float gd_a, float gd_b, bool accumulate,
+                         float* C) {
+  static const ScaleFn fn = pick_scale_fn();
+  if (n <= 0) return;
+  const double s = static_cast<double>(gd_a) * static_cast<double>(gd_b);  // exact
+  constexpr int64_t kChunk = int64_t(1) << 15;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kChunk;
+    fn(P + i0, std::min(kChunk, n - i0), s, accumulate, C + i0);
+  }
+}
+
+void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                       float gd_a, const float* B, float gd_b, bool accumulate, float* C,
+                       BlockScaledGemmScratch& scratch) {
+  if (M <= 0 || N <= 0) return;
+  if (K < 0) throw std::invalid_argument("fp4::gemm_block_scaled: negative K");
+  if (C == nullptr || (K > 0 && (A == nullptr || B == nullptr)))
+    throw std::invalid_argument("fp4::gemm_block_scaled: null operand");
+  // 1. P = op(A)·op(B): into C itself unless C accumulates
+  float* P = C;
+  if (accumulate) {
+    if (scratch.product.size() < size_t(M * N)) scratch.product.resize(size_t(M * N));
+    P = scratch.product.data();
+  }
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  if (K == 0) {
+    std::fill(P, P + M * N, 0.f);
+  } else if (chosen_bf16_path() == Bf16GemmPath::Widened) {
+    sgemm(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, 0.f, P, N);
+  } else {
+    if (scratch.a.size() < size_t(M * K)) scratch.a.resize(size_t(M * K));
+    if (scratch.b.size() < size_t(K * N)) scratch.b.resize(size_t(K * N));
+    to_bf16_bits(A, M * K, scratch.a.data());  // exact for q·c_b (a BF16 value)
+    to_bf16_bits(B, K * N, scratch.b.data());
+    gemm_bf16_tiled(trans_a, trans_b, M, N, K, scratch.a.data(), lda, scratch.b.data(), ldb, false,
+                    P, N, kScaledTileM, kScaledTileN);
+  }
+  // 2. the two tensor decode scales, once per output
+  apply_decode_scales(P, M * N, gd_a, gd_b, accumulate, C);
 }
 
 void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -1030,11 +1030,38 @@ void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c) 
   sgemm(false, true, M, N, K, 1.0f, da.data(), K, db.data(), K, 0.0f, c, N);
 }
 
+void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c) {
+  if (a.cols != b.cols) {
+    throw std::invalid_argument("decoded_bf16_gemm: K mismatch: A is [" + std::to_string(a.rows) +
+                                ", " + std::to_string(a.cols) + "], B is [" +
+                                std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
+  }
+  if (!a.row_gd.empty() || !b.row_gd.empty())
+    throw std::invalid_argument("decoded_bf16_gemm: a row-scaled operand has one decode scale "
+                                "per row, not one per tensor");
+  const int64_t M = a.rows, N = b.rows, K = a.cols;
+  // q·c_b: dequantize with the tensor decode scale 1 (d = c_b·1 = c_b exactly)
+  auto block_scaled = [](QuantizedTensor t, std::vector<float>& out) {
+    out.resize(static_cast<size_t>(t.rows * t.cols));
+    t.gd = 1.0f;
+    dequantize(t, out.data());
+  };
+  std::vector<float> va, vb;
+  block_scaled(a, va);
+  block_scaled(b, vb);
+  BlockScaledGemmScratch scratch;
+  if (M > 0 && N > 0 && K == 0) {
+    std::fill_n(c, M * N, 0.0f);
+    return;
+  }
+  gemm_block_scaled(false, true, M, N, K, va.data(), a.gd, vb.data(), b.gd, false, c, scratch);
+}
+
 void quantized_gemm(GemmMode mode, const QuantizedTensor& a, const QuantizedTensor& b, float* c) {
-  if (mode == GemmMode::Decoded) {
-    decoded_gemm(a, b, c);
-  } else {
-    probe_gemm(a, b, c);
+  switch (mode) {
+    case GemmMode::Decoded: return decoded_gemm(a, b, c);
+    case GemmMode::DecodedBf16: return decoded_bf16_gemm(a, b, c);
+    case GemmMode::ProbeMatched: return probe_gemm(a, b, c);
   }
 }
 

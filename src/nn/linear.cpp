@@ -39,6 +39,14 @@ void timed_gemm_bf16(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
   prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
   gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
+// fp4::gemm_block_scaled timed and credited likewise (the decoded-bf16 GEMM).
+void timed_block_scaled(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+                        float gd_a, const float* B, float gd_b, bool accumulate, float* C,
+                        BlockScaledGemmScratch& scratch) {
+  Scope s(c);
+  prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
+  gemm_block_scaled(ta, tb, M, N, K, A, gd_a, B, gd_b, accumulate, C, scratch);
+}
 // out [cols, rows] = inᵀ for in [rows, cols]; cache-blocked, any thread count gives the same bits.
 void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
   constexpr int64_t B = 32;
@@ -125,8 +133,10 @@ int64_t LinearWorkspace::bytes() const {
   int64_t packed = 0;
   for (const QTensor* q : {&pa, &pb})
     packed += int64_t(q->packed.capacity() + q->scale_codes.capacity());
+  const int64_t bf16 = int64_t((gemm.a.capacity() + gemm.b.capacity()) * sizeof(uint16_t) +
+                               gemm.product.capacity() * sizeof(float));
   return (row.capacity() + wqd.capacity() + t0.capacity() + t1.capacity()) *
-             int64_t(sizeof(float)) + packed;
+             int64_t(sizeof(float)) + packed + bf16;
 }
 
 Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
@@ -274,10 +284,25 @@ float Linear::reference_for(Role r, const float* x, int64_t n, const StepContext
 }
 
 void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
-                  float g, const SrKey* key, float* out) const {
+                  float g, const SrKey* key, float* out, bool block_scaled) const {
   Scope s(Cat::kQuantRow);
-  quantize_dequantize_fast(src, rows, cols, spec, g,
-                           spec.rounding == Rounding::SR8 ? key : nullptr, out);
+  const SrKey* sr = spec.rounding == Rounding::SR8 ? key : nullptr;
+  if (block_scaled) {
+    quantize_block_scaled_fast(src, rows, cols, spec, g, sr, out);
+  } else {
+    quantize_dequantize_fast(src, rows, cols, spec, g, sr, out);
+  }
+}
+
+float Linear::decode_scale(const BlockQuantSpec& spec, float g) { return tensor_decode_scale(spec, g); }
+
+void Linear::quantized_product(Cat c, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+                               float gd_a, const float* B, float gd_b, bool accumulate, float* C) {
+  if (block_scaled()) {
+    timed_block_scaled(c, false, tb, M, N, K, A, gd_a, B, gd_b, accumulate, C, ws_->gemm);
+    return;
+  }
+  timed_sgemm(c, false, tb, M, N, K, A, K, B, tb ? K : N, accumulate ? 1.f : 0.f, C, N);
 }
 
 void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx) {
@@ -344,9 +369,12 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     const float* xq = plan_.quartet_forward() ? quantize_fprop_x_quartet(X, M, gx)  // Quartet II's
                       : row_scaled_x()        ? quantize_fprop_x_rows(X, M, kx)  // per-row references
                                               : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
-    quantize_fprop_w(gw, kw);
+    quantize_fprop_w(gw, kw, block_scaled());
     if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
-    timed_sgemm(Cat::kGemmFprop, false, true, M, N_, K_, xq, K_, wq_.data(), K_, 0.f, Y, N_);
+    // decoded-bf16: the decode scales of X and W (row-scaled X and Quartet II are refused there)
+    const float gdx = block_scaled() ? decode_scale(plan_.spec(Gemm::Fprop, Operand::X), gx) : 1.f;
+    const float gdw = block_scaled() ? decode_scale(plan_.spec(Gemm::Fprop, Operand::W), gw) : 1.f;
+    quantized_product(Cat::kGemmFprop, true, M, N_, K_, xq, gdx, wq_.data(), gdw, false, Y);
   }
   if (plan_.bf16_outputs && mode_ == LinearMode::FP4) {  // the paper's BF16 output Y
     Scope s(Cat::kQuantBf16);
@@ -362,7 +390,7 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
   const float gw = reference_for(Role::W, W_, N_ * K_, ctx);
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kFprop, uint32_t(ctx.micro)};
   wq_.resize(N_ * K_);
-  quantize_fprop_w(gw, kw);  // W as trained
+  quantize_fprop_w(gw, kw, false);  // W as trained, decoded: the GEMM below is FP32
   LinearWorkspace& ws = *ws_;
   ws.xq.valid = false;  // the row buffer holds Q8_0 values now, not a shareable quantized X
   float* xq = ws.row.get(M * K_);
@@ -377,9 +405,9 @@ void Linear::forward_llama_q8(const float* X, float* Y, int64_t M, const StepCon
 // bf16_outputs) before it joins the input gradient, which other linears may share.
 static void add_bf16_rounded(const float* d, int64_t n, float* dX) { add_round_bf16_array(d, n, dX); }
 
-void Linear::quantize_fprop_w(float gw, const SrKey& kw) {
+void Linear::quantize_fprop_w(float gw, const SrKey& kw, bool block_scaled) {
   if (!plan_.quartet_forward()) {  // W tiles (or blocks along K)
-    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data());
+    prep(W_, N_, K_, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw, wq_.data(), block_scaled);
     return;
   }
   Scope s(Cat::kQuantRow);  // Quartet II's forward quantizer
@@ -410,7 +438,7 @@ const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const
     return xq;
   }
   ws.xq.valid = false;
-  prep(X, M, K_, sx, gx, &kx, xq);
+  prep(X, M, K_, sx, gx, &kx, xq, block_scaled());
   if (shareable) ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx;
   return xq;
 }
@@ -452,6 +480,10 @@ void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const Hada
                               float* xt) {
   const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
   const SrKey* kxs = sxw.rounding == Rounding::SR8 ? &kx : nullptr;
+  if (block_scaled()) {  // decoded-bf16 (never row-scaled: the recipe refuses the pair)
+    quantize_block_scaled_transposed_fast(X_, M, K_, sxw, g_xt, kxs, wh, xt);
+    return;
+  }
   if (!row_scaled_x()) {
     quantize_dequantize_transposed_fast(X_, M, K_, sxw, g_xt, kxs, wh, xt);
     return;
@@ -462,14 +494,14 @@ void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const Hada
                                            plan_.rht_precision, xt_row_g_.data(), xt);
 }
 
-void Linear::add_dgrad(int64_t M, int64_t inner, const float* a, bool tb, const float* b,
-                       int64_t ldb, float* dX) {
+void Linear::add_dgrad(int64_t M, int64_t inner, const float* a, float gd_a, bool tb,
+                       const float* b, float gd_b, float* dX) {
   if (!plan_.bf16_outputs) {
-    timed_sgemm(Cat::kGemmDgrad, false, tb, M, K_, inner, a, inner, b, ldb, 1.f, dX, K_);
+    quantized_product(Cat::kGemmDgrad, tb, M, K_, inner, a, gd_a, b, gd_b, true, dX);
     return;
   }
   float* d = ws_->t1.get(M * K_);  // this linear's dX, rounded to BF16, then added
-  timed_sgemm(Cat::kGemmDgrad, false, tb, M, K_, inner, a, inner, b, ldb, 0.f, d, K_);
+  quantized_product(Cat::kGemmDgrad, tb, M, K_, inner, a, gd_a, b, gd_b, false, d);
   add_bf16_rounded(d, M * K_, dX);
 }
 
@@ -566,27 +598,26 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
                   dW_, true, ws, ws.t1, plan_);
     return;
   }
+  const bool bs = block_scaled();
   if (dX && dgrad_h) {
     float* dyq = ws.row.get(M * N_);
-    dgrad_hadamard_dy(dY, M, ctx, had, tel, dyq);
-    const float* wd = dgrad_hadamard_w(ctx, had);
-    add_dgrad(M, N_, dyq, false, wd, K_, dX);
+    float gd_dy = 1.f, gd_w = 1.f;
+    dgrad_hadamard_dy(dY, M, ctx, had, tel, dyq, gd_dy);
+    const float* wd = dgrad_hadamard_w(ctx, had, gd_w);
+    add_dgrad(M, N_, dyq, gd_dy, false, wd, gd_w, dX);
   } else if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
     float* dyq = ws.row.get(M * N_);
-    {
-      Scope s(Cat::kQuantRow);
-      quantize_dequantize_fast(dY, M, N_, plan_.spec(Gemm::Dgrad, Operand::DY), gdy, &k, dyq);
-    }
+    const BlockQuantSpec& sdy = plan_.spec(Gemm::Dgrad, Operand::DY);
+    prep(dY, M, N_, sdy, gdy, &k, dyq, bs);
     const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
-    const float* wd = wq_.data();
+    const float* wd = wq_.data();  // fprop's W (2-D tiles of the same spec)
     if (sw.two_d && sw != plan_.spec(Gemm::Fprop, Operand::W)) {
       // 2-D tiles are the same for W and Wᵀ, but an override gave dgrad's W its own T or
       // rounding: quantize W again from the high-precision weight with dgrad's spec and keys.
       const SrKey kw{ctx.seed, step, id, kOpW, kDgrad, micro};
       float* wqd = ws.wqd.get(N_ * K_);
-      Scope s(Cat::kQuantRow);
-      quantize_dequantize_fast(W_, N_, K_, sw, refs_.g_w, &kw, wqd);
+      prep(W_, N_, K_, sw, refs_.g_w, &kw, wqd, bs);
       wd = wqd;
     } else if (!sw.two_d) {
       // 1-D weight blocks run along K for fprop; dgrad contracts over N, so quantize Wᵀ
@@ -598,15 +629,13 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
         Scope s(Cat::kTranspose);
         transpose(W_, N_, K_, wt);
       }
-      {
-        Scope s(Cat::kQuantRow);
-        quantize_dequantize_fast(wt, K_, N_, sw, refs_.g_w, &kw, wt);
-      }
+      prep(wt, K_, N_, sw, refs_.g_w, &kw, wt, bs);
       Scope s(Cat::kTranspose);
       transpose(wt, K_, N_, wqd);
       wd = wqd;
     }
-    add_dgrad(M, N_, dyq, false, wd, K_, dX);
+    const float gd_dy = bs ? decode_scale(sdy, gdy) : 1.f, gd_w = bs ? decode_scale(sw, refs_.g_w) : 1.f;
+    add_dgrad(M, N_, dyq, gd_dy, false, wd, gd_w, dX);
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
@@ -644,17 +673,24 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     note_stats(4, wgrad_x_stats(xt, M, g_xt, kx));
     tel_.valid = true;
   }
+  const BlockQuantSpec& sdyw = plan_.spec(Gemm::Wgrad, Operand::DY);
   {
     Scope s(Cat::kQuantWgrad);
-    quantize_dequantize_transposed_fast(dY, M, N_, plan_.spec(Gemm::Wgrad, Operand::DY), g_dyt, &kd, wh,
-                                        dyt);
+    const SrKey* kds = sdyw.rounding == Rounding::SR8 ? &kd : nullptr;
+    if (bs) {
+      quantize_block_scaled_transposed_fast(dY, M, N_, sdyw, g_dyt, kds, wh, dyt);
+    } else {
+      quantize_dequantize_transposed_fast(dY, M, N_, sdyw, g_dyt, &kd, wh, dyt);
+    }
     quantize_wgrad_x(M, g_xt, kx, wh, xt);
   }
-  timed_sgemm(Cat::kGemmWgrad, false, true, N_, K_, M, dyt, M, xt, M, 1.f, dW_, K_);
+  const float gd_dyt = bs ? decode_scale(sdyw, g_dyt) : 1.f;
+  const float gd_xt = bs ? decode_scale(plan_.spec(Gemm::Wgrad, Operand::X), g_xt) : 1.f;
+  quantized_product(Cat::kGemmWgrad, true, N_, K_, M, dyt, gd_dyt, xt, gd_xt, true, dW_);
 }
 
 void Linear::dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ctx,
-                               const HadamardTransform& h, bool tel, float* dyq) {
+                               const HadamardTransform& h, bool tel, float* dyq, float& gd) {
   const BlockQuantSpec& sp = plan_.spec(Gemm::Dgrad, Operand::DY);
   const SrKey k{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpDY, kDgrad, uint32_t(ctx.micro)};
   {  // 1. dY's rows transformed along N, in the quantizer's buffer
@@ -669,10 +705,12 @@ void Linear::dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ct
     note_stats(2, quant_stats(dyq, M, N_, sp, g, &k));
   }
   // 4. quantized in place, blocks along N
-  prep(dyq, M, N_, sp, g, &k, dyq);
+  prep(dyq, M, N_, sp, g, &k, dyq, block_scaled());
+  gd = block_scaled() ? decode_scale(sp, g) : 1.f;
 }
 
-const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h) {
+const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h,
+                                      float& gd) {
   LinearWorkspace& ws = *ws_;
   const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
   const SrKey kw{ctx.seed, uint32_t(ctx.step), uint32_t(id_), kOpW, kDgrad, uint32_t(ctx.micro)};
@@ -687,8 +725,9 @@ const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTran
   const float g = reference_for(Role::W_HAD, wt, N_ * K_, ctx);
   // 3. quantized: 1-D blocks along N (rows of Wᵀ), then back to [N, K]; or tiles of the
   // transformed W [N, K] as fprop tiles W
+  gd = block_scaled() ? decode_scale(sw, g) : 1.f;
   if (!sw.two_d) {
-    prep(wt, K_, N_, sw, g, &kw, wt);
+    prep(wt, K_, N_, sw, g, &kw, wt, block_scaled());
     Scope s(Cat::kTranspose);
     transpose(wt, K_, N_, wqd);
   } else {
@@ -696,7 +735,7 @@ const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTran
       Scope s(Cat::kTranspose);
       transpose(wt, K_, N_, wqd);
     }
-    prep(wqd, N_, K_, sw, g, &kw, wqd);
+    prep(wqd, N_, K_, sw, g, &kw, wqd, block_scaled());
   }
   return wqd;
 }
@@ -726,7 +765,7 @@ void Linear::backward_ms_eden(const float* dY, float* dX, int64_t M, const StepC
     float* b = ws.wqd.get(K_ * Np);
     ms_eden_operand(dY, M, N_, false, Np, h, Role::DY_HAD, key(kOpDY, kDgrad), ctx, a);
     ms_eden_operand(wq_.data(), K_, N_, true, Np, h, Role::W_HAD, key(kOpW, kDgrad), ctx, b);
-    add_dgrad(M, Np, a, true, b, Np, dX);
+    add_dgrad(M, Np, a, 1.f, true, b, 1.f, dX);  // FP32 decoded (decoded-bf16 is refused)
   }
   // 2. wgrad, contraction over the M tokens: dYᵀ [N,M] and X̂ᵀ [K,M], transformed along M.
   float* c = ws.t0.get(N_ * Mp);

@@ -727,6 +727,19 @@ void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const Block
   quantize_dequantize_planned("quantize_dequantize", x, make_plan(rows, cols, spec, g, sr), out);
 }
 
+float tensor_decode_scale(const BlockQuantSpec& spec, float g) {
+  static const SrKey unused{};  // the rounding of the elements does not enter gd
+  detail::validate_block_quant("tensor_decode_scale", 0, 0, spec, g, &unused);
+  return make_plan(0, 0, spec, g, nullptr).ts.gd;
+}
+
+void quantize_block_scaled(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                           float g, const SrKey* sr, float* out) {
+  QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
+  q.gd = 1.0f;  // d = c_b · 1 = c_b exactly in dequantize
+  dequantize(q, out);
+}
+
 TensorReference::TensorReference(int interval) : interval_(interval) {
   if (interval < 1) {
     throw std::invalid_argument("TensorReference: interval D must be >= 1, got " +

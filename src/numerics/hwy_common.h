@@ -56,6 +56,10 @@ struct ScaleParams {
   bool sub_pow2 = false;       ///< scale rounding needs subnormal powers of two (UE8M0)
   bool sr = false;             ///< SR8 elements
   bool rna = false;            ///< RNA elements (ties away from zero)
+  /// Write the block-scaled operand q·c_b instead of x̂ = q·d_b: the kernels' output multiplier
+  /// dv is c_b (the encode scale e_b = 1/d_b is unchanged), so the tensor decode scale gd is
+  /// left for the GEMM's output (docs/gemm.md "Decoded FP4 on the BF16 GEMM").
+  bool block_scaled_out = false;
   SrKey key{};
 };
 
@@ -205,6 +209,7 @@ HWY_INLINE VF TensorScaledBlockScale(VF amax, const ScaleParams& p, VF& dv, VF& 
   c = hn::IfThenElse(hn::Eq(c, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
   dv = hn::Mul(c, hn::Set(df, p.gd));
   ev = hn::Div(hn::Set(df, 1.0f), dv);
+  if (p.block_scaled_out) dv = c;  // q·c_b: e_b stays 1/(c_b·gd)
   return c;
 }
 

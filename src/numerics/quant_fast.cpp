@@ -229,7 +229,7 @@ HWY_INLINE void BlockScales(VF amax, const Plan& p, VF& dv, VF& ev) {
     k = hn::Min(hn::Max(k, hn::Set(di, p.kmin)), hn::Set(di, p.kmax));
     VF c = Pow2<kSub>(k);
     c = hn::IfThenElse(hn::Eq(amax, hn::Zero(df)), hn::Set(df, 1.0f), c);  // zero-block guard
-    dv = hn::Mul(c, hn::Set(df, p.gd));
+    dv = hn::Mul(c, hn::Set(df, p.gd));  // gd = 1 under the MX rules: dv = c_b either way
     ev = hn::Div(hn::Set(df, 1.0f), dv);
     return;
   }
@@ -576,8 +576,9 @@ void FosScales(const Plan& p, int64_t r0, int64_t r1, Scratch& s) {
   for (int64_t bc = 0; bc < nbc; ++bc) {
     const auto [c4, c6] =
         detail::four_over_six_candidates(s.amax[bc], p.ge, 6.0f, p.sfrac, p.semin, p.smax);
-    const float d = (s.err4[bc] < s.err6[bc] ? c4 : c6) * p.gd;  // d_b = c_b·gd, e_b = 1/d_b
-    s.d[bc] = d;
+    const float c = s.err4[bc] < s.err6[bc] ? c4 : c6;
+    const float d = c * p.gd;  // d_b = c_b·gd, e_b = 1/d_b
+    s.d[bc] = p.block_scaled_out ? c : d;  // the output multiplier: c_b for q·c_b
     s.e[bc] = 1.0f / d;
   }
 }
@@ -1156,15 +1157,24 @@ float amax_fast(const float* x, int64_t n) {
   return std::bit_cast<float>(m);
 }
 
-void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
-                              const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
-  detail::validate_block_quant("quantize_dequantize_fast", rows, cols, spec, g, sr);
+namespace {
+// quantize_dequantize_fast (block_scaled false: x̂ = q·d_b) and quantize_block_scaled_fast
+// (true: q·c_b); `where` names the public function in errors.
+void rows_driver(const char* where, const float* x, int64_t rows, int64_t cols,
+                 const BlockQuantSpec& spec, float g, const SrKey* sr, bool block_scaled,
+                 float* out) {
+  detail::validate_block_quant(where, rows, cols, spec, g, sr);
   if (!quant_fast_supports(spec)) {
-    quantize_dequantize(x, rows, cols, spec, g, sr, out);
+    if (block_scaled) {
+      quantize_block_scaled(x, rows, cols, spec, g, sr, out);
+    } else {
+      quantize_dequantize(x, rows, cols, spec, g, sr, out);
+    }
     return;
   }
   if (rows == 0 || cols == 0) return;
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
+  p.block_scaled_out = block_scaled;
   p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesRows);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
   const qf::Kernels& k = qf::active();
@@ -1181,7 +1191,18 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
   }
   // A block-row with a non-finite value is never written, so every non-finite input is still
   // in x (even when out aliases x) and the scan finds the first one.
-  if (bad.load()) detail::throw_non_finite("quantize_dequantize_fast", x, rows * cols);
+  if (bad.load()) detail::throw_non_finite(where, x, rows * cols);
+}
+}  // namespace
+
+void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
+                              const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
+  rows_driver("quantize_dequantize_fast", x, rows, cols, spec, g, sr, false, out);
+}
+
+void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
+  rows_driver("quantize_block_scaled_fast", x, rows, cols, spec, g, sr, true, out);
 }
 
 void row_amax_fast(const float* x, int64_t rows, int64_t cols, float* out) {
@@ -1254,10 +1275,12 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
   quantize_dequantize_transposed_fast(x, rows, cols, spec, g, sr, &h, out);
 }
 
-void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
-                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
-                                         const HadamardTransform* had, float* out) {
-  const char* where = "quantize_dequantize_transposed_fast";
+namespace {
+// The quantize-transpose of quantize_dequantize_transposed_fast (block_scaled false) and
+// quantize_block_scaled_transposed_fast (true).
+void cols_driver(const char* where, const float* x, int64_t rows, int64_t cols,
+                 const BlockQuantSpec& spec, float g, const SrKey* sr, const HadamardTransform* had,
+                 bool block_scaled, float* out) {
   const bool rht = had != nullptr;
   hwy_common::check_transposed_shape(where, rows, cols, rht ? had->n : 0);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
@@ -1271,10 +1294,12 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
     // transform of more than 16 points).
     hwy_common::transpose(x, rows, cols, out);
     if (rht) hadamard_rows(out, cols, rows, *had);
-    quantize_dequantize_fast(out, cols, rows, spec, g, sr, out);
+    rows_driver(block_scaled ? "quantize_block_scaled_fast" : "quantize_dequantize_fast", out, cols,
+                rows, spec, g, sr, block_scaled, out);
     return;
   }
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
+  p.block_scaled_out = block_scaled;
   p.rht = rht;
   p.rht_bf16 = rht && had->precision == RhtPrecision::BF16;
   if (rht) p.rht_signs = had->signs.data();
@@ -1306,6 +1331,19 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
     }
   }
   if (bad.load()) qf::throw_non_finite_2d(where, x, rows, cols);
+}
+}  // namespace
+
+void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                         const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                         const HadamardTransform* had, float* out) {
+  cols_driver("quantize_dequantize_transposed_fast", x, rows, cols, spec, g, sr, had, false, out);
+}
+
+void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                           const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                           const HadamardTransform* had, float* out) {
+  cols_driver("quantize_block_scaled_transposed_fast", x, rows, cols, spec, g, sr, had, true, out);
 }
 
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {

@@ -497,6 +497,9 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
   if (rc.gemm == GemmMode::ProbeMatched)
     r.fail(key, "false with linear.gemm = \"probe-matched\": the probe-matched GEMM applies one "
                 "alpha per operand pair, not one per output row (use linear.gemm = \"decoded\")");
+  if (rc.gemm == GemmMode::DecodedBf16)
+    r.fail(key, "false with linear.gemm = \"decoded-bf16\": that GEMM applies one decode scale "
+                "per operand to its output, not one per row (use linear.gemm = \"decoded\")");
   if (rc.rht_wgrad && (rc.hadamard_size != 16 || rc.hadamard_signs != HadamardSigns::Fixed))
     r.fail(key, "false with a wgrad Hadamard transform other than 16 points with fixed signs: the "
                 "row-scaled quantize-transpose of X takes only that one");
@@ -515,6 +518,23 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
 // recipe's spec keys for those operands must say what the kernel does (NVFP4: E2M1 elements,
 // E4M3 scales, 1-D blocks of 16, ties away, current scaling, the decoded GEMM); nothing that
 // would silently be ignored is accepted.
+// linear.gemm = "decoded-bf16" (docs/gemm.md "Decoded FP4 on the BF16 GEMM"): its operands are
+// q·c_b in BF16, exact only for E2M1 elements with a scale format of at most 4 significant bits
+// (the four conventions of ScaleFormat); row-scaled X is refused in
+// check_row_scaled_activation, Quartet II's quantizers in check_quartet_quantizers.
+void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
+  if (rc.gemm != GemmMode::DecodedBf16) return;
+  const char* why = " with linear.gemm = \"decoded-bf16\" (its BF16 operands q·c_b are exact only "
+                    "for E2M1 elements with ue5m3, ue5m3-ptx, e4m3 or ue8m0 scales; use linear.gemm "
+                    "= \"decoded\")";
+  if (!rc.element_format.is_e2m1())
+    r.fail("fp4.element_format", std::string("\"e2m1\"") + why + ", got \"" +
+                                     rc.element_format.name() + "\"");
+  if (rc.scale_desc != nullptr)
+    r.fail("fp4.scale_format", std::string("ue5m3, ue5m3-ptx, e4m3 or ue8m0") + why + ", got \"" +
+                                   rc.scale_format_str() + "\"");
+}
+
 void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
   const bool fwd = rc.forward_quantizer == ForwardQuantizer::QuartetRtn;
   const bool bwd = rc.backward_quantizer == BackwardQuantizer::MsEden;
@@ -629,7 +649,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   rc.mode = parse_mode(r, "linear.mode", s);
   s = gemm_mode_name(rc.gemm);
   r.get("linear.gemm", s);
-  r.choice("linear.gemm", s, {"decoded", "probe-matched"});
+  r.choice("linear.gemm", s, {"decoded", "probe-matched", "decoded-bf16"});
   rc.gemm = parse_gemm_mode(s);
   r.get("linear.probe_snap", rc.probe_snap);
   {
@@ -774,6 +794,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   }
   check_row_scaled_activation(r, rc);
   check_quartet_quantizers(r, rc);
+  check_decoded_bf16(r, rc);
   if (rc.rht_wgrad && rc.mode == LinearMode::FP4 && rc.block > 16 && rc.block % 16 != 0)
     r.fail("fp4.block", "16 or less, or a multiple of 16, when rht_wgrad = true (the 16-point "
                         "RHT must not straddle blocks above 16)");

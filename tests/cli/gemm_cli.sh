@@ -16,7 +16,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf '6 1 0.5 -2\n0 3 6 1.5\n' >"$tmp/A.txt"
 printf '1 0 0 6\n6 -6 4 0.5\n' >"$tmp/B.txt"
 want=$'-6 31\n9 6.75'
-for mode in probe-matched decoded; do
+for mode in probe-matched decoded decoded-bf16; do
   got="$("$BIN" gemm "$tmp/A.txt" "$tmp/B.txt" --block 4 --target 1 --reference-a 6 --reference-b 6 \
          --mode "$mode" 2>"$tmp/err")" || { echo "FAIL [hand, $mode]: $(cat "$tmp/err")"; fail=1; }
   if [ "$got" == "$want" ]; then echo "ok   [hand-checked product, $mode]"; else
@@ -38,6 +38,11 @@ got_p="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --block 1 --target 1 --referenc
 got_d="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --block 1 --target 1 --reference-a 6144 --reference-b 6144 --mode decoded)"
 if [ "$got_p" == "0" ] && [ "$got_d" == "36" ]; then echo "ok   [1/1024 snap: probe-matched 0, decoded 36]"; else
   echo "FAIL [snap]: probe-matched '$got_p' (want 0), decoded '$got_d' (want 36)"; fail=1; fi
+# decoded-bf16: operands q·c_b = 6·2^-10 each, P = 36·2^-20 exact (no snap), times
+# gd_a·gd_b = 2^10·2^10: 36.
+got_b="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --block 1 --target 1 --reference-a 6144 --reference-b 6144 --mode decoded-bf16)"
+if [ "$got_b" == "36" ]; then echo "ok   [decoded-bf16: 36, no snap]"; else
+  echo "FAIL [decoded-bf16]: got '$got_b' (want 36)"; fail=1; fi
 
 # α is the contract's g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order (docs/gemm.md): A = [3, 1 ×15],
 # B = [7, 1 ×15], defaults (ue5m3, block 16, T = 448, g = amax) quantize to A exactly and B to
@@ -105,7 +110,7 @@ bad "bad rounding"      "$tmp/A.txt" "$tmp/B.txt"      "sr8"            --roundi
 bad "chunk 8"           "$tmp/A.txt" "$tmp/B.txt"      "--chunk: expected 16, 32, 64 or 128" --chunk 8
 bad "snap 1000"         "$tmp/A.txt" "$tmp/B.txt"      "--snap: expected 0 (none) or a power of two" --snap 1000
 bad "accumulate rn"     "$tmp/A.txt" "$tmp/B.txt"      "--accumulate: expected" --accumulate rn
-bad "decoded + snap"    "$tmp/A.txt" "$tmp/B.txt"      "decoded mode runs an FP32 GEMM" --mode decoded --snap 0
+bad "decoded + snap"    "$tmp/A.txt" "$tmp/B.txt"      "decoded modes run no such accumulator" --mode decoded --snap 0
 
 # The accumulator's snap (--snap d), by hand. MX rule (ue8m0, TE's round-up): a = 6·2^-8 has
 # block scale 2^ceil(log2(2^-8)) = 2^-8 and code 6; b = 0.0625 has scale 2^ceil(log2(0.0625/6))

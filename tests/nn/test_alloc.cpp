@@ -26,6 +26,7 @@
 #include "fp4/gemm/gemm.h"
 #include "fp4/nn/model.h"
 #include "fp4/base/profile.h"
+#include "fp4/config/settings.h"
 #include "fp4/recipe/recipe.h"
 #include "fp4/train/train.h"
 #include "support/step_test_setup.h"
@@ -118,7 +119,13 @@ struct TeamSize {
 TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   const std::string name = std::get<0>(GetParam());
   const TeamSize team(std::get<1>(GetParam()));
-  const Recipe recipe = fp4::testing::shipped_recipe(name);
+  // "<recipe>@decoded-bf16": the shipped recipe with linear.gemm = "decoded-bf16"
+  const size_t at = name.find('@');
+  const Recipe recipe =
+      at == std::string::npos
+          ? fp4::testing::shipped_recipe(name)
+          : load_recipe(name.substr(0, at), std::filesystem::path(FP4_SOURCE_DIR) / "configs/recipes",
+                        parse_settings({"linear.gemm=" + name.substr(at + 1)}).recipe);
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
   const RunConfig cfg = std::get<2>(GetParam()) ? fp4::testing::hybrid_config(0)
                                                 : fp4::testing::two_layer_config(0);
@@ -175,12 +182,13 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, SteadyStateAlloc,
                          ::testing::Combine(::testing::Values("fp32", "ue5m3-b16", "nvfp4-te",
-                                                              "mxfp4"),
+                                                              "mxfp4", "ue5m3-b16@decoded-bf16",
+                                                              "nvfp4-te@decoded-bf16"),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string s = std::get<0>(info.param);
                            for (char& c : s)
-                             if (c == '-') c = '_';
+                             if (c == '-' || c == '@') c = '_';
                            return s + "_threads" + std::to_string(std::get<1>(info.param)) +
                                   (std::get<2>(info.param) ? "_hybrid" : "");
                          });

@@ -1041,6 +1041,42 @@ TEST(RecipeHadamard, BadValuesNameTheFileAndKey) {
   EXPECT_NE(s.find("--set fp4.hadamard_size=100"), std::string::npos) << s;
 }
 
+// ------------------------------------------ linear.gemm = "decoded-bf16" (docs/gemm.md)
+
+TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
+  const Recipe r = load_recipe("nvfp4-te", kDir, parse_settings({"linear.gemm=decoded-bf16"}).recipe);
+  EXPECT_EQ(r.gemm, GemmMode::DecodedBf16);
+  EXPECT_TRUE(LinearPlan::uniform(r, LinearMode::FP4).bf16_gemm());
+  EXPECT_FALSE(LinearPlan::uniform(r, LinearMode::FP4).probe());
+  EXPECT_NE(recipe_to_toml(r).find("gemm = \"decoded-bf16\""), std::string::npos);
+  EXPECT_EQ(recipe_from_text(recipe_to_toml(r), "round.toml").gemm, GemmMode::DecodedBf16);
+  struct Case {
+    std::vector<std::string> sets;
+    std::string key, detail;
+  };
+  const Case cases[] = {
+      {{"fp4.element_format=e2m3"}, "fp4.element_format", "decoded-bf16"},
+      {{"fp4.scale_format=ue4m3"}, "fp4.scale_format", "decoded-bf16"},
+      {{"fp4.row_scaled_activation=true", "fp4.amax_interval=1"}, "fp4.row_scaled_activation",
+       "decoded-bf16"},
+      {{"linear.probe_snap=256"}, "linear.probe_snap", "decoded-bf16"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> sets = c.sets;
+    sets.push_back("linear.gemm=decoded-bf16");
+    const std::string e =
+        error_of([&] { load_recipe("nvfp4-te", kDir, parse_settings(sets).recipe); });
+    EXPECT_NE(e.find(c.key), std::string::npos) << c.sets[0] << " -> " << e;
+    EXPECT_NE(e.find(c.detail), std::string::npos) << c.sets[0] << " -> " << e;
+  }
+  const std::string q = error_of(
+      [&] { load_recipe("quartet2", kDir, parse_settings({"linear.gemm=decoded-bf16"}).recipe); });
+  EXPECT_NE(q.find("linear.gemm = \"decoded\""), std::string::npos) << q;
+  const std::string m = error_of(
+      [&] { load_recipe("nvfp4-te", kDir, parse_settings({"linear.gemm=bf16"}).recipe); });
+  EXPECT_NE(m.find("decoded-bf16"), std::string::npos) << m;  // the choices are listed
+}
+
 // ------------------------------------------ [rounding] "rna" (docs/numerics.md "Rounding a magnitude")
 
 TEST(RecipeRounding, RnaParsesRoundTripsAndReachesTheSpecs) {

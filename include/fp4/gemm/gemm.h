@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fp4 {
 
@@ -56,6 +57,43 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
                int64_t ldc);
+
+/// Buffers gemm_block_scaled reuses from call to call (BF16 copies of the operands, the FP32
+/// product before its scale), kept by the caller so that a training loop's steady state
+/// allocates nothing.
+struct BlockScaledGemmScratch {
+  std::vector<uint16_t> a, b;
+  std::vector<float> product;
+};
+
+/// The decoded-BF16 GEMM of two block-scaled FP4 operands (recipe `linear.gemm =
+/// "decoded-bf16"`; docs/gemm.md "Decoded FP4 on the BF16 GEMM"), contiguous row-major:
+///   P = op(A)·op(B) over A, B holding q·c_b (quantize_block_scaled_fast, quant_fast.h),
+///   s = fl64(gd_a · gd_b)   (exact: two FP32 factors),
+///   C = fl32(fl64(P · s))              (accumulate == false), or
+///   C = fl32(C + fl32(fl64(P · s)))    (accumulate == true),
+/// elementwise, no fused multiply-add. op(A) = A [M,K] or, with trans_a, Aᵀ of A stored [K,M];
+/// op(B) = B [K,N] or, with trans_b, Bᵀ of B stored [N,K]; C [M,N]. C must not overlap A or B.
+/// P is gemm_bf16 of the operands' BF16 bit patterns on its native path (every product exact,
+/// FP32 sums in oneDNN's order; the values must be BF16 values, as q·c_b of E2M1 with UE5M3,
+/// E4M3 or UE8M0 scales is: others would be rounded to BF16), and on the widened path (no BF16
+/// units: AVX2, or ONEDNN_MAX_CPU_ISA / FP4_MAX_CPU_ISA capped) one oneDNN sgemm of the FP32
+/// operands as they are (the same exact products, faster than widening BF16 copies). Bits
+/// depend on the path, never on the thread count. Subnormals as gemm_bf16's native path (flushed
+/// by the BF16 units): with UE5M3 or E4M3 scales no operand, product or partial sum is
+/// subnormal, so nothing is flushed (docs/gemm.md). M, N ≤ 0: nothing; K == 0: P = 0.
+/// Throws std::invalid_argument on negative K or a null pointer with M, N > 0;
+/// std::runtime_error if oneDNN reports an error.
+void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+                       float gd_a, const float* B, float gd_b, bool accumulate, float* C,
+                       BlockScaledGemmScratch& scratch);
+
+/// The elementwise scale step of gemm_block_scaled on its own: C[i] = fl32(fl64(P[i]·s)), or
+/// with accumulate C[i] = fl32(C[i] + fl32(fl64(P[i]·s))), s = fl64(gd_a·gd_b), for i < n.
+/// P may be C when accumulate is false (in place). Vectorised per CPU (AVX-512, AVX2, baseline
+/// x86-64 builds, all IEEE operations, so the same bits), threaded over fixed chunks.
+void apply_decode_scales(const float* P, int64_t n, float gd_a, float gd_b, bool accumulate,
+                         float* C);
 
 /// oneDNN's implementation name (e.g. "gemm:jit") of the primitive that the native path of
 /// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it.

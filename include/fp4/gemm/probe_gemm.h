@@ -137,7 +137,14 @@ void probe_gemm(const QTensor& a, const QTensor& b, float* c, const ProbeGemmOpt
 /// inconsistent QuantizedTensor.
 void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c);
 
-/// decoded_gemm or probe_gemm (default options) by mode.
+/// Decoded-BF16 GEMM: c [M, N] (row-major, overwritten) = fl32(fl64(P · fl64(gd_a·gd_b))) with
+/// P = A_s·B_sᵀ over the block-scaled operands q·c_b (dequantize with the tensor decode scale 1)
+/// by fp4::gemm_block_scaled (gemm.h; docs/gemm.md "Decoded FP4 on the BF16 GEMM"). Throws
+/// std::invalid_argument on a.cols != b.cols, a row-scaled operand (per-row decode scales) or an
+/// inconsistent QuantizedTensor.
+void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c);
+
+/// decoded_gemm, decoded_bf16_gemm or probe_gemm (default options) by mode.
 void quantized_gemm(GemmMode mode, const QuantizedTensor& a, const QuantizedTensor& b, float* c);
 
 }  // namespace fp4

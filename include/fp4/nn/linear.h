@@ -9,6 +9,8 @@
 #include <new>
 #include <vector>
 
+#include "fp4/base/profile.h"
+#include "fp4/gemm/gemm.h"
 #include "fp4/numerics/block_quant.h"
 #include "fp4/numerics/qtensor.h"
 #include "fp4/recipe/recipe.h"
@@ -60,6 +62,7 @@ struct LinearWorkspace {
   ScratchFloats wqd;     ///< dgrad: quantized weight when it differs from fprop's [N, K]
   ScratchFloats t0, t1;  ///< transposes: dgrad Wᵀ [K, N]; wgrad dYᵀ [N, M] and Xᵀ [K, M]
   QTensor pa, pb;        ///< probe-matched mode: the packed operands A and B of the current GEMM
+  BlockScaledGemmScratch gemm;  ///< decoded-bf16 mode: BF16 operand copies, the unscaled product
 
   /// Grow the buffers for an FP4 Linear of K inputs, N outputs and M tokens per call, so
   /// that its calls allocate nothing (Model does this once for its largest linears).
@@ -285,10 +288,15 @@ class Linear {
   void forward_llama_q8(const float* X, float* Y, int64_t M, const StepContext& ctx);
   void backward_impl(const float* dY, float* dX, int64_t M, const StepContext& ctx);
   // The decoded dgrad GEMM: dX [M, K] += a [M, inner] · b (b [inner, K], or with tb b [K, inner]
-  // transposed; ldb its leading dim); under bf16_outputs the product is rounded to BF16 first
-  // (in the workspace's t1), then added.
-  void add_dgrad(int64_t M, int64_t inner, const float* a, bool tb, const float* b, int64_t ldb,
-                 float* dX);
+  // transposed); under bf16_outputs the product is rounded to BF16 first (in the workspace's
+  // t1), then added. gd_a, gd_b: the operands' tensor decode scales (decoded-bf16 mode only).
+  void add_dgrad(int64_t M, int64_t inner, const float* a, float gd_a, bool tb, const float* b,
+                 float gd_b, float* dX);
+  // C [M, N] (+)= A [M, K] · op(B) of two quantized operands (B [N, K] with tb, else [K, N]),
+  // timed as GEMM kind c: the FP32 GEMM of the decoded operands x̂ (gd_a, gd_b unused), or in
+  // decoded-bf16 mode fp4::gemm_block_scaled of q·c_b with the decode scales gd_a, gd_b.
+  void quantized_product(prof::Cat c, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
+                         float gd_a, const float* B, float gd_b, bool accumulate, float* C);
   // ---- Quartet II's quantizers (plan.quartet_forward(), plan.ms_eden(); docs/numerics.md
   // "MS-EDEN in a Linear"). The fprop X quantized by Quartet II's forward quantizer into the
   // workspace (never shared across linears).
@@ -296,7 +304,8 @@ class Linear {
   // The fprop W [N, K] quantized into wq_ (M-independent): the block quantizer with the fprop W
   // spec, or Quartet II's forward quantizer under plan.quartet_forward(). Training forwards and
   // the llama-q8_0 inference forward share it, so an evaluation quantizes W as training did.
-  void quantize_fprop_w(float gw, const SrKey& kw);
+  // block_scaled: q·c_b (decoded-bf16 GEMM) instead of x̂ (the llama-q8_0 forward passes false).
+  void quantize_fprop_w(float gw, const SrKey& kw, bool block_scaled);
   // dgrad and wgrad by MS-EDEN from the forward's X̂ (xhat_) and Ŵ (wq_) and dY.
   void backward_ms_eden(const float* dY, float* dX, int64_t M, const StepContext& ctx);
   // One MS-EDEN operand: src [rows, cols] (or, `transposed`, src [cols, rows] read as its
@@ -306,9 +315,14 @@ class Linear {
                        int64_t cols_p, const HadamardTransform& h, Role r, const SrKey& key,
                        const StepContext& ctx, float* out);
   AlignedFloats xhat_;  // plan.ms_eden(): the forward's quantized X̂ [M, K], kept for wgrad
-  // FP4 mode: quantize-dequantize a [rows, cols] operand into `out` with `spec`.
+  // FP4 mode: quantize a [rows, cols] operand into `out` with `spec`: x̂ = q·d_b (dequantized),
+  // or with block_scaled q·c_b for the decoded-bf16 GEMM (its decode scale: decode_scale).
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
-            const SrKey* key, float* out) const;
+            const SrKey* key, float* out, bool block_scaled) const;
+  // Whether this linear's FP4 operands are q·c_b for the decoded-bf16 GEMM.
+  bool block_scaled() const { return plan_.bf16_gemm(); }
+  // The tensor decode scale gd of an operand quantized with spec and reference g.
+  static float decode_scale(const BlockQuantSpec& spec, float g);
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
   template <class F>
   float training_reference(Role r, const StepContext& ctx, F&& measure);
@@ -316,9 +330,10 @@ class Linear {
   // transform"): dyq [M, N] = q(dY with its rows transformed in N-chunks), its reference that of
   // the transformed dY (Role::DY_HAD); and the dequantized dgrad weight [N, K] = q(W with its
   // columns transformed), in ws.wqd (Role::W_HAD), which the function returns.
+  // gd: the operand's tensor decode scale (for the decoded-bf16 GEMM).
   void dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ctx,
-                         const HadamardTransform& h, bool tel, float* dyq);
-  const float* dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h);
+                         const HadamardTransform& h, bool tel, float* dyq, float& gd);
+  const float* dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h, float& gd);
   // FP4 fprop X [M, K] quantized into the workspace (or reused there, see LinearWorkspace).
   const float* quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
   // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX

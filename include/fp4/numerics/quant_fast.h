@@ -90,6 +90,23 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
                                          const BlockQuantSpec& spec, float g, const SrKey* sr,
                                          const HadamardTransform* had, float* out);
 
+/// The block-scaled operands of the decoded-BF16 GEMM (docs/gemm.md "Decoded FP4 on the BF16
+/// GEMM"): the same kernels with the output multiplier c_b in place of d_b = c_b·gd, so out holds
+/// q·c_b (exact in BF16 for E2M1 with UE5M3 or E4M3 scales) and the tensor decode scale gd
+/// (tensor_decode_scale, block_quant.h) is left for the GEMM's output. Bit-identical to
+/// quantize_block_scaled(x, rows, cols, spec, g, sr, out) (block_quant.h), the scalar twin;
+/// every spec, path, alias rule and error as quantize_dequantize_fast (errors name this
+/// function).
+void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr, float* out);
+/// The quantize-transpose of quantize_dequantize_transposed_fast (any Hadamard transform or none)
+/// with q·c_b out: bit-identical to t = xᵀ; if (had) hadamard_rows(t, cols, rows, *had);
+/// quantize_block_scaled(t, cols, rows, spec, g, sr, out). Same paths and errors as that
+/// function (errors name this one; a composed path's row pass names quantize_block_scaled_fast).
+void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                           const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                           const HadamardTransform* had, float* out);
+
 /// max |H(xᵀ)| for x [rows, cols] and the transform h of any supported size: the same value as
 /// tensor_amax of hadamard_rows(xᵀ [cols, rows], h). n = 16 is fused (no transpose is
 /// materialised); larger n transform a temporary transpose. Throws std::invalid_argument if

@@ -302,6 +302,9 @@ struct LinearPlan {
   const BlockQuantSpec& spec(Gemm g, Operand o) const { return specs[int(g)][int(o)]; }
   /// FP4 with gemm = probe-matched: quantized operands multiplied by fp4::probe_gemm.
   bool probe() const { return mode == LinearMode::FP4 && gemm == GemmMode::ProbeMatched; }
+  /// FP4 with gemm = decoded-bf16: operands quantized to q·c_b, multiplied by
+  /// fp4::gemm_block_scaled (the BF16 GEMM, decode scales on the output).
+  bool bf16_gemm() const { return mode == LinearMode::FP4 && gemm == GemmMode::DecodedBf16; }
   /// FP4 with rht_wgrad: every call's token count M must be a multiple of 16 (check_rht_tokens).
   bool rht() const { return mode == LinearMode::FP4 && rht_wgrad; }
   /// FP4 with "dgrad" in hadamard_gemms: dY and W transformed along N before dgrad's
