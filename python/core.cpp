@@ -486,7 +486,7 @@ py::array gemm(const BoundQTensor& a, const BoundQTensor& b, const std::string& 
   const fp4::Accumulator acc = accumulator_of(chunk, accumulate, snap);
   if (mode != fp4::GemmMode::ProbeMatched && !acc.is_default())
     throw std::invalid_argument("chunk, accumulate and snap describe the probe-matched GEMM's "
-                                "accumulator; mode 'decoded' runs an FP32 GEMM");
+                                "accumulator; the decoded modes run no such accumulator");
   if (a.q.cols != b.q.cols) {
     throw std::invalid_argument("K mismatch: a is " + std::to_string(a.q.rows) + "x" +
                                 std::to_string(a.q.cols) + " and b is " + std::to_string(b.q.rows) +

@@ -1039,6 +1039,14 @@ void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float
   if (!a.row_gd.empty() || !b.row_gd.empty())
     throw std::invalid_argument("decoded_bf16_gemm: a row-scaled operand has one decode scale "
                                 "per row, not one per tensor");
+  for (const QuantizedTensor* t : {&a, &b})
+    if (!t->spec.element.is_e2m1() || t->spec.scale_desc != nullptr)
+      throw std::invalid_argument(
+          std::string("decoded_bf16_gemm: operand ") + (t == &a ? "A" : "B") +
+          " has element format " + t->spec.element.name() + " and scale format " +
+          spec_scale_format(t->spec).name +
+          "; its q·c_b is a BF16 value only for E2M1 with ue5m3, ue5m3-ptx, e4m3 or ue8m0 scales "
+          "(use the decoded mode)");
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   // q·c_b: dequantize with the tensor decode scale 1 (d = c_b·1 = c_b exactly)
   auto block_scaled = [](QuantizedTensor t, std::vector<float>& out) {

@@ -145,6 +145,11 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
   for (auto& r : ref_) r = TensorReference(plan.reference_interval());
   if (row_scaled_x() && plan.probe())  // the recipe parser refuses this pair with a UserError
     throw std::invalid_argument("Linear: row_scaled_activation needs the decoded GEMM");
+  // decoded-bf16 takes one decode scale per operand and the block quantizer's q·c_b; the recipe
+  // parser refuses these with a UserError, a LinearPlan built in code meets them here.
+  if (plan.bf16_gemm() && (row_scaled_x() || plan.quartet_forward() || plan.ms_eden()))
+    throw std::invalid_argument("Linear: linear.gemm = decoded-bf16 takes neither a row-scaled X "
+                                "nor Quartet II's quantizers (use the decoded GEMM)");
 }
 
 int64_t Linear::scratch_bytes() const {
@@ -765,7 +770,7 @@ void Linear::backward_ms_eden(const float* dY, float* dX, int64_t M, const StepC
     float* b = ws.wqd.get(K_ * Np);
     ms_eden_operand(dY, M, N_, false, Np, h, Role::DY_HAD, key(kOpDY, kDgrad), ctx, a);
     ms_eden_operand(wq_.data(), K_, N_, true, Np, h, Role::W_HAD, key(kOpW, kDgrad), ctx, b);
-    add_dgrad(M, Np, a, 1.f, true, b, 1.f, dX);  // FP32 decoded (decoded-bf16 is refused)
+    add_dgrad(M, Np, a, 1.f, true, b, 1.f, dX);  // FP32 decoded (decoded-bf16: the constructor refuses)
   }
   // 2. wgrad, contraction over the M tokens: dYᵀ [N,M] and X̂ᵀ [K,M], transformed along M.
   float* c = ws.t0.get(N_ * Mp);

@@ -144,8 +144,26 @@ TEST_P(LinearBf16Gemm, ThreeGemmsMatchTheBlockScaledComposition) {
   }
   const SrKey kw{99, 3, 7, 2, 2};
   const std::vector<float> dW0(size_t(N * K), 0.25f);
-  expect_product(got.dW, scaled(dYt, N, M, r.spec_dy(), amax(dYt), &kw),
-                 scaled(Xt, K, M, r.spec_x(), amax(Xt), nullptr), N, K, M, &dW0, "wgrad");
+  const Scaled dYts = scaled(dYt, N, M, r.spec_dy(), amax(dYt), &kw);
+  const Scaled Xts = scaled(Xt, K, M, r.spec_x(), amax(Xt), nullptr);
+  expect_product(got.dW, dYts, Xts, N, K, M, &dW0, "wgrad");
+
+  // Bit for bit: the operands and the GEMM are deterministic, so each of the three equals
+  // gemm_block_scaled of the twin operands (a Linear that fell back to the decoded mode, or fed
+  // an x̂ operand, would differ in many bits even where it stays inside the bound above).
+  {
+    BlockScaledGemmScratch sc;
+    std::vector<float> y(size_t(M * N)), dx = dX0, dw = dW0;
+    gemm_block_scaled(false, true, M, N, K, Xs.v.data(), float(Xs.gd), Ws.v.data(), float(Ws.gd),
+                      false, y.data(), sc);
+    gemm_block_scaled(false, true, M, K, N, dYs.v.data(), float(dYs.gd), Wd.v.data(), float(Wd.gd),
+                      true, dx.data(), sc);
+    gemm_block_scaled(false, true, N, K, M, dYts.v.data(), float(dYts.gd), Xts.v.data(),
+                      float(Xts.gd), true, dw.data(), sc);
+    EXPECT_EQ(std::memcmp(got.Y.data(), y.data(), y.size() * 4), 0) << "fprop bits";
+    EXPECT_EQ(std::memcmp(got.dX.data(), dx.data(), dx.size() * 4), 0) << "dgrad bits";
+    EXPECT_EQ(std::memcmp(got.dW.data(), dw.data(), dw.size() * 4), 0) << "wgrad bits";
+  }
 
   // Close to the decoded mode (same codes and scales, other roundings and order).
   Recipe dr = r;
