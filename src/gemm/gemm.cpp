@@ -576,6 +576,24 @@ void apply_decode_scales(const float* P, int64_t n, float gd_a, float gd_b, bool
   }
 }
 
+namespace {
+// v.size() ≥ n, growing the capacity to exactly n (not the vector's doubling), so that a
+// workspace reserved for its largest call (Linear::reserve_workspace) holds what
+// model_info estimates.
+template <class T>
+void grow_exact(std::vector<T>& v, int64_t n) {
+  if (v.size() >= size_t(n)) return;
+  if (v.capacity() < size_t(n)) v.reserve(size_t(n));
+  v.resize(size_t(n));
+}
+}  // namespace
+
+void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b, int64_t product) {
+  grow_exact(scratch.a, a);
+  grow_exact(scratch.b, b);
+  grow_exact(scratch.product, product);
+}
+
 void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
                        float gd_a, const float* B, float gd_b, bool accumulate, float* C,
                        BlockScaledGemmScratch& scratch) {
@@ -586,7 +604,7 @@ void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   // 1. P = op(A)·op(B): into C itself unless C accumulates
   float* P = C;
   if (accumulate) {
-    if (scratch.product.size() < size_t(M * N)) scratch.product.resize(size_t(M * N));
+    grow_exact(scratch.product, M * N);
     P = scratch.product.data();
   }
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
@@ -595,8 +613,8 @@ void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   } else if (chosen_bf16_path() == Bf16GemmPath::Widened) {
     sgemm(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, 0.f, P, N);
   } else {
-    if (scratch.a.size() < size_t(M * K)) scratch.a.resize(size_t(M * K));
-    if (scratch.b.size() < size_t(K * N)) scratch.b.resize(size_t(K * N));
+    grow_exact(scratch.a, M * K);
+    grow_exact(scratch.b, K * N);
     to_bf16_bits(A, M * K, scratch.a.data());  // exact for q·c_b (a BF16 value)
     to_bf16_bits(B, K * N, scratch.b.data());
     gemm_bf16_tiled(trans_a, trans_b, M, N, K, scratch.a.data(), lda, scratch.b.data(), ldb, false,

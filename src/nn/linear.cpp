@@ -181,6 +181,11 @@ Linear::WorkspaceFloats Linear::workspace_floats(const LinearPlan& plan, int64_t
   if (own_dgrad_w || plan.dgrad_hadamard()) f.wqd = N * K;
   f.t0 = std::max(sw.two_d && !plan.dgrad_hadamard() ? 0 : N * K, N * M);  // dgrad Wᵀ; wgrad dYᵀ
   f.t1 = K * M;                                   // wgrad Xᵀ
+  if (plan.bf16_gemm()) {  // gemm_block_scaled: fprop X, W; dgrad dY, W; wgrad dYᵀ, Xᵀ
+    f.bf16_a = M * std::max(K, N);
+    f.bf16_b = std::max(N * K, K * M);
+    f.product = std::max(M * K, N * K);  // dgrad dX, wgrad dW (accumulating)
+  }
   return f;
 }
 
@@ -193,6 +198,7 @@ void Linear::reserve_workspace(int64_t M) {
   if (f.wqd) ws.wqd.get(f.wqd);
   ws.t0.get(f.t0);
   ws.t1.get(f.t1);
+  if (f.bf16_a) reserve_block_scaled(ws.gemm, f.bf16_a, f.bf16_b, f.product);
 }
 
 bool Linear::uses_reference(Role r) const {

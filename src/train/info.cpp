@@ -108,6 +108,7 @@ ModelInfo describe_run(const RunConfig& cfg, const Recipe& recipe, const Resolve
   if (shapes.size() != sites.size())
     throw std::logic_error("model_info: linear sites and mixer linears disagree");
   int64_t row = 0, wqd = 0, t0 = 0, t1 = 0;  // LinearWorkspace buffers (floats)
+  int64_t bf16_a = 0, bf16_b = 0, product = 0;  // its decoded-bf16 GEMM scratch
   for (size_t i = 0; i < sites.size(); ++i) {
     LinearInfo li;
     li.block = sites[i].block;
@@ -128,12 +129,16 @@ ModelInfo describe_run(const RunConfig& cfg, const Recipe& recipe, const Resolve
       wqd = std::max(wqd, w.wqd);
       t0 = std::max(t0, w.t0);
       t1 = std::max(t1, w.t1);
+      bf16_a = std::max(bf16_a, w.bf16_a);
+      bf16_b = std::max(bf16_b, w.bf16_b);
+      product = std::max(product, w.product);
     } else if (li.mode == LinearMode::BF16) {
       mem.linear_scratch += int64_t(sizeof(uint16_t)) * (BT * K + N * K + BT * N);  // xb_, wb_, dyb_
     }
     info.linears.push_back(std::move(li));
   }
-  mem.linear_workspace = F * (row + wqd + t0 + t1);
+  mem.linear_workspace = F * (row + wqd + t0 + t1 + product) +
+                         int64_t(sizeof(uint16_t)) * (bf16_a + bf16_b);
   for (size_t k = 0; k < res.override_hits.size(); ++k) {
     info.override_descriptions.push_back(recipe.overrides[k].describe());
     info.override_hits.push_back(res.override_hits[k]);

@@ -65,6 +65,9 @@ struct BlockScaledGemmScratch {
   std::vector<uint16_t> a, b;
   std::vector<float> product;
 };
+/// Grows scratch to at least a and b BF16 elements and `product` floats, each capacity to exactly
+/// what is asked when it grows (a workspace reserved for its largest call holds no more).
+void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b, int64_t product);
 
 /// The decoded-BF16 GEMM of two block-scaled FP4 operands (recipe `linear.gemm =
 /// "decoded-bf16"`; docs/gemm.md "Decoded FP4 on the BF16 GEMM"), contiguous row-major:

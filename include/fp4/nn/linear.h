@@ -278,6 +278,9 @@ class Linear {
   /// fp4::model_info's memory estimate.
   struct WorkspaceFloats {
     int64_t row = 0, wqd = 0, t0 = 0, t1 = 0;
+    /// decoded-bf16 mode (BlockScaledGemmScratch): BF16 elements of the operand copies A and
+    /// B, and floats of the unscaled product of an accumulating GEMM.
+    int64_t bf16_a = 0, bf16_b = 0, product = 0;
   };
   static WorkspaceFloats workspace_floats(const LinearPlan& plan, int64_t K, int64_t N, int64_t M);
   const LinearWorkspace& workspace() const { return *ws_; }
