@@ -26,6 +26,8 @@
 //                       copies, the BF16 GEMM, the decode scales on the output; its path in the
 //                       label) and fp4::sgemm of the decoded FP32 operands (decoded): counters
 //                       bf16_GFLOPs, sgemm_GFLOPs, speedup = sgemm time / block-scaled time.
+//                       Shapes as a Linear calls it (A·Bᵀ): fprop-like and wgrad-like, the tiny
+//                       config's and 4096 × 1024 × 1024 (block_scaled_shapes).
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -256,6 +258,16 @@ void BM_BlockScaledVsDecoded(benchmark::State& st) {
 
 void bf16_shapes(benchmark::internal::Benchmark* b) {
   b->Args({4096, 1024, 1024, 0})->Args({4096, 128, 1024, 0})->Args({1024, 1024, 4096, 1});
+  b->Args({256, 256, 4096, 1})->Args({256, 256, 4096, 0})->Args({1024, 1024, 4096, 0});
+  b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+// As a Linear calls gemm_block_scaled (C = A·Bᵀ, ta = 0): fprop-like M = 4096 tokens with the
+// tiny config's (N, K) (256, 256), (1024, 256), (256, 1024) and 4096 × 1024 × 1024; wgrad-like
+// (N, K, tokens) = (256, 256, 4096) and (1024, 1024, 4096).
+void block_scaled_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({4096, 256, 256, 0})->Args({4096, 1024, 256, 0})->Args({4096, 256, 1024, 0});
+  b->Args({4096, 1024, 1024, 0})->Args({256, 256, 4096, 0})->Args({1024, 1024, 4096, 0});
   b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
@@ -276,7 +288,7 @@ BENCHMARK(BM_ProbeGemmPortable)->Apply(small_shapes);
 BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
 BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
-BENCHMARK(BM_BlockScaledVsDecoded)->Apply(bf16_shapes);
+BENCHMARK(BM_BlockScaledVsDecoded)->Apply(block_scaled_shapes);
 
 }  // namespace
 
