@@ -1047,6 +1047,15 @@ void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float
           spec_scale_format(t->spec).name +
           "; its q·c_b is a BF16 value only for E2M1 with ue5m3, ue5m3-ptx, e4m3 or ue8m0 scales "
           "(use the decoded mode)");
+  for (const QuantizedTensor* t : {&a, &b})
+    if (t->spec.scale_format == ScaleFormat::UE8M0 && t->spec.scale_rule == ScaleRule::TensorScaled &&
+        (t->spec.target < kDecodedBf16MinTarget || t->spec.target > kDecodedBf16MaxTarget))
+      throw std::invalid_argument(
+          std::string("decoded_bf16_gemm: operand ") + (t == &a ? "A" : "B") +
+          " has ue8m0 scales under the tensor-scaled rule with scale target " +
+          std::to_string(t->spec.target) +
+          "; with decoded-bf16 the target must lie in [2^-24, 2^48] (q·c_b ≈ a_b·T/g would leave "
+          "the FP32/BF16 range; docs/gemm.md)");
   const int64_t M = a.rows, N = b.rows, K = a.cols;
   // q·c_b: dequantize with the tensor decode scale 1 (d = c_b·1 = c_b exactly)
   auto block_scaled = [](QuantizedTensor t, std::vector<float>& out) {

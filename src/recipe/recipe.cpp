@@ -533,6 +533,20 @@ void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
   if (rc.scale_desc != nullptr)
     r.fail("fp4.scale_format", std::string("ue5m3, ue5m3-ptx, e4m3 or ue8m0") + why + ", got \"" +
                                    rc.scale_format_str() + "\"");
+  // UE8M0 under the tensor-scaled rule: c_b ≈ a_b·T/g has no bound of its own (gemm_mode.h)
+  if (rc.scale_format != ScaleFormat::UE8M0 || rc.scale_desc != nullptr ||
+      rc.scale_rule != ScaleRule::TensorScaled)
+    return;
+  auto band = [&](const std::string& key, float t) {
+    if (t < kDecodedBf16MinTarget || t > kDecodedBf16MaxTarget)
+      r.fail(key, "between 2^-24 and 2^48 with fp4.scale_format = \"ue8m0\" under the "
+                  "tensor-scaled rule and linear.gemm = \"decoded-bf16\" (its unscaled operands "
+                  "q·c_b, about a_b·T/g, would leave the FP32/BF16 range), got " + std::to_string(t));
+  };
+  band("fp4.scale_target", rc.scale_target);
+  for (size_t i = 0; i < rc.overrides.size(); ++i)
+    if (rc.overrides[i].has_scale_target)
+      band("override[" + std::to_string(i) + "].scale_target", rc.overrides[i].scale_target);
 }
 
 void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
@@ -667,7 +681,8 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                       gemm_mode_name(rc.gemm) + "\", got " +
                                       std::to_string(rc.probe_snap) + ": the snap belongs to the "
                                       "probe-matched GEMM's accumulator (set linear.gemm = "
-                                      "\"probe-matched\")");
+                                      "\"probe-matched\", or also set linear.probe_snap = 1024 "
+                                      "to leave it)");
   }
   s = alpha_rule_name(rc.probe_alpha);
   r.get("linear.probe_alpha", s);
@@ -676,7 +691,8 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   if (rc.probe_alpha != AlphaRule::Quotient && rc.gemm != GemmMode::ProbeMatched)
     r.fail("linear.probe_alpha", std::string("to be left at \"quotient\" with gemm = \"") +
                                      gemm_mode_name(rc.gemm) + "\": α is the probe-matched "
-                                     "GEMM's (set linear.gemm = \"probe-matched\")");
+                                     "GEMM's (set linear.gemm = \"probe-matched\", or also set "
+                                     "linear.probe_alpha = \"quotient\" to leave it)");
 
   s = rc.element_format.name();
   r.get("fp4.element_format", s);

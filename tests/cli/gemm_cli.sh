@@ -43,6 +43,16 @@ if [ "$got_p" == "0" ] && [ "$got_d" == "36" ]; then echo "ok   [1/1024 snap: pr
 got_b="$("$BIN" gemm "$tmp/a1.txt" "$tmp/b1.txt" --block 1 --target 1 --reference-a 6144 --reference-b 6144 --mode decoded-bf16)"
 if [ "$got_b" == "36" ]; then echo "ok   [decoded-bf16: 36, no snap]"; else
   echo "FAIL [decoded-bf16]: got '$got_b' (want 36)"; fail=1; fi
+# decoded-bf16 refuses UE8M0 tensor-scaled operands with a target outside [2^-24, 2^48] (q·c_b
+# would overflow FP32 where the decoded mode stays finite) and spelled scale formats.
+if "$BIN" gemm "$tmp/A.txt" "$tmp/B.txt" --mode decoded-bf16 --scale-format ue8m0 --target 1e19 \
+     >/dev/null 2>"$tmp/err"; then echo "FAIL [decoded-bf16 ue8m0 T=1e19 accepted]"; fail=1
+elif grep -q "2^48" "$tmp/err"; then echo "ok   [decoded-bf16 refuses ue8m0 at T = 1e19]"; else
+  echo "FAIL [decoded-bf16 ue8m0 message]: $(cat "$tmp/err")"; fail=1; fi
+if "$BIN" gemm "$tmp/A.txt" "$tmp/B.txt" --mode decoded-bf16 --scale-format ue4m3 \
+     >/dev/null 2>"$tmp/err"; then echo "FAIL [decoded-bf16 ue4m3 accepted]"; fail=1
+elif grep -q "ue4m3" "$tmp/err"; then echo "ok   [decoded-bf16 refuses a spelled scale format]"; else
+  echo "FAIL [decoded-bf16 ue4m3 message]: $(cat "$tmp/err")"; fail=1; fi
 
 # α is the contract's g_a·g_b / ((T_a·6)(T_b·6)) in FP32, in that order (docs/gemm.md): A = [3, 1 ×15],
 # B = [7, 1 ×15], defaults (ue5m3, block 16, T = 448, g = amax) quantize to A exactly and B to

@@ -1060,6 +1060,8 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
       {{"fp4.row_scaled_activation=true", "fp4.amax_interval=1"}, "fp4.row_scaled_activation",
        "decoded-bf16"},
       {{"linear.probe_snap=256"}, "linear.probe_snap", "decoded-bf16"},
+      {{"fp4.scale_format=ue8m0", "fp4.scale_target=1e20"}, "fp4.scale_target", "2^48"},
+      {{"fp4.scale_format=ue8m0", "fp4.scale_target=1e-20"}, "fp4.scale_target", "2^-24"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> sets = c.sets;
@@ -1069,6 +1071,21 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
     EXPECT_NE(e.find(c.key), std::string::npos) << c.sets[0] << " -> " << e;
     EXPECT_NE(e.find(c.detail), std::string::npos) << c.sets[0] << " -> " << e;
   }
+  const std::string ov = error_of([&] {  // an override's scale target is held to the band too
+    load_recipe("ue5m3-b16-t2048", kDir,
+                parse_settings({"linear.gemm=decoded-bf16", "fp4.scale_format=ue8m0",
+                                "override[0].scale_target=1e30"}).recipe);
+  });
+  EXPECT_NE(ov.find("override[0].scale_target"), std::string::npos) << ov;
+  EXPECT_NE(ov.find("2^48"), std::string::npos) << ov;
+  // the band applies to UE8M0 under the tensor-scaled rule only: E4M3 with T = 1e20 is accepted,
+  // and so is UE8M0 at T = 2^48 (the edge) and under the MX rules (mxfp4)
+  EXPECT_NO_THROW(load_recipe("nvfp4-te", kDir,
+                              parse_settings({"linear.gemm=decoded-bf16", "fp4.scale_target=1e20"}).recipe));
+  EXPECT_NO_THROW(load_recipe("nvfp4-te", kDir,
+                              parse_settings({"linear.gemm=decoded-bf16", "fp4.scale_format=ue8m0",
+                                              "fp4.scale_target=281474976710656.0"}).recipe));
+  EXPECT_NO_THROW(load_recipe("mxfp4", kDir, parse_settings({"linear.gemm=decoded-bf16"}).recipe));
   const std::string q = error_of(
       [&] { load_recipe("quartet2", kDir, parse_settings({"linear.gemm=decoded-bf16"}).recipe); });
   EXPECT_NE(q.find("linear.gemm = \"decoded\""), std::string::npos) << q;

@@ -19,4 +19,13 @@ GemmMode parse_gemm_mode(const std::string& s);
 /// Canonical name, inverse of parse_gemm_mode: "decoded", "probe-matched", "decoded-bf16".
 const char* gemm_mode_name(GemmMode m);
 
+/// The scale targets T that DecodedBf16 takes for UE8M0 block scales under the tensor-scaled
+/// rule, [2^-24, 2^48] (docs/gemm.md "Decoded FP4 on the BF16 GEMM"): there c_b ≈ a_b·T/g is a
+/// power of two without a bound of its own, so |q·c_b| ≤ 12·T, and T ≤ 2^48 keeps every sum of
+/// up to 2^20 products below FP32's overflow (144·T²·2^20 < 2^127), while T ≥ 2^-24 keeps the
+/// products of blocks down to 2^-40 below the tensor amax above 2^-126, where the BF16 units
+/// flush. UE5M3 and E4M3 scales (bounded) and the MX rules (no tensor scale) need no band.
+inline constexpr float kDecodedBf16MinTarget = 0x1p-24f;
+inline constexpr float kDecodedBf16MaxTarget = 0x1p48f;
+
 }  // namespace fp4

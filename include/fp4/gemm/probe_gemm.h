@@ -141,8 +141,9 @@ void decoded_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c);
 /// P = A_s·B_sᵀ over the block-scaled operands q·c_b (dequantize with the tensor decode scale 1)
 /// by fp4::gemm_block_scaled (gemm.h; docs/gemm.md "Decoded FP4 on the BF16 GEMM"). Throws
 /// std::invalid_argument on a.cols != b.cols, a row-scaled operand (per-row decode scales), an
-/// element format other than E2M1 or a spelled scale format (q·c_b need not be a BF16 value), or
-/// an inconsistent QuantizedTensor.
+/// element format other than E2M1 or a spelled scale format (q·c_b need not be a BF16 value),
+/// UE8M0 tensor-scaled scales with a target outside [kDecodedBf16MinTarget,
+/// kDecodedBf16MaxTarget] (gemm_mode.h), or an inconsistent QuantizedTensor.
 void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c);
 
 /// decoded_gemm, decoded_bf16_gemm or probe_gemm (default options) by mode.
