@@ -1050,6 +1050,15 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
   EXPECT_FALSE(LinearPlan::uniform(r, LinearMode::FP4).probe());
   EXPECT_NE(recipe_to_toml(r).find("gemm = \"decoded-bf16\""), std::string::npos);
   EXPECT_EQ(recipe_from_text(recipe_to_toml(r), "round.toml").gemm, GemmMode::DecodedBf16);
+  {  // the run header names the FP4 GEMM when it is not the default decoded one
+    RunConfig cfg = micro_run(2);
+    nn::Model model(cfg.model, r, 1, 16);
+    EXPECT_NE(describe_linear_plans(r, model).find("per block; FP4 GEMM decoded-bf16)"), std::string::npos)
+        << describe_linear_plans(r, model);
+    const Recipe d = load_recipe("nvfp4-te", kDir);
+    nn::Model dm(cfg.model, d, 1, 16);
+    EXPECT_EQ(describe_linear_plans(d, dm).find("FP4 GEMM"), std::string::npos) << describe_linear_plans(d, dm);
+  }
   struct Case {
     std::vector<std::string> sets;
     std::string key, detail;
