@@ -134,8 +134,9 @@ struct Recipe {
   std::string name;         ///< [name]
   std::string description;  ///< [description]
   LinearMode mode = LinearMode::FP32;  ///< [linear] mode = "fp32" | "bf16" | "fp4"
-  /// [linear] gemm = "decoded" | "probe-matched" (docs/numerics.md "GEMM emulation"), parsed by
-  /// the recipe reader and written back by recipe_to_toml under the same name (gemm_mode_name).
+  /// [linear] gemm = "decoded" | "probe-matched" | "decoded-bf16" (docs/numerics.md "GEMM
+  /// emulation"), parsed by the recipe reader and written back by recipe_to_toml under the same
+  /// name (gemm_mode_name).
   GemmMode gemm = GemmMode::Decoded;
   /// [linear] probe_snap: the probe-matched GEMM's snap grid 1/d (fp4/gemm/accumulator.h):
   /// 1024 (default, the paper's probe), 0 = no snap, or another power of two up to 65536.
