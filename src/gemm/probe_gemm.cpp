@@ -1036,9 +1036,6 @@ void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float
                                 ", " + std::to_string(a.cols) + "], B is [" +
                                 std::to_string(b.rows) + ", " + std::to_string(b.cols) + "]");
   }
-  if (!a.row_gd.empty() || !b.row_gd.empty())
-    throw std::invalid_argument("decoded_bf16_gemm: a row-scaled operand has one decode scale "
-                                "per row, not one per tensor");
   for (const QuantizedTensor* t : {&a, &b})
     if (!t->spec.element.is_e2m1() || t->spec.scale_desc != nullptr)
       throw std::invalid_argument(
@@ -1049,7 +1046,7 @@ void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float
           "(use the decoded mode)");
   for (const QuantizedTensor* t : {&a, &b})
     if (t->spec.scale_format == ScaleFormat::UE8M0 && t->spec.scale_rule == ScaleRule::TensorScaled &&
-        (t->spec.target < kDecodedBf16MinTarget || t->spec.target > kDecodedBf16MaxTarget))
+        !decoded_bf16_target_in_band(t->spec.target))
       throw std::invalid_argument(
           std::string("decoded_bf16_gemm: operand ") + (t == &a ? "A" : "B") +
           " has ue8m0 scales under the tensor-scaled rule with scale target " +
@@ -1057,20 +1054,17 @@ void decoded_bf16_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float
           "; with decoded-bf16 the target must lie in [2^-24, 2^48] (q·c_b ≈ a_b·T/g would leave "
           "the FP32/BF16 range; docs/gemm.md)");
   const int64_t M = a.rows, N = b.rows, K = a.cols;
-  // q·c_b: dequantize with the tensor decode scale 1 (d = c_b·1 = c_b exactly)
-  auto block_scaled = [](QuantizedTensor t, std::vector<float>& out) {
-    out.resize(static_cast<size_t>(t.rows * t.cols));
-    t.gd = 1.0f;
-    dequantize(t, out.data());
+  auto block_scaled = [](const QuantizedTensor& t, const char* name) {  // q·c_b
+    std::vector<float> out(static_cast<size_t>(t.rows * t.cols));
+    try {
+      dequantize_block_scaled(t, out.data());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("decoded_bf16_gemm: operand ") + name + ": " + e.what());
+    }
+    return out;
   };
-  std::vector<float> va, vb;
-  block_scaled(a, va);
-  block_scaled(b, vb);
-  BlockScaledGemmScratch scratch;
-  if (M > 0 && N > 0 && K == 0) {
-    std::fill_n(c, M * N, 0.0f);
-    return;
-  }
+  const std::vector<float> va = block_scaled(a, "A"), vb = block_scaled(b, "B");
+  BlockScaledGemmScratch scratch;  // K == 0: gemm_block_scaled writes P = 0, so C = +0
   gemm_block_scaled(false, true, M, N, K, va.data(), a.gd, vb.data(), b.gd, false, c, scratch);
 }
 

@@ -305,8 +305,6 @@ void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuant
   }
 }
 
-float Linear::decode_scale(const BlockQuantSpec& spec, float g) { return tensor_decode_scale(spec, g); }
-
 void Linear::quantized_product(Cat c, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
                                float gd_a, const float* B, float gd_b, bool accumulate, float* C) {
   if (block_scaled()) {
@@ -383,8 +381,8 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
     quantize_fprop_w(gw, kw, block_scaled());
     if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
     // decoded-bf16: the decode scales of X and W (row-scaled X and Quartet II are refused there)
-    const float gdx = block_scaled() ? decode_scale(plan_.spec(Gemm::Fprop, Operand::X), gx) : 1.f;
-    const float gdw = block_scaled() ? decode_scale(plan_.spec(Gemm::Fprop, Operand::W), gw) : 1.f;
+    const float gdx = operand_gd(plan_.spec(Gemm::Fprop, Operand::X), gx);
+    const float gdw = operand_gd(plan_.spec(Gemm::Fprop, Operand::W), gw);
     quantized_product(Cat::kGemmFprop, true, M, N_, K_, xq, gdx, wq_.data(), gdw, false, Y);
   }
   if (plan_.bf16_outputs && mode_ == LinearMode::FP4) {  // the paper's BF16 output Y
@@ -645,8 +643,7 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
       transpose(wt, K_, N_, wqd);
       wd = wqd;
     }
-    const float gd_dy = bs ? decode_scale(sdy, gdy) : 1.f, gd_w = bs ? decode_scale(sw, refs_.g_w) : 1.f;
-    add_dgrad(M, N_, dyq, gd_dy, false, wd, gd_w, dX);
+    add_dgrad(M, N_, dyq, operand_gd(sdy, gdy), false, wd, operand_gd(sw, refs_.g_w), dX);
   }
 
   // wgrad: dW [N,K] += q(dYᵀ [N,M], blocks along M) · q(Xᵀ [K,M], blocks along M)ᵀ, the
@@ -695,9 +692,8 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     }
     quantize_wgrad_x(M, g_xt, kx, wh, xt);
   }
-  const float gd_dyt = bs ? decode_scale(sdyw, g_dyt) : 1.f;
-  const float gd_xt = bs ? decode_scale(plan_.spec(Gemm::Wgrad, Operand::X), g_xt) : 1.f;
-  quantized_product(Cat::kGemmWgrad, true, N_, K_, M, dyt, gd_dyt, xt, gd_xt, true, dW_);
+  quantized_product(Cat::kGemmWgrad, true, N_, K_, M, dyt, operand_gd(sdyw, g_dyt), xt,
+                    operand_gd(plan_.spec(Gemm::Wgrad, Operand::X), g_xt), true, dW_);
 }
 
 void Linear::dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ctx,
@@ -717,7 +713,7 @@ void Linear::dgrad_hadamard_dy(const float* dY, int64_t M, const StepContext& ct
   }
   // 4. quantized in place, blocks along N
   prep(dyq, M, N_, sp, g, &k, dyq, block_scaled());
-  gd = block_scaled() ? decode_scale(sp, g) : 1.f;
+  gd = operand_gd(sp, g);
 }
 
 const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h,
@@ -736,7 +732,7 @@ const float* Linear::dgrad_hadamard_w(const StepContext& ctx, const HadamardTran
   const float g = reference_for(Role::W_HAD, wt, N_ * K_, ctx);
   // 3. quantized: 1-D blocks along N (rows of Wᵀ), then back to [N, K]; or tiles of the
   // transformed W [N, K] as fprop tiles W
-  gd = block_scaled() ? decode_scale(sw, g) : 1.f;
+  gd = operand_gd(sw, g);
   if (!sw.two_d) {
     prep(wt, K_, N_, sw, g, &kw, wt, block_scaled());
     Scope s(Cat::kTranspose);

@@ -657,7 +657,10 @@ void check_dequantized_finite(const char* where, const QuantizedTensor& q, const
   throw std::invalid_argument(buf);
 }
 
-void dequantize(const QuantizedTensor& q, float* out) {
+namespace {
+// dequantize (unit_gd false: x̂ = q·c_b·gd) and dequantize_block_scaled (true: q·c_b, the tensor
+// and per-row decode scales left out; d = c_b·1 = c_b exactly).
+void dequantize_with(const QuantizedTensor& q, bool unit_gd, float* out) {
   const int64_t B = q.spec.block;
   if (!q.row_gd.empty() && (q.spec.two_d || q.row_gd.size() != static_cast<size_t>(q.rows)))
     throw std::invalid_argument("dequantize: per-row decode scales need 1-D blocks, one per row");
@@ -705,7 +708,7 @@ void dequantize(const QuantizedTensor& q, float* out) {
   for (int64_t r = 0; r < q.rows; ++r) {
     const int64_t br = q.spec.two_d ? r / B : r;
     for (int64_t bc = 0; bc < q.block_cols; ++bc) {
-      const float gd = q.row_gd.empty() ? q.gd : q.row_gd[static_cast<size_t>(r)];
+      const float gd = unit_gd ? 1.0f : q.row_gd.empty() ? q.gd : q.row_gd[static_cast<size_t>(r)];
       const float d = q.scales[static_cast<size_t>(br * q.block_cols + bc)] * gd;
       const int64_t c1 = std::min(q.cols, (bc + 1) * B);
       if (e2m1) {
@@ -719,6 +722,17 @@ void dequantize(const QuantizedTensor& q, float* out) {
       }
     }
   }
+}
+
+}  // namespace
+
+void dequantize(const QuantizedTensor& q, float* out) { dequantize_with(q, false, out); }
+
+void dequantize_block_scaled(const QuantizedTensor& q, float* out) {
+  if (!q.row_gd.empty())
+    throw std::invalid_argument("dequantize_block_scaled: a row-scaled QuantizedTensor has one "
+                                "decode scale per row, not one per tensor");
+  dequantize_with(q, true, out);
 }
 
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
@@ -735,9 +749,7 @@ float tensor_decode_scale(const BlockQuantSpec& spec, float g) {
 
 void quantize_block_scaled(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                            float g, const SrKey* sr, float* out) {
-  QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
-  q.gd = 1.0f;  // d = c_b · 1 = c_b exactly in dequantize
-  dequantize(q, out);
+  dequantize_block_scaled(quantize_blocks(x, rows, cols, spec, g, sr), out);
 }
 
 TensorReference::TensorReference(int interval) : interval_(interval) {

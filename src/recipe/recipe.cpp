@@ -510,14 +510,6 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
                     "tensor reference; Transformer Engine refuses the pair too)");
 }
 
-// `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
-// --set overrides, applied to the file first; the name is labelled with them (see
-// load_recipe) unless one of them sets the name.
-// [fp4] forward_quantizer = "quartet2-rtn" and backward_quantizer = "ms-eden" (docs/recipes.md
-// "Quartet II's quantizers"): each implements Quartet II's kernel with its constants, so the
-// recipe's spec keys for those operands must say what the kernel does (NVFP4: E2M1 elements,
-// E4M3 scales, 1-D blocks of 16, ties away, current scaling, the decoded GEMM); nothing that
-// would silently be ignored is accepted.
 // linear.gemm = "decoded-bf16" (docs/gemm.md "Decoded FP4 on the BF16 GEMM"): its operands are
 // q·c_b in BF16, exact only for E2M1 elements with a scale format of at most 4 significant bits
 // (the four conventions of ScaleFormat); row-scaled X is refused in
@@ -538,7 +530,7 @@ void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
       rc.scale_rule != ScaleRule::TensorScaled)
     return;
   auto band = [&](const std::string& key, float t) {
-    if (t < kDecodedBf16MinTarget || t > kDecodedBf16MaxTarget)
+    if (!decoded_bf16_target_in_band(t))
       r.fail(key, "between 2^-24 and 2^48 with fp4.scale_format = \"ue8m0\" under the "
                   "tensor-scaled rule and linear.gemm = \"decoded-bf16\" (its unscaled operands "
                   "q·c_b, about a_b·T/g, would leave the FP32/BF16 range), got " + std::to_string(t));
@@ -549,6 +541,11 @@ void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
       band("override[" + std::to_string(i) + "].scale_target", rc.overrides[i].scale_target);
 }
 
+// [fp4] forward_quantizer = "quartet2-rtn" and backward_quantizer = "ms-eden" (docs/recipes.md
+// "Quartet II's quantizers"): each implements Quartet II's kernel with its constants, so the
+// recipe's spec keys for those operands must say what the kernel does (NVFP4: E2M1 elements,
+// E4M3 scales, 1-D blocks of 16, ties away, current scaling, the decoded GEMM); nothing that
+// would silently be ignored is accepted.
 void check_quartet_quantizers(detail::TomlReader& r, const Recipe& rc) {
   const bool fwd = rc.forward_quantizer == ForwardQuantizer::QuartetRtn;
   const bool bwd = rc.backward_quantizer == BackwardQuantizer::MsEden;
@@ -640,6 +637,9 @@ void parse_hadamard(detail::TomlReader& r, Recipe& rc) {
                                  "probe-matched GEMM has no dgrad Hadamard transform yet)");
 }
 
+// `default_name`: the name of a recipe whose file sets none (the file's stem). `sets`: the
+// --set overrides, applied to the file first; the name is labelled with them (see
+// load_recipe) unless one of them sets the name.
 Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                     const std::vector<Setting>& sets) {
   r.apply(sets);

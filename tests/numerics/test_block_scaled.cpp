@@ -110,6 +110,20 @@ TEST(BlockScaled, TwinIsTheDefinition) {
   }
 }
 
+TEST(BlockScaled, DequantizeBlockScaledOfAQuantizedTensor) {
+  // the QuantizedTensor entry (decoded_bf16_gemm's) gives the definition's values and refuses
+  // a row-scaled tensor (one decode scale per row)
+  const auto x = make_data(Dist::Normal, 24 * 48, 6);
+  const BlockQuantSpec s = make_spec(ScaleFormat::E4M3, Rounding::RNE, 16, true);
+  const float g = tensor_amax(x.data(), int64_t(x.size()));
+  QuantizedTensor q = quantize_blocks(x.data(), 24, 48, s, g, nullptr);
+  std::vector<float> got(x.size());
+  dequantize_block_scaled(q, got.data());
+  expect_same_bits(got, by_definition(x, 24, 48, s, g), "dequantize_block_scaled");
+  q.row_gd.assign(24, 1.f);
+  EXPECT_THROW(dequantize_block_scaled(q, got.data()), std::invalid_argument);
+}
+
 TEST(BlockScaled, DecodeScaleIsQuantizeBlocksOwn) {
   const auto x = make_data(Dist::Normal, 16 * 32, 4);
   for (ScaleFormat f : kFormats)
@@ -136,7 +150,9 @@ TEST(BlockScaled, UE5M3AndE4M3ValuesAreExactInBf16) {
         const auto v = twin(x, 64, 128, make_spec(f, Rounding::SR8), g);
         for (float e : v) {
           ASSERT_EQ(bf16_value(bf16_bits(e)), e) << spec_str(make_spec(f, Rounding::SR8));
-          if (e != 0.f) ASSERT_GE(std::fabs(e), std::ldexp(1.f, -18));
+          if (e != 0.f) {
+            ASSERT_GE(std::fabs(e), std::ldexp(1.f, -18));
+          }
         }
       }
   }

@@ -27,5 +27,9 @@ const char* gemm_mode_name(GemmMode m);
 /// flush. UE5M3 and E4M3 scales (bounded) and the MX rules (no tensor scale) need no band.
 inline constexpr float kDecodedBf16MinTarget = 0x1p-24f;
 inline constexpr float kDecodedBf16MaxTarget = 0x1p48f;
+/// Whether target T lies in that band (the recipe reader and decoded_bf16_gemm both ask).
+inline bool decoded_bf16_target_in_band(float t) {
+  return t >= kDecodedBf16MinTarget && t <= kDecodedBf16MaxTarget;
+}
 
 }  // namespace fp4

@@ -324,8 +324,11 @@ class Linear {
             const SrKey* key, float* out, bool block_scaled) const;
   // Whether this linear's FP4 operands are q·c_b for the decoded-bf16 GEMM.
   bool block_scaled() const { return plan_.bf16_gemm(); }
-  // The tensor decode scale gd of an operand quantized with spec and reference g.
-  static float decode_scale(const BlockQuantSpec& spec, float g);
+  // The decode scale the GEMM applies for an operand quantized with spec and reference g:
+  // tensor_decode_scale(spec, g) for the decoded-bf16 GEMM's q·c_b, 1 for x̂ (gd already in it).
+  float operand_gd(const BlockQuantSpec& spec, float g) const {
+    return block_scaled() ? tensor_decode_scale(spec, g) : 1.f;
+  }
   float reference_for(Role r, const float* x, int64_t n, const StepContext& ctx);
   template <class F>
   float training_reference(Role r, const StepContext& ctx, F&& measure);

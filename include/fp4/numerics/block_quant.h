@@ -152,6 +152,12 @@ void check_dequantized_finite(const char* where, const QuantizedTensor& q, const
 void quantize_dequantize(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                          float g, const SrKey* sr, float* out);
 
+/// q·c_b of a QuantizedTensor into out [rows, cols]: dequantize with the tensor decode scale left
+/// out (d_b = c_b · 1 = c_b exactly), the block-scaled operand of the decoded-BF16 GEMM. Throws
+/// what dequantize throws, and std::invalid_argument for a row-scaled tensor (row_gd set: one
+/// decode scale per row, not per tensor).
+void dequantize_block_scaled(const QuantizedTensor& q, float* out);
+
 /// The tensor decode scale gd of quantize_blocks(x, ·, spec, g, ·) without quantizing:
 /// 1/ge with ge = (T·emax)/g (1 for g == 0, capped at FLT_MAX) under the tensor-scaled rule,
 /// exactly 1 under the MX rules (docs/numerics.md "Quantizing one operand"). Throws
@@ -162,7 +168,7 @@ float tensor_decode_scale(const BlockQuantSpec& spec, float g);
 /// The block-scaled operand of the decoded-BF16 GEMM (docs/gemm.md "Decoded FP4 on the BF16
 /// GEMM"): out [rows, cols] = q · c_b, each element's code decoded times its block's scale, the
 /// tensor decode scale gd left out (x̂ = (q · c_b) · gd up to the rounding of d_b = c_b · gd).
-/// Exactly dequantize(quantize_blocks(x, rows, cols, spec, g, sr)) with gd replaced by 1: the
+/// Exactly dequantize_block_scaled(quantize_blocks(x, rows, cols, spec, g, sr)): the
 /// codes and scales are quantize_blocks' (e_b = 1/(c_b · gd) as ever). For E2M1 elements with
 /// UE5M3 or E4M3 scales every value is exact in BF16. Same errors as quantize_blocks; out
 /// must not overlap x. Row-scaled operands are not covered (one gd per tensor).
