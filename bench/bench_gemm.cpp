@@ -207,14 +207,16 @@ void BM_GemmBf16(benchmark::State& st) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_Bf16VsSgemm(benchmark::State& st) {
-  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+// A BF16-operand GEMM (run_bf16) and fp4::sgemm on the same values, alternately in one loop:
+// counters bf16_GFLOPs, sgemm_GFLOPs and speedup = sgemm time / run_bf16 time.
+template <class F>
+void bf16_vs_sgemm(benchmark::State& st, Bf16Problem& p, F&& run_bf16) {
   using clock = std::chrono::steady_clock;
   double tb = 0.0, ts = 0.0;
   int64_t n = 0;
   for (auto _ : st) {
     const auto t0 = clock::now();
-    run_bf16(p);
+    run_bf16();
     benchmark::ClobberMemory();
     const auto t1 = clock::now();
     run_sgemm_bf16_values(p);
@@ -230,30 +232,20 @@ void BM_Bf16VsSgemm(benchmark::State& st) {
   st.counters["speedup"] = ts / tb;
 }
 
+void BM_Bf16VsSgemm(benchmark::State& st) {
+  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+  bf16_vs_sgemm(st, p, [&] { run_bf16(p); });
+}
+
 void BM_BlockScaledVsDecoded(benchmark::State& st) {
   Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
   fp4::BlockScaledGemmScratch scratch;
-  using clock = std::chrono::steady_clock;
-  double tb = 0.0, ts = 0.0;
-  int64_t n = 0;
-  for (auto _ : st) {  // the BF16-valued operands stand in for q·c_b (the GEMM is value-blind)
-    const auto t0 = clock::now();
+  // the BF16-valued operands stand in for q·c_b (the GEMM is value-blind)
+  bf16_vs_sgemm(st, p, [&] {
     fp4::gemm_block_scaled(p.ta, !p.ta, p.M, p.N, p.K, p.fa.data(), 0.5f, p.fb.data(), 0.25f,
                            false, p.c.data(), scratch);
-    benchmark::ClobberMemory();
-    const auto t1 = clock::now();
-    run_sgemm_bf16_values(p);
-    benchmark::ClobberMemory();
-    const auto t2 = clock::now();
-    tb += std::chrono::duration<double>(t1 - t0).count();
-    ts += std::chrono::duration<double>(t2 - t1).count();
-    ++n;
-  }
-  const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
+  });
   st.SetLabel(fp4::gemm_bf16_path() == fp4::Bf16GemmPath::Native ? "native BF16" : "widened: sgemm");
-  st.counters["bf16_GFLOPs"] = flop / tb * 1e-9;
-  st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
-  st.counters["speedup"] = ts / tb;
 }
 
 void bf16_shapes(benchmark::internal::Benchmark* b) {
