@@ -1081,7 +1081,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const BoundRecipe& r) { return r.r.name; }, "[name]")
       .def_property_readonly("description", [](const BoundRecipe& r) { return r.r.description; }, "[description]")
       .def_property_readonly("mode", [](const BoundRecipe& r) { return std::string(fp4::linear_mode_name(r.r.mode)); }, "[linear] mode: fp32, bf16 or fp4.")
-      .def_property_readonly("gemm", [](const BoundRecipe& r) { return std::string(fp4::gemm_mode_name(r.r.gemm)); }, "[linear] gemm: decoded or probe-matched.")
+      .def_property_readonly("gemm", [](const BoundRecipe& r) { return std::string(fp4::gemm_mode_name(r.r.gemm)); }, "[linear] gemm as resolved: decoded, probe-matched or decoded-bf16 (a recipe's \"auto\" is resolved when it is read).")
       .def_property_readonly("element_format", [](const BoundRecipe& r) { return r.r.element_format.name(); }, "[fp4] element_format.")
       .def_property_readonly("scale_format", [](const BoundRecipe& r) { return r.r.scale_format_str(); }, "[fp4] scale_format.")
       .def_property_readonly("scale_rule", [](const BoundRecipe& r) { return std::string(fp4::scale_rule_name(r.r.scale_rule)); }, "[fp4] scale_rule.")

@@ -135,9 +135,9 @@ def gemm(a, b, mode="probe-matched", *, scale_format="ue5m3", scale_rule="tensor
     max|operand| unless ``reference`` is given; SR keys step 1, layer 0, operand 0 for A and 1
     for B, gemm 0) -- or QTensors from :func:`quantize` (used as they are).
     mode: ``"probe-matched"`` (the CLI's default: the native Blackwell FP4 GEMM's arithmetic,
-    docs/gemm.md), ``"decoded"`` (dequantize both, FP32 oneDNN GEMM; the training default) or
-    ``"decoded-bf16"`` (q·c_b on the BF16 GEMM, decode scales on the output; docs/gemm.md
-    "Decoded FP4 on the BF16 GEMM").
+    docs/gemm.md), ``"decoded"`` (dequantize both, FP32 oneDNN GEMM; the reference) or
+    ``"decoded-bf16"`` (q·c_b on the BF16 GEMM, decode scales on the output; what the shipped
+    FP4 recipes train with; docs/gemm.md "Decoded FP4 on the BF16 GEMM").
     scale_format, scale_rule, block, target, rounding, seed: as ``--scale-format`` etc., for
     both operands; a_options / b_options: dicts overriding them for one operand (keys
     scale_format, block, two_d, target, reference, rounding; the ``--a-*`` / ``--b-*`` flags).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "fp4/base/error.h"
@@ -495,11 +496,9 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
     r.fail(key, std::string("false with fp4.scale_rule = \"") + scale_rule_name(rc.scale_rule) +
                     "\": the MX rules have no tensor scale to take per row");
   if (rc.gemm == GemmMode::ProbeMatched)
-    r.fail(key, "false with linear.gemm = \"probe-matched\": the probe-matched GEMM applies one "
-                "alpha per operand pair, not one per output row (use linear.gemm = \"decoded\")");
-  if (rc.gemm == GemmMode::DecodedBf16)
-    r.fail(key, "false with linear.gemm = \"decoded-bf16\": that GEMM applies one decode scale "
-                "per operand to its output, not one per row (use linear.gemm = \"decoded\")");
+    r.fail(key,
+           "false with linear.gemm = \"probe-matched\": the probe-matched GEMM applies one "
+           "alpha per operand pair, not one per output row (use linear.gemm = \"decoded\")");
   if (rc.rht_wgrad && (rc.hadamard_size != 16 || rc.hadamard_signs != HadamardSigns::Fixed))
     r.fail(key, "false with a wgrad Hadamard transform other than 16 points with fixed signs: the "
                 "row-scaled quantize-transpose of X takes only that one");
@@ -510,35 +509,72 @@ void check_row_scaled_activation(detail::TomlReader& r, const Recipe& rc) {
                     "tensor reference; Transformer Engine refuses the pair too)");
 }
 
-// linear.gemm = "decoded-bf16" (docs/gemm.md "Decoded FP4 on the BF16 GEMM"): its operands are
-// q·c_b in BF16, exact only for E2M1 elements with a scale format of at most 4 significant bits
-// (the four conventions of ScaleFormat); row-scaled X is refused in
-// check_row_scaled_activation, Quartet II's quantizers in check_quartet_quantizers.
-void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
-  if (rc.gemm != GemmMode::DecodedBf16) return;
-  const char* why = " with linear.gemm = \"decoded-bf16\" (its BF16 operands q·c_b are exact only "
-                    "for E2M1 elements with ue5m3, ue5m3-ptx, e4m3 or ue8m0 scales; use linear.gemm "
-                    "= \"decoded\")";
+// What linear.gemm = "decoded-bf16" cannot carry (docs/gemm.md "Decoded FP4 on the BF16 GEMM"),
+// the first such key of rc and the value it needs, or nothing. Its operands are q·c_b in BF16,
+// exact only for E2M1 elements with a scale format of at most 4 significant bits (the four
+// conventions of ScaleFormat); it applies one decode scale per operand to its output, so no
+// per-row reference; Quartet II's quantizers have no q·c_b output. One home for both uses: the
+// refusal of a spelled "decoded-bf16" (check_decoded_bf16) and the choice of "auto"
+// (resolve_auto_gemm).
+struct Bf16Refusal {
+  std::string key, expected;
+};
+std::optional<Bf16Refusal> decoded_bf16_refusal(const Recipe& rc) {
+  const std::string why =
+      " with linear.gemm = \"decoded-bf16\" (its BF16 operands q·c_b are exact "
+      "only for E2M1 elements with ue5m3, ue5m3-ptx, e4m3 or ue8m0 scales; use "
+      "linear.gemm = \"decoded\")";
   if (!rc.element_format.is_e2m1())
-    r.fail("fp4.element_format", std::string("\"e2m1\"") + why + ", got \"" +
-                                     rc.element_format.name() + "\"");
+    return Bf16Refusal{"fp4.element_format",
+                       "\"e2m1\"" + why + ", got \"" + rc.element_format.name() + "\""};
   if (rc.scale_desc != nullptr)
-    r.fail("fp4.scale_format", std::string("ue5m3, ue5m3-ptx, e4m3 or ue8m0") + why + ", got \"" +
-                                   rc.scale_format_str() + "\"");
+    return Bf16Refusal{"fp4.scale_format", "ue5m3, ue5m3-ptx, e4m3 or ue8m0" + why + ", got \"" +
+                                               rc.scale_format_str() + "\""};
+  if (rc.row_scaled_activation)
+    return Bf16Refusal{"fp4.row_scaled_activation",
+                       "false with linear.gemm = \"decoded-bf16\": that GEMM applies one decode "
+                       "scale per operand to its output, not one per row (use linear.gemm = "
+                       "\"decoded\")"};
+  if (rc.forward_quantizer != ForwardQuantizer::Blocks ||
+      rc.backward_quantizer != BackwardQuantizer::Blocks)
+    return Bf16Refusal{rc.forward_quantizer != ForwardQuantizer::Blocks ? "fp4.forward_quantizer"
+                                                                        : "fp4.backward_quantizer",
+                       "\"blocks\" with linear.gemm = \"decoded-bf16\" (Quartet II's quantizers "
+                       "run on the decoded GEMM; use linear.gemm = \"decoded\")"};
   // UE8M0 under the tensor-scaled rule: c_b ≈ a_b·T/g has no bound of its own (gemm_mode.h)
-  if (rc.scale_format != ScaleFormat::UE8M0 || rc.scale_desc != nullptr ||
-      rc.scale_rule != ScaleRule::TensorScaled)
-    return;
-  auto band = [&](const std::string& key, float t) {
-    if (!decoded_bf16_target_in_band(t))
-      r.fail(key, "between 2^-24 and 2^48 with fp4.scale_format = \"ue8m0\" under the "
-                  "tensor-scaled rule and linear.gemm = \"decoded-bf16\" (its unscaled operands "
-                  "q·c_b, about a_b·T/g, would leave the FP32/BF16 range), got " + std::to_string(t));
+  if (rc.scale_format != ScaleFormat::UE8M0 || rc.scale_rule != ScaleRule::TensorScaled)
+    return std::nullopt;
+  auto band = [&](const std::string& key, float t) -> std::optional<Bf16Refusal> {
+    if (decoded_bf16_target_in_band(t)) return std::nullopt;
+    return Bf16Refusal{key,
+                       "between 2^-24 and 2^48 with fp4.scale_format = \"ue8m0\" under the "
+                       "tensor-scaled rule and linear.gemm = \"decoded-bf16\" (its unscaled "
+                       "operands q·c_b, about a_b·T/g, would leave the FP32/BF16 range), got " +
+                           std::to_string(t)};
   };
-  band("fp4.scale_target", rc.scale_target);
+  if (auto f = band("fp4.scale_target", rc.scale_target)) return f;
   for (size_t i = 0; i < rc.overrides.size(); ++i)
     if (rc.overrides[i].has_scale_target)
-      band("override[" + std::to_string(i) + "].scale_target", rc.overrides[i].scale_target);
+      if (auto f = band("override[" + std::to_string(i) + "].scale_target",
+                        rc.overrides[i].scale_target))
+        return f;
+  return std::nullopt;
+}
+
+void check_decoded_bf16(detail::TomlReader& r, const Recipe& rc) {
+  if (rc.gemm != GemmMode::DecodedBf16) return;
+  if (const auto f = decoded_bf16_refusal(rc)) r.fail(f->key, f->expected);
+}
+
+// linear.gemm = "auto" (the key's default; docs/recipes.md "Every knob"): "decoded-bf16" where
+// the recipe has an FP4 linear and that GEMM carries it, else "decoded". Resolved once here,
+// from the recipe alone (never from the CPU), so a run's recipe.toml and checkpoints record the
+// mode it ran.
+GemmMode resolve_auto_gemm(const Recipe& rc) {
+  bool fp4 = rc.mode == LinearMode::FP4;
+  for (const LinearOverride& ov : rc.overrides)
+    fp4 = fp4 || (ov.has_mode && ov.mode == LinearMode::FP4);
+  return fp4 && !decoded_bf16_refusal(rc) ? GemmMode::DecodedBf16 : GemmMode::Decoded;
 }
 
 // [fp4] forward_quantizer = "quartet2-rtn" and backward_quantizer = "ms-eden" (docs/recipes.md
@@ -661,10 +697,12 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   s = linear_mode_name(rc.mode);
   r.get("linear.mode", s);
   rc.mode = parse_mode(r, "linear.mode", s);
-  s = gemm_mode_name(rc.gemm);
-  r.get("linear.gemm", s);
-  r.choice("linear.gemm", s, {"decoded", "probe-matched", "decoded-bf16"});
-  rc.gemm = parse_gemm_mode(s);
+  // linear.gemm: "auto" is resolved by resolve_auto_gemm once every other key is read; until
+  // then the recipe counts as decoded (neither auto nor decoded is the probe-matched GEMM).
+  std::string gemm_key = "auto";
+  r.get("linear.gemm", gemm_key);
+  r.choice("linear.gemm", gemm_key, {"auto", "decoded", "probe-matched", "decoded-bf16"});
+  rc.gemm = gemm_key == "auto" ? GemmMode::Decoded : parse_gemm_mode(gemm_key);
   r.get("linear.probe_snap", rc.probe_snap);
   {
     Accumulator acc;
@@ -677,9 +715,9 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
                                       std::to_string(rc.probe_snap));
     }
     if (rc.probe_snap != 1024 && rc.gemm != GemmMode::ProbeMatched)
-      r.fail("linear.probe_snap", std::string("to be left at 1024 with gemm = \"") +
-                                      gemm_mode_name(rc.gemm) + "\", got " +
-                                      std::to_string(rc.probe_snap) + ": the snap belongs to the "
+      r.fail("linear.probe_snap", "to be left at 1024 with gemm = \"" + gemm_key + "\", got " +
+                                      std::to_string(rc.probe_snap) +
+                                      ": the snap belongs to the "
                                       "probe-matched GEMM's accumulator (set linear.gemm = "
                                       "\"probe-matched\", or also set linear.probe_snap = 1024 "
                                       "to leave it)");
@@ -689,8 +727,8 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
   r.choice("linear.probe_alpha", s, {"quotient", "reciprocal"});
   rc.probe_alpha = s == "reciprocal" ? AlphaRule::Reciprocal : AlphaRule::Quotient;
   if (rc.probe_alpha != AlphaRule::Quotient && rc.gemm != GemmMode::ProbeMatched)
-    r.fail("linear.probe_alpha", std::string("to be left at \"quotient\" with gemm = \"") +
-                                     gemm_mode_name(rc.gemm) + "\": α is the probe-matched "
+    r.fail("linear.probe_alpha", "to be left at \"quotient\" with gemm = \"" + gemm_key +
+                                     "\": α is the probe-matched "
                                      "GEMM's (set linear.gemm = \"probe-matched\", or also set "
                                      "linear.probe_alpha = \"quotient\" to leave it)");
 
@@ -808,6 +846,7 @@ Recipe parse_recipe(detail::TomlReader& r, const std::string& default_name,
              std::string("\"fp4\" when scale_target or rounding is set in the same override (a ") +
                  linear_mode_name(ov.mode) + " linear has no FP4 scale target or rounding)");
   }
+  if (gemm_key == "auto") rc.gemm = resolve_auto_gemm(rc);
   check_row_scaled_activation(r, rc);
   check_quartet_quantizers(r, rc);
   check_decoded_bf16(r, rc);

@@ -134,10 +134,10 @@ std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) 
     o << (l ? "," : "") << m;
   }
   o << " per block";
-  // The FP4 GEMM emulation when it is not the default decoded one (docs/gemm.md)
+  // The FP4 GEMM emulation, where a linear runs FP4 (docs/gemm.md)
   bool fp4 = false;
   for (const LinearPlan& p : res.plans) fp4 = fp4 || p.mode == LinearMode::FP4;
-  if (fp4 && recipe.gemm != GemmMode::Decoded) o << "; FP4 GEMM " << gemm_mode_name(recipe.gemm);
+  if (fp4) o << "; FP4 GEMM " << gemm_mode_name(recipe.gemm);
   o << ")";
   for (size_t i = 0; i < recipe.overrides.size(); ++i) {
     o << "\n  override[" << i << "] " << recipe.overrides[i].describe() << " -> "

@@ -28,7 +28,7 @@ out=$("$bin" train --config micro.toml --recipe ue5m3-b16 --set train.lr=2e-3 \
 name='ue5m3-b16+fp4.block=32+rounding.dy=rne+fp4.weight_2d=false'
 dir="runs/micro+train.lr=2e-3-$name-s1"
 [ -d "$dir" ] || fail "run directory $dir not made: $(ls runs)"
-grep -qF "recipe $name (fp4,fp4,fp4,fp4 per block)" <<<"$out" || fail "progress lines lack the labelled recipe: $out"
+grep -qF "recipe $name (fp4,fp4,fp4,fp4 per block; FP4 GEMM decoded-bf16)" <<<"$out" || fail "progress lines lack the labelled recipe: $out"
 grep -qF "overrides: --set train.lr=2e-3 --set fp4.block=32" <<<"$out" || fail "no overrides line: $out"
 grep -qx "lr = 0.002" "$dir/config.toml" || fail "config.toml lacks lr = 0.002: $(cat "$dir/config.toml")"
 grep -qx "block = 32" "$dir/recipe.toml" || fail "recipe.toml lacks block = 32"

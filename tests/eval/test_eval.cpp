@@ -43,12 +43,23 @@ float amax(const std::vector<float>& v) {
 Recipe recipe(const std::string& name) {
   return load_recipe(name, fs::path(FP4_SOURCE_DIR) / "configs/recipes");
 }
-// Y [M,N] = qdq(X, g_x) · qdq(W, g_w)ᵀ with the scalar reference quantizer and the FP32 GEMM:
-// the fprop of docs/numerics.md computed without the Linear.
+// The fprop of docs/numerics.md computed without the Linear, from the scalar reference
+// quantizers, for the recipe's GEMM mode (docs/gemm.md): decoded, Y [M,N] = qdq(X, g_x) ·
+// qdq(W, g_w)ᵀ on the FP32 GEMM; decoded-bf16, the q·c_b operands on gemm_block_scaled with
+// the two tensor decode scales.
 std::vector<float> independent_fprop(const std::vector<float>& X, const std::vector<float>& W,
                                      int64_t M, int64_t K, int64_t N, const Recipe& r, float gx,
                                      float gw) {
   std::vector<float> xq(M * K), wq(N * K), Y(M * N);
+  if (r.gemm == GemmMode::DecodedBf16) {
+    quantize_block_scaled(X.data(), M, K, r.spec_x(), gx, nullptr, xq.data());
+    quantize_block_scaled(W.data(), N, K, r.spec_w(), gw, nullptr, wq.data());
+    BlockScaledGemmScratch scratch;
+    gemm_block_scaled(false, true, M, N, K, xq.data(), tensor_decode_scale(r.spec_x(), gx),
+                      wq.data(), tensor_decode_scale(r.spec_w(), gw), false, Y.data(), scratch);
+    return Y;
+  }
+  EXPECT_EQ(r.gemm, GemmMode::Decoded);
   quantize_dequantize(X.data(), M, K, r.spec_x(), gx, nullptr, xq.data());
   quantize_dequantize(W.data(), N, K, r.spec_w(), gw, nullptr, wq.data());
   sgemm(false, true, M, N, K, 1.f, xq.data(), K, wq.data(), K, 0.f, Y.data(), N);
@@ -75,21 +86,25 @@ constexpr int64_t M = 32, K = 48, N = 24;
 // ------------------------------------------------------------------ one Linear
 
 TEST(InferenceLinear, CurrentEqualsQuantizeWithTensorAmaxThenGemm) {
-  const Recipe r = recipe("ue5m3-b16");
-  auto X = randn(M * K, 1, 3.f), W = randn(N * K, 2, 0.05f);
-  std::vector<float> dW(N * K), Y(M * N);
-  nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
-  lin.bind(W.data(), dW.data());
-  lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Current));
-  EXPECT_EQ(lin.refs().g_x, amax(X));
-  EXPECT_EQ(lin.refs().g_w, amax(W));
-  EXPECT_TRUE(same_bits(Y, independent_fprop(X, W, M, K, N, r, amax(X), amax(W))));
-  // A second batch: current amax again (not the first batch's).
-  for (auto& x : X) x *= 4.f;
-  lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Current, 2));
-  EXPECT_EQ(lin.refs().g_x, amax(X));
-  EXPECT_TRUE(same_bits(Y, independent_fprop(X, W, M, K, N, r, amax(X), amax(W))));
-  EXPECT_TRUE(training_caches_empty(lin));
+  for (GemmMode mode : {GemmMode::DecodedBf16, GemmMode::Decoded}) {  // ue5m3-b16's, the reference
+    Recipe r = recipe("ue5m3-b16");
+    r.gemm = mode;
+    const std::string at = gemm_mode_name(mode);
+    auto X = randn(M * K, 1, 3.f), W = randn(N * K, 2, 0.05f);
+    std::vector<float> dW(N * K), Y(M * N);
+    nn::Linear lin(0, K, N, LinearPlan::uniform(r, LinearMode::FP4));
+    lin.bind(W.data(), dW.data());
+    lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Current));
+    EXPECT_EQ(lin.refs().g_x, amax(X)) << at;
+    EXPECT_EQ(lin.refs().g_w, amax(W)) << at;
+    EXPECT_TRUE(same_bits(Y, independent_fprop(X, W, M, K, N, r, amax(X), amax(W)))) << at;
+    // A second batch: current amax again (not the first batch's).
+    for (auto& x : X) x *= 4.f;
+    lin.forward(X.data(), Y.data(), M, infer(nn::InferenceRef::Current, 2));
+    EXPECT_EQ(lin.refs().g_x, amax(X)) << at;
+    EXPECT_TRUE(same_bits(Y, independent_fprop(X, W, M, K, N, r, amax(X), amax(W)))) << at;
+    EXPECT_TRUE(training_caches_empty(lin)) << at;
+  }
 }
 
 // llama-q8_0 (docs/export.md "FP4 weights in GGUF"): an FP4 linear's X as llama.cpp's Q8_0

@@ -192,8 +192,13 @@ TEST(Recipes, ShippedRecipesParseWithTheirTableValues) {
   EXPECT_EQ(u.scale_target, 448.f);
   EXPECT_EQ(u.round_w, Rounding::RNE);
   EXPECT_TRUE(u.element_format.is_e2m1());
-  EXPECT_EQ(u.gemm, GemmMode::Decoded);
+  EXPECT_EQ(u.gemm, GemmMode::DecodedBf16);  // gemm = "auto": E2M1 with UE5M3 scales
   for (int b = 0; b < 4; ++b) EXPECT_EQ(u.block_mode(b, 4), LinearMode::FP4);
+  // auto: decoded where the recipe is not FP4 or decoded-bf16 cannot carry it
+  EXPECT_EQ(load_recipe("fp32", dir).gemm, GemmMode::Decoded);
+  EXPECT_EQ(load_recipe("quartet2", dir).gemm, GemmMode::Decoded);
+  EXPECT_EQ(load_recipe("ue5m3-b16-paper", dir).gemm, GemmMode::ProbeMatched);
+  EXPECT_EQ(load_recipe("mxfp4", dir).gemm, GemmMode::DecodedBf16);
   const Recipe n = load_recipe("nvfp4-te", dir);
   EXPECT_EQ(n.scale_format, ScaleFormat::E4M3);
   EXPECT_EQ(n.amax_interval, 1);

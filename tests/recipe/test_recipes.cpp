@@ -362,10 +362,11 @@ TEST(RecipeOverride, PaperExampleResolvesToWgradDyOfTheFinalFourMlpDown) {
   EXPECT_NE(e.find("ue5m3-b16-t2048.toml"), std::string::npos) << e;
 }
 
-// The Linear of an overridden layer: wgrad dW equals a hand-assembled reference quantizing dYᵀ
-// with T = 2048 (and Xᵀ with T = 448); dgrad dX is bit-identical to the non-overridden layer's.
-TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
-  const Recipe r = load_recipe("ue5m3-b16-t2048", kDir);
+// The Linear of an overridden layer (ue5m3-b16-t2048 with r's GEMM mode): wgrad dW equals a
+// hand-assembled reference quantizing dYᵀ with T = 2048 (and Xᵀ with T = 448); dgrad dX is
+// bit-identical to the non-overridden layer's.
+static void linear_wgrad_uses_t2048(const Recipe& r) {
+  const std::string at = gemm_mode_name(r.gemm);
   const ResolvedLinears res = resolve_layers(r, 4);
   const int id = 3 * 6 + 5;  // layers.7.mixer.down_proj
   const LinearPlan& over = res.plans[id];
@@ -386,8 +387,8 @@ TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
     lin.forward(X.data(), Y.data(), M, ctx);
     lin.backward(dY.data(), dX[v].data(), M, ctx);
   }
-  EXPECT_EQ(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float)));
-  EXPECT_NE(0, std::memcmp(dW[0].data(), dW[1].data(), dW[0].size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float))) << at;
+  EXPECT_NE(0, std::memcmp(dW[0].data(), dW[1].data(), dW[0].size() * sizeof(float))) << at;
 
   // Hand-assembled wgrad: scalar quantizer on the transposes, SR keys as the Linear's
   // (operand dY = 2, GEMM wgrad = 2), one dY reference g = amax(dY) (held at step 1).
@@ -403,11 +404,33 @@ TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
     BlockQuantSpec sx;  // T = 448, RNE
     const SrKey kd{77, 1, uint32_t(id), 2, 2};
     std::vector<float> a(N * M), b(K * M), want(N * K, 0.f);
-    quantize_dequantize(dyt.data(), N, M, sdy, tensor_amax(dY.data(), dY.size()), &kd, a.data());
-    quantize_dequantize(xt.data(), K, M, sx, tensor_amax(X.data(), X.size()), nullptr, b.data());
-    sgemm(false, true, N, K, M, 1.f, a.data(), M, b.data(), M, 1.f, want.data(), K);
+    const float gdy = tensor_amax(dY.data(), dY.size()), gx = tensor_amax(X.data(), X.size());
+    if (r.gemm == GemmMode::DecodedBf16) {  // q·c_b operands, decode scales on the output
+      quantize_block_scaled(dyt.data(), N, M, sdy, gdy, &kd, a.data());
+      quantize_block_scaled(xt.data(), K, M, sx, gx, nullptr, b.data());
+      BlockScaledGemmScratch scratch;
+      gemm_block_scaled(false, true, N, K, M, a.data(), tensor_decode_scale(sdy, gdy), b.data(),
+                        tensor_decode_scale(sx, gx), true, want.data(), scratch);
+    } else {
+      quantize_dequantize(dyt.data(), N, M, sdy, gdy, &kd, a.data());
+      quantize_dequantize(xt.data(), K, M, sx, gx, nullptr, b.data());
+      sgemm(false, true, N, K, M, 1.f, a.data(), M, b.data(), M, 1.f, want.data(), K);
+    }
     const std::vector<float>& got = dW[T == 2048.f ? 1 : 0];
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float))) << "T = " << T;
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+        << "T = " << T << ", " << at;
+  }
+}
+
+TEST(RecipeOverride, LinearWgradUsesT2048ForDyAndLeavesDgradAlone) {
+  // The recipe's own GEMM (auto: decoded-bf16) and the reference decoded one.
+  for (GemmMode mode : {GemmMode::DecodedBf16, GemmMode::Decoded}) {
+    Recipe r = load_recipe("ue5m3-b16-t2048", kDir);
+    if (mode == GemmMode::DecodedBf16) {
+      EXPECT_EQ(r.gemm, mode) << "auto resolves to decoded-bf16";
+    }
+    r.gemm = mode;
+    linear_wgrad_uses_t2048(r);
   }
 }
 
@@ -475,7 +498,8 @@ TEST(RecipeOverride, ModeAndRoundingOverridesAndTheirReport) {
   RunConfig cfg = micro_run(2);
   nn::Model model(cfg.model, r, 1, 16);
   const std::string d = describe_linear_plans(r, model);
-  EXPECT_NE(d.find("(bf16+fp4,fp4,fp4,fp4 per block)"), std::string::npos) << d;  // 4 hybrid blocks
+  EXPECT_NE(d.find("(bf16+fp4,fp4,fp4,fp4 per block; FP4 GEMM decoded-bf16)"), std::string::npos)
+      << d;  // 4 hybrid blocks
   EXPECT_NE(d.find("override[0]"), std::string::npos) << d;
   EXPECT_NE(d.find("layers.0.mixer.q_proj layers.0.mixer.k_proj"), std::string::npos) << d;
   EXPECT_NE(d.find("override[1]"), std::string::npos) << d;
@@ -625,41 +649,60 @@ TEST(RecipeOverride, ModelLinearNamesEndInTheRecipeKinds) {
 // An override of W in dgrad only (2-D tiles, otherwise shared with fprop): dX equals a
 // hand-assembled dgrad with W re-quantized at T = 1000; fprop Y and wgrad dW are unchanged.
 TEST(RecipeOverride, DgradWeightOverrideRequantizesTheTiles) {
-  const Recipe r = load_recipe_file(write_tmp(
+  const Recipe auto_r = load_recipe_file(write_tmp(
       "dgw.toml", std::string(kBase) + "[[override]]\nlinears = [\"attn.o\"]\ngemm = \"dgrad\"\n"
                                        "role = \"w\"\nscale_target = 1000.0\n"));
-  const ResolvedLinears res = resolve_layers(r, 1);
-  const int id = 3;  // layers.0.mixer.o_proj
-  ASSERT_EQ(res.override_hits[0], std::vector<int>{id});
-  const int64_t M = 32, K = 40, N = 24;
-  const std::vector<float> X = randn(M * K, 21), W0 = randn(N * K, 22, 0.1f), dY = randn(M * N, 23);
-  nn::StepContext ctx;
-  ctx.seed = 5;
-  std::vector<float> Y[2], dW[2], dX[2];
-  for (int v = 0; v < 2; ++v) {
-    std::vector<float> W = W0;
-    Y[v].assign(M * N, 0.f);
-    dW[v].assign(N * K, 0.f);
-    dX[v].assign(M * K, 0.f);
-    nn::Linear lin(id, K, N, v ? res.plans[id] : LinearPlan::uniform(r, LinearMode::FP4));
-    lin.bind(W.data(), dW[v].data());
-    lin.forward(X.data(), Y[v].data(), M, ctx);
-    lin.backward(dY.data(), dX[v].data(), M, ctx);
+  EXPECT_EQ(auto_r.gemm, GemmMode::DecodedBf16);  // auto
+  for (GemmMode mode : {GemmMode::DecodedBf16, GemmMode::Decoded}) {
+    Recipe r = auto_r;
+    r.gemm = mode;
+    const std::string at = gemm_mode_name(mode);
+    const ResolvedLinears res = resolve_layers(r, 1);
+    const int id = 3;  // layers.0.mixer.o_proj
+    ASSERT_EQ(res.override_hits[0], std::vector<int>{id});
+    const int64_t M = 32, K = 40, N = 24;
+    const std::vector<float> X = randn(M * K, 21), W0 = randn(N * K, 22, 0.1f),
+                             dY = randn(M * N, 23);
+    nn::StepContext ctx;
+    ctx.seed = 5;
+    std::vector<float> Y[2], dW[2], dX[2];
+    for (int v = 0; v < 2; ++v) {
+      std::vector<float> W = W0;
+      Y[v].assign(M * N, 0.f);
+      dW[v].assign(N * K, 0.f);
+      dX[v].assign(M * K, 0.f);
+      nn::Linear lin(id, K, N, v ? res.plans[id] : LinearPlan::uniform(r, LinearMode::FP4));
+      lin.bind(W.data(), dW[v].data());
+      lin.forward(X.data(), Y[v].data(), M, ctx);
+      lin.backward(dY.data(), dX[v].data(), M, ctx);
+    }
+    EXPECT_EQ(0, std::memcmp(Y[0].data(), Y[1].data(), Y[0].size() * sizeof(float))) << at;
+    EXPECT_EQ(0, std::memcmp(dW[0].data(), dW[1].data(), dW[0].size() * sizeof(float))) << at;
+    BlockQuantSpec sdy;
+    sdy.rounding = Rounding::SR8;
+    BlockQuantSpec sw;
+    sw.two_d = true;
+    sw.target = 1000.f;
+    const SrKey kd{5, 1, uint32_t(id), 2, 1};  // operand dY, GEMM dgrad
+    std::vector<float> a(M * N), b(N * K), want(M * K, 0.f);
+    const float gdy = tensor_amax(dY.data(), dY.size()), gw = tensor_amax(W0.data(), W0.size());
+    if (mode == GemmMode::DecodedBf16) {  // q·c_b operands (Ŵ transposed, as the Linear's dgrad)
+      quantize_block_scaled(dY.data(), M, N, sdy, gdy, &kd, a.data());
+      quantize_block_scaled(W0.data(), N, K, sw, gw, nullptr, b.data());
+      std::vector<float> bt(K * N);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) bt[k * N + n] = b[n * K + k];
+      BlockScaledGemmScratch scratch;
+      gemm_block_scaled(false, true, M, K, N, a.data(), tensor_decode_scale(sdy, gdy), bt.data(),
+                        tensor_decode_scale(sw, gw), true, want.data(), scratch);
+    } else {
+      quantize_dequantize(dY.data(), M, N, sdy, gdy, &kd, a.data());
+      quantize_dequantize(W0.data(), N, K, sw, gw, nullptr, b.data());
+      sgemm(false, false, M, K, N, 1.f, a.data(), N, b.data(), K, 1.f, want.data(), K);
+    }
+    EXPECT_EQ(0, std::memcmp(dX[1].data(), want.data(), want.size() * sizeof(float))) << at;
+    EXPECT_NE(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float))) << at;
   }
-  EXPECT_EQ(0, std::memcmp(Y[0].data(), Y[1].data(), Y[0].size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(dW[0].data(), dW[1].data(), dW[0].size() * sizeof(float)));
-  BlockQuantSpec sdy;
-  sdy.rounding = Rounding::SR8;
-  BlockQuantSpec sw;
-  sw.two_d = true;
-  sw.target = 1000.f;
-  const SrKey kd{5, 1, uint32_t(id), 2, 1};  // operand dY, GEMM dgrad
-  std::vector<float> a(M * N), b(N * K), want(M * K, 0.f);
-  quantize_dequantize(dY.data(), M, N, sdy, tensor_amax(dY.data(), dY.size()), &kd, a.data());
-  quantize_dequantize(W0.data(), N, K, sw, tensor_amax(W0.data(), W0.size()), nullptr, b.data());
-  sgemm(false, false, M, K, N, 1.f, a.data(), N, b.data(), K, 1.f, want.data(), K);
-  EXPECT_EQ(0, std::memcmp(dX[1].data(), want.data(), want.size() * sizeof(float)));
-  EXPECT_NE(0, std::memcmp(dX[0].data(), dX[1].data(), dX[0].size() * sizeof(float)));
 }
 
 // The paper's primary run: every choice of docs/recipes.md "The paper's primary run".
@@ -1050,14 +1093,19 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
   EXPECT_FALSE(LinearPlan::uniform(r, LinearMode::FP4).probe());
   EXPECT_NE(recipe_to_toml(r).find("gemm = \"decoded-bf16\""), std::string::npos);
   EXPECT_EQ(recipe_from_text(recipe_to_toml(r), "round.toml").gemm, GemmMode::DecodedBf16);
-  {  // the run header names the FP4 GEMM when it is not the default decoded one
+  {  // the run header names the FP4 GEMM of a recipe with FP4 linears, and only of one
     RunConfig cfg = micro_run(2);
     nn::Model model(cfg.model, r, 1, 16);
     EXPECT_NE(describe_linear_plans(r, model).find("per block; FP4 GEMM decoded-bf16)"), std::string::npos)
         << describe_linear_plans(r, model);
-    const Recipe d = load_recipe("nvfp4-te", kDir);
+    const Recipe d = load_recipe("nvfp4-te", kDir, parse_settings({"linear.gemm=decoded"}).recipe);
     nn::Model dm(cfg.model, d, 1, 16);
-    EXPECT_EQ(describe_linear_plans(d, dm).find("FP4 GEMM"), std::string::npos) << describe_linear_plans(d, dm);
+    EXPECT_NE(describe_linear_plans(d, dm).find("per block; FP4 GEMM decoded)"), std::string::npos)
+        << describe_linear_plans(d, dm);
+    const Recipe f = load_recipe("fp32", kDir);
+    nn::Model fm(cfg.model, f, 1, 16);
+    EXPECT_EQ(describe_linear_plans(f, fm).find("FP4 GEMM"), std::string::npos)
+        << describe_linear_plans(f, fm);
   }
   struct Case {
     std::vector<std::string> sets;
@@ -1101,6 +1149,49 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
   const std::string m = error_of(
       [&] { load_recipe("nvfp4-te", kDir, parse_settings({"linear.gemm=bf16"}).recipe); });
   EXPECT_NE(m.find("decoded-bf16"), std::string::npos) << m;  // the choices are listed
+}
+
+// linear.gemm = "auto", the key's default (docs/recipes.md "Every knob"): decoded-bf16 where the
+// recipe has FP4 linears and that GEMM carries them, decoded wherever a spelled decoded-bf16 is
+// refused; resolved once by the reader and written back resolved.
+TEST(RecipeGemmMode, AutoResolvesToDecodedBf16WhereItCarriesTheRecipe) {
+  EXPECT_EQ(load_recipe("nvfp4-te", kDir).gemm, GemmMode::DecodedBf16);
+  const std::vector<std::vector<std::string>> refused = {
+      {"fp4.element_format=e2m3"},
+      {"fp4.scale_format=ue4m3"},
+      {"fp4.row_scaled_activation=true", "fp4.amax_interval=1"},
+      {"fp4.scale_format=ue8m0", "fp4.scale_target=1e20"},
+      {"fp4.scale_format=ue8m0", "fp4.scale_target=1e-20"},
+  };
+  for (const auto& sets : refused) {
+    const Recipe r = load_recipe("nvfp4-te", kDir, parse_settings(sets).recipe);
+    EXPECT_EQ(r.gemm, GemmMode::Decoded) << sets[0];
+    EXPECT_NE(recipe_to_toml(r).find("gemm = \"decoded\""), std::string::npos) << sets[0];
+    EXPECT_EQ(recipe_from_text(recipe_to_toml(r), "round.toml").gemm, GemmMode::Decoded) << sets[0];
+  }
+  {  // an override's scale target counts too
+    const Recipe r = load_recipe(
+        "ue5m3-b16-t2048", kDir,
+        parse_settings({"fp4.scale_format=ue8m0", "override[0].scale_target=1e30"}).recipe);
+    EXPECT_EQ(r.gemm, GemmMode::Decoded);
+  }
+  EXPECT_EQ(load_recipe("quartet2", kDir, parse_settings({"linear.gemm=auto"}).recipe).gemm,
+            GemmMode::Decoded);
+  EXPECT_EQ(load_recipe("fp32", kDir).gemm, GemmMode::Decoded);  // no FP4 linear
+  EXPECT_EQ(load_recipe("bf16", kDir, parse_settings({"linear.gemm=auto"}).recipe).gemm,
+            GemmMode::Decoded);
+  // a recipe without the key, and one whose only FP4 linears come from an override
+  EXPECT_EQ(recipe_from_text("[linear]\nmode = \"fp4\"\n", "bare").gemm, GemmMode::DecodedBf16);
+  const Recipe ov = recipe_from_text(
+      "[linear]\nmode = \"fp32\"\n[[override]]\nlinears = [\"down_proj\"]\n"
+      "mode = \"fp4\"\n",
+      "override-only");
+  EXPECT_EQ(ov.gemm, GemmMode::DecodedBf16);
+  EXPECT_NE(recipe_to_toml(ov).find("gemm = \"decoded-bf16\""), std::string::npos);
+  // the probe-matched keys are refused under auto as under the decoded modes, naming auto
+  const std::string e = error_of(
+      [&] { load_recipe("nvfp4-te", kDir, parse_settings({"linear.probe_snap=256"}).recipe); });
+  EXPECT_NE(e.find("gemm = \"auto\""), std::string::npos) << e;
 }
 
 // ------------------------------------------ [rounding] "rna" (docs/numerics.md "Rounding a magnitude")
