@@ -640,6 +640,23 @@ void Comparison::check_recipes() {
   }
 }
 
+namespace {
+// The GEMM mode of a run's recipe.toml (file) that differs from `now` in linear.gemm alone, or ""
+// when it differs in anything else or does not parse. Runs made before gemm = "auto" moved the
+// shipped recipes to decoded-bf16 differ from them in exactly that.
+std::string gemm_of_older_run(const fs::path& file, const Recipe& now) {
+  try {
+    Recipe old = load_recipe_file(file);
+    const GemmMode was = old.gemm;
+    if (was == now.gemm) return "";
+    old.gemm = now.gemm;
+    return recipe_to_toml(old) == recipe_to_toml(now) ? gemm_mode_name(was) : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+}  // namespace
+
 // A reused or resumed run must have been made with exactly this config and recipe.
 void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
   const fs::path d = compare_run_dir(out, plan.names[ri], seed);
@@ -663,8 +680,16 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
         throw UserError(d.string() + " holds summary.json but no " + f +
                         ": not a complete run (was another process writing into it?); remove "
                         "that run directory to train it again (nothing was changed)");
-  if (!same("config.toml", run_config_to_toml(rc)) ||
-      !same("recipe.toml", recipe_to_toml(recipes[ri].recipe())))
+  const Recipe& now = recipes[ri].recipe();
+  if (same("config.toml", run_config_to_toml(rc)) && !same("recipe.toml", recipe_to_toml(now)))
+    if (const std::string old = gemm_of_older_run(d / "recipe.toml", now); !old.empty())
+      throw UserError(d.string() + " holds a run made with linear.gemm = \"" + old + "\", where " +
+                      plan.recipes[ri] + " now runs \"" + gemm_mode_name(now.gemm) +
+                      "\" (the recipe is otherwise the same; docs/gemm.md \"Decoded FP4 on the "
+                      "BF16 GEMM\"): the two GEMMs round differently, so their runs are not mixed "
+                      "in one comparison. Use another --out for new runs (`fp4train report` still "
+                      "reads the finished ones); nothing was changed");
+  if (!same("config.toml", run_config_to_toml(rc)) || !same("recipe.toml", recipe_to_toml(now)))
     throw UserError(d.string() + " holds a run made with a different " +
                     (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
                                                                  : "config (config.toml)") +

@@ -111,6 +111,15 @@ sed -i 's/^amax_interval = 10/amax_interval = 20/' "$work/my recipes/d10.toml"
 out=$("$bin" compare --config micro.toml --recipes "$work/my recipes/d10.toml" --out cmp3 --no-plots 2>&1) \
   && fail "a changed recipe reused the old run"
 grep -q "different recipe" <<<"$out" || fail "changed recipe not explained: $out"
+# A run made before gemm = "auto" moved ue5m3-b16 to decoded-bf16 (its recipe.toml says
+# "decoded") is not mixed with new runs, and the refusal names the GEMM.
+cp -r cmp cmpold
+grep -qx 'gemm = "decoded-bf16"' cmpold/ue5m3-b16-s1/recipe.toml || fail "ue5m3-b16 ran no decoded-bf16"
+sed -i 's/^gemm = "decoded-bf16"$/gemm = "decoded"/' cmpold/ue5m3-b16-s1/recipe.toml
+out=$("$bin" compare --config micro.toml --recipes ue5m3-b16 --out cmpold --no-plots 2>&1) \
+  && fail "a decoded-GEMM run was reused for decoded-bf16"
+grep -qF 'made with linear.gemm = "decoded", where ue5m3-b16 now runs "decoded-bf16"' <<<"$out" \
+  || fail "the older run's GEMM not named: $out"
 
 # A run that diverges is a result: it is reported, and the other runs go on.
 sed -e 's/^lr = .*/lr = 1e4/' micro.toml > div.toml
