@@ -553,6 +553,8 @@ std::optional<Bf16Refusal> decoded_bf16_refusal(const Recipe& rc) {
                            std::to_string(t)};
   };
   if (auto f = band("fp4.scale_target", rc.scale_target)) return f;
+  if (rc.four_over_six_scale_target > 0.f)  // the target of the 4/6 roles (make_spec)
+    if (auto f = band("fp4.four_over_six_scale_target", rc.four_over_six_scale_target)) return f;
   for (size_t i = 0; i < rc.overrides.size(); ++i)
     if (rc.overrides[i].has_scale_target)
       if (auto f = band("override[" + std::to_string(i) + "].scale_target",

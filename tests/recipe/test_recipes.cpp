@@ -1119,6 +1119,10 @@ TEST(RecipeGemmMode, DecodedBf16ParsesRoundTripsAndRefusesWhatItCannotCarry) {
       {{"linear.probe_snap=256"}, "linear.probe_snap", "decoded-bf16"},
       {{"fp4.scale_format=ue8m0", "fp4.scale_target=1e20"}, "fp4.scale_target", "2^48"},
       {{"fp4.scale_format=ue8m0", "fp4.scale_target=1e-20"}, "fp4.scale_target", "2^-24"},
+      {{"fp4.scale_format=ue8m0", "fp4.four_over_six=all", "fp4.four_over_six_scale_target=1e-20"},
+       "fp4.four_over_six_scale_target", "2^-24"},
+      {{"fp4.scale_format=ue8m0", "fp4.four_over_six=all", "fp4.four_over_six_scale_target=1e20"},
+       "fp4.four_over_six_scale_target", "2^48"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> sets = c.sets;
@@ -1162,6 +1166,7 @@ TEST(RecipeGemmMode, AutoResolvesToDecodedBf16WhereItCarriesTheRecipe) {
       {"fp4.row_scaled_activation=true", "fp4.amax_interval=1"},
       {"fp4.scale_format=ue8m0", "fp4.scale_target=1e20"},
       {"fp4.scale_format=ue8m0", "fp4.scale_target=1e-20"},
+      {"fp4.scale_format=ue8m0", "fp4.four_over_six=all", "fp4.four_over_six_scale_target=1e-20"},
   };
   for (const auto& sets : refused) {
     const Recipe r = load_recipe("nvfp4-te", kDir, parse_settings(sets).recipe);
