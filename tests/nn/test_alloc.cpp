@@ -1,6 +1,7 @@
 // No heap allocation per training step in the steady state: this binary replaces the global
 // operator new / delete with counting versions and runs train_step (telemetry off) for the
-// FP32 and FP4 recipes (decoded, with RHT, MX). After two warm-up steps, steps 3 and 4 must
+// FP32 and FP4 recipes (each FP4 recipe with its own GEMM, decoded-bf16 through gemm = "auto",
+// and with the reference decoded GEMM; with RHT, MX). After two warm-up steps, steps 3 and 4 must
 // not call operator new on any thread.
 //
 // When they do, a further step runs with the profiler on, and each allocation is attributed
@@ -119,13 +120,7 @@ struct TeamSize {
 TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   const std::string name = std::get<0>(GetParam());
   const TeamSize team(std::get<1>(GetParam()));
-  // "<recipe>@decoded-bf16": the shipped recipe with linear.gemm = "decoded-bf16"
-  const size_t at = name.find('@');
-  const Recipe recipe =
-      at == std::string::npos
-          ? fp4::testing::shipped_recipe(name)
-          : load_recipe(name.substr(0, at), std::filesystem::path(FP4_SOURCE_DIR) / "configs/recipes",
-                        parse_settings({"linear.gemm=" + name.substr(at + 1)}).recipe);
+  const Recipe recipe = fp4::testing::shipped_recipe(name);  // "<recipe>@<gemm>": with that GEMM
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
   const RunConfig cfg = std::get<2>(GetParam()) ? fp4::testing::hybrid_config(0)
                                                 : fp4::testing::two_layer_config(0);
@@ -182,8 +177,8 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, SteadyStateAlloc,
                          ::testing::Combine(::testing::Values("fp32", "ue5m3-b16", "nvfp4-te",
-                                                              "mxfp4", "ue5m3-b16@decoded-bf16",
-                                                              "nvfp4-te@decoded-bf16"),
+                                                              "mxfp4", "ue5m3-b16@decoded",
+                                                              "nvfp4-te@decoded"),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string s = std::get<0>(info.param);

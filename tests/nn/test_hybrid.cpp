@@ -686,11 +686,11 @@ TEST_P(HybridThreads, LossAndGradsBitIdenticalAt1To3Threads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, HybridThreads,
-                         ::testing::Values("fp32", "ue5m3-b16", "nvfp4-te"),
+                         ::testing::Values("fp32", "ue5m3-b16", "nvfp4-te", "ue5m3-b16@decoded"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
-                             if (c == '-') c = '_';
+                             if (c == '-' || c == '@') c = '_';
                            return s;
                          });
 

@@ -8,15 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "fp4/config/settings.h"
 #include "fp4/data/data.h"
 #include "fp4/nn/run_config.h"
 #include "fp4/recipe/recipe.h"
 
 namespace fp4::testing {
 
-/// A recipe shipped in configs/recipes (by name).
+/// A recipe shipped in configs/recipes (by name); "<name>@<gemm>" loads it with linear.gemm =
+/// "<gemm>" (e.g. "ue5m3-b16@decoded": the reference GEMM instead of auto's decoded-bf16).
 inline Recipe shipped_recipe(const std::string& name) {
-  return load_recipe(name, std::filesystem::path(FP4_SOURCE_DIR) / "configs/recipes");
+  const std::filesystem::path dir = std::filesystem::path(FP4_SOURCE_DIR) / "configs/recipes";
+  const size_t at = name.find('@');
+  if (at == std::string::npos) return load_recipe(name, dir);
+  return load_recipe(name.substr(0, at), dir,
+                     parse_settings({"linear.gemm=" + name.substr(at + 1)}).recipe);
 }
 
 /// vocab 64, d_model 32, 2 layers of 2 heads, MLP 64, 2 sequences of 16 tokens per step,

@@ -135,10 +135,12 @@ TEST_P(GradAccum, StepGradientIsTheTreeMeanOfTheMicroBatchGradients) {
   }
 }
 
-// Every shipped recipe but ue5m3-b16-t2048, whose override needs 4 MLP blocks (this model has 2).
+// Every shipped recipe but ue5m3-b16-t2048, whose override needs 4 MLP blocks (this model has 2),
+// and two of them with the reference decoded GEMM ("@decoded"; gemm = "auto" runs decoded-bf16).
 INSTANTIATE_TEST_SUITE_P(Recipes, GradAccum,
                          ::testing::Values("fp32", "bf16", "ue5m3-b16", "ue5m3-b32", "ue5m3-te",
-                                           "ue5m3-b16-probe", "nvfp4-te", "nvfp4-all", "mxfp4"),
+                                           "ue5m3-b16-probe", "nvfp4-te", "nvfp4-all", "mxfp4",
+                                           "ue5m3-b16@decoded", "nvfp4-te@decoded"),
                          [](const auto& i) {
                            std::string n = i.param;
                            for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
