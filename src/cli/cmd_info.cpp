@@ -124,9 +124,12 @@ void print_text(const ModelInfo& in, const std::string& cfg_name, const Recipe& 
     std::printf("override[%zu] %s -> %zu linear%s: %s\n", k, in.override_descriptions[k].c_str(),
                 n, n == 1 ? "" : "s", names.c_str());
   }
-  std::printf("modes: %d FP4-eligible linears: %d fp4, %d bf16, %d fp32; + lm_head fp32\n",
-              in.eligible_linears(), in.mode_counts[int(LinearMode::FP4)],
-              in.mode_counts[int(LinearMode::BF16)], in.mode_counts[int(LinearMode::FP32)]);
+  // The FP4 GEMM as the recipe resolved it (gemm = "auto" included; docs/gemm.md)
+  const int fp4 = in.mode_counts[int(LinearMode::FP4)];
+  std::printf("modes: %d FP4-eligible linears: %d fp4, %d bf16, %d fp32; + lm_head fp32%s%s\n",
+              in.eligible_linears(), fp4, in.mode_counts[int(LinearMode::BF16)],
+              in.mode_counts[int(LinearMode::FP32)], fp4 ? "; FP4 GEMM " : "",
+              fp4 ? gemm_mode_name(recipe.gemm) : "");
 }
 
 json to_json(const ModelInfo& in, const std::string& config, const Settings& sets,

@@ -76,9 +76,14 @@ PY
 # --- text: the parameter line and the override listing ---------------------------------------
 out=$("$bin" info --config "$cfg8b") || fail "info failed"
 grep -qx 'parameters: 8,084,075,520 (8.08 B)' <<<"$out" || fail "parameter line: $(echo "$out" | grep parameters)"
-grep -q '^modes: 112 FP4-eligible linears: 112 fp4, 0 bf16, 0 fp32; + lm_head fp32$' <<<"$out" \
+grep -q '^modes: 112 FP4-eligible linears: 112 fp4, 0 bf16, 0 fp32; + lm_head fp32; FP4 GEMM decoded-bf16$' <<<"$out" \
   || fail "modes line: $(echo "$out" | grep modes)"
 grep -q 'estimate' <<<"$out" || fail "the per-linear copies are not marked as an estimate"
+# the FP4 GEMM as resolved: decoded where decoded-bf16 cannot carry the recipe; none without FP4
+out=$("$bin" info --config "$cfg8b" --recipe quartet2) || fail "info quartet2 failed"
+grep -q '; + lm_head fp32; FP4 GEMM decoded$' <<<"$out" || fail "quartet2 modes line: $(echo "$out" | grep modes)"
+out=$("$bin" info --config "$cfg8b" --recipe fp32) || fail "info fp32 failed"
+grep -q '; + lm_head fp32$' <<<"$out" || fail "fp32 modes line: $(echo "$out" | grep modes)"
 out=$("$bin" info --config "$cfg8b" --recipe ue5m3-b16-t2048) || fail "info t2048 failed"
 grep -q '^override\[0\] .*-> 4 linears: layers.45.mixer.down_proj, layers.47.mixer.down_proj, layers.49.mixer.down_proj, layers.51.mixer.down_proj$' <<<"$out" \
   || fail "override line: $(echo "$out" | grep '^override')"
