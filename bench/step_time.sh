@@ -5,6 +5,7 @@
 # steps 3..N of both runs (step 1 and 2 warm up caches and oneDNN, and step 1 records
 # telemetry) and its ratio to the first recipe's median.
 # Usage: bash bench/step_time.sh [--config C] [--steps N] [--bin PATH] [recipe ...]
+#   recipe: a name in configs/recipes or a recipe .toml path (labelled as typed)
 #   default recipes: the eight of docs/numerics.md, fp32 first (the baseline).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,25 +28,24 @@ for ((i = ${#recipes[@]} - 1; i >= 0; i--)); do order+=("${recipes[i]}"); done
 k=0
 for r in "${order[@]}"; do
   k=$((k + 1))
-  "$bin" train --config "$config" --recipe "$r" --steps "$steps" --quiet --out "$work/$k-$r" >/dev/null
+  # Run k of recipe r (a name or a .toml path) goes to $work/k; runs.tsv maps k back to r.
+  "$bin" train --config "$config" --recipe "$r" --steps "$steps" --quiet --out "$work/$k" >/dev/null
+  printf '%s\t%s\n' "$k" "$r" >> "$work/runs.tsv"
   echo "step_time.sh: $k/${#order[@]} $r done" >&2
 done
 python3 - "$work" "${recipes[@]}" <<'PY'
-import glob, json, statistics, sys
+import json, statistics, sys
 work, recipes = sys.argv[1], sys.argv[2:]
-med = {}
-for r in recipes:
-    ms = []
-    for d in glob.glob(f"{work}/*-{r}"):
-        if d.rsplit("/", 1)[1].split("-", 1)[1] != r:
-            continue
-        for line in open(f"{d}/metrics.jsonl"):
-            rec = json.loads(line)
-            if rec["step"] >= 3:
-                ms.append(rec["step_ms"])
-    med[r] = statistics.median(ms)
+ms = {r: [] for r in recipes}
+for line in open(f"{work}/runs.tsv"):
+    k, r = line.rstrip("\n").split("\t", 1)
+    for rec in map(json.loads, open(f"{work}/{k}/metrics.jsonl")):
+        if rec["step"] >= 3:
+            ms[r].append(rec["step_ms"])
+med = {r: statistics.median(v) for r, v in ms.items()}
 base = recipes[0]
-print(f"{'recipe':<14} {'median step (ms)':>17} {'ratio to ' + base:>16}")
+w = max(14, *(len(r) for r in recipes))
+print(f"{'recipe':<{w}} {'median step (ms)':>17} {'ratio to ' + base:>16}")
 for r in recipes:
-    print(f"{r:<14} {med[r]:>17.1f} {med[r] / med[base]:>16.2f}")
+    print(f"{r:<{w}} {med[r]:>17.1f} {med[r] / med[base]:>16.2f}")
 PY
