@@ -1,6 +1,7 @@
 // One training step of a Linear (fprop + dgrad + wgrad) at M = 4096 tokens, K = N = 1024:
-// FP32 (the three oneDNN GEMMs alone) versus the FP4 recipes in decoded-GEMM mode
-// (quantize every operand, then the same three GEMMs). Target: FP4 ≤ 1.25× FP32.
+// FP32 (the three oneDNN GEMMs alone) versus the shipped FP4 recipes with their own GEMM
+// (gemm = "auto": decoded-bf16, the operands' q·c_b on the BF16 GEMM; until 2026-12-06 the
+// decoded GEMM, quantize every operand, then the FP32 GEMMs). Target: FP4 ≤ 1.25× FP32.
 // BM_LinearStep_ue5m3_b16_probe runs the three GEMMs probe-matched (fp4::probe_gemm, default
 // kernel: AVX-512 VNNI or AVX2), the paper's headline recipe; BM_LinearStep_ue5m3_b16_paper adds
 // the paper's BF16 interface (configs/recipes/ue5m3-b16-paper.toml: BF16 X and dY, BF16 outputs;
