@@ -550,7 +550,7 @@ std::optional<Bf16Refusal> decoded_bf16_refusal(const Recipe& rc) {
                        "between 2^-24 and 2^48 with fp4.scale_format = \"ue8m0\" under the "
                        "tensor-scaled rule and linear.gemm = \"decoded-bf16\" (its unscaled "
                        "operands q·c_b, about a_b·T/g, would leave the FP32/BF16 range), got " +
-                           std::to_string(t)};
+                           float_str(t)};
   };
   if (auto f = band("fp4.scale_target", rc.scale_target)) return f;
   if (rc.four_over_six_scale_target > 0.f)  // the target of the 4/6 roles (make_spec)

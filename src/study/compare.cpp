@@ -688,9 +688,8 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
                       "\" (the recipe is otherwise the same; docs/gemm.md \"Decoded FP4 on the "
                       "BF16 GEMM\"): the two GEMMs round differently, so their runs are not mixed "
                       "in one comparison. Use another --out for new runs (`fp4train report` still "
-                      "reads the finished ones), or, to add runs of the old arithmetic here, a "
-                      "copy of the recipe file with linear.gemm = \"" + old + "\" and the same "
-                      "name; nothing was changed");
+                      "reads the finished ones), adding --set linear.gemm=" + old +
+                      " there to rerun the older arithmetic; nothing was changed");
   if (!same("config.toml", run_config_to_toml(rc)) || !same("recipe.toml", recipe_to_toml(now)))
     throw UserError(d.string() + " holds a run made with a different " +
                     (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
