@@ -118,6 +118,16 @@ ValidatedRun ValidatedRun::with_seed(uint64_t seed) const {
   return v;
 }
 
+namespace {
+// The FP4 GEMM of a run, as its recipe resolved it (docs/gemm.md), or nullptr when no linear
+// runs FP4: the run header and summary.json name it.
+const char* fp4_gemm_of(const Recipe& recipe, const nn::Model& model) {
+  for (const LinearPlan& p : model.resolved_linears().plans)
+    if (p.mode == LinearMode::FP4) return gemm_mode_name(recipe.gemm);
+  return nullptr;
+}
+}  // namespace
+
 std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) {
   const int L = model.n_blocks();
   const ResolvedLinears& res = model.resolved_linears();
@@ -134,10 +144,7 @@ std::string describe_linear_plans(const Recipe& recipe, const nn::Model& model) 
     o << (l ? "," : "") << m;
   }
   o << " per block";
-  // The FP4 GEMM emulation, where a linear runs FP4 (docs/gemm.md)
-  bool fp4 = false;
-  for (const LinearPlan& p : res.plans) fp4 = fp4 || p.mode == LinearMode::FP4;
-  if (fp4) o << "; FP4 GEMM " << gemm_mode_name(recipe.gemm);
+  if (const char* g = fp4_gemm_of(recipe, model)) o << "; FP4 GEMM " << g;
   o << ")";
   for (size_t i = 0; i < recipe.overrides.size(); ++i) {
     o << "\n  override[" << i << "] " << recipe.overrides[i].describe() << " -> "
@@ -747,6 +754,7 @@ void TrainRun::finish() {
              {"model_flops_per_token", flops_per_token},
              {"wall_seconds",
               wall_before + std::chrono::duration<double>(clock::now() - t_start).count()}};
+  if (const char* g = fp4_gemm_of(recipe, *model)) js["fp4_gemm"] = g;
   if (tc.sr_seed >= 0) js["sr_seed"] = tc.sr_seed;
   if (start > 0) js["resumed_from_step"] = start;
   if (opt.peak_gflops > 0) {

@@ -25,6 +25,13 @@ for r in fp32-s1 fp32-s2 bf16-s1 bf16-s2 ue5m3-b16-s1 ue5m3-b16-s2; do
 done
 md=cmp/report.md
 [ -f $md ] || fail "no report.md"
+# summary.json names the FP4 GEMM a run's recipe resolved to, and only for runs with FP4 linears
+python3 - cmp <<'PY' || fail "summary.json fp4_gemm"
+import json, sys
+s = lambda r: json.load(open(f"{sys.argv[1]}/{r}-s1/summary.json"))
+assert s("ue5m3-b16")["fp4_gemm"] == "decoded-bf16", s("ue5m3-b16")
+assert "fp4_gemm" not in s("fp32") and "fp4_gemm" not in s("bf16")
+PY
 grep -q "^| fp32 | 2 | " $md || fail "no fp32 row with 2 seeds in the report"
 grep -q "^| bf16 | 2 | [0-9.]* ± [0-9.]* | +0.00% |" $md || fail "bf16 row lacks mean ± std or its 0% gap"
 grep -Eq "^\| ue5m3-b16 \| 2 \| .*× (\([^|]*\) )?\|$" $md || fail "ue5m3-b16 row lacks its step-time ratio"

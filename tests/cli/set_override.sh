@@ -41,6 +41,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["recipe"] == sys.argv[2], s["recipe"]
 assert s["config"] == "micro+train.lr=2e-3", s["config"]
+assert s["fp4_gemm"] == "decoded-bf16", s.get("fp4_gemm")  # gemm = "auto", as resolved
 PY
 # The resolved files are a complete run: `--resume` of the finished run reads them back.
 resume_out=$("$bin" train --resume "$dir" 2>&1)  # captured: grep -q in a pipe races the writer
