@@ -681,7 +681,9 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
                         ": not a complete run (was another process writing into it?); remove "
                         "that run directory to train it again (nothing was changed)");
   const Recipe& now = recipes[ri].recipe();
-  if (same("config.toml", run_config_to_toml(rc)) && !same("recipe.toml", recipe_to_toml(now)))
+  const bool same_config = same("config.toml", run_config_to_toml(rc));
+  const bool same_recipe = same("recipe.toml", recipe_to_toml(now));
+  if (same_config && !same_recipe)
     if (const std::string old = gemm_of_older_run(d / "recipe.toml", now); !old.empty())
       throw UserError(d.string() + " holds a run made with linear.gemm = \"" + old + "\", where " +
                       plan.recipes[ri] + " now runs \"" + gemm_mode_name(now.gemm) +
@@ -690,10 +692,9 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
                       "in one comparison. Use another --out for new runs (`fp4train report` still "
                       "reads the finished ones), adding --set linear.gemm=" + old +
                       " there to rerun the older arithmetic; nothing was changed");
-  if (!same("config.toml", run_config_to_toml(rc)) || !same("recipe.toml", recipe_to_toml(now)))
+  if (!same_config || !same_recipe)
     throw UserError(d.string() + " holds a run made with a different " +
-                    (same("config.toml", run_config_to_toml(rc)) ? "recipe (recipe.toml)"
-                                                                 : "config (config.toml)") +
+                    (same_config ? "recipe (recipe.toml)" : "config (config.toml)") +
                     " than " + plan.recipes[ri] +
                     " now gives; remove that run directory or use "
                     "another --out (nothing was changed)");
