@@ -19,7 +19,8 @@
 // thread in a fixed order.
 //
 // Why the bits match the scalar twins (ssm_ref.cpp, the same body with scalar primitives):
-//  * mm: each output lane accumulates acc = acc + a·b (separate multiply and add) from +0,
+//  * mm: each output lane accumulates acc = fma(a, b, acc) (one rounding: vfmadd where the
+//    target has it, std::fma per lane in the baseline and emu16 builds) from +0,
 //    k ascending over exactly the twin's range (the triangular ranges skip the masked terms
 //    per row, as the twin does); the register blocking only decides which outputs are
 //    computed together;
@@ -39,11 +40,14 @@
 #include <limits>
 #include <type_traits>
 
+#include <immintrin.h>
+
 #include "fp4/base/cpu_isa.h"
 #include "ssm_internal.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#define FP4_SSM_FMA 512
 namespace fp4::nn::ssm_avx512 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
@@ -51,10 +55,12 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx512
+#undef FP4_SSM_FMA
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
+#define FP4_SSM_FMA 256
 namespace fp4::nn::ssm_avx2 {
 constexpr int VW = 8;
 constexpr int kNB = 2;
@@ -62,8 +68,10 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx2
+#undef FP4_SSM_FMA
 #pragma GCC pop_options
 
+#define FP4_SSM_FMA 0  // std::fma per lane (x86-64 baseline: no FMA instruction)
 namespace fp4::nn::ssm_base {
 constexpr int VW = 4;
 constexpr int kNB = 2;
@@ -79,6 +87,7 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_emu16
+#undef FP4_SSM_FMA
 
 namespace fp4::nn {
 namespace {
@@ -92,7 +101,8 @@ bool isa_ok(SsmIsa isa) {
     case SsmIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && cpu_isa_allowed(CpuIsa::Avx512);
     case SsmIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && cpu_isa_allowed(CpuIsa::Avx2);
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             cpu_isa_allowed(CpuIsa::Avx2);
     case SsmIsa::kBase:
     case SsmIsa::kEmu16:
       return true;

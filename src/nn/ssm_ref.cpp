@@ -2,7 +2,7 @@
 // SSD recurrence in FP64, and the drivers shared by both builds.
 //
 // The twins compile ssm_body.inc with the plain scalar primitives below: mm is a triple loop
-// (acc = acc + A·B from +0, k ascending over the row's range), map a loop applying the
+// (acc = std::fma(A, B, acc) from +0, k ascending over the row's range), map a loop applying the
 // formula to floats, dot the canonical sum (layers_internal.h), ex internal::exp_scalar.
 // The twins run every unit on the calling thread (no OpenMP) in unit order. Keep in sync
 // with ssm.cpp / ssm_vec.inc; tests/nn/test_ssm.cpp compares them bit for bit.
@@ -63,7 +63,7 @@ inline void mm(int64_t M, int64_t Nc, int64_t K, const float* A, int64_t sr, int
     const int64_t nc = LowerCols ? std::min(Nc, i + 1) : Nc;
     for (int64_t j = 0; j < nc; ++j) {
       float acc = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) acc = acc + A[i * sr + k * sk] * B[k * ldb + j];
+      for (int64_t k = k0; k < k1; ++k) acc = std::fma(A[i * sr + k * sk], B[k * ldb + j], acc);
       C[i * ldc + j] = acc;
     }
   }

@@ -9,7 +9,9 @@
 //    independent units) has a scalar twin X_ref (src/nn/ssm_ref.cpp: plain loops, no
 //    vectors, no OpenMP) that performs the same FP32/FP64 operations in the same order, and
 //    the two agree bit for bit for finite inputs (tests/nn/test_ssm.cpp, every variant, 1/2/3
-//    threads). The project builds with -ffp-contract=off: no FMA.
+//    threads). The project builds with -ffp-contract=off: nothing is fused implicitly; the
+//    scan's matrix products use one explicit fused multiply-add per term (std::fma in the
+//    twin, the FMA instruction or std::fma per lane in the vector builds: the same bits).
 //  * exp is internal::exp_scalar (layers_internal.h; lane-wise copy in the vector code);
 //    σ(u) = 1 / (1 + exp(−u)); SiLU(u) = u · σ(u);
 //    softplus(u) = u > 20 ? u : log1pf(exp(u)) (std::log1p on float, same call in both
@@ -81,7 +83,8 @@ int64_t ssd_workspace_floats(int64_t B, int64_t T, int64_t H, int64_t P, int64_t
 ///   E = exp(seg), M[t,s] = E[t,s]·Δ_s (s ≤ t), e_t = exp(L_t), w_s = M[q−1, s];
 ///   Gm = C Bᵀ; Wm = Gm ∘ M (0 above the diagonal); Yd = Wm X; Yo = C S_prevᵀ;
 ///   y_t = (Yd + e_t·Yo) + D·x_t;  S_end = e_{q−1}·S_prev + Σ_s w_s·x_s B_sᵀ.
-/// Matrix products sum over their contraction index ascending, FP32 from +0.
+/// Matrix products sum over their contraction index ascending, FP32 from +0, one fused
+/// multiply-add per term (acc = fma(a, b, acc)).
 /// Throws std::invalid_argument for a null pointer, B, T, H, P, G, N < 1, Q < 1, H % G != 0,
 /// or a row stride below its width (ldx < H·P, ldb or ldc < G·N, lddt < H).
 void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const float* Bm,
@@ -94,9 +97,12 @@ void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const fl
 /// derivative of the chunked forward (reverse over chunks carrying dS; Gm, M recomputed).
 /// Per chunk, with U = dY S_prev (q × N, FP32 product over P ascending from +0): the gradient
 /// of e_t is de_t = C_t·U_t (canonical sum over n, rounded to float) and the inter-chunk part
-/// of dC_t is e_t·U_t (Yo is not recomputed). dB/dC: the heads of a group are added in
-/// ascending head order (one thread per (b, g); per row dC += (dC_intra + dC_inter), dB +=
-/// (dB_intra + w·dB_state), head by head).
+/// of dC_t is e_t·U_t (Yo is not recomputed). dB/dC (one thread per (b, g)): each row's
+/// gradient is summed in FP32 from +0 and the total added once to dB, dC. Per chunk and row the
+/// sum takes the heads' inter-chunk parts in ascending head order (dC_inter, w·dB_state), then
+/// the group's intra-chunk part (dG_sum B for dC, dG_sumᵀ C for dB, with dG_sum the FP32 sum
+/// from +0, heads ascending, of the heads' dG = dW ∘ M: B and C are shared by the heads of a
+/// group, so these two products are formed once per group).
 /// Parameter grads: per (b, h) FP64 sums over t, then summed over b ascending in FP64,
 /// rounded to float and added. Both directions skip the products with a zero operand (the
 /// state entering chunk 0, the dS carried into the last chunk) and the +0 terms they would
