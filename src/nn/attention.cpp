@@ -88,8 +88,9 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 //   kLower: k0 ≤ k < k1 and k ≤ diag + r       (O = P V, dQ = dS K: j ≤ i)
 //   kUpper: k0 ≤ k < k1 and k ≥ diag + r       (dK = dSᵀ Q, dV = Pᵀ dO: i ≥ j)
 // The triangular modes skip the masked terms instead of multiplying what is stored above
-// the diagonal. For finite zeros that would change no bit (an accumulator that starts at +0
-// is never −0, so fma(0, x, acc) leaves it unchanged), but 0·inf = NaN would leak a
+// the diagonal. For finite zeros that would change at most the sign of a zero (fma(0, x, acc)
+// leaves acc unchanged unless acc is −0, which a sum from +0 reaches only when its nonzero
+// products are negative and underflow to −0), but 0·inf = NaN would leak a
 // non-finite value from token j into rows i < j, and the kernels no longer even store zeros
 // there; skipping keeps the kernel causal for any input and makes it a plain causal sum, as
 // in the scalar twin (attention_ref.cpp).

@@ -2,7 +2,7 @@
 //
 // The per-unit bodies (ssm_body.inc) are compiled three times, each inside a
 // `#pragma GCC target` region with the vector primitives of ssm_vec.inc for that width:
-// AVX-512 (16 lanes, 6 × 64-column mm tiles), AVX2 (8 lanes, 6 × 16) and baseline SSE2
+// AVX-512 (16 lanes, 6 × 64-column mm tiles), AVX2 + FMA (8 lanes, 6 × 16) and baseline SSE2
 // (4 lanes, 6 × 8), then 4-row and single-row tiles for the remaining rows, plus, for tests
 // only, the AVX-512 code (the same 6 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA

@@ -106,7 +106,9 @@ void ssd_scan_forward(float* y, float* ws, const float* x, int64_t ldx, const fl
 /// Parameter grads: per (b, h) FP64 sums over t, then summed over b ascending in FP64,
 /// rounded to float and added. Both directions skip the products with a zero operand (the
 /// state entering chunk 0, the dS carried into the last chunk) and the +0 terms they would
-/// add: the same bits as computing them, for finite inputs. Throws as the forward.
+/// add: for finite inputs the same bits as computing them, up to the sign of a zero that
+/// the fused multiply-adds can leave at −0 (src/nn/ssm_body.inc, "Exact zeros"). Throws as
+/// the forward.
 void ssd_scan_backward(float* dx, float* dB, float* dC, float* d_dt, float* dA_log, float* dD,
                        float* d_dt_bias, const float* dy, const float* ws, const float* x,
                        int64_t ldx, const float* Bm, int64_t ldb, const float* Cm, int64_t ldc,
