@@ -388,10 +388,10 @@ TEST(SsmGrad, ScanFiniteDifferences) {
 }
 
 // Backward accumulates: two backward calls from zero give exactly twice one call (v + v = 2v
-// is exact), for every gradient. One head per group (H = G), so that every dB/dC element
-// receives a single addition per call.
+// is exact), for every gradient. Two heads per group (H = 4, G = 2): each dB/dC row's total
+// over the group's heads and chunks is added once per call (fp4/nn/ssm.h).
 TEST(SsmGrad, ScanBackwardAccumulates) {
-  const Scan s = make_scan(SsdDims{2, 21, 2, 5, 2, 6, 8}, Mode::kRandom, 9);
+  const Scan s = make_scan(SsdDims{2, 21, 4, 5, 2, 6, 8}, Mode::kRandom, 9);
   std::mt19937 g(10);
   const std::vector<float> dy = randn(s.rows() * s.HP(), g);
   ScanOut zero;
