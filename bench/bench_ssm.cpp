@@ -5,12 +5,16 @@
 //   ./build/bench_ssm --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 //
 // GFLOP/s counts the multiply-adds of the matrix products of the chunked algorithm as
-// implemented (2 FLOP each; triangular products count their triangle), per chunk of q rows:
-//   forward : C Bᵀ (lower triangle) q(q+1)N, (Gm ∘ M) X q(q+1)P, C S 2qNP, state update 2qNP
-//             (not after the last chunk)
-//   backward: C Bᵀ q(q+1)N, C S 2qNP, dY Xᵀ (lower) q(q+1)P, Wᵀ dY, dG B, dGᵀ C q(q+1)(P+2N),
-//             dC, dS, Z, dBw 4 × 2qNP
-// (the elementwise work, the O(q²) decay terms and the exps are not counted).
+// implemented (2 FLOP each; triangular products count their triangle; the products the
+// kernels skip because an operand is the zero state are not counted), per chunk of q rows:
+//   forward,  per group: C Bᵀ (lower triangle) q(q+1)N;
+//             per head:  (Gm ∘ M) X q(q+1)P, C S_prev 2qNP (not in the first chunk), state
+//                        update 2qNP (not after the last chunk);
+//   backward, per group: C Bᵀ q(q+1)N again, dG_sum B and dG_sumᵀ C 2q(q+1)N;
+//             per head:  dY Xᵀ and Wᵀ dY 2q(q+1)P, dY S_prev and Cᵀ dyo 2 × 2qNP (not in the
+//                        first chunk), B dS and X dSᵀ 2 × 2qNP (not in the last chunk)
+// (the elementwise work, the O(q²) decay terms, the dot products and the exps are not
+// counted).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -68,15 +72,21 @@ struct Data {
 
 double flops(bool fwd, bool bwd) {
   const SsdDims& d = kDims;
-  double f = 0.0;
+  double per_group = 0.0, per_head = 0.0;
   for (int64_t t0 = 0; t0 < d.T; t0 += d.Q) {
     const double q = static_cast<double>(std::min(d.Q, d.T - t0)), N = d.N, P = d.P;
-    const bool last = t0 + d.Q >= d.T;
-    if (fwd) f += q * (q + 1) * N + q * (q + 1) * P + 2 * q * N * P + (last ? 0 : 2 * q * N * P);
-    if (bwd) f += q * (q + 1) * N + 2 * q * N * P + q * (q + 1) * P + q * (q + 1) * (P + 2 * N) +
-                  4 * 2 * q * N * P;
+    const double first = t0 == 0 ? 0.0 : 1.0, last = t0 + d.Q >= d.T ? 0.0 : 1.0;
+    if (fwd) {
+      per_group += q * (q + 1) * N;
+      per_head += q * (q + 1) * P + first * 2 * q * N * P + last * 2 * q * N * P;
+    }
+    if (bwd) {
+      per_group += 3 * q * (q + 1) * N;
+      per_head += 2 * q * (q + 1) * P + first * 4 * q * N * P + last * 4 * q * N * P;
+    }
   }
-  return f * static_cast<double>(d.B * d.H);
+  return static_cast<double>(d.B) *
+         (per_group * static_cast<double>(d.G) + per_head * static_cast<double>(d.H));
 }
 
 void label(benchmark::State& st, bool fast, double fl) {
