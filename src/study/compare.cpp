@@ -690,8 +690,10 @@ void Comparison::check_run_directory(size_t ri, uint64_t seed) const {
                       "\" (the recipe is otherwise the same; docs/gemm.md \"Decoded FP4 on the "
                       "BF16 GEMM\"): the two GEMMs round differently, so their runs are not mixed "
                       "in one comparison. Use another --out for new runs (`fp4train report` still "
-                      "reads the finished ones), adding --set linear.gemm=" + old +
-                      " there to rerun the older arithmetic; nothing was changed");
+                      "reads the finished ones), adding --set linear.gemm=" +
+                      old +
+                      " there to rerun that GEMM's arithmetic (other kernels may have changed "
+                      "since: docs/results.md); nothing was changed");
   if (!same_config || !same_recipe)
     throw UserError(d.string() + " holds a run made with a different " +
                     (same_config ? "recipe (recipe.toml)" : "config (config.toml)") +
