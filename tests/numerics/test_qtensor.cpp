@@ -71,7 +71,8 @@ TEST(QTensor, DequantizeEqualsUnpackedDequantizeBitForBit) {
     }
 }
 
-// unpack is pack's inverse on every field a QTensor stores: odd and even element counts, 1-D
+// unpack is pack's inverse on every field a QTensor stores: odd and even element counts (one
+// large enough for unpack's threaded, vectorised nibble loop and its ragged last run), 1-D
 // blocks and 2-D tiles, the four scale formats, the MX rule, a zero reference (ge = 1) and a zero
 // block (the guarded scale); block_amax is not stored, so unpack leaves it empty.
 TEST(QTensor, UnpackInvertsPackOnEveryStoredField) {
@@ -86,7 +87,9 @@ TEST(QTensor, UnpackInvertsPackOnEveryStoredField) {
                         {37, 45, true, ScaleFormat::E4M3, ScaleRule::TensorScaled, false},
                         {16, 64, false, ScaleFormat::UE5M3_PTX, ScaleRule::TensorScaled, false},
                         {5, 33, false, ScaleFormat::UE8M0, ScaleRule::MxTe, false},
-                        {3, 17, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true}};
+                        {3, 17, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true},
+                        // odd count above unpack's threshold for threads, several work items
+                        {513, 1023, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, false}};
   for (const Case& c : cases) {
     auto x = randn(static_cast<size_t>(c.rows * c.cols), 11);
     if (c.zeros) std::fill(x.begin(), x.end(), 0.0f);
