@@ -5,6 +5,9 @@
 #include <cmath>
 #include <vector>
 
+#include "fp4/numerics/pack_fast.h"
+#include "fp4/numerics/qtensor.h"
+
 namespace fp4 {
 
 int log2_ratio_bin(double v) {
@@ -16,9 +19,10 @@ int log2_ratio_bin(double v) {
 }
 
 namespace {
-// quant_stats of q, the quantization of x with reference g (per tensor) or q.row_g (per row).
-QuantStats stats_of(const QuantizedTensor& q, const float* x, int64_t rows, int64_t cols,
-                    const BlockQuantSpec& spec, float g) {
+// quant_stats of q, the quantization of x with reference g (per tensor) or q.row_g (per row),
+// whose decoded values are xh [rows, cols] (dequantize(q)).
+QuantStats stats_of(const QuantizedTensor& q, const std::vector<float>& xh, const float* x,
+                    int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g) {
   QuantStats s;
   const FloatFormat& sf = spec_scale_format(spec);
   const bool per_row = !q.row_ge.empty();
@@ -46,8 +50,6 @@ QuantStats stats_of(const QuantizedTensor& q, const float* x, int64_t rows, int6
     if (spec.scale_rule == ScaleRule::TensorScaled && a > 0 && round_magnitude(std::min(a * mult, sf.max_finite), sf, Rounding::RNE) == 0.0f)
       ++guard, guarded[b] = 1;
   }
-  std::vector<float> xh(static_cast<size_t>(rows * cols));
-  dequantize(q, xh.data());
   int64_t nonzero = 0, zeroed = 0;
   double err = 0, norm = 0;
   float amax = 0;
@@ -85,14 +87,52 @@ QuantStats stats_of(const QuantizedTensor& q, const float* x, int64_t rows, int6
 }
 }  // namespace
 
+namespace {
+// quantize_blocks(x, rows, cols, spec, g, sr) and its decoded values, by the fused packer where
+// spec has one (pack_fast.h: bit-identical to pack(quantize_blocks(...)) and dequantize):
+// codes, scales, scale codes and tensor scales through unpack, and the block amax a_b (max |x|
+// over each block or tile), which a packed tensor does not store, from x.
+QuantizedTensor quantize_blocks_packed(const float* x, int64_t rows, int64_t cols,
+                                       const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                       std::vector<float>& xh) {
+  const QTensor t = quantize_pack_fast(x, rows, cols, spec, g, sr);
+  dequantize_fast(t, xh.data());
+  QuantizedTensor q;
+  unpack(t, q);
+  q.spec = spec;
+  const int64_t B = spec.block, bc = q.block_cols;
+  q.block_amax.assign(static_cast<size_t>(q.block_rows * bc), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* a = q.block_amax.data() + (spec.two_d ? r / B : r) * bc;
+    const float* xr = x + r * cols;
+    for (int64_t b = 0; b < bc; ++b) {
+      float m = a[b];
+      for (int64_t c = b * B; c < std::min(cols, (b + 1) * B); ++c) m = std::max(m, std::fabs(xr[c]));
+      a[b] = m;
+    }
+  }
+  return q;
+}
+}  // namespace
+
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr) {
-  return stats_of(quantize_blocks(x, rows, cols, spec, g, sr), x, rows, cols, spec, g);
+  std::vector<float> xh(static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0)));
+  if (pack_fast_slow_path(spec).empty()) {  // a fused packer for this spec
+    const QuantizedTensor q = quantize_blocks_packed(x, rows, cols, spec, g, sr, xh);
+    return stats_of(q, xh, x, rows, cols, spec, g);
+  }
+  const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
+  dequantize(q, xh.data());
+  return stats_of(q, xh, x, rows, cols, spec, g);
 }
 
 QuantStats quant_stats_rows(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                             const float* row_g, const SrKey* sr) {
-  return stats_of(quantize_blocks_rows(x, rows, cols, spec, row_g, sr), x, rows, cols, spec, 0.f);
+  const QuantizedTensor q = quantize_blocks_rows(x, rows, cols, spec, row_g, sr);
+  std::vector<float> xh(static_cast<size_t>(rows * cols));
+  dequantize(q, xh.data());
+  return stats_of(q, xh, x, rows, cols, spec, 0.f);
 }
 
 }  // namespace fp4

@@ -1,9 +1,14 @@
 // Numerics telemetry against hand-computed statistics (docs/numerics.md "Quantizing one operand").
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "fp4/numerics/pack_fast.h"
+#include "fp4/numerics/quant_fast.h"
 #include "fp4/numerics/telemetry.h"
 
 using namespace fp4;
@@ -171,3 +176,78 @@ TEST(TelemetryHistograms, WorstOfKeepsTheFirstMicroBatchHistograms) {
   EXPECT_EQ(w.rel_error, std::max(sa.rel_error, sb.rel_error));  // the scalars: the worst
 }
 }  // namespace
+
+// quant_stats takes the fused packer (quantize_pack_fast, then unpack) where the spec has one,
+// and quantize_blocks otherwise; both must give the same statistics to the last bit. The
+// hook that forces the scalar path gives the reference. Specs with a fused packer (1-D and
+// 2-D, several block sizes and scale formats, RNE and SR8, the MX rule) on ragged shapes and
+// adversarial data: all-zero blocks, tiny blocks that hit the zero guard, outliers that
+// saturate against a stale reference, subnormals, signed zeros, ties.
+TEST(Telemetry, FusedPackerPathGivesTheScalarQuantizersStatistics) {
+  struct Case {
+    int64_t rows, cols, block;
+    bool two_d;
+    ScaleFormat sf;
+    ScaleRule rule;
+    bool sr;
+    float g_scale;  // reference = g_scale · amax (1: current; < 1 stale, saturating)
+  };
+  const Case cases[] = {
+      {37, 70, 16, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, false, 1.f},
+      {37, 70, 16, true, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true, 1.f},
+      {64, 96, 32, false, ScaleFormat::E4M3, ScaleRule::TensorScaled, true, 0.01f},
+      {33, 48, 16, true, ScaleFormat::E4M3, ScaleRule::TensorScaled, false, 1e6f},
+      {20, 50, 16, false, ScaleFormat::UE8M0, ScaleRule::TensorScaled, false, 1.f},
+      {300, 257, 16, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true, 0.5f}};
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd;
+  for (const Case& c : cases) {
+    std::vector<float> x(static_cast<size_t>(c.rows * c.cols));
+    for (auto& v : x) v = nd(gen);
+    for (int64_t i = 0; i < c.cols && i < 40; ++i) x[static_cast<size_t>(i)] = 0.0f;  // zero blocks
+    x[static_cast<size_t>(c.cols)] = -0.0f;
+    for (int64_t i = 0; i < 16; ++i)
+      x[static_cast<size_t>(2 * c.cols + i)] = 1e-40f * (i + 1);  // subnormal block
+    x[static_cast<size_t>(3 * c.cols + 1)] = 5e4f;                // an outlier
+    x[static_cast<size_t>(4 * c.cols)] = 0.25f,
+                              x[static_cast<size_t>(4 * c.cols + 1)] = 0.75f;  // ties
+    if (c.two_d)  // an all-zero tile: rows and columns 16..31
+      for (int64_t r = 16; r < 32; ++r)
+        for (int64_t j = 16; j < 32; ++j) x[static_cast<size_t>(r * c.cols + j)] = 0.0f;
+    BlockQuantSpec s;
+    s.block = static_cast<int>(c.block);
+    s.two_d = c.two_d;
+    s.scale_format = c.sf;
+    s.scale_rule = c.rule;
+    if (c.sr) s.rounding = Rounding::SR8;
+    ASSERT_TRUE(pack_fast_slow_path(s).empty()) << "case " << c.rows << "x" << c.cols;
+    const float g = c.g_scale * tensor_amax(x.data(), c.rows * c.cols);
+    const SrKey key{11, 3, 2, 1, 0, 0};
+    const SrKey* k = c.sr ? &key : nullptr;
+    const QuantStats fast = quant_stats(x.data(), c.rows, c.cols, s, g, k);
+    quant_fast_force_slow_path(true);
+    ASSERT_FALSE(pack_fast_slow_path(s).empty());
+    const QuantStats ref = quant_stats(x.data(), c.rows, c.cols, s, g, k);
+    quant_fast_force_slow_path(false);
+    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " block " +
+                             std::to_string(c.block) + (c.two_d ? " 2-D" : " 1-D");
+    auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+    EXPECT_EQ(bits(fast.saturated_blocks), bits(ref.saturated_blocks)) << what;
+    EXPECT_EQ(bits(fast.zero_guard_blocks), bits(ref.zero_guard_blocks)) << what;
+    EXPECT_EQ(bits(fast.zeroed_nonzeros), bits(ref.zeroed_nonzeros)) << what;
+    EXPECT_EQ(bits(fast.rel_error), bits(ref.rel_error)) << what;
+    EXPECT_EQ(bits(fast.staleness), bits(ref.staleness)) << what;
+    EXPECT_EQ(fast.has_staleness, ref.has_staleness) << what;
+    EXPECT_EQ(fast.scale_code_blocks, ref.scale_code_blocks) << what;
+    EXPECT_EQ(fast.zero_blocks, ref.zero_blocks) << what;
+    EXPECT_EQ(fast.guarded_blocks, ref.guarded_blocks) << what;
+    EXPECT_EQ(fast.log2_amax_ratio_blocks, ref.log2_amax_ratio_blocks) << what;
+    EXPECT_EQ(fast.ratio_to_g, ref.ratio_to_g) << what;
+    EXPECT_EQ(fast.scale_format, ref.scale_format) << what;
+    // the data must exercise what it claims to
+    EXPECT_GT(ref.zero_blocks, 0u) << what;
+    if (c.g_scale == 1.f && c.sf == ScaleFormat::UE5M3 && !c.two_d)
+      EXPECT_GT(ref.guarded_blocks, 0u) << what;
+    if (c.g_scale < 0.1f) EXPECT_GT(ref.saturated_blocks, 0.0) << what;
+  }
+}

@@ -70,8 +70,12 @@ inline QuantStats worst_of(const QuantStats& a, const QuantStats& b) {
 int log2_ratio_bin(double v);
 
 /// Statistics of quantizing x [rows, cols] with `spec` and reference g, exactly as
-/// quantize_blocks does it (same SR bytes when `sr` is given), any element format. Slow-ish
-/// (allocates the unpacked codes); meant for every telemetry_interval steps, not every step.
+/// quantize_blocks does it (same SR bytes when `sr` is given), any element format. Where the
+/// spec has a fused packer (pack_fast_slow_path(spec) empty) the codes come from
+/// quantize_pack_fast and the decoded values from dequantize_fast, both bit-identical to the
+/// scalar quantize_blocks and dequantize, so the statistics are the same to the last bit.
+/// Slow-ish (allocates the unpacked codes and the decoded copy, and sums the error serially);
+/// meant for every telemetry_interval steps, not every step.
 /// Also fills the two block histograms (scale codes, log2 of a_b / reference).
 /// Throws what quantize_blocks throws.
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
