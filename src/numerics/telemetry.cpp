@@ -107,7 +107,8 @@ QuantizedTensor quantize_blocks_packed(const float* x, int64_t rows, int64_t col
     const float* xr = x + r * cols;
     for (int64_t b = 0; b < bc; ++b) {
       float m = a[b];
-      for (int64_t c = b * B; c < std::min(cols, (b + 1) * B); ++c) m = std::max(m, std::fabs(xr[c]));
+      for (int64_t c = b * B; c < std::min(cols, (b + 1) * B); ++c)
+        m = std::max(m, std::fabs(xr[c]));
       a[b] = m;
     }
   }
@@ -117,7 +118,8 @@ QuantizedTensor quantize_blocks_packed(const float* x, int64_t rows, int64_t col
 
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr) {
-  std::vector<float> xh(static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0)));
+  std::vector<float> xh(
+      static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0)));
   if (pack_fast_slow_path(spec).empty()) {  // a fused packer for this spec
     const QuantizedTensor q = quantize_blocks_packed(x, rows, cols, spec, g, sr, xh);
     return stats_of(q, xh, x, rows, cols, spec, g);

@@ -180,57 +180,66 @@ TEST(TelemetryHistograms, WorstOfKeepsTheFirstMicroBatchHistograms) {
 // quant_stats takes the fused packer (quantize_pack_fast, then unpack) where the spec has one,
 // and quantize_blocks otherwise; both must give the same statistics to the last bit. The
 // hook that forces the scalar path gives the reference. Specs with a fused packer (1-D and
-// 2-D, several block sizes and scale formats, RNE and SR8, the MX rule) on ragged shapes and
-// adversarial data: all-zero blocks, tiny blocks that hit the zero guard, outliers that
+// 2-D, blocks 8, 16 and 32, the four named scale formats, RNE, RNA and SR8) on ragged shapes
+// and adversarial data: all-zero blocks, tiny blocks that hit the zero guard, outliers that
 // saturate against a stale reference, subnormals, signed zeros, ties.
 TEST(Telemetry, FusedPackerPathGivesTheScalarQuantizersStatistics) {
   struct Case {
     int64_t rows, cols, block;
     bool two_d;
     ScaleFormat sf;
-    ScaleRule rule;
-    bool sr;
+    Rounding rounding;
     float g_scale;  // reference = g_scale · amax (1: current; < 1 stale, saturating)
   };
-  const Case cases[] = {
-      {37, 70, 16, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, false, 1.f},
-      {37, 70, 16, true, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true, 1.f},
-      {64, 96, 32, false, ScaleFormat::E4M3, ScaleRule::TensorScaled, true, 0.01f},
-      {33, 48, 16, true, ScaleFormat::E4M3, ScaleRule::TensorScaled, false, 1e6f},
-      {20, 50, 16, false, ScaleFormat::UE8M0, ScaleRule::TensorScaled, false, 1.f},
-      {300, 257, 16, false, ScaleFormat::UE5M3, ScaleRule::TensorScaled, true, 0.5f}};
+  const Case cases[] = {{37, 70, 16, false, ScaleFormat::UE5M3, Rounding::RNE, 1.f},
+                        {37, 70, 16, true, ScaleFormat::UE5M3, Rounding::SR8, 1.f},
+                        {64, 96, 32, false, ScaleFormat::E4M3, Rounding::SR8, 0.01f},
+                        {33, 48, 16, true, ScaleFormat::E4M3, Rounding::RNE, 1e6f},
+                        {20, 50, 16, false, ScaleFormat::UE8M0, Rounding::RNE, 1.f},
+                        {300, 257, 16, false, ScaleFormat::UE5M3, Rounding::SR8, 0.5f},
+                        {40, 44, 8, false, ScaleFormat::UE5M3_PTX, Rounding::RNA, 1.f},
+                        {35, 37, 16, true, ScaleFormat::UE5M3_PTX, Rounding::RNA, 1e-4f}};
   std::mt19937 gen(7);
   std::normal_distribution<float> nd;
   for (const Case& c : cases) {
     std::vector<float> x(static_cast<size_t>(c.rows * c.cols));
     for (auto& v : x) v = nd(gen);
-    for (int64_t i = 0; i < c.cols && i < 40; ++i) x[static_cast<size_t>(i)] = 0.0f;  // zero blocks
-    x[static_cast<size_t>(c.cols)] = -0.0f;
-    for (int64_t i = 0; i < 16; ++i)
-      x[static_cast<size_t>(2 * c.cols + i)] = 1e-40f * (i + 1);  // subnormal block
-    x[static_cast<size_t>(3 * c.cols + 1)] = 5e4f;                // an outlier
-    x[static_cast<size_t>(4 * c.cols)] = 0.25f,
-                              x[static_cast<size_t>(4 * c.cols + 1)] = 0.75f;  // ties
-    if (c.two_d)  // an all-zero tile: rows and columns 16..31
+    auto at = [&](int64_t r, int64_t j) -> float& {
+      return x[static_cast<size_t>(r * c.cols + j)];
+    };
+    for (int64_t j = 0; j < std::min<int64_t>(c.cols, 40); ++j) at(0, j) = 0.0f;  // zero blocks
+    at(1, 0) = -0.0f;
+    for (int64_t j = 0; j < 16; ++j) at(2, j) = 1e-40f * static_cast<float>(j + 1);  // subnormals
+    // an outlier
+    at(3, 1) = 5e4f;
+    at(4, 0) = 0.25f;  // ties of E2M1 after scaling by a power of two
+    at(4, 1) = 0.75f;
+    if (c.two_d) {  // an all-zero tile: rows and columns 16..31
       for (int64_t r = 16; r < 32; ++r)
-        for (int64_t j = 16; j < 32; ++j) x[static_cast<size_t>(r * c.cols + j)] = 0.0f;
+        for (int64_t j = 16; j < 32; ++j) at(r, j) = 0.0f;
+    }
     BlockQuantSpec s;
     s.block = static_cast<int>(c.block);
     s.two_d = c.two_d;
     s.scale_format = c.sf;
-    s.scale_rule = c.rule;
-    if (c.sr) s.rounding = Rounding::SR8;
-    ASSERT_TRUE(pack_fast_slow_path(s).empty()) << "case " << c.rows << "x" << c.cols;
+    s.rounding = c.rounding;
+    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " block " +
+                             std::to_string(c.block) + (c.two_d ? " 2-D " : " 1-D ") +
+                             scale_format_name(c.sf);
+    ASSERT_TRUE(pack_fast_slow_path(s).empty()) << what;
     const float g = c.g_scale * tensor_amax(x.data(), c.rows * c.cols);
     const SrKey key{11, 3, 2, 1, 0, 0};
-    const SrKey* k = c.sr ? &key : nullptr;
+    const SrKey* k = c.rounding == Rounding::SR8 ? &key : nullptr;
     const QuantStats fast = quant_stats(x.data(), c.rows, c.cols, s, g, k);
-    quant_fast_force_slow_path(true);
-    ASSERT_FALSE(pack_fast_slow_path(s).empty());
-    const QuantStats ref = quant_stats(x.data(), c.rows, c.cols, s, g, k);
-    quant_fast_force_slow_path(false);
-    const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " block " +
-                             std::to_string(c.block) + (c.two_d ? " 2-D" : " 1-D");
+    QuantStats ref;
+    {
+      struct ForceSlow {  // the scalar path for this scope, whatever happens in it
+        ForceSlow() { quant_fast_force_slow_path(true); }
+        ~ForceSlow() { quant_fast_force_slow_path(false); }
+      } slow;
+      ASSERT_FALSE(pack_fast_slow_path(s).empty()) << what;
+      ref = quant_stats(x.data(), c.rows, c.cols, s, g, k);
+    }
     auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
     EXPECT_EQ(bits(fast.saturated_blocks), bits(ref.saturated_blocks)) << what;
     EXPECT_EQ(bits(fast.zero_guard_blocks), bits(ref.zero_guard_blocks)) << what;
@@ -244,10 +253,13 @@ TEST(Telemetry, FusedPackerPathGivesTheScalarQuantizersStatistics) {
     EXPECT_EQ(fast.log2_amax_ratio_blocks, ref.log2_amax_ratio_blocks) << what;
     EXPECT_EQ(fast.ratio_to_g, ref.ratio_to_g) << what;
     EXPECT_EQ(fast.scale_format, ref.scale_format) << what;
-    // the data must exercise what it claims to
+    // The data exercises what it claims to.
     EXPECT_GT(ref.zero_blocks, 0u) << what;
-    if (c.g_scale == 1.f && c.sf == ScaleFormat::UE5M3 && !c.two_d)
+    if (c.g_scale == 1.f && c.sf == ScaleFormat::UE5M3 && !c.two_d) {
       EXPECT_GT(ref.guarded_blocks, 0u) << what;
-    if (c.g_scale < 0.1f) EXPECT_GT(ref.saturated_blocks, 0.0) << what;
+    }
+    if (c.g_scale < 0.1f) {
+      EXPECT_GT(ref.saturated_blocks, 0.0) << what;
+    }
   }
 }

@@ -77,7 +77,8 @@ int log2_ratio_bin(double v);
 /// Slow-ish (allocates the unpacked codes and the decoded copy, and sums the error serially);
 /// meant for every telemetry_interval steps, not every step.
 /// Also fills the two block histograms (scale codes, log2 of a_b / reference).
-/// Throws what quantize_blocks throws.
+/// Throws the exception types quantize_blocks throws, on the same inputs (on the fused path
+/// the message names quantize_pack_fast).
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr);
 /// The same for a row-scaled operand (quantize_blocks_rows, row_g [rows]; docs/numerics.md
