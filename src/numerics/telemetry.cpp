@@ -85,17 +85,23 @@ QuantStats stats_of(const QuantizedTensor& q, const std::vector<float>& xh, cons
   if (s.has_staleness) s.staleness = g > 0 ? double(amax) / g : (amax > 0 ? INFINITY : 1.0);
   return s;
 }
-}  // namespace
 
-namespace {
-// quantize_blocks(x, rows, cols, spec, g, sr) and its decoded values, by the fused packer where
-// spec has one (pack_fast.h: bit-identical to pack(quantize_blocks(...)) and dequantize):
-// codes, scales, scale codes and tensor scales through unpack, and the block amax a_b (max |x|
-// over each block or tile), which a packed tensor does not store, from x.
-QuantizedTensor quantize_blocks_packed(const float* x, int64_t rows, int64_t cols,
-                                       const BlockQuantSpec& spec, float g, const SrKey* sr,
-                                       std::vector<float>& xh) {
-  const QTensor t = quantize_pack_fast(x, rows, cols, spec, g, sr);
+// stats_of of a scalar quantizer's result q, decoded by the scalar dequantize.
+QuantStats stats_of_decoded(const QuantizedTensor& q, const float* x, int64_t rows, int64_t cols,
+                            const BlockQuantSpec& spec, float g) {
+  std::vector<float> xh(static_cast<size_t>(rows * cols));
+  dequantize(q, xh.data());
+  return stats_of(q, xh, x, rows, cols, spec, g);
+}
+
+// quant_stats where spec has a fused packer (pack_fast.h: bit-identical to
+// pack(quantize_blocks(...)), and dequantize_fast to dequantize): codes, scales, scale codes
+// and tensor scales through unpack, and the block amax a_b (max |x| over each block or tile),
+// which a packed tensor does not store, from x.
+QuantStats stats_fused(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
+                       float g, const SrKey* sr) {
+  const QTensor t = quantize_pack_fast(x, rows, cols, spec, g, sr);  // validates the arguments
+  std::vector<float> xh(static_cast<size_t>(rows * cols));
   dequantize_fast(t, xh.data());
   QuantizedTensor q;
   unpack(t, q);
@@ -112,29 +118,20 @@ QuantizedTensor quantize_blocks_packed(const float* x, int64_t rows, int64_t col
       a[b] = m;
     }
   }
-  return q;
+  return stats_of(q, xh, x, rows, cols, spec, g);
 }
 }  // namespace
 
 QuantStats quant_stats(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                        float g, const SrKey* sr) {
-  std::vector<float> xh(
-      static_cast<size_t>(std::max<int64_t>(rows, 0) * std::max<int64_t>(cols, 0)));
-  if (pack_fast_slow_path(spec).empty()) {  // a fused packer for this spec
-    const QuantizedTensor q = quantize_blocks_packed(x, rows, cols, spec, g, sr, xh);
-    return stats_of(q, xh, x, rows, cols, spec, g);
-  }
-  const QuantizedTensor q = quantize_blocks(x, rows, cols, spec, g, sr);
-  dequantize(q, xh.data());
-  return stats_of(q, xh, x, rows, cols, spec, g);
+  if (pack_fast_slow_path(spec).empty()) return stats_fused(x, rows, cols, spec, g, sr);
+  return stats_of_decoded(quantize_blocks(x, rows, cols, spec, g, sr), x, rows, cols, spec, g);
 }
 
 QuantStats quant_stats_rows(const float* x, int64_t rows, int64_t cols, const BlockQuantSpec& spec,
                             const float* row_g, const SrKey* sr) {
-  const QuantizedTensor q = quantize_blocks_rows(x, rows, cols, spec, row_g, sr);
-  std::vector<float> xh(static_cast<size_t>(rows * cols));
-  dequantize(q, xh.data());
-  return stats_of(q, xh, x, rows, cols, spec, 0.f);
+  return stats_of_decoded(quantize_blocks_rows(x, rows, cols, spec, row_g, sr), x, rows, cols, spec,
+                          0.f);
 }
 
 }  // namespace fp4
