@@ -218,11 +218,18 @@ Plan make_plan(int64_t K, int64_t block_a, int64_t block_b, const Accumulator& a
     Segment s{k, k1, p0, round_up(k1 - k, 4), {k / block_a, k / block_b}};
     p.contiguous &= s.p0 == s.k0;
     p.segs.push_back(s);
+    p.bcol[0].push_back(s.bc[0]);
+    p.bcol[1].push_back(s.bc[1]);
     p0 += s.plen;
     k = k1;
     if (k % ch == 0 || k == K) p.chunk_first.push_back(static_cast<int64_t>(p.segs.size()));
   }
   p.Kp = p0;
+  for (int64_t i = 0; i < static_cast<int64_t>(p.segs.size()); ++i) {
+    const Segment& sg = p.segs[static_cast<size_t>(i)];
+    p.groups16 &= sg.p0 % 16 == 0 && sg.plen % 16 == 0;
+    for (int w = 0; w < 2; ++w) p.bcol_is_s[w] &= sg.bc[w] == i;
+  }
   p.nseg = static_cast<int64_t>(p.segs.size());
   return p;
 }
@@ -338,17 +345,11 @@ enum PackFlags : unsigned { kBadCode = 1, kBadScale = 2, kWiderScale = 4 };
 /// The kernel a call runs (ProbeKernel with Auto resolved).
 enum class Impl { Portable, Avx512, Avx2, Avx512Emu };
 
-/// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)):
-/// n = 2q per element (converted with the vector width of `impl`; every width gives the same
-/// bytes), and per (row, segment) c/2, the correction, m and e, per (row, chunk) the span and,
-/// for the SIMD kernels' integer chunk path, the factors f, emin and ispan (file comment).
-/// Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a scale that
-/// is not finite and > 0, or one needing more than F fraction bits (then m is not exact).
-unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r,
-                  Packed& P, Impl impl) {
-  const int64_t K = q.cols, Kp = pl.Kp, ns = pl.nseg, nc = pl.nchunk, B = q.spec.block;
-  const uint8_t* codes = q.codes.data() + r * K;
-  int8_t* n = P.n.data() + r * Kp;
+/// Stage 1 of pack_row: n = 2q for row `codes` in the packed layout (zero padding), converted
+/// with the vector width of `impl` (every width gives the same bytes). Returns the OR of the
+/// codes (> 15 iff one is out of range).
+unsigned convert_row(const uint8_t* codes, const Plan& pl, int8_t* n, Impl impl) {
+  const int64_t K = pl.K;
   unsigned all = 0;
   if (pl.contiguous) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -359,62 +360,176 @@ unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, in
     (void)impl;
     all = convert_codes(codes, n, K);
 #endif
-    std::fill(n + K, n + Kp, int8_t{0});
-  } else {
-    for (const Segment& sg : pl.segs)
-      for (int64_t k = sg.k0; k < sg.k1; ++k) {
-        all |= codes[k];
-        n[sg.p0 + (k - sg.k0)] = kTwiceE2M1[codes[k] & 15];
-      }
-    for (const Segment& sg : pl.segs) std::fill(n + sg.p0 + (sg.k1 - sg.k0), n + sg.p0 + sg.plen, int8_t{0});
+    std::fill(n + K, n + pl.Kp, int8_t{0});
+    return all;
   }
-  unsigned flags = all > 15 ? kBadCode : 0u;
-  const int64_t br = q.spec.two_d ? r / B : r;
-  bool nzs[kProbeMaxChunk];  // a chunk has at most `chunk` ≤ kProbeMaxChunk segments
-  for (int64_t c = 0; c < nc; ++c) {
-    int lo = INT_MAX, hi = INT_MIN;
-    const int64_t s0 = pl.chunk_first[c], s1 = pl.chunk_first[c + 1];
-    for (int64_t s = s0; s < s1; ++s) {
+  for (const Segment& sg : pl.segs) {
+    for (int64_t k = sg.k0; k < sg.k1; ++k) {
+      all |= codes[k];
+      n[sg.p0 + (k - sg.k0)] = kTwiceE2M1[codes[k] & 15];
+    }
+    std::fill(n + sg.p0 + (sg.k1 - sg.k0), n + sg.p0 + sg.plen, int8_t{0});
+  }
+  return all;
+}
+
+/// One row's per-segment outputs (pointers into Packed at the row; nz is scratch).
+struct RowOut {
+  double* hs;
+  int32_t* corr;
+  uint8_t* man;
+  int16_t* ex;
+  uint8_t* nz;
+};
+
+/// Stage 2a: the correction −12·Σ n and whether any n is nonzero, per segment. Where every
+/// segment starts and ends on a multiple of 16 (Plan::groups16: blocks of 16, 32, ...), each
+/// 16 bytes are summed with SSE2 (part of every x86-64 CPU): psadbw of the bytes n + 12 ∈
+/// [0, 24] adds each half exactly (≤ 192), and Σ n = that − 16·12. Same values as seg_stats.
+void segment_sums(const Plan& pl, const int8_t* n, const RowOut& o) {
+#if defined(__SSE2__)
+  if (pl.groups16) {
+    const __m128i bias = _mm_set1_epi8(kNOffset), zero = _mm_setzero_si128();
+    for (int64_t s = 0; s < pl.nseg; ++s) {
       const Segment& sg = pl.segs[static_cast<size_t>(s)];
-      int32_t sum;
-      bool nz;
-      seg_stats(n + sg.p0, sg.plen, sum, nz);
-      // Block scale c = mant·2^ex = m·2^e with m = mant·2^-sh ∈ [2^F, 2^(F+1)).
-      const float cb = q.scales[static_cast<size_t>(br * q.block_cols + sg.bc[which])];
-      uint32_t mant = 8;
-      int ex = 0;
-      if (!split_scale(cb, mant, ex)) {
-        flags |= kBadScale;
-        mant = 8;
+      __m128i sum = zero, any = zero;
+      for (int64_t p = sg.p0; p < sg.p0 + sg.plen; p += 16) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(n + p));
+        any = _mm_or_si128(any, v);
+        sum = _mm_add_epi64(sum, _mm_sad_epu8(_mm_add_epi8(v, bias), zero));
       }
-      const int top = 31 - std::countl_zero(mant), sh = top - F;
-      if (top - std::countr_zero(mant) > F) flags |= kWiderScale;
-      const int e = ex + sh;
-      const size_t o = static_cast<size_t>(r * ns + s);
-      P.hs[o] = static_cast<double>(cb) * 0.5;
-      P.corr[o] = -kNOffset * sum;
-      P.man[o] = static_cast<uint8_t>(sh >= 0 ? mant >> sh : mant << -sh);
-      P.ex[o] = static_cast<int16_t>(e);
-      nzs[s - s0] = nz;
-      if (nz) {
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
-      }
+      const int32_t biased = _mm_cvtsi128_si32(sum) +
+                             _mm_cvtsi128_si32(_mm_unpackhi_epi64(sum, sum));
+      o.corr[s] = -kNOffset * (biased - kNOffset * static_cast<int32_t>(sg.plen));
+      o.nz[s] = _mm_movemask_epi8(_mm_cmpeq_epi8(any, zero)) != 0xFFFF;
+    }
+    return;
+  }
+#endif
+  for (int64_t s = 0; s < pl.nseg; ++s) {
+    const Segment& sg = pl.segs[static_cast<size_t>(s)];
+    int32_t sum;
+    bool nz;
+    seg_stats(n + sg.p0, sg.plen, sum, nz);
+    o.corr[s] = -kNOffset * sum;
+    o.nz[s] = nz;
+  }
+}
+
+/// Stage 2b, the reference: each segment's block scale c = mant·2^ex = m·2^e with
+/// m = mant·2^-sh ∈ [2^F, 2^(F+1)), for any c (FP32 subnormals included); c/2 in double.
+/// Returns kBadScale (c not finite and > 0; m, e then follow from c = 8) and kWiderScale (c
+/// needs more than F fraction bits).
+unsigned split_scales_each(const Plan& pl, const float* scales, const int64_t* bcol, int F,
+                           const RowOut& o) {
+  unsigned flags = 0;
+  for (int64_t s = 0; s < pl.nseg; ++s) {
+    const float cb = scales[bcol[s]];
+    uint32_t mant = 8;
+    int ex = 0;
+    if (!split_scale(cb, mant, ex)) {
+      flags |= kBadScale;
+      mant = 8;
+    }
+    const int top = 31 - std::countl_zero(mant), sh = top - F;
+    if (top - std::countr_zero(mant) > F) flags |= kWiderScale;
+    o.hs[s] = static_cast<double>(cb) * 0.5;
+    o.man[s] = static_cast<uint8_t>(sh >= 0 ? mant >> sh : mant << -sh);
+    o.ex[s] = static_cast<int16_t>(ex + sh);
+  }
+  return flags;
+}
+
+/// Stage 2b for the SIMD kernels: split_scales_each's results when every scale of the row is a
+/// normal positive FP32 (exponent field 1..254, sign 0), with no branch per segment: then
+/// mant = 2^23 + fraction, top = 23 and sh = 23 − F ≥ 16, so m = 2^F + (fraction >> sh),
+/// e = field − 150 + sh = field − 127 − F, and c needs more than F fraction bits iff one of
+/// the fraction's low sh bits is set. A row with any other scale (an FP32 subnormal, or one
+/// that pack_row reports) goes through split_scales_each.
+unsigned split_scales_normal(const Plan& pl, const float* scales, const int64_t* bcol,
+                             bool bcol_is_s, int F, const RowOut& o) {
+  // The row's scales in segment order (no copy where segment s is block column s).
+  thread_local std::vector<float> gathered;
+  const float* cs = scales;
+  if (!bcol_is_s) {
+    gathered.resize(static_cast<size_t>(pl.nseg));
+    for (int64_t s = 0; s < pl.nseg; ++s) gathered[static_cast<size_t>(s)] = scales[bcol[s]];
+    cs = gathered.data();
+  }
+  const int sh = 23 - F;
+  const uint32_t low = (uint32_t{1} << sh) - 1, fmask = (uint32_t{1} << F) - 1;
+  uint32_t odd = 0, wide = 0;
+  double* __restrict hs = o.hs;
+  uint8_t* __restrict man = o.man;
+  int16_t* __restrict ex = o.ex;
+#pragma omp simd reduction(| : odd, wide)
+  for (int64_t s = 0; s < pl.nseg; ++s) {
+    const uint32_t bits = std::bit_cast<uint32_t>(cs[s]), field = bits >> 23;  // sign included
+    odd |= static_cast<uint32_t>(field - 1 >= 254u);
+    wide |= bits & low;
+    hs[s] = static_cast<double>(cs[s]) * 0.5;
+    man[s] = static_cast<uint8_t>(((bits >> sh) & fmask) | (fmask + 1));
+    ex[s] = static_cast<int16_t>(static_cast<int>(field) - 127 - F);
+  }
+  if (odd) return split_scales_each(pl, scales, bcol, F, o);
+  return wide ? kWiderScale : 0u;
+}
+
+/// Stage 3: per chunk, the span of e over its nonzero segments and, for the SIMD kernels'
+/// integer chunk path, emin, ispan and the factors f = m·2^(e − emin) (0 for an all-zero
+/// segment; file comment).
+void chunk_spans(const Plan& pl, int64_t r, const RowOut& o, Packed& P, bool simd) {
+  const int64_t ns = pl.nseg, nc = pl.nchunk;
+  int16_t* fac = P.fac.data() + r * ns;
+  for (int64_t c = 0; c < nc; ++c) {
+    const int64_t s0 = pl.chunk_first[static_cast<size_t>(c)],
+                  s1 = pl.chunk_first[static_cast<size_t>(c + 1)];
+    int lo = INT_MAX, hi = INT_MIN;
+    for (int64_t s = s0; s < s1; ++s) {  // over the nonzero segments only
+      lo = std::min(lo, o.nz[s] ? static_cast<int>(o.ex[s]) : INT_MAX);
+      hi = std::max(hi, o.nz[s] ? static_cast<int>(o.ex[s]) : INT_MIN);
     }
     const int span = hi >= lo ? hi - lo : 0, emin = hi >= lo ? lo : 0;
     const size_t oc = static_cast<size_t>(r * nc + c);
     P.span[oc] = static_cast<int16_t>(span);
-    // The integer chunk path's factors f = m·2^(e − emin) < 2^8·2^7 (file comment).
-    if (impl == Impl::Portable) continue;  // the portable kernel has no integer path
+    if (!simd) continue;  // the portable kernel has no integer path
     const bool int_ok = span <= kIntMaxSpan && emin >= -kIntExpBand && emin <= kIntExpBand;
     P.ispan[oc] = int_ok ? static_cast<int16_t>(span) : kNoIntPath;
     P.emin[oc] = static_cast<int16_t>(int_ok ? emin : 0);
-    for (int64_t s = s0; s < s1; ++s) {
-      const size_t o = static_cast<size_t>(r * ns + s);
-      P.fac[o] = int_ok && nzs[s - s0] ? static_cast<int16_t>(P.man[o] << (P.ex[o] - emin)) : int16_t{0};
-    }
+    for (int64_t s = s0; s < s1; ++s)
+      fac[s] = int_ok && o.nz[s] ? static_cast<int16_t>(o.man[s] << (o.ex[s] - emin)) : int16_t{0};
   }
-  return flags;
+}
+
+/// Pack row r of q (operand `which`: 0 = A, 1 = B) with scale mantissas m ∈ [2^F, 2^(F+1)):
+/// n = 2q per element, and per (row, segment) c/2, the correction, m and e, per (row, chunk)
+/// the span and, for the SIMD kernels' integer chunk path, the factors f, emin and ispan (file
+/// comment). The portable kernel, the SIMD kernels' scalar twin, splits the scales one segment
+/// at a time (split_scales_each); the SIMD kernels take split_scales_normal, which gives the
+/// same values. Returns PackFlags: a code > 15 (the row is then packed from the low 4 bits), a
+/// scale that is not finite and > 0, or one needing more than F fraction bits (then m is not
+/// exact).
+unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, int64_t r, Packed& P,
+                  Impl impl) {
+  const int64_t ns = pl.nseg;
+  // 1. n = 2q: [Kp] bytes.
+  int8_t* n = P.n.data() + r * pl.Kp;
+  const unsigned all = convert_row(q.codes.data() + r * q.cols, pl, n, impl);
+  // 2. Per segment [nseg]: −12·Σ n, nonzero, c/2, m, e.
+  thread_local std::vector<uint8_t> nz;
+  nz.resize(static_cast<size_t>(ns));
+  const RowOut o{P.hs.data() + r * ns, P.corr.data() + r * ns, P.man.data() + r * ns,
+                 P.ex.data() + r * ns, nz.data()};
+  segment_sums(pl, n, o);
+  const int64_t br = q.spec.two_d ? r / q.spec.block : r;
+  const float* scales = q.scales.data() + br * q.block_cols;
+  const int64_t* bcol = pl.bcol[which].data();
+  const unsigned split = impl == Impl::Portable
+                             ? split_scales_each(pl, scales, bcol, F, o)
+                             : split_scales_normal(pl, scales, bcol, pl.bcol_is_s[which], F, o);
+  // 3. Per chunk [nchunk]: span; the integer path's emin, ispan and f [nseg].
+  chunk_spans(pl, r, o, P, impl != Impl::Portable);
+  return (all > 15 ? kBadCode : 0u) | split;
 }
 
 int max_span_of(const Packed& P) {
@@ -980,6 +1095,9 @@ void probe_gemm(const QuantizedTensor& a, const QuantizedTensor& b, float* c,
     const int na = max_scale_frac_bits(a), nb = max_scale_frac_bits(b);
     if (na > 7) throw_bad_scale("A", a);
     if (nb > 7) throw_bad_scale("B", b);
+    if (na <= Fa && nb <= Fb)  // packing and scale_frac_bits disagree: a bug, not bad input
+      throw std::logic_error("probe_gemm: packing reported a block scale wider than " +
+                             std::to_string(std::max(Fa, Fb)) + " fraction bits, but none is");
     Fa = std::max(Fa, na);
     Fb = std::max(Fb, nb);
   }

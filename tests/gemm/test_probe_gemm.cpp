@@ -695,6 +695,35 @@ TEST(ProbeGemmHand, CancellationAndZeroChunk) {
   EXPECT_FALSE(std::signbit(z));
 }
 
+TEST(ProbeGemmHand, Fp32SubnormalBlockScale) {
+  // FP32 subnormal block scales (c_b = 2^127 brings the products into view). Packing must
+  // split them as m·2^e from the stored mantissa, not as a normal float's 2^23 + fraction:
+  // c_a = 1.5·2^-140 (mantissa 3·2^8) is 12·2^-143 with 3 fraction bits; read as a normal
+  // float's fields it would need 20 (probe_gemm would then throw std::logic_error).
+  // (6·c_a)(6·c_b) = 54·2^-13 = 6.75·2^-10, snapped to 7/1024.
+  const float ca = 1.5f * std::ldexp(1.0f, -140);
+  ASSERT_LT(ca, FLT_MIN);
+  // 2^-128 (bits 0x00200000, no implicit bit): 36·2^-1 = 18.
+  EXPECT_EQ(probe1(row_qt({{6, std::ldexp(1.0f, -128)}}), row_qt({{6, std::ldexp(1.0f, 127)}})),
+            18.0f);
+  EXPECT_EQ(probe1(row_qt({{6, ca}}), row_qt({{6, std::ldexp(1.0f, 127)}})), 7.0f / 1024.0f);
+  // Block 16, 3 rows × 64 of A, UE5M3 scales; row 1 holds the subnormal scale in its block 2:
+  // its segments take the one-at-a-time split, rows 0 and 2 the whole-row one. B's scales
+  // are 2^127 in block 2 and 2^-8 elsewhere. Every kernel against the reference.
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> ca_codes(3 * 64), cb_codes(2 * 64);
+  for (auto& c : ca_codes) c = static_cast<uint8_t>(rng() % 16);
+  for (auto& c : cb_codes) c = static_cast<uint8_t>(rng() % 16);
+  std::vector<float> sa(3 * 4), sb(2 * 4, std::ldexp(1.0f, -8));
+  for (auto& c : sa) c = scale_decode(static_cast<uint8_t>(0x60 + rng() % 32), ScaleFormat::UE5M3);
+  sa[1 * 4 + 2] = ca;
+  sb[0 * 4 + 2] = sb[1 * 4 + 2] = std::ldexp(1.0f, 127);
+  const auto a = make_qt(3, 64, 16, false, ca_codes, sa),
+             b = make_qt(2, 64, 16, false, cb_codes, sb);
+  const auto want = ref_probe(a, b);
+  for (ProbeKernel k : kernels()) EXPECT_TRUE(same_bits(run_probe(a, b, k), want, 2)) << kname(k);
+}
+
 TEST(ProbeGemm, RandomQuantizedMatchReferenceBitForBit) {
   std::mt19937_64 rng(20260901);
   const ScaleFormat formats[] = {ScaleFormat::UE5M3, ScaleFormat::UE5M3_PTX, ScaleFormat::E4M3,
