@@ -400,15 +400,92 @@ HWY_INLINE void Pack16(const uint8_t* c, uint8_t* dst) {
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR  // one-lane target: bytes cannot be regrouped in a vector
+/// dst[i·ldd + j] = src[j·lds + i] for i, j < 16: a 16 × 16 byte transpose in four rounds of
+/// 128-bit interleaves (of bytes, then of 16-, 32- and 64-bit lanes). A copy.
+HWY_INLINE void Transpose16x16Bytes(const uint8_t* src, int64_t lds, uint8_t* dst, int64_t ldd) {
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  const hn::Full128<uint32_t> d32;
+  const hn::Full128<uint64_t> d64;
+  hn::Vec<decltype(d8)> a[16], r1[2][8];
+  hn::Vec<decltype(d16)> r2[4][4];
+  hn::Vec<decltype(d32)> r3[8][2];
+  for (int j = 0; j < 16; ++j) a[j] = hn::LoadU(d8, src + j * lds);
+  // r1[h][k]: 16-bit lane t = rows 2k, 2k+1 of column 8h + t
+  for (int k = 0; k < 8; ++k) {
+    r1[0][k] = hn::InterleaveLower(d8, a[2 * k], a[2 * k + 1]);
+    r1[1][k] = hn::InterleaveUpper(d8, a[2 * k], a[2 * k + 1]);
+  }
+  // r2[q][k]: 32-bit lane t = rows 4k .. 4k+3 of column 4q + t
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k) {
+      const auto x0 = hn::BitCast(d16, r1[h][2 * k]), x1 = hn::BitCast(d16, r1[h][2 * k + 1]);
+      r2[2 * h][k] = hn::InterleaveLower(d16, x0, x1);
+      r2[2 * h + 1][k] = hn::InterleaveUpper(d16, x0, x1);
+    }
+  // r3[o][k]: 64-bit lane t = rows 8k .. 8k+7 of column 2o + t
+  for (int q = 0; q < 4; ++q)
+    for (int k = 0; k < 2; ++k) {
+      const auto y0 = hn::BitCast(d32, r2[q][2 * k]), y1 = hn::BitCast(d32, r2[q][2 * k + 1]);
+      r3[2 * q][k] = hn::InterleaveLower(d32, y0, y1);
+      r3[2 * q + 1][k] = hn::InterleaveUpper(d32, y0, y1);
+    }
+  // columns 2o and 2o + 1, rows 0 .. 15
+  for (int o = 0; o < 8; ++o) {
+    const auto z0 = hn::BitCast(d64, r3[o][0]), z1 = hn::BitCast(d64, r3[o][1]);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d64, z0, z1)), d8, dst + (2 * o) * ldd);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d64, z0, z1)), d8, dst + (2 * o + 1) * ldd);
+  }
+}
+
+/// Pack16 of 16 columns at once: the codes c[t·ldc + j] (t < 16 rows, j < 16 columns, each
+/// < 16) give out[j·8 + k] = c[2k][j] | c[2k+1][j] << 4, column j's 8 packed bytes. Rows are
+/// paired into nibbles lane-wise (a 16-bit shift cannot carry between bytes < 16), then the
+/// 8 × 16 bytes are transposed as in Transpose16x16Bytes' first three rounds.
+HWY_INLINE void PackColumns16(const uint8_t* c, int64_t ldc, uint8_t* out) {
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  const hn::Full128<uint32_t> d32;
+  hn::Vec<decltype(d8)> pk[8], r1[2][4];
+  hn::Vec<decltype(d16)> r2[4][2];
+  for (int k = 0; k < 8; ++k) {
+    const auto hi = hn::ShiftLeft<4>(hn::BitCast(d16, hn::LoadU(d8, c + (2 * k + 1) * ldc)));
+    pk[k] = hn::Or(hn::LoadU(d8, c + 2 * k * ldc), hn::BitCast(d8, hi));
+  }
+  // r1[h][k]: 16-bit lane t = packed bytes 2k, 2k+1 of column 8h + t
+  for (int k = 0; k < 4; ++k) {
+    r1[0][k] = hn::InterleaveLower(d8, pk[2 * k], pk[2 * k + 1]);
+    r1[1][k] = hn::InterleaveUpper(d8, pk[2 * k], pk[2 * k + 1]);
+  }
+  // r2[q][k]: 32-bit lane t = packed bytes 4k .. 4k+3 of column 4q + t
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 2; ++k) {
+      const auto x0 = hn::BitCast(d16, r1[h][2 * k]), x1 = hn::BitCast(d16, r1[h][2 * k + 1]);
+      r2[2 * h][k] = hn::InterleaveLower(d16, x0, x1);
+      r2[2 * h + 1][k] = hn::InterleaveUpper(d16, x0, x1);
+    }
+  // 64-bit lane t = the 8 packed bytes of column 4q + t (lower) or 4q + 2 + t (upper)
+  for (int q = 0; q < 4; ++q) {
+    const auto y0 = hn::BitCast(d32, r2[q][0]), y1 = hn::BitCast(d32, r2[q][1]);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d32, y0, y1)), d8, out + (4 * q) * 8);
+    hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d32, y0, y1)), d8, out + (4 * q + 2) * 8);
+  }
+}
+#endif
+
 /// The quantize-transpose of one panel, without a buffer: output rows [c0, c0 + w) of p (the
 /// columns c0.. of x [rows = p.cols, cols = p.rows], w ≤ kPanel), blocks of p.B (a multiple of
 /// 16) along the rows of x; needs rows % 16 == 0. For each block-row of x (h = min(B, rows − r0)
 /// rows): the rows' kPanel-column runs are copied into `tile` [B][kPanel] (in L1; columns ≥ w
 /// must be zero on entry), RHT-transformed per 16 rows if rht (the operations of
 /// TransposePanel), then Lanes columns at a time the block amax (a vertical max: one block
-/// per lane) and block scales (BlockScales, the row kernel's), then per column the block's
-/// elements gathered 16 at a time, rounded by CodesVec and packed (Pack16) straight into
-/// p.packed at the output row's flat offset (even: rows and r0 are). srb holds the SR bytes of
+/// per lane) and block scales (BlockScales, the row kernel's), then 16 rows at a time the
+/// codes by CodesVec in the tile's orientation (lanes are columns, each lane its column's e_b;
+/// the SR bytes transposed to match by Transpose16x16Bytes), nibble-packed and transposed per
+/// 16 columns (PackColumns16) and written, 8 bytes per column, straight into p.packed at the
+/// output row's flat offset (even: rows and r0 are). (The one-lane HWY_SCALAR target gathers
+/// each column's 16 elements instead and packs them with Pack16.) srb holds the SR bytes of
 /// the panel's output rows, srb[j·rows + r] for element (c0 + j, r). The operations per value
 /// are the row kernel's, so the bits are those of PackRowsT on the transposed operand. False
 /// on a non-finite value (after the RHT); earlier blocks may be written.
@@ -419,10 +496,17 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t rows = p.cols, cols = p.rows, B = p.B, nbc = p.block_cols;
-  const VI gidx = RowIndices(kPanel);
   alignas(64) float ev_arr[kPanel + kMaxLanes];
   alignas(64) uint8_t scode[kPanel + kMaxLanes];
+#if HWY_TARGET != HWY_SCALAR
+  // 16 rows of codes and of SR bytes in the tile's orientation, and 16 columns' packed bytes
+  alignas(64) uint8_t ct[16 * kPanel] = {};
+  alignas(64) uint8_t srt[16 * kPanel] = {};
+  alignas(64) uint8_t pk[16 * 8];
+#else
+  const VI gidx = RowIndices(kPanel);
   alignas(64) uint8_t cb[16 + kMaxLanes];
+#endif
   const int64_t wv = (w + N - 1) / N * N;  // columns processed as whole vectors (≤ kPanel)
   for (int64_t r0 = 0; r0 < rows; r0 += B) {
     const int64_t h = std::min(B, rows - r0);  // a multiple of 16
@@ -459,6 +543,37 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
     }
     const int64_t bc = r0 / B;
     for (int64_t j = 0; j < w; ++j) p.scales[(c0 + j) * nbc + bc] = scode[j];
+#if HWY_TARGET != HWY_SCALAR
+    // 4. 16 rows at a time: codes in the tile's orientation (lanes are columns, each with its
+    // block's e_b; SR bytes transposed to match), then per 16 columns nibble-packed and
+    // transposed (PackColumns16) into 8 bytes of each column's output row
+    for (int64_t i = 0; i < h; i += 16) {
+      if constexpr (kSR) {  // srt[t·kPanel + j] = srb[j·rows + r0 + i + t]
+        for (int64_t j0 = 0; j0 < w; j0 += 16) {
+          if (j0 + 16 <= w) {
+            Transpose16x16Bytes(srb + j0 * rows + r0 + i, rows, srt + j0, kPanel);
+          } else {  // the last columns, the rest zero
+            alignas(16) uint8_t part[16 * 16] = {};
+            for (int64_t j = j0; j < w; ++j)
+              std::memcpy(part + (j - j0) * 16, srb + j * rows + r0 + i, 16);
+            Transpose16x16Bytes(part, 16, srt + j0, kPanel);
+          }
+        }
+      }
+      for (int64_t t = 0; t < 16; ++t)
+        for (int64_t k = 0; k < wv; k += N) {
+          const VF off = kSR ? SrOffsets(srt + t * kPanel + k) : hn::Zero(df);
+          const VI code = CodesVec<kR>(hn::LoadU(df, tile + (i + t) * kPanel + k),
+                                       hn::LoadU(df, ev_arr + k), off);
+          hn::StoreU(hn::DemoteTo(D8(), code), D8(), ct + t * kPanel + k);
+        }
+      for (int64_t j0 = 0; j0 < w; j0 += 16) {
+        PackColumns16(ct + j0, kPanel, pk);
+        for (int64_t j = j0; j < std::min(w, j0 + 16); ++j)
+          std::memcpy(p.packed + ((c0 + j) * rows + r0 + i) / 2, pk + (j - j0) * 8, 8);
+      }
+    }
+#else
     // 4. codes of each column's block, 16 elements (8 packed bytes) at a time
     for (int64_t j = 0; j < w; ++j) {
       const VF ev = hn::Set(df, ev_arr[j]);
@@ -473,6 +588,7 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
         Pack16(cb, p.packed + (flat + i) / 2);
       }
     }
+#endif
   }
   return true;
 }
