@@ -699,7 +699,7 @@ TEST(ProbeGemmHand, Fp32SubnormalBlockScale) {
   // FP32 subnormal block scales (c_b = 2^127 brings the products into view). Packing must
   // split them as m·2^e from the stored mantissa, not as a normal float's 2^23 + fraction:
   // c_a = 1.5·2^-140 (mantissa 3·2^8) is 12·2^-143 with 3 fraction bits; read as a normal
-  // float's fields it would need 20 (probe_gemm would then throw std::logic_error).
+  // float's fields it would need 15 (probe_gemm would then throw std::logic_error).
   // (6·c_a)(6·c_b) = 54·2^-13 = 6.75·2^-10, snapped to 7/1024.
   const float ca = 1.5f * std::ldexp(1.0f, -140);
   ASSERT_LT(ca, FLT_MIN);
