@@ -218,8 +218,6 @@ Plan make_plan(int64_t K, int64_t block_a, int64_t block_b, const Accumulator& a
     Segment s{k, k1, p0, round_up(k1 - k, 4), {k / block_a, k / block_b}};
     p.contiguous &= s.p0 == s.k0;
     p.segs.push_back(s);
-    p.bcol[0].push_back(s.bc[0]);
-    p.bcol[1].push_back(s.bc[1]);
     p0 += s.plen;
     k = k1;
     if (k % ch == 0 || k == K) p.chunk_first.push_back(static_cast<int64_t>(p.segs.size()));
@@ -420,11 +418,10 @@ void segment_sums(const Plan& pl, const int8_t* n, const RowOut& o) {
 /// m = mant·2^-sh ∈ [2^F, 2^(F+1)), for any c (FP32 subnormals included); c/2 in double.
 /// Returns kBadScale (c not finite and > 0; m, e then follow from c = 8) and kWiderScale (c
 /// needs more than F fraction bits).
-unsigned split_scales_each(const Plan& pl, const float* scales, const int64_t* bcol, int F,
-                           const RowOut& o) {
+unsigned split_scales_each(const Plan& pl, const float* scales, int which, int F, const RowOut& o) {
   unsigned flags = 0;
   for (int64_t s = 0; s < pl.nseg; ++s) {
-    const float cb = scales[bcol[s]];
+    const float cb = scales[pl.segs[static_cast<size_t>(s)].bc[which]];
     uint32_t mant = 8;
     int ex = 0;
     if (!split_scale(cb, mant, ex)) {
@@ -446,14 +443,15 @@ unsigned split_scales_each(const Plan& pl, const float* scales, const int64_t* b
 /// e = field − 150 + sh = field − 127 − F, and c needs more than F fraction bits iff one of
 /// the fraction's low sh bits is set. A row with any other scale (an FP32 subnormal, or one
 /// that pack_row reports) goes through split_scales_each.
-unsigned split_scales_normal(const Plan& pl, const float* scales, const int64_t* bcol,
-                             bool bcol_is_s, int F, const RowOut& o) {
+unsigned split_scales_normal(const Plan& pl, const float* scales, int which, int F,
+                             const RowOut& o) {
   // The row's scales in segment order (no copy where segment s is block column s).
   thread_local std::vector<float> gathered;
   const float* cs = scales;
-  if (!bcol_is_s) {
+  if (!pl.bcol_is_s[which]) {
     gathered.resize(static_cast<size_t>(pl.nseg));
-    for (int64_t s = 0; s < pl.nseg; ++s) gathered[static_cast<size_t>(s)] = scales[bcol[s]];
+    for (int64_t s = 0; s < pl.nseg; ++s)
+      gathered[static_cast<size_t>(s)] = scales[pl.segs[static_cast<size_t>(s)].bc[which]];
     cs = gathered.data();
   }
   const int sh = 23 - F;
@@ -471,7 +469,7 @@ unsigned split_scales_normal(const Plan& pl, const float* scales, const int64_t*
     man[s] = static_cast<uint8_t>(((bits >> sh) & fmask) | (fmask + 1));
     ex[s] = static_cast<int16_t>(static_cast<int>(field) - 127 - F);
   }
-  if (odd) return split_scales_each(pl, scales, bcol, F, o);
+  if (odd) return split_scales_each(pl, scales, which, F, o);
   return wide ? kWiderScale : 0u;
 }
 
@@ -523,10 +521,8 @@ unsigned pack_row(const QuantizedTensor& q, const Plan& pl, int which, int F, in
   segment_sums(pl, n, o);
   const int64_t br = q.spec.two_d ? r / q.spec.block : r;
   const float* scales = q.scales.data() + br * q.block_cols;
-  const int64_t* bcol = pl.bcol[which].data();
-  const unsigned split = impl == Impl::Portable
-                             ? split_scales_each(pl, scales, bcol, F, o)
-                             : split_scales_normal(pl, scales, bcol, pl.bcol_is_s[which], F, o);
+  const unsigned split = impl == Impl::Portable ? split_scales_each(pl, scales, which, F, o)
+                                                : split_scales_normal(pl, scales, which, F, o);
   // 3. Per chunk [nchunk]: span; the integer path's emin, ispan and f [nseg].
   chunk_spans(pl, r, o, P, impl != Impl::Portable);
   return (all > 15 ? kBadCode : 0u) | split;

@@ -35,7 +35,6 @@ struct Plan {
   int64_t K = 0, Kp = 0, nchunk = 0, nseg = 0;
   bool contiguous = true;  ///< p0 == k0 for every segment: packed layout = K layout + tail pad
   std::vector<Segment> segs;
-  std::vector<int64_t> bcol[2];      ///< [nseg] segs[s].bc[0] and segs[s].bc[1], as arrays
   bool bcol_is_s[2] = {true, true};  ///< segs[s].bc[w] == s for every s (segment = block)
   bool groups16 = true;              ///< every segment's p0 and plen are multiples of 16
   std::vector<int64_t> chunk_first;  ///< [nchunk + 1]: segments of chunk c are [first[c], first[c+1])
