@@ -440,37 +440,19 @@ HWY_INLINE void Transpose16x16Bytes(const uint8_t* src, int64_t lds, uint8_t* ds
 }
 
 /// Pack16 of 16 columns at once: the codes c[t·ldc + j] (t < 16 rows, j < 16 columns, each
-/// < 16) give out[j·8 + k] = c[2k][j] | c[2k+1][j] << 4, column j's 8 packed bytes. Rows are
-/// paired into nibbles lane-wise (a 16-bit shift cannot carry between bytes < 16), then the
-/// 8 × 16 bytes are transposed as in Transpose16x16Bytes' first three rounds.
+/// < 16) give out[j·16 + k] = c[2k][j] | c[2k+1][j] << 4 for k < 8, column j's 8 packed bytes
+/// (out[j·16 + 8 .. 16) are zero). Rows are paired into nibbles lane-wise (a 16-bit shift
+/// cannot carry between bytes < 16) into the first 8 rows of a 16 × 16 block, which
+/// Transpose16x16Bytes turns into one row per column.
 HWY_INLINE void PackColumns16(const uint8_t* c, int64_t ldc, uint8_t* out) {
   const hn::Full128<uint8_t> d8;
   const hn::Full128<uint16_t> d16;
-  const hn::Full128<uint32_t> d32;
-  hn::Vec<decltype(d8)> pk[8], r1[2][4];
-  hn::Vec<decltype(d16)> r2[4][2];
+  alignas(16) uint8_t rows[16 * 16] = {};
   for (int k = 0; k < 8; ++k) {
     const auto hi = hn::ShiftLeft<4>(hn::BitCast(d16, hn::LoadU(d8, c + (2 * k + 1) * ldc)));
-    pk[k] = hn::Or(hn::LoadU(d8, c + 2 * k * ldc), hn::BitCast(d8, hi));
+    hn::Store(hn::Or(hn::LoadU(d8, c + 2 * k * ldc), hn::BitCast(d8, hi)), d8, rows + 16 * k);
   }
-  // r1[h][k]: 16-bit lane t = packed bytes 2k, 2k+1 of column 8h + t
-  for (int k = 0; k < 4; ++k) {
-    r1[0][k] = hn::InterleaveLower(d8, pk[2 * k], pk[2 * k + 1]);
-    r1[1][k] = hn::InterleaveUpper(d8, pk[2 * k], pk[2 * k + 1]);
-  }
-  // r2[q][k]: 32-bit lane t = packed bytes 4k .. 4k+3 of column 4q + t
-  for (int h = 0; h < 2; ++h)
-    for (int k = 0; k < 2; ++k) {
-      const auto x0 = hn::BitCast(d16, r1[h][2 * k]), x1 = hn::BitCast(d16, r1[h][2 * k + 1]);
-      r2[2 * h][k] = hn::InterleaveLower(d16, x0, x1);
-      r2[2 * h + 1][k] = hn::InterleaveUpper(d16, x0, x1);
-    }
-  // 64-bit lane t = the 8 packed bytes of column 4q + t (lower) or 4q + 2 + t (upper)
-  for (int q = 0; q < 4; ++q) {
-    const auto y0 = hn::BitCast(d32, r2[q][0]), y1 = hn::BitCast(d32, r2[q][1]);
-    hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d32, y0, y1)), d8, out + (4 * q) * 8);
-    hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d32, y0, y1)), d8, out + (4 * q + 2) * 8);
-  }
+  Transpose16x16Bytes(rows, 16, out, 16);
 }
 #endif
 
@@ -502,7 +484,7 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
   // 16 rows of codes and of SR bytes in the tile's orientation, and 16 columns' packed bytes
   alignas(64) uint8_t ct[16 * kPanel] = {};
   alignas(64) uint8_t srt[16 * kPanel] = {};
-  alignas(64) uint8_t pk[16 * 8];
+  alignas(64) uint8_t pk[16 * 16];
 #else
   const VI gidx = RowIndices(kPanel);
   alignas(64) uint8_t cb[16 + kMaxLanes];
@@ -570,7 +552,7 @@ bool PackPanelT(const QPlan& p, const float* x, int64_t c0, int64_t w, bool rht,
       for (int64_t j0 = 0; j0 < w; j0 += 16) {
         PackColumns16(ct + j0, kPanel, pk);
         for (int64_t j = j0; j < std::min(w, j0 + 16); ++j)
-          std::memcpy(p.packed + ((c0 + j) * rows + r0 + i) / 2, pk + (j - j0) * 8, 8);
+          std::memcpy(p.packed + ((c0 + j) * rows + r0 + i) / 2, pk + (j - j0) * 16, 8);
       }
     }
 #else
