@@ -12,8 +12,8 @@
 // writes only its own outputs; units: conv (b, 64-row block) over all channels, forward and backward;
 // scan forward (b, g, chunk) packing B, C and Gm = C Bᵀ once per group and chunk, then
 // (b, h); scan backward (b, g) (same packing, then chunks descending, the heads of the group
-// ascending within a chunk, each head carrying its own dS; x, dy, S_prev read in place when
-// P % 16 == 0); norm rows
+// ascending within a chunk, each head carrying its own dS, the chunk's dx added once per row
+// from the group's scratch; x, dy, S_prev read in place when P % 16 == 0); norm rows
 // forward and 64-row blocks backward; the weight gradients of conv and norm are per-block
 // partials reduced in block order, by 256-column units), so each output is produced by one
 // thread in a fixed order.
