@@ -7,9 +7,9 @@
 // only, the AVX-512 code (the same 6 × 64 tiles) for the baseline target (emu16).
 // The variant is chosen once from the CPU and FP4_MAX_CPU_ISA
 // (detail::set_ssm_isa forces one). The drivers in ssm_ref.cpp run the units under OpenMP
-// (static schedule, except the scan's (b, h) and (b, g) units: dynamic, one at a time, which
-// balances the threads when a core is shared and cannot change a result, since every unit
-// writes only its own outputs; units: conv (b, 64-row block) over all channels, forward and backward;
+// (static schedule, so every thread meets its scratch size in the first steps and the steady
+// state allocates nothing; a unit writes only its own outputs, so the schedule cannot change a
+// result; units: conv (b, 64-row block) over all channels, forward and backward;
 // scan forward (b, g, chunk) packing B, C and Gm = C Bᵀ once per group and chunk, then
 // (b, h); scan backward (b, g) (same packing, then chunks descending, the heads of the group
 // ascending within a chunk, each head carrying its own dS, the chunk's dx added once per row
@@ -27,8 +27,9 @@
 //  * map: the same generic formula evaluated on vectors, lane by lane; exp is the lane-wise
 //    copy of internal::exp_scalar;
 //  * dot: the canonical sum with the 16 partials spread over 16/VW vectors and tree16.
-// The vector code reads and writes zero padding of the scratch matrices beyond the twin's
-// columns; padding never feeds a valid output.
+// The vector code reads and writes padding of the scratch matrices beyond the twin's columns,
+// and reads scratch entries above a triangle's diagonal that no one wrote (the row selects of
+// chunk_coeffs and the decay gradients drop them); neither ever feeds a valid output.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #include "fp4/nn/ssm.h"

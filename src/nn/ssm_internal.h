@@ -175,8 +175,7 @@ constexpr int64_t kColBlock = 256;
 
 /// Drivers (defined in ssm_ref.cpp, shared by both builds): check the arguments (throwing
 /// std::invalid_argument naming `fn` and the argument), then run the units with `k`, in
-/// parallel (OpenMP over independent units, static schedule; the scan's (b, h) and (b, g)
-/// units dynamic, one at a time; par) or sequentially.
+/// parallel (OpenMP over independent units, static schedule; par) or sequentially.
 void run_conv_forward(const Kernels& k, bool par, const char* fn, float* out, const float* x,
                       int64_t ldx, const float* w, const float* bias, int64_t B, int64_t T,
                       int64_t C, int64_t W);
