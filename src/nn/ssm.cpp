@@ -46,9 +46,12 @@
 #include "fp4/base/cpu_isa.h"
 #include "ssm_internal.h"
 
+// FP4_SSM_NATIVE names the instructions ssm_vec.inc may use for the build: 512 (AVX-512:
+// vfmadd, masked loads and stores), 256 (AVX2 + FMA: vfmadd, vmaskmovps), 0 (neither:
+// std::fma per lane and lane-copied tails, x86-64 baseline and emu16).
 #pragma GCC push_options
 #pragma GCC target("avx512f")
-#define FP4_SSM_FMA 512
+#define FP4_SSM_NATIVE 512
 namespace fp4::nn::ssm_avx512 {
 constexpr int VW = 16;
 constexpr int kNB = 4;
@@ -56,12 +59,12 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx512
-#undef FP4_SSM_FMA
+#undef FP4_SSM_NATIVE
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#define FP4_SSM_FMA 256
+#define FP4_SSM_NATIVE 256
 namespace fp4::nn::ssm_avx2 {
 constexpr int VW = 8;
 constexpr int kNB = 2;
@@ -69,10 +72,10 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_avx2
-#undef FP4_SSM_FMA
+#undef FP4_SSM_NATIVE
 #pragma GCC pop_options
 
-#define FP4_SSM_FMA 0  // std::fma per lane (x86-64 baseline: no FMA instruction)
+#define FP4_SSM_NATIVE 0  // no native FMA or masked tails (x86-64 baseline)
 namespace fp4::nn::ssm_base {
 constexpr int VW = 4;
 constexpr int kNB = 2;
@@ -88,7 +91,7 @@ constexpr int kMR = 6;
 #include "ssm_vec.inc"
 #include "ssm_body.inc"
 }  // namespace fp4::nn::ssm_emu16
-#undef FP4_SSM_FMA
+#undef FP4_SSM_NATIVE
 
 namespace fp4::nn {
 namespace {
