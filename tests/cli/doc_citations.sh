@@ -5,8 +5,9 @@
 # code). In src/, include/ and python/ this fails on
 #   - `README "Section"` or `README, "Section"`, and `README` at the end of a line (a section
 #     name that continues on the next);
-#   - `issue N` (any case), the number of a tracker issue (`oneDNN issue #4845`, a public one,
-#     is written with its `#` and is not matched);
+#   - `issue N` or `issues N` (any case), the number of a tracker issue (`oneDNN issue #4845`, a
+#     public one, is written with its `#` and is not matched); this one also in docs/*.md and in
+#     the comments of configs/**/*.toml, which have no tracker to point to either;
 #   - `docs/PAGE.md "Heading"` where PAGE.md does not exist or has no heading spelled so (the
 #     whole heading, without its #s and with or without its code marks; a citation may continue
 #     on the next comment line).
@@ -22,7 +23,8 @@ if [ -n "$hits" ]; then
   echo "$hits"
   fail=1
 fi
-hits=$(grep -rniE '(^|[^[:alnum:]_#])issue [0-9]' $dirs)
+issue_re='(^|[^[:alnum:]_#])issues? [0-9]'
+hits=$(grep -rniE "$issue_re" $dirs docs/*.md; grep -rniE --include='*.toml' "$issue_re" configs)
 if [ -n "$hits" ]; then
   echo "doc_citations: issue numbers cited (cite docs/PAGE.md \"Heading\", or write the reason):"
   echo "$hits"
