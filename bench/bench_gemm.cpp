@@ -28,6 +28,11 @@
 //                       bf16_GFLOPs, sgemm_GFLOPs, speedup = sgemm time / block-scaled time.
 //                       Shapes as a Linear calls it (A·Bᵀ): fprop-like and wgrad-like, the tiny
 //                       config's and 4096 × 1024 × 1024 (block_scaled_shapes).
+//   BM_Bf16BlockedVsNative  fp4::gemm_bf16 on its blocked path (FP4_BF16_GEMM=blocked: oneDNN's
+//                       brgemm, weights reordered to its blocked layout per call) and its native
+//                       path (gemm:jit), alternately in one loop: counters native_GFLOPs,
+//                       blocked_GFLOPs, blocked_over_native (time ratio); the bf16 and the
+//                       block-scaled shapes; the label names the blocked implementation.
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -245,7 +250,46 @@ void BM_BlockScaledVsDecoded(benchmark::State& st) {
     fp4::gemm_block_scaled(p.ta, !p.ta, p.M, p.N, p.K, p.fa.data(), 0.5f, p.fb.data(), 0.25f,
                            false, p.c.data(), scratch);
   });
-  st.SetLabel(fp4::gemm_bf16_path() == fp4::Bf16GemmPath::Native ? "native BF16" : "widened: sgemm");
+  st.SetLabel(fp4::gemm_bf16_description());
+}
+
+// gemm_bf16's blocked path (oneDNN's brgemm with its blocked weights; the weights reordered on
+// every call, as a Linear's GEMM does) against its native path (gemm:jit), alternately in one
+// loop, each timed call under gemm_bf16_set_path: counters native_GFLOPs, blocked_GFLOPs and
+// blocked_over_native = blocked time / native time. Skipped where oneDNN offers no brgemm.
+void BM_Bf16BlockedVsNative(benchmark::State& st) {
+  if (!fp4::gemm_bf16_blocked_available()) {
+    st.SkipWithError("oneDNN offers no brgemm BF16 matmul on this CPU");
+    return;
+  }
+  Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
+  const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
+  using clock = std::chrono::steady_clock;
+  double tn = 0.0, tb = 0.0;
+  int64_t n = 0;
+  for (auto _ : st) {
+    fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Native);
+    const auto t0 = clock::now();
+    run_bf16(p);
+    benchmark::ClobberMemory();
+    const auto t1 = clock::now();
+    fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
+    const auto t2 = clock::now();
+    run_bf16(p);
+    benchmark::ClobberMemory();
+    const auto t3 = clock::now();
+    tn += std::chrono::duration<double>(t1 - t0).count();
+    tb += std::chrono::duration<double>(t3 - t2).count();
+    ++n;
+  }
+  const std::string impl = fp4::gemm_bf16_impl(p.ta, !p.ta, p.M, p.N, p.K, p.lda(), p.ldb(), p.N,
+                                               false);
+  fp4::gemm_bf16_set_path(saved);
+  const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
+  st.counters["native_GFLOPs"] = flop / tn * 1e-9;
+  st.counters["blocked_GFLOPs"] = flop / tb * 1e-9;
+  st.counters["blocked_over_native"] = tb / tn;
+  st.SetLabel(impl);
 }
 
 void bf16_shapes(benchmark::internal::Benchmark* b) {
@@ -281,6 +325,8 @@ BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
 BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
 BENCHMARK(BM_BlockScaledVsDecoded)->Apply(block_scaled_shapes);
+BENCHMARK(BM_Bf16BlockedVsNative)->Apply(bf16_shapes);
+BENCHMARK(BM_Bf16BlockedVsNative)->Apply(block_scaled_shapes);
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // fp4train: pretrain language models with FP4 block-scaled linear layers and compare recipes.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "fp4/base/cpu_isa.h"
 #include "fp4/dist/dist.h"
 #include "fp4/base/error.h"
+#include "fp4/gemm/gemm.h"     // gemm_bf16_env_error
 #include "fp4/gemm/machine.h"  // compute_paths, for --version
 #include "fp4/base/safetensors.h"  // fp4::IoError
 
@@ -98,6 +100,12 @@ int main(int argc, char** argv) {
   if (const std::string bad = fp4::cpu_isa_env_error(); !bad.empty() && !help) {
     std::fprintf(stderr, "fp4train: error: %s\n", bad.c_str());
     return 2;
+  }
+  if (const char* g = std::getenv("FP4_BF16_GEMM"); g && *g && !help) {
+    if (const std::string bad = fp4::gemm_bf16_env_error(); !bad.empty()) {
+      std::fprintf(stderr, "fp4train: error: %s\n", bad.c_str());
+      return 2;
+    }
   }
   CLI::App app{
       "fp4train: pretrain language models with FP4 (E2M1, block-scaled) linear layers on CPUs and\n"

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <array>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -108,6 +110,10 @@ constexpr int64_t kScaledTileN = 256;
 // the numerics (summation order, subnormal handling) the same for every shape and stride.
 // On a CPU without it, the first implementation oneDNN offers is used.
 constexpr const char* kBf16Impl = "gemm:jit";
+// The blocked path (Bf16GemmPath::Blocked) takes oneDNN's brgemm matmul ("brg:avx512_core_bf16",
+// "brg:avx512_core_amx_bf16" on AMX), which oneDNN 2.6 offers only for dense A and C tiles and
+// weights in its own blocked layout; any other implementation is refused.
+constexpr const char* kBlockedImplPrefix = "brg:";
 
 void check(dnnl_status_t st, const char* what) {
   if (st != dnnl_success)
@@ -131,6 +137,7 @@ dnnl_engine_t bf16_engine() {
 // nothing of ours.
 struct Bf16Mems {
   dnnl_memory_t a = nullptr, b = nullptr, c = nullptr, s = nullptr;
+  dnnl_memory_t r = nullptr;  // blocked path: the reorder's source (a plain op(B) panel)
 };
 
 struct Bf16Prim {
@@ -139,15 +146,23 @@ struct Bf16Prim {
   size_t scratch_bytes = 0;
   std::string impl;
   std::vector<Bf16Mems> mems;  // per thread slot (thread_slot())
+  // Blocked path: b_md is oneDNN's blocked weight layout (b_bytes bytes per panel), and
+  // `reorder` copies a plain op(B) panel (r_md: K × nb with the call's strides) into it.
+  dnnl_primitive_t reorder = nullptr;
+  dnnl_memory_desc_t r_md{};
+  size_t b_bytes = 0;
   ~Bf16Prim() {
     for (Bf16Mems& m : mems)
-      for (dnnl_memory_t x : {m.a, m.b, m.c, m.s})
+      for (dnnl_memory_t x : {m.a, m.b, m.c, m.s, m.r})
         if (x) dnnl_memory_destroy(x);
     if (prim) dnnl_primitive_destroy(prim);
+    if (reorder) dnnl_primitive_destroy(reorder);
   }
 };
 
-using Bf16Key = std::array<int64_t, 9>;  // mb, nb, K, ta, tb, lda, ldb, ldc, accumulate
+// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C, no sum post-op:
+// ta = 0, lda = K, ldc = nb, accumulate = 0)
+using Bf16Key = std::array<int64_t, 10>;
 
 // Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
 // count), restoring it after.
@@ -159,14 +174,20 @@ struct OneThreadScope {
 
 std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
   const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
-  const bool ta = k[3], tb = k[4], acc = k[8];
+  const bool ta = k[3], tb = k[4], acc = k[8], blocked = k[9];
   auto p = std::make_unique<Bf16Prim>();
   const dnnl_dims_t a_dims = {mb, K}, b_dims = {K, nb}, c_dims = {mb, nb};
   const dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1};
   const dnnl_dims_t b_str = {tb ? 1 : ldb, tb ? ldb : 1};
   const dnnl_dims_t c_str = {ldc, 1};
   check(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "A desc");
-  check(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "B desc");
+  if (blocked) {  // oneDNN picks the weight layout; the panel reorder's source is plain
+    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, dnnl_format_tag_any),
+          "B desc");
+    check(dnnl_memory_desc_init_by_strides(&p->r_md, 2, b_dims, dnnl_bf16, b_str), "B panel desc");
+  } else {
+    check(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "B desc");
+  }
   check(dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str), "C desc");
   dnnl_matmul_desc_t md;
   check(dnnl_matmul_desc_init(&md, &p->a_md, &p->b_md, nullptr, &p->c_md), "matmul desc");
@@ -190,7 +211,12 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
       if (!cand) continue;
       const char* name = nullptr;
       dnnl_primitive_desc_query(cand, dnnl_query_impl_info_str, 0, &name);
-      const bool wanted = name && std::strcmp(name, kBf16Impl) == 0;
+      const bool wanted = name && (blocked ? std::strncmp(name, kBlockedImplPrefix, 4) == 0
+                                           : std::strcmp(name, kBf16Impl) == 0);
+      if (blocked && !wanted) {  // the blocked path runs brgemm or nothing
+        dnnl_primitive_desc_destroy(cand);
+        continue;
+      }
       if (!pd || wanted) {
         if (pd) dnnl_primitive_desc_destroy(pd);
         pd = cand;
@@ -213,12 +239,26 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
     p->scratch_md = *smd;
     p->scratch_bytes = dnnl_memory_desc_get_size(smd);
   }
+  if (blocked) {
+    p->b_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    p->b_bytes = dnnl_memory_desc_get_size(&p->b_md);
+  }
   {
     OneThreadScope one;
     st = dnnl_primitive_create(&p->prim, pd);
   }
   dnnl_primitive_desc_destroy(pd);
   check(st, "matmul primitive creation");
+  if (blocked) {
+    OneThreadScope one;  // a single-threaded reorder (it runs inside our loop over panels)
+    dnnl_primitive_desc_t rpd = nullptr;
+    check(dnnl_reorder_primitive_desc_create(&rpd, &p->r_md, bf16_engine(), &p->b_md, bf16_engine(),
+                                             nullptr),
+          "reorder primitive descriptor creation");
+    st = dnnl_primitive_create(&p->reorder, rpd);
+    dnnl_primitive_desc_destroy(rpd);
+    check(st, "reorder primitive creation");
+  }
   return p;
 }
 
@@ -242,6 +282,8 @@ const Bf16Prim& bf16_prim(const Bf16Key& k) {
       check(dnnl_memory_create(&m.c, &slot->c_md, e, DNNL_MEMORY_NONE), "memory creation");
       if (slot->scratch_bytes > 0)
         check(dnnl_memory_create(&m.s, &slot->scratch_md, e, DNNL_MEMORY_NONE), "memory creation");
+      if (slot->reorder)
+        check(dnnl_memory_create(&m.r, &slot->r_md, e, DNNL_MEMORY_NONE), "memory creation");
     }
   }
   return *slot;
@@ -302,6 +344,33 @@ dnnl_status_t run_bf16_tile(const Bf16Prim& p, int slot, const void* a, const vo
   return st;
 }
 
+// Blocked path: reorders the plain op(B) panel at src into the blocked layout at dst with thread
+// slot `slot`'s memory objects (as run_bf16_tile); returns the first failing status.
+dnnl_status_t run_reorder(const Bf16Prim& p, int slot, const void* src, void* dst) {
+  thread_local Bf16Thread t;
+  Bf16Mems tmp;
+  const bool own = slot < 0 || size_t(slot) >= p.mems.size();
+  dnnl_status_t st = dnnl_success;
+  if (own) {
+    const dnnl_engine_t e = bf16_engine();
+    st = dnnl_memory_create(&tmp.r, &p.r_md, e, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) st = dnnl_memory_create(&tmp.b, &p.b_md, e, DNNL_MEMORY_NONE);
+  }
+  const Bf16Mems& m = own ? tmp : p.mems[size_t(slot)];
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.r, const_cast<void*>(src));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.b, dst);
+  if (st == dnnl_success) {
+    const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, m.r}, {DNNL_ARG_TO, m.b}};
+    g_in_execute = true;
+    st = dnnl_primitive_execute(p.reorder, t.stream, 2, args);
+    g_in_execute = false;
+    if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
+  }
+  for (dnnl_memory_t x : {tmp.r, tmp.b})
+    if (x) dnnl_memory_destroy(x);
+  return st;
+}
+
 void check_bf16_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                      const float* C, int64_t ldc) {
@@ -321,7 +390,12 @@ void check_bf16_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 
 Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t lda, int64_t ldb,
                  int64_t ldc, bool acc) {
-  return {mb, nb, K, ta, tb, lda, ldb, ldc, acc};
+  return {mb, nb, K, ta, tb, lda, ldb, ldc, acc, 0};
+}
+// The blocked path's primitive for an [mb, nb] tile over K: dense A [mb, K] and C [mb, nb],
+// weights in oneDNN's layout, reordered from op(B) panels read with (tb, ldb).
+Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb) {
+  return {mb, nb, K, 0, tb, K, ldb, nb, 0, 1};
 }
 }  // namespace
 
@@ -392,10 +466,50 @@ bool native_bf16_offered() {
   return ok;
 }
 
+bool blocked_bf16_offered() {
+  static const bool ok = [] {
+    if (!native_bf16_offered()) return false;
+    try {
+      (void)bf16_prim(blocked_key(false, 16, 16, 32, 16));
+      return true;
+    } catch (const std::runtime_error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+const char* onednn_isa_name(dnnl_cpu_isa_t isa);
+
+// FP4_BF16_GEMM, read once: the path it asks for, or -1 (unset or empty: the default).
+// Throws std::runtime_error naming the variable for any other value or an unavailable path.
+int requested_bf16_path() {
+  const char* v = std::getenv("FP4_BF16_GEMM");
+  if (!v || !*v) return -1;
+  const std::string s(v);
+  const std::string isa = onednn_isa_name(dnnl_get_effective_cpu_isa());
+  if (s == "widened") return int(Bf16GemmPath::Widened);
+  if (s == "native") {
+    if (!native_bf16_offered())
+      throw std::runtime_error("FP4_BF16_GEMM=native: oneDNN offers no native BF16 matmul on this "
+                               "CPU (ISA " + isa + ")");
+    return int(Bf16GemmPath::Native);
+  }
+  if (s == "blocked") {
+    if (!blocked_bf16_offered())
+      throw std::runtime_error("FP4_BF16_GEMM=blocked: oneDNN offers no brgemm BF16 matmul on "
+                               "this CPU (ISA " + isa + "; it needs AVX512_CORE_BF16 or AMX)");
+    return int(Bf16GemmPath::Blocked);
+  }
+  throw std::runtime_error("FP4_BF16_GEMM='" + s +
+                           "': expected native, blocked or widened (or unset for the default)");
+}
+
 Bf16GemmPath chosen_bf16_path() {
   int p = g_bf16_path.load(std::memory_order_acquire);
   if (p < 0) {
-    p = int(native_bf16_offered() ? Bf16GemmPath::Native : Bf16GemmPath::Widened);
+    p = requested_bf16_path();
+    if (p < 0) p = int(native_bf16_offered() ? Bf16GemmPath::Native : Bf16GemmPath::Widened);
     int expected = -1;
     if (!g_bf16_path.compare_exchange_strong(expected, p)) p = expected;
   }
@@ -421,6 +535,17 @@ const char* onednn_isa_name(dnnl_cpu_isa_t isa) {
 
 bool gemm_bf16_native_available() { return native_bf16_offered(); }
 
+bool gemm_bf16_blocked_available() { return blocked_bf16_offered(); }
+
+std::string gemm_bf16_env_error() {
+  try {
+    (void)requested_bf16_path();
+    return "";
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+}
+
 Bf16GemmPath gemm_bf16_path() { return chosen_bf16_path(); }
 
 void gemm_bf16_set_path(Bf16GemmPath path) {
@@ -429,6 +554,11 @@ void gemm_bf16_set_path(Bf16GemmPath path) {
         "fp4::gemm_bf16_set_path: oneDNN offers no native BF16 matmul on this CPU (ISA " +
         std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
         "; needs AVX512_CORE or better, and no ONEDNN_MAX_CPU_ISA below it)");
+  if (path == Bf16GemmPath::Blocked && !blocked_bf16_offered())
+    throw std::runtime_error(
+        "fp4::gemm_bf16_set_path: oneDNN offers no brgemm BF16 matmul on this CPU (ISA " +
+        std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
+        "; needs AVX512_CORE_BF16 or AMX, and no ONEDNN_MAX_CPU_ISA below it)");
   g_bf16_path.store(int(path), std::memory_order_release);
 }
 
@@ -440,6 +570,9 @@ std::string gemm_fp32_description() {
 }
 
 std::string gemm_bf16_description() {
+  if (chosen_bf16_path() == Bf16GemmPath::Blocked)
+    return std::string("blocked: oneDNN BF16 brgemm matmul, weights reordered to its layout (") +
+           gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
   if (chosen_bf16_path() == Bf16GemmPath::Native)
     return std::string("native: oneDNN BF16 matmul (") +
            gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
@@ -448,6 +581,123 @@ std::string gemm_bf16_description() {
 }
 
 namespace {
+// dst[j·ldd + i] = src[i·lds + j] for i < rows, j < cols (BF16 bit patterns, exact copies), in
+// 32 × 32 blocks so that both sides stay in a few cache lines.
+void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                    int64_t ldd) {
+  constexpr int64_t kB = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kB)
+    for (int64_t j0 = 0; j0 < cols; j0 += kB) {
+      const int64_t i1 = std::min(rows, i0 + kB), j1 = std::min(cols, j0 + kB);
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = j0; j < j1; ++j) dst[j * ldd + i] = src[i * lds + j];
+    }
+}
+
+// This thread's dense C tile of the blocked path, grown (never shrunk) to nc floats.
+std::vector<float>& blocked_c_tile(size_t nc) {
+  thread_local std::vector<float> c;
+  if (c.size() < nc) c.resize(nc);
+  return c;
+}
+
+// The blocked path of gemm_bf16_tiled (Bf16GemmPath::Blocked; docs/gemm.md "The blocked path
+// (`FP4_BF16_GEMM=blocked`)"). oneDNN's brgemm matmul takes its weights in its own blocked
+// layout and, in oneDNN 2.6, only dense A and C tiles, so:
+//   1. op(B)'s column panels (one per column of tiles) are reordered into that layout, one panel
+//      per task, into a buffer of the calling thread; op(A) is read in place when it is dense
+//      (not transposed, lda == K), else copied dense into another, one row of tiles per task;
+//   2. per output tile (after a barrier: every panel and row is ready), the single-threaded
+//      brgemm primitive writes the tile's product into a dense per-thread tile, which is then
+//      stored into C or, with accumulate, added to it (one FP32 addition per element, as the
+//      native path's sum post-op).
+// Each output element is still one primitive execution over the full K, created with one thread,
+// so the bits do not depend on the thread count (as the native path; see above).
+void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                       bool accumulate, float* C, int64_t ldc, int64_t tile_m, int64_t tile_n) {
+  const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
+  const int64_t rm = M - (tm - 1) * tile_m, rn = N - (tn - 1) * tile_n;
+  const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      prims[i][j] = &bf16_prim(
+          blocked_key(trans_b, i ? rm : std::min(tile_m, M), j ? rn : std::min(tile_n, N), K, ldb));
+  // One reorder per panel serves every row of tiles: the layout must not depend on the rows.
+  for (int j = 0; j < 2; ++j)
+    if (!dnnl_memory_desc_equal(&prims[0][j]->b_md, &prims[1][j]->b_md))
+      throw std::logic_error("fp4::gemm_bf16 (blocked path): oneDNN's weight layout depends on "
+                             "the tile's rows (M=" + std::to_string(M) + ", N=" +
+                             std::to_string(N) + ", K=" + std::to_string(K) + ")");
+  // 1. the panels, 64-byte aligned, panel tj at packed + tj · stride
+  const size_t stride = (prims[0][0]->b_bytes + 63) / 64 * 64;
+  thread_local std::vector<unsigned char> packed_buf;
+  if (packed_buf.size() < stride * size_t(tn) + 64) packed_buf.resize(stride * size_t(tn) + 64);
+  unsigned char* packed = packed_buf.data() +
+                          (64 - reinterpret_cast<uintptr_t>(packed_buf.data()) % 64) % 64;
+  const bool a_dense = !trans_a && lda == K;
+  thread_local std::vector<uint16_t> a_buf;  // op(A) dense, when it is not in place
+  if (!a_dense && a_buf.size() < size_t(M * K)) a_buf.resize(size_t(M * K));
+  uint16_t* Ad = a_buf.data();
+  const size_t nc = size_t(std::min(tile_m, M) * std::min(tile_n, N));
+  std::atomic<int> failures{0};
+  dnnl_status_t first_error = dnnl_success;
+  auto note = [&](dnnl_status_t st) {
+    if (st == dnnl_success) return;
+    failures.fetch_add(1, std::memory_order_relaxed);
+#pragma omp critical
+    first_error = st;
+  };
+#pragma omp parallel
+  {
+    std::vector<float>& ct = blocked_c_tile(nc);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t tj = 0; tj < tn; ++tj) {
+      const uint16_t* b = trans_b ? B + tj * tile_n * ldb : B + tj * tile_n;
+      note(run_reorder(*prims[0][tj == tn - 1], thread_slot(), b, packed + size_t(tj) * stride));
+    }
+    // op(A) dense [M, K] in Ad unless it is already (not transposed, lda == K), per row of tiles
+    if (!a_dense) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t ti = 0; ti < tm; ++ti) {
+        const int64_t i0 = ti * tile_m, mb = std::min(tile_m, M - i0);
+        if (trans_a) {
+          transpose_bf16(A + i0, lda, K, mb, Ad + i0 * K, K);
+        } else {
+          for (int64_t r = 0; r < mb; ++r)
+            std::memcpy(Ad + (i0 + r) * K, A + (i0 + r) * lda, size_t(K) * sizeof(uint16_t));
+        }
+      }
+    }
+#pragma omp barrier
+    // 2. the tiles
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tm * tn; ++t) {
+      const int64_t ti = t / tn, tj = t % tn;
+      const int64_t i0 = ti * tile_m, j0 = tj * tile_n;
+      const int64_t mb = std::min(tile_m, M - i0), nb = std::min(tile_n, N - j0);
+      const uint16_t* a = a_dense ? A + i0 * lda : Ad + i0 * K;
+      const dnnl_status_t st = run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a,
+                                             packed + size_t(tj) * stride, ct.data());
+      note(st);
+      if (st != dnnl_success) continue;
+      for (int64_t r = 0; r < mb; ++r) {
+        float* c = C + (i0 + r) * ldc + j0;
+        const float* p = ct.data() + r * nb;
+        if (accumulate) {
+          for (int64_t j = 0; j < nb; ++j) c[j] += p[j];
+        } else {
+          std::memcpy(c, p, size_t(nb) * sizeof(float));
+        }
+      }
+    }
+  }
+  if (failures.load())
+    throw std::runtime_error("oneDNN brgemm matmul (blocked BF16 GEMM) failed with status " +
+                             std::to_string(first_error) + " (M=" + std::to_string(M) +
+                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+}
+
 // gemm_bf16 on output tiles of tile_m × tile_n (gemm_bf16: kBf16TileM × kBf16TileN;
 // gemm_block_scaled: kScaledTileM × kScaledTileN). The tile shape is a constant of the caller,
 // so the bits never depend on the thread count.
@@ -461,6 +711,9 @@ void gemm_bf16_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
       for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.f);
     return;
   }
+  if (chosen_bf16_path() == Bf16GemmPath::Blocked)
+    return gemm_bf16_blocked(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tile_m,
+                             tile_n);
   const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
   const int64_t tiles = tm * tn;
   int failures = 0;
@@ -521,6 +774,9 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::invalid_argument("fp4::gemm_bf16_impl: M, N and K must be positive");
   if (chosen_bf16_path() == Bf16GemmPath::Widened) return "widened:sgemm";
+  if (chosen_bf16_path() == Bf16GemmPath::Blocked)
+    return bf16_prim(blocked_key(trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N), K, ldb))
+        .impl.c_str();
   return bf16_prim(bf16_key(trans_a, trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N),
                             K, lda, ldb, ldc, accumulate))
       .impl.c_str();

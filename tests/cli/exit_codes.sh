@@ -87,6 +87,23 @@ bad "FP4_MAX_CPU_ISA=bogus"        "FP4_MAX_CPU_ISA=bogus is not a SIMD level" t
 help train --help
 unset FP4_MAX_CPU_ISA
 
+# So is a bad FP4_BF16_GEMM (fp4/gemm/gemm.h; docs/gemm.md "The blocked path
+# (`FP4_BF16_GEMM=blocked`)").
+export FP4_BF16_GEMM=bogus
+bad "FP4_BF16_GEMM=bogus"          "FP4_BF16_GEMM='bogus': expected native, blocked or widened" train --steps 1
+help train --help
+# blocked where oneDNN offers brgemm (the compute line names it), else refused up front
+export FP4_BF16_GEMM=blocked
+out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?
+if [ "$rc" -eq 0 ] && grep -q 'BF16 GEMM blocked: oneDNN BF16 brgemm matmul' <<<"$out"; then
+  echo "ok   [FP4_BF16_GEMM=blocked: $(grep -o 'BF16 GEMM blocked[^;]*' <<<"$out")]"
+elif [ "$rc" -eq 2 ] && grep -q 'FP4_BF16_GEMM=blocked: oneDNN offers no brgemm' "$tmp/err"; then
+  echo "ok   [FP4_BF16_GEMM=blocked refused here: $(cat "$tmp/err")]"
+else
+  echo "FAIL [FP4_BF16_GEMM=blocked]: exit $rc, stdout: $out, stderr: $(cat "$tmp/err")"; fail=1
+fi
+unset FP4_BF16_GEMM
+
 # --version (docs/cli.md "The `fp4train` program"): exit 0, the version and the compute paths,
 # nothing on stderr.
 out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?

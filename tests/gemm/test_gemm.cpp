@@ -162,15 +162,21 @@ class GemmBf16 : public ::testing::TestWithParam<fp4::Bf16GemmPath> {
     saved_ = fp4::gemm_bf16_path();
     if (GetParam() == fp4::Bf16GemmPath::Native && !fp4::gemm_bf16_native_available())
       GTEST_SKIP() << "oneDNN offers no native BF16 matmul on this CPU: " << fp4::gemm_fp32_description();
+    if (GetParam() == fp4::Bf16GemmPath::Blocked && !fp4::gemm_bf16_blocked_available())
+      GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul on this CPU: "
+                   << fp4::gemm_fp32_description();
     fp4::gemm_bf16_set_path(GetParam());
   }
   void TearDown() override { fp4::gemm_bf16_set_path(saved_); }
   fp4::Bf16GemmPath saved_ = fp4::Bf16GemmPath::Widened;
 };
 INSTANTIATE_TEST_SUITE_P(Paths, GemmBf16,
-                         ::testing::Values(fp4::Bf16GemmPath::Native, fp4::Bf16GemmPath::Widened),
+                         ::testing::Values(fp4::Bf16GemmPath::Native, fp4::Bf16GemmPath::Widened,
+                                           fp4::Bf16GemmPath::Blocked),
                          [](const auto& info) {
-                           return info.param == fp4::Bf16GemmPath::Native ? "Native" : "Widened";
+                           return info.param == fp4::Bf16GemmPath::Native    ? "Native"
+                                  : info.param == fp4::Bf16GemmPath::Blocked ? "Blocked"
+                                                                             : "Widened";
                          });
 
 TEST_P(GemmBf16, WithinSummationBoundOfDoubleReference) {

@@ -59,6 +59,8 @@ class BlockScaledGemm : public ::testing::TestWithParam<Bf16GemmPath> {
     saved_ = gemm_bf16_path();
     if (GetParam() == Bf16GemmPath::Native && !gemm_bf16_native_available())
       GTEST_SKIP() << "no native BF16 matmul on this CPU (or capped): the widened path is tested";
+    if (GetParam() == Bf16GemmPath::Blocked && !gemm_bf16_blocked_available())
+      GTEST_SKIP() << "no brgemm BF16 matmul on this CPU (or capped)";
     gemm_bf16_set_path(GetParam());
   }
   void TearDown() override { gemm_bf16_set_path(saved_); }
@@ -186,10 +188,12 @@ TEST_P(BlockScaledGemm, EdgeShapesAndErrors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, BlockScaledGemm,
-                         ::testing::Values(Bf16GemmPath::Native, Bf16GemmPath::Widened),
+                         ::testing::Values(Bf16GemmPath::Native, Bf16GemmPath::Widened,
+                                           Bf16GemmPath::Blocked),
                          [](const auto& info) {
-                           return info.param == Bf16GemmPath::Native ? std::string("Native")
-                                                                     : std::string("Widened");
+                           return std::string(info.param == Bf16GemmPath::Native    ? "Native"
+                                              : info.param == Bf16GemmPath::Blocked ? "Blocked"
+                                                                                    : "Widened");
                          });
 
 }  // namespace

@@ -90,6 +90,8 @@ class LinearBf16Gemm : public ::testing::TestWithParam<Case> {
     saved_ = gemm_bf16_path();
     if (GetParam().path == Bf16GemmPath::Native && !gemm_bf16_native_available())
       GTEST_SKIP() << "no native BF16 matmul here: the widened case covers this CPU";
+    if (GetParam().path == Bf16GemmPath::Blocked && !gemm_bf16_blocked_available())
+      GTEST_SKIP() << "no brgemm BF16 matmul here";
     gemm_bf16_set_path(GetParam().path);
   }
   void TearDown() override { gemm_bf16_set_path(saved_); }
@@ -201,11 +203,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ScaleFormat::E4M3, true, true, Bf16GemmPath::Native},
                       Case{ScaleFormat::UE5M3, false, false, Bf16GemmPath::Native},
                       Case{ScaleFormat::UE5M3, false, true, Bf16GemmPath::Widened},
-                      Case{ScaleFormat::E4M3, true, false, Bf16GemmPath::Widened}),
+                      Case{ScaleFormat::E4M3, true, false, Bf16GemmPath::Widened},
+                      Case{ScaleFormat::UE5M3, false, true, Bf16GemmPath::Blocked},
+                      Case{ScaleFormat::E4M3, true, false, Bf16GemmPath::Blocked}),
     [](const auto& info) {
       const Case& c = info.param;
       return std::string(c.sf == ScaleFormat::UE5M3 ? "ue5m3" : "e4m3") + (c.rht ? "_rht" : "") +
-             (c.w2d ? "_2d" : "_1d") + (c.path == Bf16GemmPath::Native ? "_native" : "_widened");
+             (c.w2d ? "_2d" : "_1d") +
+             (c.path == Bf16GemmPath::Native    ? "_native"
+              : c.path == Bf16GemmPath::Blocked ? "_blocked"
+                                                : "_widened");
     });
 
 }  // namespace

@@ -32,7 +32,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 /// summed in FP32 in an order fixed by oneDNN's kernel. So
 /// |C − exact| ≤ γ_(K+1)·(Σ_k |a_ik·b_kj| + |C_old|), γ_n = n·2^-24/(1 − n·2^-24).
 ///
-/// Two paths (gemm_bf16_path), chosen once per process from what the CPU and oneDNN offer:
+/// Three paths (gemm_bf16_path), chosen once per process from what the CPU and oneDNN offer
+/// and FP4_BF16_GEMM:
 ///  * Native: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
 ///    to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes as memory-descriptor
 ///    strides, one primitive per distinct output tile shape, cached process-wide (thread-safe)
@@ -45,7 +46,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 ///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
 ///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
 ///    IEEE FP32 arithmetic: subnormals kept.
-/// The two paths sum in different orders, so their bits differ (within the bound above).
+///  * Blocked (opt-in, FP4_BF16_GEMM=blocked; AVX512_CORE_BF16 or AMX): per call the column
+///    panels of op(B) are reordered into oneDNN's blocked weight layout and op(A) made dense if
+///    it is not; per tile one single-threaded brgemm primitive into a dense per-thread tile,
+///    then stored or added into C (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)").
+/// The paths sum in different orders, so their bits differ (within the bound above).
 /// NaN/Inf propagate as in IEEE arithmetic.
 ///
 /// Determinism: C is cut into fixed tiles (never derived from the thread count) run in an
@@ -99,26 +104,45 @@ void apply_decode_scales(const float* P, int64_t n, float gd_a, float gd_b, bool
                          float* C);
 
 /// oneDNN's implementation name (e.g. "gemm:jit") of the primitive that the native path of
-/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it.
+/// gemm_bf16 runs for the first output tile of this problem; creates (and caches) it. On the
+/// blocked path the brgemm primitive's (e.g. "brg:avx512_core_amx_bf16");
 /// "widened:sgemm" when gemm_bf16_path() is Widened. For
 /// benchmarks, tests and logs. Throws as gemm_bf16 (M, N, K must be positive).
 const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                            int64_t lda, int64_t ldb, int64_t ldc, bool accumulate);
 
-/// The two implementations of gemm_bf16 (see there).
-enum class Bf16GemmPath { Native, Widened };
+/// The implementations of gemm_bf16 (docs/gemm.md "BF16 GEMM (`gemm_bf16`)" and "The blocked
+/// path (`FP4_BF16_GEMM=blocked`)"):
+///  * Native: oneDNN's "gemm:jit" BF16 matmul per output tile, on the operands in place;
+///  * Widened: BF16 tiles widened to FP32, oneDNN sgemm (CPUs without BF16 units);
+///  * Blocked: oneDNN's brgemm matmul per output tile ("brg:avx512_core_bf16", or
+///    "brg:avx512_core_amx_bf16" on AMX) with op(B) reordered into oneDNN's blocked weight
+///    layout once per call, op(A) and the C tile dense. Opt-in (FP4_BF16_GEMM=blocked): its
+///    summation order differs from Native's, so its bits do too (never with the thread count).
+enum class Bf16GemmPath { Native, Widened, Blocked };
 
-/// The path gemm_bf16 takes in this process: Native when oneDNN offers a BF16 matmul for this
-/// CPU (and ONEDNN_MAX_CPU_ISA), else Widened; decided at the first call (which creates a small
-/// oneDNN primitive to find out), or set by gemm_bf16_set_path.
+/// The path gemm_bf16 takes in this process: FP4_BF16_GEMM's (native, blocked or widened) when
+/// set, else Native when oneDNN offers a BF16 matmul for this CPU (and ONEDNN_MAX_CPU_ISA), else
+/// Widened; decided at the first call (which creates a small oneDNN primitive to find out), or
+/// set by gemm_bf16_set_path. Throws std::runtime_error (naming FP4_BF16_GEMM) for another value
+/// or a path this CPU cannot run.
 Bf16GemmPath gemm_bf16_path();
 
 /// True if oneDNN offers a native BF16 matmul here (AVX512_CORE or better, not capped).
 bool gemm_bf16_native_available();
 
+/// True if oneDNN offers its brgemm BF16 matmul here (the Blocked path: AVX512_CORE_BF16 or
+/// AMX, not capped).
+bool gemm_bf16_blocked_available();
+
+/// What is wrong with FP4_BF16_GEMM (gemm_bf16_path would throw it), or "" when it is unset,
+/// empty or names a path this CPU runs. For fp4train's CLI, which refuses a bad value up front.
+std::string gemm_bf16_env_error();
+
 /// Forces the path for the rest of the process (tests use it to run both on one machine).
 /// Not to be called while a gemm_bf16 runs. Throws std::runtime_error for Native when
-/// gemm_bf16_native_available() is false.
+/// gemm_bf16_native_available() is false, for Blocked when gemm_bf16_blocked_available() is
+/// false.
 void gemm_bf16_set_path(Bf16GemmPath path);
 
 /// One line naming the FP32 GEMM implementation, e.g. "oneDNN 2.6 sgemm, ISA avx2"
