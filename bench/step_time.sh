@@ -5,7 +5,10 @@
 # steps 3..N of both runs (step 1 and 2 warm up caches and oneDNN, and step 1 records
 # telemetry) and its ratio to the first recipe's median.
 # Usage: bash bench/step_time.sh [--config C] [--steps N] [--bin PATH] [recipe ...]
-#   recipe: a name in configs/recipes or a recipe .toml path (labelled as typed)
+#   recipe: a name in configs/recipes or a recipe .toml path (labelled as typed), optionally
+#     followed by @VAR=VALUE to run it with that environment variable set, e.g.
+#     bf16@FP4_BF16_GEMM=blocked (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)"),
+#     so that two builds of a path are compared in one ABBA loop
 #   default recipes: the eight of docs/numerics.md, fp32 first (the baseline).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,14 +25,25 @@ recipes=("$@")
 [[ ${#recipes[@]} -gt 0 ]] || recipes=(fp32 bf16 ue5m3-b16 ue5m3-b32 ue5m3-te nvfp4-te nvfp4-all mxfp4)
 [[ $steps -ge 4 ]] || { echo "step_time.sh: --steps must be at least 4" >&2; exit 2; }
 [[ -x $bin ]] || { echo "step_time.sh: no fp4train at $bin (bash scripts/build)" >&2; exit 2; }
+for r in "${recipes[@]}"; do
+  if [[ $r == *@* && ! ${r#*@} =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]]; then
+    echo "step_time.sh: '$r': after @ comes VAR=VALUE (an environment variable), e.g." \
+      "bf16@FP4_BF16_GEMM=blocked" >&2
+    exit 2
+  fi
+done
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 order=("${recipes[@]}")
 for ((i = ${#recipes[@]} - 1; i >= 0; i--)); do order+=("${recipes[i]}"); done
 k=0
 for r in "${order[@]}"; do
   k=$((k + 1))
-  # Run k of recipe r (a name or a .toml path) goes to $work/k; runs.tsv maps k back to r.
-  "$bin" train --config "$config" --recipe "$r" --steps "$steps" --quiet --out "$work/$k" >/dev/null
+  # Run k of recipe r (a name or a .toml path, with @VAR=VALUE: that variable set) goes to
+  # $work/k; runs.tsv maps k back to r.
+  assign=(); name=$r
+  if [[ $r == *@* ]]; then name=${r%%@*}; assign=("${r#*@}"); fi
+  env "${assign[@]}" "$bin" train --config "$config" --recipe "$name" --steps "$steps" --quiet \
+    --out "$work/$k" >/dev/null
   printf '%s\t%s\n' "$k" "$r" >> "$work/runs.tsv"
   echo "step_time.sh: $k/${#order[@]} $r done" >&2
 done
