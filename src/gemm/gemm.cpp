@@ -31,12 +31,21 @@ constexpr int64_t kTileM = 128;
 constexpr int64_t kTileN = 512;
 
 // FP4_MAX_CPU_ISA (fp4/base/cpu_isa.h) caps oneDNN too: applied once, before the first oneDNN call
-// of the process (oneDNN accepts dnnl_set_max_cpu_isa only before its first JIT kernel).
+// of the process (oneDNN accepts dnnl_set_max_cpu_isa only before anything has asked it for its
+// ISA or run a kernel; every function here that calls oneDNN calls this first). A refused cap
+// would silently run the CPU's full ISA under a header saying otherwise, so it throws.
 void apply_isa_cap() {
   static const bool done = [] {
     const CpuIsa cap = max_cpu_isa();
-    if (cap == CpuIsa::Avx2) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
-    else if (cap < CpuIsa::Avx2) dnnl_set_max_cpu_isa(dnnl_cpu_isa_sse41);
+    dnnl_status_t st = dnnl_success;
+    if (cap == CpuIsa::Avx2)
+      st = dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+    else if (cap < CpuIsa::Avx2)
+      st = dnnl_set_max_cpu_isa(dnnl_cpu_isa_sse41);
+    if (st != dnnl_success)
+      throw std::logic_error("FP4_MAX_CPU_ISA: oneDNN refused the cap (status " +
+                             std::to_string(int(st)) +
+                             "): oneDNN was used before fp4::gemm applied it");
     return true;
   }();
   (void)done;
@@ -211,7 +220,8 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
       if (!cand) continue;
       const char* name = nullptr;
       dnnl_primitive_desc_query(cand, dnnl_query_impl_info_str, 0, &name);
-      const bool wanted = name && (blocked ? std::strncmp(name, kBlockedImplPrefix, 4) == 0
+      const bool wanted = name && (blocked ? std::strncmp(name, kBlockedImplPrefix,
+                                                          std::strlen(kBlockedImplPrefix)) == 0
                                            : std::strcmp(name, kBf16Impl) == 0);
       if (blocked && !wanted) {  // the blocked path runs brgemm or nothing
         dnnl_primitive_desc_destroy(cand);
@@ -486,6 +496,7 @@ const char* onednn_isa_name(dnnl_cpu_isa_t isa);
 int requested_bf16_path() {
   const char* v = std::getenv("FP4_BF16_GEMM");
   if (!v || !*v) return -1;
+  apply_isa_cap();  // before the ISA query below: a query first would make oneDNN refuse the cap
   const std::string s(v);
   const std::string isa = onednn_isa_name(dnnl_get_effective_cpu_isa());
   if (s == "widened") return int(Bf16GemmPath::Widened);
@@ -630,7 +641,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                              "the tile's rows (M=" + std::to_string(M) + ", N=" +
                              std::to_string(N) + ", K=" + std::to_string(K) + ")");
   // 1. the panels, 64-byte aligned, panel tj at packed + tj · stride
-  const size_t stride = (prims[0][0]->b_bytes + 63) / 64 * 64;
+  const size_t stride = (std::max(prims[0][0]->b_bytes, prims[0][1]->b_bytes) + 63) / 64 * 64;
   thread_local std::vector<unsigned char> packed_buf;
   if (packed_buf.size() < stride * size_t(tn) + 64) packed_buf.resize(stride * size_t(tn) + 64);
   unsigned char* packed = packed_buf.data() +
@@ -641,6 +652,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   uint16_t* Ad = a_buf.data();
   const size_t nc = size_t(std::min(tile_m, M) * std::min(tile_n, N));
   std::atomic<int> failures{0};
+  std::vector<char> panel_ok(size_t(tn), 1);  // a tile of a panel whose reorder failed is skipped
   dnnl_status_t first_error = dnnl_success;
   auto note = [&](dnnl_status_t st) {
     if (st == dnnl_success) return;
@@ -654,7 +666,10 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t tj = 0; tj < tn; ++tj) {
       const uint16_t* b = trans_b ? B + tj * tile_n * ldb : B + tj * tile_n;
-      note(run_reorder(*prims[0][tj == tn - 1], thread_slot(), b, packed + size_t(tj) * stride));
+      const dnnl_status_t st = run_reorder(*prims[0][tj == tn - 1], thread_slot(), b,
+                                           packed + size_t(tj) * stride);
+      note(st);
+      panel_ok[size_t(tj)] = st == dnnl_success;
     }
     // op(A) dense [M, K] in Ad unless it is already (not transposed, lda == K), per row of tiles
     if (!a_dense) {
@@ -676,6 +691,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       const int64_t ti = t / tn, tj = t % tn;
       const int64_t i0 = ti * tile_m, j0 = tj * tile_n;
       const int64_t mb = std::min(tile_m, M - i0), nb = std::min(tile_n, N - j0);
+      if (!panel_ok[size_t(tj)]) continue;
       const uint16_t* a = a_dense ? A + i0 * lda : Ad + i0 * K;
       const dnnl_status_t st = run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a,
                                              packed + size_t(tj) * stride, ct.data());

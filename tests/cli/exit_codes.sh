@@ -102,7 +102,18 @@ elif [ "$rc" -eq 2 ] && grep -q 'FP4_BF16_GEMM=blocked: oneDNN offers no brgemm'
 else
   echo "FAIL [FP4_BF16_GEMM=blocked]: exit $rc, stdout: $out, stderr: $(cat "$tmp/err")"; fail=1
 fi
-unset FP4_BF16_GEMM
+# under FP4_MAX_CPU_ISA=AVX2 the variable must not lift the cap on oneDNN: widened runs at
+# ISA avx2, and blocked is refused (oneDNN has no brgemm there)
+export FP4_MAX_CPU_ISA=AVX2 FP4_BF16_GEMM=widened
+out=$(timeout 60 "$BIN" --version 2>"$tmp/err"); rc=$?
+if [ "$rc" -eq 0 ] && grep -q 'FP32 GEMM oneDNN [0-9.]* sgemm, ISA avx2;' <<<"$out"; then
+  echo "ok   [FP4_MAX_CPU_ISA=AVX2 FP4_BF16_GEMM=widened: oneDNN capped]"
+else
+  echo "FAIL [FP4_MAX_CPU_ISA=AVX2 FP4_BF16_GEMM=widened]: exit $rc, stdout: $out"; fail=1
+fi
+export FP4_BF16_GEMM=blocked
+bad "FP4_MAX_CPU_ISA=AVX2 FP4_BF16_GEMM=blocked" "FP4_BF16_GEMM=blocked: oneDNN offers no brgemm" train --steps 1
+unset FP4_BF16_GEMM FP4_MAX_CPU_ISA
 
 # --version (docs/cli.md "The `fp4train` program"): exit 0, the version and the compute paths,
 # nothing on stderr.

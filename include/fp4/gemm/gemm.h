@@ -82,9 +82,10 @@ void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b,
 ///   C = fl32(C + fl32(fl64(P · s)))    (accumulate == true),
 /// elementwise, no fused multiply-add. op(A) = A [M,K] or, with trans_a, Aᵀ of A stored [K,M];
 /// op(B) = B [K,N] or, with trans_b, Bᵀ of B stored [N,K]; C [M,N]. C must not overlap A or B.
-/// P is gemm_bf16 of the operands' BF16 bit patterns on its native path (every product exact,
-/// FP32 sums in oneDNN's order; the values must be BF16 values, as q·c_b of E2M1 with UE5M3,
-/// E4M3 or UE8M0 scales is: others would be rounded to BF16), and on the widened path (no BF16
+/// P is gemm_bf16 of the operands' BF16 bit patterns on its native and blocked paths (every
+/// product exact, FP32 sums in oneDNN's order, 128 × 256 output tiles; the values must be BF16
+/// values, as q·c_b of E2M1 with UE5M3, E4M3 or UE8M0 scales is: others would be rounded to
+/// BF16), and on the widened path (no BF16
 /// units: AVX2, or ONEDNN_MAX_CPU_ISA / FP4_MAX_CPU_ISA capped) one oneDNN sgemm of the FP32
 /// operands as they are (the same exact products, faster than widening BF16 copies). Bits
 /// depend on the path, never on the thread count. Subnormals as gemm_bf16's native path (flushed
