@@ -20,6 +20,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fp4 {
@@ -91,8 +92,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // BF16 GEMM (oneDNN matmul).
 //
 // Why the bits do not depend on the thread count:
-//  * The output is cut into tiles of kBf16TileM × kBf16TileN (constants), so the set of tile
-//    problems is a function of (M, N) only.
+//  * The output is cut into tiles of kBf16TileM × kBf16TileN (constants; smaller outputs take
+//    kScaledTileM × kScaledTileN, see bf16_tile), so the set of tile problems is a function of
+//    (M, N) only.
 //  * Each tile is one primitive execution over the full K. Its primitive is created with
 //    OpenMP's nthreads ICV set to 1 on the creating thread, so oneDNN's configuration
 //    (blocking, and in particular any split of K across threads, which would change the
@@ -778,11 +780,29 @@ void gemm_bf16_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 }
 }  // namespace
 
+namespace {
+// gemm_bf16's output tile for an [M, N] output, a function of (M, N) and the path only:
+// kBf16TileM × kBf16TileN, except that an output of fewer than kSmallOutputTiles such tiles (the
+// wgrad GEMMs of narrow linears: 256 × 256 is one tile, so one thread) takes gemm_block_scaled's
+// kScaledTileM × kScaledTileN on the native and blocked paths, so that a small machine's threads
+// all get work. oneDNN's gemm:jit sums each element in the same order whatever the tile (checked
+// bit for bit on an AMD EPYC Zen 4 at wgrad and fprop shapes up to K = 8192; the identity check
+// covers the recipes, docs/gemm.md "BF16 GEMM (`gemm_bf16`)"); the widened path keeps its tiles,
+// whose sgemm calls might block K by tile.
+constexpr int64_t kSmallOutputTiles = 16;
+std::pair<int64_t, int64_t> bf16_tile(int64_t M, int64_t N) {
+  const int64_t big = ((M + kBf16TileM - 1) / kBf16TileM) * ((N + kBf16TileN - 1) / kBf16TileN);
+  if (big < kSmallOutputTiles && chosen_bf16_path() != Bf16GemmPath::Widened)
+    return {kScaledTileM, kScaledTileN};
+  return {kBf16TileM, kBf16TileN};
+}
+}  // namespace
+
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, bool accumulate, float* C,
                int64_t ldc) {
-  gemm_bf16_tiled(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, kBf16TileM,
-                  kBf16TileN);
+  const auto [tile_m, tile_n] = bf16_tile(M, N);
+  gemm_bf16_tiled(trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate, C, ldc, tile_m, tile_n);
 }
 
 const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
@@ -790,11 +810,12 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   if (M <= 0 || N <= 0 || K <= 0)
     throw std::invalid_argument("fp4::gemm_bf16_impl: M, N and K must be positive");
   if (chosen_bf16_path() == Bf16GemmPath::Widened) return "widened:sgemm";
+  const auto [tile_m, tile_n] = bf16_tile(M, N);
   if (chosen_bf16_path() == Bf16GemmPath::Blocked)
-    return bf16_prim(blocked_key(trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N), K, ldb))
+    return bf16_prim(blocked_key(trans_b, std::min(tile_m, M), std::min(tile_n, N), K, ldb))
         .impl.c_str();
-  return bf16_prim(bf16_key(trans_a, trans_b, std::min(kBf16TileM, M), std::min(kBf16TileN, N),
-                            K, lda, ldb, ldc, accumulate))
+  return bf16_prim(bf16_key(trans_a, trans_b, std::min(tile_m, M), std::min(tile_n, N), K, lda, ldb,
+                            ldc, accumulate))
       .impl.c_str();
 }
 
