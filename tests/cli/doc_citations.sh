@@ -10,7 +10,8 @@
 #     the comments of configs/**/*.toml, which have no tracker to point to either;
 #   - `docs/PAGE.md "Heading"` where PAGE.md does not exist or has no heading spelled so (the
 #     whole heading, without its #s and with or without its code marks; a citation may continue
-#     on the next comment line).
+#     on the next comment line); this one also in docs/*.md, README.md, scripts/, bench/ and
+#     configs/ (a bold paragraph is cited after its heading: "Heading", "Paragraph").
 # Usage: doc_citations.sh <fp4train binary (unused)> <source dir>
 set -u
 src=${2:?source dir}
@@ -31,7 +32,7 @@ if [ -n "$hits" ]; then
   fail=1
 fi
 command -v python3 >/dev/null || { echo "doc_citations: SKIP the heading check: no python3"; exit $((fail ? 1 : 77)); }
-python3 - $dirs <<'PY' || fail=1
+python3 - $dirs docs README.md scripts bench configs <<'PY' || fail=1
 import os, re, sys
 heads = {}
 for page in sorted(os.listdir("docs")):
@@ -46,24 +47,33 @@ for page in sorted(os.listdir("docs")):
     heads[page] = hs
 cite = re.compile(r'docs/([\w.-]+\.md)[,;:]?\s+\(?\\?"([^"\\]+)\\?"')
 bad = 0
-for top in sys.argv[1:]:
+def sources(top):
+    if os.path.isfile(top):
+        yield top
+        return
     for base, _, files in sorted(os.walk(top)):
         for name in sorted(files):
-            if not name.endswith((".cpp", ".h", ".inc", ".py")):
-                continue
             path = os.path.join(base, name)
-            text = open(path, encoding="utf-8", errors="replace").read()
-            # One citation may run over comment lines and over adjacent C++ string literals.
-            text = re.sub(r"\n[ \t]*(?:///|//|#)[ \t]?", " ", text)
-            text = re.sub(r'"[ \t]*\n[ \t]*"', "", text)
-            for m in cite.finditer(text):
-                page, heading = m.group(1), " ".join(m.group(2).replace("`", "").split())
-                if page not in heads:
-                    print(f"doc_citations: {path}: docs/{page} does not exist")
-                    bad += 1
-                elif heading not in heads[page]:
-                    print(f'doc_citations: {path}: docs/{page} has no heading "{heading}"')
-                    bad += 1
+            # code; docs; scripts (bench/*.sh and scripts/ without an extension); configs
+            if name.endswith((".cpp", ".h", ".inc", ".py", ".md", ".sh", ".toml")) or (
+                    top == "scripts" and "." not in name):
+                yield path
+for top in sys.argv[1:]:
+    for path in sources(top):
+        text = open(path, encoding="utf-8", errors="replace").read()
+        if path.endswith(".md"):  # a citation may run over lines of a paragraph
+            text = re.sub(r"\n[ \t]*", " ", text)
+        # One citation may run over comment lines and over adjacent C++ string literals.
+        text = re.sub(r"\n[ \t]*(?:///|//|#)[ \t]?", " ", text)
+        text = re.sub(r'"[ \t]*\n[ \t]*"', "", text)
+        for m in cite.finditer(text):
+            page, heading = m.group(1), " ".join(m.group(2).replace("`", "").split())
+            if page not in heads:
+                print(f"doc_citations: {path}: docs/{page} does not exist")
+                bad += 1
+            elif heading not in heads[page]:
+                print(f'doc_citations: {path}: docs/{page} has no heading "{heading}"')
+                bad += 1
 sys.exit(1 if bad else 0)
 PY
 [ "$fail" -eq 0 ] && echo "doc_citations: ok"
