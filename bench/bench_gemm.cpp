@@ -136,23 +136,37 @@ void BM_ProbeGemm(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Auto
 void BM_ProbeGemmPortable(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Portable); }
 void BM_ProbeGemmAvx2(benchmark::State& st) { probe_bench(st, fp4::ProbeKernel::Avx2); }
 
-void BM_ProbeVsSgemm(benchmark::State& st) {
-  Problem& p = problem(st.range(0), st.range(1), st.range(2));
-  using clock = std::chrono::steady_clock;
-  double ts = 0.0, tp = 0.0;
+// Seconds spent in a and in b over the benchmark's n iterations, each iteration calling a and
+// then b (each followed by ClobberMemory), so that a busy machine slows both alike.
+struct Alternated {
+  double ta = 0.0, tb = 0.0;
   int64_t n = 0;
+};
+template <class A, class B>
+Alternated alternate(benchmark::State& st, A&& a, B&& b) {
+  using clock = std::chrono::steady_clock;
+  Alternated r;
   for (auto _ : st) {
     const auto t0 = clock::now();
-    run_sgemm(p);
+    a();
     benchmark::ClobberMemory();
     const auto t1 = clock::now();
-    fp4::probe_gemm(p.qa, p.qb, p.c.data());
+    b();
     benchmark::ClobberMemory();
     const auto t2 = clock::now();
-    ts += std::chrono::duration<double>(t1 - t0).count();
-    tp += std::chrono::duration<double>(t2 - t1).count();
-    ++n;
+    r.ta += std::chrono::duration<double>(t1 - t0).count();
+    r.tb += std::chrono::duration<double>(t2 - t1).count();
+    ++r.n;
   }
+  return r;
+}
+
+void BM_ProbeVsSgemm(benchmark::State& st) {
+  Problem& p = problem(st.range(0), st.range(1), st.range(2));
+  const Alternated t = alternate(
+      st, [&] { run_sgemm(p); }, [&] { fp4::probe_gemm(p.qa, p.qb, p.c.data()); });
+  const double ts = t.ta, tp = t.tb;
+  const int64_t n = t.n;
   const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
   st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
   st.counters["probe_GFLOPs"] = flop / tp * 1e-9;
@@ -216,21 +230,9 @@ void BM_GemmBf16(benchmark::State& st) {
 // counters bf16_GFLOPs, sgemm_GFLOPs and speedup = sgemm time / run_bf16 time.
 template <class F>
 void bf16_vs_sgemm(benchmark::State& st, Bf16Problem& p, F&& run_bf16) {
-  using clock = std::chrono::steady_clock;
-  double tb = 0.0, ts = 0.0;
-  int64_t n = 0;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    run_bf16();
-    benchmark::ClobberMemory();
-    const auto t1 = clock::now();
-    run_sgemm_bf16_values(p);
-    benchmark::ClobberMemory();
-    const auto t2 = clock::now();
-    tb += std::chrono::duration<double>(t1 - t0).count();
-    ts += std::chrono::duration<double>(t2 - t1).count();
-    ++n;
-  }
+  const Alternated t = alternate(st, run_bf16, [&] { run_sgemm_bf16_values(p); });
+  const double tb = t.ta, ts = t.tb;
+  const int64_t n = t.n;
   const double flop = 2.0 * double(p.M) * double(p.N) * double(p.K) * double(n);
   st.counters["bf16_GFLOPs"] = flop / tb * 1e-9;
   st.counters["sgemm_GFLOPs"] = flop / ts * 1e-9;
@@ -255,8 +257,9 @@ void BM_BlockScaledVsDecoded(benchmark::State& st) {
 
 // gemm_bf16's blocked path (oneDNN's brgemm with its blocked weights; the weights reordered on
 // every call, as a Linear's GEMM does) against its native path (gemm:jit), alternately in one
-// loop, each timed call under gemm_bf16_set_path: counters native_GFLOPs, blocked_GFLOPs and
-// blocked_over_native = blocked time / native time. Skipped where oneDNN offers no brgemm.
+// loop, each timed call under gemm_bf16_set_path (inside the timed call: an atomic store):
+// counters native_GFLOPs, blocked_GFLOPs and blocked_over_native = blocked time / native time.
+// Skipped where oneDNN offers no brgemm.
 void BM_Bf16BlockedVsNative(benchmark::State& st) {
   if (!fp4::gemm_bf16_blocked_available()) {
     st.SkipWithError("oneDNN offers no brgemm BF16 matmul on this CPU");
@@ -264,24 +267,16 @@ void BM_Bf16BlockedVsNative(benchmark::State& st) {
   }
   Bf16Problem& p = bf16_problem(st.range(0), st.range(1), st.range(2), st.range(3) != 0);
   const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
-  using clock = std::chrono::steady_clock;
-  double tn = 0.0, tb = 0.0;
-  int64_t n = 0;
-  for (auto _ : st) {
-    fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Native);
-    const auto t0 = clock::now();
-    run_bf16(p);
-    benchmark::ClobberMemory();
-    const auto t1 = clock::now();
-    fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
-    const auto t2 = clock::now();
-    run_bf16(p);
-    benchmark::ClobberMemory();
-    const auto t3 = clock::now();
-    tn += std::chrono::duration<double>(t1 - t0).count();
-    tb += std::chrono::duration<double>(t3 - t2).count();
-    ++n;
-  }
+  auto on = [&](fp4::Bf16GemmPath path) {
+    return [&p, path] {
+      fp4::gemm_bf16_set_path(path);
+      run_bf16(p);
+    };
+  };
+  const Alternated t =
+      alternate(st, on(fp4::Bf16GemmPath::Native), on(fp4::Bf16GemmPath::Blocked));
+  const double tn = t.ta, tb = t.tb;
+  const int64_t n = t.n;
   const std::string impl = fp4::gemm_bf16_impl(p.ta, !p.ta, p.M, p.N, p.K, p.lda(), p.ldb(), p.N,
                                                false);
   fp4::gemm_bf16_set_path(saved);

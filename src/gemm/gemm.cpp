@@ -162,13 +162,7 @@ struct Bf16Prim {
   dnnl_primitive_t reorder = nullptr;
   dnnl_memory_desc_t r_md{};
   size_t b_bytes = 0;
-  ~Bf16Prim() {
-    for (Bf16Mems& m : mems)
-      for (dnnl_memory_t x : {m.a, m.b, m.c, m.s, m.r})
-        if (x) dnnl_memory_destroy(x);
-    if (prim) dnnl_primitive_destroy(prim);
-    if (reorder) dnnl_primitive_destroy(reorder);
-  }
+  ~Bf16Prim();  // defined after destroy_mems
 };
 
 // mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C, no sum post-op:
@@ -274,6 +268,33 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
   return p;
 }
 
+// Creates in m the memory objects (no data yet) of p's arguments: A, B, C, the scratchpad when p
+// has one, and the reorder's source when p is a blocked-path primitive. Returns the first failing
+// status (m then holds what was made; destroy_mems releases it).
+dnnl_status_t create_mems(const Bf16Prim& p, Bf16Mems& m) {
+  const dnnl_engine_t e = bf16_engine();
+  dnnl_status_t st = dnnl_memory_create(&m.a, &p.a_md, e, DNNL_MEMORY_NONE);
+  if (st == dnnl_success) st = dnnl_memory_create(&m.b, &p.b_md, e, DNNL_MEMORY_NONE);
+  if (st == dnnl_success) st = dnnl_memory_create(&m.c, &p.c_md, e, DNNL_MEMORY_NONE);
+  if (st == dnnl_success && p.scratch_bytes > 0)
+    st = dnnl_memory_create(&m.s, &p.scratch_md, e, DNNL_MEMORY_NONE);
+  if (st == dnnl_success && p.reorder) st = dnnl_memory_create(&m.r, &p.r_md, e, DNNL_MEMORY_NONE);
+  return st;
+}
+
+void destroy_mems(Bf16Mems& m) {
+  for (dnnl_memory_t* x : {&m.a, &m.b, &m.c, &m.s, &m.r}) {
+    if (*x) dnnl_memory_destroy(*x);
+    *x = nullptr;
+  }
+}
+
+Bf16Prim::~Bf16Prim() {
+  for (Bf16Mems& m : mems) destroy_mems(m);
+  if (prim) dnnl_primitive_destroy(prim);
+  if (reorder) dnnl_primitive_destroy(reorder);
+}
+
 // Process-wide cache; entries are never removed, so returned pointers stay valid.
 const Bf16Prim& bf16_prim(const Bf16Key& k) {
   static std::mutex mu;
@@ -287,16 +308,7 @@ const Bf16Prim& bf16_prim(const Bf16Key& k) {
     // them gets temporary ones per tile.
     const int slots = std::max(omp_get_max_threads(), omp_get_num_procs());
     slot->mems.resize(size_t(slots));
-    for (Bf16Mems& m : slot->mems) {
-      const dnnl_engine_t e = bf16_engine();
-      check(dnnl_memory_create(&m.a, &slot->a_md, e, DNNL_MEMORY_NONE), "memory creation");
-      check(dnnl_memory_create(&m.b, &slot->b_md, e, DNNL_MEMORY_NONE), "memory creation");
-      check(dnnl_memory_create(&m.c, &slot->c_md, e, DNNL_MEMORY_NONE), "memory creation");
-      if (slot->scratch_bytes > 0)
-        check(dnnl_memory_create(&m.s, &slot->scratch_md, e, DNNL_MEMORY_NONE), "memory creation");
-      if (slot->reorder)
-        check(dnnl_memory_create(&m.r, &slot->r_md, e, DNNL_MEMORY_NONE), "memory creation");
-    }
+    for (Bf16Mems& m : slot->mems) check(create_mems(*slot, m), "memory creation");
   }
   return *slot;
 }
@@ -323,63 +335,66 @@ int thread_slot() {
   return slot;
 }
 
+// This thread's oneDNN stream and scratchpad buffer (one per thread, for tiles and reorders).
+Bf16Thread& bf16_thread() {
+  thread_local Bf16Thread t;
+  return t;
+}
+
+// Runs primitive `prim` with `args` on this thread's stream and waits for it.
+dnnl_status_t execute(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t* args) {
+  Bf16Thread& t = bf16_thread();
+  g_in_execute = true;
+  dnnl_status_t st = dnnl_primitive_execute(prim, t.stream, nargs, args);
+  g_in_execute = false;
+  if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
+  return st;
+}
+
+// Thread slot `slot`'s memory objects of p in *m, or, for a slot beyond those made with the
+// primitive (a larger team), temporaries made in tmp, which the caller releases (destroy_mems).
+dnnl_status_t slot_mems(const Bf16Prim& p, int slot, Bf16Mems& tmp, const Bf16Mems*& m) {
+  if (slot >= 0 && size_t(slot) < p.mems.size()) {
+    m = &p.mems[size_t(slot)];
+    return dnnl_success;
+  }
+  m = &tmp;
+  return create_mems(p, tmp);
+}
+
 // Runs one tile with thread slot `slot`'s memory objects; returns the first failing status.
 dnnl_status_t run_bf16_tile(const Bf16Prim& p, int slot, const void* a, const void* b, float* c) {
-  thread_local Bf16Thread t;
+  Bf16Thread& t = bf16_thread();
   if (p.scratch_bytes > t.scratch.size()) t.scratch.resize(p.scratch_bytes);
-  Bf16Mems tmp;  // a slot beyond those made with the primitive (a larger team): made here
-  const bool own = slot < 0 || size_t(slot) >= p.mems.size();
-  dnnl_status_t st = dnnl_success;
-  if (own) {
-    const dnnl_engine_t e = bf16_engine();
-    st = dnnl_memory_create(&tmp.a, &p.a_md, e, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) st = dnnl_memory_create(&tmp.b, &p.b_md, e, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) st = dnnl_memory_create(&tmp.c, &p.c_md, e, DNNL_MEMORY_NONE);
-    if (st == dnnl_success && p.scratch_bytes > 0)
-      st = dnnl_memory_create(&tmp.s, &p.scratch_md, e, DNNL_MEMORY_NONE);
-  }
-  const Bf16Mems& m = own ? tmp : p.mems[size_t(slot)];
-  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.a, const_cast<void*>(a));
-  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.b, const_cast<void*>(b));
-  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.c, c);
-  if (st == dnnl_success && m.s) st = dnnl_memory_set_data_handle(m.s, t.scratch.data());
+  Bf16Mems tmp;
+  const Bf16Mems* m = nullptr;
+  dnnl_status_t st = slot_mems(p, slot, tmp, m);
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m->a, const_cast<void*>(a));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m->b, const_cast<void*>(b));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m->c, c);
+  if (st == dnnl_success && m->s) st = dnnl_memory_set_data_handle(m->s, t.scratch.data());
   if (st == dnnl_success) {
-    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b},
-                                     {DNNL_ARG_DST, m.c}, {DNNL_ARG_SCRATCHPAD, m.s}};
-    g_in_execute = true;
-    st = dnnl_primitive_execute(p.prim, t.stream, m.s ? 4 : 3, args);
-    g_in_execute = false;
-    if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m->a}, {DNNL_ARG_WEIGHTS, m->b},
+                                     {DNNL_ARG_DST, m->c}, {DNNL_ARG_SCRATCHPAD, m->s}};
+    st = execute(p.prim, m->s ? 4 : 3, args);
   }
-  for (dnnl_memory_t x : {tmp.a, tmp.b, tmp.c, tmp.s})
-    if (x) dnnl_memory_destroy(x);
+  destroy_mems(tmp);
   return st;
 }
 
 // Blocked path: reorders the plain op(B) panel at src into the blocked layout at dst with thread
 // slot `slot`'s memory objects (as run_bf16_tile); returns the first failing status.
 dnnl_status_t run_reorder(const Bf16Prim& p, int slot, const void* src, void* dst) {
-  thread_local Bf16Thread t;
   Bf16Mems tmp;
-  const bool own = slot < 0 || size_t(slot) >= p.mems.size();
-  dnnl_status_t st = dnnl_success;
-  if (own) {
-    const dnnl_engine_t e = bf16_engine();
-    st = dnnl_memory_create(&tmp.r, &p.r_md, e, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) st = dnnl_memory_create(&tmp.b, &p.b_md, e, DNNL_MEMORY_NONE);
-  }
-  const Bf16Mems& m = own ? tmp : p.mems[size_t(slot)];
-  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.r, const_cast<void*>(src));
-  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m.b, dst);
+  const Bf16Mems* m = nullptr;
+  dnnl_status_t st = slot_mems(p, slot, tmp, m);
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m->r, const_cast<void*>(src));
+  if (st == dnnl_success) st = dnnl_memory_set_data_handle(m->b, dst);
   if (st == dnnl_success) {
-    const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, m.r}, {DNNL_ARG_TO, m.b}};
-    g_in_execute = true;
-    st = dnnl_primitive_execute(p.reorder, t.stream, 2, args);
-    g_in_execute = false;
-    if (st == dnnl_success) st = dnnl_stream_wait(t.stream);
+    const dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, m->r}, {DNNL_ARG_TO, m->b}};
+    st = execute(p.reorder, 2, args);
   }
-  for (dnnl_memory_t x : {tmp.r, tmp.b})
-    if (x) dnnl_memory_destroy(x);
+  destroy_mems(tmp);
   return st;
 }
 
@@ -493,29 +508,33 @@ bool blocked_bf16_offered() {
 
 const char* onednn_isa_name(dnnl_cpu_isa_t isa);
 
+// Why this CPU (and ISA cap) cannot run `path`, or "" when it can (the widened path always can).
+std::string unavailable(Bf16GemmPath path) {
+  apply_isa_cap();  // before the ISA query below: a query first would make oneDNN refuse the cap
+  const bool native = path == Bf16GemmPath::Native, blocked = path == Bf16GemmPath::Blocked;
+  if ((!native || native_bf16_offered()) && (!blocked || blocked_bf16_offered())) return "";
+  return std::string("oneDNN offers no ") + (native ? "native BF16" : "brgemm BF16") +
+         " matmul on this CPU (ISA " + onednn_isa_name(dnnl_get_effective_cpu_isa()) +
+         (native ? "; needs AVX512_CORE or better" : "; needs AVX512_CORE_BF16 or AMX") +
+         ", and no ONEDNN_MAX_CPU_ISA or FP4_MAX_CPU_ISA below it)";
+}
+
 // FP4_BF16_GEMM, read once: the path it asks for, or -1 (unset or empty: the default).
 // Throws std::runtime_error naming the variable for any other value or an unavailable path.
 int requested_bf16_path() {
   const char* v = std::getenv("FP4_BF16_GEMM");
   if (!v || !*v) return -1;
-  apply_isa_cap();  // before the ISA query below: a query first would make oneDNN refuse the cap
   const std::string s(v);
-  const std::string isa = onednn_isa_name(dnnl_get_effective_cpu_isa());
-  if (s == "widened") return int(Bf16GemmPath::Widened);
-  if (s == "native") {
-    if (!native_bf16_offered())
-      throw std::runtime_error("FP4_BF16_GEMM=native: oneDNN offers no native BF16 matmul on this "
-                               "CPU (ISA " + isa + ")");
-    return int(Bf16GemmPath::Native);
-  }
-  if (s == "blocked") {
-    if (!blocked_bf16_offered())
-      throw std::runtime_error("FP4_BF16_GEMM=blocked: oneDNN offers no brgemm BF16 matmul on "
-                               "this CPU (ISA " + isa + "; it needs AVX512_CORE_BF16 or AMX)");
-    return int(Bf16GemmPath::Blocked);
-  }
-  throw std::runtime_error("FP4_BF16_GEMM='" + s +
-                           "': expected native, blocked or widened (or unset for the default)");
+  Bf16GemmPath path;
+  if (s == "widened") path = Bf16GemmPath::Widened;
+  else if (s == "native") path = Bf16GemmPath::Native;
+  else if (s == "blocked") path = Bf16GemmPath::Blocked;
+  else
+    throw std::runtime_error("FP4_BF16_GEMM='" + s +
+                             "': expected native, blocked or widened (or unset for the default)");
+  if (const std::string why = unavailable(path); !why.empty())
+    throw std::runtime_error("FP4_BF16_GEMM=" + s + ": " + why);
+  return int(path);
 }
 
 Bf16GemmPath chosen_bf16_path() {
@@ -562,16 +581,8 @@ std::string gemm_bf16_env_error() {
 Bf16GemmPath gemm_bf16_path() { return chosen_bf16_path(); }
 
 void gemm_bf16_set_path(Bf16GemmPath path) {
-  if (path == Bf16GemmPath::Native && !native_bf16_offered())
-    throw std::runtime_error(
-        "fp4::gemm_bf16_set_path: oneDNN offers no native BF16 matmul on this CPU (ISA " +
-        std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
-        "; needs AVX512_CORE or better, and no ONEDNN_MAX_CPU_ISA below it)");
-  if (path == Bf16GemmPath::Blocked && !blocked_bf16_offered())
-    throw std::runtime_error(
-        "fp4::gemm_bf16_set_path: oneDNN offers no brgemm BF16 matmul on this CPU (ISA " +
-        std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
-        "; needs AVX512_CORE_BF16 or AMX, and no ONEDNN_MAX_CPU_ISA below it)");
+  if (const std::string why = unavailable(path); !why.empty())
+    throw std::runtime_error("fp4::gemm_bf16_set_path: " + why);
   g_bf16_path.store(int(path), std::memory_order_release);
 }
 
