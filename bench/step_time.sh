@@ -7,11 +7,11 @@
 # Usage: bash bench/step_time.sh [--config C] [--steps N] [--bin PATH] [recipe ...]
 #   recipe: a name in configs/recipes or a recipe .toml path (labelled as typed), optionally
 #     followed by @VAR=VALUE to run it with that environment variable set, e.g.
-#     bf16@FP4_BF16_GEMM=blocked (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)"),
-#     so that two builds of a path are compared in one ABBA loop
+#     bf16@FP4_BF16_GEMM=blocked (bench/recipe_entries.sh)
 #   default recipes: the eight of docs/numerics.md, fp32 first (the baseline).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/recipe_entries.sh"
 config="$root/configs/tiny.toml"; steps=12; bin="$root/build/fp4train"
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
@@ -25,13 +25,7 @@ recipes=("$@")
 [[ ${#recipes[@]} -gt 0 ]] || recipes=(fp32 bf16 ue5m3-b16 ue5m3-b32 ue5m3-te nvfp4-te nvfp4-all mxfp4)
 [[ $steps -ge 4 ]] || { echo "step_time.sh: --steps must be at least 4" >&2; exit 2; }
 [[ -x $bin ]] || { echo "step_time.sh: no fp4train at $bin (bash scripts/build)" >&2; exit 2; }
-for r in "${recipes[@]}"; do
-  if [[ $r == *@* && ! ${r#*@} =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]]; then
-    echo "step_time.sh: '$r': after @ comes VAR=VALUE (an environment variable), e.g." \
-      "bf16@FP4_BF16_GEMM=blocked" >&2
-    exit 2
-  fi
-done
+check_recipe_entries step_time.sh "${recipes[@]}"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 order=("${recipes[@]}")
 for ((i = ${#recipes[@]} - 1; i >= 0; i--)); do order+=("${recipes[i]}"); done
@@ -40,10 +34,9 @@ for r in "${order[@]}"; do
   k=$((k + 1))
   # Run k of recipe r (a name or a .toml path, with @VAR=VALUE: that variable set) goes to
   # $work/k; runs.tsv maps k back to r.
-  assign=(); name=$r
-  if [[ $r == *@* ]]; then name=${r%%@*}; assign=("${r#*@}"); fi
-  env "${assign[@]}" "$bin" train --config "$config" --recipe "$name" --steps "$steps" --quiet \
-    --out "$work/$k" >/dev/null
+  split_recipe_entry "$r"
+  env "${entry_env[@]}" "$bin" train --config "$config" --recipe "$entry_recipe" \
+    --steps "$steps" --quiet --out "$work/$k" >/dev/null
   printf '%s\t%s\n' "$k" "$r" >> "$work/runs.tsv"
   echo "step_time.sh: $k/${#order[@]} $r done" >&2
 done
