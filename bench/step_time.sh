@@ -35,8 +35,8 @@ for r in "${order[@]}"; do
   # Run k of recipe r (a name or a .toml path, with @VAR=VALUE: that variable set) goes to
   # $work/k; runs.tsv maps k back to r.
   split_recipe_entry "$r"
-  env "${entry_env[@]}" "$bin" train --config "$config" --recipe "$entry_recipe" \
-    --steps "$steps" --quiet --out "$work/$k" >/dev/null
+  run_entry "$bin" train --config "$config" --recipe "$entry_recipe" --steps "$steps" --quiet \
+    --out "$work/$k" >/dev/null
   printf '%s\t%s\n' "$k" "$r" >> "$work/runs.tsv"
   echo "step_time.sh: $k/${#order[@]} $r done" >&2
 done
@@ -51,8 +51,8 @@ for line in open(f"{work}/runs.tsv"):
             ms[r].append(rec["step_ms"])
 med = {r: statistics.median(v) for r, v in ms.items()}
 base = recipes[0]
-w = max(14, *(len(r) for r in recipes))
-print(f"{'recipe':<{w}} {'median step (ms)':>17} {'ratio to ' + base:>16}")
+w, rw = max(14, *(len(r) for r in recipes)), max(16, len('ratio to ' + base))
+print(f"{'recipe':<{w}} {'median step (ms)':>17} {'ratio to ' + base:>{rw}}")
 for r in recipes:
-    print(f"{r:<{w}} {med[r]:>17.1f} {med[r] / med[base]:>16.2f}")
+    print(f"{r:<{w}} {med[r]:>17.1f} {med[r] / med[base]:>{rw}.2f}")
 PY

@@ -44,8 +44,8 @@ for r in "${order[@]}"; do
   k=$((k + 1))
   for i in "${!recipes[@]}"; do [[ ${recipes[i]} == "$r" ]] && idx=$i; done
   split_recipe_entry "$r"
-  env "${entry_env[@]}" "$bin" profile --config "$config" --recipe "$entry_recipe" \
-    --steps "$steps" --warmup "$warmup" --json "$work/$k@$idx.json" >/dev/null
+  run_entry "$bin" profile --config "$config" --recipe "$entry_recipe" --steps "$steps" \
+    --warmup "$warmup" --json "$work/$k@$idx.json" >/dev/null
   echo "throughput.sh: $k/${#order[@]} $r: $(python3 -c "import json,sys; print('%.1f ms/step' % json.load(open(sys.argv[1]))['mean_step_ms'])" "$work/$k@$idx.json")" >&2
 done
 [[ -z $jdir ]] || { mkdir -p "$jdir"; cp "$work"/*.json "$jdir"/; }
@@ -68,12 +68,12 @@ fpt, tps = any_run["model_flops_per_token"], any_run["tokens_per_step"]
 print(f"config {os.path.basename(config)}: {tps} tokens/step, {fpt / 1e6:.1f} M model FLOPs/token, "
       f"{any_run['threads']} threads; FP32 GEMM rate {peak:.1f} GFLOP/s (best measured)")
 base = recipes[0]
-w = max(12, *(len(r) for r in recipes))
-print(f"\n{'recipe':<{w}} {'median step (ms)':>17} {'ratio to ' + base:>14} {'tokens/s':>9} {'MFU':>6} {'peak RSS':>10}")
+w, rw = max(12, *(len(r) for r in recipes)), max(14, len('ratio to ' + base))
+print(f"\n{'recipe':<{w}} {'median step (ms)':>17} {'ratio to ' + base:>{rw}} {'tokens/s':>9} {'MFU':>6} {'peak RSS':>10}")
 for r in recipes:
     mfu = fpt * tps / (med[r] / 1e3) / (peak * 1e9)
     rss = max(j["peak_rss_bytes"] for j in runs[r]) / 2**20
-    print(f"{r:<{w}} {med[r]:>17.1f} {med[r] / med[base]:>14.3f} {tps / (med[r] / 1e3):>9.0f} "
+    print(f"{r:<{w}} {med[r]:>17.1f} {med[r] / med[base]:>{rw}.3f} {tps / (med[r] / 1e3):>9.0f} "
           f"{100 * mfu:>5.1f}% {rss:>8.0f} MiB")
 if "nvfp4-te" in med and "ue5m3-b16" in med:
     print(f"\nnvfp4-te / ue5m3-b16 step time: {med['nvfp4-te'] / med['ue5m3-b16']:.3f}")
