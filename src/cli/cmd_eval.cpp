@@ -31,7 +31,8 @@ void add_source_options(CLI::App* c, EvalSourceSpec& a) {
                 "checkpoint under checkpoints/)");
   c->add_option("--recipe", a.recipe,
                 "Quantize with this recipe (name in configs/recipes/ or a .toml path) instead of "
-                "the checkpoint's own");
+                "the checkpoint's own")
+      ->check(CLI::Validator(check_recipe_arg, "RECIPE"));
   c->add_option("--data", a.data, "Text file or directory instead of the run config's data.path");
   c->add_option("--config", a.config,
                 "Instead of --checkpoint (with --init-seed): a run config whose model is freshly "

@@ -216,7 +216,8 @@ void register_info(CLI::App& app) {
       "recipe, the [[override]]s that change it; lm_head fp32). --json prints one JSON object.");
   c->add_option("--config", a->config, "Run config TOML")->required();
   c->add_option("--recipe", a->recipe, "Recipe name in configs/recipes/ or a recipe .toml path")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(check_recipe_arg, "RECIPE"));
   c->add_flag("--json", a->json, "Print the same as one JSON object instead of text");
   add_set_option(c, a->sets, "");
   c->callback([a] { run_info(*a); });

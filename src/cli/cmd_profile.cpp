@@ -283,7 +283,8 @@ void register_profile(CLI::App& app) {
       "line is `step: <mean ms> ms`. Writes no run directory; --json writes the breakdown.");
   c->add_option("--config", a->config, "Run config TOML")->capture_default_str();
   c->add_option("--recipe", a->recipe, "Recipe name in configs/recipes/ or a recipe .toml path")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Validator(check_recipe_arg, "RECIPE"));
   c->add_option("--steps", a->steps, "Timed steps (after the warm-up)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));

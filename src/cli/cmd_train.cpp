@@ -316,10 +316,12 @@ void register_train(CLI::App& app) {
       "directory runs/tiny+train.lr=1e-3-ue5m3-b16+fp4.block=32-s1.");
   c->add_option("--config", a->config, "Run config TOML (model, train, data, eval)")
       ->capture_default_str();
-  c->add_option("--recipe", a->recipe,
-                "Recipe name in configs/recipes/ (fp32, bf16, ue5m3-b16, nvfp4-te, ue5m3-b16-probe, ...) "
-                "or the path of a recipe .toml file")
-      ->capture_default_str();
+  c->add_option(
+       "--recipe", a->recipe,
+       "Recipe name in configs/recipes/ (fp32, bf16, ue5m3-b16, nvfp4-te, ue5m3-b16-probe, ...) "
+       "or the path of a recipe .toml file")
+      ->capture_default_str()
+      ->check(CLI::Validator(check_recipe_arg, "RECIPE"));
   c->add_option("--steps", a->steps, "Override train.steps")->check(CLI::Range(1, 1 << 30));
   c->add_option_function<uint64_t>(
       "--seed", [a](const uint64_t& s) { a->seed = s, a->seed_given = true; },

@@ -25,6 +25,12 @@ void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::stri
       ->take_all();
 }
 
+std::string check_recipe_arg(const std::string& text) {
+  if (text.find_first_not_of(" \t") == std::string::npos)
+    return "an empty recipe (give a name in configs/recipes/ or a recipe .toml path)";
+  return "";
+}
+
 std::string check_peak_gflops(const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);

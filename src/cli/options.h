@@ -1,5 +1,5 @@
-// CLI11 pieces shared by the subcommands: the `--set` option, the --peak-gflops check and whole
-// numbers written as 1e9.
+// CLI11 pieces shared by the subcommands: the `--set` option, the --recipe and --peak-gflops
+// checks and whole numbers written as 1e9.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
@@ -13,6 +13,9 @@ void add_set_option(CLI::App* c, std::vector<std::string>& sets, const std::stri
 /// CLI11 check of --peak-gflops: a number of GFLOP/s in [0.01, 1e6]; the message (which CLI11
 /// prefixes with the option) says whether it is not a number or out of range.
 std::string check_peak_gflops(const std::string& text);
+/// CLI11 check of a recipe option (--recipe): a name or path, never empty (an empty value would
+/// otherwise mean "no recipe" and fail later with a message about the model's plans).
+std::string check_recipe_arg(const std::string& text);
 /// An integer option's value as CLI11 converts it: "1e9" or "2.5e3" (a whole number in
 /// scientific or decimal notation, as step and token counts are often written) becomes
 /// "1000000000" / "2500"; a plain integer is returned unchanged. Throws CLI::ValidationError

@@ -55,6 +55,10 @@ bad "train --steps 2e9"            "not in range 1 to 1073741824" train --steps 
 # run stops at the next check (the missing config), not at --steps.
 bad "train --steps 1e9 accepted"   "no-such.toml"   train --steps 1e9 --config "$tmp/no-such.toml"
 bad "train --peak-gflops abc"      "--peak-gflops"  train --peak-gflops abc
+bad "train --recipe ''"            "empty recipe"   train --recipe ""
+bad "profile --recipe ' '"         "empty recipe"   profile --recipe " "
+bad "info --recipe ''"             "empty recipe"   info --config configs/tiny.toml --recipe ""
+bad "eval --recipe ''"             "empty recipe"   eval --recipe ""
 bad "train unknown option"         "--bogus"        train --bogus
 bad "compare --steps -5"           "--steps"        compare --out "$tmp/c" --steps -5
 bad "compare --seeds 1e9"          "--seeds"        compare --out "$tmp/c" --seeds 1e9
