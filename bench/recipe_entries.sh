@@ -24,7 +24,8 @@ check_recipe_entries() {
   shift
   for r in "$@"; do
     split_recipe_entry "$r"
-    if [[ $r == *@* && ! -e $r ]] &&
+    # split (the recipe is not the whole entry): the recipe must be there, then VAR=VALUE
+    if [[ $entry_recipe != "$r" ]] &&
       [[ -z $entry_recipe || ! $entry_env =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]]; then
       echo "$prog: '$r': write RECIPE@VAR=VALUE (a recipe, then an environment variable)," \
         "e.g. bf16@FP4_BF16_GEMM=blocked" >&2
