@@ -6,6 +6,7 @@
 #include "fp4/numerics/bf16.h"
 
 #include <dnnl.h>
+#include <emmintrin.h>
 #include <dnnl_version.h>
 #include <omp.h>
 
@@ -162,11 +163,13 @@ struct Bf16Prim {
   dnnl_primitive_t reorder = nullptr;
   dnnl_memory_desc_t r_md{};
   size_t b_bytes = 0;
+  int64_t vnni_nblk =
+      0;        // b_md is BA16a<vnni_nblk>b2a, which detail::pack_bf16_vnni writes; else 0
   ~Bf16Prim();  // defined after destroy_mems
 };
 
-// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C, no sum post-op:
-// ta = 0, lda = K, ldc = nb, accumulate = 0)
+// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C: ta = 0,
+// lda = K, ldc = nb; the sum post-op only for a tile written in place, see gemm_bf16_blocked)
 using Bf16Key = std::array<int64_t, 10>;
 
 // Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
@@ -176,6 +179,26 @@ struct OneThreadScope {
   OneThreadScope() { omp_set_num_threads(1); }
   ~OneThreadScope() { omp_set_num_threads(saved); }
 };
+
+// The column block nblk when md, the blocked weights of a [K, nb] panel, is exactly the layout
+// detail::pack_bf16_vnni writes (BA16a<nblk>b2a, dense, no offset or extra data); else 0, and
+// the panel is reordered by oneDNN. Read from oneDNN 2.6's public memory descriptor fields.
+int64_t vnni_block_of(const dnnl_memory_desc_t& md, int64_t K, int64_t nb) {
+  const dnnl_blocking_desc_t& bl = md.format_desc.blocking;
+  if (md.ndims != 2 || md.format_kind != dnnl_blocked || md.data_type != dnnl_bf16 ||
+      md.offset0 != 0 || md.extra.flags != 0 || bl.inner_nblks != 3)
+    return 0;
+  const int64_t nblk = bl.inner_blks[1];
+  const int64_t Kpad = (K + 31) / 32 * 32, Npad = nblk > 0 ? (nb + nblk - 1) / nblk * nblk : 0;
+  const bool ok = bl.inner_idxs[0] == 0 && bl.inner_blks[0] == 16 && bl.inner_idxs[1] == 1 &&
+                  (nblk == 16 || nblk == 32 || nblk == 64) && bl.inner_idxs[2] == 0 &&
+                  bl.inner_blks[2] == 2 && md.dims[0] == K && md.dims[1] == nb &&
+                  md.padded_dims[0] == Kpad && md.padded_dims[1] == Npad &&
+                  md.padded_offsets[0] == 0 && md.padded_offsets[1] == 0 &&
+                  bl.strides[0] == 32 * nblk && bl.strides[1] == Kpad * nblk &&
+                  dnnl_memory_desc_get_size(&md) == size_t(Kpad * Npad) * sizeof(uint16_t);
+  return ok ? nblk : 0;
+}
 
 std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
   const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
@@ -248,6 +271,7 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
   if (blocked) {
     p->b_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     p->b_bytes = dnnl_memory_desc_get_size(&p->b_md);
+    p->vnni_nblk = vnni_block_of(p->b_md, K, nb);
   }
   {
     OneThreadScope one;
@@ -420,9 +444,12 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
   return {mb, nb, K, ta, tb, lda, ldb, ldc, acc, 0};
 }
 // The blocked path's primitive for an [mb, nb] tile over K: dense A [mb, K] and C [mb, nb],
-// weights in oneDNN's layout, reordered from op(B) panels read with (tb, ldb).
-Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb) {
-  return {mb, nb, K, 0, tb, K, ldb, nb, 0, 1};
+// weights in oneDNN's layout, reordered from op(B) panels read with (tb, ldb). A transposed
+// op(B) panel is first copied dense ([K, nb], by transpose_bf16), so its reorder reads a plain
+// panel: oneDNN 2.6's reorder from the transposed layout into its blocked one ran about 5×
+// slower than from the plain one (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)").
+Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc = false) {
+  return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1};
 }
 }  // namespace
 
@@ -604,19 +631,156 @@ std::string gemm_bf16_description() {
          std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) + ")";
 }
 
+namespace detail {
+void transpose_bf16_ref(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                        int64_t ldd) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+
 namespace {
-// dst[j·ldd + i] = src[i·lds + j] for i < rows, j < cols (BF16 bit patterns, exact copies), in
-// 32 × 32 blocks so that both sides stay in a few cache lines.
+// One 8 × 8 block: eight 16-byte row loads, three rounds of SSE2 unpacks (16-, 32-, 64-bit
+// interleaves), eight 16-byte row stores. SSE2 is part of x86-64, so every CPU runs it.
+inline void transpose8x8_bf16(const uint16_t* s, int64_t lds, uint16_t* d, int64_t ldd) {
+  __m128i r[8], a[8], b[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k * lds));
+  for (int k = 0; k < 4; ++k) {  // a[2k], a[2k+1]: rows 2k, 2k+1 interleaved by element
+    a[2 * k] = _mm_unpacklo_epi16(r[2 * k], r[2 * k + 1]);
+    a[2 * k + 1] = _mm_unpackhi_epi16(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; ++k) {  // pairs of element pairs: rows 4k .. 4k+3
+    b[4 * k] = _mm_unpacklo_epi32(a[4 * k], a[4 * k + 2]);
+    b[4 * k + 1] = _mm_unpackhi_epi32(a[4 * k], a[4 * k + 2]);
+    b[4 * k + 2] = _mm_unpacklo_epi32(a[4 * k + 1], a[4 * k + 3]);
+    b[4 * k + 3] = _mm_unpackhi_epi32(a[4 * k + 1], a[4 * k + 3]);
+  }
+  for (int k = 0; k < 4;
+       ++k) {  // column 2k and 2k+1 of the block: rows 0..3 from b[k], 4..7 from b[4+k]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k) * ldd),
+                     _mm_unpacklo_epi64(b[k], b[4 + k]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k + 1) * ldd),
+                     _mm_unpackhi_epi64(b[k], b[4 + k]));
+  }
+}
+}  // namespace
+
 void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
                     int64_t ldd) {
-  constexpr int64_t kB = 32;
-  for (int64_t i0 = 0; i0 < rows; i0 += kB)
-    for (int64_t j0 = 0; j0 < cols; j0 += kB) {
-      const int64_t i1 = std::min(rows, i0 + kB), j1 = std::min(cols, j0 + kB);
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = j0; j < j1; ++j) dst[j * ldd + i] = src[i * lds + j];
+  // Blocks of 8 × 8 kernels: 64 × 16 for a tall source, else 32 × 32 (the faster of 16 × 16,
+  // 32 × 32, 64 × 16, 64 × 8 and 8 × 64 for the blocked path's operand shapes on an AMD EPYC
+  // Zen 4, whose strides of 4 KiB multiples make taller blocks on the strided side thrash L1).
+  const int64_t bi = rows > cols ? 64 : 32, bj = rows > cols ? 16 : 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += bi)
+    for (int64_t j0 = 0; j0 < cols; j0 += bj) {
+      const int64_t i1 = std::min(rows, i0 + bi), j1 = std::min(cols, j0 + bj);
+      const int64_t i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
+      for (int64_t i = i0; i < i8; i += 8)
+        for (int64_t j = j0; j < j8; j += 8)
+          transpose8x8_bf16(src + i * lds + j, lds, dst + j * ldd + i, ldd);
+      // the ragged edges: columns j8.. of the whole rows, then rows i8.. of the block
+      transpose_bf16_ref(src + i0 * lds + j8, lds, i8 - i0, j1 - j8, dst + j8 * ldd + i0, ldd);
+      transpose_bf16_ref(src + i8 * lds + j0, lds, i1 - i8, j1 - j0, dst + j0 * ldd + i8, ldd);
     }
 }
+
+namespace {
+// Element (k, n)'s offset in the layout BA16a<nblk>b2a of a [K, N] matrix padded to
+// [round_up(K, 32), round_up(N, nblk)]: blocks of nblk columns outermost, then blocks of 32
+// rows, then the 16 row pairs, the nblk columns, and the pair's two rows.
+inline int64_t vnni_offset(int64_t k, int64_t n, int64_t Kpad, int64_t nblk) {
+  return (n / nblk) * Kpad * nblk + (k / 32) * 32 * nblk + (k % 32) / 2 * 2 * nblk +
+         (n % nblk) * 2 + k % 2;
+}
+inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// One element of op(B) [K, N], 0 outside it (the layout's padding).
+inline uint16_t op_b_at(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t k,
+                        int64_t n) {
+  if (k >= K || n >= N) return 0;
+  return trans ? B[n * ldb + k] : B[k * ldb + n];
+}
+
+// Rows k0 .. k1 of one 32-row block's worth of columns n0 .. n1, element by element.
+void pack_vnni_scalar(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
+                      int64_t nblk, int64_t k0, int64_t k1, int64_t n0, int64_t n1, uint16_t* dst) {
+  const int64_t Kpad = round_up_to(K, 32);
+  for (int64_t k = k0; k < k1; ++k)
+    for (int64_t n = n0; n < n1; ++n)
+      dst[vnni_offset(k, n, Kpad, nblk)] = op_b_at(B, ldb, trans, K, N, k, n);
+}
+}  // namespace
+
+void pack_bf16_vnni_ref(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
+                        int64_t nblk, int64_t k0, int64_t k1, uint16_t* dst) {
+  pack_vnni_scalar(B, ldb, trans, K, N, nblk, k0, k1, 0, round_up_to(N, nblk), dst);
+}
+
+void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t nblk,
+                    int64_t k0, int64_t k1, uint16_t* dst) {
+  const int64_t Kpad = round_up_to(K, 32), Npad = round_up_to(N, nblk);
+  for (int64_t kb = k0; kb < k1; kb += 32) {
+    if (kb + 32 > K) {  // the block holding K's end: element by element, zeros past K
+      pack_vnni_scalar(B, ldb, trans, K, N, nblk, kb, kb + 32, 0, Npad, dst);
+      continue;
+    }
+    int64_t nv = 0;  // columns done with vectors
+    if (!trans) {
+      // Row pair (kb + 2p, kb + 2p + 1): 8 columns of each, interleaved by element, are 16
+      // consecutive values of the pair's run of 2·nblk.
+      nv = N / 8 * 8;
+      for (int64_t p = 0; p < 16; ++p) {
+        const uint16_t* r0 = B + (kb + 2 * p) * ldb;
+        const uint16_t* r1 = r0 + ldb;
+        for (int64_t n = 0; n < nv; n += 8) {
+          const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + n));
+          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + n));
+          uint16_t* d = dst + vnni_offset(kb + 2 * p, n, Kpad, nblk);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi16(a, b));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 8), _mm_unpackhi_epi16(a, b));
+        }
+      }
+    } else {
+      // op(B)[k][n] = B[n][k]: a row pair's two values of column n are one 32-bit word of B's
+      // row n. Four rows of B × four words (8 values) form a 4 × 4 transpose of 32-bit words:
+      // word j of the result is row pair 4q + j's run for the four columns n .. n + 3.
+      nv = N / 4 * 4;
+      for (int64_t n = 0; n < nv; n += 4) {
+        const uint16_t* s = B + n * ldb + kb;
+        for (int64_t q = 0; q < 4; ++q) {
+          const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 8 * q));
+          const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + ldb + 8 * q));
+          const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * ldb + 8 * q));
+          const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 3 * ldb + 8 * q));
+          const __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
+          const __m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
+          const __m128i w[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2),
+                                _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
+          for (int64_t j = 0; j < 4; ++j)
+            _mm_storeu_si128(
+                reinterpret_cast<__m128i*>(dst + vnni_offset(kb + 2 * (4 * q + j), n, Kpad, nblk)),
+                w[j]);
+        }
+      }
+    }
+    pack_vnni_scalar(B, ldb, trans, K, N, nblk, kb, kb + 32, nv, Npad,
+                     dst);  // the last columns, padding
+  }
+}
+}  // namespace detail
+
+namespace {
+using detail::transpose_bf16;
+
+// The widest dense C the blocked path cuts into tiles of whole rows (gemm_bf16_blocked).
+constexpr int64_t kBlockedRowTileMaxN = 1024;
+
+// Whether the blocked path packs panels itself where the layout allows (detail::set_bf16_blocked_own_pack).
+std::atomic<bool> own_pack{true};
+}  // namespace
+
+void detail::set_bf16_blocked_own_pack(bool own) { own_pack.store(own, std::memory_order_relaxed); }
+
+namespace {
 
 // This thread's dense C tile of the blocked path, grown (never shrunk) to nc floats.
 std::vector<float>& blocked_c_tile(size_t nc) {
@@ -629,24 +793,34 @@ std::vector<float>& blocked_c_tile(size_t nc) {
 // (`FP4_BF16_GEMM=blocked`)"). oneDNN's brgemm matmul takes its weights in its own blocked
 // layout and, in oneDNN 2.6, only dense A and C tiles, so:
 //   1. op(B)'s column panels (one per column of tiles) are reordered into that layout, one panel
-//      per task, into a buffer of the calling thread; op(A) is read in place when it is dense
+//      per task (a transposed panel copied dense first, see blocked_key), into a buffer of the
+//      calling thread; op(A) is read in place when it is dense
 //      (not transposed, lda == K), else copied dense into another, one row of tiles per task;
 //   2. per output tile (after a barrier: every panel and row is ready), the single-threaded
 //      brgemm primitive writes the tile's product into a dense per-thread tile, which is then
 //      stored into C or, with accumulate, added to it (one FP32 addition per element, as the
-//      native path's sum post-op).
+//      native path's sum post-op); a tile that is dense in C (whole rows, ldc == N) is written
+//      in place, with the sum post-op for accumulate.
 // Each output element is still one primitive execution over the full K, created with one thread,
 // so the bits do not depend on the thread count (as the native path; see above).
 void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                        bool accumulate, float* C, int64_t ldc, int64_t tile_m, int64_t tile_n) {
+  // A dense C up to kBlockedRowTileMaxN columns is cut into tiles of whole rows, which brgemm
+  // writes in place (below). The tile is still a function of (M, N, ldc) alone.
+  if (ldc == N && N <= kBlockedRowTileMaxN) tile_n = std::max(tile_n, N);
   const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
   const int64_t rm = M - (tm - 1) * tile_m, rn = N - (tn - 1) * tile_n;
+  // Tiles spanning C's whole rows of a C with ldc == N are dense in C: brgemm writes them in
+  // place (adding to C by its sum post-op: the same one FP32 addition per element), without
+  // the per-thread tile and its copy, which cost as much as a short-K product.
+  const bool in_place = tn == 1 && ldc == N;
   const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
-      prims[i][j] = &bf16_prim(
-          blocked_key(trans_b, i ? rm : std::min(tile_m, M), j ? rn : std::min(tile_n, N), K, ldb));
+      prims[i][j] = &bf16_prim(blocked_key(trans_b, i ? rm : std::min(tile_m, M),
+                                           j ? rn : std::min(tile_n, N), K, ldb,
+                                           in_place && accumulate));
   // One reorder per panel serves every row of tiles: the layout must not depend on the rows.
   for (int j = 0; j < 2; ++j)
     if (!dnnl_memory_desc_equal(&prims[0][j]->b_md, &prims[1][j]->b_md))
@@ -659,11 +833,12 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   if (packed_buf.size() < stride * size_t(tn) + 64) packed_buf.resize(stride * size_t(tn) + 64);
   unsigned char* packed = packed_buf.data() +
                           (64 - reinterpret_cast<uintptr_t>(packed_buf.data()) % 64) % 64;
+  thread_local std::vector<uint16_t> bt_buf;  // a transposed op(B) panel copied dense: [K, nb]
   const bool a_dense = !trans_a && lda == K;
   thread_local std::vector<uint16_t> a_buf;  // op(A) dense, when it is not in place
   if (!a_dense && a_buf.size() < size_t(M * K)) a_buf.resize(size_t(M * K));
   uint16_t* Ad = a_buf.data();
-  const size_t nc = size_t(std::min(tile_m, M) * std::min(tile_n, N));
+  const size_t nc = in_place ? 0 : size_t(std::min(tile_m, M) * std::min(tile_n, N));
   std::atomic<int> failures{0};
   std::vector<char> panel_ok(size_t(tn), 1);  // a tile of a panel whose reorder failed is skipped
   dnnl_status_t first_error = dnnl_success;
@@ -673,14 +848,32 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 #pragma omp critical
     first_error = st;
   };
+  // Panels in oneDNN's layout BA16a<nblk>b2a are packed by pack_bf16_vnni in pieces of
+  // kPackRows rows of op(B), so that a single panel's packing is shared by the threads.
+  const bool own = own_pack.load(std::memory_order_relaxed) && prims[0][0]->vnni_nblk &&
+                   prims[0][1]->vnni_nblk == prims[0][0]->vnni_nblk;
+  constexpr int64_t kPackRows = 256;
+  const int64_t pieces = own ? ((K + 31) / 32 * 32 + kPackRows - 1) / kPackRows : 1;
 #pragma omp parallel
   {
     std::vector<float>& ct = blocked_c_tile(nc);
 #pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t tj = 0; tj < tn; ++tj) {
+    for (int64_t t = 0; t < tn * pieces; ++t) {
+      const int64_t tj = t / pieces, piece = t % pieces;
+      const int64_t nb = std::min(tile_n, N - tj * tile_n);
       const uint16_t* b = trans_b ? B + tj * tile_n * ldb : B + tj * tile_n;
-      const dnnl_status_t st = run_reorder(*prims[0][tj == tn - 1], thread_slot(), b,
-                                           packed + size_t(tj) * stride);
+      uint16_t* dst = reinterpret_cast<uint16_t*>(packed + size_t(tj) * stride);
+      if (own) {
+        const int64_t k0 = piece * kPackRows, k1 = std::min((K + 31) / 32 * 32, k0 + kPackRows);
+        detail::pack_bf16_vnni(b, ldb, trans_b, K, nb, prims[0][0]->vnni_nblk, k0, k1, dst);
+        continue;
+      }
+      if (trans_b) {  // op(B)'s panel is rows tj·tile_n .. of B [N, K]: copy it dense, [K, nb]
+        if (bt_buf.size() < size_t(K * nb)) bt_buf.resize(size_t(K * nb));
+        transpose_bf16(b, ldb, nb, K, bt_buf.data(), nb);
+        b = bt_buf.data();
+      }
+      const dnnl_status_t st = run_reorder(*prims[0][tj == tn - 1], thread_slot(), b, dst);
       note(st);
       panel_ok[size_t(tj)] = st == dnnl_success;
     }
@@ -706,10 +899,11 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       const int64_t mb = std::min(tile_m, M - i0), nb = std::min(tile_n, N - j0);
       if (!panel_ok[size_t(tj)]) continue;
       const uint16_t* a = a_dense ? A + i0 * lda : Ad + i0 * K;
+      float* c_tile = in_place ? C + i0 * ldc : ct.data();
       const dnnl_status_t st = run_bf16_tile(*prims[ti == tm - 1][tj == tn - 1], thread_slot(), a,
-                                             packed + size_t(tj) * stride, ct.data());
+                                             packed + size_t(tj) * stride, c_tile);
       note(st);
-      if (st != dnnl_success) continue;
+      if (st != dnnl_success || in_place) continue;
       for (int64_t r = 0; r < mb; ++r) {
         float* c = C + (i0 + r) * ldc + j0;
         const float* p = ct.data() + r * nb;

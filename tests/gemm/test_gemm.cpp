@@ -307,3 +307,170 @@ TEST_P(GemmBf16, SubnormalBehaviourAsDocumented) {
 }
 
 }  // namespace
+
+// detail::transpose_bf16 (SSE2 8 × 8 blocks) against the definition dst[j·ldd + i] = src[i·lds +
+// j] and against its scalar twin, bit for bit: random 16-bit patterns (NaN and subnormal BF16
+// patterns included: it copies bits), ragged shapes around the 8 × 8 kernel and the 16 × 16
+// blocks, padded leading dimensions, strides of 4 KiB multiples, and an empty matrix. The
+// destination's padding (columns ≥ rows of each row of dst) must keep its sentinel.
+TEST(TransposeBf16, MatchesDefinitionAndScalarTwin) {
+  struct Case {
+    int64_t rows, cols, lds_pad, ldd_pad;
+  };
+  const Case cases[] = {{0, 0, 0, 0},
+                        {1, 1, 0, 0},
+                        {8, 8, 0, 0},
+                        {7, 9, 3, 1},
+                        {9, 7, 0, 5},
+                        {16, 16, 0, 0},
+                        {17, 33, 1, 2},
+                        {33, 17, 7, 0},
+                        {64, 24, 0, 0},
+                        {4099, 131, 1027 - 131, 3},
+                        {2048, 128, 256 - 128, 0},
+                        {256, 64, 1984, 1792},
+                        {5, 300, 0, 11}};
+  std::mt19937 g(7);
+  for (const Case& c : cases) {
+    const int64_t lds = c.cols + c.lds_pad, ldd = c.rows + c.ldd_pad;
+    std::vector<uint16_t> src(static_cast<size_t>(std::max<int64_t>(c.rows * lds, 1)));
+    for (auto& v : src) v = static_cast<uint16_t>(g());
+    const uint16_t kSentinel = 0xA5A5;
+    const size_t n_dst = static_cast<size_t>(std::max<int64_t>(c.cols * ldd, 1));
+    std::vector<uint16_t> fast(n_dst, kSentinel), ref(n_dst, kSentinel);
+    fp4::detail::transpose_bf16(src.data(), lds, c.rows, c.cols, fast.data(), ldd);
+    fp4::detail::transpose_bf16_ref(src.data(), lds, c.rows, c.cols, ref.data(), ldd);
+    const std::string at = "rows " + std::to_string(c.rows) + ", cols " + std::to_string(c.cols) +
+                           ", lds " + std::to_string(lds) + ", ldd " + std::to_string(ldd);
+    int64_t bad = 0;
+    for (int64_t j = 0; j < c.cols; ++j)
+      for (int64_t i = 0; i < ldd; ++i) {
+        const uint16_t want = i < c.rows ? src[static_cast<size_t>(i * lds + j)] : kSentinel;
+        const size_t o = static_cast<size_t>(j * ldd + i);
+        bad += fast[o] != want;
+        bad += ref[o] != want;
+      }
+    EXPECT_EQ(bad, 0) << at;
+    EXPECT_EQ(0, std::memcmp(fast.data(), ref.data(), n_dst * sizeof(uint16_t))) << at;
+  }
+}
+
+// detail::pack_bf16_vnni (SSE2) against its scalar twin, bit for bit, and the twin against the
+// layout's definition written out here (element (k, n) of op(B) at (n/nb)·Kpad·nb + (k/32)·32·nb +
+// ((k%32)/2)·2·nb + (n%nb)·2 + k%2, zero outside [K, N]): plain and transposed op(B), K and N
+// ragged against the 32-row blocks, the 8- and 4-column vectors and the column blocks, padded
+// leading dimensions, each 32-row range packed on its own (as the blocked path's threads do) or
+// all at once. The destination starts as a sentinel: every element of the padded panel must be
+// written.
+TEST(PackBf16Vnni, MatchesLayoutDefinitionAndScalarTwin) {
+  struct Case {
+    int64_t K, N, nblk, pad;
+  };
+  const Case cases[] = {{32, 64, 64, 0},    {64, 256, 64, 0}, {4096, 256, 64, 0},
+                        {1000, 100, 64, 3}, {33, 9, 64, 0},   {31, 7, 16, 1},
+                        {96, 40, 32, 5},    {1, 1, 64, 0},    {4099, 45, 64, 2},
+                        {256, 512, 64, 0},  {70, 130, 16, 0}};
+  std::mt19937 g(11);
+  for (const Case& c : cases)
+    for (bool trans : {false, true})
+      for (bool pieces : {false, true}) {
+        const int64_t Kpad = (c.K + 31) / 32 * 32, Npad = (c.N + c.nblk - 1) / c.nblk * c.nblk;
+        const int64_t rows = trans ? c.N : c.K, ldb = (trans ? c.K : c.N) + c.pad;
+        std::vector<uint16_t> B(static_cast<size_t>(rows * ldb));
+        for (auto& v : B) v = static_cast<uint16_t>(g());
+        const size_t n_dst = static_cast<size_t>(Kpad * Npad);
+        std::vector<uint16_t> fast(n_dst, 0xA5A5), ref(n_dst, 0xA5A5);
+        if (pieces) {
+          for (int64_t k0 = Kpad - 32; k0 >= 0; k0 -= 32)  // backwards: no piece relies on another
+            fp4::detail::pack_bf16_vnni(B.data(), ldb, trans, c.K, c.N, c.nblk, k0, k0 + 32,
+                                        fast.data());
+        } else {
+          fp4::detail::pack_bf16_vnni(B.data(), ldb, trans, c.K, c.N, c.nblk, 0, Kpad, fast.data());
+        }
+        fp4::detail::pack_bf16_vnni_ref(B.data(), ldb, trans, c.K, c.N, c.nblk, 0, Kpad,
+                                        ref.data());
+        int64_t bad = 0;
+        for (int64_t k = 0; k < Kpad; ++k)
+          for (int64_t n = 0; n < Npad; ++n) {
+            const int64_t o = (n / c.nblk) * Kpad * c.nblk + (k / 32) * 32 * c.nblk +
+                              (k % 32) / 2 * 2 * c.nblk + (n % c.nblk) * 2 + k % 2;
+            const uint16_t want = k < c.K && n < c.N
+                                      ? B[static_cast<size_t>(trans ? n * ldb + k : k * ldb + n)]
+                                      : 0;
+            bad += ref[static_cast<size_t>(o)] != want;
+          }
+        const std::string at = "K " + std::to_string(c.K) + ", N " + std::to_string(c.N) +
+                               ", nblk " + std::to_string(c.nblk) + ", ldb " + std::to_string(ldb) +
+                               (trans ? ", transposed" : "") + (pieces ? ", in pieces" : "");
+        EXPECT_EQ(bad, 0) << at;
+        EXPECT_EQ(0, std::memcmp(fast.data(), ref.data(), n_dst * sizeof(uint16_t))) << at;
+      }
+}
+
+// The blocked path's panels packed by pack_bf16_vnni give the same bits as the same GEMM with
+// the panels reordered by oneDNN (an independent writer of its own layout): all four transposes,
+// ragged K (not a multiple of 32) and N (not a multiple of the column block), several panels and
+// rows of tiles, accumulate on. Skipped where oneDNN offers no brgemm, or where its weight layout
+// is not one pack_bf16_vnni writes (then both runs reorder and the test would compare nothing).
+TEST(GemmBf16Blocked, OwnPackingMatchesOneDnnReorder) {
+  if (!fp4::gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
+  const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
+  fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
+  const Bf16Case cases[] = {{256, 256, 4096}, {300, 1100, 1000}, {37, 45, 4099}, {129, 600, 33}};
+  for (const Bf16Case& s : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t lda = ta ? s.M : s.K, ldb = tb ? s.K : s.N;
+        auto A = randn_bf16(size_t(s.M * s.K), 31), B = randn_bf16(size_t(s.K * s.N), 32);
+        const auto C0 = randn(size_t(s.M * s.N), 33);
+        std::vector<float> own = C0, theirs = C0;
+        fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, true,
+                       own.data(), s.N);
+        fp4::detail::set_bf16_blocked_own_pack(false);
+        fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, true,
+                       theirs.data(), s.N);
+        fp4::detail::set_bf16_blocked_own_pack(true);
+        ASSERT_EQ(0, std::memcmp(own.data(), theirs.data(), own.size() * sizeof(float)))
+            << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta << " tb=" << tb;
+      }
+  fp4::gemm_bf16_set_path(saved);
+}
+
+// On the blocked path, accumulating adds the product to the old C with one FP32 addition per
+// element: C_old + P gives the bits of gemm_bf16(accumulate), where P is the same call's product
+// written with accumulate off. This covers the tiles written in place by brgemm's sum post-op
+// (an output one tile wide with ldc == N: 256 × 256, 4096 × 256) and those added from a
+// per-thread copy (ldc > N, or several columns of tiles). (The native and widened paths do
+// not promise this: oneDNN's gemm:jit and sgemm fold C_old in once per block of K, so for K
+// beyond a block their sums differ from C_old + P, within the summation bound.)
+TEST(GemmBf16Blocked, AccumulateIsOneAdditionOfTheProduct) {
+  if (!fp4::gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
+  const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
+  fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
+  const Bf16Case cases[] = {
+      {256, 256, 4096}, {4096, 256, 256}, {300, 700, 1000}, {37, 45, 99}, {4096, 256, 1024, 3}};
+  for (const Bf16Case& s : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t lda = (ta ? s.M : s.K) + s.pad, ldb = (tb ? s.K : s.N) + s.pad,
+                      ldc = s.N + s.pad;
+        auto A = randn_bf16(size_t((ta ? s.K : s.M) * lda), 41);
+        auto B = randn_bf16(size_t((tb ? s.N : s.K) * ldb), 42);
+        const auto C0 = randn(size_t(s.M * ldc), 43);
+        std::vector<float> acc = C0, P(C0.size(), 0.f);
+        fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, true,
+                       acc.data(), ldc);
+        fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, false,
+                       P.data(), ldc);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < s.M; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const size_t o = size_t(i * ldc + j);
+            const float want = j < s.N ? C0[o] + P[o] : C0[o];  // padding untouched
+            bad += std::memcmp(&want, &acc[o], sizeof(float)) != 0;
+          }
+        EXPECT_EQ(bad, 0) << "M=" << s.M << " N=" << s.N << " K=" << s.K << " pad=" << s.pad
+                          << " ta=" << ta << " tb=" << tb;
+      }
+  fp4::gemm_bf16_set_path(saved);
+}

@@ -167,6 +167,38 @@ namespace detail {
 /// tile), which the project cannot avoid; tests/nn/test_alloc.cpp counts those separately from
 /// the project's own allocations.
 bool in_onednn_execute();
+
+/// dst[j·ldd + i] = src[i·lds + j] for i < rows, j < cols: the transpose of a [rows, cols] matrix
+/// of 16-bit values (BF16 bit patterns, copied exactly) into [cols, rows]. The BF16 GEMM's blocked
+/// path copies a transposed op(A) dense with it (docs/gemm.md "The blocked path
+/// (`FP4_BF16_GEMM=blocked`)"). SSE2 8 × 8 blocks (every x86-64 CPU); transpose_bf16_ref is its
+/// scalar twin, element by element. Needs lds ≥ cols, ldd ≥ rows (not checked); src and dst must
+/// not overlap.
+void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                    int64_t ldd);
+void transpose_bf16_ref(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
+                        int64_t ldd);
+
+/// Writes rows k0 .. k1 of op(B) [K, N] (BF16 bit patterns; op(B) = B [K, N] with leading
+/// dimension ldb, or Bᵀ of B [N, K] when trans) into dst in oneDNN's blocked weight layout
+/// BA16a<nblk>b2a, the one its brgemm matmul takes on AVX512-BF16 (nblk = 64): op(B) padded with
+/// zeros to [round_up(K, 32), round_up(N, nblk)]; column blocks of nblk outermost, then blocks of
+/// 32 rows, then 16 row pairs, nblk columns, the pair's two rows, so element (k, n) lies at
+///   (n / nblk)·Kpad·nblk + (k / 32)·32·nblk + ((k % 32) / 2)·2·nblk + (n % nblk)·2 + k % 2.
+/// dst is the whole panel's base; k0 and k1 are multiples of 32 with k1 ≤ round_up(K, 32), so
+/// disjoint row ranges can be written by different threads. nblk is a multiple of 8. The BF16
+/// GEMM's blocked path packs its op(B) panels with it in place of oneDNN's reorder when the
+/// primitive's weight layout is this one (docs/gemm.md "The blocked path
+/// (`FP4_BF16_GEMM=blocked`)"). SSE2 (every x86-64 CPU); pack_bf16_vnni_ref is its scalar twin.
+void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t nblk,
+                    int64_t k0, int64_t k1, uint16_t* dst);
+void pack_bf16_vnni_ref(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
+                        int64_t nblk, int64_t k0, int64_t k1, uint16_t* dst);
+
+/// Test hook: whether the blocked path packs its op(B) panels with pack_bf16_vnni where oneDNN's
+/// weight layout allows (true, the default) or always with oneDNN's reorder (false). The two
+/// write the same bytes, so the GEMM's bits must not change; tests compare them.
+void set_bf16_blocked_own_pack(bool own);
 }  // namespace detail
 
 }  // namespace fp4
