@@ -94,8 +94,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 //
 // Why the bits do not depend on the thread count:
 //  * The output is cut into tiles of kBf16TileM × kBf16TileN (constants; smaller outputs take
-//    kScaledTileM × kScaledTileN, see bf16_tile), so the set of tile problems is a function of
-//    (M, N) only.
+//    kScaledTileM × kScaledTileN, see bf16_tile; the blocked path widens some to whole rows,
+//    see blocked_tile_n), so the set of tile problems is a function of (M, N) (and ldc on the
+//    blocked path) only.
 //  * Each tile is one primitive execution over the full K. Its primitive is created with
 //    OpenMP's nthreads ICV set to 1 on the creating thread, so oneDNN's configuration
 //    (blocking, and in particular any split of K across threads, which would change the
@@ -116,6 +117,8 @@ constexpr int64_t kBf16TileN = 512;
 // the BF16 GEMM").
 constexpr int64_t kScaledTileM = 128;
 constexpr int64_t kScaledTileN = 256;
+// An output of fewer than this many kBf16TileM × kBf16TileN tiles is "small" (bf16_tile).
+constexpr int64_t kSmallOutputTiles = 16;
 // oneDNN implementation used for every tile: its BF16 GEMM ("gemm:jit", AVX512_BF16 dot
 // products). oneDNN 2.6 offers its AMX brgemm matmul only when all three tile matrices are
 // dense, i.e. for some tile shapes and strides and not others; pinning one implementation keeps
@@ -169,7 +172,8 @@ struct Bf16Prim {
 };
 
 // mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C: ta = 0,
-// lda = K, ldc = nb; the sum post-op only for a tile written in place, see gemm_bf16_blocked)
+// lda = K, ldc = nb; tb = 0 and ldb that of the plain panel the fallback reorder reads, see
+// blocked_key; the sum post-op only for a tile written in place, see gemm_bf16_blocked)
 using Bf16Key = std::array<int64_t, 10>;
 
 // Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
@@ -444,10 +448,12 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
   return {mb, nb, K, ta, tb, lda, ldb, ldc, acc, 0};
 }
 // The blocked path's primitive for an [mb, nb] tile over K: dense A [mb, K] and C [mb, nb],
-// weights in oneDNN's layout, reordered from op(B) panels read with (tb, ldb). A transposed
-// op(B) panel is first copied dense ([K, nb], by transpose_bf16), so its reorder reads a plain
-// panel: oneDNN 2.6's reorder from the transposed layout into its blocked one ran about 5×
-// slower than from the plain one (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)").
+// weights in oneDNN's layout. Where detail::pack_bf16_vnni cannot write that layout, the
+// panels are reordered by oneDNN from op(B) read with (tb, ldb); a transposed op(B) panel is
+// first copied dense ([K, nb], by transpose_bf16), so the reorder always reads a plain panel
+// (tb = 0, ldb = nb): oneDNN 2.6's reorder from the transposed layout into its blocked one ran
+// about 5× slower than from the plain one (docs/gemm.md "The blocked path
+// (`FP4_BF16_GEMM=blocked`)").
 Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc = false) {
   return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1};
 }
@@ -771,14 +777,30 @@ void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64
 namespace {
 using detail::transpose_bf16;
 
-// The widest dense C the blocked path cuts into tiles of whole rows (gemm_bf16_blocked).
-constexpr int64_t kBlockedRowTileMaxN = 1024;
+// The blocked path's tile width for an [M, N] output with leading dimension ldc, given the
+// caller's tile_m × tile_n: a dense C (ldc == N) of at most kBlockedRowTileMaxN columns that
+// still has kSmallOutputTiles rows of tiles is cut into tiles of whole rows (tile_n = N), which
+// brgemm writes in place (gemm_bf16_blocked); otherwise tile_n. A function of (M, N, ldc) and
+// the caller's constants, never of the thread count; the floor on the rows of tiles keeps a
+// many-core machine's threads busy on outputs such as 256 × 1024.
+constexpr int64_t kBlockedRowTileMaxN = 4096;
+int64_t blocked_tile_n(int64_t M, int64_t N, int64_t ldc, int64_t tile_m, int64_t tile_n) {
+  const bool rows = ldc == N && N <= kBlockedRowTileMaxN &&
+                    (M + tile_m - 1) / tile_m >= kSmallOutputTiles;
+  return rows ? std::max(tile_n, N) : tile_n;
+}
 
 // Whether the blocked path packs panels itself where the layout allows (detail::set_bf16_blocked_own_pack).
 std::atomic<bool> own_pack{true};
 }  // namespace
 
 void detail::set_bf16_blocked_own_pack(bool own) { own_pack.store(own, std::memory_order_relaxed); }
+
+int64_t detail::bf16_blocked_vnni_block(int64_t K, int64_t nb) {
+  if (K <= 0 || nb <= 0)
+    throw std::invalid_argument("fp4::detail::bf16_blocked_vnni_block: K and nb must be positive");
+  return bf16_prim(blocked_key(false, std::min(kScaledTileM, nb), nb, K, nb)).vnni_nblk;
+}
 
 namespace {
 
@@ -798,17 +820,15 @@ std::vector<float>& blocked_c_tile(size_t nc) {
 //      (not transposed, lda == K), else copied dense into another, one row of tiles per task;
 //   2. per output tile (after a barrier: every panel and row is ready), the single-threaded
 //      brgemm primitive writes the tile's product into a dense per-thread tile, which is then
-//      stored into C or, with accumulate, added to it (one FP32 addition per element, as the
-//      native path's sum post-op); a tile that is dense in C (whole rows, ldc == N) is written
-//      in place, with the sum post-op for accumulate.
+//      stored into C or, with accumulate, added to it (one FP32 addition per element); a tile
+//      that is dense in C (whole rows, ldc == N; blocked_tile_n) is written in place, with
+//      brgemm's sum post-op for accumulate, which is the same one addition (tested).
 // Each output element is still one primitive execution over the full K, created with one thread,
 // so the bits do not depend on the thread count (as the native path; see above).
 void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                        bool accumulate, float* C, int64_t ldc, int64_t tile_m, int64_t tile_n) {
-  // A dense C up to kBlockedRowTileMaxN columns is cut into tiles of whole rows, which brgemm
-  // writes in place (below). The tile is still a function of (M, N, ldc) alone.
-  if (ldc == N && N <= kBlockedRowTileMaxN) tile_n = std::max(tile_n, N);
+  tile_n = blocked_tile_n(M, N, ldc, tile_m, tile_n);
   const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
   const int64_t rm = M - (tm - 1) * tile_m, rn = N - (tn - 1) * tile_n;
   // Tiles spanning C's whole rows of a C with ldc == N are dense in C: brgemm writes them in
@@ -852,7 +872,8 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   // kPackRows rows of op(B), so that a single panel's packing is shared by the threads.
   const bool own = own_pack.load(std::memory_order_relaxed) && prims[0][0]->vnni_nblk &&
                    prims[0][1]->vnni_nblk == prims[0][0]->vnni_nblk;
-  constexpr int64_t kPackRows = 256;
+  constexpr int64_t kPackRows =
+      64;  // small enough that one short panel still gives every thread work
   const int64_t pieces = own ? ((K + 31) / 32 * 32 + kPackRows - 1) / kPackRows : 1;
 #pragma omp parallel
   {
@@ -994,7 +1015,6 @@ namespace {
 // bit for bit on an AMD EPYC Zen 4 at wgrad and fprop shapes up to K = 8192; the identity check
 // covers the recipes, docs/gemm.md "BF16 GEMM (`gemm_bf16`)"); the widened path keeps its tiles,
 // whose sgemm calls might block K by tile.
-constexpr int64_t kSmallOutputTiles = 16;
 std::pair<int64_t, int64_t> bf16_tile(int64_t M, int64_t N) {
   const int64_t big = ((M + kBf16TileM - 1) / kBf16TileM) * ((N + kBf16TileN - 1) / kBf16TileN);
   if (big < kSmallOutputTiles && chosen_bf16_path() != Bf16GemmPath::Widened)
@@ -1016,9 +1036,13 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
     throw std::invalid_argument("fp4::gemm_bf16_impl: M, N and K must be positive");
   if (chosen_bf16_path() == Bf16GemmPath::Widened) return "widened:sgemm";
   const auto [tile_m, tile_n] = bf16_tile(M, N);
-  if (chosen_bf16_path() == Bf16GemmPath::Blocked)
-    return bf16_prim(blocked_key(trans_b, std::min(tile_m, M), std::min(tile_n, N), K, ldb))
+  if (chosen_bf16_path() == Bf16GemmPath::Blocked) {
+    const int64_t nb = blocked_tile_n(M, N, ldc, tile_m, tile_n);
+    const bool in_place = nb >= N && ldc == N;
+    return bf16_prim(blocked_key(trans_b, std::min(tile_m, M), std::min(nb, N), K, ldb,
+                                 in_place && accumulate))
         .impl.c_str();
+  }
   return bf16_prim(bf16_key(trans_a, trans_b, std::min(tile_m, M), std::min(tile_n, N), K, lda, ldb,
                             ldc, accumulate))
       .impl.c_str();

@@ -407,6 +407,17 @@ TEST(PackBf16Vnni, MatchesLayoutDefinitionAndScalarTwin) {
       }
 }
 
+// Puts gemm_bf16 on the blocked path for a test's scope, and restores the path and the packer
+// switch however the test leaves (an ASSERT returns early).
+struct BlockedPathScope {
+  fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
+  BlockedPathScope() { fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked); }
+  ~BlockedPathScope() {
+    fp4::detail::set_bf16_blocked_own_pack(true);
+    fp4::gemm_bf16_set_path(saved);
+  }
+};
+
 // The blocked path's panels packed by pack_bf16_vnni give the same bits as the same GEMM with
 // the panels reordered by oneDNN (an independent writer of its own layout): all four transposes,
 // ragged K (not a multiple of 32) and N (not a multiple of the column block), several panels and
@@ -414,8 +425,12 @@ TEST(PackBf16Vnni, MatchesLayoutDefinitionAndScalarTwin) {
 // is not one pack_bf16_vnni writes (then both runs reorder and the test would compare nothing).
 TEST(GemmBf16Blocked, OwnPackingMatchesOneDnnReorder) {
   if (!fp4::gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
-  const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
-  fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
+  for (int64_t K : {33, 1000, 4096, 4099})
+    for (int64_t nb : {45, 256, 512})
+      if (fp4::detail::bf16_blocked_vnni_block(K, nb) == 0)
+        GTEST_SKIP() << "oneDNN's weight layout for a [" << K << ", " << nb
+                     << "] panel is not one pack_bf16_vnni writes";
+  BlockedPathScope blocked;
   const Bf16Case cases[] = {{256, 256, 4096}, {300, 1100, 1000}, {37, 45, 4099}, {129, 600, 33}};
   for (const Bf16Case& s : cases)
     for (bool ta : {false, true})
@@ -433,22 +448,23 @@ TEST(GemmBf16Blocked, OwnPackingMatchesOneDnnReorder) {
         ASSERT_EQ(0, std::memcmp(own.data(), theirs.data(), own.size() * sizeof(float)))
             << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << ta << " tb=" << tb;
       }
-  fp4::gemm_bf16_set_path(saved);
 }
 
 // On the blocked path, accumulating adds the product to the old C with one FP32 addition per
 // element: C_old + P gives the bits of gemm_bf16(accumulate), where P is the same call's product
 // written with accumulate off. This covers the tiles written in place by brgemm's sum post-op
-// (an output one tile wide with ldc == N: 256 × 256, 4096 × 256) and those added from a
-// per-thread copy (ldc > N, or several columns of tiles). (The native and widened paths do
-// not promise this: oneDNN's gemm:jit and sgemm fold C_old in once per block of K, so for K
-// beyond a block their sums differ from C_old + P, within the summation bound.)
+// (outputs one tile wide with ldc == N: 256 × 256, 300 × 200; 4096 × 768 and 4096 × 1100,
+// widened to whole rows) and those added from a per-thread copy (ldc > N: 4096 × 256 with
+// padding; several columns of tiles: 300 × 1100, too few rows of tiles to widen, and 600 × 4200).
+// (The native and widened paths do not promise this: oneDNN's gemm:jit and sgemm fold C_old in
+// once per block of K, so for K beyond a block their sums differ from C_old + P, within the
+// summation bound.)
 TEST(GemmBf16Blocked, AccumulateIsOneAdditionOfTheProduct) {
   if (!fp4::gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
-  const fp4::Bf16GemmPath saved = fp4::gemm_bf16_path();
-  fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked);
-  const Bf16Case cases[] = {
-      {256, 256, 4096}, {4096, 256, 256}, {300, 700, 1000}, {37, 45, 99}, {4096, 256, 1024, 3}};
+  BlockedPathScope blocked;
+  const Bf16Case cases[] = {{256, 256, 4096},     {300, 200, 1000},  {4096, 768, 256},
+                            {4096, 256, 1024, 3}, {300, 1100, 1000}, {4096, 1100, 64},
+                            {600, 4200, 40},      {37, 45, 99}};
   for (const Bf16Case& s : cases)
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
@@ -472,5 +488,4 @@ TEST(GemmBf16Blocked, AccumulateIsOneAdditionOfTheProduct) {
         EXPECT_EQ(bad, 0) << "M=" << s.M << " N=" << s.N << " K=" << s.K << " pad=" << s.pad
                           << " ta=" << ta << " tb=" << tb;
       }
-  fp4::gemm_bf16_set_path(saved);
 }

@@ -179,26 +179,38 @@ void transpose_bf16(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols
 void transpose_bf16_ref(const uint16_t* src, int64_t lds, int64_t rows, int64_t cols, uint16_t* dst,
                         int64_t ldd);
 
-/// Writes rows k0 .. k1 of op(B) [K, N] (BF16 bit patterns; op(B) = B [K, N] with leading
-/// dimension ldb, or Bᵀ of B [N, K] when trans) into dst in oneDNN's blocked weight layout
-/// BA16a<nblk>b2a, the one its brgemm matmul takes on AVX512-BF16 (nblk = 64): op(B) padded with
-/// zeros to [round_up(K, 32), round_up(N, nblk)]; column blocks of nblk outermost, then blocks of
-/// 32 rows, then 16 row pairs, nblk columns, the pair's two rows, so element (k, n) lies at
+/// Writes rows k0 .. k1 of op(B) [K, N] (BF16 bit patterns) into dst in oneDNN's blocked weight
+/// layout BA16a<nblk>b2a, the one its brgemm matmul takes on AVX512-BF16 (nblk = 64). op(B) is
+/// B [K, N] with leading dimension ldb ≥ N, or, when trans, Bᵀ of B [N, K] with ldb ≥ K. The
+/// layout is op(B) padded with zeros to [Kpad, Npad] = [round_up(K, 32), round_up(N, nblk)]:
+/// column blocks of nblk outermost, then blocks of 32 rows, then 16 row pairs, nblk columns,
+/// the pair's two rows, so element (k, n) lies at
 ///   (n / nblk)·Kpad·nblk + (k / 32)·32·nblk + ((k % 32) / 2)·2·nblk + (n % nblk)·2 + k % 2.
-/// dst is the whole panel's base; k0 and k1 are multiples of 32 with k1 ≤ round_up(K, 32), so
-/// disjoint row ranges can be written by different threads. nblk is a multiple of 8. The BF16
-/// GEMM's blocked path packs its op(B) panels with it in place of oneDNN's reorder when the
-/// primitive's weight layout is this one (docs/gemm.md "The blocked path
-/// (`FP4_BF16_GEMM=blocked`)"). SSE2 (every x86-64 CPU); pack_bf16_vnni_ref is its scalar twin.
+/// dst is the whole panel's base (Kpad·Npad values); rows k0 .. k1 of it are written, padding
+/// included. k0 and k1 are multiples of 32 with k1 ≤ Kpad, so disjoint row ranges can be written
+/// by different threads. nblk is 16, 32 or 64. None of this is checked; B and dst must not
+/// overlap. The BF16 GEMM's blocked path packs its op(B) panels with it in place of oneDNN's
+/// reorder where the primitive's weight layout is this one (docs/gemm.md "The blocked path
+/// (`FP4_BF16_GEMM=blocked`)"). SSE2 (every x86-64 CPU); pack_bf16_vnni_ref is its scalar twin,
+/// element by element.
 void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t nblk,
                     int64_t k0, int64_t k1, uint16_t* dst);
 void pack_bf16_vnni_ref(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
                         int64_t nblk, int64_t k0, int64_t k1, uint16_t* dst);
 
-/// Test hook: whether the blocked path packs its op(B) panels with pack_bf16_vnni where oneDNN's
-/// weight layout allows (true, the default) or always with oneDNN's reorder (false). The two
-/// write the same bytes, so the GEMM's bits must not change; tests compare them.
+/// Test hook, for the whole process: whether the blocked path packs its op(B) panels with
+/// pack_bf16_vnni where oneDNN's weight layout allows (true, the default) or always with oneDNN's
+/// reorder (false). The two write the same bytes, so the GEMM's bits must not change
+/// (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)"); tests compare them. Not for use
+/// while another thread runs a GEMM.
 void set_bf16_blocked_own_pack(bool own);
+
+/// The column block nblk of the weight layout oneDNN's brgemm matmul takes for a [K, nb] op(B)
+/// panel when that layout is one pack_bf16_vnni writes (BA16a<nblk>b2a), else 0 (the blocked
+/// path then reorders with oneDNN). Creates the primitive if needed; throws std::runtime_error
+/// where oneDNN offers no brgemm (gemm_bf16_blocked_available), std::invalid_argument for
+/// K or nb ≤ 0. For tests and diagnostics.
+int64_t bf16_blocked_vnni_block(int64_t K, int64_t nb);
 }  // namespace detail
 
 }  // namespace fp4
