@@ -628,7 +628,7 @@ std::string gemm_fp32_description() {
 
 std::string gemm_bf16_description() {
   if (chosen_bf16_path() == Bf16GemmPath::Blocked)
-    return std::string("blocked: oneDNN BF16 brgemm matmul, weights reordered to its layout (") +
+    return std::string("blocked: oneDNN BF16 brgemm matmul, weights in its blocked layout (") +
            gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
   if (chosen_bf16_path() == Bf16GemmPath::Native)
     return std::string("native: oneDNN BF16 matmul (") +
