@@ -29,7 +29,7 @@
 //                       Shapes as a Linear calls it (A·Bᵀ): fprop-like and wgrad-like, the tiny
 //                       config's and 4096 × 1024 × 1024 (block_scaled_shapes).
 //   BM_Bf16BlockedVsNative  fp4::gemm_bf16 on its blocked path (FP4_BF16_GEMM=blocked: oneDNN's
-//                       brgemm, weights reordered to its blocked layout per call) and its native
+//                       brgemm, weights written in its blocked layout per call) and its native
 //                       path (gemm:jit), alternately in one loop: counters native_GFLOPs,
 //                       blocked_GFLOPs, blocked_over_native (time ratio); the bf16 and the
 //                       block-scaled shapes; the label names the blocked implementation.
@@ -255,7 +255,7 @@ void BM_BlockScaledVsDecoded(benchmark::State& st) {
   st.SetLabel(fp4::gemm_bf16_description());
 }
 
-// gemm_bf16's blocked path (oneDNN's brgemm with its blocked weights; the weights reordered on
+// gemm_bf16's blocked path (oneDNN's brgemm with its blocked weights; the weights packed on
 // every call, as a Linear's GEMM does) against its native path (gemm:jit), alternately in one
 // loop, each timed call under gemm_bf16_set_path (inside the timed call: an atomic store):
 // counters native_GFLOPs, blocked_GFLOPs and blocked_over_native = blocked time / native time.

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -95,7 +96,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // Why the bits do not depend on the thread count:
 //  * The output is cut into tiles of kBf16TileM × kBf16TileN (constants; smaller outputs take
 //    kScaledTileM × kScaledTileN, see bf16_tile; the blocked path widens some to whole rows,
-//    see blocked_tile_n), so the set of tile problems is a function of (M, N) (and ldc on the
+//    see blocked_tile), so the set of tile problems is a function of (M, N) (and ldc on the
 //    blocked path) only.
 //  * Each tile is one primitive execution over the full K. Its primitive is created with
 //    OpenMP's nthreads ICV set to 1 on the creating thread, so oneDNN's configuration
@@ -777,24 +778,31 @@ void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64
 namespace {
 using detail::transpose_bf16;
 
-// The blocked path's tile width for an [M, N] output with leading dimension ldc, given the
-// caller's tile_m × tile_n: a dense C (ldc == N) of at most kBlockedRowTileMaxN columns that
-// still has kSmallOutputTiles rows of tiles is cut into tiles of whole rows (tile_n = N), which
-// brgemm writes in place (gemm_bf16_blocked); otherwise tile_n. A function of (M, N, ldc) and
-// the caller's constants, never of the thread count; the floor on the rows of tiles keeps a
-// many-core machine's threads busy on outputs such as 256 × 1024.
-constexpr int64_t kBlockedRowTileMaxN = 4096;
-int64_t blocked_tile_n(int64_t M, int64_t N, int64_t ldc, int64_t tile_m, int64_t tile_n) {
-  const bool rows = ldc == N && N <= kBlockedRowTileMaxN &&
-                    (M + tile_m - 1) / tile_m >= kSmallOutputTiles;
-  return rows ? std::max(tile_n, N) : tile_n;
+// The blocked path's tile for an [M, N] output with leading dimension ldc, given the caller's
+// tile_m × tile_n: a dense C (ldc == N) wider than tile_n is cut into tiles of whole rows, which
+// brgemm writes in place (gemm_bf16_blocked), of at most the caller's tile area (rows: a multiple
+// of 16, at least kMinRowTileM), so that there are at least as many tiles as the caller's shape
+// gives and a many-core machine's threads stay busy; otherwise the caller's tile. A function of
+// (M, N, ldc) and the caller's constants, never of the thread count.
+constexpr int64_t kMinRowTileM = 32;
+std::pair<int64_t, int64_t> blocked_tile(int64_t N, int64_t ldc, int64_t tile_m, int64_t tile_n) {
+  if (ldc == N && N > tile_n) {
+    const int64_t rows = tile_m * tile_n / N / 16 * 16;
+    if (rows >= kMinRowTileM) return {rows, N};
+  }
+  return {tile_m, tile_n};
 }
+
+// Counts the panels oneDNN's reorder wrote (detail::bf16_blocked_reorders).
+std::atomic<int64_t> reorder_count{0};
 
 // Whether the blocked path packs panels itself where the layout allows (detail::set_bf16_blocked_own_pack).
 std::atomic<bool> own_pack{true};
 }  // namespace
 
 void detail::set_bf16_blocked_own_pack(bool own) { own_pack.store(own, std::memory_order_relaxed); }
+
+int64_t detail::bf16_blocked_reorders() { return reorder_count.load(std::memory_order_relaxed); }
 
 int64_t detail::bf16_blocked_vnni_block(int64_t K, int64_t nb) {
   if (K <= 0 || nb <= 0)
@@ -814,21 +822,23 @@ std::vector<float>& blocked_c_tile(size_t nc) {
 // The blocked path of gemm_bf16_tiled (Bf16GemmPath::Blocked; docs/gemm.md "The blocked path
 // (`FP4_BF16_GEMM=blocked`)"). oneDNN's brgemm matmul takes its weights in its own blocked
 // layout and, in oneDNN 2.6, only dense A and C tiles, so:
-//   1. op(B)'s column panels (one per column of tiles) are reordered into that layout, one panel
-//      per task (a transposed panel copied dense first, see blocked_key), into a buffer of the
-//      calling thread; op(A) is read in place when it is dense
-//      (not transposed, lda == K), else copied dense into another, one row of tiles per task;
+//   1. op(B)'s column panels (one per column of tiles) are written in that layout into a buffer
+//      of the calling thread: by detail::pack_bf16_vnni, in pieces of kPackRows rows shared by
+//      the threads, where the layout is BA16a<nblk>b2a (vnni_block_of), else by oneDNN's reorder,
+//      one panel per task (a transposed panel copied dense first, see blocked_key); op(A) is read
+//      in place when it is dense (not transposed, lda == K), else copied dense into another, one
+//      row of tiles per task;
 //   2. per output tile (after a barrier: every panel and row is ready), the single-threaded
 //      brgemm primitive writes the tile's product into a dense per-thread tile, which is then
 //      stored into C or, with accumulate, added to it (one FP32 addition per element); a tile
-//      that is dense in C (whole rows, ldc == N; blocked_tile_n) is written in place, with
+//      that is dense in C (whole rows, ldc == N; blocked_tile) is written in place, with
 //      brgemm's sum post-op for accumulate, which is the same one addition (tested).
 // Each output element is still one primitive execution over the full K, created with one thread,
 // so the bits do not depend on the thread count (as the native path; see above).
 void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                        const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
                        bool accumulate, float* C, int64_t ldc, int64_t tile_m, int64_t tile_n) {
-  tile_n = blocked_tile_n(M, N, ldc, tile_m, tile_n);
+  std::tie(tile_m, tile_n) = blocked_tile(N, ldc, tile_m, tile_n);
   const int64_t tm = (M + tile_m - 1) / tile_m, tn = (N + tile_n - 1) / tile_n;
   const int64_t rm = M - (tm - 1) * tile_m, rn = N - (tn - 1) * tile_n;
   // Tiles spanning C's whole rows of a C with ldc == N are dense in C: brgemm writes them in
@@ -869,11 +879,11 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     first_error = st;
   };
   // Panels in oneDNN's layout BA16a<nblk>b2a are packed by pack_bf16_vnni in pieces of
-  // kPackRows rows of op(B), so that a single panel's packing is shared by the threads.
+  // kPackRows rows of op(B), so that a single panel's packing is shared by the threads (64: small
+  // enough that one short panel still gives every thread work).
   const bool own = own_pack.load(std::memory_order_relaxed) && prims[0][0]->vnni_nblk &&
                    prims[0][1]->vnni_nblk == prims[0][0]->vnni_nblk;
-  constexpr int64_t kPackRows =
-      64;  // small enough that one short panel still gives every thread work
+  constexpr int64_t kPackRows = 64;
   const int64_t pieces = own ? ((K + 31) / 32 * 32 + kPackRows - 1) / kPackRows : 1;
 #pragma omp parallel
   {
@@ -894,6 +904,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
         transpose_bf16(b, ldb, nb, K, bt_buf.data(), nb);
         b = bt_buf.data();
       }
+      reorder_count.fetch_add(1, std::memory_order_relaxed);
       const dnnl_status_t st = run_reorder(*prims[0][tj == tn - 1], thread_slot(), b, dst);
       note(st);
       panel_ok[size_t(tj)] = st == dnnl_success;
@@ -1037,9 +1048,9 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   if (chosen_bf16_path() == Bf16GemmPath::Widened) return "widened:sgemm";
   const auto [tile_m, tile_n] = bf16_tile(M, N);
   if (chosen_bf16_path() == Bf16GemmPath::Blocked) {
-    const int64_t nb = blocked_tile_n(M, N, ldc, tile_m, tile_n);
+    const auto [mb, nb] = blocked_tile(N, ldc, tile_m, tile_n);
     const bool in_place = nb >= N && ldc == N;
-    return bf16_prim(blocked_key(trans_b, std::min(tile_m, M), std::min(nb, N), K, ldb,
+    return bf16_prim(blocked_key(trans_b, std::min(mb, M), std::min(nb, N), K, ldb,
                                  in_place && accumulate))
         .impl.c_str();
   }

@@ -47,9 +47,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 ///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
 ///    IEEE FP32 arithmetic: subnormals kept.
 ///  * Blocked (opt-in, FP4_BF16_GEMM=blocked; AVX512_CORE_BF16 or AMX): per call the column
-///    panels of op(B) are reordered into oneDNN's blocked weight layout and op(A) made dense if
-///    it is not; per tile one single-threaded brgemm primitive into a dense per-thread tile,
-///    then stored or added into C (docs/gemm.md "The blocked path (`FP4_BF16_GEMM=blocked`)").
+///    panels of op(B) are written in oneDNN's blocked weight layout (by detail::pack_bf16_vnni
+///    where the layout is one it writes, else by oneDNN's reorder) and op(A) made dense if it is
+///    not; per tile one single-threaded brgemm primitive, written in place where the tile is
+///    dense in C, else into a dense per-thread tile then stored or added into C (docs/gemm.md
+///    "The blocked path (`FP4_BF16_GEMM=blocked`)").
 /// The paths sum in different orders, so their bits differ (within the bound above).
 /// NaN/Inf propagate as in IEEE arithmetic.
 ///
@@ -117,8 +119,8 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
 ///  * Native: oneDNN's "gemm:jit" BF16 matmul per output tile, on the operands in place;
 ///  * Widened: BF16 tiles widened to FP32, oneDNN sgemm (CPUs without BF16 units);
 ///  * Blocked: oneDNN's brgemm matmul per output tile ("brg:avx512_core_bf16", or
-///    "brg:avx512_core_amx_bf16" on AMX) with op(B) reordered into oneDNN's blocked weight
-///    layout once per call, op(A) and the C tile dense. Opt-in (FP4_BF16_GEMM=blocked): its
+///    "brg:avx512_core_amx_bf16" on AMX) with op(B) written in oneDNN's blocked weight layout
+///    once per call, op(A) and the C tile dense. Opt-in (FP4_BF16_GEMM=blocked): its
 ///    summation order differs from Native's, so its bits do too (never with the thread count).
 enum class Bf16GemmPath { Native, Widened, Blocked };
 
@@ -211,6 +213,11 @@ void set_bf16_blocked_own_pack(bool own);
 /// where oneDNN offers no brgemm (gemm_bf16_blocked_available), std::invalid_argument for
 /// K or nb ≤ 0. For tests and diagnostics.
 int64_t bf16_blocked_vnni_block(int64_t K, int64_t nb);
+
+/// How many op(B) panels the blocked path has had oneDNN's reorder write since the process
+/// started (panels packed by pack_bf16_vnni are not counted). For tests: a GEMM that leaves it
+/// unchanged packed every panel itself.
+int64_t bf16_blocked_reorders();
 }  // namespace detail
 
 }  // namespace fp4
