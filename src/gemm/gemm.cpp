@@ -167,8 +167,8 @@ struct Bf16Prim {
   dnnl_primitive_t reorder = nullptr;
   dnnl_memory_desc_t r_md{};
   size_t b_bytes = 0;
-  int64_t vnni_nblk =
-      0;        // b_md is BA16a<vnni_nblk>b2a, which detail::pack_bf16_vnni writes; else 0
+  // b_md is BA16a<vnni_nblk>b2a, which detail::pack_bf16_vnni writes; else 0
+  int64_t vnni_nblk = 0;
   ~Bf16Prim();  // defined after destroy_mems
 };
 
@@ -185,6 +185,9 @@ struct OneThreadScope {
   ~OneThreadScope() { omp_set_num_threads(saved); }
 };
 
+// x rounded up to a multiple of m (> 0).
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
 // The column block nblk when md, the blocked weights of a [K, nb] panel, is exactly the layout
 // detail::pack_bf16_vnni writes (BA16a<nblk>b2a, dense, no offset or extra data); else 0, and
 // the panel is reordered by oneDNN. Read from oneDNN 2.6's public memory descriptor fields.
@@ -194,7 +197,7 @@ int64_t vnni_block_of(const dnnl_memory_desc_t& md, int64_t K, int64_t nb) {
       md.offset0 != 0 || md.extra.flags != 0 || bl.inner_nblks != 3)
     return 0;
   const int64_t nblk = bl.inner_blks[1];
-  const int64_t Kpad = (K + 31) / 32 * 32, Npad = nblk > 0 ? (nb + nblk - 1) / nblk * nblk : 0;
+  const int64_t Kpad = round_up(K, 32), Npad = nblk > 0 ? round_up(nb, nblk) : 0;
   const bool ok = bl.inner_idxs[0] == 0 && bl.inner_blks[0] == 16 && bl.inner_idxs[1] == 1 &&
                   (nblk == 16 || nblk == 32 || nblk == 64) && bl.inner_idxs[2] == 0 &&
                   bl.inner_blks[2] == 2 && md.dims[0] == K && md.dims[1] == nb &&
@@ -661,8 +664,8 @@ inline void transpose8x8_bf16(const uint16_t* s, int64_t lds, uint16_t* d, int64
     b[4 * k + 2] = _mm_unpacklo_epi32(a[4 * k + 1], a[4 * k + 3]);
     b[4 * k + 3] = _mm_unpackhi_epi32(a[4 * k + 1], a[4 * k + 3]);
   }
-  for (int k = 0; k < 4;
-       ++k) {  // column 2k and 2k+1 of the block: rows 0..3 from b[k], 4..7 from b[4+k]
+  // columns 2k and 2k+1 of the block: rows 0..3 from b[k], rows 4..7 from b[4+k]
+  for (int k = 0; k < 4; ++k) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k) * ldd),
                      _mm_unpacklo_epi64(b[k], b[4 + k]));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k + 1) * ldd),
@@ -698,7 +701,6 @@ inline int64_t vnni_offset(int64_t k, int64_t n, int64_t Kpad, int64_t nblk) {
   return (n / nblk) * Kpad * nblk + (k / 32) * 32 * nblk + (k % 32) / 2 * 2 * nblk +
          (n % nblk) * 2 + k % 2;
 }
-inline int64_t round_up_to(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // One element of op(B) [K, N], 0 outside it (the layout's padding).
 inline uint16_t op_b_at(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t k,
@@ -710,7 +712,7 @@ inline uint16_t op_b_at(const uint16_t* B, int64_t ldb, bool trans, int64_t K, i
 // Rows k0 .. k1 of one 32-row block's worth of columns n0 .. n1, element by element.
 void pack_vnni_scalar(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
                       int64_t nblk, int64_t k0, int64_t k1, int64_t n0, int64_t n1, uint16_t* dst) {
-  const int64_t Kpad = round_up_to(K, 32);
+  const int64_t Kpad = round_up(K, 32);
   for (int64_t k = k0; k < k1; ++k)
     for (int64_t n = n0; n < n1; ++n)
       dst[vnni_offset(k, n, Kpad, nblk)] = op_b_at(B, ldb, trans, K, N, k, n);
@@ -719,12 +721,12 @@ void pack_vnni_scalar(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int
 
 void pack_bf16_vnni_ref(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N,
                         int64_t nblk, int64_t k0, int64_t k1, uint16_t* dst) {
-  pack_vnni_scalar(B, ldb, trans, K, N, nblk, k0, k1, 0, round_up_to(N, nblk), dst);
+  pack_vnni_scalar(B, ldb, trans, K, N, nblk, k0, k1, 0, round_up(N, nblk), dst);
 }
 
 void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t nblk,
                     int64_t k0, int64_t k1, uint16_t* dst) {
-  const int64_t Kpad = round_up_to(K, 32), Npad = round_up_to(N, nblk);
+  const int64_t Kpad = round_up(K, 32), Npad = round_up(N, nblk);
   for (int64_t kb = k0; kb < k1; kb += 32) {
     if (kb + 32 > K) {  // the block holding K's end: element by element, zeros past K
       pack_vnni_scalar(B, ldb, trans, K, N, nblk, kb, kb + 32, 0, Npad, dst);
@@ -769,8 +771,8 @@ void pack_bf16_vnni(const uint16_t* B, int64_t ldb, bool trans, int64_t K, int64
         }
       }
     }
-    pack_vnni_scalar(B, ldb, trans, K, N, nblk, kb, kb + 32, nv, Npad,
-                     dst);  // the last columns, padding
+    // the columns left over, and the padding up to Npad
+    pack_vnni_scalar(B, ldb, trans, K, N, nblk, kb, kb + 32, nv, Npad, dst);
   }
 }
 }  // namespace detail
@@ -785,6 +787,9 @@ using detail::transpose_bf16;
 // gives and a many-core machine's threads stay busy; otherwise the caller's tile. A function of
 // (M, N, ldc) and the caller's constants, never of the thread count.
 constexpr int64_t kMinRowTileM = 32;
+// Whether the blocked path's tiles of width tile_n are dense in an [., N] C with leading
+// dimension ldc (whole rows of a dense C), so that brgemm writes them in place.
+bool blocked_in_place(int64_t N, int64_t ldc, int64_t tile_n) { return ldc == N && tile_n >= N; }
 std::pair<int64_t, int64_t> blocked_tile(int64_t N, int64_t ldc, int64_t tile_m, int64_t tile_n) {
   if (ldc == N && N > tile_n) {
     const int64_t rows = tile_m * tile_n / N / 16 * 16;
@@ -844,7 +849,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   // Tiles spanning C's whole rows of a C with ldc == N are dense in C: brgemm writes them in
   // place (adding to C by its sum post-op: the same one FP32 addition per element), without
   // the per-thread tile and its copy, which cost as much as a short-K product.
-  const bool in_place = tn == 1 && ldc == N;
+  const bool in_place = blocked_in_place(N, ldc, tile_n);
   const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
@@ -884,7 +889,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   const bool own = own_pack.load(std::memory_order_relaxed) && prims[0][0]->vnni_nblk &&
                    prims[0][1]->vnni_nblk == prims[0][0]->vnni_nblk;
   constexpr int64_t kPackRows = 64;
-  const int64_t pieces = own ? ((K + 31) / 32 * 32 + kPackRows - 1) / kPackRows : 1;
+  const int64_t Kpad = round_up(K, 32), pieces = own ? (Kpad + kPackRows - 1) / kPackRows : 1;
 #pragma omp parallel
   {
     std::vector<float>& ct = blocked_c_tile(nc);
@@ -895,7 +900,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       const uint16_t* b = trans_b ? B + tj * tile_n * ldb : B + tj * tile_n;
       uint16_t* dst = reinterpret_cast<uint16_t*>(packed + size_t(tj) * stride);
       if (own) {
-        const int64_t k0 = piece * kPackRows, k1 = std::min((K + 31) / 32 * 32, k0 + kPackRows);
+        const int64_t k0 = piece * kPackRows, k1 = std::min(Kpad, k0 + kPackRows);
         detail::pack_bf16_vnni(b, ldb, trans_b, K, nb, prims[0][0]->vnni_nblk, k0, k1, dst);
         continue;
       }
@@ -1049,7 +1054,7 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   const auto [tile_m, tile_n] = bf16_tile(M, N);
   if (chosen_bf16_path() == Bf16GemmPath::Blocked) {
     const auto [mb, nb] = blocked_tile(N, ldc, tile_m, tile_n);
-    const bool in_place = nb >= N && ldc == N;
+    const bool in_place = blocked_in_place(N, ldc, nb);
     return bf16_prim(blocked_key(trans_b, std::min(mb, M), std::min(nb, N), K, ldb,
                                  in_place && accumulate))
         .impl.c_str();
