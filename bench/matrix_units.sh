@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The measurements that decide the BF16 GEMM paths on a CPU with matrix units (Intel AMX), in
+# one run: docs/performance.md "Measuring a CPU with matrix units" says what each stage
+# decides. Every stage also runs on a CPU without them (its figures are that CPU's).
+# Usage: bash bench/matrix_units.sh [--out DIR] [--stages LIST] [--bin-dir DIR]
+#   --out DIR      where each stage's log goes (default build/matrix_units/<UTC time>)
+#   --stages LIST  comma-separated, in the order to run (default every stage but identity):
+#     verbose     which oneDNN implementation and weight layout the blocked path gets, and
+#                 whether oneDNN reorders its panels (ONEDNN_VERBOSE, one shape)
+#     tests       the blocked path's tests (GemmBf16Blocked.*: its own packer against oneDNN's
+#                 reorder is skipped where the layout is not one it writes)
+#     gemm        BM_Bf16BlockedVsNative, 5 repetitions, medians
+#     rates       the GEMM rates at 4096 x 1024 x 1024 against sgemm, native then blocked
+#     step        bench/step_time.sh on configs/tiny.toml, both paths of bf16 and ue5m3-b16
+#     throughput  bench/throughput.sh on configs/small.toml, the same entries
+#     scan        bench_scan_vs_attention --reps 11 --threads 1,2
+#     identity    tests/identity/identity.sh check (about 15 minutes on 2 cores)
+#   --bin-dir DIR  the build directory holding fp4train and the benchmarks (default build)
+# Takes about 40 minutes on 2 cores without identity. Exit 2 on a usage error or a missing
+# binary; a stage that fails is reported and the rest still run (exit 1 at the end).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="" stages="verbose,tests,gemm,rates,step,throughput,scan" bdir="$root/build"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --stages) stages=$2; shift 2 ;;
+    --bin-dir) bdir=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "matrix_units.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+all="verbose tests gemm rates step throughput scan identity"
+IFS=, read -ra want <<< "$stages"
+for s in "${want[@]}"; do
+  [[ " $all " == *" $s "* ]] || { echo "matrix_units.sh: unknown stage '$s' (one of: $all)" >&2; exit 2; }
+done
+for b in fp4train bench_gemm test_gemm bench_scan_vs_attention; do
+  [[ -x $bdir/$b ]] || { echo "matrix_units.sh: no $b in $bdir (bash scripts/build)" >&2; exit 2; }
+done
+out=${out:-$root/build/matrix_units/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out" || exit 2
+entries=(fp32 bf16 bf16@FP4_BF16_GEMM=blocked ue5m3-b16 ue5m3-b16@FP4_BF16_GEMM=blocked ue5m3-b16-paper)
+rates='(BM_Bf16VsSgemm|BM_BlockScaledVsDecoded|BM_Bf16BlockedVsNative)/M:4096/N:1024/K:1024'
+gb=(--benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
+
+# ---- the machine: CPU, matrix-unit flags, commit, oneDNN's ISA and implementations
+{
+  date -u +%FT%TZ
+  lscpu | grep -E '^(Model name|Vendor ID|CPU family|Model|CPU\(s\)):'
+  echo "flags: $(grep -m1 -o -wE 'avx2|avx512f|avx512_bf16|amx_tile|amx_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  "$bdir/fp4train" --version | sed -n 2p
+  FP4_BF16_GEMM=blocked "$bdir/fp4train" --version | sed -n 2p
+  echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
+} | tee "$out/machine.txt"
+
+# ---- the stages: each writes $out/<stage>.log
+stage_verbose() {
+  FP4_BF16_GEMM=blocked ONEDNN_VERBOSE=1 "$bdir/bench_gemm" \
+    --benchmark_filter='BM_Bf16BlockedVsNative/M:256/N:256/K:4096' --benchmark_min_time=0.05 \
+    > "$out/verbose.raw" 2>&1 || return 1
+  # one line per distinct primitive (kind, implementation, layouts, shape), with its count
+  grep '^onednn_verbose,exec' "$out/verbose.raw" | cut -d, -f4,5,7,10 | sort | uniq -c | sort -rn
+  echo "reorders executed: $(grep -c '^onednn_verbose,exec,cpu,reorder' "$out/verbose.raw")"
+}
+stage_tests() {
+  "$bdir/test_gemm" --gtest_filter='GemmBf16Blocked.*:PackBf16Vnni.*:TransposeBf16.*' \
+    --gtest_brief=0 2>&1 | grep -E '^\[ +(OK|SKIPPED|FAILED|PASSED) +\]|Skipped|skip'
+  return "${PIPESTATUS[0]}"
+}
+stage_gemm() {
+  "$bdir/bench_gemm" --benchmark_filter=BM_Bf16BlockedVsNative "${gb[@]}" 2>&1 |
+    grep -E '_median|^Run on|CPU Caches|^---|^Benchmark'
+  return "${PIPESTATUS[0]}"
+}
+stage_rates() {
+  local path
+  for path in native blocked; do
+    echo "== FP4_BF16_GEMM=$path"
+    if [[ $path == blocked ]]; then
+      FP4_BF16_GEMM=blocked "$bdir/bench_gemm" --benchmark_filter="$rates" "${gb[@]}" 2>&1
+    else
+      env -u FP4_BF16_GEMM "$bdir/bench_gemm" --benchmark_filter="$rates" "${gb[@]}" 2>&1
+    fi | grep -E '_median|^Benchmark' || return 1
+  done
+}
+stage_step() {
+  bash "$root/bench/step_time.sh" --bin "$bdir/fp4train" --steps 10 "${entries[@]}"
+}
+stage_throughput() {
+  bash "$root/bench/throughput.sh" --bin "$bdir/fp4train" --steps 3 --warmup 2 "${entries[@]}"
+}
+stage_scan() {
+  "$bdir/bench_scan_vs_attention" --reps 11 --threads 1,2
+}
+stage_identity() {
+  bash "$root/tests/identity/identity.sh" check "$bdir/fp4train" "$root"
+}
+
+failed=()
+for s in "${want[@]}"; do
+  echo
+  echo "==== $s ($(date -u +%TZ))"
+  "stage_$s" 2>&1 | tee "$out/$s.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { failed+=("$s"); echo "matrix_units.sh: stage $s failed (log: $out/$s.log)"; }
+done
+echo
+echo "logs in $out"
+[[ ${#failed[@]} -eq 0 ]] || { echo "failed stages: ${failed[*]}"; exit 1; }
