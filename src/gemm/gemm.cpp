@@ -3,6 +3,7 @@
 #include "fp4/gemm/gemm.h"
 
 #include "fp4/base/cpu_isa.h"
+#include "fp4/base/int_math.h"
 #include "fp4/numerics/bf16.h"
 
 #include <dnnl.h>
@@ -184,9 +185,6 @@ struct OneThreadScope {
   OneThreadScope() { omp_set_num_threads(1); }
   ~OneThreadScope() { omp_set_num_threads(saved); }
 };
-
-// x rounded up to a multiple of m (> 0).
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The column block nblk when md, the blocked weights of a [K, nb] panel, is exactly the layout
 // detail::pack_bf16_vnni writes (BA16a<nblk>b2a, dense, no offset or extra data); else 0, and

@@ -84,6 +84,7 @@
 // AVX-512 kernel uses vrndscaleps with 10 fraction bits and RNE, the same function, and the AVX2
 // kernel vroundps(x·1024, RNE)·2^-10 for |x| < 2^13.
 #include "fp4/base/cpu_isa.h"
+#include "fp4/base/int_math.h"
 #include "fp4/gemm/probe_gemm.h"
 
 #if defined(__x86_64__)
@@ -145,7 +146,6 @@ int span_limit(int mmax_a, int mmax_b, int64_t chunk) {
 int int_span_limit(int mmax_a, int mmax_b) {
   return 15 - (64 - std::countl_zero(static_cast<uint64_t>(mmax_a) * static_cast<uint64_t>(mmax_b)));
 }
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /// %.9g (std::to_string prints small scales as 0.000000).
 std::string fmt_g(float x) {

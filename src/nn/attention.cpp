@@ -57,6 +57,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #include "fp4/base/cpu_isa.h"
+#include "fp4/base/int_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -80,8 +81,6 @@ namespace in = internal;
 constexpr int64_t kPad = 16;  // T and hd are padded to multiples of this (≥ every kMR, 16 | NR)
 // Below this much work (B·H·T²·hd) the (b, h) loop runs on the calling thread only.
 constexpr int64_t kParallelMin = int64_t{1} << 16;
-
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Which k each micro-kernel row r sums over (diag is the block's first row index):
 //   kFull:  k0 ≤ k < k1                        (S = Q Kᵀ, dP = dO Vᵀ)

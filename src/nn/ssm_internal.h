@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fp4/base/int_math.h"
 #include "fp4/nn/ssm.h"
 #include "layers_internal.h"
 
@@ -27,11 +28,10 @@ namespace fp4::nn::ssm_internal {
 enum Tri { kFull = 0, kLower = 1, kUpper = 2 };  // k range: all / k ≤ i / k ≥ i
 
 constexpr int64_t kPad = 16;  // padded widths of the scratch matrices (≥ every vector width)
-inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 /// Floats of the SSD forward's shared per-(b, g) pack (ssm_body.inc SsdGroupPack): per chunk
 /// the B and C rows (Qp × Np each) and Gm = C Bᵀ (Qp × Qp), Qp, Np the padded Q, N.
 inline int64_t ssd_pack_total(const SsdDims& d, int64_t nc) {
-  const int64_t Qp = rup(d.Q, kPad), Np = rup(d.N, kPad);
+  const int64_t Qp = round_up(d.Q, kPad), Np = round_up(d.N, kPad);
   return d.B * d.G * nc * (2 * Qp * Np + Qp * Qp);
 }
 
@@ -53,7 +53,7 @@ inline float* thread_ws(int64_t n) {
   thread_local std::unique_ptr<float[], AlignedFree> p;
   thread_local int64_t cap = 0;
   if (n > cap) {
-    const size_t bytes = static_cast<size_t>(rup(n * 4, 64));
+    const size_t bytes = static_cast<size_t>(round_up(n * 4, 64));
     p.reset();
     p.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
     if (!p) throw std::bad_alloc();
