@@ -32,7 +32,8 @@
 //                       brgemm, weights written in its blocked layout per call) and its native
 //                       path (gemm:jit), alternately in one loop: counters native_GFLOPs,
 //                       blocked_GFLOPs, blocked_over_native (time ratio); the bf16 and the
-//                       block-scaled shapes; the label names the blocked implementation.
+//                       block-scaled shapes, each once; the label names the blocked
+//                       implementation.
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -302,6 +303,12 @@ void block_scaled_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "ta"})->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// bf16_shapes, then those of block_scaled_shapes it lacks (each problem once).
+void blocked_shapes(benchmark::internal::Benchmark* b) {
+  bf16_shapes(b);
+  b->Args({4096, 256, 256, 0})->Args({4096, 1024, 256, 0})->Args({4096, 256, 1024, 0});
+}
+
 void small_shapes(benchmark::internal::Benchmark* b) {
   b->Args({512, 512, 512})->Args({4096, 256, 256})->ArgNames({"M", "N", "K"});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -320,8 +327,7 @@ BENCHMARK(BM_ProbeVsSgemm)->Apply(shapes);
 BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
 BENCHMARK(BM_BlockScaledVsDecoded)->Apply(block_scaled_shapes);
-BENCHMARK(BM_Bf16BlockedVsNative)->Apply(bf16_shapes);
-BENCHMARK(BM_Bf16BlockedVsNative)->Apply(block_scaled_shapes);
+BENCHMARK(BM_Bf16BlockedVsNative)->Apply(blocked_shapes);
 
 }  // namespace
 

@@ -873,7 +873,12 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   uint16_t* Ad = a_buf.data();
   const size_t nc = in_place ? 0 : size_t(std::min(tile_m, M) * std::min(tile_n, N));
   std::atomic<int> failures{0};
-  std::vector<char> panel_ok(size_t(tn), 1);  // a tile of a panel whose reorder failed is skipped
+  // A tile of a panel whose reorder failed is skipped. Per calling thread, grown only when too
+  // small: the steady state allocates nothing (tests/nn/test_alloc.cpp).
+  thread_local std::vector<char> panel_ok_buf;
+  if (panel_ok_buf.size() < size_t(tn)) panel_ok_buf.resize(size_t(tn));
+  char* const panel_ok = panel_ok_buf.data();
+  std::fill(panel_ok, panel_ok + tn, char{1});
   dnnl_status_t first_error = dnnl_success;
   auto note = [&](dnnl_status_t st) {
     if (st == dnnl_success) return;

@@ -1,7 +1,8 @@
 // No heap allocation per training step in the steady state: this binary replaces the global
 // operator new / delete with counting versions and runs train_step (telemetry off) for the
-// FP32 and FP4 recipes (each FP4 recipe with its own GEMM, decoded-bf16 through gemm = "auto",
-// and with the reference decoded GEMM; with RHT, MX). After two warm-up steps, steps 3 and 4 must
+// FP32, BF16 and FP4 recipes (each FP4 recipe with its own GEMM, decoded-bf16 through gemm =
+// "auto", and with the reference decoded GEMM; with RHT, MX), and bf16 and ue5m3-b16 again on
+// the BF16 GEMM's blocked path where the CPU has it. After two warm-up steps, steps 3 and 4 must
 // not call operator new on any thread.
 //
 // When they do, a further step runs with the profiler on, and each allocation is attributed
@@ -117,9 +118,24 @@ struct TeamSize {
   ~TeamSize() { omp_set_num_threads(saved); }
 };
 
+// Sets the BF16 GEMM's path for the scope (gemm_bf16_set_path), restoring the one before.
+struct Bf16PathScope {
+  Bf16GemmPath saved = gemm_bf16_path();
+  explicit Bf16PathScope(Bf16GemmPath p) { gemm_bf16_set_path(p); }
+  ~Bf16PathScope() { gemm_bf16_set_path(saved); }
+};
+
 TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
-  const std::string name = std::get<0>(GetParam());
+  std::string name = std::get<0>(GetParam());
   const TeamSize team(std::get<1>(GetParam()));
+  // "<recipe>+blocked": with the BF16 GEMM's blocked path (docs/gemm.md "The blocked path
+  // (`FP4_BF16_GEMM=blocked`)"), where oneDNN offers it.
+  const bool blocked = name.size() > 8 && name.ends_with("+blocked");
+  if (blocked) {
+    if (!gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
+    name.resize(name.size() - 8);
+  }
+  const Bf16PathScope path(blocked ? Bf16GemmPath::Blocked : gemm_bf16_path());
   const Recipe recipe = fp4::testing::shipped_recipe(name);  // "<recipe>@<gemm>": with that GEMM
   // Telemetry off: telemetry steps may allocate (quant_stats); the others may not.
   const RunConfig cfg = std::get<2>(GetParam()) ? fp4::testing::hybrid_config(0)
@@ -176,14 +192,16 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, SteadyStateAlloc,
-                         ::testing::Combine(::testing::Values("fp32", "ue5m3-b16", "nvfp4-te",
-                                                              "mxfp4", "ue5m3-b16@decoded",
-                                                              "nvfp4-te@decoded"),
+                         ::testing::Combine(::testing::Values("fp32", "bf16", "ue5m3-b16",
+                                                              "nvfp4-te", "mxfp4",
+                                                              "ue5m3-b16@decoded",
+                                                              "nvfp4-te@decoded", "bf16+blocked",
+                                                              "ue5m3-b16+blocked"),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          [](const auto& info) {
                            std::string s = std::get<0>(info.param);
                            for (char& c : s)
-                             if (c == '-' || c == '@') c = '_';
+                             if (c == '-' || c == '@' || c == '+') c = '_';
                            return s + "_threads" + std::to_string(std::get<1>(info.param)) +
                                   (std::get<2>(info.param) ? "_hybrid" : "");
                          });
