@@ -173,10 +173,12 @@ struct Bf16Prim {
   ~Bf16Prim();  // defined after destroy_mems
 };
 
-// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked (blocked: dense A and C: ta = 0,
-// lda = K, ldc = nb; tb = 0 and ldb that of the plain panel the fallback reorder reads, see
-// blocked_key; the sum post-op only for a tile written in place, see gemm_bf16_blocked)
-using Bf16Key = std::array<int64_t, 10>;
+// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked, forced column block (blocked: dense A
+// and C: ta = 0, lda = K, ldc = nb; tb = 0 and ldb that of the plain panel the fallback reorder
+// reads, see blocked_key; the sum post-op only for a tile written in place, see
+// gemm_bf16_blocked; weights in the layout oneDNN picks, or, where the last field is nblk > 0,
+// in BA16a<nblk>b2a)
+using Bf16Key = std::array<int64_t, 11>;
 
 // Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
 // count), restoring it after.
@@ -197,7 +199,7 @@ int64_t vnni_block_of(const dnnl_memory_desc_t& md, int64_t K, int64_t nb) {
   const int64_t nblk = bl.inner_blks[1];
   const int64_t Kpad = round_up(K, 32), Npad = nblk > 0 ? round_up(nb, nblk) : 0;
   const bool ok = bl.inner_idxs[0] == 0 && bl.inner_blks[0] == 16 && bl.inner_idxs[1] == 1 &&
-                  (nblk == 16 || nblk == 32 || nblk == 64) && bl.inner_idxs[2] == 0 &&
+                  (nblk == 16 || nblk == 32 || nblk == 48 || nblk == 64) && bl.inner_idxs[2] == 0 &&
                   bl.inner_blks[2] == 2 && md.dims[0] == K && md.dims[1] == nb &&
                   md.padded_dims[0] == Kpad && md.padded_dims[1] == Npad &&
                   md.padded_offsets[0] == 0 && md.padded_offsets[1] == 0 &&
@@ -206,17 +208,38 @@ int64_t vnni_block_of(const dnnl_memory_desc_t& md, int64_t K, int64_t nb) {
   return ok ? nblk : 0;
 }
 
+// oneDNN's format tag of the layout BA16a<nblk>b2a (nblk 16, 32, 48 or 64), or, for 0, "any"
+// (oneDNN picks the layout).
+dnnl_format_tag_t vnni_tag(int64_t nblk) {
+  switch (nblk) {
+    case 0:
+      return dnnl_format_tag_any;
+    case 16:
+      return dnnl_BA16a16b2a;
+    case 32:
+      return dnnl_BA16a32b2a;
+    case 48:
+      return dnnl_BA16a48b2a;
+    case 64:
+      return dnnl_BA16a64b2a;
+  }
+  throw std::logic_error("fp4::gemm_bf16 (blocked path): no layout BA16a" + std::to_string(nblk) +
+                         "b2a");
+}
+
 std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
   const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
   const bool ta = k[3], tb = k[4], acc = k[8], blocked = k[9];
+  const int64_t forced_nblk = k[10];
   auto p = std::make_unique<Bf16Prim>();
   const dnnl_dims_t a_dims = {mb, K}, b_dims = {K, nb}, c_dims = {mb, nb};
   const dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1};
   const dnnl_dims_t b_str = {tb ? 1 : ldb, tb ? ldb : 1};
   const dnnl_dims_t c_str = {ldc, 1};
   check(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "A desc");
-  if (blocked) {  // oneDNN picks the weight layout; the panel reorder's source is plain
-    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, dnnl_format_tag_any),
+  if (blocked) {  // oneDNN picks the weight layout (or takes the forced one); the panel
+                  // reorder's source is plain
+    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, vnni_tag(forced_nblk)),
           "B desc");
     check(dnnl_memory_desc_init_by_strides(&p->r_md, 2, b_dims, dnnl_bf16, b_str), "B panel desc");
   } else {
@@ -447,7 +470,7 @@ void check_bf16_args(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 
 Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t lda, int64_t ldb,
                  int64_t ldc, bool acc) {
-  return {mb, nb, K, ta, tb, lda, ldb, ldc, acc, 0};
+  return {mb, nb, K, ta, tb, lda, ldb, ldc, acc, 0, 0};
 }
 // The blocked path's primitive for an [mb, nb] tile over K: dense A [mb, K] and C [mb, nb],
 // weights in oneDNN's layout. Where detail::pack_bf16_vnni cannot write that layout, the
@@ -455,9 +478,11 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
 // first copied dense ([K, nb], by transpose_bf16), so the reorder always reads a plain panel
 // (tb = 0, ldb = nb): oneDNN 2.6's reorder from the transposed layout into its blocked one ran
 // about 5× slower than from the plain one (docs/gemm.md "The blocked path
-// (`FP4_BF16_GEMM=blocked`)").
-Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc = false) {
-  return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1};
+// (`FP4_BF16_GEMM=blocked`)"). forced_nblk > 0: the weights in BA16a<forced_nblk>b2a instead of
+// the layout oneDNN picks.
+Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc = false,
+                    int64_t forced_nblk = 0) {
+  return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1, forced_nblk};
 }
 }  // namespace
 
@@ -848,13 +873,19 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   // place (adding to C by its sum post-op: the same one FP32 addition per element), without
   // the per-thread tile and its copy, which cost as much as a short-K product.
   const bool in_place = blocked_in_place(N, ldc, tile_n);
+  // One packed panel serves every row of tiles, so the ragged last row takes the first row's
+  // weight layout where it is BA16a<nblk>b2a: oneDNN's own choice may depend on the rows (on AMX,
+  // oneDNN 2.6 may narrow the column block of a tile that is a single block of at most 64 × 64).
   const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j)
-      prims[i][j] = &bf16_prim(blocked_key(trans_b, i ? rm : std::min(tile_m, M),
-                                           j ? rn : std::min(tile_n, N), K, ldb,
-                                           in_place && accumulate));
-  // One reorder per panel serves every row of tiles: the layout must not depend on the rows.
+  const int64_t rows0 = std::min(tile_m, M);
+  for (int j = 0; j < 2; ++j) {
+    const int64_t cols = j ? rn : std::min(tile_n, N);
+    prims[0][j] = &bf16_prim(blocked_key(trans_b, rows0, cols, K, ldb, in_place && accumulate));
+    prims[1][j] = rm == rows0
+                      ? prims[0][j]
+                      : &bf16_prim(blocked_key(trans_b, rm, cols, K, ldb, in_place && accumulate,
+                                               prims[0][j]->vnni_nblk));
+  }
   for (int j = 0; j < 2; ++j)
     if (!dnnl_memory_desc_equal(&prims[0][j]->b_md, &prims[1][j]->b_md))
       throw std::logic_error("fp4::gemm_bf16 (blocked path): oneDNN's weight layout depends on "
@@ -888,9 +919,9 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   };
   // Panels in oneDNN's layout BA16a<nblk>b2a are packed by pack_bf16_vnni in pieces of
   // kPackRows rows of op(B), so that a single panel's packing is shared by the threads (64: small
-  // enough that one short panel still gives every thread work).
+  // enough that one short panel still gives every thread work); each panel with its own nblk.
   const bool own = own_pack.load(std::memory_order_relaxed) && prims[0][0]->vnni_nblk &&
-                   prims[0][1]->vnni_nblk == prims[0][0]->vnni_nblk;
+                   prims[0][1]->vnni_nblk;
   constexpr int64_t kPackRows = 64;
   const int64_t Kpad = round_up(K, 32), pieces = own ? (Kpad + kPackRows - 1) / kPackRows : 1;
 #pragma omp parallel
@@ -904,7 +935,8 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       uint16_t* dst = reinterpret_cast<uint16_t*>(packed + size_t(tj) * stride);
       if (own) {
         const int64_t k0 = piece * kPackRows, k1 = std::min(Kpad, k0 + kPackRows);
-        detail::pack_bf16_vnni(b, ldb, trans_b, K, nb, prims[0][0]->vnni_nblk, k0, k1, dst);
+        detail::pack_bf16_vnni(b, ldb, trans_b, K, nb, prims[0][tj == tn - 1]->vnni_nblk, k0, k1,
+                               dst);
         continue;
       }
       if (trans_b) {  // op(B)'s panel is rows tj·tile_n .. of B [N, K]: copy it dense, [K, nb]

@@ -190,7 +190,7 @@ void transpose_bf16_ref(const uint16_t* src, int64_t lds, int64_t rows, int64_t 
 ///   (n / nblk)·Kpad·nblk + (k / 32)·32·nblk + ((k % 32) / 2)·2·nblk + (n % nblk)·2 + k % 2.
 /// dst is the whole panel's base (Kpad·Npad values); rows k0 .. k1 of it are written, padding
 /// included. k0 and k1 are multiples of 32 with k1 ≤ Kpad, so disjoint row ranges can be written
-/// by different threads. nblk is 16, 32 or 64. None of this is checked; B and dst must not
+/// by different threads. nblk is 16, 32, 48 or 64. None of this is checked; B and dst must not
 /// overlap. The BF16 GEMM's blocked path packs its op(B) panels with it in place of oneDNN's
 /// reorder where the primitive's weight layout is this one (docs/gemm.md "The blocked path
 /// (`FP4_BF16_GEMM=blocked`)"). SSE2 (every x86-64 CPU); pack_bf16_vnni_ref is its scalar twin,
