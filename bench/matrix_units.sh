@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measurements that decide the BF16 GEMM paths on a CPU with matrix units (Intel AMX), in
 # one run: docs/performance.md "Measuring a CPU with matrix units" says what each stage
-# decides. Every stage also runs on a CPU without them (its figures are that CPU's).
+# decides. Every stage also runs on a CPU without them (its figures are that CPU's; where oneDNN
+# has no BF16 brgemm at all, the blocked entries are left out and the header says why).
 # Usage: bash bench/matrix_units.sh [--out DIR] [--stages LIST] [--bin-dir DIR]
 #   --out DIR      where each stage's log goes (default build/matrix_units/<UTC time>)
 #   --stages LIST  comma-separated, in the order to run (default every stage but identity):
@@ -40,7 +41,14 @@ for b in fp4train bench_gemm test_gemm bench_scan_vs_attention; do
 done
 out=${out:-$root/build/matrix_units/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out" || exit 2
-entries=(fp32 bf16 bf16@FP4_BF16_GEMM=blocked ue5m3-b16 ue5m3-b16@FP4_BF16_GEMM=blocked ue5m3-b16-paper)
+# Where oneDNN offers no BF16 brgemm (AVX2 only, or under the ISA caps) fp4train refuses the
+# blocked path; the step and throughput loops then run the native entries only.
+if FP4_BF16_GEMM=blocked "$bdir/fp4train" --version > /dev/null 2>&1; then
+  entries=(fp32 bf16 bf16@FP4_BF16_GEMM=blocked ue5m3-b16 ue5m3-b16@FP4_BF16_GEMM=blocked
+           ue5m3-b16-paper)
+else
+  entries=(fp32 bf16 ue5m3-b16 ue5m3-b16-paper)
+fi
 rates='(BM_Bf16VsSgemm|BM_BlockScaledVsDecoded|BM_Bf16BlockedVsNative)/M:4096/N:1024/K:1024'
 gb=(--benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
 
@@ -50,8 +58,9 @@ gb=(--benchmark_repetitions=5 --benchmark_report_aggregates_only=true)
   lscpu | grep -E '^(Model name|Vendor ID|CPU family|Model|CPU\(s\)):'
   echo "flags: $(grep -m1 -o -wE 'avx2|avx512f|avx512_bf16|amx_tile|amx_bf16|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  "$bdir/fp4train" --version | sed -n 2p
-  FP4_BF16_GEMM=blocked "$bdir/fp4train" --version | sed -n 2p
+  echo "default path: $("$bdir/fp4train" --version 2>&1 | tail -1)"
+  echo "blocked path: $(FP4_BF16_GEMM=blocked "$bdir/fp4train" --version 2>&1 | tail -1)"
+  echo "whole-step entries: ${entries[*]}"
   echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
 } | tee "$out/machine.txt"
 

@@ -26,8 +26,16 @@ bash "$mu" --help | grep -q -- '--stages LIST' || fail "--help does not list --s
 # The quick stages.
 out=$(bash "$mu" --stages verbose,tests --bin-dir "$bdir" --out "$work/run" 2>&1) ||
   fail "quick stages failed: $out"
-grep -q '^compute: .*BF16 GEMM native' "$work/run/machine.txt" || fail "no native path line"
-grep -q '^compute: .*BF16 GEMM' "$work/run/machine.txt" || fail "no compute line"
+# The default path's compute line; the blocked path's, or fp4train's refusal where oneDNN has no
+# BF16 brgemm (AVX2 only, or under the caps), and then no blocked whole-step entry.
+m="$work/run/machine.txt"
+grep -Eq '^default path: compute: .*BF16 GEMM (native|widened)' "$m" || fail "no default path: $(cat "$m")"
+if grep -q '^blocked path: compute: .*BF16 GEMM blocked' "$m"; then
+  grep -q '^whole-step entries: .*bf16@FP4_BF16_GEMM=blocked' "$m" || fail "blocked entries missing"
+else
+  grep -q '^blocked path: .*error: FP4_BF16_GEMM=blocked' "$m" || fail "no blocked path line: $(cat "$m")"
+  ! grep -q '@FP4_BF16_GEMM=blocked' "$m" || fail "blocked entries where the path is refused"
+fi
 grep -q '^reorders executed: [0-9][0-9]*$' "$work/run/verbose.log" || fail "no reorder count"
 grep -Eq '^\[ +(OK|SKIPPED) +\] GemmBf16Blocked\.OwnPackingMatchesOneDnnReorder' \
   "$work/run/tests.log" || fail "the packer test did not run: $(cat "$work/run/tests.log")"
