@@ -4,6 +4,7 @@
 # decides. Every stage also runs on a CPU without them (its figures are that CPU's; where oneDNN
 # has no BF16 brgemm at all, the blocked entries are left out and the header says why).
 # Usage: bash bench/matrix_units.sh [--out DIR] [--stages LIST] [--bin-dir DIR]
+#        bash bench/matrix_units.sh --summary DIR    only the summary of an earlier run's logs
 #   --out DIR      where each stage's log goes (default build/matrix_units/<UTC time>)
 #   --stages LIST  comma-separated, in the order to run (default every stage but identity):
 #     verbose     which oneDNN implementation and weight layout the blocked path gets, and
@@ -17,20 +18,93 @@
 #     scan        bench_scan_vs_attention --reps 11 --threads 1,2
 #     identity    tests/identity/identity.sh check (about 15 minutes on 2 cores)
 #   --bin-dir DIR  the build directory holding fp4train and the benchmarks (default build)
+# Ends with a summary of the step, throughput and scan figures against the project's targets
+# (those of a CPU with AMX; elsewhere read them as a comparison), also in DIR/summary.txt.
 # Takes about 40 minutes on 2 cores without identity. Exit 2 on a usage error or a missing
 # binary; a stage that fails is reported and the rest still run (exit 1 at the end).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out="" stages="verbose,tests,gemm,rates,step,throughput,scan" bdir="$root/build"
+out="" stages="verbose,tests,gemm,rates,step,throughput,scan" bdir="$root/build" summary_only=""
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --summary) summary_only=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
     --bin-dir) bdir=$(cd "$2" && pwd) || exit 2; shift 2 ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "matrix_units.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+# The summary of the logs in $1 (step.log, throughput.log, scan.log, whichever exist) against
+# the targets of docs/performance.md "Measuring a CPU with matrix units".
+summarize() {
+  python3 - "$1" <<'PY'
+import os, re, sys
+out = sys.argv[1]
+
+def table(name):  # {entry: ratio to fp32}: the first table of a step_time.sh / throughput.sh log
+    path = os.path.join(out, name + ".log")
+    if not os.path.exists(path):
+        return None
+    rows, on = {}, False
+    for line in open(path):
+        f = line.split()
+        if f[:1] == ["recipe"]:
+            if on:
+                break  # throughput.sh's component table
+            on = True
+            continue
+        if on and len(f) >= 3:
+            try:
+                rows[f[0]] = float(f[2])
+            except ValueError:
+                break
+    return rows
+
+def verdict(v, limit):
+    return "met" if v <= limit else "not met"
+
+lines = []
+for cfg, log, targets in (("small", "throughput", (("bf16", 0.35), ("ue5m3-b16", 0.5),
+                                                   ("ue5m3-b16-paper", 0.8))),
+                          ("tiny", "step", (("ue5m3-b16-paper", 1.0),))):
+    rows = table(log)
+    if rows is None:
+        continue
+    for r, limit in targets:
+        if r in rows:
+            lines.append(f"{cfg:<6} {r + ' / fp32':<30} {rows[r]:>5.2f}  target <= {limit:<4} "
+                         f"{verdict(rows[r], limit)}")
+    for r in ("bf16", "ue5m3-b16"):
+        b = r + "@FP4_BF16_GEMM=blocked"
+        if r in rows and b in rows:
+            lines.append(f"{cfg:<6} {r + ' blocked / native':<30} {rows[b] / rows[r]:>5.2f}  "
+                         f"{'blocked faster' if rows[b] < rows[r] else 'native as fast or faster'}")
+path = os.path.join(out, "scan.log")
+if os.path.exists(path):
+    threads, wall = "?", False
+    for line in open(path):
+        m = re.match(r"threads=(\d+)", line)
+        if m:
+            threads = m.group(1)
+        if line.strip() in ("wall-clock", "process CPU time"):
+            wall = line.strip() == "wall-clock"
+        m = re.search(r"median of per-repetition ratios ([0-9.]+)", line)
+        if m and wall:
+            v = float(m.group(1))
+            lines.append(f"scan   {'scan / attention, ' + threads + ' thread(s)':<30} {v:>5.2f}  "
+                         f"target <= 1.0  {verdict(v, 1.0)}")
+if lines:
+    print('summary (targets: docs/performance.md "Measuring a CPU with matrix units")')
+    print("\n".join(lines))
+PY
+}
+if [[ -n $summary_only ]]; then
+  [[ -d $summary_only ]] || { echo "matrix_units.sh: --summary: no directory '$summary_only'" >&2; exit 2; }
+  summarize "$summary_only"
+  exit $?
+fi
+
 all="verbose tests gemm rates step throughput scan identity"
 IFS=, read -ra want <<< "$stages"
 for s in "${want[@]}"; do
@@ -115,5 +189,6 @@ for s in "${want[@]}"; do
   [[ ${PIPESTATUS[0]} -eq 0 ]] || { failed+=("$s"); echo "matrix_units.sh: stage $s failed (log: $out/$s.log)"; }
 done
 echo
+summarize "$out" | tee "$out/summary.txt"
 echo "logs in $out"
 [[ ${#failed[@]} -eq 0 ]] || { echo "failed stages: ${failed[*]}"; exit 1; }
