@@ -173,11 +173,12 @@ struct Bf16Prim {
   ~Bf16Prim();  // defined after destroy_mems
 };
 
-// mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked, forced column block (blocked: dense A
-// and C: ta = 0, lda = K, ldc = nb; tb = 0 and ldb that of the plain panel the fallback reorder
-// reads, see blocked_key; the sum post-op only for a tile written in place, see
-// gemm_bf16_blocked; weights in the layout oneDNN picks, or, where the last field is nblk > 0,
-// in BA16a<nblk>b2a)
+// A primitive's key: mb, nb, K, ta, tb, lda, ldb, ldc, accumulate, blocked, nblk.
+//  - native path (blocked = 0): the tile's shape, transposes and strides; nblk = 0.
+//  - blocked path (blocked = 1, see blocked_key): dense A and C (ta = 0, lda = K, ldc = nb); tb = 0
+//    and ldb that of the plain panel the fallback reorder reads; the sum post-op only for a tile
+//    written in place (gemm_bf16_blocked); weights in BA16a<nblk>b2a for nblk > 0 where oneDNN's
+//    brgemm takes that layout, else (and for nblk = 0) in the layout oneDNN picks.
 using Bf16Key = std::array<int64_t, 11>;
 
 // Sets omp_get_max_threads() to 1 on this thread for the scope (oneDNN's creation-time thread
@@ -227,37 +228,25 @@ dnnl_format_tag_t vnni_tag(int64_t nblk) {
                          "b2a");
 }
 
-std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
-  const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
-  const bool ta = k[3], tb = k[4], acc = k[8], blocked = k[9];
-  const int64_t forced_nblk = k[10];
-  auto p = std::make_unique<Bf16Prim>();
-  const dnnl_dims_t a_dims = {mb, K}, b_dims = {K, nb}, c_dims = {mb, nb};
-  const dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1};
-  const dnnl_dims_t b_str = {tb ? 1 : ldb, tb ? ldb : 1};
-  const dnnl_dims_t c_str = {ldc, 1};
-  check(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "A desc");
-  if (blocked) {  // oneDNN picks the weight layout (or takes the forced one); the panel
-                  // reorder's source is plain
-    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, vnni_tag(forced_nblk)),
-          "B desc");
-    check(dnnl_memory_desc_init_by_strides(&p->r_md, 2, b_dims, dnnl_bf16, b_str), "B panel desc");
-  } else {
-    check(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "B desc");
-  }
-  check(dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str), "C desc");
+// The matmul primitive descriptor for p's a_md, b_md, c_md (and the sum post-op for acc): the
+// native path's kBf16Impl where oneDNN offers it, else its first implementation; the blocked
+// path's brgemm ("brg:") or none (dnnl_unimplemented). Created for one thread.
+dnnl_status_t find_matmul_pd(const Bf16Prim& p, bool acc, bool blocked,
+                             dnnl_primitive_desc_t* out) {
+  *out = nullptr;
   dnnl_matmul_desc_t md;
-  check(dnnl_matmul_desc_init(&md, &p->a_md, &p->b_md, nullptr, &p->c_md), "matmul desc");
+  dnnl_status_t st = dnnl_matmul_desc_init(&md, &p.a_md, &p.b_md, nullptr, &p.c_md);
   dnnl_primitive_attr_t attr = nullptr;
-  check(dnnl_primitive_attr_create(&attr), "attr creation");
+  if (st == dnnl_success) st = dnnl_primitive_attr_create(&attr);
   dnnl_post_ops_t po = nullptr;
-  dnnl_primitive_desc_t pd = nullptr;
-  dnnl_status_t st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (st == dnnl_success)
+    st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   if (st == dnnl_success && acc) {
     st = dnnl_post_ops_create(&po);
     if (st == dnnl_success) st = dnnl_post_ops_append_sum(po, 1.f);
     if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(attr, po);
   }
+  dnnl_primitive_desc_t pd = nullptr;
   if (st == dnnl_success) {
     OneThreadScope one;
     dnnl_primitive_desc_iterator_t it = nullptr;
@@ -287,7 +276,35 @@ std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
     if (st == dnnl_success && !pd) st = dnnl_unimplemented;
   }
   if (po) dnnl_post_ops_destroy(po);
-  dnnl_primitive_attr_destroy(attr);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  *out = pd;
+  return st;
+}
+
+std::unique_ptr<Bf16Prim> make_bf16_prim(const Bf16Key& k) {
+  const int64_t mb = k[0], nb = k[1], K = k[2], lda = k[5], ldb = k[6], ldc = k[7];
+  const bool ta = k[3], tb = k[4], acc = k[8], blocked = k[9];
+  const int64_t nblk = k[10];
+  auto p = std::make_unique<Bf16Prim>();
+  const dnnl_dims_t a_dims = {mb, K}, b_dims = {K, nb}, c_dims = {mb, nb};
+  const dnnl_dims_t a_str = {ta ? 1 : lda, ta ? lda : 1};
+  const dnnl_dims_t b_str = {tb ? 1 : ldb, tb ? ldb : 1};
+  const dnnl_dims_t c_str = {ldc, 1};
+  check(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "A desc");
+  if (blocked) {  // weights in BA16a<nblk>b2a or oneDNN's choice; the reorder's source is plain
+    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, vnni_tag(nblk)), "B desc");
+    check(dnnl_memory_desc_init_by_strides(&p->r_md, 2, b_dims, dnnl_bf16, b_str), "B panel desc");
+  } else {
+    check(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "B desc");
+  }
+  check(dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str), "C desc");
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_status_t st = find_matmul_pd(*p, acc, blocked, &pd);
+  if (blocked && nblk > 0 && st == dnnl_unimplemented) {  // brgemm refuses that layout
+    check(dnnl_memory_desc_init_by_tag(&p->b_md, 2, b_dims, dnnl_bf16, dnnl_format_tag_any),
+          "B desc");
+    st = find_matmul_pd(*p, acc, blocked, &pd);
+  }
   check(st, "matmul primitive descriptor creation");
   const char* impl = nullptr;
   dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
@@ -478,12 +495,20 @@ Bf16Key bf16_key(bool ta, bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ld
 // first copied dense ([K, nb], by transpose_bf16), so the reorder always reads a plain panel
 // (tb = 0, ldb = nb): oneDNN 2.6's reorder from the transposed layout into its blocked one ran
 // about 5× slower than from the plain one (docs/gemm.md "The blocked path
-// (`FP4_BF16_GEMM=blocked`)"). forced_nblk > 0: the weights in BA16a<forced_nblk>b2a instead of
-// the layout oneDNN picks.
-Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc = false,
-                    int64_t forced_nblk = 0) {
-  return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1, forced_nblk};
+// (`FP4_BF16_GEMM=blocked`)"). The weights in BA16a<nblk>b2a where brgemm takes it (nblk > 0),
+// else in the layout oneDNN picks.
+Bf16Key blocked_key(bool tb, int64_t mb, int64_t nb, int64_t K, int64_t ldb, bool acc,
+                    int64_t nblk) {
+  return {mb, nb, K, 0, 0, K, tb ? nb : ldb, nb, acc, 1, nblk};
 }
+
+// The column block the blocked path asks oneDNN for (detail::set_bf16_blocked_nblk): 64, the one
+// oneDNN 2.6.3 picks itself for brgemm on AVX512-BF16, and on AMX but for a tile that is a single
+// block of at most 64 × 64, where its heuristic (brgemm_matmul_utils.cpp,
+// compute_blocking_heuristic_amx) may narrow it to 48 or 32 (and, for panels of 33 to 63
+// columns, to a width with no layout, refusing brgemm). Asked for, the layout is fixed and the
+// heuristic keeps it, so every tile of a call takes one layout, which pack_bf16_vnni writes.
+std::atomic<int64_t> blocked_nblk{64};
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -557,7 +582,7 @@ bool blocked_bf16_offered() {
   static const bool ok = [] {
     if (!native_bf16_offered()) return false;
     try {
-      (void)bf16_prim(blocked_key(false, 16, 16, 32, 16));
+      (void)bf16_prim(blocked_key(false, 16, 16, 32, 16, false, 0));
       return true;
     } catch (const std::runtime_error&) {
       return false;
@@ -830,12 +855,23 @@ std::atomic<bool> own_pack{true};
 
 void detail::set_bf16_blocked_own_pack(bool own) { own_pack.store(own, std::memory_order_relaxed); }
 
+void detail::set_bf16_blocked_nblk(int64_t nblk) {
+  if (nblk != 0 && nblk != 16 && nblk != 32 && nblk != 48 && nblk != 64)
+    throw std::invalid_argument(
+        "fp4::detail::set_bf16_blocked_nblk: nblk must be 0, 16, 32, 48 "
+        "or 64, not " +
+        std::to_string(nblk));
+  blocked_nblk.store(nblk, std::memory_order_relaxed);
+}
+
 int64_t detail::bf16_blocked_reorders() { return reorder_count.load(std::memory_order_relaxed); }
 
 int64_t detail::bf16_blocked_vnni_block(int64_t K, int64_t nb) {
   if (K <= 0 || nb <= 0)
     throw std::invalid_argument("fp4::detail::bf16_blocked_vnni_block: K and nb must be positive");
-  return bf16_prim(blocked_key(false, std::min(kScaledTileM, nb), nb, K, nb)).vnni_nblk;
+  return bf16_prim(blocked_key(false, std::min(kScaledTileM, nb), nb, K, nb, false,
+                               blocked_nblk.load(std::memory_order_relaxed)))
+      .vnni_nblk;
 }
 
 namespace {
@@ -873,14 +909,15 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   // place (adding to C by its sum post-op: the same one FP32 addition per element), without
   // the per-thread tile and its copy, which cost as much as a short-K product.
   const bool in_place = blocked_in_place(N, ldc, tile_n);
-  // One packed panel serves every row of tiles, so the ragged last row takes the first row's
-  // weight layout where it is BA16a<nblk>b2a: oneDNN's own choice may depend on the rows (on AMX,
-  // oneDNN 2.6 may narrow the column block of a tile that is a single block of at most 64 × 64).
+  // Weights in BA16a<blocked_nblk>b2a (see there). One packed panel serves every row of tiles, so
+  // the ragged last row takes the first row's layout, also where that one is oneDNN's choice
+  // (brgemm refused BA16a<blocked_nblk>b2a, or the test hook asks for oneDNN's choice).
   const Bf16Prim* prims[2][2] = {};  // [last row of tiles][last column of tiles]
   const int64_t rows0 = std::min(tile_m, M);
   for (int j = 0; j < 2; ++j) {
     const int64_t cols = j ? rn : std::min(tile_n, N);
-    prims[0][j] = &bf16_prim(blocked_key(trans_b, rows0, cols, K, ldb, in_place && accumulate));
+    prims[0][j] = &bf16_prim(blocked_key(trans_b, rows0, cols, K, ldb, in_place && accumulate,
+                                         blocked_nblk.load(std::memory_order_relaxed)));
     prims[1][j] = rm == rows0
                       ? prims[0][j]
                       : &bf16_prim(blocked_key(trans_b, rm, cols, K, ldb, in_place && accumulate,
@@ -1091,7 +1128,8 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
     const auto [mb, nb] = blocked_tile(N, ldc, tile_m, tile_n);
     const bool in_place = blocked_in_place(N, ldc, nb);
     return bf16_prim(blocked_key(trans_b, std::min(mb, M), std::min(nb, N), K, ldb,
-                                 in_place && accumulate))
+                                 in_place && accumulate,
+                                 blocked_nblk.load(std::memory_order_relaxed)))
         .impl.c_str();
   }
   return bf16_prim(bf16_key(trans_a, trans_b, std::min(tile_m, M), std::min(tile_n, N), K, lda, ldb,

@@ -414,6 +414,7 @@ struct BlockedPathScope {
   BlockedPathScope() { fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Blocked); }
   ~BlockedPathScope() {
     fp4::detail::set_bf16_blocked_own_pack(true);
+    fp4::detail::set_bf16_blocked_nblk(64);
     fp4::gemm_bf16_set_path(saved);
   }
 };
@@ -451,6 +452,44 @@ TEST(GemmBf16Blocked, OwnPackingMatchesOneDnnReorder) {
       }
   if (compared == 0)
     GTEST_SKIP() << "oneDNN's weight layouts here are not ones pack_bf16_vnni writes";
+}
+
+// Whatever column block the blocked path asks oneDNN for (detail::set_bf16_blocked_nblk: 16, 32
+// or 48, as oneDNN 2.6's AMX heuristic may pick for a small tile, or 0, oneDNN's own choice), the
+// GEMM gives the bits of the default 64: brgemm sums each element over K in one order whatever
+// the column block, every panel is packed by pack_bf16_vnni in that layout (no oneDNN reorder),
+// and the ragged last row of tiles takes the first row's layout (were the rows' layouts to
+// differ, the path would throw). Last rows of tiles of 44, 1, 64 and 92 rows, panels of 200, 64,
+// 48, 600 and 1100 columns, all four transposes, accumulate on.
+TEST(GemmBf16Blocked, EveryColumnBlockGivesTheSameBits) {
+  if (!fp4::gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
+  BlockedPathScope blocked;
+  const Bf16Case cases[] = {
+      {300, 200, 1000}, {257, 64, 100}, {320, 48, 77}, {37, 600, 130}, {428, 1100, 64}};
+  for (const Bf16Case& s : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t lda = ta ? s.M : s.K, ldb = tb ? s.K : s.N;
+        auto A = randn_bf16(size_t(s.M * s.K), 51), B = randn_bf16(size_t(s.K * s.N), 52);
+        const auto C0 = randn(size_t(s.M * s.N), 53);
+        std::vector<float> want = C0;
+        fp4::detail::set_bf16_blocked_nblk(64);
+        fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, true,
+                       want.data(), s.N);
+        for (int64_t nblk : {0, 16, 32, 48}) {
+          fp4::detail::set_bf16_blocked_nblk(nblk);
+          std::vector<float> got = C0;
+          const int64_t reorders = fp4::detail::bf16_blocked_reorders();
+          fp4::gemm_bf16(ta, tb, s.M, s.N, s.K, A.bits.data(), lda, B.bits.data(), ldb, true,
+                         got.data(), s.N);
+          const std::string at = "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K) + " ta=" + std::to_string(ta) +
+                                 " tb=" + std::to_string(tb) + " nblk=" + std::to_string(nblk);
+          if (nblk > 0) EXPECT_EQ(fp4::detail::bf16_blocked_reorders(), reorders) << at;
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float))) << at;
+        }
+      }
+  EXPECT_THROW(fp4::detail::set_bf16_blocked_nblk(40), std::invalid_argument);
 }
 
 // On the blocked path, accumulating adds the product to the old C with one FP32 addition per

@@ -207,6 +207,14 @@ void pack_bf16_vnni_ref(const uint16_t* B, int64_t ldb, bool trans, int64_t K, i
 /// while another thread runs a GEMM.
 void set_bf16_blocked_own_pack(bool own);
 
+/// Test hook, for the whole process: the column block nblk of the weight layout BA16a<nblk>b2a
+/// that the blocked path asks oneDNN's brgemm for (64, the default: the one oneDNN 2.6 picks
+/// itself but for small tiles on AMX, see docs/gemm.md "The blocked path
+/// (`FP4_BF16_GEMM=blocked`)"), or 0 for the layout oneDNN picks. Where brgemm refuses the
+/// asked layout, it takes oneDNN's choice. Throws std::invalid_argument for nblk other than 0,
+/// 16, 32, 48, 64. Not for use while another thread runs a GEMM.
+void set_bf16_blocked_nblk(int64_t nblk);
+
 /// The column block nblk of the weight layout oneDNN's brgemm matmul takes for a [K, nb] op(B)
 /// panel when that layout is one pack_bf16_vnni writes (BA16a<nblk>b2a), else 0 (the blocked
 /// path then reorders with oneDNN). Creates the primitive if needed; throws std::runtime_error
