@@ -21,6 +21,13 @@ out=$(bash "$mu" --frobnicate 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "unknown argument '--frobnicate'" <<< "$out" || fail "unknown option: exit $rc, $out"
 out=$(bash "$mu" --bin-dir "$work" 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "no fp4train in $work" <<< "$out" || fail "missing binaries: exit $rc, $out"
+for a in --out --stages --summary; do  # an option without its value
+  out=$(bash "$mu" $a 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q -- "$a needs a value" <<< "$out" || fail "$a without a value: exit $rc, $out"
+done
+mkdir "$work/full" && touch "$work/full/step.log"
+out=$(bash "$mu" --stages tests --bin-dir "$bdir" --out "$work/full" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "is not empty" <<< "$out" || fail "a non-empty --out: exit $rc, $out"
 bash "$mu" --help | grep -q -- '--stages LIST' || fail "--help does not list --stages"
 
 # The quick stages.
@@ -36,9 +43,20 @@ else
   grep -q '^blocked path: .*error: FP4_BF16_GEMM=blocked' "$m" || fail "no blocked path line: $(cat "$m")"
   ! grep -q '@FP4_BF16_GEMM=blocked' "$m" || fail "blocked entries where the path is refused"
 fi
-grep -q '^reorders executed: [0-9][0-9]*$' "$work/run/verbose.log" || fail "no reorder count"
+# verbose: the reorder count where the blocked path runs, else the reason it was skipped
+if grep -q '^blocked path: compute:' "$m"; then
+  grep -q '^reorders executed: [0-9][0-9]*$' "$work/run/verbose.log" || fail "no reorder count"
+else
+  grep -q '^skipped: oneDNN offers no BF16 brgemm' "$work/run/verbose.log" || fail "verbose not skipped"
+fi
+# tests: the three binaries' blocked cases, run or skipped, none failed
+for t in test_gemm test_gemm_block_scaled test_linear_bf16_gemm; do
+  grep -q "^== $t" "$work/run/tests.log" || fail "$t not run"
+done
 grep -Eq '^\[ +(OK|SKIPPED) +\] GemmBf16Blocked\.OwnPackingMatchesOneDnnReorder' \
   "$work/run/tests.log" || fail "the packer test did not run: $(cat "$work/run/tests.log")"
+grep -Eq '^\[ +(OK|SKIPPED) +\] Paths/GemmBf16\.BitIdenticalForOneTwoAndThreeThreads/Blocked' \
+  "$work/run/tests.log" || fail "the blocked path's thread-count test did not run"
 ! grep -q FAILED "$work/run/tests.log" || fail "a blocked-path test failed"
 # The summary against the targets, from logs in the formats step_time.sh, throughput.sh and
 # bench_scan_vs_attention print (the CPU-time ratio and the component table must be ignored).
@@ -51,6 +69,7 @@ fp32                                       4000.0          1.000       920 104.4
 bf16                                       1360.0          0.340      1351 153.2%     2968 MiB
 bf16@FP4_BF16_GEMM=blocked                  680.0          0.170      1378 156.3%     3000 MiB
 ue5m3-b16                                  2400.0          0.600      1087 123.3%     2644 MiB
+ue5m3-b16@FP4_BF16_GEMM=blocked            2360.0          0.590      1204 136.5%     2661 MiB
 
 ms/step (median)              fp32        bf16
 gemm.wgrad                  1282.9       847.6
@@ -72,10 +91,14 @@ expect_line() { grep -Eq "$1" <<< "$sum" || fail "summary lacks /$1/: $sum"; }
 expect_line '^small +bf16 / fp32 +0\.34 +target <= 0\.35 +met$'
 expect_line '^small +bf16 blocked / native +0\.50 +blocked faster$'
 expect_line '^small +ue5m3-b16 / fp32 +0\.60 +target <= 0\.5 +not met$'
+expect_line '^small +ue5m3-b16 blocked / native +0\.98 +within 3%$'
 expect_line '^tiny +ue5m3-b16-paper / fp32 +1\.00 +target <= 1\.0 +met$'  # at the limit
 expect_line '^scan +scan / attention, 1 thread\(s\) +0\.99 +target <= 1\.0 +met$'
 [ "$(grep -c '^scan' <<< "$sum")" = 1 ] || fail "the CPU-time scan ratio was summarised: $sum"
 ! grep -q 'ue5m3-b16-paper / fp32' <<< "$(grep '^small' <<< "$sum")" || fail "a missing entry summarised"
+mkdir "$work/empty"
+bash "$mu" --summary "$work/empty" | grep -q '^summary: no step, throughput or scan figures' ||
+  fail "--summary of a directory without logs says nothing"
 out=$(bash "$mu" --summary "$work/none" 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "no directory" <<< "$out" || fail "--summary of a missing directory: exit $rc, $out"
 echo "matrix_units.sh: ok"

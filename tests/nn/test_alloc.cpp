@@ -130,10 +130,11 @@ TEST_P(SteadyStateAlloc, TrainStepsThreeAndFourAllocateNothing) {
   const TeamSize team(std::get<1>(GetParam()));
   // "<recipe>+blocked": with the BF16 GEMM's blocked path (docs/gemm.md "The blocked path
   // (`FP4_BF16_GEMM=blocked`)"), where oneDNN offers it.
-  const bool blocked = name.size() > 8 && name.ends_with("+blocked");
+  const std::string suffix = "+blocked";
+  const bool blocked = name.size() > suffix.size() && name.ends_with(suffix);
   if (blocked) {
     if (!gemm_bf16_blocked_available()) GTEST_SKIP() << "oneDNN offers no brgemm BF16 matmul";
-    name.resize(name.size() - 8);
+    name.resize(name.size() - suffix.size());
   }
   const Bf16PathScope path(blocked ? Bf16GemmPath::Blocked : gemm_bf16_path());
   const Recipe recipe = fp4::testing::shipped_recipe(name);  // "<recipe>@<gemm>": with that GEMM
