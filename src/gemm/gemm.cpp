@@ -411,6 +411,19 @@ Bf16Thread& bf16_thread() {
   return t;
 }
 
+// Makes this thread's stream and grows its scratchpad buffer to the largest of the call's
+// primitives (prims[row][column]: [last row of tiles][last column of tiles]), before the call's
+// tile loop. The loops hand out tiles dynamically, so a thread may run its first tile of a
+// primitive only in a later call; growing the buffer there would allocate in a training step's
+// steady state (tests/nn/test_alloc.cpp), where every thread of the team enters the loop.
+void reserve_bf16_thread(const Bf16Prim* const (&prims)[2][2]) {
+  size_t bytes = 0;
+  for (const auto& row : prims)
+    for (const Bf16Prim* p : row) bytes = std::max(bytes, p ? p->scratch_bytes : size_t{0});
+  Bf16Thread& t = bf16_thread();
+  if (bytes > t.scratch.size()) t.scratch.resize(bytes);
+}
+
 // Runs primitive `prim` with `args` on this thread's stream and waits for it.
 dnnl_status_t execute(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t* args) {
   Bf16Thread& t = bf16_thread();
@@ -964,6 +977,7 @@ void gemm_bf16_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 #pragma omp parallel
   {
     std::vector<float>& ct = blocked_c_tile(nc);
+    reserve_bf16_thread(prims);
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < tn * pieces; ++t) {
       const int64_t tj = t / pieces, piece = t % pieces;
@@ -1066,6 +1080,8 @@ void gemm_bf16_tiled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 #pragma omp parallel reduction(+ : failures)
   {
     if (widened) (void)widen_scratch(widen_a, widen_b);
+    else
+      reserve_bf16_thread(prims);
 #pragma omp for schedule(dynamic, 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t ti = t / tn, tj = t % tn;
