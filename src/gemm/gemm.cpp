@@ -189,6 +189,9 @@ struct OneThreadScope {
   ~OneThreadScope() { omp_set_num_threads(saved); }
 };
 
+// Whether BA16a<nblk>b2a is a layout detail::pack_bf16_vnni writes (and oneDNN names).
+bool is_vnni_nblk(int64_t nblk) { return nblk == 16 || nblk == 32 || nblk == 48 || nblk == 64; }
+
 // The column block nblk when md, the blocked weights of a [K, nb] panel, is exactly the layout
 // detail::pack_bf16_vnni writes (BA16a<nblk>b2a, dense, no offset or extra data); else 0, and
 // the panel is reordered by oneDNN. Read from oneDNN 2.6's public memory descriptor fields.
@@ -200,11 +203,11 @@ int64_t vnni_block_of(const dnnl_memory_desc_t& md, int64_t K, int64_t nb) {
   const int64_t nblk = bl.inner_blks[1];
   const int64_t Kpad = round_up(K, 32), Npad = nblk > 0 ? round_up(nb, nblk) : 0;
   const bool ok = bl.inner_idxs[0] == 0 && bl.inner_blks[0] == 16 && bl.inner_idxs[1] == 1 &&
-                  (nblk == 16 || nblk == 32 || nblk == 48 || nblk == 64) && bl.inner_idxs[2] == 0 &&
-                  bl.inner_blks[2] == 2 && md.dims[0] == K && md.dims[1] == nb &&
-                  md.padded_dims[0] == Kpad && md.padded_dims[1] == Npad &&
-                  md.padded_offsets[0] == 0 && md.padded_offsets[1] == 0 &&
-                  bl.strides[0] == 32 * nblk && bl.strides[1] == Kpad * nblk &&
+                  is_vnni_nblk(nblk) && bl.inner_idxs[2] == 0 && bl.inner_blks[2] == 2 &&
+                  md.dims[0] == K && md.dims[1] == nb && md.padded_dims[0] == Kpad &&
+                  md.padded_dims[1] == Npad && md.padded_offsets[0] == 0 &&
+                  md.padded_offsets[1] == 0 && bl.strides[0] == 32 * nblk &&
+                  bl.strides[1] == Kpad * nblk &&
                   dnnl_memory_desc_get_size(&md) == size_t(Kpad * Npad) * sizeof(uint16_t);
   return ok ? nblk : 0;
 }
@@ -869,7 +872,7 @@ std::atomic<bool> own_pack{true};
 void detail::set_bf16_blocked_own_pack(bool own) { own_pack.store(own, std::memory_order_relaxed); }
 
 void detail::set_bf16_blocked_nblk(int64_t nblk) {
-  if (nblk != 0 && nblk != 16 && nblk != 32 && nblk != 48 && nblk != 64)
+  if (nblk != 0 && !is_vnni_nblk(nblk))
     throw std::invalid_argument(
         "fp4::detail::set_bf16_blocked_nblk: nblk must be 0, 16, 32, 48 "
         "or 64, not " +
