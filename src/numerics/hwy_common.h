@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fp4/numerics/bf16.h"
 #include "fp4/numerics/block_quant.h"
 #include "fp4/numerics/format.h"
 #include "fp4/numerics/philox.h"
@@ -439,6 +440,24 @@ HWY_INLINE VF RoundBf16(VF v) {
   const DF df;
   const DI di;
   return hn::BitCast(df, hn::And(Bf16RoundBits(v), hn::Set(di, static_cast<int32_t>(0xFFFF0000u))));
+}
+
+/// round_bf16 lane-wise, returning the upper 16 bits (as int32 lanes 0..65535).
+HWY_INLINE VI Bf16Bits(VF v) {
+  const DI di;
+  const hn::RebindToUnsigned<DF> du;
+  return hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, Bf16RoundBits(v))));
+}
+
+/// dst[i] = fp4::bf16_bits(src[i]) for i < n (RNE, the NaN rule): Bf16Bits on whole vectors,
+/// the last n % Lanes values one at a time.
+HWY_INLINE void StoreBf16Bits(const float* src, int64_t n, uint16_t* dst) {
+  const DF df;
+  const hn::Rebind<uint16_t, DF> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(d16, Bf16Bits(hn::LoadU(df, src + i))), d16, dst + i);
+  for (; i < n; ++i) dst[i] = fp4::bf16_bits(src[i]);
 }
 
 /// v[i] = row i of the 16 × Lanes tile at src (row stride `stride`) after the RHT of each

@@ -634,13 +634,6 @@ HWY_INLINE VF DecodeE2M1(VI code) {
   return hn::BitCast(df, hn::Or(hn::BitCast(di, mag), sign));
 }
 
-/// round_bf16 lane-wise, returning the upper 16 bits (as int32 lanes 0..65535).
-HWY_INLINE VI Bf16Bits(VF v) {
-  const DI di;
-  const hn::RebindToUnsigned<DF> du;
-  return hn::BitCast(di, hn::ShiftRight<16>(hn::BitCast(du, Bf16RoundBits(v))));
-}
-
 template <bool kBf16>
 void UnpackRowsT(const DPlan& p, int64_t r0, int64_t r1, DScratch& s) {
   const DF df;

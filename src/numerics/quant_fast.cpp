@@ -31,6 +31,10 @@
 // output vector. Its output lines are scattered (one per column), so for large outputs it uses
 // streaming stores, which skip reading every output line first (3× faster here at 64 MiB);
 // tests force every store mode on every target (quant_fast_stream_min_bytes).
+// BF16 output (the decoded-BF16 GEMM's operands, Plan::out16): the same kernels write each
+// output row, or each column run of a tile, to a per-thread FP32 buffer that stays in L1 and
+// convert it there (StoreBf16Bits, the RNE of bf16.h); the quantize-transpose then takes tiles
+// of 32 rows, so that a column run is one 64-byte line of BF16, streamed for large outputs.
 //
 // Dispatch: foreach_target.h compiles the kernels below once per target in HWY_TARGETS; the
 // HWY_ONCE section keeps one table of them, and fp4/numerics/hwy_dispatch.h (shared with
@@ -110,6 +114,13 @@ struct Plan : hwy_common::ScaleParams {
   /// replaces g in mult and gd (quantize_dequantize_rows); null: the call's g.
   const float* row_g = nullptr;
   float target = 448.f;  ///< T, for the per-row tensor scales
+  /// BF16 output (bit patterns) in place of out: each output row (row kernel) or column run of
+  /// a tile (transposed kernel) is written to Scratch::stage as FP32, then converted into out16
+  /// (StoreBf16Bits, hwy_common.h); never with Plan::stream (see stream16). The layout is out's.
+  uint16_t* out16 = nullptr;
+  /// Transposed kernel with out16: write each column run of a tile (H = 32 rows: one 64-byte
+  /// line of BF16) with a streaming store; set by the driver for large, aligned outputs.
+  bool stream16 = false;
 };
 
 /// Per-thread buffers of one call, sized for the largest target.
@@ -125,6 +136,7 @@ struct Scratch {
   std::vector<uint8_t> padsr;     ///< kMaxLanes SR bytes of the padded vector
   std::vector<float> err4, err6;  ///< Four Over Six: per block of a block-row, its two errors
   std::vector<float> terms;       ///< Four Over Six: one block's error terms (B + kMaxLanes)
+  std::vector<float> stage;       ///< BF16 output (Plan::out16): one output row or column run
 
   void for_rows(const Plan& p) {
     const size_t nb = static_cast<size_t>(p.block_cols + kMaxLanes);
@@ -137,6 +149,7 @@ struct Scratch {
       err6.assign(nb, 0.f);
       terms.assign(static_cast<size_t>(p.B + kMaxLanes), 0.f);
     }
+    if (p.out16) stage.assign(static_cast<size_t>(p.cols + kMaxLanes), 0.f);
     common();
   }
   void for_cols(const Plan& p) {
@@ -156,6 +169,7 @@ struct Scratch {
     }
     tile.assign(static_cast<size_t>(std::max<int64_t>(p.H, 16) * kMaxLanes), 0.f);
     if (p.stream) carry.assign(static_cast<size_t>(p.panel_cols * 16), 0.f);
+    if (p.out16) stage.assign(static_cast<size_t>(std::max<int64_t>(p.H, 16) + kMaxLanes), 0.f);
     common();
   }
   void for_rht_amax() {
@@ -625,7 +639,7 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
   const VI rel0 = LaneBlockRel(0, B, kmax);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = p.x + r * cols;
-    float* orow = p.out + r * cols;
+    float* orow = p.out16 ? s.stage.data() : p.out + r * cols;
     const uint8_t* srp = nullptr;
     if constexpr (kSR) srp = SrRun(p.key, static_cast<uint64_t>(r * cols), cols, s.sr.data());
     VF prev = hn::Zero(df);  // misaligned streaming: Rot of the previous vector
@@ -673,6 +687,7 @@ bool RowsT(const Plan& p, int64_t br, Scratch& s) {
       }
     }
     if (mis != 0) hn::BlendedStore(prev, keep_first, df, orow + cols - mis);  // last mis values
+    if (p.out16) StoreBf16Bits(orow, cols, p.out16 + r * cols);
   }
   if (stream) hwy::FlushStream();
   return true;
@@ -813,7 +828,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
     for (int64_t j = 0; j < w; ++j) {
       VF dv = hn::Set(df, s.d[j]);
       VF ev = hn::Set(df, s.e[j]);
-      float* o = p.out + (c0 + j) * rows + r0;
+      float* o = p.out16 ? s.stage.data() : p.out + (c0 + j) * rows + r0;
       const uint8_t* sj = kSR ? srb + j * h : nullptr;
       // the walk over the column's blocks (nbt > 1): scales of the vector at i, then a step
       int64_t bc0 = 0, o0 = 0;
@@ -864,11 +879,26 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
           hn::BlendedStore(prev, keep_first, df, o + h - mis);
         }
       }
+      if (p.out16) {
+        uint16_t* dst = p.out16 + (c0 + j) * rows + r0;
+#if HWY_TARGET != HWY_SCALAR
+        if (p.stream16 && h % (2 * N) == 0) {  // whole lines of BF16, streamed
+          const hn::Repartition<uint16_t, DF> d16;
+          alignas(64) uint16_t line[2 * kMaxLanes];
+          for (int64_t i = 0; i < h; i += 2 * N) {
+            StoreBf16Bits(o + i, 2 * N, line);
+            hn::Stream(hn::Load(d16, line), d16, dst + i);
+          }
+          continue;
+        }
+#endif
+        StoreBf16Bits(o, h, dst);
+      }
     }
     return true;
   };
 
-  if (stream) {
+  if (stream || p.stream16) {
     // Streaming: strip by strip (x read sequentially along its rows), all columns per strip.
     for (int64_t r0 = pr0; r0 < pr1; r0 += H)
       for (int64_t c0 = pc0; c0 < pc1; c0 += N)
@@ -1158,14 +1188,27 @@ float amax_fast(const float* x, int64_t n) {
 }
 
 namespace {
+// An FP32 buffer of at least n floats for the BF16-output variants' composed paths, per thread
+// and grown only when too small (so a training loop's steady state allocates nothing).
+float* staging(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
 // quantize_dequantize_fast (block_scaled false: x̂ = q·d_b) and quantize_block_scaled_fast
 // (true: q·c_b); `where` names the public function in errors.
+// With out16 (block_scaled only) the output is BF16 bit patterns in out16 and out is unused.
 void rows_driver(const char* where, const float* x, int64_t rows, int64_t cols,
                  const BlockQuantSpec& spec, float g, const SrKey* sr, bool block_scaled,
-                 float* out) {
+                 float* out, uint16_t* out16 = nullptr) {
   detail::validate_block_quant(where, rows, cols, spec, g, sr);
   if (!quant_fast_supports(spec)) {
-    if (block_scaled) {
+    if (out16) {  // the scalar twin, then the conversion
+      float* t = staging(rows * cols);
+      quantize_block_scaled(x, rows, cols, spec, g, sr, t);
+      to_bf16_bits(t, rows * cols, out16);
+    } else if (block_scaled) {
       quantize_block_scaled(x, rows, cols, spec, g, sr, out);
     } else {
       quantize_dequantize(x, rows, cols, spec, g, sr, out);
@@ -1175,7 +1218,8 @@ void rows_driver(const char* where, const float* x, int64_t rows, int64_t cols,
   if (rows == 0 || cols == 0) return;
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
   p.block_scaled_out = block_scaled;
-  p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesRows);
+  p.out16 = out16;
+  p.stream = !out16 && qf::use_stream(out, rows * cols, qf::kStreamMinBytesRows);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
   const qf::Kernels& k = qf::active();
   std::atomic<bool> bad{false};
@@ -1203,6 +1247,12 @@ void quantize_dequantize_fast(const float* x, int64_t rows, int64_t cols,
 void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
                                 const BlockQuantSpec& spec, float g, const SrKey* sr, float* out) {
   rows_driver("quantize_block_scaled_fast", x, rows, cols, spec, g, sr, true, out);
+}
+
+void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                uint16_t* out) {
+  rows_driver("quantize_block_scaled_fast", x, rows, cols, spec, g, sr, true, nullptr, out);
 }
 
 void row_amax_fast(const float* x, int64_t rows, int64_t cols, float* out) {
@@ -1280,33 +1330,43 @@ namespace {
 // quantize_block_scaled_transposed_fast (true).
 void cols_driver(const char* where, const float* x, int64_t rows, int64_t cols,
                  const BlockQuantSpec& spec, float g, const SrKey* sr, const HadamardTransform* had,
-                 bool block_scaled, float* out) {
+                 bool block_scaled, float* out, uint16_t* out16 = nullptr) {
   const bool rht = had != nullptr;
   hwy_common::check_transposed_shape(where, rows, cols, rht ? had->n : 0);
   detail::validate_block_quant(where, cols, rows, spec, g, sr);
   if (rows == 0 || cols == 0) return;
-  const int64_t H = qf::tile_rows(spec.block);
+  int64_t H = qf::tile_rows(spec.block);
   const bool fast = quant_fast_supports(spec) && !spec.two_d &&
                     !(rht && (H % 16 != 0 || had->n != 16)) &&
                     spec.four_over_six == FourOverSix::Off;
   if (!fast) {
     // The reference composition itself (2-D tiles of xᵀ, RHT chunks straddling tiles, or a
-    // transform of more than 16 points).
-    hwy_common::transpose(x, rows, cols, out);
-    if (rht) hadamard_rows(out, cols, rows, *had);
-    rows_driver(block_scaled ? "quantize_block_scaled_fast" : "quantize_dequantize_fast", out, cols,
-                rows, spec, g, sr, block_scaled, out);
+    // transform of more than 16 points; with out16 in an FP32 staging buffer).
+    float* t = out16 ? staging(rows * cols) : out;
+    hwy_common::transpose(x, rows, cols, t);
+    if (rht) hadamard_rows(t, cols, rows, *had);
+    rows_driver(block_scaled ? "quantize_block_scaled_fast" : "quantize_dequantize_fast", t, cols,
+                rows, spec, g, sr, block_scaled, t, out16);
     return;
   }
   qf::Plan p = qf::make_plan(x, out, rows, cols, spec, g, sr);
   p.block_scaled_out = block_scaled;
+  p.out16 = out16;
   p.rht = rht;
   p.rht_bf16 = rht && had->precision == RhtPrecision::BF16;
   if (rht) p.rht_signs = had->signs.data();
+  // BF16 out: whole 64-byte lines per column run (32 values: tiles of two 16-row blocks) written
+  // with streaming stores where the output is large and every line aligned (out16 64-byte
+  // aligned, rows a multiple of 32); the values and their order are the same for any H.
+  p.stream16 = out16 && qf::use_stream(reinterpret_cast<float*>(out16), rows * cols / 2,
+                                       qf::kStreamMinBytesTransposed / 2) &&
+               reinterpret_cast<uintptr_t>(out16) % 64 == 0 && rows % 32 == 0 && H <= 32 &&
+               32 % H == 0;
+  if (out16 && H <= 32 && 32 % H == 0) H = 32;
   p.H = H;
-  p.stream = qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
+  p.stream = !out16 && qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);
-  if (p.stream) {
+  if (p.stream || p.stream16) {
     // With streaming stores the output's scattered lines cost no reads, and walking strips of
     // one block of rows across the unit's columns reads x in long runs: the fastest order
     // measured.
@@ -1344,6 +1404,13 @@ void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t
                                            const BlockQuantSpec& spec, float g, const SrKey* sr,
                                            const HadamardTransform* had, float* out) {
   cols_driver("quantize_block_scaled_transposed_fast", x, rows, cols, spec, g, sr, had, true, out);
+}
+
+void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                           const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                           const HadamardTransform* had, uint16_t* out) {
+  cols_driver("quantize_block_scaled_transposed_fast", x, rows, cols, spec, g, sr, had, true,
+              nullptr, out);
 }
 
 float amax_rht16_transposed(const float* x, int64_t rows, int64_t cols) {

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,6 +70,19 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
   const int64_t i = first_diff(got, want);
   EXPECT_EQ(i, -1) << what << ": first difference at " << i << ": got "
                    << (i >= 0 ? got[size_t(i)] : 0.f) << " want " << (i >= 0 ? want[size_t(i)] : 0.f);
+}
+
+/// The BF16-output variants against the FP32 twin: got[i] == fp4::bf16_bits(want[i]) (the
+/// scalar conversion, element by element).
+void expect_bf16_of(const std::vector<uint16_t>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != bf16_bits(want[i])) {
+      ADD_FAILURE() << what << " (BF16 out): first difference at " << i << ": got 0x" << std::hex
+                    << got[i] << " want 0x" << bf16_bits(want[i]) << std::dec << " (" << want[i] << ")";
+      return;
+    }
 }
 
 /// Runs fn on every SIMD target at 1 and 3 threads.
@@ -227,6 +242,9 @@ TEST(BlockScaled, FastRowsBitExact) {
       std::vector<float> got(c.x.size(), 7.f);
       quantize_block_scaled_fast(c.x.data(), c.rows, c.cols, c.s, c.g, key_for(c.s), got.data());
       expect_same_bits(got, c.want, spec_str(c.s) + " g=" + std::to_string(c.g));
+      std::vector<uint16_t> got16(c.x.size(), 0x7777);
+      quantize_block_scaled_fast(c.x.data(), c.rows, c.cols, c.s, c.g, key_for(c.s), got16.data());
+      expect_bf16_of(got16, c.want, spec_str(c.s) + " g=" + std::to_string(c.g));
     }
   });
 }
@@ -266,10 +284,79 @@ TEST(BlockScaled, FastTransposedBitExact) {
       std::vector<float> got(c.x->size(), 7.f);
       quantize_block_scaled_transposed_fast(c.x->data(), c.rows, c.cols, c.s, c.g, key_for(c.s), c.h,
                                             got.data());
-      expect_same_bits(got, c.want,
-                       spec_str(c.s) + (c.h ? " H" + std::to_string(c.h->n) : " no transform"));
+      const std::string what = spec_str(c.s) + (c.h ? " H" + std::to_string(c.h->n) : " no transform");
+      expect_same_bits(got, c.want, what);
+      // BF16 out, with plain and with streaming stores (forced; the output from a 64-byte
+      // aligned allocation, as the kernel's whole-line stores need)
+      for (int64_t min_bytes : {int64_t{-1}, int64_t{0}}) {
+        const int64_t saved = quant_fast_stream_min_bytes(min_bytes);
+        std::unique_ptr<uint16_t, decltype(&std::free)> got16(
+            static_cast<uint16_t*>(std::aligned_alloc(64, (c.x->size() * 2 + 63) / 64 * 64)), &std::free);
+        std::fill(got16.get(), got16.get() + c.x->size(), uint16_t{0x7777});
+        quantize_block_scaled_transposed_fast(c.x->data(), c.rows, c.cols, c.s, c.g, key_for(c.s),
+                                              c.h, got16.get());
+        quant_fast_stream_min_bytes(saved);
+        expect_bf16_of(std::vector<uint16_t>(got16.get(), got16.get() + c.x->size()), c.want,
+                       what + (min_bytes == 0 ? " (streamed)" : ""));
+      }
     }
   });
+}
+
+TEST(BlockScaled, Bf16OutputEveryBlockRuleAndStoreMode) {
+  // The BF16-output variants across what changes their tiles or takes another path: blocks of
+  // 8, 16, 24 and 32 (the quantize-transpose's tiles of 32 rows hold 4, 2, 1 or 1 blocks;
+  // 24 keeps 48), the MX rule, Four Over Six and E2M3 elements (composed paths), the RHT
+  // with blocks of 8, and token counts that are (256) and are not (240) multiples of 32, with
+  // plain and forced streaming stores: each equal to fp4::bf16_bits of the FP32 twin.
+  const HadamardTransform te = HadamardTransform::te16();
+  struct Case {
+    BlockQuantSpec s;
+    const HadamardTransform* h;
+    std::string name;
+  };
+  std::vector<Case> cases;
+  for (int b : {8, 16, 24, 32})
+    for (Rounding r : {Rounding::RNE, Rounding::SR8})
+      cases.push_back({make_spec(ScaleFormat::UE5M3, r, b), nullptr, "B" + std::to_string(b)});
+  cases.push_back({mx_spec(ScaleRule::MxOcp, Rounding::SR8), nullptr, "mx-ocp"});
+  BlockQuantSpec fos = make_spec(ScaleFormat::E4M3, Rounding::RNE);
+  fos.four_over_six = FourOverSix::MSE;
+  cases.push_back({fos, nullptr, "four-over-six"});
+  BlockQuantSpec scalar = make_spec(ScaleFormat::E4M3, Rounding::RNE);
+  scalar.element = parse_element_format("e2m3");  // no SIMD kernel: the scalar twin, converted
+  cases.push_back({scalar, nullptr, "e2m3 elements"});
+  cases.push_back({make_spec(ScaleFormat::UE5M3, Rounding::SR8, 8), &te, "B8 RHT"});
+  for (const int64_t rows : {256, 240}) {
+    const int64_t cols = 40;
+    const auto x = make_data(Dist::Cauchy, size_t(rows * cols), 31 + rows);
+    for (const Case& c : cases) {
+      const float g = c.s.scale_rule != ScaleRule::TensorScaled ? 1.f
+                      : c.h ? amax_hadamard_transposed(x.data(), rows, cols, *c.h)
+                            : tensor_amax(x.data(), rows * cols);
+      const auto want_t = twin_t(x, rows, cols, c.s, g, c.h);
+      const auto want_r = twin(x, rows, cols, c.s, g);
+      const std::string what = c.name + " rows=" + std::to_string(rows);
+      each_target_and_team([&] {
+        for (int64_t min_bytes : {int64_t{-1}, int64_t{0}}) {
+          const int64_t saved = quant_fast_stream_min_bytes(min_bytes);
+          std::unique_ptr<uint16_t, decltype(&std::free)> got(
+              static_cast<uint16_t*>(std::aligned_alloc(64, (x.size() * 2 + 63) / 64 * 64)), &std::free);
+          std::fill(got.get(), got.get() + x.size(), uint16_t{0x7777});
+          quantize_block_scaled_transposed_fast(x.data(), rows, cols, c.s, g, key_for(c.s), c.h,
+                                                got.get());
+          const std::string m = min_bytes == 0 ? " (streamed)" : "";
+          expect_bf16_of(std::vector<uint16_t>(got.get(), got.get() + x.size()), want_t, what + " T" + m);
+          if (!c.h) {
+            std::fill(got.get(), got.get() + x.size(), uint16_t{0x7777});
+            quantize_block_scaled_fast(x.data(), rows, cols, c.s, g, key_for(c.s), got.get());
+            expect_bf16_of(std::vector<uint16_t>(got.get(), got.get() + x.size()), want_r, what + m);
+          }
+          quant_fast_stream_min_bytes(saved);
+        }
+      });
+    }
+  }
 }
 
 TEST(BlockScaled, FastAdversarialBitExact) {
@@ -287,13 +374,22 @@ TEST(BlockScaled, FastAdversarialBitExact) {
               const BlockQuantSpec s = make_spec(f, r, 16, two_d);
               std::vector<float> got(x.size());
               quantize_block_scaled_fast(x.data(), rows, cols, s, g, key_for(s), got.data());
-              expect_same_bits(got, twin(x, rows, cols, s, g), name + " " + spec_str(s));
+              const auto want = twin(x, rows, cols, s, g);
+              expect_same_bits(got, want, name + " " + spec_str(s));
+              std::vector<uint16_t> got16(x.size());
+              quantize_block_scaled_fast(x.data(), rows, cols, s, g, key_for(s), got16.data());
+              expect_bf16_of(got16, want, name + " " + spec_str(s));
             }
             const BlockQuantSpec s = make_spec(f, r);
             std::vector<float> got(x.size());
             quantize_block_scaled_transposed_fast(x.data(), rows, cols, s, g, key_for(s), nullptr,
                                                   got.data());
-            expect_same_bits(got, twin_t(x, rows, cols, s, g, nullptr), name + " T " + spec_str(s));
+            const auto want = twin_t(x, rows, cols, s, g, nullptr);
+            expect_same_bits(got, want, name + " T " + spec_str(s));
+            std::vector<uint16_t> got16(x.size());
+            quantize_block_scaled_transposed_fast(x.data(), rows, cols, s, g, key_for(s), nullptr,
+                                                  got16.data());
+            expect_bf16_of(got16, want, name + " T " + spec_str(s));
           }
     }
   });
@@ -316,6 +412,20 @@ TEST(BlockScaled, InPlaceAndErrors) {
   }
   EXPECT_THROW(quantize_block_scaled_fast(x.data(), 20, 64, s, g, nullptr, out.data()),
                std::invalid_argument);  // SR8 without a key
+  std::vector<uint16_t> out16(x.size());
+  try {  // the BF16-output variant: the same errors, naming the same function
+    quantize_block_scaled_fast(x.data(), 20, 64, s, g, &kKey, out16.data());
+    ADD_FAILURE() << "no throw for a NaN (BF16 out)";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize_block_scaled_fast"), std::string::npos) << e.what();
+  }
+  try {
+    quantize_block_scaled_transposed_fast(x.data(), 64, 20, s, g, &kKey, nullptr, out16.data());
+    ADD_FAILURE() << "no throw for a NaN (BF16 out, transposed)";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("quantize_block_scaled_transposed_fast"), std::string::npos)
+        << e.what();
+  }
   const HadamardTransform te = HadamardTransform::te16();
   EXPECT_THROW(quantize_block_scaled_transposed_fast(x.data(), 20, 64, s, g, &kKey, &te, out.data()),
                std::invalid_argument);  // 20 tokens: not a multiple of 16

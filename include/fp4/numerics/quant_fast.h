@@ -99,6 +99,17 @@ void quantize_dequantize_transposed_fast(const float* x, int64_t rows, int64_t c
 /// function).
 void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
                                 const BlockQuantSpec& spec, float g, const SrKey* sr, float* out);
+/// quantize_block_scaled_fast with out as BF16 bit patterns [rows, cols] (uint16): bit-identical
+/// to quantize_block_scaled(x, rows, cols, spec, g, sr, t); to_bf16_bits(t, rows·cols, out)
+/// (bf16.h: RNE, exact where q·c_b is a BF16 value, as for the decoded-BF16 GEMM's formats), so
+/// the GEMM reads the operand without a conversion pass of its own. The kernels stage each
+/// output row in a per-thread FP32 buffer and convert it there; other specs (no SIMD kernel)
+/// compose the scalar twin and to_bf16_bits in a per-thread FP32 buffer of the whole operand,
+/// kept for the thread's life (Linear takes the FP32 output there instead). out must not
+/// overlap x. Same errors.
+void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
+                                const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                uint16_t* out);
 /// The quantize-transpose of quantize_dequantize_transposed_fast (any Hadamard transform or none)
 /// with q·c_b out: bit-identical to t = xᵀ; if (had) hadamard_rows(t, cols, rows, *had);
 /// quantize_block_scaled(t, cols, rows, spec, g, sr, out). Same paths and errors as that
@@ -106,6 +117,15 @@ void quantize_block_scaled_fast(const float* x, int64_t rows, int64_t cols,
 void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t cols,
                                            const BlockQuantSpec& spec, float g, const SrKey* sr,
                                            const HadamardTransform* had, float* out);
+/// The same with out as BF16 bit patterns [cols, rows]: bit-identical to the function above
+/// followed by to_bf16_bits(out, rows·cols, ·). The SIMD kernel converts each tile's column
+/// runs from a per-thread FP32 buffer, on tiles of 32 rows where the block divides 32 (a column
+/// run is then one 64-byte line of BF16), streamed for large outputs when out is 64-byte aligned
+/// and rows % 32 == 0; the composed paths (quant_fast_slow_path) stage the whole operand in a
+/// per-thread FP32 buffer kept for the thread's life. out must not overlap x. Same errors.
+void quantize_block_scaled_transposed_fast(const float* x, int64_t rows, int64_t cols,
+                                           const BlockQuantSpec& spec, float g, const SrKey* sr,
+                                           const HadamardTransform* had, uint16_t* out);
 
 /// max |H(xᵀ)| for x [rows, cols] and the transform h of any supported size: the same value as
 /// tensor_amax of hadamard_rows(xᵀ [cols, rows], h). n = 16 is fused (no transpose is
