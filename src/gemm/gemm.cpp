@@ -1224,12 +1224,31 @@ void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b,
   grow_exact(scratch.product, product);
 }
 
-void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-                       float gd_a, const float* B, float gd_b, bool accumulate, float* C,
-                       BlockScaledGemmScratch& scratch) {
+namespace {
+// An operand of gemm_block_scaled as FP32 values: in place, or widened (exactly) into `w`.
+const float* as_f32(const BlockScaledOperand& x, int64_t n, std::vector<float>& w) {
+  if (x.f32) return x.f32;
+  grow_exact(w, n);
+  float* out = w.data();
+#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(x.bf16[i]);
+  return out;
+}
+// An operand of gemm_block_scaled as BF16 bit patterns: in place, or converted into `h`.
+const uint16_t* as_bf16(const BlockScaledOperand& x, int64_t n, std::vector<uint16_t>& h) {
+  if (x.bf16) return x.bf16;
+  grow_exact(h, n);
+  to_bf16_bits(x.f32, n, h.data());  // exact for q·c_b (a BF16 value)
+  return h.data();
+}
+}  // namespace
+
+void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       BlockScaledOperand A, float gd_a, BlockScaledOperand B, float gd_b,
+                       bool accumulate, float* C, BlockScaledGemmScratch& scratch) {
   if (M <= 0 || N <= 0) return;
   if (K < 0) throw std::invalid_argument("fp4::gemm_block_scaled: negative K");
-  if (C == nullptr || (K > 0 && (A == nullptr || B == nullptr)))
+  if (C == nullptr || (K > 0 && (A.null() || B.null())))
     throw std::invalid_argument("fp4::gemm_block_scaled: null operand");
   // 1. P = op(A)·op(B): into C itself unless C accumulates
   float* P = C;
@@ -1241,14 +1260,11 @@ void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   if (K == 0) {
     std::fill(P, P + M * N, 0.f);
   } else if (chosen_bf16_path() == Bf16GemmPath::Widened) {
-    sgemm(trans_a, trans_b, M, N, K, 1.f, A, lda, B, ldb, 0.f, P, N);
+    sgemm(trans_a, trans_b, M, N, K, 1.f, as_f32(A, M * K, scratch.wa), lda,
+          as_f32(B, K * N, scratch.wb), ldb, 0.f, P, N);
   } else {
-    grow_exact(scratch.a, M * K);
-    grow_exact(scratch.b, K * N);
-    to_bf16_bits(A, M * K, scratch.a.data());  // exact for q·c_b (a BF16 value)
-    to_bf16_bits(B, K * N, scratch.b.data());
-    gemm_bf16_tiled(trans_a, trans_b, M, N, K, scratch.a.data(), lda, scratch.b.data(), ldb, false,
-                    P, N, kScaledTileM, kScaledTileN);
+    gemm_bf16_tiled(trans_a, trans_b, M, N, K, as_bf16(A, M * K, scratch.a), lda,
+                    as_bf16(B, K * N, scratch.b), ldb, false, P, N, kScaledTileM, kScaledTileN);
   }
   // 2. the two tensor decode scales, once per output
   apply_decode_scales(P, M * N, gd_a, gd_b, accumulate, C);

@@ -485,7 +485,9 @@ TEST(GemmBf16Blocked, EveryColumnBlockGivesTheSameBits) {
           const std::string at = "M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
                                  " K=" + std::to_string(s.K) + " ta=" + std::to_string(ta) +
                                  " tb=" + std::to_string(tb) + " nblk=" + std::to_string(nblk);
-          if (nblk > 0) EXPECT_EQ(fp4::detail::bf16_blocked_reorders(), reorders) << at;
+          if (nblk > 0) {
+            EXPECT_EQ(fp4::detail::bf16_blocked_reorders(), reorders) << at;
+          }
           ASSERT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * sizeof(float))) << at;
         }
       }

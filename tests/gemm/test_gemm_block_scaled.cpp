@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fp4/gemm/gemm.h"
+#include "fp4/numerics/bf16.h"
 #include "fp4/gemm/probe_gemm.h"
 #include "fp4/numerics/block_quant.h"
 
@@ -172,6 +173,38 @@ TEST_P(BlockScaledGemm, QuantizedGemmModeComposesTheTwins) {
   EXPECT_EQ(std::string(gemm_mode_name(parse_gemm_mode("decoded-bf16"))), "decoded-bf16");
 }
 
+TEST_P(BlockScaledGemm, Bf16OperandsGiveTheBitsOfFp32Ones) {
+  // The same q·c_b values given as BF16 bit patterns (fp4::bf16_bits, element by element) in
+  // either or both places: the same bits as the FP32 operands, on every path (the widened one
+  // widens them back), for every transpose and with accumulate.
+  const int64_t M = 300, N = 130, K = 272;
+  const Op a = operand(M, K, 40, 1.f), b = operand(N, K, 41, 1e-3f);
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = bf16_bits(v[i]);
+    return h;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool acc : {false, true}) {
+        const std::vector<float> A = ta ? transposed(a.v, M, K) : a.v;
+        const std::vector<float> B = tb ? b.v : transposed(b.v, N, K);
+        const std::vector<uint16_t> Ah = bits(A), Bh = bits(B);
+        const std::vector<float> C0 = randn(size_t(M * N), 42, 1e-3f);
+        std::vector<float> want = C0;
+        BlockScaledGemmScratch scratch;
+        gemm_block_scaled(ta, tb, M, N, K, A.data(), a.gd, B.data(), b.gd, acc, want.data(), scratch);
+        for (int which = 1; which < 4; ++which) {  // 1: A in BF16, 2: B, 3: both
+          std::vector<float> got = C0;
+          const BlockScaledOperand oa = which & 1 ? BlockScaledOperand(Ah.data()) : A.data();
+          const BlockScaledOperand ob = which & 2 ? BlockScaledOperand(Bh.data()) : B.data();
+          gemm_block_scaled(ta, tb, M, N, K, oa, a.gd, ob, b.gd, acc, got.data(), scratch);
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+              << "ta" << ta << " tb" << tb << " acc" << acc << " bf16 operands " << which;
+        }
+      }
+}
+
 TEST_P(BlockScaledGemm, EdgeShapesAndErrors) {
   BlockScaledGemmScratch scratch;
   std::vector<float> C(6, 5.f);
@@ -184,6 +217,10 @@ TEST_P(BlockScaledGemm, EdgeShapesAndErrors) {
   EXPECT_THROW(gemm_block_scaled(false, true, 2, 3, -1, &a, 1.f, &a, 1.f, false, C.data(), scratch),
                std::invalid_argument);
   EXPECT_THROW(gemm_block_scaled(false, true, 2, 3, 4, nullptr, 1.f, &a, 1.f, false, C.data(), scratch),
+               std::invalid_argument);
+  const uint16_t h = 0x3F80;  // 1.0
+  EXPECT_THROW(gemm_block_scaled(false, true, 2, 3, 4, &h, 1.f, static_cast<const uint16_t*>(nullptr),
+                                 1.f, false, C.data(), scratch),
                std::invalid_argument);
 }
 

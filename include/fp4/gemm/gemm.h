@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <cstddef>
 #include <vector>
 
 namespace fp4 {
@@ -71,6 +72,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 struct BlockScaledGemmScratch {
   std::vector<uint16_t> a, b;
   std::vector<float> product;
+  std::vector<float> wa, wb;  ///< widened path: FP32 copies of operands given as BF16
+};
+
+/// One operand of gemm_block_scaled, q·c_b either as FP32 values (the call converts them to
+/// BF16 on the native and blocked paths) or as their BF16 bit patterns (the uint16 output of
+/// quantize_block_scaled_fast, read in place there: no conversion pass; the widened path
+/// widens them to FP32, exactly). Converts implicitly from either pointer (or nullptr).
+struct BlockScaledOperand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  BlockScaledOperand(const float* p) : f32(p) {}      // NOLINT(google-explicit-constructor)
+  BlockScaledOperand(const uint16_t* p) : bf16(p) {}  // NOLINT(google-explicit-constructor)
+  BlockScaledOperand(std::nullptr_t) {}               // NOLINT(google-explicit-constructor)
+  bool null() const { return f32 == nullptr && bf16 == nullptr; }
 };
 /// Grows scratch to at least a and b BF16 elements and `product` floats, each capacity to exactly
 /// what is asked when it grows (a workspace reserved for its largest call holds no more).
@@ -82,7 +97,8 @@ void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b,
 ///   s = fl64(gd_a · gd_b)   (exact: two FP32 factors),
 ///   C = fl32(fl64(P · s))              (accumulate == false), or
 ///   C = fl32(C + fl32(fl64(P · s)))    (accumulate == true),
-/// elementwise, no fused multiply-add. op(A) = A [M,K] or, with trans_a, Aᵀ of A stored [K,M];
+/// elementwise, no fused multiply-add. A and B are FP32 or BF16 (BlockScaledOperand: the same
+/// values give the same bits either way). op(A) = A [M,K] or, with trans_a, Aᵀ of A stored [K,M];
 /// op(B) = B [K,N] or, with trans_b, Bᵀ of B stored [N,K]; C [M,N]. C must not overlap A or B.
 /// P is gemm_bf16 of the operands' BF16 bit patterns on its native and blocked paths (every
 /// product exact, FP32 sums in oneDNN's order, 128 × 256 output tiles; the values must be BF16
@@ -95,9 +111,9 @@ void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b,
 /// subnormal, so nothing is flushed (docs/gemm.md). M, N ≤ 0: nothing; K == 0: P = 0.
 /// Throws std::invalid_argument on negative K or a null pointer with M, N > 0;
 /// std::runtime_error if oneDNN reports an error.
-void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-                       float gd_a, const float* B, float gd_b, bool accumulate, float* C,
-                       BlockScaledGemmScratch& scratch);
+void gemm_block_scaled(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       BlockScaledOperand A, float gd_a, BlockScaledOperand B, float gd_b,
+                       bool accumulate, float* C, BlockScaledGemmScratch& scratch);
 
 /// The elementwise scale step of gemm_block_scaled on its own: C[i] = fl32(fl64(P[i]·s)), or
 /// with accumulate C[i] = fl32(C[i] + fl32(fl64(P[i]·s))), s = fl64(gd_a·gd_b), for i < n.
