@@ -40,9 +40,9 @@ void timed_gemm_bf16(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
   gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
 }
 // fp4::gemm_block_scaled timed and credited likewise (the decoded-bf16 GEMM).
-void timed_block_scaled(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
-                        float gd_a, const float* B, float gd_b, bool accumulate, float* C,
-                        BlockScaledGemmScratch& scratch) {
+void timed_block_scaled(Cat c, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                        BlockScaledOperand A, float gd_a, BlockScaledOperand B, float gd_b,
+                        bool accumulate, float* C, BlockScaledGemmScratch& scratch) {
   Scope s(c);
   prof::add_flops(c, 2.0 * double(M) * double(N) * double(K));
   gemm_block_scaled(ta, tb, M, N, K, A, gd_a, B, gd_b, accumulate, C, scratch);
@@ -133,8 +133,9 @@ int64_t LinearWorkspace::bytes() const {
   int64_t packed = 0;
   for (const QTensor* q : {&pa, &pb})
     packed += int64_t(q->packed.capacity() + q->scale_codes.capacity());
-  const int64_t bf16 = int64_t((gemm.a.capacity() + gemm.b.capacity()) * sizeof(uint16_t) +
-                               gemm.product.capacity() * sizeof(float));
+  const int64_t bf16 =
+      int64_t((gemm.a.capacity() + gemm.b.capacity()) * sizeof(uint16_t) +
+              (gemm.product.capacity() + gemm.wa.capacity() + gemm.wb.capacity()) * sizeof(float));
   return (row.capacity() + wqd.capacity() + t0.capacity() + t1.capacity()) *
              int64_t(sizeof(float)) + packed + bf16;
 }
@@ -150,6 +151,19 @@ Linear::Linear(int id, int64_t in, int64_t out, const LinearPlan& plan)
   if (plan.bf16_gemm() && (row_scaled_x() || plan.quartet_forward() || plan.ms_eden()))
     throw std::invalid_argument("Linear: linear.gemm = decoded-bf16 takes neither a row-scaled X "
                                 "nor Quartet II's quantizers (use the decoded GEMM)");
+  // The activation operands whose quantizer is the fused SIMD kernel (quant_fast_slow_path
+  // names no other path): only those are quantized straight to BF16 (bf16_operands), since a
+  // composed path would first stage a whole FP32 copy of the operand.
+  if (plan.bf16_gemm()) {
+    auto simd = [&](Gemm g, Operand o) {
+      const bool t = g == Gemm::Wgrad;
+      return quant_fast_slow_path(plan.spec(g, o), t, t && plan.rht_wgrad, plan.hadamard_size)
+          .empty();
+    };
+    simd_x_ = simd(Gemm::Fprop, Operand::X);
+    simd_dy_ = simd(Gemm::Dgrad, Operand::DY);
+    simd_wgrad_ = simd(Gemm::Wgrad, Operand::DY) && simd(Gemm::Wgrad, Operand::X);
+  }
 }
 
 int64_t Linear::scratch_bytes() const {
@@ -181,7 +195,10 @@ Linear::WorkspaceFloats Linear::workspace_floats(const LinearPlan& plan, int64_t
   if (own_dgrad_w || plan.dgrad_hadamard()) f.wqd = N * K;
   f.t0 = std::max(sw.two_d && !plan.dgrad_hadamard() ? 0 : N * K, N * M);  // dgrad Wᵀ; wgrad dYᵀ
   f.t1 = K * M;                                   // wgrad Xᵀ
-  if (plan.bf16_gemm()) {  // gemm_block_scaled: fprop X, W; dgrad dY, W; wgrad dYᵀ, Xᵀ
+  // gemm_block_scaled's BF16 copies of FP32 operands: fprop X, W; dgrad dY, W; wgrad dYᵀ, Xᵀ.
+  // Where the activation operands come as BF16 (bf16_operands) only the weights' copies are
+  // made, so this over-reserves there (kept: the estimate is the same on every path).
+  if (plan.bf16_gemm()) {
     f.bf16_a = M * std::max(K, N);
     f.bf16_b = std::max(N * K, K * M);
     f.product = std::max(M * K, N * K);  // dgrad dX, wgrad dW (accumulating)
@@ -305,13 +322,22 @@ void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuant
   }
 }
 
-void Linear::quantized_product(Cat c, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
-                               float gd_a, const float* B, float gd_b, bool accumulate, float* C) {
+void Linear::prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+                  const SrKey* key, uint16_t* out) const {
+  Scope s(Cat::kQuantRow);
+  quantize_block_scaled_fast(src, rows, cols, spec, g,
+                             spec.rounding == Rounding::SR8 ? key : nullptr, out);
+}
+
+void Linear::quantized_product(Cat c, bool tb, int64_t M, int64_t N, int64_t K,
+                               BlockScaledOperand A, float gd_a, BlockScaledOperand B, float gd_b,
+                               bool accumulate, float* C) {
   if (block_scaled()) {
     timed_block_scaled(c, false, tb, M, N, K, A, gd_a, B, gd_b, accumulate, C, ws_->gemm);
     return;
   }
-  timed_sgemm(c, false, tb, M, N, K, A, K, B, tb ? K : N, accumulate ? 1.f : 0.f, C, N);
+  if (!A.f32 || !B.f32) throw std::logic_error("Linear: the FP32 GEMM of BF16 operands");
+  timed_sgemm(c, false, tb, M, N, K, A.f32, K, B.f32, tb ? K : N, accumulate ? 1.f : 0.f, C, N);
 }
 
 void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext& ctx) {
@@ -375,11 +401,14 @@ void Linear::forward_impl(const float* X, float* Y, int64_t M, const StepContext
                   {W_, N_, false, plan_.spec(Gemm::Fprop, Operand::W), gw, &kw}, K_, Y, false, *ws_,
                   ws_->t0, plan_);
   } else {
-    const float* xq = plan_.quartet_forward() ? quantize_fprop_x_quartet(X, M, gx)  // Quartet II's
-                      : row_scaled_x()        ? quantize_fprop_x_rows(X, M, kx)  // per-row references
-                                              : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
+    const BlockScaledOperand xq = plan_.quartet_forward()
+                                      ? quantize_fprop_x_quartet(X, M, gx)  // Quartet II's
+                                  : row_scaled_x()
+                                      ? quantize_fprop_x_rows(X, M, kx)  // per-row references
+                                      : quantize_fprop_x(X, M, gx, kx);  // X blocks along K
     quantize_fprop_w(gw, kw, block_scaled());
-    if (plan_.ms_eden() && ctx.training) xhat_.assign(xq, xq + M * K_);  // wgrad re-quantizes X̂
+    if (plan_.ms_eden() && ctx.training)
+      xhat_.assign(xq.f32, xq.f32 + M * K_);  // wgrad re-quantizes X̂
     // decoded-bf16: the decode scales of X and W (row-scaled X and Quartet II are refused there)
     const float gdx = operand_gd(plan_.spec(Gemm::Fprop, Operand::X), gx);
     const float gdw = operand_gd(plan_.spec(Gemm::Fprop, Operand::W), gw);
@@ -432,23 +461,32 @@ const float* Linear::quantize_fprop_x_quartet(const float* X, int64_t M, float g
   return xq;
 }
 
-const float* Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
+BlockScaledOperand Linear::quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx) {
   LinearWorkspace& ws = *ws_;
   const BlockQuantSpec& sx = plan_.spec(Gemm::Fprop, Operand::X);
+  const bool h = bf16_operands() && simd_x_;
   // Reuse the previous linear's quantized X in a shared-input scope (LinearWorkspace): same
-  // tensor, shape, spec and g, and RNE (SR bits are keyed by the layer id).
+  // tensor, shape, spec, g and form (FP32 or BF16), and RNE (SR bits are keyed by the layer id).
   const bool shareable = ws.sharing && X == ws.shared_x && sx.rounding == Rounding::RNE;
   const bool reuse = shareable && ws.xq.valid && ws.xq.x == X && ws.xq.M == M && ws.xq.K == K_ &&
-                     ws.xq.spec == sx &&
+                     ws.xq.spec == sx && ws.xq.bf16 == h &&
                      std::bit_cast<uint32_t>(ws.xq.g) == std::bit_cast<uint32_t>(gx);
-  float* xq = ws.row.get(M * K_);  // reuse: the same size, so the same buffer and contents
+  // reuse: the same size, so the same buffer and contents
+  const BlockScaledOperand xq = h ? BlockScaledOperand(ws.row.get_bf16(M * K_))
+                                  : ws.row.get(M * K_);
   if (reuse) {
     ++ws.reused_inputs;
     return xq;
   }
   ws.xq.valid = false;
-  prep(X, M, K_, sx, gx, &kx, xq, block_scaled());
-  if (shareable) ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx;
+  if (h) {
+    prep(X, M, K_, sx, gx, &kx, const_cast<uint16_t*>(xq.bf16));
+  } else {
+    prep(X, M, K_, sx, gx, &kx, const_cast<float*>(xq.f32), block_scaled());
+  }
+  if (shareable)
+    ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx,
+    ws.xq.bf16 = h;
   return xq;
 }
 
@@ -503,8 +541,15 @@ void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const Hada
                                            plan_.rht_precision, xt_row_g_.data(), xt);
 }
 
-void Linear::add_dgrad(int64_t M, int64_t inner, const float* a, float gd_a, bool tb,
-                       const float* b, float gd_b, float* dX) {
+void Linear::quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const HadamardTransform* wh,
+                              uint16_t* xt) {
+  const BlockQuantSpec& sxw = plan_.spec(Gemm::Wgrad, Operand::X);
+  quantize_block_scaled_transposed_fast(X_, M, K_, sxw, g_xt,
+                                        sxw.rounding == Rounding::SR8 ? &kx : nullptr, wh, xt);
+}
+
+void Linear::add_dgrad(int64_t M, int64_t inner, BlockScaledOperand a, float gd_a, bool tb,
+                       BlockScaledOperand b, float gd_b, float* dX) {
   if (!plan_.bf16_outputs) {
     quantized_product(Cat::kGemmDgrad, tb, M, K_, inner, a, gd_a, b, gd_b, true, dX);
     return;
@@ -616,9 +661,17 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     add_dgrad(M, N_, dyq, gd_dy, false, wd, gd_w, dX);
   } else if (dX) {
     const SrKey k{ctx.seed, step, id, kOpDY, kDgrad, micro};
-    float* dyq = ws.row.get(M * N_);
     const BlockQuantSpec& sdy = plan_.spec(Gemm::Dgrad, Operand::DY);
-    prep(dY, M, N_, sdy, gdy, &k, dyq, bs);
+    BlockScaledOperand dyq = nullptr;
+    if (bf16_operands() && simd_dy_) {
+      uint16_t* d = ws.row.get_bf16(M * N_);
+      prep(dY, M, N_, sdy, gdy, &k, d);
+      dyq = d;
+    } else {
+      float* d = ws.row.get(M * N_);
+      prep(dY, M, N_, sdy, gdy, &k, d, bs);
+      dyq = d;
+    }
     const BlockQuantSpec& sw = plan_.spec(Gemm::Dgrad, Operand::W);
     const float* wd = wq_.data();  // fprop's W (2-D tiles of the same spec)
     if (sw.two_d && sw != plan_.spec(Gemm::Fprop, Operand::W)) {
@@ -682,17 +735,26 @@ void Linear::backward_impl(const float* dY, float* dX, int64_t M, const StepCont
     tel_.valid = true;
   }
   const BlockQuantSpec& sdyw = plan_.spec(Gemm::Wgrad, Operand::DY);
+  BlockScaledOperand a = dyt, b = xt;  // FP32 in dyt, xt; or BF16 in the same buffers
   {
     Scope s(Cat::kQuantWgrad);
     const SrKey* kds = sdyw.rounding == Rounding::SR8 ? &kd : nullptr;
-    if (bs) {
-      quantize_block_scaled_transposed_fast(dY, M, N_, sdyw, g_dyt, kds, wh, dyt);
+    if (bf16_operands() && simd_wgrad_) {
+      uint16_t* dyt16 = ws.t0.get_bf16(N_ * M);
+      uint16_t* xt16 = ws.t1.get_bf16(K_ * M);
+      quantize_block_scaled_transposed_fast(dY, M, N_, sdyw, g_dyt, kds, wh, dyt16);
+      quantize_wgrad_x(M, g_xt, kx, wh, xt16);
+      a = dyt16, b = xt16;
     } else {
-      quantize_dequantize_transposed_fast(dY, M, N_, sdyw, g_dyt, &kd, wh, dyt);
+      if (bs) {
+        quantize_block_scaled_transposed_fast(dY, M, N_, sdyw, g_dyt, kds, wh, dyt);
+      } else {
+        quantize_dequantize_transposed_fast(dY, M, N_, sdyw, g_dyt, &kd, wh, dyt);
+      }
+      quantize_wgrad_x(M, g_xt, kx, wh, xt);
     }
-    quantize_wgrad_x(M, g_xt, kx, wh, xt);
   }
-  quantized_product(Cat::kGemmWgrad, true, N_, K_, M, dyt, operand_gd(sdyw, g_dyt), xt,
+  quantized_product(Cat::kGemmWgrad, true, N_, K_, M, a, operand_gd(sdyw, g_dyt), b,
                     operand_gd(plan_.spec(Gemm::Wgrad, Operand::X), g_xt), true, dW_);
 }
 

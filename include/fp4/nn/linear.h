@@ -40,6 +40,9 @@ using AlignedFloats = std::vector<float, Aligned64<float>>;
 class ScratchFloats {
  public:
   float* get(int64_t n);
+  /// The same storage as n BF16 bit patterns (get((n + 1) / 2) floats' bytes): for operands the
+  /// decoded-BF16 GEMM reads as BF16 (Linear::bf16_operands).
+  uint16_t* get_bf16(int64_t n) { return reinterpret_cast<uint16_t*>(get((n + 1) / 2)); }
   int64_t capacity() const { return cap_; }  ///< floats
  private:
   struct Free {
@@ -92,6 +95,7 @@ struct LinearWorkspace {
     int64_t M = 0, K = 0;
     BlockQuantSpec spec;
     float g = 0;
+    bool bf16 = false;  ///< as BF16 bit patterns (Linear::bf16_operands)
   } xq;  ///< what `row` holds, while valid: X quantized with spec and g
   struct {
     bool valid = false;
@@ -293,13 +297,15 @@ class Linear {
   // The decoded dgrad GEMM: dX [M, K] += a [M, inner] · b (b [inner, K], or with tb b [K, inner]
   // transposed); under bf16_outputs the product is rounded to BF16 first (in the workspace's
   // t1), then added. gd_a, gd_b: the operands' tensor decode scales (decoded-bf16 mode only).
-  void add_dgrad(int64_t M, int64_t inner, const float* a, float gd_a, bool tb, const float* b,
-                 float gd_b, float* dX);
+  void add_dgrad(int64_t M, int64_t inner, BlockScaledOperand a, float gd_a, bool tb,
+                 BlockScaledOperand b, float gd_b, float* dX);
   // C [M, N] (+)= A [M, K] · op(B) of two quantized operands (B [N, K] with tb, else [K, N]),
-  // timed as GEMM kind c: the FP32 GEMM of the decoded operands x̂ (gd_a, gd_b unused), or in
-  // decoded-bf16 mode fp4::gemm_block_scaled of q·c_b with the decode scales gd_a, gd_b.
-  void quantized_product(prof::Cat c, bool tb, int64_t M, int64_t N, int64_t K, const float* A,
-                         float gd_a, const float* B, float gd_b, bool accumulate, float* C);
+  // timed as GEMM kind c: the FP32 GEMM of the decoded operands x̂ (FP32 only; gd_a, gd_b
+  // unused), or in decoded-bf16 mode fp4::gemm_block_scaled of q·c_b (FP32 or BF16) with the
+  // decode scales gd_a, gd_b.
+  void quantized_product(prof::Cat c, bool tb, int64_t M, int64_t N, int64_t K,
+                         BlockScaledOperand A, float gd_a, BlockScaledOperand B, float gd_b,
+                         bool accumulate, float* C);
   // ---- Quartet II's quantizers (plan.quartet_forward(), plan.ms_eden(); docs/numerics.md
   // "MS-EDEN in a Linear"). The fprop X quantized by Quartet II's forward quantizer into the
   // workspace (never shared across linears).
@@ -322,8 +328,20 @@ class Linear {
   // or with block_scaled q·c_b for the decoded-bf16 GEMM (its decode scale: decode_scale).
   void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
             const SrKey* key, float* out, bool block_scaled) const;
+  // The same with q·c_b written as BF16 bit patterns (bf16_operands(); out must not overlap src).
+  void prep(const float* src, int64_t rows, int64_t cols, const BlockQuantSpec& spec, float g,
+            const SrKey* key, uint16_t* out) const;
   // Whether this linear's FP4 operands are q·c_b for the decoded-bf16 GEMM.
   bool block_scaled() const { return plan_.bf16_gemm(); }
+  // Whether the decoded-bf16 GEMM's activation operands (fprop X, dgrad dY, wgrad dYᵀ and Xᵀ)
+  // are quantized straight to BF16 bit patterns: where the GEMM runs on BF16 units (gemm_bf16's
+  // native or blocked path), which then read them in place instead of converting FP32 copies
+  // (docs/gemm.md "Decoded FP4 on the BF16 GEMM", "Paths"; the same values, so the same bits).
+  // The widened path (no BF16 units) multiplies FP32 operands, so they stay FP32 there.
+  // Per operand, only where its quantizer is the fused SIMD kernel (simd_x_, simd_dy_,
+  // simd_wgrad_, set once from the plan).
+  bool bf16_operands() const { return block_scaled() && gemm_bf16_path() != Bf16GemmPath::Widened; }
+  bool simd_x_ = false, simd_dy_ = false, simd_wgrad_ = false;
   // The decode scale the GEMM applies for an operand quantized with spec and reference g:
   // tensor_decode_scale(spec, g) for the decoded-bf16 GEMM's q·c_b, 1 for x̂ (gd already in it).
   float operand_gd(const BlockQuantSpec& spec, float g) const {
@@ -341,7 +359,8 @@ class Linear {
                          const HadamardTransform& h, bool tel, float* dyq, float& gd);
   const float* dgrad_hadamard_w(const StepContext& ctx, const HadamardTransform& h, float& gd);
   // FP4 fprop X [M, K] quantized into the workspace (or reused there, see LinearWorkspace).
-  const float* quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
+  // As BF16 bit patterns where bf16_operands().
+  BlockScaledOperand quantize_fprop_x(const float* X, int64_t M, float gx, const SrKey& kx);
   // Whether any quantizer of this layer's operand role r uses the tensor reference g (the MX
   // scale rules never do); the amax behind an unused reference is never measured.
   bool uses_reference(Role r) const;
@@ -359,6 +378,9 @@ class Linear {
   // The decoded wgrad Xᵀ [K, M] into xt (blocks along tokens, the RHT if any), with the
   // reference g_xt or, row-scaled, one per row; and its telemetry from the materialised xt.
   void quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const HadamardTransform* wh, float* xt);
+  // The same as q·c_b in BF16 bit patterns (bf16_operands(); never row-scaled there).
+  void quantize_wgrad_x(int64_t M, float g_xt, const SrKey& kx, const HadamardTransform* wh,
+                        uint16_t* xt);
   QuantStats wgrad_x_stats(const float* xt, int64_t M, float g_xt, const SrKey& kx);
   std::vector<float> x_row_g_;  // [M] per-row references of the last fprop X
   std::vector<float> xt_row_g_;  // [K] per-row references of the last wgrad Xᵀ
