@@ -472,17 +472,18 @@ BlockScaledOperand Linear::quantize_fprop_x(const float* X, int64_t M, float gx,
                      ws.xq.spec == sx && ws.xq.bf16 == h &&
                      std::bit_cast<uint32_t>(ws.xq.g) == std::bit_cast<uint32_t>(gx);
   // reuse: the same size, so the same buffer and contents
-  const BlockScaledOperand xq = h ? BlockScaledOperand(ws.row.get_bf16(M * K_))
-                                  : ws.row.get(M * K_);
+  uint16_t* x16 = h ? ws.row.get_bf16(M * K_) : nullptr;
+  float* x32 = h ? nullptr : ws.row.get(M * K_);
+  const BlockScaledOperand xq = h ? BlockScaledOperand(x16) : BlockScaledOperand(x32);
   if (reuse) {
     ++ws.reused_inputs;
     return xq;
   }
   ws.xq.valid = false;
   if (h) {
-    prep(X, M, K_, sx, gx, &kx, const_cast<uint16_t*>(xq.bf16));
+    prep(X, M, K_, sx, gx, &kx, x16);
   } else {
-    prep(X, M, K_, sx, gx, &kx, const_cast<float*>(xq.f32), block_scaled());
+    prep(X, M, K_, sx, gx, &kx, x32, block_scaled());
   }
   if (shareable)
     ws.xq.valid = true, ws.xq.x = X, ws.xq.M = M, ws.xq.K = K_, ws.xq.spec = sx, ws.xq.g = gx,
