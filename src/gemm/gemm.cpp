@@ -1229,10 +1229,8 @@ namespace {
 const float* as_f32(const BlockScaledOperand& x, int64_t n, std::vector<float>& w) {
   if (x.f32) return x.f32;
   grow_exact(w, n);
-  float* out = w.data();
-#pragma omp parallel for simd schedule(static) if (n >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(x.bf16[i]);
-  return out;
+  widen_bf16(x.bf16, 1, n, n, w.data());  // the widened path's own widening
+  return w.data();
 }
 // An operand of gemm_block_scaled as BF16 bit patterns: in place, or converted into `h`.
 const uint16_t* as_bf16(const BlockScaledOperand& x, int64_t n, std::vector<uint16_t>& h) {

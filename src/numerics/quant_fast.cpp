@@ -882,7 +882,7 @@ bool ColsT(const Plan& p, int64_t unit, Scratch& s) {
       if (p.out16) {
         uint16_t* dst = p.out16 + (c0 + j) * rows + r0;
 #if HWY_TARGET != HWY_SCALAR
-        if (p.stream16 && h % (2 * N) == 0) {  // whole lines of BF16, streamed
+        if (p.stream16) {  // whole lines of BF16 (h = 32, a multiple of 2N), streamed
           const hn::Repartition<uint16_t, DF> d16;
           alignas(64) uint16_t line[2 * kMaxLanes];
           for (int64_t i = 0; i < h; i += 2 * N) {
@@ -999,11 +999,17 @@ std::atomic<int64_t> g_stream_min_bytes{-1};
 constexpr int64_t kStreamUnitRows = 1024;
 constexpr int64_t kStreamUnitCols = 1024;
 
+/// Whether an output of `bytes` is large enough for streaming stores: default_min_bytes, or the
+/// test/benchmark override (quant_fast_stream_min_bytes).
+bool stream_size(int64_t bytes, int64_t default_min_bytes) {
+  const int64_t o = g_stream_min_bytes.load(std::memory_order_relaxed);
+  return bytes >= (o >= 0 ? o : default_min_bytes);
+}
+
 /// Whether an output of n floats at `out` is written with streaming stores (the kernels handle
 /// any float-aligned out; see Plan::out_mis).
 bool use_stream(const float* out, int64_t n, int64_t default_min_bytes) {
-  const int64_t o = g_stream_min_bytes.load(std::memory_order_relaxed);
-  return n * int64_t{sizeof(float)} >= (o >= 0 ? o : default_min_bytes) &&
+  return stream_size(n * int64_t{sizeof(float)}, default_min_bytes) &&
          reinterpret_cast<uintptr_t>(out) % sizeof(float) == 0;
 }
 
@@ -1355,14 +1361,14 @@ void cols_driver(const char* where, const float* x, int64_t rows, int64_t cols,
   p.rht = rht;
   p.rht_bf16 = rht && had->precision == RhtPrecision::BF16;
   if (rht) p.rht_signs = had->signs.data();
-  // BF16 out: whole 64-byte lines per column run (32 values: tiles of two 16-row blocks) written
-  // with streaming stores where the output is large and every line aligned (out16 64-byte
-  // aligned, rows a multiple of 32); the values and their order are the same for any H.
-  p.stream16 = out16 && qf::use_stream(reinterpret_cast<float*>(out16), rows * cols / 2,
-                                       qf::kStreamMinBytesTransposed / 2) &&
-               reinterpret_cast<uintptr_t>(out16) % 64 == 0 && rows % 32 == 0 && H <= 32 &&
-               32 % H == 0;
-  if (out16 && H <= 32 && 32 % H == 0) H = 32;
+  // BF16 out: tiles of 32 rows where the block divides 32, so that a column run is one 64-byte
+  // line of BF16 (the values and their order are the same for any H), written with streaming
+  // stores where the output is large (the FP32 threshold's element count) and every run is a
+  // whole aligned line (out16 64-byte aligned, rows a multiple of 32: every tile has 32 rows).
+  const bool lines16 = out16 && H <= 32 && 32 % H == 0;
+  if (lines16) H = 32;
+  p.stream16 = lines16 && qf::stream_size(rows * cols * 2, qf::kStreamMinBytesTransposed / 2) &&
+               reinterpret_cast<uintptr_t>(out16) % 64 == 0 && rows % 32 == 0;
   p.H = H;
   p.stream = !out16 && qf::use_stream(out, rows * cols, qf::kStreamMinBytesTransposed);
   p.out_mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64 / 4);

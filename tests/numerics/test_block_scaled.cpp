@@ -85,6 +85,15 @@ void expect_bf16_of(const std::vector<uint16_t>& got, const std::vector<float>& 
     }
 }
 
+/// n BF16 outputs in a 64-byte aligned allocation (as the streamed stores need), filled with a
+/// marker (0x7777) so that an output left unwritten shows.
+std::unique_ptr<uint16_t, decltype(&std::free)> aligned_bf16(size_t n) {
+  std::unique_ptr<uint16_t, decltype(&std::free)> p(
+      static_cast<uint16_t*>(std::aligned_alloc(64, (n * 2 + 63) / 64 * 64)), &std::free);
+  std::fill(p.get(), p.get() + n, uint16_t{0x7777});
+  return p;
+}
+
 /// Runs fn on every SIMD target at 1 and 3 threads.
 template <class F>
 void each_target_and_team(F&& fn) {
@@ -290,9 +299,7 @@ TEST(BlockScaled, FastTransposedBitExact) {
       // aligned allocation, as the kernel's whole-line stores need)
       for (int64_t min_bytes : {int64_t{-1}, int64_t{0}}) {
         const int64_t saved = quant_fast_stream_min_bytes(min_bytes);
-        std::unique_ptr<uint16_t, decltype(&std::free)> got16(
-            static_cast<uint16_t*>(std::aligned_alloc(64, (c.x->size() * 2 + 63) / 64 * 64)), &std::free);
-        std::fill(got16.get(), got16.get() + c.x->size(), uint16_t{0x7777});
+        const auto got16 = aligned_bf16(c.x->size());
         quantize_block_scaled_transposed_fast(c.x->data(), c.rows, c.cols, c.s, c.g, key_for(c.s),
                                               c.h, got16.get());
         quant_fast_stream_min_bytes(saved);
@@ -340,9 +347,7 @@ TEST(BlockScaled, Bf16OutputEveryBlockRuleAndStoreMode) {
       each_target_and_team([&] {
         for (int64_t min_bytes : {int64_t{-1}, int64_t{0}}) {
           const int64_t saved = quant_fast_stream_min_bytes(min_bytes);
-          std::unique_ptr<uint16_t, decltype(&std::free)> got(
-              static_cast<uint16_t*>(std::aligned_alloc(64, (x.size() * 2 + 63) / 64 * 64)), &std::free);
-          std::fill(got.get(), got.get() + x.size(), uint16_t{0x7777});
+          const auto got = aligned_bf16(x.size());
           quantize_block_scaled_transposed_fast(x.data(), rows, cols, c.s, g, key_for(c.s), c.h,
                                                 got.get());
           const std::string m = min_bytes == 0 ? " (streamed)" : "";

@@ -1,8 +1,8 @@
 // FP32 and BF16 GEMM backends (oneDNN). Deterministic: results do not depend on the thread count.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
-#include <cstddef>
 #include <vector>
 
 namespace fp4 {
