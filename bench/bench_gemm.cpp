@@ -34,10 +34,17 @@
 //                       blocked_GFLOPs, blocked_over_native (time ratio); the bf16 and the
 //                       block-scaled shapes, each once; the label names the blocked
 //                       implementation.
+//   BM_PeakFmaVsDpbf16  one core's register-only peak of VFMADD231PS and VDPBF16PS on 512-bit
+//                       vectors (12 independent accumulators each, alternately): counters
+//                       fma_GFLOPs (16 FMAs per instruction), dpbf16_GFLOPs (32 multiply-adds
+//                       per instruction) and bf16_over_fp32. What decides whether a BF16 GEMM
+//                       without AMX can beat the FP32 one (docs/gemm.md "Which path a CPU
+//                       takes"). Skipped without AVX512-BF16.
 // GFLOP/s counts 2·M·N·K per call. probe_gemm's time includes packing its operands from the
 // unpacked QuantizedTensors (it is part of the call). Run, e.g.:
 //   build/bench_gemm --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <chrono>
 #include <cstdint>
@@ -288,6 +295,57 @@ void BM_Bf16BlockedVsNative(benchmark::State& st) {
   st.SetLabel(impl);
 }
 
+// Register-only loops of n rounds of 12 independent 512-bit multiply-adds (the unrolled rounds
+// keep every accumulator in a register); the sum of the accumulators is returned so that the
+// loop is not removed.
+__attribute__((target("avx512f"))) inline float sum_lanes(const __m512 (&acc)[12]) {
+  alignas(64) float lanes[16];
+  float s = 0.0f;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, acc[i]);
+    for (float v : lanes) s += v;
+  }
+  return s;
+}
+__attribute__((target("avx512f"), noinline)) float fma_rounds(int64_t n, float x) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(x * float(i));
+  const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
+  for (int64_t i = 0; i < n; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(a, b, acc[j]);
+  }
+  return sum_lanes(acc);
+}
+__attribute__((target("avx512f,avx512bf16"), noinline)) float dpbf16_rounds(int64_t n, float x) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(x * float(i));
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f7f);
+  for (int64_t i = 0; i < n; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+  }
+  return sum_lanes(acc);
+}
+
+void BM_PeakFmaVsDpbf16(benchmark::State& st) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bf16")) {
+    st.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  constexpr int64_t kRounds = 1 << 22;
+  float sink = 0.0f;
+  const Alternated t = alternate(
+      st, [&] { sink += fma_rounds(kRounds, 1.0f); },
+      [&] { sink += dpbf16_rounds(kRounds, 1.0f); });
+  benchmark::DoNotOptimize(sink);
+  const double instr = 12.0 * double(kRounds) * double(t.n);
+  st.counters["fma_GFLOPs"] = instr * 32.0 / t.ta * 1e-9;
+  st.counters["dpbf16_GFLOPs"] = instr * 64.0 / t.tb * 1e-9;
+  st.counters["bf16_over_fp32"] = (64.0 / t.tb) / (32.0 / t.ta);
+}
+
 void bf16_shapes(benchmark::internal::Benchmark* b) {
   b->Args({4096, 1024, 1024, 0})->Args({4096, 128, 1024, 0})->Args({1024, 1024, 4096, 1});
   b->Args({256, 256, 4096, 1})->Args({256, 256, 4096, 0})->Args({1024, 1024, 4096, 0});
@@ -328,6 +386,7 @@ BENCHMARK(BM_GemmBf16)->Apply(bf16_shapes);
 BENCHMARK(BM_Bf16VsSgemm)->Apply(bf16_shapes);
 BENCHMARK(BM_BlockScaledVsDecoded)->Apply(block_scaled_shapes);
 BENCHMARK(BM_Bf16BlockedVsNative)->Apply(blocked_shapes);
+BENCHMARK(BM_PeakFmaVsDpbf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -638,11 +638,28 @@ int requested_bf16_path() {
   return int(path);
 }
 
+// Whether Native is this CPU's default (docs/gemm.md "Which path a CPU takes"): oneDNN offers
+// it, and the CPU's BF16 units outrun its FP32 FMAs. They do with AMX tiles, and with
+// AVX512-BF16 on AMD's cores (Zen 4: oneDNN's BF16 matmul 2.1–2.3× its sgemm). Intel's cores
+// without AMX (Cooper Lake, or a Sapphire or Emerald Rapids whose hypervisor hides AMX) issue
+// VDPBF16PS on one port and FP32 FMAs on two, so the two peaks are equal: there oneDNN's BF16
+// matmul ran at 0.60–0.65 of its sgemm, and the widened path is the faster one. The choice
+// follows the CPU and the ISA caps only (never a timing), so a machine's bits stay fixed.
+bool native_bf16_default() {
+  if (!native_bf16_offered()) return false;
+  apply_isa_cap();
+  const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+  auto has = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };
+  if (has(dnnl_cpu_isa_avx512_core_amx)) return true;
+  __builtin_cpu_init();
+  return has(dnnl_cpu_isa_avx512_core_bf16) && __builtin_cpu_is("amd");
+}
+
 Bf16GemmPath chosen_bf16_path() {
   int p = g_bf16_path.load(std::memory_order_acquire);
   if (p < 0) {
     p = requested_bf16_path();
-    if (p < 0) p = int(native_bf16_offered() ? Bf16GemmPath::Native : Bf16GemmPath::Widened);
+    if (p < 0) p = int(native_bf16_default() ? Bf16GemmPath::Native : Bf16GemmPath::Widened);
     int expected = -1;
     if (!g_bf16_path.compare_exchange_strong(expected, p)) p = expected;
   }
@@ -701,8 +718,11 @@ std::string gemm_bf16_description() {
   if (chosen_bf16_path() == Bf16GemmPath::Native)
     return std::string("native: oneDNN BF16 matmul (") +
            gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
+  const bool slower_native = native_bf16_offered() && !native_bf16_default() &&
+                             requested_bf16_path() < 0;
   return "widened: BF16 operands widened to FP32, oneDNN sgemm (ISA " +
-         std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) + ")";
+         std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
+         (slower_native ? "; faster here than the native BF16 matmul" : "") + ")";
 }
 
 namespace detail {

@@ -89,9 +89,9 @@ LOG
 sum=$(bash "$mu" --summary "$work/logs") || fail "--summary failed: $sum"
 expect_line() { grep -Eq "$1" <<< "$sum" || fail "summary lacks /$1/: $sum"; }
 expect_line '^small +bf16 / fp32 +0\.34 +target <= 0\.35 +met$'
-expect_line '^small +bf16 blocked / native +0\.50 +blocked faster$'
+expect_line '^small +bf16 blocked / default +0\.50 +blocked faster$'
 expect_line '^small +ue5m3-b16 / fp32 +0\.60 +target <= 0\.5 +not met$'
-expect_line '^small +ue5m3-b16 blocked / native +0\.98 +within 3%$'
+expect_line '^small +ue5m3-b16 blocked / default +0\.98 +within 3%$'
 expect_line '^tiny +ue5m3-b16-paper / fp32 +1\.00 +target <= 1\.0 +met$'  # at the limit
 expect_line '^scan +scan / attention, 1 thread\(s\) +0\.99 +target <= 1\.0 +met$'
 [ "$(grep -c '^scan' <<< "$sum")" = 1 ] || fail "the CPU-time scan ratio was summarised: $sum"

@@ -9,10 +9,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <random>
+#include <set>
+#include <sstream>
 #include <vector>
 
 #include "fp4/numerics/bf16.h"
@@ -138,6 +141,42 @@ TEST(GemmInfo, DescriptionsNameTheImplementations) {
   if (!fp4::gemm_bf16_native_available()) {
     EXPECT_EQ(fp4::gemm_bf16_path(), fp4::Bf16GemmPath::Widened);
     EXPECT_THROW(fp4::gemm_bf16_set_path(fp4::Bf16GemmPath::Native), std::runtime_error);
+  }
+}
+
+// The default path follows the CPU (docs/gemm.md "Which path a CPU takes"): Native where oneDNN
+// offers it and the CPU has AMX-BF16, or AVX512-BF16 and is AMD's; Widened elsewhere (Intel
+// without AMX, where the BF16 matmul ran at 0.6 of sgemm; AVX2-only CPUs). The CPU's features are
+// read here from /proc/cpuinfo, independently of gemm.cpp's CPUID and oneDNN queries.
+TEST(GemmInfo, DefaultPathFollowsTheCpu) {
+  if (const char* e = std::getenv("FP4_BF16_GEMM"); e && *e) GTEST_SKIP() << "FP4_BF16_GEMM set";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, vendor;
+  std::set<std::string> flags;
+  while (std::getline(f, line)) {
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream in(line.substr(line.find(':') + 1));
+      for (std::string w; in >> w;) flags.insert(w);
+      break;
+    }
+  }
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
+  const bool native = fp4::gemm_bf16_native_available();
+  // A oneDNN cap that leaves the native matmul but hides AMX or AVX512-BF16 from oneDNN changes
+  // the answer in a way /proc/cpuinfo cannot see.
+  if (const char* e = std::getenv("ONEDNN_MAX_CPU_ISA"); native && e && *e)
+    GTEST_SKIP() << "ONEDNN_MAX_CPU_ISA=" << e;
+  const bool fast_bf16 = flags.count("amx_bf16") ||
+                         (vendor == "AuthenticAMD" && flags.count("avx512_bf16"));
+  EXPECT_EQ(fp4::gemm_bf16_path(),
+            native && fast_bf16 ? fp4::Bf16GemmPath::Native : fp4::Bf16GemmPath::Widened)
+      << "vendor " << vendor << ", amx_bf16 " << flags.count("amx_bf16") << ", avx512_bf16 "
+      << flags.count("avx512_bf16") << ", native available " << native;
+  if (native && !fast_bf16) {  // the header says why the native matmul is not used
+    EXPECT_NE(fp4::gemm_bf16_description().find("faster here than the native BF16 matmul"),
+              std::string::npos)
+        << fp4::gemm_bf16_description();
   }
 }
 

@@ -13,8 +13,10 @@
 #   identity.sh baseline REV SOURCE_DIR                     build REV (a git worktree) and
 #                                                           record its fingerprint as this
 #                                                           CPU family's baseline
-# The default baseline is tests/identity/baseline-<family>.txt, <family> x86-64-avx512 or
-# x86-64-avx2 (from /proc/cpuinfo; FP4_MAX_CPU_ISA=AVX2 counts as avx2). Results may differ
+# The default baseline is tests/identity/baseline-<family>.txt, <family> x86-64-avx512 (AVX-512
+# with AMX, or AMD's with AVX512-BF16: BF16 GEMMs on the native path), x86-64-avx512-widened
+# (other AVX-512 CPUs, e.g. Intel's without AMX: BF16 GEMMs widened to FP32) or x86-64-avx2
+# (from /proc/cpuinfo; FP4_MAX_CPU_ISA=AVX2 counts as avx2). Results may differ
 # between CPU families (docs/numerics.md), so each family has its own baseline; docs/design.md
 # ("Restructurings keep every bit") says from which commits. A baseline line whose hash reads
 # to-record-after-REV changed by design at REV and has not been recorded on that family yet:
@@ -27,8 +29,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 family() {
   if [ "${FP4_MAX_CPU_ISA:-}" = AVX2 ] || ! grep -q ' avx512f' /proc/cpuinfo; then
     echo x86-64-avx2
-  else
+  elif grep -q ' amx_bf16' /proc/cpuinfo ||
+       { grep -q AuthenticAMD /proc/cpuinfo && grep -q ' avx512_bf16' /proc/cpuinfo; }; then
     echo x86-64-avx512
+  else  # AVX-512 whose BF16 GEMMs take the widened path (docs/gemm.md "Which path a CPU takes")
+    echo x86-64-avx512-widened
   fi
 }
 

@@ -34,8 +34,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 /// |C − exact| ≤ γ_(K+1)·(Σ_k |a_ik·b_kj| + |C_old|), γ_n = n·2^-24/(1 − n·2^-24).
 ///
 /// Three paths (gemm_bf16_path), chosen once per process from what the CPU and oneDNN offer
-/// and FP4_BF16_GEMM:
-///  * Native: oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
+/// and FP4_BF16_GEMM (docs/gemm.md "Which path a CPU takes"):
+///  * Native (the default where the CPU's BF16 units outrun its FP32 FMAs: AMX, or
+///    AVX512-BF16 on AMD; available, by FP4_BF16_GEMM=native, on every AVX512_CORE CPU):
+///    oneDNN matmul primitives (src bf16, weights bf16, dst f32), implementation pinned
 ///    to oneDNN's BF16 GEMM ("gemm:jit", see gemm.cpp), transposes as memory-descriptor
 ///    strides, one primitive per distinct output tile shape, cached process-wide (thread-safe)
 ///    by (tile shape, K, transposes, strides, accumulate), created with oneDNN's thread count
@@ -43,7 +45,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 ///    Subnormals: on AVX512_BF16 / AMX-BF16 hardware the dot-product instructions treat BF16
 ///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM
 ///    (`gemm_bf16`)").
-///  * Widened (every other x86-64 CPU, e.g. AVX2 only, or ONEDNN_MAX_CPU_ISA=AVX2): per output
+///  * Widened (the default on every other x86-64 CPU: AVX2 only, ONEDNN_MAX_CPU_ISA=AVX2, or
+///    Intel without AMX, where VDPBF16PS is no faster than two FP32 FMA ports): per output
 ///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
 ///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
 ///    IEEE FP32 arithmetic: subnormals kept.
@@ -141,8 +144,9 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
 enum class Bf16GemmPath { Native, Widened, Blocked };
 
 /// The path gemm_bf16 takes in this process: FP4_BF16_GEMM's (native, blocked or widened) when
-/// set, else Native when oneDNN offers a BF16 matmul for this CPU (and ONEDNN_MAX_CPU_ISA), else
-/// Widened; decided at the first call (which creates a small oneDNN primitive to find out), or
+/// set, else Native when oneDNN offers a BF16 matmul for this CPU (and ONEDNN_MAX_CPU_ISA) and
+/// the CPU has AMX, or AVX512-BF16 and is AMD's, else Widened (docs/gemm.md "Which path a CPU
+/// takes"); decided at the first call (which creates a small oneDNN primitive to find out), or
 /// set by gemm_bf16_set_path. Throws std::runtime_error (naming FP4_BF16_GEMM) for another value
 /// or a path this CPU cannot run.
 Bf16GemmPath gemm_bf16_path();
