@@ -640,10 +640,10 @@ int requested_bf16_path() {
 
 // Whether Native is this CPU's default (docs/gemm.md "Which path a CPU takes"): oneDNN offers
 // it, and the CPU's BF16 units outrun its FP32 FMAs. They do with AMX tiles, and with
-// AVX512-BF16 on AMD's cores (Zen 4: oneDNN's BF16 matmul 2.1–2.3× its sgemm). Intel's cores
-// without AMX (Cooper Lake, or a Sapphire or Emerald Rapids whose hypervisor hides AMX) issue
-// VDPBF16PS on one port and FP32 FMAs on two, so the two peaks are equal: there oneDNN's BF16
-// matmul ran at 0.60–0.65 of its sgemm, and the widened path is the faster one. The choice
+// AVX512-BF16 on AMD's cores (Zen 4: oneDNN's BF16 matmul 2.1–2.3× its sgemm). On an Intel
+// core without AMX (measured: family 6 model 207, its hypervisor hiding AMX) VDPBF16PS issued
+// once every two cycles and FP32 FMAs twice per cycle, a BF16 peak of half the FP32 one: there
+// oneDNN's BF16 matmul ran at 0.60–0.65 of its sgemm, and the widened path is the faster one. The choice
 // follows the CPU and the ISA caps only (never a timing), so a machine's bits stay fixed.
 bool native_bf16_default() {
   if (!native_bf16_offered()) return false;

@@ -46,7 +46,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 ///    subnormal inputs as zero and flush subnormal FP32 results (docs/gemm.md "BF16 GEMM
 ///    (`gemm_bf16`)").
 ///  * Widened (the default on every other x86-64 CPU: AVX2 only, ONEDNN_MAX_CPU_ISA=AVX2, or
-///    Intel without AMX, where VDPBF16PS is no faster than two FP32 FMA ports): per output
+///    Intel without AMX, where VDPBF16PS peaks at half the FP32 FMA rate): per output
 ///    tile the BF16 operands are widened to FP32 (exact) into per-thread buffers kept across
 ///    calls and multiplied by one single-threaded oneDNN sgemm (beta = 1 with accumulate).
 ///    IEEE FP32 arithmetic: subnormals kept.
@@ -106,8 +106,8 @@ void reserve_block_scaled(BlockScaledGemmScratch& scratch, int64_t a, int64_t b,
 /// P is gemm_bf16 of the operands' BF16 bit patterns on its native and blocked paths (every
 /// product exact, FP32 sums in oneDNN's order, 128 × 256 output tiles; the values must be BF16
 /// values, as q·c_b of E2M1 with UE5M3, E4M3 or UE8M0 scales is: others would be rounded to
-/// BF16), and on the widened path (no BF16
-/// units: AVX2, or ONEDNN_MAX_CPU_ISA / FP4_MAX_CPU_ISA capped) one oneDNN sgemm of the FP32
+/// BF16), and on the widened path (AVX2, ONEDNN_MAX_CPU_ISA / FP4_MAX_CPU_ISA capped, or Intel
+/// without AMX: gemm_bf16_path) one oneDNN sgemm of the FP32
 /// operands as they are (the same exact products, faster than widening BF16 copies). Bits
 /// depend on the path, never on the thread count. Subnormals as gemm_bf16's native path (flushed
 /// by the BF16 units): with UE5M3 or E4M3 scales no operand, product or partial sum is
@@ -136,7 +136,7 @@ const char* gemm_bf16_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int
 /// The implementations of gemm_bf16 (docs/gemm.md "BF16 GEMM (`gemm_bf16`)" and "The blocked
 /// path (`FP4_BF16_GEMM=blocked`)"):
 ///  * Native: oneDNN's "gemm:jit" BF16 matmul per output tile, on the operands in place;
-///  * Widened: BF16 tiles widened to FP32, oneDNN sgemm (CPUs without BF16 units);
+///  * Widened: BF16 tiles widened to FP32, oneDNN sgemm (the default where BF16 units are not faster than FP32 ones, gemm_bf16_path);
 ///  * Blocked: oneDNN's brgemm matmul per output tile ("brg:avx512_core_bf16", or
 ///    "brg:avx512_core_amx_bf16" on AMX) with op(B) written in oneDNN's blocked weight layout
 ///    once per call, op(A) and the C tile dense. Opt-in (FP4_BF16_GEMM=blocked): its

@@ -337,7 +337,7 @@ class Linear {
   // are quantized straight to BF16 bit patterns: where the GEMM runs on BF16 units (gemm_bf16's
   // native or blocked path), which then read them in place instead of converting FP32 copies
   // (docs/gemm.md "Decoded FP4 on the BF16 GEMM", "Paths"; the same values, so the same bits).
-  // The widened path (no BF16 units) multiplies FP32 operands, so they stay FP32 there.
+  // The widened path (AVX2, or Intel without AMX) multiplies FP32 operands, so they stay FP32 there.
   // Per operand, only where its quantizer is the fused SIMD kernel (simd_x_, simd_dy_,
   // simd_wgrad_, set once from the plan).
   bool bf16_operands() const { return block_scaled() && gemm_bf16_path() != Bf16GemmPath::Widened; }
