@@ -645,14 +645,18 @@ int requested_bf16_path() {
 // once every two cycles and FP32 FMAs twice per cycle, a BF16 peak of half the FP32 one: there
 // oneDNN's BF16 matmul ran at 0.60–0.65 of its sgemm, and the widened path is the faster one. The choice
 // follows the CPU and the ISA caps only (never a timing), so a machine's bits stay fixed.
+// Decided once per process, like native_bf16_offered.
 bool native_bf16_default() {
-  if (!native_bf16_offered()) return false;
-  apply_isa_cap();
-  const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
-  auto has = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };
-  if (has(dnnl_cpu_isa_avx512_core_amx)) return true;
-  __builtin_cpu_init();
-  return has(dnnl_cpu_isa_avx512_core_bf16) && __builtin_cpu_is("amd");
+  static const bool fast = [] {
+    if (!native_bf16_offered()) return false;
+    apply_isa_cap();
+    const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+    auto has = [isa](dnnl_cpu_isa_t x) { return (isa & unsigned(x)) == unsigned(x); };
+    if (has(dnnl_cpu_isa_avx512_core_amx)) return true;
+    __builtin_cpu_init();
+    return has(dnnl_cpu_isa_avx512_core_bf16) && __builtin_cpu_is("amd");
+  }();
+  return fast;
 }
 
 Bf16GemmPath chosen_bf16_path() {
@@ -718,8 +722,8 @@ std::string gemm_bf16_description() {
   if (chosen_bf16_path() == Bf16GemmPath::Native)
     return std::string("native: oneDNN BF16 matmul (") +
            gemm_bf16_impl(false, false, 16, 16, 32, 32, 16, 16, false) + ")";
-  const bool slower_native = native_bf16_offered() && !native_bf16_default() &&
-                             requested_bf16_path() < 0;
+  // A fact of the CPU, however the widened path was chosen (default, FP4_BF16_GEMM, set_path).
+  const bool slower_native = native_bf16_offered() && !native_bf16_default();
   return "widened: BF16 operands widened to FP32, oneDNN sgemm (ISA " +
          std::string(onednn_isa_name(dnnl_get_effective_cpu_isa())) +
          (slower_native ? "; faster here than the native BF16 matmul" : "") + ")";

@@ -9,13 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <random>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include "fp4/numerics/bf16.h"
@@ -23,6 +21,7 @@
 #include "fp4/gemm/gemm.h"
 #include "fp4/gemm/probe_gemm.h"
 #include "fp4/numerics/quant_fast.h"
+#include "support/cpuinfo.h"
 
 namespace {
 std::vector<float> randn(size_t n, uint32_t seed) {
@@ -150,17 +149,9 @@ TEST(GemmInfo, DescriptionsNameTheImplementations) {
 // read here from /proc/cpuinfo, independently of gemm.cpp's CPUID and oneDNN queries.
 TEST(GemmInfo, DefaultPathFollowsTheCpu) {
   if (const char* e = std::getenv("FP4_BF16_GEMM"); e && *e) GTEST_SKIP() << "FP4_BF16_GEMM set";
-  std::ifstream f("/proc/cpuinfo");
-  std::string line, vendor;
-  std::set<std::string> flags;
-  while (std::getline(f, line)) {
-    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0) {
-      std::istringstream in(line.substr(line.find(':') + 1));
-      for (std::string w; in >> w;) flags.insert(w);
-      break;
-    }
-  }
+  const fp4::test::CpuInfo cpu = fp4::test::read_cpuinfo();
+  const std::string& vendor = cpu.vendor;
+  const std::set<std::string>& flags = cpu.flags;
   if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
   const bool native = fp4::gemm_bf16_native_available();
   // A oneDNN cap that leaves the native matmul but hides AMX or AVX512-BF16 from oneDNN changes

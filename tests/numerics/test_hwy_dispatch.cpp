@@ -4,31 +4,19 @@
 // hand-made entries; and quant_fast's target list, which is the Table's runnable list.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "fp4/base/cpu_isa.h"
 #include "fp4/numerics/hwy_dispatch.h"
 #include "fp4/numerics/quant_fast.h"
+#include "support/cpuinfo.h"
 
 namespace {
 using fp4::hwy_dispatch::Target;
 
-std::set<std::string> cpu_flags() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  std::set<std::string> flags;
-  while (std::getline(f, line))
-    if (line.rfind("flags", 0) == 0) {
-      std::istringstream in(line.substr(line.find(':') + 1));
-      for (std::string w; in >> w;) flags.insert(w);
-      break;
-    }
-  return flags;
-}
+std::set<std::string> cpu_flags() { return fp4::test::read_cpuinfo().flags; }
 
 bool has_all(const std::set<std::string>& f, std::initializer_list<const char*> names) {
   for (const char* n : names)
